@@ -1,0 +1,237 @@
+//! The `orderpipe` command line.
+//!
+//! Each subcommand is a thin layer: parse flags, load [`Settings`], call the
+//! library, print a table (or JSON with `--output json`) and pick the exit
+//! code. Errors are `anyhow` here and typed below.
+//!
+//! * [`produce`] is `orderpipe produce` (NDJSON file or synthetic lifecycles).
+//! * [`output`] holds the table/JSON printing shared by the commands.
+
+pub mod output;
+pub mod produce;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Settings;
+use crate::schema::{CompatLevel, SchemaCatalog};
+use crate::telemetry::{self, LogFormat};
+use crate::topics::{self, TopicAdmin};
+use crate::{demo, schema};
+use output::Output;
+
+/// Kafka-native order event pipeline.
+#[derive(Debug, Parser)]
+#[command(name = "orderpipe", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Flags every subcommand takes; they override the config file and environment.
+#[derive(Debug, Args)]
+struct GlobalArgs {
+    /// Config file (TOML); default ./orderpipe.toml when present.
+    #[arg(long, global = true, env = "ORDERPIPE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Kafka bootstrap servers.
+    #[arg(long, global = true)]
+    bootstrap_servers: Option<String>,
+    /// Schema registry base URL (Confluent-compatible API).
+    #[arg(long, global = true)]
+    registry_url: Option<String>,
+    /// librdkafka producer option KEY=VALUE, layered over the safe defaults (repeatable).
+    #[arg(short = 'X', long = "producer-option", global = true, value_parser = parse_key_value)]
+    producer_options: Vec<(String, String)>,
+    /// Log line format.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Default log filter (RUST_LOG wins).
+    #[arg(long, global = true, default_value = "warn,orderpipe=info")]
+    log_level: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the pipeline on an embedded stack (mock Kafka, in-process registry): no servers needed.
+    Demo {
+        /// Events to produce.
+        #[arg(long, default_value_t = 5000)]
+        events: u64,
+        /// Orders open at once.
+        #[arg(long, default_value_t = 500)]
+        orders: usize,
+        /// Generator seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Register or check the Avro schemas in the schema registry.
+    #[command(subcommand)]
+    Schema(SchemaCommand),
+    /// Reconcile or describe the declared topics.
+    #[command(subcommand)]
+    Topics(TopicsCommand),
+    /// Produce events from an NDJSON file or a synthetic generator.
+    Produce(produce::ProduceArgs),
+    /// Print the effective configuration (secrets redacted).
+    Config,
+}
+
+#[derive(Debug, Subcommand)]
+enum SchemaCommand {
+    /// Register every schema under `<topic>-value`.
+    Register {
+        /// Read schemas from this folder instead of the built-in ones.
+        #[arg(long)]
+        schemas: Option<PathBuf>,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Check the local schemas against the registry; exit 1 if incompatible.
+    Check {
+        /// Read schemas from this folder instead of the built-in ones.
+        #[arg(long)]
+        schemas: Option<PathBuf>,
+        /// Compatibility level of the local check.
+        #[arg(long, value_enum, default_value = "backward")]
+        level: CompatLevel,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TopicsCommand {
+    /// Create missing topics, grow partitions, fix configs; report the rest.
+    Ensure {
+        /// Report what would change without changing anything.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Show the declared topics as they are on the cluster.
+    Describe {
+        #[command(flatten)]
+        output: OutputArg,
+    },
+}
+
+/// `--output table|json`.
+#[derive(Debug, Args, Clone, Copy)]
+pub struct OutputArg {
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+fn parse_key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("`{text}` is not KEY=VALUE (e.g. -X linger.ms=10)")),
+    }
+}
+
+impl GlobalArgs {
+    fn settings(&self) -> anyhow::Result<Settings> {
+        let mut settings = Settings::load(self.config.as_deref())?;
+        if let Some(servers) = &self.bootstrap_servers {
+            settings.kafka.bootstrap_servers = servers.clone();
+        }
+        if let Some(url) = &self.registry_url {
+            settings.registry.url = url.clone();
+        }
+        let overrides: BTreeMap<String, String> = self.producer_options.iter().cloned().collect();
+        settings.producer.options.extend(overrides);
+        settings.validate()?;
+        Ok(settings)
+    }
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(cli.global.log_format, &cli.global.log_level);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs one parsed command; `Ok` carries the exit code.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Demo {
+            events,
+            orders,
+            seed,
+            output,
+        } => {
+            let report = demo::run(&demo::DemoOptions { events, orders, seed }).await?;
+            output::demo(&report, output.output);
+            Ok(exit_if(!report.ordering_violations.is_empty() || report.consumed != report.produced))
+        }
+        Command::Schema(SchemaCommand::Register { schemas, output }) => {
+            let settings = cli.global.settings()?;
+            let catalog = SchemaCatalog::load(schemas.as_deref())?;
+            let registered = schema::register(&settings.registry, &catalog).await?;
+            output::registered(&registered, output.output);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Schema(SchemaCommand::Check {
+            schemas,
+            level,
+            output,
+        }) => {
+            let settings = cli.global.settings()?;
+            let catalog = SchemaCatalog::load(schemas.as_deref())?;
+            let reports = schema::check(&settings.registry, &catalog, level).await?;
+            output::compat(&reports, output.output);
+            Ok(exit_if(reports.iter().any(|r| !r.is_compatible())))
+        }
+        Command::Topics(TopicsCommand::Ensure { dry_run, output }) => {
+            let settings = cli.global.settings()?;
+            let admin = TopicAdmin::new(&settings)?;
+            let changes = admin.ensure(&topics::declared(&settings), dry_run).await?;
+            output::changes(&changes, dry_run, output.output);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Topics(TopicsCommand::Describe { output }) => {
+            let settings = cli.global.settings()?;
+            let admin = TopicAdmin::new(&settings)?;
+            let states = admin.describe(&topics::declared(&settings)).await?;
+            output::topic_states(&states, output.output);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Produce(args) => {
+            let settings = cli.global.settings()?;
+            produce::run(&settings, args).await
+        }
+        Command::Config => {
+            let settings = cli.global.settings()?;
+            println!("{settings:#?}");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn exit_if(failed: bool) -> ExitCode {
+    if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}

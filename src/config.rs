@@ -1,0 +1,333 @@
+//! Configuration, layered: built-in defaults (the local dev stack), then a
+//! TOML file, then `ORDERPIPE_*` environment variables, then command-line
+//! flags. Nested keys use `__` in the environment:
+//! `ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS=broker:9092`,
+//! `ORDERPIPE_DATABASE__URL=mysql://...`.
+//!
+//! Secrets (database URL, registry password, SASL password) are
+//! [`SecretString`]s: `Debug` prints `[REDACTED]`, so logging a config never
+//! leaks them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+/// The default config file, read when it exists and no other is named.
+pub const DEFAULT_CONFIG_FILE: &str = "orderpipe.toml";
+
+/// Everything orderpipe can be told.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Kafka connection, shared by every client.
+    pub kafka: KafkaSettings,
+    /// Producer tuning.
+    pub producer: ProducerSettings,
+    /// Schema registry.
+    pub registry: RegistrySettings,
+    /// Database.
+    pub database: DatabaseSettings,
+    /// Declared topics.
+    pub topics: TopicsSettings,
+}
+
+/// Kafka connection.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaSettings {
+    /// `bootstrap.servers`.
+    pub bootstrap_servers: String,
+    /// librdkafka options for every client (security.protocol, sasl.mechanism, ...).
+    pub options: BTreeMap<String, String>,
+    /// `sasl.password`, kept out of `options` so it never prints.
+    pub sasl_password: Option<SecretString>,
+}
+
+/// Producer tuning.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProducerSettings {
+    /// librdkafka producer options layered over the safe defaults; checked for conflicts.
+    pub options: BTreeMap<String, String>,
+    /// Name written into `producer` of envelopes this process creates.
+    pub service_name: String,
+}
+
+/// Schema registry (Confluent-compatible API).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistrySettings {
+    /// Base URL, e.g. Apicurio's `http://host:8081/apis/ccompat/v7`.
+    pub url: String,
+    /// Basic-auth user.
+    pub username: Option<String>,
+    /// Basic-auth password.
+    pub password: Option<SecretString>,
+    /// Per-request timeout.
+    pub timeout_ms: u64,
+    /// Register the local schema on first use (otherwise use the latest registered).
+    pub auto_register: bool,
+}
+
+/// Database.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// `mysql://user:pass@host:port/db` or `sqlite://path`.
+    pub url: SecretString,
+}
+
+/// Declared topics; `topics ensure` reconciles the cluster to these.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TopicsSettings {
+    /// `order.events.v1`.
+    pub order_events: TopicSpec,
+    /// `inventory.events.v1`.
+    pub inventory_events: TopicSpec,
+    /// `order.events.v1.dlq`.
+    pub dead_letter: TopicSpec,
+}
+
+/// One topic's declared shape.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TopicSpec {
+    /// Topic name.
+    pub name: String,
+    /// Partition count (only ever grown).
+    pub partitions: i32,
+    /// Replication factor at creation.
+    pub replication_factor: i32,
+    /// `min.insync.replicas`.
+    pub min_insync_replicas: i32,
+    /// `retention.ms`.
+    pub retention_ms: i64,
+    /// Other topic configs to enforce.
+    #[serde(default)]
+    pub configs: BTreeMap<String, String>,
+}
+
+const DAY_MS: i64 = 24 * 60 * 60 * 1000;
+
+impl TopicSpec {
+    fn new(name: &str, partitions: i32, retention_days: i64) -> Self {
+        Self {
+            name: name.to_string(),
+            partitions,
+            replication_factor: 1,
+            min_insync_replicas: 1,
+            retention_ms: retention_days * DAY_MS,
+            configs: BTreeMap::new(),
+        }
+    }
+
+    /// Every config `topics ensure` enforces, including min ISR and retention.
+    pub fn desired_configs(&self) -> BTreeMap<String, String> {
+        let mut configs = self.configs.clone();
+        configs.insert("min.insync.replicas".into(), self.min_insync_replicas.to_string());
+        configs.insert("retention.ms".into(), self.retention_ms.to_string());
+        configs
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            kafka: KafkaSettings::default(),
+            producer: ProducerSettings::default(),
+            registry: RegistrySettings::default(),
+            database: DatabaseSettings::default(),
+            topics: TopicsSettings::default(),
+        }
+    }
+}
+
+impl Default for KafkaSettings {
+    fn default() -> Self {
+        Self {
+            bootstrap_servers: "127.0.0.1:9092".into(),
+            options: BTreeMap::new(),
+            sasl_password: None,
+        }
+    }
+}
+
+impl Default for ProducerSettings {
+    fn default() -> Self {
+        Self {
+            options: BTreeMap::new(),
+            service_name: "order-service".into(),
+        }
+    }
+}
+
+impl Default for RegistrySettings {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:8081/apis/ccompat/v7".into(),
+            username: None,
+            password: None,
+            timeout_ms: 5_000,
+            auto_register: true,
+        }
+    }
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: SecretString::from("mysql://orderpipe:orderpipe@127.0.0.1:3306/orderpipe"),
+        }
+    }
+}
+
+impl Default for TopicsSettings {
+    fn default() -> Self {
+        Self {
+            // Order events are audit records: keep them at least 30 days.
+            order_events: TopicSpec::new("order.events.v1", 12, 30),
+            inventory_events: TopicSpec::new("inventory.events.v1", 12, 30),
+            dead_letter: TopicSpec::new("order.events.v1.dlq", 12, 30),
+        }
+    }
+}
+
+/// A config value that is present but unusable.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration: {0}")]
+pub struct ConfigError(String);
+
+impl Settings {
+    /// Loads defaults, then `file` (or `./orderpipe.toml` if present), then
+    /// the environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::new();
+        let default_file = PathBuf::from(DEFAULT_CONFIG_FILE);
+        match file {
+            Some(path) if !path.exists() => {
+                return Err(ConfigError(format!("config file {} not found", path.display())));
+            }
+            Some(path) => figment = figment.merge(Toml::file(path)),
+            None if default_file.exists() => figment = figment.merge(Toml::file(default_file)),
+            None => {}
+        }
+        let settings: Settings = figment
+            .merge(Env::prefixed("ORDERPIPE_").split("__").ignore(&["config"]))
+            .extract()
+            .map_err(|e| ConfigError(e.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Rejects values that would only fail later and less clearly.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kafka.bootstrap_servers.trim().is_empty() {
+            return Err(ConfigError("kafka.bootstrap_servers must not be empty".into()));
+        }
+        for spec in [
+            &self.topics.order_events,
+            &self.topics.inventory_events,
+            &self.topics.dead_letter,
+        ] {
+            let field = |f: &str| format!("topics.{}.{f}", spec.name);
+            if spec.partitions < 1 {
+                return Err(ConfigError(format!("{} must be >= 1", field("partitions"))));
+            }
+            if spec.replication_factor < 1 {
+                return Err(ConfigError(format!("{} must be >= 1", field("replication_factor"))));
+            }
+            if spec.min_insync_replicas < 1 || spec.min_insync_replicas > spec.replication_factor {
+                return Err(ConfigError(format!(
+                    "{} must be between 1 and replication_factor ({})",
+                    field("min_insync_replicas"),
+                    spec.replication_factor
+                )));
+            }
+        }
+        if self.topics.order_events.retention_ms >= 0
+            && self.topics.order_events.retention_ms < 30 * DAY_MS
+        {
+            return Err(ConfigError(
+                "topics.order_events.retention_ms must be >= 30 days (2592000000) or -1 (forever): order events are kept for audit".into(),
+            ));
+        }
+        if !self.database.url.expose_secret().starts_with("mysql://")
+            && !self.database.url.expose_secret().starts_with("mariadb://")
+            && !self.database.url.expose_secret().starts_with("sqlite:")
+        {
+            return Err(ConfigError(
+                "database.url must start with mysql://, mariadb:// or sqlite:".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The librdkafka options every client gets: bootstrap servers, the
+    /// shared pass-through map and the SASL password.
+    pub fn kafka_client_options(&self) -> BTreeMap<String, String> {
+        let mut options = self.kafka.options.clone();
+        options.insert("bootstrap.servers".into(), self.kafka.bootstrap_servers.clone());
+        if let Some(password) = &self.kafka.sasl_password {
+            options.insert("sasl.password".into(), password.expose_secret().to_string());
+        }
+        options
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_point_at_the_dev_stack_and_validate() {
+        let s = Settings::default();
+        s.validate().unwrap();
+        assert_eq!(s.kafka.bootstrap_servers, "127.0.0.1:9092");
+        assert_eq!(s.topics.order_events.partitions, 12);
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let mut s = Settings::default();
+        s.kafka.sasl_password = Some(SecretString::from("hunter2"));
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("hunter2"));
+        assert!(!shown.contains("orderpipe:orderpipe@"), "{shown}");
+    }
+
+    #[test]
+    fn file_then_env_layers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[kafka]\nbootstrap_servers = \"file:9092\"\n[producer.options]\n\"linger.ms\" = \"20\"\n",
+        )
+        .unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("ORDERPIPE_REGISTRY__URL", "http://env:1");
+            let s = Settings::load(Some(&path)).unwrap();
+            assert_eq!(s.kafka.bootstrap_servers, "file:9092");
+            assert_eq!(s.producer.options["linger.ms"], "20");
+            assert_eq!(s.registry.url, "http://env:1");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_and_short_retention_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[kafka]\nbootstrap = \"x\"\n").unwrap();
+        let err = Settings::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("bootstrap"), "{err}");
+        let mut s = Settings::default();
+        s.topics.order_events.retention_ms = DAY_MS;
+        assert!(s.validate().unwrap_err().to_string().contains("retention_ms"));
+    }
+}

@@ -1,0 +1,32 @@
+//! orderpipe: a Kafka-native order event pipeline.
+//!
+//! Order services record business changes and an outbox row in one
+//! transaction; a relay publishes them as Avro envelopes to
+//! `order.events.v1`, keyed by `order_id`; consumer groups apply each event
+//! exactly once in effect. See `README.md` for the whole picture.
+//!
+//! Layout, one module per concept of the design:
+//!
+//! | module | what it is |
+//! |---|---|
+//! | [`envelope`] | the event envelope, event names and payloads (seed 000) |
+//! | [`schema`] | the Avro schemas in `schemas/`, registering and compatibility checks |
+//! | [`codec`] | Confluent wire format through the schema registry |
+//! | [`producer`] | the idempotent keyed producer and its option checks |
+//! | [`topics`] | topic reconcile (`topics ensure` / `describe`) |
+//! | [`generator`] | synthetic order lifecycles |
+//! | [`demo`] | the embedded end-to-end run behind `make run` |
+//! | [`config`] | layered settings: defaults, file, environment, flags |
+//! | [`telemetry`] | logging setup |
+//! | [`cli`] | the `orderpipe` command line; `src/bin/orderpipe.rs` only calls it |
+
+pub mod cli;
+pub mod codec;
+pub mod config;
+pub mod demo;
+pub mod envelope;
+pub mod generator;
+pub mod producer;
+pub mod schema;
+pub mod telemetry;
+pub mod topics;

@@ -1,0 +1,129 @@
+//! Producer options: safe defaults, a pass-through map of librdkafka
+//! options layered on top, and a conflict check so an override cannot
+//! quietly turn the idempotent producer into a lossy one.
+
+use std::collections::BTreeMap;
+
+use rdkafka::ClientConfig;
+
+/// Defaults for an idempotent, ordered, compressed producer.
+pub const PRODUCER_DEFAULTS: &[(&str, &str)] = &[
+    ("enable.idempotence", "true"),
+    ("acks", "all"),
+    // Idempotence keeps order with up to 5 in-flight requests per connection.
+    ("max.in.flight.requests.per.connection", "5"),
+    ("compression.type", "lz4"),
+    ("linger.ms", "5"),
+    // Same as Java's delivery.timeout.ms: a record not acknowledged by then is
+    // reported as failed instead of waiting forever.
+    ("message.timeout.ms", "120000"),
+];
+
+/// Keys the map may not set because orderpipe owns them.
+const RESERVED: &[(&str, &str)] = &[
+    ("bootstrap.servers", "set kafka.bootstrap_servers instead"),
+    ("transactional.id", "the relay sets it per instance"),
+    ("sasl.password", "set kafka.sasl_password so it stays secret"),
+];
+
+/// An override that contradicts another setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("producer option conflict: {0}")]
+pub struct OptionConflict(pub String);
+
+/// The effective producer options: defaults, then `client` (shared Kafka
+/// options), then `overrides`; checked for conflicts.
+pub fn producer_options(
+    client: &BTreeMap<String, String>,
+    overrides: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, OptionConflict> {
+    for (key, why) in RESERVED {
+        if overrides.contains_key(*key) {
+            return Err(OptionConflict(format!("`{key}` cannot be overridden here: {why}")));
+        }
+    }
+    let mut options: BTreeMap<String, String> = PRODUCER_DEFAULTS
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    options.extend(client.iter().map(|(k, v)| (k.clone(), v.clone())));
+    options.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
+    check_conflicts(&options)?;
+    Ok(options)
+}
+
+fn check_conflicts(options: &BTreeMap<String, String>) -> Result<(), OptionConflict> {
+    let get = |k: &str| options.get(k).map(|v| v.trim().to_ascii_lowercase());
+    let idempotent = get("enable.idempotence").is_some_and(|v| v == "true");
+    if !idempotent {
+        return Ok(());
+    }
+    let acks = get("acks").or_else(|| get("request.required.acks"));
+    if let Some(acks) = acks {
+        if acks != "all" && acks != "-1" {
+            return Err(OptionConflict(format!(
+                "acks={acks} with enable.idempotence=true: idempotence needs acks=all (or -1); \
+                 set enable.idempotence=false to accept possible loss or duplicates"
+            )));
+        }
+    }
+    let in_flight = get("max.in.flight.requests.per.connection").or_else(|| get("max.in.flight"));
+    if let Some(n) = in_flight {
+        match n.parse::<u32>() {
+            Ok(1..=5) => {}
+            _ => {
+                return Err(OptionConflict(format!(
+                    "max.in.flight.requests.per.connection={n} with enable.idempotence=true: \
+                     must be 1 to 5 to keep per-partition order"
+                )));
+            }
+        }
+    }
+    if let Some(retries) = get("retries").or_else(|| get("message.send.max.retries")) {
+        if retries == "0" {
+            return Err(OptionConflict(
+                "retries=0 with enable.idempotence=true: idempotence needs retries > 0".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A librdkafka config from an option map.
+pub fn client_config(options: &BTreeMap<String, String>) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    for (k, v) in options {
+        config.set(k, v);
+    }
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&str, &str)]) -> Result<BTreeMap<String, String>, OptionConflict> {
+        let overrides = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        producer_options(&BTreeMap::new(), &overrides)
+    }
+
+    #[test]
+    fn defaults_are_idempotent_and_overridable() {
+        let o = with(&[("linger.ms", "50")]).unwrap();
+        assert_eq!(o["enable.idempotence"], "true");
+        assert_eq!(o["acks"], "all");
+        assert_eq!(o["linger.ms"], "50");
+    }
+
+    #[test]
+    fn conflicting_overrides_are_named() {
+        let e = with(&[("acks", "1")]).unwrap_err().to_string();
+        assert!(e.contains("acks=1") && e.contains("enable.idempotence"), "{e}");
+        let e = with(&[("max.in.flight.requests.per.connection", "10")]).unwrap_err();
+        assert!(e.to_string().contains("max.in.flight"));
+        assert!(with(&[("retries", "0")]).is_err());
+        assert!(with(&[("transactional.id", "x")]).unwrap_err().to_string().contains("relay"));
+        // Turning idempotence off makes acks=1 a legitimate (documented) choice.
+        with(&[("enable.idempotence", "false"), ("acks", "1")]).unwrap();
+    }
+}
