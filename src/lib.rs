@@ -13,6 +13,10 @@
 //! | [`schema`] | the Avro schemas in `schemas/`, registering and compatibility checks |
 //! | [`codec`] | Confluent wire format through the schema registry |
 //! | [`producer`] | the idempotent keyed producer and its option checks |
+//! | [`consumer`] | consumer groups applying events exactly once in effect |
+//! | [`dedup`] | the `event_dedup` guard and its retention cleanup |
+//! | [`db`] | database pool, dialects, migrations from `sql/` |
+//! | [`health`] | `/health/*` endpoints |
 //! | [`topics`] | topic reconcile (`topics ensure` / `describe`) |
 //! | [`generator`] | synthetic order lifecycles |
 //! | [`demo`] | the embedded end-to-end run behind `make run` |
@@ -23,9 +27,13 @@
 pub mod cli;
 pub mod codec;
 pub mod config;
+pub mod consumer;
+pub mod db;
+pub mod dedup;
 pub mod demo;
 pub mod envelope;
 pub mod generator;
+pub mod health;
 pub mod producer;
 pub mod schema;
 pub mod telemetry;

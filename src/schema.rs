@@ -21,7 +21,7 @@ use schema_registry_converter::schema_registry_common::SubjectNameStrategy;
 use serde::Serialize;
 
 use crate::codec::{CodecError, sr_settings};
-use crate::config::RegistrySettings;
+use crate::config::Settings;
 
 /// The topic whose schema describes [`crate::envelope::Envelope`].
 pub const ORDER_EVENTS_TOPIC: &str = "order.events.v1";
@@ -64,13 +64,6 @@ pub struct TopicSchema {
     pub raw: String,
     /// The parsed schema.
     pub parsed: Schema,
-}
-
-impl TopicSchema {
-    /// `<topic>-value`.
-    pub fn subject(&self) -> String {
-        format!("{}-value", self.topic)
-    }
 }
 
 /// All topic schemas orderpipe knows.
@@ -159,21 +152,27 @@ pub struct Registered {
 /// Registers every schema under its subject (an already registered schema
 /// returns its existing id; an incompatible one is refused by the registry).
 pub async fn register(
-    registry: &RegistrySettings,
+    settings: &Settings,
     catalog: &SchemaCatalog,
 ) -> Result<Vec<Registered>, CodecError> {
-    let settings = sr_settings(registry)?;
+    let client = sr_settings(&settings.registry)?;
     let mut out = Vec::new();
     for schema in catalog.iter() {
-        let registered = post_schema(&settings, schema.subject(), get_supplied_schema(&schema.parsed))
+        let subject = subject(settings, schema);
+        let registered = post_schema(&client, subject.clone(), get_supplied_schema(&schema.parsed))
             .await
-            .map_err(|e| registry_error(&schema.subject(), e))?;
+            .map_err(|e| registry_error(&subject, e))?;
         out.push(Registered {
-            subject: schema.subject(),
+            subject,
             id: registered.id,
         });
     }
     Ok(out)
+}
+
+/// `<configured topic>-value` (Confluent's TopicNameStrategy).
+pub fn subject(settings: &Settings, schema: &TopicSchema) -> String {
+    format!("{}-value", settings.topic_name_for_schema(&schema.topic))
 }
 
 fn registry_error(
@@ -300,16 +299,17 @@ fn branch_name(schema: &Schema) -> String {
 
 /// Compares every local schema with the latest registered version.
 pub async fn check(
-    registry: &RegistrySettings,
+    settings: &Settings,
     catalog: &SchemaCatalog,
     level: CompatLevel,
 ) -> Result<Vec<CompatReport>, CodecError> {
-    let settings = sr_settings(registry)?;
+    let client = sr_settings(&settings.registry)?;
     let mut out = Vec::new();
     for schema in catalog.iter() {
-        let subject = schema.subject();
-        let strategy = SubjectNameStrategy::TopicNameStrategy(schema.topic.clone(), false);
-        let latest = match get_schema_by_subject(&settings, &strategy).await {
+        let subject = subject(settings, schema);
+        let topic = settings.topic_name_for_schema(&schema.topic);
+        let strategy = SubjectNameStrategy::TopicNameStrategy(topic, false);
+        let latest = match get_schema_by_subject(&client, &strategy).await {
             Ok(latest) => latest,
             Err(e) if !e.retriable && format!("{e}").contains("404") => {
                 out.push(CompatReport {
@@ -327,7 +327,7 @@ pub async fn check(
         })?;
         let local_problem = local_compat(&old, &schema.parsed, level);
         let registry_compatible =
-            is_compatible_schema(&settings, subject.clone(), get_supplied_schema(&schema.parsed))
+            is_compatible_schema(&client, subject.clone(), get_supplied_schema(&schema.parsed))
                 .await
                 .map_err(|e| registry_error(&subject, e))?;
         out.push(CompatReport {

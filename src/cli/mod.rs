@@ -7,6 +7,7 @@
 //! * [`produce`] is `orderpipe produce` (NDJSON file or synthetic lifecycles).
 //! * [`output`] holds the table/JSON printing shared by the commands.
 
+pub mod consume;
 pub mod output;
 pub mod produce;
 
@@ -17,6 +18,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::Settings;
+use crate::db::Db;
 use crate::schema::{CompatLevel, SchemaCatalog};
 use crate::telemetry::{self, LogFormat};
 use crate::topics::{self, TopicAdmin};
@@ -80,8 +82,30 @@ enum Command {
     Topics(TopicsCommand),
     /// Produce events from an NDJSON file or a synthetic generator.
     Produce(produce::ProduceArgs),
+    /// Apply the database migrations in `sql/` (MariaDB/MySQL or SQLite).
+    Migrate,
+    /// Run a consumer group applying events exactly once in effect.
+    Consume(consume::ConsumeArgs),
+    /// Event dedup table maintenance.
+    #[command(subcommand)]
+    Dedup(DedupCommand),
     /// Print the effective configuration (secrets redacted).
     Config,
+}
+
+#[derive(Debug, Subcommand)]
+enum DedupCommand {
+    /// Delete dedup rows older than a retention window, in small batches.
+    Cleanup {
+        /// Retention window, e.g. 7d, 36h (must exceed the longest redelivery delay).
+        #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+        older_than: std::time::Duration,
+        /// Rows per DELETE statement.
+        #[arg(long, default_value_t = crate::dedup::CLEANUP_BATCH)]
+        batch: u32,
+        #[command(flatten)]
+        output: OutputArg,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -191,7 +215,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Schema(SchemaCommand::Register { schemas, output }) => {
             let settings = cli.global.settings()?;
             let catalog = SchemaCatalog::load(schemas.as_deref())?;
-            let registered = schema::register(&settings.registry, &catalog).await?;
+            let registered = schema::register(&settings, &catalog).await?;
             output::registered(&registered, output.output);
             Ok(ExitCode::SUCCESS)
         }
@@ -202,7 +226,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }) => {
             let settings = cli.global.settings()?;
             let catalog = SchemaCatalog::load(schemas.as_deref())?;
-            let reports = schema::check(&settings.registry, &catalog, level).await?;
+            let reports = schema::check(&settings, &catalog, level).await?;
             output::compat(&reports, output.output);
             Ok(exit_if(reports.iter().any(|r| !r.is_compatible())))
         }
@@ -223,6 +247,34 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Produce(args) => {
             let settings = cli.global.settings()?;
             produce::run(&settings, args).await
+        }
+        Command::Migrate => {
+            let settings = cli.global.settings()?;
+            let db = Db::connect(&settings.database, 2)?;
+            db.migrate().await?;
+            println!("migrations applied ({:?})", db.dialect);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Consume(args) => {
+            let settings = cli.global.settings()?;
+            consume::run(&settings, args).await
+        }
+        Command::Dedup(DedupCommand::Cleanup {
+            older_than,
+            batch,
+            output,
+        }) => {
+            let settings = cli.global.settings()?;
+            let db = Db::connect(&settings.database, 2)?;
+            let removed = crate::dedup::cleanup(&db, older_than, batch.max(1)).await?;
+            match output.output {
+                Output::Json => println!("{}", serde_json::json!({"removed": removed})),
+                Output::Table => println!(
+                    "removed {removed} dedup rows older than {}",
+                    humantime::format_duration(older_than)
+                ),
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Config => {
             let settings = cli.global.settings()?;

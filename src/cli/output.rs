@@ -183,3 +183,23 @@ pub fn produce(summary: &ProduceSummary, format: Output) {
         println!("  invalid: {line}");
     }
 }
+
+/// `orderpipe consume` (at exit).
+pub fn consume(summary: &crate::consumer::ConsumeSummary, format: Output) {
+    if format == Output::Json {
+        return json(summary);
+    }
+    println!(
+        "group {}: consumed {}, applied {}, duplicates skipped {}, decode failures {}, apply failures (retried) {}",
+        summary.group,
+        summary.consumed,
+        summary.applied,
+        summary.duplicates,
+        summary.decode_failures,
+        summary.apply_failures
+    );
+    let rows = summary.handlers.iter().map(|(name, c)| {
+        vec![name.clone(), c.applied.to_string(), c.already_done.to_string(), c.ignored.to_string()]
+    });
+    println!("{}", table(&["handler", "applied", "already done", "not its event"], rows));
+}

@@ -97,13 +97,14 @@ pub async fn run(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitC
     let topic = args.topic.clone().unwrap_or_else(|| settings.topics.order_events.name.clone());
     let catalog = SchemaCatalog::embedded();
     let codec = Codec::new(&settings.registry, &topic, catalog.order_events(), settings.registry.auto_register)?;
+    let codec = Arc::new(codec);
+    let producer = EventProducer::new(settings, codec.clone(), &topic)?;
+    // Broker first, then registry: each failure names the service that failed.
+    producer.check_ready(Duration::from_secs(10)).await?;
     codec
         .warm_up()
         .await
         .with_context(|| format!("schema registry at {}", settings.registry.url))?;
-    let codec = Arc::new(codec);
-    let producer = EventProducer::new(settings, codec, &topic)?;
-    producer.check_ready(Duration::from_secs(10)).await?;
 
     let mut invalid_lines = Vec::new();
     let source: Box<dyn Iterator<Item = Envelope> + '_> = match (&args.file, args.count) {

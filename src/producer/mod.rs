@@ -79,6 +79,8 @@ pub struct Delivery {
     pub partition: i32,
     /// Offset.
     pub offset: i64,
+    /// Size of the record value in bytes.
+    pub value_bytes: usize,
 }
 
 /// Counts of a [`EventProducer::send_all`] run.
@@ -94,6 +96,8 @@ pub struct SendReport {
     pub failures: Vec<String>,
     /// Acknowledged records per event name.
     pub by_event: BTreeMap<String, u64>,
+    /// Bytes of acknowledged record values (Confluent-framed Avro).
+    pub value_bytes: u64,
 }
 
 /// Produces envelopes to one topic.
@@ -156,6 +160,7 @@ impl EventProducer {
             Ok(d) => Ok(Delivery {
                 partition: d.partition,
                 offset: d.offset,
+                value_bytes: payload.len(),
             }),
             Err((e, _)) => Err(e.into()),
         }
@@ -175,6 +180,7 @@ impl EventProducer {
             match result {
                 (env, Ok(delivery)) => {
                     report.acknowledged += 1;
+                    report.value_bytes += delivery.value_bytes as u64;
                     *report.by_event.entry(env.event_name.to_string()).or_default() += 1;
                     on_ack(&env, delivery);
                 }

@@ -1,4 +1,4 @@
-//! Configuration, layered: built-in defaults (the local dev stack), then a
+//! Configuration, layered: built-in defaults (`defaults.toml`, the local dev stack), then a
 //! TOML file, then `ORDERPIPE_*` environment variables, then command-line
 //! flags. Nested keys use `__` in the environment:
 //! `ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS=broker:9092`,
@@ -21,12 +21,14 @@ pub const DEFAULT_CONFIG_FILE: &str = "orderpipe.toml";
 
 /// Everything orderpipe can be told.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct Settings {
     /// Kafka connection, shared by every client.
     pub kafka: KafkaSettings,
     /// Producer tuning.
     pub producer: ProducerSettings,
+    /// Consumer tuning.
+    pub consumer: ConsumerSettings,
     /// Schema registry.
     pub registry: RegistrySettings,
     /// Database.
@@ -37,19 +39,20 @@ pub struct Settings {
 
 /// Kafka connection.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct KafkaSettings {
     /// `bootstrap.servers`.
     pub bootstrap_servers: String,
     /// librdkafka options for every client (security.protocol, sasl.mechanism, ...).
     pub options: BTreeMap<String, String>,
     /// `sasl.password`, kept out of `options` so it never prints.
+    #[serde(default)]
     pub sasl_password: Option<SecretString>,
 }
 
 /// Producer tuning.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct ProducerSettings {
     /// librdkafka producer options layered over the safe defaults; checked for conflicts.
     pub options: BTreeMap<String, String>,
@@ -57,15 +60,27 @@ pub struct ProducerSettings {
     pub service_name: String,
 }
 
+/// Consumer tuning.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerSettings {
+    /// librdkafka consumer options layered over orderpipe's.
+    pub options: BTreeMap<String, String>,
+    /// Records of one partition applied in one DB transaction, at most.
+    pub batch_size: usize,
+}
+
 /// Schema registry (Confluent-compatible API).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct RegistrySettings {
     /// Base URL, e.g. Apicurio's `http://host:8081/apis/ccompat/v7`.
     pub url: String,
     /// Basic-auth user.
+    #[serde(default)]
     pub username: Option<String>,
     /// Basic-auth password.
+    #[serde(default)]
     pub password: Option<SecretString>,
     /// Per-request timeout.
     pub timeout_ms: u64,
@@ -75,15 +90,17 @@ pub struct RegistrySettings {
 
 /// Database.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
     /// `mysql://user:pass@host:port/db` or `sqlite://path`.
     pub url: SecretString,
+    /// Pool size.
+    pub max_connections: u32,
 }
 
 /// Declared topics; `topics ensure` reconciles the cluster to these.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct TopicsSettings {
     /// `order.events.v1`.
     pub order_events: TopicSpec,
@@ -115,17 +132,6 @@ pub struct TopicSpec {
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 
 impl TopicSpec {
-    fn new(name: &str, partitions: i32, retention_days: i64) -> Self {
-        Self {
-            name: name.to_string(),
-            partitions,
-            replication_factor: 1,
-            min_insync_replicas: 1,
-            retention_ms: retention_days * DAY_MS,
-            configs: BTreeMap::new(),
-        }
-    }
-
     /// Every config `topics ensure` enforces, including min ISR and retention.
     pub fn desired_configs(&self) -> BTreeMap<String, String> {
         let mut configs = self.configs.clone();
@@ -135,65 +141,14 @@ impl TopicSpec {
     }
 }
 
+/// The built-in defaults, one documented file.
+pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
+
 impl Default for Settings {
     fn default() -> Self {
-        Self {
-            kafka: KafkaSettings::default(),
-            producer: ProducerSettings::default(),
-            registry: RegistrySettings::default(),
-            database: DatabaseSettings::default(),
-            topics: TopicsSettings::default(),
-        }
-    }
-}
-
-impl Default for KafkaSettings {
-    fn default() -> Self {
-        Self {
-            bootstrap_servers: "127.0.0.1:9092".into(),
-            options: BTreeMap::new(),
-            sasl_password: None,
-        }
-    }
-}
-
-impl Default for ProducerSettings {
-    fn default() -> Self {
-        Self {
-            options: BTreeMap::new(),
-            service_name: "order-service".into(),
-        }
-    }
-}
-
-impl Default for RegistrySettings {
-    fn default() -> Self {
-        Self {
-            url: "http://127.0.0.1:8081/apis/ccompat/v7".into(),
-            username: None,
-            password: None,
-            timeout_ms: 5_000,
-            auto_register: true,
-        }
-    }
-}
-
-impl Default for DatabaseSettings {
-    fn default() -> Self {
-        Self {
-            url: SecretString::from("mysql://orderpipe:orderpipe@127.0.0.1:3306/orderpipe"),
-        }
-    }
-}
-
-impl Default for TopicsSettings {
-    fn default() -> Self {
-        Self {
-            // Order events are audit records: keep them at least 30 days.
-            order_events: TopicSpec::new("order.events.v1", 12, 30),
-            inventory_events: TopicSpec::new("inventory.events.v1", 12, 30),
-            dead_letter: TopicSpec::new("order.events.v1.dlq", 12, 30),
-        }
+        Figment::from(Toml::string(DEFAULTS_TOML))
+            .extract()
+            .expect("built-in defaults are complete and valid")
     }
 }
 
@@ -206,7 +161,7 @@ impl Settings {
     /// Loads defaults, then `file` (or `./orderpipe.toml` if present), then
     /// the environment.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut figment = Figment::new();
+        let mut figment = Figment::from(Toml::string(DEFAULTS_TOML));
         let default_file = PathBuf::from(DEFAULT_CONFIG_FILE);
         match file {
             Some(path) if !path.exists() => {
@@ -267,6 +222,16 @@ impl Settings {
         Ok(())
     }
 
+    /// The configured name of the topic a schema file (named after the
+    /// default topic name) describes; tests and staging rename topics.
+    pub fn topic_name_for_schema(&self, schema_topic: &str) -> String {
+        [&self.topics.order_events, &self.topics.inventory_events, &self.topics.dead_letter]
+            .into_iter()
+            .zip(["order.events.v1", "inventory.events.v1", "order.events.v1.dlq"])
+            .find(|(_, default)| *default == schema_topic)
+            .map_or_else(|| schema_topic.to_string(), |(spec, _)| spec.name.clone())
+    }
+
     /// The librdkafka options every client gets: bootstrap servers, the
     /// shared pass-through map and the SASL password.
     pub fn kafka_client_options(&self) -> BTreeMap<String, String> {
@@ -311,10 +276,15 @@ mod tests {
         .unwrap();
         figment::Jail::expect_with(|jail| {
             jail.set_env("ORDERPIPE_REGISTRY__URL", "http://env:1");
+            jail.set_env("ORDERPIPE_TOPICS__ORDER_EVENTS__NAME", "t1.order.events.v1");
             let s = Settings::load(Some(&path)).unwrap();
             assert_eq!(s.kafka.bootstrap_servers, "file:9092");
             assert_eq!(s.producer.options["linger.ms"], "20");
             assert_eq!(s.registry.url, "http://env:1");
+            // A nested override keeps the other defaults of that table.
+            assert_eq!(s.topics.order_events.name, "t1.order.events.v1");
+            assert_eq!(s.topics.order_events.partitions, 12);
+            assert_eq!(s.topic_name_for_schema("order.events.v1"), "t1.order.events.v1");
             Ok(())
         });
     }

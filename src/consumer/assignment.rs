@@ -1,0 +1,117 @@
+//! Which partitions this group member owns right now.
+//!
+//! librdkafka calls the context on rebalance. Every assignment of a
+//! partition gets a new generation number; a worker remembers the
+//! generation it was started for and checks it before committing, so work
+//! for a partition that was revoked (and maybe reassigned elsewhere) is
+//! rolled back instead of committed. Dedup would catch the duplicate anyway;
+//! this keeps the contract "never apply a record of a partition the
+//! consumer no longer owns".
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rdkafka::ClientContext;
+use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+
+use crate::health::HealthState;
+
+/// (topic, partition).
+pub type PartitionKey = (String, i32);
+
+/// The current assignment with a generation per partition.
+pub struct Assignment {
+    owned: Mutex<HashMap<PartitionKey, u64>>,
+    changed_at: Mutex<std::time::Instant>,
+    next_generation: AtomicU64,
+    health: Arc<HealthState>,
+}
+
+impl Assignment {
+    /// Nothing assigned yet.
+    pub fn new(health: Arc<HealthState>) -> Self {
+        Self {
+            owned: Mutex::new(HashMap::new()),
+            changed_at: Mutex::new(std::time::Instant::now()),
+            next_generation: AtomicU64::new(1),
+            health,
+        }
+    }
+
+    /// The generation of `key` if this member owns it.
+    pub fn generation(&self, key: &PartitionKey) -> Option<u64> {
+        self.owned.lock().expect("assignment lock").get(key).copied()
+    }
+
+    /// True if `key` is still owned under `generation`.
+    pub fn is_current(&self, key: &PartitionKey, generation: u64) -> bool {
+        self.generation(key) == Some(generation)
+    }
+
+    /// Time since the assignment last changed (or since start).
+    pub fn since_change(&self) -> std::time::Duration {
+        self.changed_at.lock().expect("assignment lock").elapsed()
+    }
+
+    fn touch(&self) {
+        *self.changed_at.lock().expect("assignment lock") = std::time::Instant::now();
+    }
+
+    fn assign(&self, keys: impl Iterator<Item = PartitionKey>) {
+        let mut owned = self.owned.lock().expect("assignment lock");
+        for key in keys {
+            let generation = self.next_generation.fetch_add(1, Ordering::SeqCst);
+            owned.insert(key, generation);
+        }
+        self.health.set_assigned(owned.len());
+        self.touch();
+    }
+
+    fn revoke(&self, keys: impl Iterator<Item = PartitionKey>) {
+        let mut owned = self.owned.lock().expect("assignment lock");
+        for key in keys {
+            owned.remove(&key);
+        }
+        self.health.set_assigned(owned.len());
+        self.touch();
+    }
+}
+
+/// The librdkafka context that keeps [`Assignment`] up to date.
+pub struct AssignmentContext {
+    assignment: Arc<Assignment>,
+}
+
+impl AssignmentContext {
+    /// A context updating `assignment`.
+    pub fn new(assignment: Arc<Assignment>) -> Self {
+        Self { assignment }
+    }
+}
+
+impl ClientContext for AssignmentContext {}
+
+fn keys(list: &rdkafka::TopicPartitionList) -> impl Iterator<Item = PartitionKey> + '_ {
+    list.elements().into_iter().map(|e| (e.topic().to_string(), e.partition()))
+}
+
+impl ConsumerContext for AssignmentContext {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(list) => {
+                tracing::info!(partitions = list.count(), "partitions revoked");
+                self.assignment.revoke(keys(list));
+            }
+            Rebalance::Assign(_) => {}
+            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
+        }
+    }
+
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(list) = rebalance {
+            tracing::info!(partitions = list.count(), "partitions assigned");
+            self.assignment.assign(keys(list));
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! `orderpipe consume`: consumer groups with exactly-once effects.
+//!
+//! The processing contract (see `DESIGN.md`):
+//!
+//! 1. Poll; decode (Confluent frame + Avro + envelope validation).
+//! 2. In one DB transaction: insert the `event_dedup` row; if it existed,
+//!    skip the record (a duplicate); else run every handler's effect. Commit.
+//! 3. Only then store the Kafka offset; librdkafka commits stored offsets
+//!    every second, on rebalance and on close. A crash between 2 and 3
+//!    redelivers records whose dedup rows already exist: they are skipped.
+//!
+//! Layout:
+//!
+//! * this module runs the dispatcher: one `StreamConsumer`, records routed
+//!   to one [`worker`] per assigned partition, so partitions run in
+//!   parallel and each partition's records are applied in offset order
+//!   (one order's events share a partition, so per-order order holds);
+//! * [`worker`] batches a partition's records into one DB transaction and
+//!   retries database failures with backoff without committing past them;
+//! * [`assignment`] tracks which partitions this member owns, so a worker
+//!   never commits work for a partition that was revoked;
+//! * [`handler`] is the trait for effects, [`handlers`] the built-in ones.
+
+pub mod assignment;
+pub mod handler;
+pub mod handlers;
+pub mod worker;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedMessage;
+use rdkafka::Message;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::codec::Codec;
+use crate::config::Settings;
+use crate::db::Db;
+use crate::health::HealthState;
+use crate::producer::config::client_config;
+use crate::schema::SchemaCatalog;
+use assignment::{Assignment, AssignmentContext, PartitionKey};
+use handler::{Effect, Handler};
+use worker::PartitionWorker;
+
+/// Where a new group starts reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartFrom {
+    /// The oldest retained record.
+    Earliest,
+    /// Only records produced after the group first joins.
+    Latest,
+}
+
+/// What to run.
+#[derive(Clone)]
+pub struct ConsumeOptions {
+    /// Consumer group id.
+    pub group: String,
+    /// Effects applied to every record, in this order.
+    pub handlers: Vec<Arc<dyn Handler>>,
+    /// Topic to read.
+    pub topic: String,
+    /// Where a new group starts.
+    pub start_from: StartFrom,
+    /// Exit after this long without new records (and with nothing pending).
+    pub until_idle: Option<Duration>,
+    /// Where to serve `/health/*` (port 0 = any free port).
+    pub health_addr: Option<SocketAddr>,
+}
+
+/// Counts per handler.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct HandlerCounts {
+    /// Effects written.
+    pub applied: u64,
+    /// Events the handler does not act on.
+    pub ignored: u64,
+    /// Effects the business state already held.
+    pub already_done: u64,
+}
+
+/// What a consume run did.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct ConsumeSummary {
+    /// Consumer group.
+    pub group: String,
+    /// Records received from Kafka.
+    pub consumed: u64,
+    /// Events applied (dedup row inserted, handlers run, committed).
+    pub applied: u64,
+    /// Events skipped because this group had applied them already.
+    pub duplicates: u64,
+    /// Records that could not be decoded or validated (poison).
+    pub decode_failures: u64,
+    /// Failed attempts to apply (each retried; none committed past).
+    pub apply_failures: u64,
+    /// Per handler.
+    pub handlers: BTreeMap<String, HandlerCounts>,
+}
+
+impl ConsumeSummary {
+    fn record_effect(&mut self, handler: &str, effect: Effect) {
+        let counts = self.handlers.entry(handler.to_string()).or_default();
+        match effect {
+            Effect::Applied => counts.applied += 1,
+            Effect::Ignored => counts.ignored += 1,
+            Effect::AlreadyDone => counts.already_done += 1,
+        }
+    }
+}
+
+/// Why the consumer could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    /// Kafka client setup failed.
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    /// Schema codec setup failed.
+    #[error(transparent)]
+    Codec(#[from] crate::codec::CodecError),
+    /// The health endpoint could not bind.
+    #[error("health endpoint: {0}")]
+    Health(#[from] std::io::Error),
+}
+
+/// Shared by the dispatcher and the workers.
+pub(crate) struct Shared {
+    pub consumer: StreamConsumer<AssignmentContext>,
+    pub codec: Codec,
+    pub db: Db,
+    pub options: ConsumeOptions,
+    pub assignment: Arc<Assignment>,
+    pub summary: Mutex<ConsumeSummary>,
+    pub health: Arc<HealthState>,
+    /// Records dispatched and not yet finished (applied, skipped or dropped on revoke).
+    pub pending: AtomicUsize,
+    pub batch_size: usize,
+}
+
+/// Runs a consumer until `shutdown` resolves or, with `until_idle`, until
+/// the topic has been idle that long. Returns what was done.
+pub async fn run(
+    settings: &Settings,
+    db: Db,
+    options: ConsumeOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<ConsumeSummary, ConsumerError> {
+    let health = HealthState::new();
+    if let Some(addr) = options.health_addr {
+        let bound = crate::health::serve(addr, health.clone()).await?;
+        tracing::info!(%bound, "health endpoints listening");
+        eprintln!("health endpoints on http://{bound}/health/ready");
+    }
+    let assignment = Arc::new(Assignment::new(health.clone()));
+    let mut config = client_config(&settings.kafka_client_options());
+    config
+        .set("group.id", &options.group)
+        // Offsets are stored by workers after the DB commit; librdkafka commits
+        // what is stored every second, on rebalance and on close.
+        .set("enable.auto.commit", "true")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.commit.interval.ms", "1000")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false")
+        .set("session.timeout.ms", "10000")
+        .set(
+            "auto.offset.reset",
+            match options.start_from {
+                StartFrom::Earliest => "earliest",
+                StartFrom::Latest => "latest",
+            },
+        );
+    for (k, v) in &settings.consumer.options {
+        config.set(k, v);
+    }
+    let consumer: StreamConsumer<AssignmentContext> =
+        config.create_with_context(AssignmentContext::new(assignment.clone()))?;
+    consumer.subscribe(&[&options.topic])?;
+
+    let catalog = SchemaCatalog::embedded();
+    let codec = Codec::new(&settings.registry, &options.topic, catalog.order_events(), false)?;
+    let shared = Arc::new(Shared {
+        consumer,
+        codec,
+        db,
+        summary: Mutex::new(ConsumeSummary {
+            group: options.group.clone(),
+            ..Default::default()
+        }),
+        options,
+        assignment,
+        health,
+        pending: AtomicUsize::new(0),
+        batch_size: settings.consumer.batch_size.max(1),
+    });
+    // Report the database state from the start, not only after the first record.
+    match shared.db.ping().await {
+        Ok(()) => shared.health.db_up().await,
+        Err(e) => shared.health.db_down(&e.to_string()).await,
+    }
+
+    dispatch(&shared, shutdown).await;
+    // Workers have finished; commit what they stored before leaving.
+    match shared.consumer.commit_consumer_state(CommitMode::Sync) {
+        Ok(()) => {}
+        Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => tracing::warn!(error = %e, "final offset commit failed; records since the last commit will be redelivered and skipped as duplicates"),
+    }
+    let summary = shared.summary.lock().expect("summary lock").clone();
+    Ok(summary)
+}
+
+/// Routes records to partition workers until shutdown or idle.
+async fn dispatch(shared: &Arc<Shared>, shutdown: impl std::future::Future<Output = ()>) {
+    let mut workers: HashMap<PartitionKey, (u64, mpsc::Sender<OwnedMessage>)> = HashMap::new();
+    let mut handles = Vec::new();
+    let mut last_record = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tick.tick() => {
+                if let Some(idle) = shared.options.until_idle {
+                    // Idle: nothing pending, and no record nor rebalance for `idle`
+                    // (a member that just joined has not been idle yet).
+                    let quiet = last_record.elapsed().min(shared.assignment.since_change());
+                    if shared.pending.load(Ordering::SeqCst) == 0 && quiet >= idle {
+                        break;
+                    }
+                }
+            }
+            received = shared.consumer.recv() => {
+                let message = match received {
+                    Ok(m) => m.detach(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "consumer error; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                };
+                last_record = Instant::now();
+                let key = (message.topic().to_string(), message.partition());
+                let Some(generation) = shared.assignment.generation(&key) else {
+                    // Delivered after its partition was revoked: the new owner reads it.
+                    continue;
+                };
+                let fresh = workers.get(&key).is_none_or(|(g, _)| *g != generation);
+                if fresh {
+                    let (tx, rx) = mpsc::channel(shared.batch_size * 2);
+                    let worker = PartitionWorker::new(shared.clone(), key.clone(), generation);
+                    handles.push(tokio::spawn(worker.run(rx)));
+                    workers.insert(key.clone(), (generation, tx));
+                }
+                shared.summary.lock().expect("summary lock").consumed += 1;
+                shared.pending.fetch_add(1, Ordering::SeqCst);
+                let (_, tx) = &workers[&key];
+                if tx.send(message).await.is_err() {
+                    // The worker stopped because the partition was revoked.
+                    shared.pending.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+    drop(workers);
+    for handle in handles {
+        let _ = handle.await;
+    }
+}

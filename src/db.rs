@@ -1,0 +1,149 @@
+//! The database: one pool for MariaDB/MySQL (production) or SQLite (the
+//! embedded demo), the SQL dialect differences, and migrations from `sql/`.
+//!
+//! orderpipe writes portable SQL through `sqlx::Any`; where the dialects
+//! differ (`INSERT IGNORE` vs `INSERT OR IGNORE`, `DELETE ... LIMIT`) the
+//! statement is chosen by [`Dialect`].
+
+use std::time::Duration;
+
+use secrecy::ExposeSecret;
+use sqlx::any::{AnyPoolOptions, install_default_drivers};
+use sqlx::migrate::Migrator;
+use sqlx::{AnyPool, AssertSqlSafe, Transaction};
+
+use crate::config::DatabaseSettings;
+
+/// MariaDB/MySQL migrations.
+static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("sql/mysql");
+/// SQLite migrations.
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("sql/sqlite");
+
+/// A transaction handed to handlers: their effect commits or rolls back with
+/// the dedup row.
+pub type Tx = Transaction<'static, sqlx::Any>;
+
+/// Which SQL dialect the pool speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// MariaDB or MySQL.
+    MySql,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Dialect {
+    /// `INSERT IGNORE <rest>` / `INSERT OR IGNORE <rest>`; `rest` is a
+    /// constant (`INTO table (...) VALUES (?, ...)`), never user input.
+    pub fn insert_ignore(self, rest: &'static str) -> AssertSqlSafe<String> {
+        let verb = match self {
+            Self::MySql => "INSERT IGNORE",
+            Self::Sqlite => "INSERT OR IGNORE",
+        };
+        AssertSqlSafe(format!("{verb} {rest}"))
+    }
+}
+
+/// Database errors, split by whether waiting helps.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// Connection refused, timeout, deadlock, lock wait: try again later.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// Anything else (bad SQL, constraint we did not expect).
+    #[error("database error: {0}")]
+    Other(String),
+}
+
+impl DbError {
+    /// True when retrying later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+impl From<sqlx::Error> for DbError {
+    fn from(e: sqlx::Error) -> Self {
+        let retryable = match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_) => true,
+            sqlx::Error::Database(db) => {
+                // MySQL: 1205 lock wait timeout, 1213 deadlock, 1040 too many
+                // connections, 1053 shutdown, 1927 connection killed,
+                // 2006/2013 server gone. SQLite: busy / locked.
+                let mysql_transient = db
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .is_some_and(|e| matches!(e.number(), 1205 | 1213 | 1040 | 1053 | 1927 | 2006 | 2013));
+                let sqlstate_transient = db
+                    .code()
+                    .is_some_and(|c| c.starts_with("08") || c == "40001");
+                mysql_transient
+                    || sqlstate_transient
+                    || db.message().contains("database is locked")
+                    || db.message().contains("database table is locked")
+            }
+            _ => false,
+        };
+        if retryable {
+            Self::Unavailable(e.to_string())
+        } else {
+            Self::Other(e.to_string())
+        }
+    }
+}
+
+/// A connection pool and its dialect.
+#[derive(Clone, Debug)]
+pub struct Db {
+    /// The pool.
+    pub pool: AnyPool,
+    /// Its dialect.
+    pub dialect: Dialect,
+}
+
+impl Db {
+    /// Connects (lazily: the first query opens connections, so a database
+    /// that is down at start is retried like one that goes down later).
+    pub fn connect(settings: &DatabaseSettings, max_connections: u32) -> Result<Self, DbError> {
+        install_default_drivers();
+        let url = settings.url.expose_secret();
+        let dialect = if url.starts_with("sqlite:") {
+            Dialect::Sqlite
+        } else {
+            Dialect::MySql
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy(url)
+            .map_err(DbError::from)?;
+        Ok(Self { pool, dialect })
+    }
+
+    /// Applies pending migrations from `sql/<dialect>/`.
+    pub async fn migrate(&self) -> Result<(), DbError> {
+        let migrator = match self.dialect {
+            Dialect::MySql => &MYSQL_MIGRATIONS,
+            Dialect::Sqlite => &SQLITE_MIGRATIONS,
+        };
+        migrator
+            .run(&self.pool)
+            .await
+            .map_err(|e| DbError::Other(format!("migration failed: {e}")))
+    }
+
+    /// Begins a transaction.
+    pub async fn begin(&self) -> Result<Tx, DbError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// A cheap round trip, for health checks.
+    pub async fn ping(&self) -> Result<(), DbError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}
