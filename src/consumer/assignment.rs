@@ -23,7 +23,7 @@ pub type PartitionKey = (String, i32);
 /// The current assignment with a generation per partition.
 pub struct Assignment {
     owned: Mutex<HashMap<PartitionKey, u64>>,
-    changed_at: Mutex<std::time::Instant>,
+    changed_at: Mutex<Option<std::time::Instant>>,
     next_generation: AtomicU64,
     health: Arc<HealthState>,
 }
@@ -33,7 +33,7 @@ impl Assignment {
     pub fn new(health: Arc<HealthState>) -> Self {
         Self {
             owned: Mutex::new(HashMap::new()),
-            changed_at: Mutex::new(std::time::Instant::now()),
+            changed_at: Mutex::new(None),
             next_generation: AtomicU64::new(1),
             health,
         }
@@ -49,13 +49,14 @@ impl Assignment {
         self.generation(key) == Some(generation)
     }
 
-    /// Time since the assignment last changed (or since start).
-    pub fn since_change(&self) -> std::time::Duration {
-        self.changed_at.lock().expect("assignment lock").elapsed()
+    /// Time since the assignment last changed; None before the first
+    /// rebalance (a member still joining the group is not idle).
+    pub fn since_change(&self) -> Option<std::time::Duration> {
+        self.changed_at.lock().expect("assignment lock").map(|t| t.elapsed())
     }
 
     fn touch(&self) {
-        *self.changed_at.lock().expect("assignment lock") = std::time::Instant::now();
+        *self.changed_at.lock().expect("assignment lock") = Some(std::time::Instant::now());
     }
 
     fn assign(&self, keys: impl Iterator<Item = PartitionKey>) {

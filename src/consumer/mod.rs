@@ -232,8 +232,11 @@ async fn dispatch(shared: &Arc<Shared>, shutdown: impl std::future::Future<Outpu
                 if let Some(idle) = shared.options.until_idle {
                     // Idle: nothing pending, and no record nor rebalance for `idle`
                     // (a member that just joined has not been idle yet).
-                    let quiet = last_record.elapsed().min(shared.assignment.since_change());
-                    if shared.pending.load(Ordering::SeqCst) == 0 && quiet >= idle {
+                    let quiet = shared
+                        .assignment
+                        .since_change()
+                        .map(|since| since.min(last_record.elapsed()));
+                    if shared.pending.load(Ordering::SeqCst) == 0 && quiet.is_some_and(|q| q >= idle) {
                         break;
                     }
                 }

@@ -42,6 +42,41 @@ impl TestEnv {
         }
     }
 
+    /// Creates a fresh database for this test, migrated, and points the
+    /// settings and the CLI at it.
+    pub async fn with_database(mut self) -> Self {
+        let name = format!("op_{}", self.prefix);
+        let admin = sqlx::MySqlPool::connect(MYSQL_ADMIN_URL).await.expect("MariaDB reachable (make dev-up)");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let url = format!("{MYSQL_ADMIN_URL}{name}");
+        self.settings.database.url = url.clone().into();
+        self.set_env("ORDERPIPE_DATABASE__URL", &url);
+        let db = orderpipe::db::Db::connect(&self.settings.database, 2).unwrap();
+        db.migrate().await.unwrap();
+        self
+    }
+
+    /// A pool on this test's database (after [`TestEnv::with_database`]).
+    pub async fn pool(&self) -> sqlx::MySqlPool {
+        use secrecy::ExposeSecret;
+        sqlx::MySqlPool::connect(self.settings.database.url.expose_secret()).await.unwrap()
+    }
+
+    /// Starts `orderpipe ARGS` in the background with this test's environment.
+    pub fn spawn(&self, args: &[&str]) -> std::process::Child {
+        Command::new(env!("CARGO_BIN_EXE_orderpipe"))
+            .args(args)
+            .envs(&self.env)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("orderpipe starts")
+    }
+
     /// Sets a config value for the CLI through the environment.
     pub fn set_env(&mut self, key: &str, value: &str) {
         self.env.insert(key.to_string(), value.to_string());
@@ -102,6 +137,9 @@ impl TestEnv {
     }
 }
 
+/// The dev stack's MariaDB as the orderpipe user (which may create databases).
+pub const MYSQL_ADMIN_URL: &str = "mysql://orderpipe:orderpipe@127.0.0.1:3306/";
+
 /// A finished CLI run.
 pub struct CliRun {
     /// Exit status and captured streams.
@@ -141,4 +179,46 @@ pub fn header(message: &OwnedMessage, name: &str) -> Option<String> {
             .find(|x| x.key == name)
             .and_then(|x| x.value.map(|v| String::from_utf8_lossy(v).to_string()))
     })
+}
+
+/// Runs `dev/stack.sh ARGS` (stop/start a service of the dev stack).
+pub fn stack(args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/stack.sh");
+    let status = Command::new(script).args(args).status().expect("dev/stack.sh runs");
+    assert!(status.success(), "dev/stack.sh {args:?} failed");
+}
+
+/// Reads the child's stderr until it announces its health endpoint; the
+/// rest of stderr keeps draining in a thread (so the child never blocks).
+pub fn health_addr(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("health endpoints on http://") {
+                let _ = tx.send(rest.trim_end_matches("/health/ready").to_string());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30)).expect("health endpoint announced")
+}
+
+/// A plain HTTP/1.1 GET; returns (status, body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    (status, body)
 }

@@ -1,10 +1,14 @@
 //! Integration tests against the real stack: Kafka (KRaft), Apicurio
 //! Registry and MariaDB, started by `make dev-up` (and by `make test`).
 //!
-//! Every test gets its own topic names (a random prefix) through
-//! [`helpers::TestEnv`], so tests run in parallel without seeing each
-//! other's records.
+//! Every test gets its own topic names (a random prefix) and, when it needs
+//! one, its own database, through [`helpers::TestEnv`], so tests run in
+//! parallel without seeing each other's records. Tests that stop shared
+//! services or load the machine are `#[ignore]`d and run one at a time in
+//! `make test`'s serial phase (`cargo test -- --ignored --test-threads=1`).
 
+mod consumer;
+mod exactly_once;
 mod helpers;
 mod producer;
 mod schema;

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Producer throughput: `orderpipe produce` (synthetic lifecycles, Avro via the
+# registry, keyed, idempotent) against Kafka's own ProducerPerformance with the
+# same record size and producer settings, on the same broker, in one run.
+#
+#   dev/bench-produce.sh [COUNT]      (default 1000000; needs `make dev-up`)
+#
+# Prints a table and writes bench-results/produce-<time>.json.
+set -euo pipefail
+COUNT="${1:-1000000}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STACK="$ROOT/dev/stack.sh"
+BIN="${ORDERPIPE_BIN:-$ROOT/target/release/orderpipe}"
+RUN_ID="bench$(date +%s)"
+OUT_DIR="$ROOT/bench-results"
+mkdir -p "$OUT_DIR"
+BOOTSTRAP="${ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:9092}"
+# The producer settings both peers run with (orderpipe's defaults).
+PROPS="acks=all enable.idempotence=true max.in.flight.requests.per.connection=5 compression.type=lz4 linger.ms=5"
+
+[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+
+export ORDERPIPE_TOPICS__ORDER_EVENTS__NAME="$RUN_ID.orderpipe.order.events.v1"
+export ORDERPIPE_TOPICS__INVENTORY_EVENTS__NAME="$RUN_ID.orderpipe.inventory.events.v1"
+export ORDERPIPE_TOPICS__DEAD_LETTER__NAME="$RUN_ID.orderpipe.order.events.v1.dlq"
+PERF_TOPIC="$RUN_ID.perftest"
+
+echo "== creating topics (12 partitions each)"
+"$BIN" topics ensure >/dev/null
+"$STACK" kafka-topics --create --topic "$PERF_TOPIC" --partitions 12 --replication-factor 1 >/dev/null
+
+echo "== orderpipe produce --count $COUNT"
+/usr/bin/time -f '%M' -o "$OUT_DIR/.rss" "$BIN" produce --count "$COUNT" --orders 10000 --seed 1 --output json > "$OUT_DIR/.orderpipe.json"
+OP_RSS_KB=$(cat "$OUT_DIR/.rss")
+read -r OP_RATE OP_BYTES OP_ACKED <<<"$(python3 -c '
+import json,sys; r=json.load(open(sys.argv[1]))
+print(r["events_per_sec"], r["value_bytes"], r["acknowledged"])' "$OUT_DIR/.orderpipe.json")"
+RECORD_SIZE=$(( OP_BYTES / OP_ACKED ))
+
+echo "== kafka-producer-perf-test --num-records $COUNT --record-size $RECORD_SIZE"
+/usr/bin/time -f '%M' -o "$OUT_DIR/.rss" "$STACK" kafka-class org.apache.kafka.tools.ProducerPerformance \
+  --topic "$PERF_TOPIC" --num-records "$COUNT" --record-size "$RECORD_SIZE" --throughput -1 \
+  --producer-props bootstrap.servers="$BOOTSTRAP" $PROPS | tee "$OUT_DIR/.perf.txt" | tail -1
+PERF_RSS_KB=$(cat "$OUT_DIR/.rss")
+PERF_RATE=$(tail -1 "$OUT_DIR/.perf.txt" | sed -E 's/.* ([0-9.]+) records\/sec.*/\1/')
+
+python3 - "$OP_RATE" "$PERF_RATE" "$RECORD_SIZE" "$COUNT" "$OP_RSS_KB" "$PERF_RSS_KB" "$OUT_DIR/produce-$RUN_ID.json" <<'PY'
+import json, sys
+op, perf, size, count, op_rss, perf_rss, out = sys.argv[1:]
+op, perf, size = float(op), float(perf), int(size)
+rows = [
+    ("orderpipe produce (Avro+registry, keyed, idempotent)", op, int(op_rss)),
+    ("kafka-producer-perf-test (raw bytes, same settings)", perf, int(perf_rss)),
+]
+print()
+print(f"{count} records of ~{size} B value, acks=all, idempotent, lz4, linger.ms=5, same broker")
+print(f"{'peer':<56} {'records/s':>12} {'MB/s':>8} {'peak RSS':>10}")
+for name, rate, rss in rows:
+    print(f"{name:<56} {rate:>12,.0f} {rate*size/1e6:>8.1f} {rss/1024:>8.0f}MB")
+print(f"ratio orderpipe / perf-test: {op/perf:.2f}")
+json.dump({"count": int(count), "record_size": size, "orderpipe_rps": op,
+           "perftest_rps": perf, "ratio": op/perf,
+           "orderpipe_rss_kb": int(op_rss), "perftest_rss_kb": int(perf_rss)}, open(out, "w"), indent=2)
+PY
+rm -f "$OUT_DIR"/.rss "$OUT_DIR"/.orderpipe.json "$OUT_DIR"/.perf.txt
+"$STACK" kafka-topics --delete --topic "$PERF_TOPIC" >/dev/null 2>&1 || true
+for t in "$ORDERPIPE_TOPICS__ORDER_EVENTS__NAME" "$ORDERPIPE_TOPICS__INVENTORY_EVENTS__NAME" "$ORDERPIPE_TOPICS__DEAD_LETTER__NAME"; do
+  "$STACK" kafka-topics --delete --topic "$t" >/dev/null 2>&1 || true
+done

@@ -1,0 +1,286 @@
+//! `orderpipe consume` against Kafka + MariaDB: exactly-once effects,
+//! shared dedup across groups, bad input, and (serial, `--ignored`) crash,
+//! rebalance and database-outage safety.
+
+use std::io::Write;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use orderpipe::codec::Codec;
+use orderpipe::envelope::Envelope;
+use orderpipe::generator::LifecycleGenerator;
+use orderpipe::producer::config::client_config;
+use orderpipe::schema::SchemaCatalog;
+use rand::Rng;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::Value;
+
+use crate::exactly_once::{ALL_HANDLERS, assert_applied_in_order, assert_exactly_once};
+use crate::helpers::{TestEnv, http_get, stack};
+
+/// Runs the group to idleness and returns its JSON summary.
+fn consume(env: &TestEnv, group: &str, handlers: &str) -> Value {
+    let out = env
+        .cli(&["consume", "--group", group, "--handler", handlers, "--until-idle", "3", "--output", "json"])
+        .success();
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("summary is JSON ({e}): {out}"))
+}
+
+fn write_ndjson(events: &[Envelope]) -> tempfile::NamedTempFile {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    for e in events {
+        writeln!(file, "{}", serde_json::to_string(e).unwrap()).unwrap();
+    }
+    file
+}
+
+/// Produces `count` synthetic events and returns them as sent.
+fn produce_lifecycles(env: &TestEnv, count: usize, orders: usize, seed: u64) -> Vec<Envelope> {
+    env.cli(&[
+        "produce", "--count", &count.to_string(), "--orders", &orders.to_string(),
+        "--seed", &seed.to_string(), "--first-order-id", "1",
+    ])
+    .success();
+    LifecycleGenerator::new("x", orders, 1, seed).take(count).collect()
+}
+
+async fn dedup_rows(pool: &sqlx::MySqlPool, group: &str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ?")
+        .bind(group)
+        .fetch_one(pool)
+        .await
+        .unwrap_or((-1,));
+    n
+}
+
+/// Waits until `group` has applied `target` events.
+async fn wait_for_rows(pool: &sqlx::MySqlPool, group: &str, target: i64, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = dedup_rows(pool, group).await;
+        if n >= target {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{group} applied only {n} of {target} within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn sigterm(child: &mut Child) {
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_event_delivered_twice_is_applied_once() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let events: Vec<Envelope> = LifecycleGenerator::new("checkout", 5, 1, 11).take(20).collect();
+    // Different offsets: the first five events are produced a second time.
+    let mut twice = events.clone();
+    twice.extend_from_slice(&events[..5]);
+    let file = write_ndjson(&twice);
+    env.cli(&["produce", "--file", file.path().to_str().unwrap()]).success();
+
+    let summary = consume(&env, "dup-group", ALL_HANDLERS);
+    assert_eq!(summary["consumed"], 25, "{summary}");
+    assert_eq!(summary["applied"], 20, "{summary}");
+    assert_eq!(summary["duplicates"], 5, "{summary}");
+    let pool = env.pool().await;
+    assert_exactly_once(&pool, "dup-group", &events).await;
+
+    // Same offsets: drop the group's committed offsets so every record is
+    // delivered again; nothing is applied twice.
+    let admin: AdminClient<DefaultClientContext> =
+        client_config(&env.settings.kafka_client_options()).create().unwrap();
+    for r in admin.delete_groups(&["dup-group"], &AdminOptions::new()).await.unwrap() {
+        r.unwrap();
+    }
+    let again = consume(&env, "dup-group", ALL_HANDLERS);
+    assert_eq!(again["applied"], 0, "{again}");
+    assert_eq!(again["duplicates"], 25, "{again}");
+    assert_exactly_once(&pool, "dup-group", &events).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_groups_sharing_the_dedup_table_each_apply_every_event() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let events = produce_lifecycles(&env, 2_000, 200, 21);
+    let a = consume(&env, "inventory-service.order.consumer", "inventory,payment");
+    let b = consume(&env, "notification-service.order.consumer", "logistics,notification,points");
+    assert_eq!(a["applied"], 2_000, "{a}");
+    assert_eq!(b["applied"], 2_000, "{b}");
+    let pool = env.pool().await;
+    // Both groups' rows are in the one table, each complete and in order.
+    assert_applied_in_order(&pool, "inventory-service.order.consumer", &events).await;
+    assert_applied_in_order(&pool, "notification-service.order.consumer", &events).await;
+    assert_exactly_once(&pool, "notification-service.order.consumer", &events).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn poison_records_are_reported_and_do_not_stop_the_consumer() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let topic = env.settings.topics.order_events.name.clone();
+    let codec = Codec::new(&env.settings.registry, &topic, SchemaCatalog::embedded().order_events(), true).unwrap();
+    let good: Vec<Envelope> = LifecycleGenerator::new("checkout", 3, 1, 5).take(6).collect();
+    let mut invalid = orderpipe::codec::avro::to_avro(&good[0]).unwrap();
+    if let apache_avro::types::Value::Record(fields) = &mut invalid {
+        fields[1].1 = apache_avro::types::Value::String("kafka.send".into());
+    }
+    let invalid = codec.encode_value(invalid).await.unwrap();
+    let mut truncated = codec.encode(&good[1]).await.unwrap();
+    truncated.truncate(12);
+    let poison: Vec<(&str, Vec<u8>)> = vec![
+        ("random bytes", vec![0xde, 0xad, 0xbe, 0xef, 0x42, 0x17]),
+        ("wrong magic byte", vec![7, 0, 0, 0, 1, 2, 3]),
+        ("unknown schema id", vec![0, 0x7f, 0xff, 0xff, 0x01, 2, 4, 6]),
+        ("invalid event name", invalid),
+        ("truncated Avro", truncated),
+    ];
+    let producer: FutureProducer = client_config(&env.settings.kafka_client_options()).create().unwrap();
+    for (i, (_, value)) in poison.iter().enumerate() {
+        let key = good[i % good.len()].key();
+        producer
+            .send(FutureRecord::to(&topic).key(&key).payload(value), Duration::from_secs(10))
+            .await
+            .unwrap();
+    }
+    let file = write_ndjson(&good);
+    env.cli(&["produce", "--file", file.path().to_str().unwrap()]).success();
+
+    let run = env.cli(&["consume", "--group", "g", "--handler", ALL_HANDLERS, "--until-idle", "3", "--output", "json"]);
+    let out = run.success();
+    let summary: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(summary["decode_failures"], poison.len(), "{summary}");
+    assert_eq!(summary["applied"], good.len(), "{summary}");
+    let logs = run.text();
+    for class in ["not_framed", "unknown_schema", "invalid_envelope", "avro_decode"] {
+        assert!(logs.contains(class), "no `{class}` in the logs:\n{logs}");
+    }
+    assert!(!logs.contains("panicked"), "{logs}");
+    assert_exactly_once(&env.pool().await, "g", &good).await;
+}
+
+#[test]
+fn unknown_handler_names_the_flag_and_the_choices() {
+    let env = TestEnv::new();
+    let out = env.cli(&["consume", "--group", "g", "--handler", "billing", "--until-idle", "1"]).failure();
+    assert!(out.contains("--handler") && out.contains("billing") && out.contains("inventory, payment"), "{out}");
+}
+
+/// SIGKILL at random moments during 100k events, restart each time.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: heavy; run by `make test` in the serial phase"]
+async fn crash_safety_sigkill_during_a_100k_run() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let total = 100_000;
+    let events = produce_lifecycles(&env, total, 5_000, 31);
+    let pool = env.pool().await;
+    let group = "crash.order.consumer";
+    let mut kills = 0;
+    let mut rng = rand::rng();
+    while kills < 5 {
+        let before = dedup_rows(&pool, group).await;
+        let mut child = env.spawn(&["consume", "--group", group, "--handler", ALL_HANDLERS]);
+        // Kill once this run has made progress, at a random moment.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while dedup_rows(&pool, group).await <= before {
+            assert!(Instant::now() < deadline, "no progress after restart");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..1500))).await;
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let after = dedup_rows(&pool, group).await;
+        if after < total as i64 {
+            kills += 1;
+            eprintln!("kill {kills}: {after} of {total} applied");
+        } else {
+            panic!("the run finished before 5 kills ({kills}); make the run longer");
+        }
+    }
+    let summary = consume(&env, group, ALL_HANDLERS);
+    eprintln!("final run: {summary}");
+    assert_exactly_once(&pool, group, &events).await;
+}
+
+/// Members join and leave the group during the run.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: heavy; run by `make test` in the serial phase"]
+async fn rebalance_safety_members_join_and_leave() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let total = 60_000;
+    let events = produce_lifecycles(&env, total, 3_000, 41);
+    let pool = env.pool().await;
+    let group = "rebalance.order.consumer";
+    let start = || env.spawn(&["consume", "--group", group, "--handler", ALL_HANDLERS]);
+    let progress = |n: i64| wait_for_rows(&pool, group, n, Duration::from_secs(120));
+
+    let mut first = start();
+    progress(5_000).await;
+    let mut second = start();
+    progress(15_000).await;
+    let mut third = start();
+    progress(25_000).await;
+    sigterm(&mut first); // leaves cleanly
+    progress(35_000).await;
+    second.kill().unwrap(); // dies
+    second.wait().unwrap();
+    let mut fourth = start();
+    progress(total as i64).await;
+    sigterm(&mut third);
+    sigterm(&mut fourth);
+    assert_exactly_once(&pool, group, &events).await;
+}
+
+/// MariaDB stopped for 20 s with records flowing.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: stops the shared MariaDB; run by `make test` in the serial phase"]
+async fn database_outage_stops_commits_reports_unhealthy_and_resumes() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let total = 20_000;
+    let group = "outage.order.consumer";
+    let pool = env.pool().await;
+    let mut consumer = env.spawn(&[
+        "consume", "--group", group, "--handler", ALL_HANDLERS, "--health-addr", "127.0.0.1:0",
+    ]);
+    let health = crate::helpers::health_addr(&mut consumer);
+    let mut producer = env.spawn(&[
+        "produce", "--count", &total.to_string(), "--orders", "1000", "--seed", "51",
+        "--first-order-id", "1", "--rate", "1000",
+    ]);
+    let events: Vec<Envelope> = LifecycleGenerator::new("x", 1000, 1, 51).take(total).collect();
+    wait_for_rows(&pool, group, 2_000, Duration::from_secs(60)).await;
+    let (status, _) = http_get(&health, "/health/ready");
+    assert_eq!(status, 200, "ready before the outage");
+
+    stack(&["stop", "mariadb"]);
+    let down_at = Instant::now();
+    let mut saw_unhealthy = None;
+    while down_at.elapsed() < Duration::from_secs(20) {
+        let (status, body) = http_get(&health, "/health/ready");
+        if status == 503 && body.contains("database") {
+            saw_unhealthy.get_or_insert(body);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    stack(&["start", "mariadb"]);
+    let body = saw_unhealthy.expect("/health/ready never reported the database down");
+    eprintln!("while down: {body}");
+    assert!(consumer.try_wait().unwrap().is_none(), "the consumer died during the outage");
+
+    let pool = env.pool().await;
+    wait_for_rows(&pool, group, total as i64, Duration::from_secs(180)).await;
+    assert!(producer.wait().unwrap().success(), "producer failed");
+    let (status, _) = http_get(&health, "/health/ready");
+    assert_eq!(status, 200, "ready again after the outage");
+    sigterm(&mut consumer);
+    assert_exactly_once(&pool, group, &events).await;
+}
