@@ -16,3 +16,21 @@ dev-down: ## stop the services dev/stack.sh started
 
 dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 	$(STACK) status
+
+# ----------------------------------------------------------------------------
+# The two commands of the README, and benchmarks.
+.PHONY: build-deps run test bench-produce
+
+build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
+	$(STACK) build-deps
+
+run: build-deps ## the pipeline on an embedded stack (mock Kafka, in-process registry): no servers
+	cargo run --bin orderpipe -- demo
+
+test: ## install and start Kafka, Apicurio and MariaDB, run every test, stop what was started
+	$(REPO_ROOT)/dev/test.sh
+
+bench-produce: build-deps ## orderpipe produce vs kafka-producer-perf-test, 1M records, same broker
+	cargo build --release --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-produce.sh $(or $(COUNT),1000000)

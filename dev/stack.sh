@@ -4,6 +4,7 @@
 # lives under .stack/ (git-ignored) in this repo, or under $ORDERPIPE_STACK_DIR.
 #
 #   dev/stack.sh deps                 install what is missing (apt packages, Kafka jars, Apicurio tarball)
+#   dev/stack.sh build-deps           only the apt packages needed to build orderpipe
 #   dev/stack.sh up                   start every service that does not answer yet; wait until all answer
 #   dev/stack.sh down                 stop the services this script started (pid files), wait for exit
 #   dev/stack.sh status               endpoints and up/down; exit 0 if all three answer, 1 otherwise
@@ -63,8 +64,10 @@ DB_NAME=orderpipe
 DB_USER=orderpipe
 DB_PASS=orderpipe
 
-APT_PACKAGES=(mariadb-server mariadb-client cmake libcurl4-openssl-dev libssl-dev libsasl2-dev
-              zlib1g-dev libzstd-dev pkg-config curl)
+# What building orderpipe needs (bundled librdkafka wants cmake and libcurl
+# headers even with curl off), then what the services need.
+BUILD_PACKAGES=(cmake make g++ libcurl4-openssl-dev libssl-dev libsasl2-dev zlib1g-dev libzstd-dev pkg-config)
+APT_PACKAGES=("${BUILD_PACKAGES[@]}" mariadb-server mariadb-client curl)
 SERVICES=(mariadb kafka registry)
 
 # ----------------------------------------------------------------------------- helpers
@@ -186,7 +189,8 @@ apt_missing() {
 }
 
 deps_apt() {
-  local pkgs=("${APT_PACKAGES[@]}")
+  local pkgs=("$@")
+  (( ${#pkgs[@]} )) || pkgs=("${APT_PACKAGES[@]}")
   command -v java >/dev/null 2>&1 || [[ -n "${JAVA_HOME:-}" ]] || pkgs+=(openjdk-17-jdk-headless)
   command -v mvn >/dev/null 2>&1 || pkgs+=(maven)
   command -v flock >/dev/null 2>&1 || pkgs+=(util-linux)
@@ -659,6 +663,7 @@ main() {
   local cmd="${1:-}"; shift || true
   case "$cmd" in
     deps) cmd_deps ;;
+    build-deps) with_lock; deps_apt "${BUILD_PACKAGES[@]}" ;;
     up) cmd_up mariadb kafka registry ;;
     down) cmd_down registry kafka mariadb ;;
     status) cmd_status ;;

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `make test`: install what is missing, start the real stack (Kafka, Apicurio
+# Registry, MariaDB), run every test, and stop what this run started, even
+# when a test fails.
+#
+# Phases: unit tests and parallel integration tests, then the serial tests
+# (`#[ignore]`d: they stop shared services or load the machine) one at a time.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STACK="$ROOT/dev/stack.sh"
+cd "$ROOT"
+
+"$STACK" deps
+echo "== building tests"
+cargo build --tests --bins
+
+if "$STACK" status >/dev/null 2>&1; then
+  echo "== stack already running: reusing it, leaving it running afterwards"
+  started=0
+else
+  started=1
+fi
+stop_stack() {
+  if (( started )); then
+    echo "== stopping the stack this run started"
+    "$STACK" down || true
+  fi
+}
+trap stop_stack EXIT
+"$STACK" up
+
+echo "== unit and integration tests"
+cargo test --all-targets
+echo "== serial integration tests (one at a time)"
+cargo test --test it -- --ignored --test-threads=1
