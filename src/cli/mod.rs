@@ -210,7 +210,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             let report = demo::run(&demo::DemoOptions { events, orders, seed }).await?;
             output::demo(&report, output.output);
-            Ok(exit_if(!report.ordering_violations.is_empty() || report.consumed != report.produced))
+            let failed = !report.ordering_violations.is_empty()
+                || report.consumed != report.produced
+                || !report.verification.is_exact()
+                || report.group_order_violations.values().any(|n| *n > 0);
+            Ok(exit_if(failed))
         }
         Command::Schema(SchemaCommand::Register { schemas, output }) => {
             let settings = cli.global.settings()?;

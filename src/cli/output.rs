@@ -59,8 +59,8 @@ pub fn demo(report: &DemoReport, format: Output) {
     let rows = report.by_partition.iter().map(|(k, v)| vec![k.to_string(), v.to_string()]);
     println!("{}", table(&["partition", "events"], rows));
     println!(
-        "produced {} events for {} orders, read back and decoded {}, in {} ms",
-        report.produced, report.orders, report.consumed, report.elapsed_ms
+        "produced {} events for {} orders, read back and decoded {}",
+        report.produced, report.orders, report.consumed
     );
     if report.ordering_violations.is_empty() {
         println!(
@@ -72,6 +72,37 @@ pub fn demo(report: &DemoReport, format: Output) {
             println!("  {v}");
         }
     }
+    println!(
+        "\ninjected {} duplicate deliveries (every 10th event produced again); two consumer groups on SQLite:\n",
+        report.injected_duplicates
+    );
+    let rows = report.groups.iter().map(|g| {
+        let handlers: Vec<&str> = g.handlers.keys().map(String::as_str).collect();
+        vec![
+            g.group.clone(),
+            handlers.join(", "),
+            g.consumed.to_string(),
+            g.applied.to_string(),
+            g.duplicates.to_string(),
+            report.group_order_violations.get(&g.group).copied().unwrap_or(0).to_string(),
+        ]
+    });
+    println!(
+        "{}",
+        table(&["group", "handlers", "consumed", "applied", "duplicates skipped", "orders out of order"], rows)
+    );
+    let v = &report.verification;
+    let rows = v.facts.iter().map(|f| {
+        let ok = if f.expected == f.actual { "ok" } else { "MISMATCH" };
+        vec![f.what.to_string(), f.expected.to_string(), f.actual.to_string(), ok.to_string()]
+    });
+    println!("{}", table(&["business table check", "expected", "actual", ""], rows));
+    if v.is_exact() && report.group_order_violations.values().all(|n| *n == 0) {
+        println!("exactly-once check: OK — every table matches the events applied exactly once, in order");
+    } else {
+        println!("exactly-once check: FAILED");
+    }
+    println!("demo took {:.1} s", report.elapsed_ms as f64 / 1000.0);
 }
 
 /// `orderpipe schema register`.

@@ -24,6 +24,7 @@
 pub mod assignment;
 pub mod handler;
 pub mod handlers;
+pub mod verify;
 pub mod worker;
 
 use std::collections::{BTreeMap, HashMap};

@@ -7,6 +7,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use orderpipe::codec::Codec;
+use orderpipe::db::Db;
 use orderpipe::envelope::Envelope;
 use orderpipe::generator::LifecycleGenerator;
 use orderpipe::producer::config::client_config;
@@ -46,17 +47,17 @@ fn produce_lifecycles(env: &TestEnv, count: usize, orders: usize, seed: u64) -> 
     LifecycleGenerator::new("x", orders, 1, seed).take(count).collect()
 }
 
-async fn dedup_rows(pool: &sqlx::MySqlPool, group: &str) -> i64 {
+async fn dedup_rows(db: &Db, group: &str) -> i64 {
     let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ?")
         .bind(group)
-        .fetch_one(pool)
+        .fetch_one(&db.pool)
         .await
         .unwrap_or((-1,));
     n
 }
 
 /// Waits until `group` has applied `target` events.
-async fn wait_for_rows(pool: &sqlx::MySqlPool, group: &str, target: i64, timeout: Duration) {
+async fn wait_for_rows(pool: &Db, group: &str, target: i64, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
         let n = dedup_rows(pool, group).await;
@@ -88,7 +89,7 @@ async fn the_same_event_delivered_twice_is_applied_once() {
     assert_eq!(summary["consumed"], 25, "{summary}");
     assert_eq!(summary["applied"], 20, "{summary}");
     assert_eq!(summary["duplicates"], 5, "{summary}");
-    let pool = env.pool().await;
+    let pool = env.db();
     assert_exactly_once(&pool, "dup-group", &events).await;
 
     // Same offsets: drop the group's committed offsets so every record is
@@ -113,7 +114,7 @@ async fn two_groups_sharing_the_dedup_table_each_apply_every_event() {
     let b = consume(&env, "notification-service.order.consumer", "logistics,notification,points");
     assert_eq!(a["applied"], 2_000, "{a}");
     assert_eq!(b["applied"], 2_000, "{b}");
-    let pool = env.pool().await;
+    let pool = env.db();
     // Both groups' rows are in the one table, each complete and in order.
     assert_applied_in_order(&pool, "inventory-service.order.consumer", &events).await;
     assert_applied_in_order(&pool, "notification-service.order.consumer", &events).await;
@@ -162,7 +163,7 @@ async fn poison_records_are_reported_and_do_not_stop_the_consumer() {
         assert!(logs.contains(class), "no `{class}` in the logs:\n{logs}");
     }
     assert!(!logs.contains("panicked"), "{logs}");
-    assert_exactly_once(&env.pool().await, "g", &good).await;
+    assert_exactly_once(&env.db(), "g", &good).await;
 }
 
 #[test]
@@ -180,7 +181,7 @@ async fn crash_safety_sigkill_during_a_100k_run() {
     env.cli(&["topics", "ensure"]).success();
     let total = 100_000;
     let events = produce_lifecycles(&env, total, 5_000, 31);
-    let pool = env.pool().await;
+    let pool = env.db();
     let group = "crash.order.consumer";
     let mut kills = 0;
     let mut rng = rand::rng();
@@ -217,7 +218,7 @@ async fn rebalance_safety_members_join_and_leave() {
     env.cli(&["topics", "ensure"]).success();
     let total = 60_000;
     let events = produce_lifecycles(&env, total, 3_000, 41);
-    let pool = env.pool().await;
+    let pool = env.db();
     let group = "rebalance.order.consumer";
     let start = || env.spawn(&["consume", "--group", group, "--handler", ALL_HANDLERS]);
     let progress = |n: i64| wait_for_rows(&pool, group, n, Duration::from_secs(120));
@@ -247,7 +248,7 @@ async fn database_outage_stops_commits_reports_unhealthy_and_resumes() {
     env.cli(&["topics", "ensure"]).success();
     let total = 20_000;
     let group = "outage.order.consumer";
-    let pool = env.pool().await;
+    let pool = env.db();
     let mut consumer = env.spawn(&[
         "consume", "--group", group, "--handler", ALL_HANDLERS, "--health-addr", "127.0.0.1:0",
     ]);
@@ -276,7 +277,7 @@ async fn database_outage_stops_commits_reports_unhealthy_and_resumes() {
     eprintln!("while down: {body}");
     assert!(consumer.try_wait().unwrap().is_none(), "the consumer died during the outage");
 
-    let pool = env.pool().await;
+    let pool = env.db();
     wait_for_rows(&pool, group, total as i64, Duration::from_secs(180)).await;
     assert!(producer.wait().unwrap().success(), "producer failed");
     let (status, _) = http_get(&health, "/health/ready");

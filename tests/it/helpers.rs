@@ -59,10 +59,9 @@ impl TestEnv {
         self
     }
 
-    /// A pool on this test's database (after [`TestEnv::with_database`]).
-    pub async fn pool(&self) -> sqlx::MySqlPool {
-        use secrecy::ExposeSecret;
-        sqlx::MySqlPool::connect(self.settings.database.url.expose_secret()).await.unwrap()
+    /// This test's database (after [`TestEnv::with_database`]).
+    pub fn db(&self) -> orderpipe::db::Db {
+        orderpipe::db::Db::connect(&self.settings.database, 4).unwrap()
     }
 
     /// Starts `orderpipe ARGS` in the background with this test's environment.
