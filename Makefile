@@ -19,7 +19,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test bench-produce
+.PHONY: build-deps run test bench-produce bench-consume
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -34,3 +34,8 @@ bench-produce: build-deps ## orderpipe produce vs kafka-producer-perf-test, 1M r
 	cargo build --release --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-produce.sh $(or $(COUNT),1000000)
+
+bench-consume: build-deps ## 1M backlog: perf-test vs orderpipe consume vs naive per-record consumer
+	cargo build --release --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-consume.sh $(or $(COUNT),1000000) $(or $(NAIVE),50000)

@@ -22,8 +22,10 @@
 //! | [`demo`] | the embedded end-to-end run behind `make run` |
 //! | [`config`] | layered settings: defaults, file, environment, flags |
 //! | [`telemetry`] | logging setup |
+//! | [`bench`] | benchmark peers (the naive consumer baseline) |
 //! | [`cli`] | the `orderpipe` command line; `src/bin/orderpipe.rs` only calls it |
 
+pub mod bench;
 pub mod cli;
 pub mod codec;
 pub mod config;

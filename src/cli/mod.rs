@@ -91,6 +91,23 @@ enum Command {
     Dedup(DedupCommand),
     /// Print the effective configuration (secrets redacted).
     Config,
+    /// Benchmark peer: seed 004's consumer taken literally (one transaction
+    /// and one synchronous offset commit per record). Used by `make bench-consume`.
+    #[command(hide = true)]
+    BenchNaiveConsume {
+        /// Consumer group id.
+        #[arg(long)]
+        group: String,
+        /// The one handler to apply.
+        #[arg(long)]
+        handler: String,
+        /// Records to process, then stop.
+        #[arg(long)]
+        limit: u64,
+        /// Topic (default: topics.order_events.name).
+        #[arg(long)]
+        topic: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -278,6 +295,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     humantime::format_duration(older_than)
                 ),
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchNaiveConsume {
+            group,
+            handler,
+            limit,
+            topic,
+        } => {
+            let settings = cli.global.settings()?;
+            let handler = crate::consumer::handlers::by_name(&handler).map_err(anyhow::Error::msg)?;
+            let db = Db::connect(&settings.database, 2)?;
+            let topic = topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
+            let report = crate::bench::naive_consume(&settings, &db, &topic, &group, handler.as_ref(), limit).await?;
+            println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Config => {

@@ -105,6 +105,8 @@ pub struct ConsumeSummary {
     pub apply_failures: u64,
     /// Per handler.
     pub handlers: BTreeMap<String, HandlerCounts>,
+    /// Seconds from the first record received to the last batch committed.
+    pub active_secs: f64,
 }
 
 impl ConsumeSummary {
@@ -144,6 +146,8 @@ pub(crate) struct Shared {
     /// Records dispatched and not yet finished (applied, skipped or dropped on revoke).
     pub pending: AtomicUsize,
     pub batch_size: usize,
+    /// First record received, last batch committed.
+    pub active: Mutex<Option<(Instant, Instant)>>,
 }
 
 /// Runs a consumer until `shutdown` resolves or, with `until_idle`, until
@@ -200,6 +204,7 @@ pub async fn run(
         assignment,
         health,
         pending: AtomicUsize::new(0),
+        active: Mutex::new(None),
         batch_size: settings.consumer.batch_size.max(1),
     });
     // Report the database state from the start, not only after the first record.
@@ -215,7 +220,10 @@ pub async fn run(
         Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
         Err(e) => tracing::warn!(error = %e, "final offset commit failed; records since the last commit will be redelivered and skipped as duplicates"),
     }
-    let summary = shared.summary.lock().expect("summary lock").clone();
+    let mut summary = shared.summary.lock().expect("summary lock").clone();
+    summary.active_secs = shared.active.lock().expect("active lock").map_or(0.0, |(first, last)| {
+        last.duration_since(first).as_secs_f64()
+    });
     Ok(summary)
 }
 
@@ -252,6 +260,7 @@ async fn dispatch(shared: &Arc<Shared>, shutdown: impl std::future::Future<Outpu
                     }
                 };
                 last_record = Instant::now();
+                shared.active.lock().expect("active lock").get_or_insert((last_record, last_record));
                 let key = (message.topic().to_string(), message.partition());
                 let Some(generation) = shared.assignment.generation(&key) else {
                     // Delivered after its partition was revoked: the new owner reads it.

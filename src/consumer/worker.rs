@@ -227,6 +227,9 @@ impl PartitionWorker {
             return Err(BatchError::Revoked);
         }
         tx.commit().await.map_err(|e| retryable(e.into()))?;
+        if let Some((_, last)) = shared.active.lock().expect("active lock").as_mut() {
+            *last = std::time::Instant::now();
+        }
         let mut summary = shared.summary.lock().expect("summary lock");
         summary.applied += delta.applied;
         summary.duplicates += delta.duplicates;

@@ -285,3 +285,24 @@ async fn database_outage_stops_commits_reports_unhealthy_and_resumes() {
     sigterm(&mut consumer);
     assert_exactly_once(&pool, group, &events).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dedup_cleanup_deletes_old_rows_in_batches_and_keeps_recent_ones() {
+    let env = TestEnv::new().with_database().await;
+    let db = env.db();
+    for i in 0..2_500 {
+        let age = if i < 2_300 { "10 DAY" } else { "1 HOUR" };
+        let sql = format!(
+            "INSERT INTO event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, created_at) \
+             VALUES ('g', UUID(), 't', 0, {i}, 'order.created', '1', NOW(3) - INTERVAL {age})"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&db.pool).await.unwrap();
+    }
+    let out = env.cli(&["dedup", "cleanup", "--older-than", "7d", "--batch", "500", "--output", "json"]).success();
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["removed"], 2_300, "{out}");
+    let (left,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(left, 200);
+    let out = env.cli(&["dedup", "cleanup", "--older-than", "fortnight"]).failure();
+    assert!(out.contains("--older-than"), "{out}");
+}

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Consumer throughput on one backlog, three peers in one run, same broker:
+#   (a) kafka-consumer-perf-test reading the backlog (the raw ceiling),
+#   (b) orderpipe consume: dedup + one handler (notification) on MariaDB,
+#       batched per partition,
+#   (c) seed 004's algorithm literally: per record begin, INSERT IGNORE,
+#       effect, commit, synchronous offset commit (first NAIVE records only:
+#       it is slow).
+#
+#   dev/bench-consume.sh [COUNT] [NAIVE]   (defaults 1000000 and 50000; needs `make dev-up`)
+set -euo pipefail
+COUNT="${1:-1000000}"
+NAIVE="${2:-50000}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STACK="$ROOT/dev/stack.sh"
+BIN="${ORDERPIPE_BIN:-$ROOT/target/release/orderpipe}"
+RUN_ID="bench$(date +%s)"
+OUT_DIR="$ROOT/bench-results"
+mkdir -p "$OUT_DIR"
+BOOTSTRAP="${ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:9092}"
+DB_URL_BASE="mysql://orderpipe:orderpipe@127.0.0.1:3306"
+[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+
+export ORDERPIPE_TOPICS__ORDER_EVENTS__NAME="$RUN_ID.order.events.v1"
+export ORDERPIPE_TOPICS__INVENTORY_EVENTS__NAME="$RUN_ID.inventory.events.v1"
+export ORDERPIPE_TOPICS__DEAD_LETTER__NAME="$RUN_ID.order.events.v1.dlq"
+TOPIC="$ORDERPIPE_TOPICS__ORDER_EVENTS__NAME"
+
+mkdb() { mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "CREATE DATABASE $1"; }
+
+echo "== backlog: $COUNT events in $TOPIC"
+"$BIN" topics ensure >/dev/null
+"$BIN" produce --count "$COUNT" --orders 10000 --seed 1 --output json >/dev/null
+
+echo "== (a) kafka-consumer-perf-test"
+/usr/bin/time -f '%M' -o "$OUT_DIR/.rss" "$STACK" kafka-class org.apache.kafka.tools.ConsumerPerformance \
+  --bootstrap-server "$BOOTSTRAP" --topic "$TOPIC" --num-records "$COUNT" --group "$RUN_ID-perf" \
+  --command-property isolation.level=read_committed 2>/dev/null | tee "$OUT_DIR/.perf.txt" | tail -1
+PERF_RSS=$(cat "$OUT_DIR/.rss")
+PERF_RATE=$(tail -1 "$OUT_DIR/.perf.txt" | awk -F', *' '{print $NF}')
+
+echo "== (b) orderpipe consume --handler notification (MariaDB)"
+mkdb "${RUN_ID}_b"
+ORDERPIPE_DATABASE__URL="$DB_URL_BASE/${RUN_ID}_b" /usr/bin/time -f '%M' -o "$OUT_DIR/.rss" \
+  "$BIN" consume --migrate --group "$RUN_ID-orderpipe" --handler notification --until-idle 5 --output json \
+  > "$OUT_DIR/.op.json"
+OP_RSS=$(cat "$OUT_DIR/.rss")
+read -r OP_RATE OP_APPLIED <<<"$(python3 -c '
+import json,sys; r=json.load(open(sys.argv[1])); print(r["applied"]/r["active_secs"], r["applied"])' "$OUT_DIR/.op.json")"
+[ "$OP_APPLIED" = "$COUNT" ] || { echo "orderpipe applied $OP_APPLIED of $COUNT" >&2; exit 1; }
+
+echo "== (c) naive per-record consumer, first $NAIVE records"
+mkdb "${RUN_ID}_c"
+ORDERPIPE_DATABASE__URL="$DB_URL_BASE/${RUN_ID}_c" "$BIN" migrate >/dev/null
+ORDERPIPE_DATABASE__URL="$DB_URL_BASE/${RUN_ID}_c" /usr/bin/time -f '%M' -o "$OUT_DIR/.rss" \
+  "$BIN" bench-naive-consume --group "$RUN_ID-naive" --handler notification --limit "$NAIVE" > "$OUT_DIR/.naive.json"
+NAIVE_RSS=$(cat "$OUT_DIR/.rss")
+NAIVE_RATE=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["events_per_sec"])' "$OUT_DIR/.naive.json")
+
+python3 - "$COUNT" "$NAIVE" "$PERF_RATE" "$OP_RATE" "$NAIVE_RATE" "$PERF_RSS" "$OP_RSS" "$NAIVE_RSS" "$OUT_DIR/consume-$RUN_ID.json" <<'PY'
+import json, sys
+count, naive, a, b, c, ra, rb, rc, out = sys.argv[1:]
+a, b, c = float(a), float(b), float(c)
+print()
+print(f"backlog {count} events, same broker; (c) measured over its first {naive} records")
+print(f"{'peer':<62} {'events/s':>10} {'peak RSS':>9}")
+for name, rate, rss in [
+    ("(a) kafka-consumer-perf-test (fetch only, no decode, no DB)", a, ra),
+    ("(b) orderpipe consume: decode + dedup + notification, batched", b, rb),
+    ("(c) naive: 1 tx + 1 sync offset commit per record", c, rc),
+]:
+    print(f"{name:<62} {rate:>10,.0f} {int(rss)/1024:>7.0f}MB")
+print(f"b/a = {b/a:.3f}   b/c = {b/c:.1f}x")
+json.dump({"count": int(count), "naive_records": int(naive), "perftest_eps": a, "orderpipe_eps": b,
+           "naive_eps": c, "b_over_a": b/a, "b_over_c": b/c,
+           "rss_kb": {"perftest": int(ra), "orderpipe": int(rb), "naive": int(rc)}}, open(out, "w"), indent=2)
+PY
+rm -f "$OUT_DIR"/.rss "$OUT_DIR"/.perf.txt "$OUT_DIR"/.op.json "$OUT_DIR"/.naive.json
+mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "DROP DATABASE ${RUN_ID}_b; DROP DATABASE ${RUN_ID}_c" || true
+"$STACK" kafka-topics --delete --topic "$TOPIC" >/dev/null 2>&1 || true
