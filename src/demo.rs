@@ -173,7 +173,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     for (group, names) in group_specs {
         let handlers = names
             .iter()
-            .map(|n| handlers::by_name(n).map_err(anyhow::Error::msg))
+            .map(|n| handlers::by_name(n, &settings).map_err(anyhow::Error::msg))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let options = ConsumeOptions {
             group: group.to_string(),

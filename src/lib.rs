@@ -14,6 +14,8 @@
 //! | [`codec`] | Confluent wire format through the schema registry |
 //! | [`producer`] | the idempotent keyed producer and its option checks |
 //! | [`consumer`] | consumer groups applying events exactly once in effect |
+//! | [`retry`] | the error tier: local retries, retry topic, dead-letter topic |
+//! | [`dlq`] | dead-letter persister, listing, replay and ignore |
 //! | [`dedup`] | the `event_dedup` guard and its retention cleanup |
 //! | [`db`] | database pool, dialects, migrations from `sql/` |
 //! | [`health`] | `/health/*` endpoints |
@@ -32,11 +34,13 @@ pub mod config;
 pub mod consumer;
 pub mod db;
 pub mod dedup;
+pub mod dlq;
 pub mod demo;
 pub mod envelope;
 pub mod generator;
 pub mod health;
 pub mod producer;
+pub mod retry;
 pub mod schema;
 pub mod telemetry;
 pub mod topics;

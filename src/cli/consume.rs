@@ -46,7 +46,7 @@ pub async fn run(settings: &Settings, args: ConsumeArgs) -> anyhow::Result<ExitC
     let handlers = args
         .handlers
         .iter()
-        .map(|name| handlers::by_name(name.trim()))
+        .map(|name| handlers::by_name(name.trim(), settings))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| anyhow::anyhow!("--handler: {e}"))?;
     let db = Db::connect(&settings.database, settings.database.max_connections)?;

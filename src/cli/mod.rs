@@ -8,6 +8,7 @@
 //! * [`output`] holds the table/JSON printing shared by the commands.
 
 pub mod consume;
+pub mod dlq;
 pub mod output;
 pub mod produce;
 
@@ -86,6 +87,9 @@ enum Command {
     Migrate,
     /// Run a consumer group applying events exactly once in effect.
     Consume(consume::ConsumeArgs),
+    /// Dead letters: persist, list, show, stats, replay, ignore.
+    #[command(subcommand)]
+    Dlq(dlq::DlqCommand),
     /// Event dedup table maintenance.
     #[command(subcommand)]
     Dedup(DedupCommand),
@@ -280,6 +284,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let settings = cli.global.settings()?;
             consume::run(&settings, args).await
         }
+        Command::Dlq(command) => {
+            let settings = cli.global.settings()?;
+            dlq::run(&settings, command).await
+        }
         Command::Dedup(DedupCommand::Cleanup {
             older_than,
             batch,
@@ -304,7 +312,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             topic,
         } => {
             let settings = cli.global.settings()?;
-            let handler = crate::consumer::handlers::by_name(&handler).map_err(anyhow::Error::msg)?;
+            let handler = crate::consumer::handlers::by_name(&handler, &settings).map_err(anyhow::Error::msg)?;
             let db = Db::connect(&settings.database, 2)?;
             let topic = topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
             let report = crate::bench::naive_consume(&settings, &db, &topic, &group, handler.as_ref(), limit).await?;

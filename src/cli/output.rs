@@ -221,16 +221,152 @@ pub fn consume(summary: &crate::consumer::ConsumeSummary, format: Output) {
         return json(summary);
     }
     println!(
-        "group {}: consumed {}, applied {}, duplicates skipped {}, decode failures {}, apply failures (retried) {}",
+        "group {}: consumed {}, applied {}, duplicates skipped {}, poison {}, failed attempts {}, \
+         recovered by local retry {}, sent to retry topic {}, dead-lettered {}",
         summary.group,
         summary.consumed,
         summary.applied,
         summary.duplicates,
         summary.decode_failures,
-        summary.apply_failures
+        summary.apply_failures,
+        summary.recovered_locally,
+        summary.sent_to_retry,
+        summary.dead_lettered
     );
     let rows = summary.handlers.iter().map(|(name, c)| {
         vec![name.clone(), c.applied.to_string(), c.already_done.to_string(), c.ignored.to_string()]
     });
     println!("{}", table(&["handler", "applied", "already done", "not its event"], rows));
+}
+
+fn time_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_else(|| ms.to_string())
+}
+
+fn short(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        format!("{}…", text.chars().take(max).collect::<String>())
+    }
+}
+
+/// `orderpipe dlq list`.
+pub fn dead_letters(rows: &[crate::dlq::store::DeadLetter], format: Output) {
+    if format == Output::Json {
+        return json(&rows);
+    }
+    let table_rows = rows.iter().map(|r| {
+        vec![
+            r.id.to_string(),
+            r.status.clone(),
+            r.consumer_group.clone(),
+            r.event_name.clone().unwrap_or_else(|| "-".into()),
+            format!("{}/{}@{}", r.original_topic, r.original_partition, r.original_offset),
+            r.error_class.clone(),
+            short(&r.error_message, 60),
+            r.attempts.to_string(),
+            time_ms(r.last_failure_ms),
+            r.replay_count.to_string(),
+        ]
+    });
+    println!(
+        "{}",
+        table(
+            &["id", "status", "group", "event", "origin", "class", "error", "attempts", "last failure (UTC)", "replays"],
+            table_rows
+        )
+    );
+    println!("{} dead letters", rows.len());
+}
+
+/// `orderpipe dlq show`.
+pub fn dead_letter(record: &crate::dlq::store::DeadLetterRecord, decoded: &serde_json::Value, format: Output) {
+    let r = &record.row;
+    let headers: serde_json::Value = serde_json::from_str(&record.headers).unwrap_or_default();
+    let doc = serde_json::json!({
+        "dead_letter": r,
+        "key": record.key.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()),
+        "value_bytes": record.payload.as_ref().map_or(0, Vec::len),
+        "headers": headers,
+        "envelope": decoded,
+    });
+    if format == Output::Json {
+        return json(&doc);
+    }
+    println!("dead letter {} — {} (group {})", r.id, r.status, r.consumer_group);
+    println!("origin:   {} partition {} offset {}", r.original_topic, r.original_partition, r.original_offset);
+    println!("event:    {} {}", r.event_name.as_deref().unwrap_or("-"), r.event_id.as_deref().unwrap_or("-"));
+    println!("error:    [{}] {}", r.error_class, r.error_message);
+    println!(
+        "history:  {} attempts, first failure {}, last failure {}, replayed {} times{}",
+        r.attempts,
+        time_ms(r.first_failure_ms),
+        time_ms(r.last_failure_ms),
+        r.replay_count,
+        r.last_replayed_ms.map(|t| format!(" (last {})", time_ms(t))).unwrap_or_default()
+    );
+    if let Some(reason) = &r.ignored_reason {
+        println!("ignored:  {reason}");
+    }
+    println!("key:      {}", doc["key"]);
+    println!("headers:\n{}", serde_json::to_string_pretty(&headers).unwrap_or_default());
+    println!("envelope:\n{}", serde_json::to_string_pretty(decoded).unwrap_or_default());
+}
+
+/// `orderpipe dlq stats`.
+pub fn dlq_stats(counts: &[crate::dlq::store::Count], format: Output) {
+    if format == Output::Json {
+        return json(&counts);
+    }
+    let rows = counts.iter().map(|c| vec![c.by.to_string(), c.value.clone(), c.rows.to_string()]);
+    println!("{}", table(&["by", "value", "dead letters"], rows));
+}
+
+/// `orderpipe dlq replay --dry-run`.
+pub fn replay_plan(
+    settings: &crate::config::Settings,
+    rows: &[crate::dlq::store::DeadLetterRecord],
+    options: crate::dlq::replay::ReplayOptions,
+    format: Output,
+) {
+    let plan: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "id": r.row.id,
+                "group": r.row.consumer_group,
+                "event_id": r.row.event_id,
+                "event_name": r.row.event_name,
+                "to": crate::dlq::replay::destination(settings, r, options),
+            })
+        })
+        .collect();
+    if format == Output::Json {
+        return json(&plan);
+    }
+    let table_rows = plan.iter().map(|p| {
+        ["id", "group", "event_name", "event_id", "to"]
+            .iter()
+            .map(|k| p[k].as_str().map(str::to_string).unwrap_or_else(|| p[k].to_string()))
+            .collect()
+    });
+    println!("{}", table(&["id", "group", "event", "event id", "would go to"], table_rows));
+    println!("dry run: {} dead letters would be replayed; nothing changed", rows.len());
+}
+
+/// `orderpipe dlq replay`.
+pub fn replayed(summary: &crate::dlq::replay::ReplaySummary, format: Output) {
+    if format == Output::Json {
+        return json(summary);
+    }
+    for (topic, n) in &summary.by_topic {
+        println!("replayed {n} to {topic}");
+    }
+    println!("replayed {}, failed {}", summary.replayed, summary.failed.len());
+    for f in &summary.failed {
+        println!("  failed: {f}");
+    }
 }

@@ -29,6 +29,12 @@ pub struct Settings {
     pub producer: ProducerSettings,
     /// Consumer tuning.
     pub consumer: ConsumerSettings,
+    /// The error tier.
+    pub retry: crate::retry::RetrySettings,
+    /// Fault injection of the `chaos` handler.
+    pub chaos: ChaosSettings,
+    /// Dead letters.
+    pub dlq: DlqSettings,
     /// Schema registry.
     pub registry: RegistrySettings,
     /// Database.
@@ -68,6 +74,28 @@ pub struct ConsumerSettings {
     pub options: BTreeMap<String, String>,
     /// Records of one partition applied in one DB transaction, at most.
     pub batch_size: usize,
+}
+
+/// Fault injection of the built-in `chaos` handler (demos and tests).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChaosSettings {
+    /// Orders whose events fail transiently.
+    pub transient_orders: Vec<i64>,
+    /// How many executions of each such event fail before it succeeds.
+    pub transient_failures: u32,
+    /// Orders whose events always fail (fatal).
+    pub permanent_orders: Vec<i64>,
+    /// Every event fails (fatal).
+    pub permanent_all: bool,
+}
+
+/// Dead letters.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DlqSettings {
+    /// Consumer group of the persister.
+    pub persister_group: String,
 }
 
 /// Schema registry (Confluent-compatible API).
@@ -204,6 +232,7 @@ impl Settings {
                 )));
             }
         }
+        crate::retry::RetryPolicy::from_settings(&self.retry).map_err(|e| ConfigError(e.to_string()))?;
         if self.topics.order_events.retention_ms >= 0
             && self.topics.order_events.retention_ms < 30 * DAY_MS
         {

@@ -22,28 +22,38 @@ pub enum Effect {
     AlreadyDone,
 }
 
-/// Why a handler failed.
+/// Why a handler failed. The class decides the path through the error tier.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum HandlerError {
-    /// May succeed later (database down, lock timeout, downstream timeout).
+    /// The infrastructure every record needs is down (database unavailable,
+    /// lock timeout, deadlock): the partition waits with backoff in place and
+    /// reports unhealthy; the record keeps its retry budget.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// This record may succeed later (a downstream timeout): local retries,
+    /// then the retry topic, then the DLQ.
     #[error("retryable: {0}")]
     Retryable(String),
-    /// Never will (the event is invalid for the business state).
+    /// This record never will (invalid for the business state): the DLQ at once.
     #[error("fatal: {0}")]
     Fatal(String),
 }
 
 impl HandlerError {
-    /// True for [`HandlerError::Retryable`].
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Retryable(_))
+    /// Class name for metrics and dead-letter headers.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::Unavailable(_) => "unavailable",
+            Self::Retryable(_) => "handler_retryable",
+            Self::Fatal(_) => "handler_fatal",
+        }
     }
 }
 
 impl From<DbError> for HandlerError {
     fn from(e: DbError) -> Self {
         if e.is_retryable() {
-            Self::Retryable(e.to_string())
+            Self::Unavailable(e.to_string())
         } else {
             Self::Fatal(e.to_string())
         }

@@ -3,23 +3,28 @@
 
 use std::sync::Arc;
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use async_trait::async_trait;
 
 use super::handler::{Effect, Handler, HandlerError};
+use crate::config::{ChaosSettings, Settings};
 use crate::db::{Dialect, Tx};
 use crate::envelope::{Envelope, EventData};
 
 /// Names accepted by `--handler`.
-pub const BUILT_IN: [&str; 5] = ["inventory", "payment", "logistics", "notification", "points"];
+pub const BUILT_IN: [&str; 6] = ["inventory", "payment", "logistics", "notification", "points", "chaos"];
 
 /// The built-in handler called `name`.
-pub fn by_name(name: &str) -> Result<Arc<dyn Handler>, String> {
+pub fn by_name(name: &str, settings: &Settings) -> Result<Arc<dyn Handler>, String> {
     Ok(match name {
         "inventory" => Arc::new(Inventory),
         "payment" => Arc::new(Payment),
         "logistics" => Arc::new(Logistics),
         "notification" => Arc::new(Notification),
         "points" => Arc::new(Points),
+        "chaos" => Arc::new(Chaos::new(settings.chaos.clone())),
         other => {
             return Err(format!(
                 "unknown handler `{other}`; built-in handlers: {}",
@@ -225,5 +230,49 @@ impl Handler for Points {
             .execute(&mut **tx)
             .await?;
         Ok(written(r.rows_affected()))
+    }
+}
+
+/// Fault injection for demos and tests (`[chaos]` settings): fails the
+/// configured orders' events, transiently (the first N executions of each
+/// event, counted in this process) or permanently. Writes nothing.
+pub struct Chaos {
+    settings: ChaosSettings,
+    executions: Mutex<HashMap<uuid::Uuid, u32>>,
+}
+
+impl Chaos {
+    /// A chaos handler with these rules.
+    pub fn new(settings: ChaosSettings) -> Self {
+        Self {
+            settings,
+            executions: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+#[async_trait]
+impl Handler for Chaos {
+    fn name(&self) -> &'static str {
+        "chaos"
+    }
+
+    async fn apply(&self, _: &mut Tx, _: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
+        let order = envelope.data.order_id();
+        if self.settings.permanent_all || self.settings.permanent_orders.contains(&order) {
+            return Err(HandlerError::Fatal(format!("chaos: order {order} is configured to fail permanently")));
+        }
+        if self.settings.transient_orders.contains(&order) {
+            let mut executions = self.executions.lock().expect("chaos lock");
+            let n = executions.entry(envelope.event_id).or_insert(0);
+            *n += 1;
+            if *n <= self.settings.transient_failures {
+                return Err(HandlerError::Retryable(format!(
+                    "chaos: transient failure {n} of {} for order {order}",
+                    self.settings.transient_failures
+                )));
+            }
+        }
+        Ok(Effect::Ignored)
     }
 }

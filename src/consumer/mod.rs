@@ -45,6 +45,7 @@ use crate::config::Settings;
 use crate::db::Db;
 use crate::health::HealthState;
 use crate::producer::config::client_config;
+use crate::retry::{Forwarder, RetryPolicy, retry_topic};
 use crate::schema::SchemaCatalog;
 use assignment::{Assignment, AssignmentContext, PartitionKey};
 use handler::{Effect, Handler};
@@ -101,8 +102,14 @@ pub struct ConsumeSummary {
     pub duplicates: u64,
     /// Records that could not be decoded or validated (poison).
     pub decode_failures: u64,
-    /// Failed attempts to apply (each retried; none committed past).
+    /// Failed attempts to apply (batch or record; none committed past).
     pub apply_failures: u64,
+    /// Records that failed, then succeeded on a local retry.
+    pub recovered_locally: u64,
+    /// Records sent to the group's retry topic.
+    pub sent_to_retry: u64,
+    /// Records sent to the dead-letter topic.
+    pub dead_lettered: u64,
     /// Per handler.
     pub handlers: BTreeMap<String, HandlerCounts>,
     /// Seconds from the first record received to the last batch committed.
@@ -110,6 +117,18 @@ pub struct ConsumeSummary {
 }
 
 impl ConsumeSummary {
+    /// Adds the counts of one committed batch.
+    fn merge(&mut self, delta: ConsumeSummary) {
+        self.applied += delta.applied;
+        self.duplicates += delta.duplicates;
+        for (name, counts) in delta.handlers {
+            let total = self.handlers.entry(name).or_default();
+            total.applied += counts.applied;
+            total.ignored += counts.ignored;
+            total.already_done += counts.already_done;
+        }
+    }
+
     fn record_effect(&mut self, handler: &str, effect: Effect) {
         let counts = self.handlers.entry(handler.to_string()).or_default();
         match effect {
@@ -132,12 +151,19 @@ pub enum ConsumerError {
     /// The health endpoint could not bind.
     #[error("health endpoint: {0}")]
     Health(#[from] std::io::Error),
+    /// The retry or dead-letter topic could not be ensured.
+    #[error(transparent)]
+    Topics(#[from] crate::topics::TopicsError),
+    /// The error tier is misconfigured.
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Shared by the dispatcher and the workers.
 pub(crate) struct Shared {
     pub consumer: StreamConsumer<AssignmentContext>,
     pub codec: Codec,
+    pub forwarder: Forwarder,
     pub db: Db,
     pub options: ConsumeOptions,
     pub assignment: Arc<Assignment>,
@@ -188,13 +214,15 @@ pub async fn run(
     }
     let consumer: StreamConsumer<AssignmentContext> =
         config.create_with_context(AssignmentContext::new(assignment.clone()))?;
-    consumer.subscribe(&[&options.topic])?;
+    let forwarder = forwarder(settings, &options).await?;
+    consumer.subscribe(&[&options.topic, &forwarder.retry_topic])?;
 
     let catalog = SchemaCatalog::embedded();
     let codec = Codec::new(&settings.registry, &options.topic, catalog.order_events(), false)?;
     let shared = Arc::new(Shared {
         consumer,
         codec,
+        forwarder,
         db,
         summary: Mutex::new(ConsumeSummary {
             group: options.group.clone(),
@@ -225,6 +253,29 @@ pub async fn run(
         last.duration_since(first).as_secs_f64()
     });
     Ok(summary)
+}
+
+/// The group's error tier: ensures its retry topic (as many partitions as
+/// the main topic, so keys spread alike) and the DLQ topic exist, and builds
+/// an idempotent producer to forward failures with.
+async fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forwarder, ConsumerError> {
+    let policy = RetryPolicy::from_settings(&settings.retry).map_err(|e| ConsumerError::Config(e.to_string()))?;
+    let mut retry_spec = settings.topics.order_events.clone();
+    retry_spec.name = retry_topic(&options.topic, &options.group);
+    let dlq_spec = settings.topics.dead_letter.clone();
+    let admin = crate::topics::TopicAdmin::new(settings)?;
+    for change in admin.ensure(&[&retry_spec, &dlq_spec], false).await? {
+        if change.is_mutation() {
+            tracing::info!(%change, "error tier topic");
+        }
+    }
+    let producer_options = crate::producer::config::producer_options(
+        &settings.kafka_client_options(),
+        &settings.producer.options,
+    )
+    .map_err(|e| ConsumerError::Config(e.to_string()))?;
+    let producer = client_config(&producer_options).create()?;
+    Ok(Forwarder::new(producer, retry_spec.name, dlq_spec.name, &options.group, policy))
 }
 
 /// Routes records to partition workers until shutdown or idle.

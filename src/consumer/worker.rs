@@ -1,17 +1,24 @@
-//! One partition's worker: applies its records in offset order, in batches.
+//! One partition's worker: applies its records in offset order, in batches,
+//! and sends failures through the error tier.
 //!
 //! A batch is every record already waiting (up to `consumer.batch_size`),
 //! applied in one DB transaction: one commit instead of one per record.
 //! Failures:
 //!
-//! * a record that does not decode is poison: counted, logged, skipped
-//!   (the dead-letter topic takes them once it exists);
-//! * a retryable failure (database down, lock timeout, registry down)
-//!   rolls back and retries the same batch with exponential backoff; the
-//!   offset does not move and health reports the database down;
-//! * a fatal handler failure rolls back; the records before it are applied
-//!   on their own, and the failing record is retried with backoff, never
-//!   committed past.
+//! * a record that cannot be decoded or validated is poison: straight to
+//!   the dead-letter topic with its reason (no retries can fix it);
+//! * the infrastructure being down (database unavailable, lock timeout,
+//!   registry unreachable) rolls back and retries the same batch in place
+//!   with exponential backoff; the offset does not move, health reports it,
+//!   and the records keep their retry budget;
+//! * a handler failure rolls back; the records before the failing one are
+//!   applied on their own; the failing one gets `retry.local_retries`
+//!   immediate retries (if retryable), then goes to the group's retry topic
+//!   or, when fatal or out of attempts, to the dead-letter topic. Its offset
+//!   is stored only once the broker acknowledged the forward.
+//!
+//! A worker of the group's retry topic waits for each record's due time
+//! with its partition paused (no busy polling), then processes it the same way.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -25,11 +32,14 @@ use tokio::sync::mpsc;
 use super::assignment::PartitionKey;
 use super::handler::{Effect, HandlerError};
 use super::{ConsumeSummary, Shared};
-use crate::db::DbError;
 use crate::dedup::{self, RecordOrigin};
 use crate::envelope::Envelope;
+use crate::retry::{Failure, Routed, header, header_text, now_ms};
 
-/// A record and its decoded envelope (None = poison).
+/// Largest record value accepted (order events are small by rule).
+pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+
+/// A record and its decoded envelope (None = poison, already dead-lettered).
 struct Item {
     message: OwnedMessage,
     envelope: Option<Envelope>,
@@ -37,10 +47,10 @@ struct Item {
 
 /// Why a batch was not committed.
 enum BatchError {
-    /// Retry the whole batch later.
-    Retryable(String),
-    /// The record at this index cannot be applied.
-    Fatal { index: usize, reason: String },
+    /// Infrastructure down: retry the whole batch later, in place.
+    Unavailable(String),
+    /// The record at this index failed in a handler.
+    Record { index: usize, error: HandlerError },
     /// The partition is no longer ours.
     Revoked,
 }
@@ -74,6 +84,14 @@ impl PartitionWorker {
         self.shared.assignment.is_current(&self.key, self.generation)
     }
 
+    fn is_retry_partition(&self) -> bool {
+        self.key.0 == self.shared.forwarder.retry_topic
+    }
+
+    fn count(&self, f: impl FnOnce(&mut ConsumeSummary)) {
+        f(&mut self.shared.summary.lock().expect("summary lock"));
+    }
+
     /// Processes records until the channel closes or the partition is revoked.
     pub async fn run(self, mut rx: mpsc::Receiver<OwnedMessage>) {
         while let Some(first) = rx.recv().await {
@@ -85,9 +103,13 @@ impl PartitionWorker {
                 }
             }
             let n = batch.len();
-            let revoked = !self.process(batch).await;
+            let still_owned = if self.is_retry_partition() {
+                self.process_when_due(batch).await
+            } else {
+                self.process(batch).await
+            };
             self.shared.pending.fetch_sub(n, Ordering::SeqCst);
-            if revoked {
+            if !still_owned {
                 // Whatever is queued belongs to the partition's next owner.
                 rx.close();
                 while rx.recv().await.is_some() {
@@ -98,14 +120,54 @@ impl PartitionWorker {
         }
     }
 
+    /// Retry-topic records: each waits for its due time, then is processed.
+    async fn process_when_due(&self, batch: Vec<OwnedMessage>) -> bool {
+        for message in batch {
+            if !self.wait_until_due(&message).await || !self.process(vec![message]).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Sleeps until the record's due time with the partition paused, so the
+    /// consumer fetches nothing for it meanwhile; false if revoked.
+    async fn wait_until_due(&self, message: &OwnedMessage) -> bool {
+        let due = header_text(message, header::DUE).and_then(|d| d.parse::<i64>().ok()).unwrap_or(0);
+        let wait = due - now_ms();
+        if wait <= 0 {
+            return true;
+        }
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&self.key.0, self.key.1);
+        let _ = self.shared.consumer.pause(&list);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(wait as u64);
+        while tokio::time::Instant::now() < deadline {
+            if !self.owned() {
+                return false;
+            }
+            let step = deadline.saturating_duration_since(tokio::time::Instant::now()).min(Duration::from_secs(1));
+            tokio::time::sleep(step).await;
+        }
+        let _ = self.shared.consumer.resume(&list);
+        self.owned()
+    }
+
     /// Decodes and applies a batch; false if the partition was revoked meanwhile.
     async fn process(&self, batch: Vec<OwnedMessage>) -> bool {
         let mut items = Vec::with_capacity(batch.len());
         for message in batch {
-            match self.decode(&message).await {
-                Some(envelope) => items.push(Item { message, envelope }),
+            let envelope = match self.decode(&message).await {
                 None => return false,
-            }
+                Some(Ok(envelope)) => Some(envelope),
+                Some(Err(failure)) => {
+                    if !self.is_owned_after_forward(&message, failure).await {
+                        return false;
+                    }
+                    None
+                }
+            };
+            items.push(Item { message, envelope });
         }
         let mut start = 0;
         let mut backoff = Backoff::new();
@@ -120,49 +182,120 @@ impl PartitionWorker {
                     return true;
                 }
                 Err(BatchError::Revoked) => return false,
-                Err(BatchError::Retryable(reason)) => {
-                    self.shared.summary.lock().expect("summary lock").apply_failures += 1;
+                Err(BatchError::Unavailable(reason)) => {
+                    self.count(|s| s.apply_failures += 1);
                     self.shared.health.db_down(&reason).await;
-                    tracing::warn!(partition = self.key.1, %reason, "batch not applied; retrying with backoff");
+                    tracing::warn!(partition = self.key.1, %reason, "batch not applied; retrying in place with backoff");
                     backoff.wait().await;
                 }
-                Err(BatchError::Fatal { index: 0, reason }) => {
-                    let item = &items[start];
-                    self.shared.summary.lock().expect("summary lock").apply_failures += 1;
-                    tracing::error!(
-                        partition = self.key.1,
-                        offset = item.message.offset(),
-                        event_id = ?item.envelope.as_ref().map(|e| e.event_id),
-                        %reason,
-                        "record cannot be applied; holding the partition and retrying with backoff"
-                    );
-                    backoff.wait().await;
-                }
-                Err(BatchError::Fatal { index, .. }) => {
-                    // Apply what precedes the failing record on its own.
-                    match self.apply(&items[start..start + index]).await {
-                        Ok(()) => {
-                            let last = items[start + index - 1].message.offset();
-                            self.store_offset(last);
-                            start += index;
-                            backoff = Backoff::new();
+                Err(BatchError::Record { index, error }) => {
+                    self.count(|s| s.apply_failures += 1);
+                    if index > 0 {
+                        // Apply what precedes the failing record on its own first.
+                        match self.apply(&items[start..start + index]).await {
+                            Ok(()) => self.store_offset(items[start + index - 1].message.offset()),
+                            Err(BatchError::Revoked) => return false,
+                            Err(_) => {
+                                backoff.wait().await;
+                                continue;
+                            }
                         }
-                        Err(BatchError::Revoked) => return false,
-                        Err(_) => backoff.wait().await,
                     }
+                    let failing = start + index;
+                    if !self.settle(&items[failing], error).await {
+                        return false;
+                    }
+                    self.store_offset(items[failing].message.offset());
+                    start = failing + 1;
+                    backoff = Backoff::new();
                 }
             }
         }
         true
     }
 
-    /// Decodes one record; `Some(None)` for poison, `None` if revoked while
-    /// waiting for the registry.
-    async fn decode(&self, message: &OwnedMessage) -> Option<Option<Envelope>> {
+    /// Local retries for a retryable failure, then forward to the retry
+    /// topic or the DLQ. False if the partition was revoked meanwhile.
+    async fn settle(&self, item: &Item, mut error: HandlerError) -> bool {
+        let mut executions = 1;
+        let mut backoff = Backoff::new();
+        let local_retries = self.shared.forwarder.policy().local_retries;
+        while matches!(error, HandlerError::Retryable(_) | HandlerError::Unavailable(_)) {
+            if matches!(error, HandlerError::Unavailable(_)) {
+                // Infrastructure: wait in place; it does not use up attempts.
+                backoff.wait().await;
+            } else if executions > local_retries {
+                break;
+            } else {
+                executions += 1;
+            }
+            match self.apply(std::slice::from_ref(item)).await {
+                Ok(()) => {
+                    self.count(|s| s.recovered_locally += 1);
+                    return true;
+                }
+                Err(BatchError::Revoked) => return false,
+                Err(BatchError::Unavailable(reason)) => error = HandlerError::Unavailable(reason),
+                Err(BatchError::Record { error: e, .. }) => error = e,
+            }
+        }
+        let failure = Failure {
+            class: error.class().to_string(),
+            message: error.to_string(),
+            retryable: matches!(error, HandlerError::Retryable(_)),
+            executions,
+        };
+        self.is_owned_after_forward(&item.message, failure).await
+    }
+
+    /// Forwards a failed record and waits for the broker; retries with
+    /// backoff while Kafka refuses. False if the partition was revoked meanwhile.
+    async fn is_owned_after_forward(&self, message: &OwnedMessage, failure: Failure) -> bool {
         let mut backoff = Backoff::new();
         loop {
-            match self.shared.codec.decode(message.payload()).await {
-                Ok(envelope) => return Some(Some(envelope)),
+            if !self.owned() {
+                return false;
+            }
+            match self.shared.forwarder.forward(message, &failure).await {
+                Ok(routed) => {
+                    let envelope_id = header_text(message, "event_id").unwrap_or_default();
+                    match routed {
+                        Routed::Retry { attempt, delay } => {
+                            self.count(|s| s.sent_to_retry += 1);
+                            tracing::warn!(partition = self.key.1, offset = message.offset(), event_id = %envelope_id,
+                                attempt, delay_ms = delay.as_millis() as u64, class = %failure.class, error = %failure.message,
+                                "record sent to the retry topic");
+                        }
+                        Routed::DeadLetter => {
+                            self.count(|s| s.dead_lettered += 1);
+                            tracing::error!(partition = self.key.1, offset = message.offset(), event_id = %envelope_id,
+                                class = %failure.class, error = %failure.message, "record sent to the dead-letter topic");
+                        }
+                    }
+                    return true;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "forwarding a failed record failed; retrying");
+                    backoff.wait().await;
+                }
+            }
+        }
+    }
+
+    /// Decodes and checks one record: the envelope, or the poison failure to
+    /// dead-letter; `None` if revoked while waiting for the registry.
+    async fn decode(&self, message: &OwnedMessage) -> Option<Result<Envelope, Failure>> {
+        let mut backoff = Backoff::new();
+        let result = loop {
+            let payload = message.payload();
+            if payload.is_some_and(|p| p.len() > MAX_VALUE_BYTES) {
+                break Err((
+                    "oversized",
+                    format!("value of {} bytes exceeds the {MAX_VALUE_BYTES}-byte limit for an order event", payload.map_or(0, <[u8]>::len)),
+                ));
+            }
+            match self.shared.codec.decode(payload).await {
+                Ok(envelope) => break check_key(message, envelope),
                 Err(e) if e.is_retryable() => {
                     tracing::warn!(partition = self.key.1, offset = message.offset(), error = %e, "registry unavailable; retrying");
                     backoff.wait().await;
@@ -170,44 +303,39 @@ impl PartitionWorker {
                         return None;
                     }
                 }
-                Err(e) => {
-                    self.shared.summary.lock().expect("summary lock").decode_failures += 1;
-                    tracing::error!(
-                        topic = %self.key.0,
-                        partition = self.key.1,
-                        offset = message.offset(),
-                        class = e.class(),
-                        error = %e,
-                        "poison record skipped"
-                    );
-                    return Some(None);
-                }
+                Err(e) => break Err((e.class(), e.to_string())),
             }
-        }
+        };
+        Some(result.map_err(|(class, reason)| {
+            self.count(|s| s.decode_failures += 1);
+            tracing::error!(topic = %self.key.0, partition = self.key.1, offset = message.offset(), class, error = %reason,
+                "poison record: sending to the dead-letter topic");
+            Failure {
+                class: class.to_string(),
+                message: reason,
+                retryable: false,
+                executions: 0,
+            }
+        }))
     }
 
     /// One transaction for `items`: dedup rows and effects, committed together.
     async fn apply(&self, items: &[Item]) -> Result<(), BatchError> {
         let shared = &self.shared;
         let dialect = shared.db.dialect;
-        let retryable = |e: DbError| BatchError::Retryable(e.to_string());
-        let mut tx = shared.db.begin().await.map_err(retryable)?;
+        let mut tx = shared.db.begin().await.map_err(|e| BatchError::Unavailable(e.to_string()))?;
         let mut delta = ConsumeSummary::default();
         for (index, item) in items.iter().enumerate() {
             let Some(envelope) = &item.envelope else { continue };
+            let fail = |error: HandlerError| match error {
+                HandlerError::Unavailable(r) => BatchError::Unavailable(r),
+                error => BatchError::Record { index, error },
+            };
             let origin = RecordOrigin {
                 topic: self.key.0.clone(),
                 partition: self.key.1,
                 offset: item.message.offset(),
-                key: item
-                    .message
-                    .key()
-                    .map(|k| String::from_utf8_lossy(k).to_string())
-                    .unwrap_or_default(),
-            };
-            let fail = |e: HandlerError| match e {
-                HandlerError::Retryable(r) => BatchError::Retryable(r),
-                HandlerError::Fatal(reason) => BatchError::Fatal { index, reason },
+                key: envelope.key(),
             };
             let fresh = dedup::claim(&mut tx, dialect, &shared.options.group, envelope, &origin)
                 .await
@@ -226,19 +354,11 @@ impl PartitionWorker {
             let _ = tx.rollback().await;
             return Err(BatchError::Revoked);
         }
-        tx.commit().await.map_err(|e| retryable(e.into()))?;
+        tx.commit().await.map_err(|e| BatchError::Unavailable(e.to_string()))?;
         if let Some((_, last)) = shared.active.lock().expect("active lock").as_mut() {
             *last = std::time::Instant::now();
         }
-        let mut summary = shared.summary.lock().expect("summary lock");
-        summary.applied += delta.applied;
-        summary.duplicates += delta.duplicates;
-        for (name, counts) in delta.handlers {
-            let total = summary.handlers.entry(name).or_default();
-            total.applied += counts.applied;
-            total.ignored += counts.ignored;
-            total.already_done += counts.already_done;
-        }
+        shared.summary.lock().expect("summary lock").merge(delta);
         Ok(())
     }
 
@@ -255,5 +375,19 @@ impl PartitionWorker {
                 tracing::debug!(partition = self.key.1, error = %e, "offset not stored");
             }
         }
+    }
+}
+
+/// Order events are keyed by order id: a record without that key would
+/// break per-order ordering, so it is refused.
+fn check_key(message: &OwnedMessage, envelope: Envelope) -> Result<Envelope, (&'static str, String)> {
+    let want = envelope.key();
+    match message.key() {
+        None => Err(("invalid_key", format!("record has no key; order events are keyed by order_id ({want})"))),
+        Some(k) if k != want.as_bytes() => Err((
+            "invalid_key",
+            format!("record key `{}` is not the order_id {want}", String::from_utf8_lossy(k)),
+        )),
+        Some(_) => Ok(envelope),
     }
 }

@@ -1,0 +1,146 @@
+//! `orderpipe dlq persist`: the DLQ topic into the `dead_letters` table.
+//!
+//! Records are read in batches, upserted in one transaction (unique on
+//! group + original topic/partition/offset, so re-reading after a crash
+//! inserts nothing twice), and only then are the offsets stored. A database
+//! outage is retried in place with backoff; nothing is skipped.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::{Message, Offset, Timestamp, TopicPartitionList};
+use serde::Serialize;
+
+use super::store::{self, NewDeadLetter};
+use crate::config::Settings;
+use crate::db::Db;
+use crate::producer::config::client_config;
+use crate::retry::{FailureHistory, header, header_text, now_ms};
+
+/// Counts of a persister run.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct PersistSummary {
+    /// DLQ records read.
+    pub read: u64,
+    /// Batches committed.
+    pub batches: u64,
+    /// Failed attempts to write a batch (retried).
+    pub write_failures: u64,
+}
+
+/// The table row for one DLQ record.
+pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
+    let history = FailureHistory::of(message);
+    let num = |name| header_text(message, name).and_then(|v| v.parse::<i64>().ok());
+    let headers: BTreeMap<String, String> = message
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|x| (x.key.to_string(), x.value.map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let appended = match message.timestamp() {
+        Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => t,
+        Timestamp::NotAvailable => now_ms(),
+    };
+    NewDeadLetter {
+        consumer_group: header_text(message, header::GROUP).unwrap_or_else(|| "(unknown)".into()),
+        original_topic: history.original_topic,
+        original_partition: history.original_partition,
+        original_offset: history.original_offset,
+        original_timestamp: history.original_timestamp,
+        key: message.key().map(<[u8]>::to_vec),
+        payload: message.payload().map(<[u8]>::to_vec),
+        headers: serde_json::to_string(&headers).expect("headers serialize"),
+        event_id: header_text(message, "event_id"),
+        event_name: header_text(message, "event_name"),
+        error_class: header_text(message, header::ERROR_CLASS).unwrap_or_else(|| "unknown".into()),
+        error_message: header_text(message, header::ERROR_MESSAGE).unwrap_or_default(),
+        attempts: num(header::ATTEMPTS).unwrap_or(0) as i32,
+        first_failure_ms: num(header::FIRST_FAILURE).unwrap_or(appended),
+        last_failure_ms: num(header::LAST_FAILURE).unwrap_or(appended),
+        dlq_partition: message.partition(),
+        dlq_offset: message.offset(),
+    }
+}
+
+/// Runs the persister until `shutdown`, or until the topic was idle `until_idle`.
+pub async fn run(
+    settings: &Settings,
+    db: &Db,
+    until_idle: Option<Duration>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<PersistSummary> {
+    let consumer: StreamConsumer = client_config(&settings.kafka_client_options())
+        .set("group.id", &settings.dlq.persister_group)
+        .set("enable.auto.commit", "true")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.commit.interval.ms", "1000")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "10000")
+        .create()?;
+    consumer.subscribe(&[&settings.topics.dead_letter.name])?;
+    let mut summary = PersistSummary::default();
+    let mut last_record = Instant::now();
+    tokio::pin!(shutdown);
+    loop {
+        let first = tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                if until_idle.is_some_and(|idle| last_record.elapsed() >= idle) && consumer.assignment().is_ok_and(|a| a.count() > 0) {
+                    break;
+                }
+                continue;
+            }
+            m = consumer.recv() => m,
+        };
+        let mut batch = vec![first?.detach()];
+        while batch.len() < 500 {
+            match consumer.recv().now_or_never() {
+                Some(Ok(m)) => batch.push(m.detach()),
+                _ => break,
+            }
+        }
+        last_record = Instant::now();
+        let rows: Vec<NewDeadLetter> = batch.iter().map(dead_letter_of).collect();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match write(db, &rows).await {
+                Ok(()) => break,
+                Err(e) => {
+                    summary.write_failures += 1;
+                    tracing::warn!(error = %e, "dead letters not written; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+        let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        for m in &batch {
+            let slot = next.entry((m.topic().to_string(), m.partition())).or_default();
+            *slot = (*slot).max(m.offset() + 1);
+        }
+        let mut offsets = TopicPartitionList::new();
+        for ((topic, partition), offset) in next {
+            offsets.add_partition_offset(&topic, partition, Offset::Offset(offset))?;
+        }
+        consumer.store_offsets(&offsets)?;
+        summary.read += batch.len() as u64;
+        summary.batches += 1;
+    }
+    let _ = consumer.commit_consumer_state(CommitMode::Sync);
+    Ok(summary)
+}
+
+async fn write(db: &Db, rows: &[NewDeadLetter]) -> Result<(), crate::db::DbError> {
+    let mut tx = db.begin().await?;
+    for row in rows {
+        store::upsert(&mut tx, db.dialect, row).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}

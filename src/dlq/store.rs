@@ -1,0 +1,379 @@
+//! The `dead_letters` table: insert from the DLQ topic, select by filter,
+//! count, and mark rows replayed or ignored.
+
+use serde::Serialize;
+use sqlx::{Any, QueryBuilder, Row};
+
+use crate::db::{Db, DbError, Dialect};
+
+/// Status of a dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Waiting for an operator.
+    Pending,
+    /// Republished by `dlq replay`.
+    Replayed,
+    /// Closed by `dlq ignore`.
+    Ignored,
+}
+
+impl Status {
+    /// As stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Replayed => "replayed",
+            Self::Ignored => "ignored",
+        }
+    }
+}
+
+/// Which rows a command touches. Empty filter = every row.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Filter {
+    /// Row ids (repeatable or comma-separated).
+    #[arg(long = "id", value_delimiter = ',')]
+    pub ids: Vec<i64>,
+    /// Consumer group that failed the record.
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Event name, e.g. order.payment.succeeded.
+    #[arg(long = "event")]
+    pub event_name: Option<String>,
+    /// Status.
+    #[arg(long, value_enum)]
+    pub status: Option<Status>,
+    /// Last failure at or after this time (RFC 3339, or an age like 2h).
+    #[arg(long, value_parser = parse_time)]
+    pub since: Option<i64>,
+    /// Last failure before this time (RFC 3339, or an age like 30m).
+    #[arg(long, value_parser = parse_time)]
+    pub until: Option<i64>,
+    /// Error class or message contains this text.
+    #[arg(long = "error")]
+    pub error_text: Option<String>,
+}
+
+/// Parses an RFC 3339 time or an age (`2h` = two hours ago) into epoch ms.
+pub fn parse_time(text: &str) -> Result<i64, String> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(t.timestamp_millis());
+    }
+    humantime::parse_duration(text)
+        .map(|age| crate::retry::now_ms() - age.as_millis() as i64)
+        .map_err(|_| format!("`{text}` is neither an RFC 3339 time (2026-11-30T08:00:00Z) nor an age (30m, 2h, 7d)"))
+}
+
+impl Filter {
+    /// True when the filter selects every row.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+            && self.group.is_none()
+            && self.event_name.is_none()
+            && self.status.is_none()
+            && self.since.is_none()
+            && self.until.is_none()
+            && self.error_text.is_none()
+    }
+
+    fn push_where(&self, q: &mut QueryBuilder<Any>) {
+        q.push(" WHERE 1 = 1");
+        if !self.ids.is_empty() {
+            q.push(" AND id IN (");
+            let mut ids = q.separated(", ");
+            for id in &self.ids {
+                ids.push_bind(*id);
+            }
+            q.push(")");
+        }
+        if let Some(g) = &self.group {
+            q.push(" AND consumer_group = ").push_bind(g.clone());
+        }
+        if let Some(e) = &self.event_name {
+            q.push(" AND event_name = ").push_bind(e.clone());
+        }
+        if let Some(s) = self.status {
+            q.push(" AND status = ").push_bind(s.as_str());
+        }
+        if let Some(t) = self.since {
+            q.push(" AND last_failure_ms >= ").push_bind(t);
+        }
+        if let Some(t) = self.until {
+            q.push(" AND last_failure_ms < ").push_bind(t);
+        }
+        if let Some(text) = &self.error_text {
+            let like = format!("%{text}%");
+            q.push(" AND (error_message LIKE ").push_bind(like.clone());
+            q.push(" OR error_class LIKE ").push_bind(like).push(")");
+        }
+    }
+}
+
+/// A dead letter as listed.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    /// Row id.
+    pub id: i64,
+    /// Group that failed it.
+    pub consumer_group: String,
+    /// Where it was first consumed.
+    pub original_topic: String,
+    /// Partition there.
+    pub original_partition: i32,
+    /// Offset there.
+    pub original_offset: i64,
+    /// Event id (from the headers).
+    pub event_id: Option<String>,
+    /// Event name (from the headers).
+    pub event_name: Option<String>,
+    /// Error class.
+    pub error_class: String,
+    /// Error message.
+    pub error_message: String,
+    /// Handler executions.
+    pub attempts: i32,
+    /// First failure (ms).
+    pub first_failure_ms: i64,
+    /// Last failure (ms).
+    pub last_failure_ms: i64,
+    /// pending / replayed / ignored.
+    pub status: String,
+    /// Times replayed.
+    pub replay_count: i32,
+    /// Last replay (ms).
+    pub last_replayed_ms: Option<i64>,
+    /// Why it was ignored.
+    pub ignored_reason: Option<String>,
+}
+
+const COLUMNS: &str = "id, consumer_group, original_topic, original_partition, original_offset, event_id, \
+     event_name, error_class, error_message, attempts, first_failure_ms, last_failure_ms, status, \
+     replay_count, last_replayed_ms, ignored_reason";
+
+fn row_to_dead_letter(r: &sqlx::any::AnyRow) -> Result<DeadLetter, sqlx::Error> {
+    Ok(DeadLetter {
+        id: r.try_get(0)?,
+        consumer_group: r.try_get(1)?,
+        original_topic: r.try_get(2)?,
+        original_partition: r.try_get(3)?,
+        original_offset: r.try_get(4)?,
+        event_id: r.try_get(5)?,
+        event_name: r.try_get(6)?,
+        error_class: r.try_get(7)?,
+        error_message: r.try_get(8)?,
+        attempts: r.try_get(9)?,
+        first_failure_ms: r.try_get(10)?,
+        last_failure_ms: r.try_get(11)?,
+        status: r.try_get(12)?,
+        replay_count: r.try_get(13)?,
+        last_replayed_ms: r.try_get(14)?,
+        ignored_reason: r.try_get(15)?,
+    })
+}
+
+/// Rows matching `filter`, oldest first, at most `limit`.
+pub async fn list(db: &Db, filter: &Filter, limit: i64) -> Result<Vec<DeadLetter>, DbError> {
+    let mut q = QueryBuilder::<Any>::new(format!("SELECT {COLUMNS} FROM dead_letters"));
+    filter.push_where(&mut q);
+    q.push(" ORDER BY id LIMIT ").push_bind(limit);
+    let rows = q.build().fetch_all(&db.pool).await?;
+    Ok(rows.iter().map(row_to_dead_letter).collect::<Result<_, _>>()?)
+}
+
+/// A full row with the record bytes, for `show` and `replay`.
+#[derive(Debug, Clone)]
+pub struct DeadLetterRecord {
+    /// Listed fields.
+    pub row: DeadLetter,
+    /// Original key.
+    pub key: Option<Vec<u8>>,
+    /// Original value.
+    pub payload: Option<Vec<u8>>,
+    /// Original headers (JSON object of name -> text).
+    pub headers: String,
+}
+
+/// Rows with their record bytes.
+pub async fn records(db: &Db, filter: &Filter, limit: i64) -> Result<Vec<DeadLetterRecord>, DbError> {
+    let mut q = QueryBuilder::<Any>::new(format!("SELECT {COLUMNS}, record_key, payload, headers FROM dead_letters"));
+    filter.push_where(&mut q);
+    q.push(" ORDER BY id LIMIT ").push_bind(limit);
+    let rows = q.build().fetch_all(&db.pool).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(DeadLetterRecord {
+                row: row_to_dead_letter(r)?,
+                key: r.try_get(16)?,
+                payload: r.try_get(17)?,
+                headers: r.try_get(18)?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(DbError::from)
+}
+
+/// Counts by one dimension.
+#[derive(Debug, Clone, Serialize)]
+pub struct Count {
+    /// Dimension (group, event_name, error_class, status).
+    pub by: &'static str,
+    /// Its value.
+    pub value: String,
+    /// Rows.
+    pub rows: i64,
+}
+
+/// Counts of matching rows by group, event name, error class and status.
+pub async fn stats(db: &Db, filter: &Filter) -> Result<Vec<Count>, DbError> {
+    let mut out = Vec::new();
+    for (by, column) in [
+        ("group", "consumer_group"),
+        ("event_name", "COALESCE(event_name, '(undecodable)')"),
+        ("error_class", "error_class"),
+        ("status", "status"),
+    ] {
+        let mut q = QueryBuilder::<Any>::new(format!("SELECT {column}, COUNT(*) FROM dead_letters"));
+        filter.push_where(&mut q);
+        q.push(format!(" GROUP BY {column} ORDER BY COUNT(*) DESC"));
+        for r in q.build().fetch_all(&db.pool).await? {
+            out.push(Count {
+                by,
+                value: r.try_get(0)?,
+                rows: r.try_get(1)?,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Number of pending dead letters (for the metrics gauge).
+pub async fn pending(db: &Db) -> Result<i64, DbError> {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM dead_letters WHERE status = 'pending'")
+        .fetch_one(&db.pool)
+        .await?;
+    Ok(n)
+}
+
+/// Marks a row replayed now.
+pub async fn mark_replayed(db: &Db, id: i64) -> Result<(), DbError> {
+    let now = crate::retry::now_ms();
+    sqlx::query(
+        "UPDATE dead_letters SET status = 'replayed', replay_count = replay_count + 1, \
+         last_replayed_ms = ?, updated_ms = ? WHERE id = ?",
+    )
+    .bind(now)
+    .bind(now)
+    .bind(id)
+    .execute(&db.pool)
+    .await?;
+    Ok(())
+}
+
+/// Marks a row ignored with a reason.
+pub async fn mark_ignored(db: &Db, id: i64, reason: &str) -> Result<(), DbError> {
+    sqlx::query("UPDATE dead_letters SET status = 'ignored', ignored_reason = ?, updated_ms = ? WHERE id = ?")
+        .bind(reason)
+        .bind(crate::retry::now_ms())
+        .bind(id)
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
+
+/// One dead letter as read from the DLQ topic, ready to insert.
+#[derive(Debug, Clone)]
+pub struct NewDeadLetter {
+    /// Group.
+    pub consumer_group: String,
+    /// Original topic.
+    pub original_topic: String,
+    /// Original partition.
+    pub original_partition: i32,
+    /// Original offset.
+    pub original_offset: i64,
+    /// Original timestamp (ms).
+    pub original_timestamp: Option<i64>,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub payload: Option<Vec<u8>>,
+    /// Headers as a JSON object.
+    pub headers: String,
+    /// Event id header.
+    pub event_id: Option<String>,
+    /// Event name header.
+    pub event_name: Option<String>,
+    /// Error class.
+    pub error_class: String,
+    /// Error message.
+    pub error_message: String,
+    /// Handler executions.
+    pub attempts: i32,
+    /// First failure (ms).
+    pub first_failure_ms: i64,
+    /// Last failure (ms).
+    pub last_failure_ms: i64,
+    /// Partition in the DLQ topic.
+    pub dlq_partition: i32,
+    /// Offset in the DLQ topic.
+    pub dlq_offset: i64,
+}
+
+/// Inserts a dead letter. Re-reading the same DLQ record changes nothing; a
+/// newer DLQ record of the same origin (it failed again after a replay)
+/// turns the row back to pending with the new failure.
+pub async fn upsert(tx: &mut crate::db::Tx, dialect: Dialect, d: &NewDeadLetter) -> Result<(), DbError> {
+    let sql = match dialect {
+        Dialect::MySql => {
+            "INSERT INTO dead_letters (consumer_group, original_topic, original_partition, original_offset, \
+             original_timestamp, record_key, payload, headers, event_id, event_name, error_class, error_message, \
+             attempts, first_failure_ms, last_failure_ms, dlq_partition, dlq_offset, created_ms, updated_ms) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON DUPLICATE KEY UPDATE \
+             status = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, 'pending', status), \
+             error_class = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, VALUES(error_class), error_class), \
+             error_message = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, VALUES(error_message), error_message), \
+             attempts = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, VALUES(attempts), attempts), \
+             last_failure_ms = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, VALUES(last_failure_ms), last_failure_ms), \
+             updated_ms = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, VALUES(updated_ms), updated_ms), \
+             dlq_partition = VALUES(dlq_partition), \
+             dlq_offset = GREATEST(dlq_offset, VALUES(dlq_offset))"
+        }
+        Dialect::Sqlite => {
+            "INSERT INTO dead_letters (consumer_group, original_topic, original_partition, original_offset, \
+             original_timestamp, record_key, payload, headers, event_id, event_name, error_class, error_message, \
+             attempts, first_failure_ms, last_failure_ms, dlq_partition, dlq_offset, created_ms, updated_ms) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (consumer_group, original_topic, original_partition, original_offset) DO UPDATE SET \
+             status = 'pending', error_class = excluded.error_class, error_message = excluded.error_message, \
+             attempts = excluded.attempts, last_failure_ms = excluded.last_failure_ms, \
+             dlq_partition = excluded.dlq_partition, dlq_offset = excluded.dlq_offset, updated_ms = excluded.updated_ms \
+             WHERE excluded.dlq_offset > dead_letters.dlq_offset OR excluded.dlq_partition <> dead_letters.dlq_partition"
+        }
+    };
+    let now = crate::retry::now_ms();
+    sqlx::query(sql)
+        .bind(&d.consumer_group)
+        .bind(&d.original_topic)
+        .bind(d.original_partition)
+        .bind(d.original_offset)
+        .bind(d.original_timestamp)
+        .bind(d.key.clone())
+        .bind(d.payload.clone())
+        .bind(&d.headers)
+        .bind(d.event_id.clone())
+        .bind(d.event_name.clone())
+        .bind(&d.error_class)
+        .bind(&d.error_message)
+        .bind(d.attempts)
+        .bind(d.first_failure_ms)
+        .bind(d.last_failure_ms)
+        .bind(d.dlq_partition)
+        .bind(d.dlq_offset)
+        .bind(now)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
