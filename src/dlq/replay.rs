@@ -14,6 +14,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Serialize;
@@ -53,8 +55,12 @@ pub fn destination(settings: &Settings, row: &DeadLetterRecord, options: ReplayO
     }
 }
 
-/// Republishes `rows`, marking each replayed once the broker acknowledged
-/// it; `progress` is called after each row.
+/// Rows republished before their statuses are updated together.
+const CHUNK: usize = 500;
+
+/// Republishes `rows`, marking them replayed once the broker acknowledged
+/// them (a chunk at a time: sends in flight together, one UPDATE per chunk);
+/// `progress` is called after each row.
 pub async fn replay(
     settings: &Settings,
     db: &Db,
@@ -66,49 +72,70 @@ pub async fn replay(
         client_config(&producer_options(&settings.kafka_client_options(), &settings.producer.options)?).create()?;
     let mut summary = ReplaySummary::default();
     let started = tokio::time::Instant::now();
-    for (i, dead) in rows.iter().enumerate() {
-        if let Some(rate) = options.rate.filter(|r| *r > 0) {
-            tokio::time::sleep_until(started + Duration::from_secs_f64(i as f64 / f64::from(rate))).await;
-        }
-        let topic = destination(settings, dead, options);
-        let original: BTreeMap<String, String> = serde_json::from_str(&dead.headers).unwrap_or_default();
-        let now = now_ms().to_string();
-        let id = dead.row.id.to_string();
-        let mut ours: Vec<(&str, String)> = vec![(header::REPLAYED_FROM, id)];
-        if !options.to_original {
-            ours.extend([
-                (header::ORIGINAL_TOPIC, dead.row.original_topic.clone()),
-                (header::ORIGINAL_PARTITION, dead.row.original_partition.to_string()),
-                (header::ORIGINAL_OFFSET, dead.row.original_offset.to_string()),
-                (header::GROUP, dead.row.consumer_group.clone()),
-                (header::ATTEMPT, "0".into()),
-                (header::ATTEMPTS, "0".into()),
-                (header::DUE, now),
-            ]);
-        }
-        let mut headers = OwnedHeaders::new();
-        for (k, v) in original.iter().filter(|(k, _)| !k.starts_with(header::PREFIX)) {
-            headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
-        }
-        for (k, v) in &ours {
-            headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
-        }
-        let mut record = FutureRecord::to(&topic).headers(headers);
-        if let Some(key) = &dead.key {
-            record = record.key(key);
-        }
-        if let Some(value) = &dead.payload {
-            record = record.payload(value);
-        }
-        match producer.send(record, Duration::from_secs(30)).await {
-            Ok(_) => {
-                store::mark_replayed(db, dead.row.id).await?;
-                summary.replayed += 1;
-                *summary.by_topic.entry(topic).or_default() += 1;
+    // With --rate, a chunk is about one second of records, so the pace holds
+    // at one-second granularity.
+    let chunk_size = options.rate.map_or(CHUNK, |r| (r as usize).clamp(1, CHUNK));
+    for (c, chunk) in rows.chunks(chunk_size).enumerate() {
+        let topics: Vec<String> = chunk.iter().map(|d| destination(settings, d, options)).collect();
+        // FuturesOrdered polls every pushed send on its first poll, so the
+        // whole chunk is enqueued before the first acknowledgement is awaited.
+        let mut in_flight = FuturesOrdered::new();
+        for (i, (dead, topic)) in chunk.iter().zip(&topics).enumerate() {
+            if let Some(rate) = options.rate.filter(|r| *r > 0) {
+                let n = c * chunk_size + i;
+                tokio::time::sleep_until(started + Duration::from_secs_f64(n as f64 / f64::from(rate))).await;
             }
-            Err((e, _)) => summary.failed.push(format!("dead letter {}: {e}", dead.row.id)),
+            // Enqueue now (all of the chunk in flight together), await below.
+            let send = producer.send(record_for(dead, topic, options), Duration::from_secs(30));
+            let id = dead.row.id;
+            in_flight.push_back(async move { (id, topic, send.await) });
         }
-        progress();
+        let mut done = Vec::with_capacity(chunk.len());
+        while let Some((id, topic, delivered)) = in_flight.next().await {
+            match delivered {
+                Ok(_) => {
+                    done.push(id);
+                    *summary.by_topic.entry(topic.clone()).or_default() += 1;
+                }
+                Err((e, _)) => summary.failed.push(format!("dead letter {id}: {e}")),
+            }
+            progress();
+        }
+        store::mark_replayed(db, &done).await?;
+        summary.replayed += done.len() as u64;
     }
     Ok(summary)
+}
+
+/// The record to republish for a dead letter: original key, value and
+/// headers, plus where it came from so a new failure updates the same row.
+fn record_for<'a>(dead: &'a DeadLetterRecord, topic: &'a str, options: ReplayOptions) -> FutureRecord<'a, [u8], [u8]> {
+    let original: BTreeMap<String, String> = serde_json::from_str(&dead.headers).unwrap_or_default();
+    let mut ours: Vec<(&str, String)> = vec![(header::REPLAYED_FROM, dead.row.id.to_string())];
+    if !options.to_original {
+        ours.extend([
+            (header::ORIGINAL_TOPIC, dead.row.original_topic.clone()),
+            (header::ORIGINAL_PARTITION, dead.row.original_partition.to_string()),
+            (header::ORIGINAL_OFFSET, dead.row.original_offset.to_string()),
+            (header::GROUP, dead.row.consumer_group.clone()),
+            (header::ATTEMPT, "0".into()),
+            (header::ATTEMPTS, "0".into()),
+            (header::DUE, now_ms().to_string()),
+        ]);
+    }
+    let mut headers = OwnedHeaders::new();
+    for (k, v) in original.iter().filter(|(k, _)| !k.starts_with(header::PREFIX)) {
+        headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
+    }
+    for (k, v) in &ours {
+        headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
+    }
+    let mut record = FutureRecord::to(topic).headers(headers);
+    if let Some(key) = &dead.key {
+        record = record.key(key.as_slice());
+    }
+    if let Some(value) = &dead.payload {
+        record = record.payload(value.as_slice());
+    }
+    record
 }

@@ -255,18 +255,20 @@ pub async fn pending(db: &Db) -> Result<i64, DbError> {
     Ok(n)
 }
 
-/// Marks a row replayed now.
-pub async fn mark_replayed(db: &Db, id: i64) -> Result<(), DbError> {
+/// Marks rows replayed now, in one statement.
+pub async fn mark_replayed(db: &Db, ids: &[i64]) -> Result<(), DbError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
     let now = crate::retry::now_ms();
-    sqlx::query(
-        "UPDATE dead_letters SET status = 'replayed', replay_count = replay_count + 1, \
-         last_replayed_ms = ?, updated_ms = ? WHERE id = ?",
-    )
-    .bind(now)
-    .bind(now)
-    .bind(id)
-    .execute(&db.pool)
-    .await?;
+    let mut q = QueryBuilder::<Any>::new("UPDATE dead_letters SET status = 'replayed', replay_count = replay_count + 1, last_replayed_ms = ");
+    q.push_bind(now).push(", updated_ms = ").push_bind(now).push(" WHERE id IN (");
+    let mut list = q.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    q.push(")");
+    q.build().execute(&db.pool).await?;
     Ok(())
 }
 

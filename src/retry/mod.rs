@@ -291,9 +291,8 @@ mod tests {
             &[(header::ORIGINAL_TOPIC, "order.events.v1".into()), (header::ORIGINAL_PARTITION, "3".into()),
               (header::ORIGINAL_OFFSET, "77".into()), (header::ATTEMPT, "2".into()), (header::ATTEMPTS, "9".into())],
         );
-        let mut retried = message(forwarded);
         // Seen again on the retry topic at another place.
-        retried.set_topic("order.events.v1.retry.g".into());
+        let retried = message(forwarded).set_topic("order.events.v1.retry.g".into());
         let h = FailureHistory::of(&retried);
         assert_eq!((h.original_partition, h.original_offset, h.attempt, h.executions), (3, 77, 2, 9));
     }
