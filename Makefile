@@ -25,7 +25,7 @@ build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl 
 	$(STACK) build-deps
 
 run: build-deps ## the pipeline on an embedded stack (mock Kafka, in-process registry): no servers
-	cargo run --bin orderpipe -- demo
+	cargo run --bin orderpipe -- --log-level off demo
 
 test: ## install and start Kafka, Apicurio and MariaDB, run every test, stop what was started
 	$(REPO_ROOT)/dev/test.sh

@@ -24,12 +24,18 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
 use uuid::Uuid;
 
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
 use crate::codec::Codec;
+use crate::dlq::replay::{self, ReplayOptions};
+use crate::dlq::store::{self, DeadLetter, Filter};
+use crate::envelope::{Envelope, EventData};
+use crate::retry::retry_topic;
 use crate::consumer::verify::{Verification, applied_order, verify};
 use crate::consumer::{self, ConsumeOptions, ConsumeSummary, StartFrom, handlers};
+use crate::config::Settings;
 use crate::db::Db;
 use crate::codec::embedded_registry::EmbeddedRegistry;
-use crate::config::Settings;
 use crate::generator::LifecycleGenerator;
 use crate::producer::EventProducer;
 use crate::producer::config::client_config;
@@ -65,12 +71,77 @@ pub struct DemoReport {
     pub injected_duplicates: u64,
     /// What each consumer group did.
     pub groups: Vec<ConsumeSummary>,
+    /// Failures injected and how they were handled.
+    pub tier: ErrorTierReport,
     /// Business tables vs the exactly-once expectation.
     pub verification: Verification,
     /// Per group: orders applied out of production order.
     pub group_order_violations: BTreeMap<String, usize>,
     /// Wall time of the run in milliseconds.
     pub elapsed_ms: u128,
+}
+
+/// The error tier part of the demo.
+#[derive(Debug, Serialize)]
+pub struct ErrorTierReport {
+    /// Undecodable records injected (each group dead-letters them).
+    pub poison_injected: usize,
+    /// Order whose events fail 4 times, then succeed from the retry topic.
+    pub transient_order: i64,
+    /// Order whose events fail permanently until the replay.
+    pub permanent_order: i64,
+    /// The dead letters as persisted.
+    pub dead_letters: Vec<DeadLetter>,
+    /// Dead letters replayed (the permanent order's).
+    pub replayed: u64,
+    /// Dead letters ignored (the poison).
+    pub ignored: u64,
+    /// The first group's run after the replay.
+    pub after_replay: ConsumeSummary,
+}
+
+/// The demo's consumer groups and their handlers.
+const GROUPS: [(&str, &[&str]); 2] = [
+    ("fulfilment-service.order.consumer", &["chaos", "inventory", "payment", "points"]),
+    ("customer-service.order.consumer", &["logistics", "notification"]),
+];
+
+/// Runs one group over the topic until it is idle.
+async fn run_group(settings: &Settings, db: &Db, group: &str, names: &[&str], topic: &str) -> anyhow::Result<ConsumeSummary> {
+    let handlers = names
+        .iter()
+        .map(|n| handlers::by_name(n, settings).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let options = ConsumeOptions {
+        group: group.to_string(),
+        handlers,
+        topic: topic.to_string(),
+        start_from: StartFrom::Earliest,
+        until_idle: Some(Duration::from_secs(3)),
+        health_addr: None,
+        ensure_topics: false,
+    };
+    Ok(consumer::run(settings, db.clone(), options, std::future::pending()).await?)
+}
+
+/// The first order that has an event matching `pick`.
+fn first_order_with(events: &[Envelope], pick: impl Fn(&Envelope) -> bool) -> i64 {
+    events.iter().find(|e| pick(e)).map_or(1, |e| e.data.order_id())
+}
+
+/// Writes records that are not order events: random bytes, a wrong magic
+/// byte, an unknown schema id. Returns how many.
+async fn inject_poison(settings: &Settings, topic: &str, events: &[Envelope]) -> anyhow::Result<usize> {
+    let producer: FutureProducer = client_config(&settings.kafka_client_options()).create()?;
+    let poison: [&[u8]; 3] = [&[0xde, 0xad, 0xbe, 0xef], &[7, 0, 0, 0, 1, 2], &[0, 0x7f, 0xff, 0xff, 0x01, 2]];
+    for (bytes, event) in poison.iter().zip(events) {
+        let key = event.key();
+        producer
+            .send(FutureRecord::to(topic).key(&key).payload(*bytes), Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)?;
+    }
+    Ok(poison.len())
 }
 
 /// Runs the demo end to end.
@@ -164,30 +235,60 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     // One connection: SQLite allows one writer at a time anyway.
     let db = Db::connect(&settings.database, 1)?;
     db.migrate().await?;
-    let group_specs: [(&str, &[&str]); 2] = [
-        ("fulfilment-service.order.consumer", &["inventory", "payment", "points"]),
-        ("customer-service.order.consumer", &["logistics", "notification"]),
-    ];
+
+    // The error tier: its topics, a quick schedule, and failures to show.
+    for (group, _) in GROUPS {
+        cluster.create_topic(&retry_topic(&spec.name, group), spec.partitions, 1)?;
+    }
+    cluster.create_topic(&settings.topics.dead_letter.name, spec.partitions, 1)?;
+    settings.retry.initial_delay_ms = Some(500);
+    let poison = inject_poison(&settings, &spec.name, &events).await?;
+    let transient_order = first_order_with(&events, |e| matches!(e.data, EventData::Shipped(_)));
+    let permanent_order = first_order_with(&events, |e| matches!(e.data, EventData::Canceled(_)));
+    settings.chaos.transient_orders = vec![transient_order];
+    settings.chaos.transient_failures = 4;
+    settings.chaos.permanent_orders = vec![permanent_order];
+
     let mut groups = Vec::new();
+    for (group, names) in GROUPS {
+        groups.push(run_group(&settings, &db, group, names, &spec.name).await?);
+    }
+
+    // Operators' side: persist the DLQ, look, replay what can succeed, ignore the rest.
+    crate::dlq::persist::run(&settings, &db, Some(Duration::from_secs(2)), std::future::pending()).await?;
+    let dead_letters = store::list(&db, &Filter::default(), 100).await?;
+    let replay_filter = Filter {
+        group: Some(GROUPS[0].0.to_string()),
+        error_text: Some("fail permanently".into()),
+        status: Some(store::Status::Pending),
+        ..Default::default()
+    };
+    settings.chaos.permanent_orders.clear(); // the "fix" was deployed
+    let to_replay = store::records(&db, &replay_filter, 100).await?;
+    let replay_options = ReplayOptions { to_original: false, rate: None };
+    let replayed = replay::replay(&settings, &db, &to_replay, replay_options, || {}).await?;
+    let poison_filter = Filter { status: Some(store::Status::Pending), ..Default::default() };
+    let poison_rows = store::list(&db, &poison_filter, 100).await?;
+    for row in &poison_rows {
+        store::mark_ignored(&db, row.id, "not an order event (undecodable bytes)").await?;
+    }
+    let after_replay = run_group(&settings, &db, GROUPS[0].0, GROUPS[0].1, &spec.name).await?;
+
     let mut group_order_violations = BTreeMap::new();
-    for (group, names) in group_specs {
-        let handlers = names
-            .iter()
-            .map(|n| handlers::by_name(n, &settings).map_err(anyhow::Error::msg))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let options = ConsumeOptions {
-            group: group.to_string(),
-            handlers,
-            topic: spec.name.clone(),
-            start_from: StartFrom::Earliest,
-            until_idle: Some(Duration::from_secs(2)),
-            health_addr: None,
-        };
-        groups.push(consumer::run(&settings, db.clone(), options, std::future::pending()).await?);
+    for (group, _) in GROUPS {
         let (_, violations) = applied_order(&db, group, &events).await?;
         group_order_violations.insert(group.to_string(), violations.len());
     }
-    let verification = verify(&db, group_specs[0].0, &events).await?;
+    let verification = verify(&db, GROUPS[0].0, &events).await?;
+    let tier = ErrorTierReport {
+        poison_injected: poison,
+        transient_order,
+        permanent_order,
+        dead_letters,
+        replayed: replayed.replayed,
+        ignored: poison_rows.len() as u64,
+        after_replay,
+    };
 
     drop(registry);
     Ok(DemoReport {
@@ -199,6 +300,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         ordering_violations,
         injected_duplicates,
         groups,
+        tier,
         verification,
         group_order_violations,
         elapsed_ms: started.elapsed().as_millis(),

@@ -60,6 +60,7 @@ pub async fn run(settings: &Settings, args: ConsumeArgs) -> anyhow::Result<ExitC
         start_from: args.start_from,
         until_idle: args.until_idle.map(Duration::from_secs),
         health_addr: args.health_addr,
+        ensure_topics: true,
     };
     let summary = consumer::run(settings, db, options, shutdown_signal()).await?;
     output::consume(&summary, args.output.output);

@@ -91,6 +91,26 @@ pub fn demo(report: &DemoReport, format: Output) {
         "{}",
         table(&["group", "handlers", "consumed", "applied", "duplicates skipped", "orders out of order"], rows)
     );
+    let t = &report.tier;
+    let first = &report.groups[0];
+    println!(
+        "error tier: {} poison records injected; order {} fails 4 times per event, order {} fails permanently",
+        t.poison_injected, t.transient_order, t.permanent_order
+    );
+    println!(
+        "  {}: recovered by local retry {}, sent to the retry topic {}, dead-lettered {}",
+        first.group, first.recovered_locally, first.sent_to_retry, first.dead_lettered
+    );
+    println!("\ndead letters persisted from the DLQ topic (orderpipe dlq list):");
+    dead_letters(&t.dead_letters, Output::Table);
+    println!(
+        "replayed {} dead letters of order {} after the fix (orderpipe dlq replay); ignored {} poison rows (orderpipe dlq ignore)",
+        t.replayed, t.permanent_order, t.ignored
+    );
+    println!(
+        "  after the replay {} applied {} more, duplicates {}, dead-lettered {}\n",
+        t.after_replay.group, t.after_replay.applied, t.after_replay.duplicates, t.after_replay.dead_lettered
+    );
     let v = &report.verification;
     let rows = v.facts.iter().map(|f| {
         let ok = if f.expected == f.actual { "ok" } else { "MISMATCH" };

@@ -76,6 +76,9 @@ pub struct ConsumeOptions {
     pub until_idle: Option<Duration>,
     /// Where to serve `/health/*` (port 0 = any free port).
     pub health_addr: Option<SocketAddr>,
+    /// Create the group's retry topic and the DLQ topic if missing (off for
+    /// the demo's mock cluster, whose topics are created up front).
+    pub ensure_topics: bool,
 }
 
 /// Counts per handler.
@@ -263,10 +266,12 @@ async fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forw
     let mut retry_spec = settings.topics.order_events.clone();
     retry_spec.name = retry_topic(&options.topic, &options.group);
     let dlq_spec = settings.topics.dead_letter.clone();
-    let admin = crate::topics::TopicAdmin::new(settings)?;
-    for change in admin.ensure(&[&retry_spec, &dlq_spec], false).await? {
-        if change.is_mutation() {
-            tracing::info!(%change, "error tier topic");
+    if options.ensure_topics {
+        let admin = crate::topics::TopicAdmin::new(settings)?;
+        for change in admin.ensure(&[&retry_spec, &dlq_spec], false).await? {
+            if change.is_mutation() {
+                tracing::info!(%change, "error tier topic");
+            }
         }
     }
     let producer_options = crate::producer::config::producer_options(
