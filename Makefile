@@ -19,7 +19,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test bench-produce bench-consume
+.PHONY: build-deps run test bench-produce bench-consume bench-dlq
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -39,3 +39,8 @@ bench-consume: build-deps ## 1M backlog: perf-test vs orderpipe consume vs naive
 	cargo build --release --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-consume.sh $(or $(COUNT),1000000) $(or $(NAIVE),50000)
+
+bench-dlq: build-deps ## error tier: happy-path overhead and replay throughput (100k dead letters)
+	cargo build --release --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-dlq.sh $(or $(COUNT),100000)

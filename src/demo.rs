@@ -120,6 +120,7 @@ async fn run_group(settings: &Settings, db: &Db, group: &str, names: &[&str], to
         until_idle: Some(Duration::from_secs(3)),
         health_addr: None,
         ensure_topics: false,
+        error_tier: true,
     };
     Ok(consumer::run(settings, db.clone(), options, std::future::pending()).await?)
 }

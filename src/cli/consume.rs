@@ -37,6 +37,9 @@ pub struct ConsumeArgs {
     /// Apply the migrations before consuming.
     #[arg(long)]
     migrate: bool,
+    /// Benchmark baseline only: no retry topic or DLQ; failures wait in place.
+    #[arg(long, hide = true)]
+    without_error_tier: bool,
     #[command(flatten)]
     output: OutputArg,
 }
@@ -61,6 +64,7 @@ pub async fn run(settings: &Settings, args: ConsumeArgs) -> anyhow::Result<ExitC
         until_idle: args.until_idle.map(Duration::from_secs),
         health_addr: args.health_addr,
         ensure_topics: true,
+        error_tier: !args.without_error_tier,
     };
     let summary = consumer::run(settings, db, options, shutdown_signal()).await?;
     output::consume(&summary, args.output.output);

@@ -79,6 +79,10 @@ pub struct ConsumeOptions {
     /// Create the group's retry topic and the DLQ topic if missing (off for
     /// the demo's mock cluster, whose topics are created up front).
     pub ensure_topics: bool,
+    /// Route failures through the retry topic and the DLQ (the default).
+    /// Off only to measure the tier's cost: failures then wait in place with
+    /// backoff (never skipped) and poison is logged and skipped.
+    pub error_tier: bool,
 }
 
 /// Counts per handler.
@@ -218,7 +222,11 @@ pub async fn run(
     let consumer: StreamConsumer<AssignmentContext> =
         config.create_with_context(AssignmentContext::new(assignment.clone()))?;
     let forwarder = forwarder(settings, &options).await?;
-    consumer.subscribe(&[&options.topic, &forwarder.retry_topic])?;
+    if options.error_tier {
+        consumer.subscribe(&[&options.topic, &forwarder.retry_topic])?;
+    } else {
+        consumer.subscribe(&[&options.topic])?;
+    }
 
     let catalog = SchemaCatalog::embedded();
     let codec = Codec::new(&settings.registry, &options.topic, catalog.order_events(), false)?;
@@ -266,7 +274,7 @@ async fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forw
     let mut retry_spec = settings.topics.order_events.clone();
     retry_spec.name = retry_topic(&options.topic, &options.group);
     let dlq_spec = settings.topics.dead_letter.clone();
-    if options.ensure_topics {
+    if options.ensure_topics && options.error_tier {
         let admin = crate::topics::TopicAdmin::new(settings)?;
         for change in admin.ensure(&[&retry_spec, &dlq_spec], false).await? {
             if change.is_mutation() {

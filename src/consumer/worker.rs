@@ -161,7 +161,7 @@ impl PartitionWorker {
                 None => return false,
                 Some(Ok(envelope)) => Some(envelope),
                 Some(Err(failure)) => {
-                    if !self.is_owned_after_forward(&message, failure).await {
+                    if self.shared.options.error_tier && !self.is_owned_after_forward(&message, failure).await {
                         return false;
                     }
                     None
@@ -220,8 +220,9 @@ impl PartitionWorker {
         let mut executions = 1;
         let mut backoff = Backoff::new();
         let local_retries = self.shared.forwarder.policy().local_retries;
-        while matches!(error, HandlerError::Retryable(_) | HandlerError::Unavailable(_)) {
-            if matches!(error, HandlerError::Unavailable(_)) {
+        let tier = self.shared.options.error_tier;
+        while !tier || matches!(error, HandlerError::Retryable(_) | HandlerError::Unavailable(_)) {
+            if !tier || matches!(error, HandlerError::Unavailable(_)) {
                 // Infrastructure: wait in place; it does not use up attempts.
                 backoff.wait().await;
             } else if executions > local_retries {

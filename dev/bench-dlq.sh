@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The error tier's numbers, one run, same broker and MariaDB:
+#   1. happy-path cost: `orderpipe consume` (notification handler) over one
+#      backlog with the tier (retry topic subscribed, failures forwarded) and
+#      without it (hidden --without-error-tier), events/s each;
+#   2. replay throughput: COUNT events dead-lettered (chaos handler), persisted,
+#      then `dlq replay` and the group applying them: dead letters replayed and
+#      applied per second.
+#
+#   dev/bench-dlq.sh [COUNT]   (default 100000; needs `make dev-up`)
+set -euo pipefail
+COUNT="${1:-100000}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${ORDERPIPE_BIN:-$ROOT/target/release/orderpipe}"
+RUN_ID="bench$(date +%s)"
+OUT_DIR="$ROOT/bench-results"
+mkdir -p "$OUT_DIR"
+DB="mysql://orderpipe:orderpipe@127.0.0.1:3306"
+[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+export ORDERPIPE_TOPICS__ORDER_EVENTS__NAME="$RUN_ID.order.events.v1"
+export ORDERPIPE_TOPICS__INVENTORY_EVENTS__NAME="$RUN_ID.inventory.events.v1"
+export ORDERPIPE_TOPICS__DEAD_LETTER__NAME="$RUN_ID.order.events.v1.dlq"
+export ORDERPIPE_DLQ__PERSISTER_GROUP="$RUN_ID.persister"
+mkdb() { mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "CREATE DATABASE $1"; ORDERPIPE_DATABASE__URL="$DB/$1" "$BIN" migrate >/dev/null; }
+rate() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["applied"]/max(r["active_secs"],1e-9))' "$1"; }
+now() { date +%s.%N; }
+
+echo "== backlog: $COUNT events"
+"$BIN" topics ensure >/dev/null
+"$BIN" produce --count "$COUNT" --orders 10000 --seed 1 --output json >/dev/null
+
+echo "== happy path with the error tier"
+mkdb "${RUN_ID}_tier"
+ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_tier" "$BIN" consume --group "$RUN_ID-tier" --handler notification \
+  --until-idle 5 --output json > "$OUT_DIR/.tier.json"
+echo "== happy path without the error tier"
+mkdb "${RUN_ID}_plain"
+ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_plain" "$BIN" consume --group "$RUN_ID-plain" --handler notification \
+  --until-idle 5 --without-error-tier --output json > "$OUT_DIR/.plain.json"
+
+echo "== dead-lettering $COUNT events (chaos handler fails every event)"
+mkdb "${RUN_ID}_dlq"
+export ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_dlq"
+ORDERPIPE_CHAOS__PERMANENT_ALL=true "$BIN" consume --group "$RUN_ID-replay" --handler chaos,notification \
+  --until-idle 5 --output json > "$OUT_DIR/.dead.json"
+"$BIN" dlq persist --until-idle 5 --output json > "$OUT_DIR/.persist.json"
+echo "== dlq replay --group $RUN_ID-replay"
+t0=$(now)
+"$BIN" dlq replay --group "$RUN_ID-replay" --yes --output json > "$OUT_DIR/.replay.json"
+t1=$(now)
+"$BIN" consume --group "$RUN_ID-replay" --handler chaos,notification --until-idle 5 --output json > "$OUT_DIR/.applied.json"
+
+python3 - "$COUNT" "$OUT_DIR" "$t0" "$t1" "$(rate "$OUT_DIR/.tier.json")" "$(rate "$OUT_DIR/.plain.json")" "$OUT_DIR/dlq-$RUN_ID.json" <<'PY'
+import json, sys
+count, out, t0, t1, tier, plain, result = sys.argv[1:]
+count, t0, t1, tier, plain = int(count), float(t0), float(t1), float(tier), float(plain)
+load = lambda n: json.load(open(f"{out}/.{n}.json"))
+dead, persisted, replay, applied = load("dead"), load("persist"), load("replay"), load("applied")
+replay_secs = t1 - t0
+apply_secs = applied["active_secs"]
+print()
+print(f"happy path, {count} events, notification handler on MariaDB:")
+print(f"  with the error tier      {tier:>10,.0f} events/s")
+print(f"  without the error tier   {plain:>10,.0f} events/s")
+print(f"  tier overhead            {100*(1-tier/plain):>10.1f} %  (with/without = {tier/plain:.3f})")
+print(f"replay of {replay['replayed']} dead letters (dead-lettered {dead['dead_lettered']}, persisted {persisted['read']}):")
+print(f"  dlq replay               {replay['replayed']/replay_secs:>10,.0f} rows/s  ({replay_secs:.1f} s)")
+print(f"  group applies them       {applied['applied']/max(apply_secs,1e-9):>10,.0f} events/s ({apply_secs:.1f} s)")
+print(f"  replayed and applied     {applied['applied']/(replay_secs+apply_secs):>10,.0f} per second end to end")
+json.dump({"count": count, "tier_eps": tier, "plain_eps": plain, "replayed": replay["replayed"],
+           "replay_secs": replay_secs, "applied": applied["applied"], "apply_secs": apply_secs}, open(result, "w"), indent=2)
+PY
+rm -f "$OUT_DIR"/.tier.json "$OUT_DIR"/.plain.json "$OUT_DIR"/.dead.json "$OUT_DIR"/.persist.json "$OUT_DIR"/.replay.json "$OUT_DIR"/.applied.json
+mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "DROP DATABASE ${RUN_ID}_tier; DROP DATABASE ${RUN_ID}_plain; DROP DATABASE ${RUN_ID}_dlq" || true
