@@ -26,10 +26,13 @@ use crate::config::Settings;
 /// The topic whose schema describes [`crate::envelope::Envelope`].
 pub const ORDER_EVENTS_TOPIC: &str = "order.events.v1";
 
-const EMBEDDED: &[(&str, &str)] = &[(
-    ORDER_EVENTS_TOPIC,
-    include_str!("../schemas/order.events.v1.avsc"),
-)];
+/// The topic of inventory events the relay writes with order events.
+pub const INVENTORY_EVENTS_TOPIC: &str = "inventory.events.v1";
+
+const EMBEDDED: &[(&str, &str)] = &[
+    (ORDER_EVENTS_TOPIC, include_str!("../schemas/order.events.v1.avsc")),
+    (INVENTORY_EVENTS_TOPIC, include_str!("../schemas/inventory.events.v1.avsc")),
+];
 
 /// Errors reading schema files.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +135,11 @@ impl SchemaCatalog {
     /// The schema of `order.events.v1`.
     pub fn order_events(&self) -> &TopicSchema {
         self.get(ORDER_EVENTS_TOPIC).expect("catalogs always hold the order events schema")
+    }
+
+    /// The schema of `inventory.events.v1`, if the catalog has one.
+    pub fn inventory_events(&self) -> Result<&TopicSchema, SchemaError> {
+        self.get(INVENTORY_EVENTS_TOPIC)
     }
 
     /// All schemas.

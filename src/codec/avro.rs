@@ -6,21 +6,54 @@
 //! not know are ignored and fields it needs but the writer lacks are reported
 //! by name.
 
+use apache_avro::Schema;
 use apache_avro::types::Value;
 use serde::de::DeserializeOwned;
 
 use crate::envelope::data::PayloadDecoder;
 use crate::envelope::{Envelope, EnvelopeError, EnvelopeParts, EventData};
 
-/// The envelope as the fields of the top-level Avro record.
-pub fn to_avro(envelope: &Envelope) -> Result<Value, apache_avro::Error> {
+/// Why an envelope cannot be written with a schema.
+#[derive(Debug, thiserror::Error)]
+pub enum ToAvroError {
+    /// The payload does not serialize.
+    #[error(transparent)]
+    Avro(#[from] apache_avro::Error),
+    /// The schema's `data` union has no branch for this payload.
+    #[error("the topic's schema has no `{0}` branch in `data`: this event does not belong on this topic")]
+    NoBranch(&'static str),
+}
+
+/// Index of the `data` union branch called `record` in `schema`.
+fn branch_index(schema: &Schema, record: &'static str) -> Result<u32, ToAvroError> {
+    let Schema::Record(root) = schema else {
+        return Err(ToAvroError::NoBranch(record));
+    };
+    let data = root.fields.iter().find(|f| f.name == "data");
+    let Some(Schema::Union(union)) = data.map(|f| &f.schema) else {
+        return Err(ToAvroError::NoBranch(record));
+    };
+    union
+        .variants()
+        .iter()
+        .position(|v| matches!(v, Schema::Record(r) if r.name.name() == record))
+        .map(|i| i as u32)
+        .ok_or(ToAvroError::NoBranch(record))
+}
+
+/// The envelope as the top-level Avro record of `schema`; the payload goes
+/// into the `data` branch named after its record.
+pub fn to_avro(envelope: &Envelope, schema: &Schema) -> Result<Value, ToAvroError> {
     let payload = match &envelope.data {
         EventData::Created(d) => apache_avro::to_value(d)?,
         EventData::PaymentSucceeded(d) => apache_avro::to_value(d)?,
         EventData::Shipped(d) => apache_avro::to_value(d)?,
         EventData::Canceled(d) => apache_avro::to_value(d)?,
         EventData::Refunded(d) => apache_avro::to_value(d)?,
+        EventData::StockReserved(d) => apache_avro::to_value(d)?,
+        EventData::StockReleased(d) => apache_avro::to_value(d)?,
     };
+    let index = branch_index(schema, envelope.data.record_name())?;
     let text = |s: &str| Value::String(s.to_string());
     Ok(Value::Record(vec![
         ("event_id".into(), text(&envelope.event_id.to_string())),
@@ -31,7 +64,7 @@ pub fn to_avro(envelope: &Envelope) -> Result<Value, apache_avro::Error> {
         ("trace_id".into(), text(&envelope.trace_id)),
         (
             "data".into(),
-            Value::Union(envelope.data.union_index() as u32, Box::new(payload)),
+            Value::Union(index, Box::new(payload)),
         ),
     ]))
 }
@@ -90,7 +123,7 @@ mod tests {
         let catalog = SchemaCatalog::embedded();
         let schema = &catalog.order_events().parsed;
         for envelope in crate::generator::sample_lifecycle(77) {
-            let value = to_avro(&envelope).unwrap();
+            let value = to_avro(&envelope, schema).unwrap();
             let bytes = apache_avro::to_avro_datum(schema, value).unwrap();
             let back = apache_avro::from_avro_datum(schema, &mut &bytes[..], None).unwrap();
             assert_eq!(from_avro(back).unwrap(), envelope);

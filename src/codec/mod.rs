@@ -110,6 +110,7 @@ pub struct Codec {
     encoder: AvroEncoder,
     decoder: AvroDecoder,
     strategy: SubjectNameStrategy,
+    schema: apache_avro::Schema,
 }
 
 impl Codec {
@@ -137,6 +138,7 @@ impl Codec {
             encoder: AvroEncoder::new(settings.clone()),
             decoder: AvroDecoder::new(settings),
             strategy,
+            schema: schema.parsed.clone(),
         })
     }
 
@@ -159,7 +161,7 @@ impl Codec {
 
     /// Encodes an envelope: magic byte, schema id, Avro body.
     pub async fn encode(&self, envelope: &Envelope) -> Result<Vec<u8>, CodecError> {
-        let value = avro::to_avro(envelope).map_err(|e| CodecError::Avro(e.to_string()))?;
+        let value = avro::to_avro(envelope, &self.schema).map_err(|e| CodecError::Avro(e.to_string()))?;
         self.encode_value(value).await
     }
 

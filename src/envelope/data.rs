@@ -78,6 +78,32 @@ pub struct OrderRefunded {
     pub refunded_at: String,
 }
 
+/// `inventory.stock.reserved`: stock held for an order (written with `order.created`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryStockReserved {
+    /// Order the stock is held for.
+    pub order_id: i64,
+    /// The stock-keeping unit.
+    pub sku: String,
+    /// Units held (> 0).
+    pub quantity: i32,
+    /// ISO 8601 UTC.
+    pub reserved_at: String,
+}
+
+/// `inventory.stock.released`: stock given back (written with `order.canceled`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryStockReleased {
+    /// Order the stock was held for.
+    pub order_id: i64,
+    /// The stock-keeping unit.
+    pub sku: String,
+    /// Units released (> 0).
+    pub quantity: i32,
+    /// ISO 8601 UTC.
+    pub released_at: String,
+}
+
 fn default_currency() -> String {
     "CNY".to_string()
 }
@@ -96,31 +122,43 @@ pub enum EventData {
     Canceled(OrderCanceled),
     /// `order.refunded`
     Refunded(OrderRefunded),
+    /// `inventory.stock.reserved` (on `inventory.events.v1`)
+    StockReserved(InventoryStockReserved),
+    /// `inventory.stock.released` (on `inventory.events.v1`)
+    StockReleased(InventoryStockReleased),
 }
 
-/// Event names with a payload type, in the order of the Avro `data` union.
-pub const KNOWN_EVENTS: [&str; 5] = [
-    "order.created",
-    "order.payment.succeeded",
-    "order.shipped",
-    "order.canceled",
-    "order.refunded",
+/// Event names with a payload type, and the Avro record of each payload.
+pub const KNOWN_EVENTS: [(&str, &str); 7] = [
+    ("order.created", "OrderCreated"),
+    ("order.payment.succeeded", "OrderPaymentSucceeded"),
+    ("order.shipped", "OrderShipped"),
+    ("order.canceled", "OrderCanceled"),
+    ("order.refunded", "OrderRefunded"),
+    ("inventory.stock.reserved", "InventoryStockReserved"),
+    ("inventory.stock.released", "InventoryStockReleased"),
 ];
 
 impl EventData {
     /// The event name this payload belongs to.
     pub fn event_name(&self) -> EventName {
-        EventName::parse(KNOWN_EVENTS[self.union_index()]).expect("known names are valid")
+        EventName::parse(KNOWN_EVENTS[self.kind_index()].0).expect("known names are valid")
     }
 
-    /// Position of this payload's branch in the Avro `data` union.
-    pub fn union_index(&self) -> usize {
+    /// Name of the Avro record of this payload (a branch of the `data` union).
+    pub fn record_name(&self) -> &'static str {
+        KNOWN_EVENTS[self.kind_index()].1
+    }
+
+    fn kind_index(&self) -> usize {
         match self {
             Self::Created(_) => 0,
             Self::PaymentSucceeded(_) => 1,
             Self::Shipped(_) => 2,
             Self::Canceled(_) => 3,
             Self::Refunded(_) => 4,
+            Self::StockReserved(_) => 5,
+            Self::StockReleased(_) => 6,
         }
     }
 
@@ -132,6 +170,8 @@ impl EventData {
             Self::Shipped(d) => d.order_id,
             Self::Canceled(d) => d.order_id,
             Self::Refunded(d) => d.order_id,
+            Self::StockReserved(d) => d.order_id,
+            Self::StockReleased(d) => d.order_id,
         }
     }
 
@@ -149,13 +189,13 @@ impl EventData {
             "order.shipped" => Self::Shipped(decoder.decode().map_err(wrap)?),
             "order.canceled" => Self::Canceled(decoder.decode().map_err(wrap)?),
             "order.refunded" => Self::Refunded(decoder.decode().map_err(wrap)?),
+            "inventory.stock.reserved" => Self::StockReserved(decoder.decode().map_err(wrap)?),
+            "inventory.stock.released" => Self::StockReleased(decoder.decode().map_err(wrap)?),
             other => {
+                let known: Vec<&str> = KNOWN_EVENTS.iter().map(|(name, _)| *name).collect();
                 return Err(EnvelopeError::field(
                     "event_name",
-                    format!(
-                        "`{other}` has no payload schema on this topic; known: {}",
-                        KNOWN_EVENTS.join(", ")
-                    ),
+                    format!("`{other}` has no payload schema; known: {}", known.join(", ")),
                 ));
             }
         })
@@ -177,9 +217,7 @@ impl EventData {
                     return Err(EnvelopeError::field("data.user_id", "must be > 0"));
                 }
                 non_empty(&d.sku, "data.sku")?;
-                if d.quantity <= 0 {
-                    return Err(EnvelopeError::field("data.quantity", "must be > 0"));
-                }
+                positive(d.quantity, "data.quantity")?;
                 cents(d.amount, "data.amount")?;
                 let currency_ok =
                     d.currency.len() == 3 && d.currency.bytes().all(|b| b.is_ascii_uppercase());
@@ -210,6 +248,16 @@ impl EventData {
                 cents(d.amount, "data.amount")?;
                 parse_utc(&d.refunded_at, "data.refunded_at")?;
             }
+            Self::StockReserved(d) => {
+                non_empty(&d.sku, "data.sku")?;
+                positive(d.quantity, "data.quantity")?;
+                parse_utc(&d.reserved_at, "data.reserved_at")?;
+            }
+            Self::StockReleased(d) => {
+                non_empty(&d.sku, "data.sku")?;
+                positive(d.quantity, "data.quantity")?;
+                parse_utc(&d.released_at, "data.released_at")?;
+            }
         }
         Ok(())
     }
@@ -226,6 +274,13 @@ impl EventData {
             created_at: super::format_utc(&chrono::Utc::now()),
         })
     }
+}
+
+fn positive(n: i32, field: &str) -> Result<(), EnvelopeError> {
+    if n <= 0 {
+        return Err(EnvelopeError::field(field, format!("{n} must be > 0")));
+    }
+    Ok(())
 }
 
 fn cents(amount: i64, field: &str) -> Result<(), EnvelopeError> {

@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub use data::{
-    EventData, OrderCanceled, OrderCreated, OrderPaymentSucceeded, OrderRefunded, OrderShipped,
+    EventData, InventoryStockReleased, InventoryStockReserved, OrderCanceled, OrderCreated,
+    OrderPaymentSucceeded, OrderRefunded, OrderShipped,
 };
 pub use name::{EventKind, EventName};
 

@@ -128,7 +128,7 @@ async fn poison_records_are_reported_and_do_not_stop_the_consumer() {
     let topic = env.settings.topics.order_events.name.clone();
     let codec = Codec::new(&env.settings.registry, &topic, SchemaCatalog::embedded().order_events(), true).unwrap();
     let good: Vec<Envelope> = LifecycleGenerator::new("checkout", 3, 1, 5).take(6).collect();
-    let mut invalid = orderpipe::codec::avro::to_avro(&good[0]).unwrap();
+    let mut invalid = orderpipe::codec::avro::to_avro(&good[0], &SchemaCatalog::embedded().order_events().parsed).unwrap();
     if let apache_avro::types::Value::Record(fields) = &mut invalid {
         fields[1].1 = apache_avro::types::Value::String("kafka.send".into());
     }

@@ -58,6 +58,7 @@ async fn bad_input_matrix_each_ends_as_one_dead_letter_with_its_reason() {
     let codec = Codec::new(&env.settings.registry, &topic, catalog.order_events(), true).unwrap();
     let events: Vec<Envelope> = LifecycleGenerator::new("checkout", 4, 1, 9).take(12).collect();
     let valid = |i: usize| events[i].clone();
+    let schema = &catalog.order_events().parsed;
 
     // A writer schema whose payment lacks `amount`, under its own subject.
     let raw = catalog.order_events().raw.replace(
@@ -69,7 +70,7 @@ async fn bad_input_matrix_each_ends_as_one_dead_letter_with_its_reason() {
     let lacking = TopicSchema { topic: "x".into(), parsed: apache_avro::Schema::parse_str(&raw).unwrap(), raw };
     let writer = Codec::new(&env.settings.registry, &format!("{topic}-lacking"), &lacking, true).unwrap();
     let payment = events.iter().find(|e| matches!(e.data, EventData::PaymentSucceeded(_))).unwrap().clone();
-    let mut value = to_avro(&payment).unwrap();
+    let mut value = to_avro(&payment, schema).unwrap();
     if let Avro::Record(fields) = &mut value {
         if let Avro::Union(_, inner) = &mut fields[6].1 {
             if let Avro::Record(data) = inner.as_mut() {
@@ -79,7 +80,7 @@ async fn bad_input_matrix_each_ends_as_one_dead_letter_with_its_reason() {
     }
     let missing_field = writer.encode_value(value).await.unwrap();
 
-    let mut named = to_avro(&valid(0)).unwrap();
+    let mut named = to_avro(&valid(0), schema).unwrap();
     if let Avro::Record(fields) = &mut named {
         fields[1].1 = Avro::String("kafka.send".into());
     }
@@ -88,12 +89,12 @@ async fn bad_input_matrix_each_ends_as_one_dead_letter_with_its_reason() {
     if let EventData::Created(d) = &mut negative.data {
         d.amount = -100;
     }
-    let negative_amount = codec.encode_value(to_avro(&negative).unwrap()).await.unwrap();
+    let negative_amount = codec.encode_value(to_avro(&negative, schema).unwrap()).await.unwrap();
     let mut huge = valid(0);
     if let EventData::Created(d) = &mut huge.data {
         d.sku = "X".repeat(100_000);
     }
-    let oversized = codec.encode_value(to_avro(&huge).unwrap()).await.unwrap();
+    let oversized = codec.encode_value(to_avro(&huge, schema).unwrap()).await.unwrap();
     let mut truncated = codec.encode(&valid(1)).await.unwrap();
     truncated.truncate(10);
     let null_key = codec.encode(&valid(2)).await.unwrap();
