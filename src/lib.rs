@@ -12,10 +12,13 @@
 //! | [`envelope`] | the event envelope, event names and payloads (seed 000) |
 //! | [`schema`] | the Avro schemas in `schemas/`, registering and compatibility checks |
 //! | [`codec`] | Confluent wire format through the schema registry |
+//! | [`api`] | the reference order service: state machine + outbox in one transaction |
+//! | [`outbox`] | the transactional outbox and its relay (transactional producer) |
 //! | [`producer`] | the idempotent keyed producer and its option checks |
 //! | [`consumer`] | consumer groups applying events exactly once in effect |
 //! | [`retry`] | the error tier: local retries, retry topic, dead-letter topic |
 //! | [`dlq`] | dead-letter persister, listing, replay and ignore |
+//! | [`delivery`] | config-driven HTTP delivery to downstream services |
 //! | [`dedup`] | the `event_dedup` guard and its retention cleanup |
 //! | [`db`] | database pool, dialects, migrations from `sql/` |
 //! | [`health`] | `/health/*` endpoints |
@@ -27,6 +30,7 @@
 //! | [`bench`] | benchmark peers (the naive consumer baseline) |
 //! | [`cli`] | the `orderpipe` command line; `src/bin/orderpipe.rs` only calls it |
 
+pub mod api;
 pub mod bench;
 pub mod cli;
 pub mod codec;
@@ -34,11 +38,13 @@ pub mod config;
 pub mod consumer;
 pub mod db;
 pub mod dedup;
+pub mod delivery;
 pub mod dlq;
 pub mod demo;
 pub mod envelope;
 pub mod generator;
 pub mod health;
+pub mod outbox;
 pub mod producer;
 pub mod retry;
 pub mod schema;

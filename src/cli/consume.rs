@@ -71,6 +71,58 @@ pub async fn run(settings: &Settings, args: ConsumeArgs) -> anyhow::Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
+/// Flags of `orderpipe deliver`.
+#[derive(Debug, Args)]
+pub struct DeliverArgs {
+    /// The `[[http.subscriptions]]` entry to deliver.
+    #[arg(long)]
+    subscription: String,
+    /// Consumer group (default: http.<subscription>).
+    #[arg(long)]
+    group: Option<String>,
+    /// Topic to read (default: topics.order_events.name).
+    #[arg(long)]
+    topic: Option<String>,
+    /// Exit after this many seconds without new records and print a summary.
+    #[arg(long, value_name = "SECS")]
+    until_idle: Option<u64>,
+    /// Serve /health/live and /health/ready here.
+    #[arg(long)]
+    health_addr: Option<SocketAddr>,
+    /// Apply the migrations before consuming.
+    #[arg(long)]
+    migrate: bool,
+    #[command(flatten)]
+    output: OutputArg,
+}
+
+/// Runs `orderpipe deliver`: a consumer group delivering one subscription.
+pub async fn deliver(settings: &Settings, config: Option<std::path::PathBuf>, args: DeliverArgs) -> anyhow::Result<ExitCode> {
+    let subscription = crate::delivery::find(settings, &args.subscription).map_err(anyhow::Error::msg)?;
+    let mut settings = settings.clone();
+    // The subscription's retry profile is its group's schedule.
+    settings.retry.profile = subscription.retry_profile.clone();
+    let (handler, shared) = crate::delivery::HttpDelivery::new(subscription);
+    crate::delivery::watch(config, shared);
+    let db = Db::connect(&settings.database, settings.database.max_connections)?;
+    if args.migrate {
+        db.migrate().await?;
+    }
+    let options = ConsumeOptions {
+        group: args.group.unwrap_or_else(|| format!("http.{}", args.subscription)),
+        handlers: vec![std::sync::Arc::new(handler)],
+        topic: args.topic.unwrap_or_else(|| settings.topics.order_events.name.clone()),
+        start_from: StartFrom::Earliest,
+        until_idle: args.until_idle.map(Duration::from_secs),
+        health_addr: args.health_addr,
+        ensure_topics: true,
+        error_tier: true,
+    };
+    let summary = consumer::run(&settings, db, options, shutdown_signal()).await?;
+    output::consume(&summary, args.output.output);
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();

@@ -11,6 +11,7 @@ pub mod consume;
 pub mod dlq;
 pub mod output;
 pub mod produce;
+pub mod relay;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -85,8 +86,14 @@ enum Command {
     Produce(produce::ProduceArgs),
     /// Apply the database migrations in `sql/` (MariaDB/MySQL or SQLite).
     Migrate,
+    /// Serve the reference order API (orders + outbox in one transaction).
+    Api(relay::ApiArgs),
+    /// Publish outbox rows with a transactional producer.
+    Relay(relay::RelayArgs),
     /// Run a consumer group applying events exactly once in effect.
     Consume(consume::ConsumeArgs),
+    /// Deliver events to a downstream HTTP subscription (a consumer group of its own).
+    Deliver(consume::DeliverArgs),
     /// Dead letters: persist, list, show, stats, replay, ignore.
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
@@ -279,6 +286,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             db.migrate().await?;
             println!("migrations applied ({:?})", db.dialect);
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Api(args) => relay::api(&cli.global.settings()?, args).await,
+        Command::Relay(args) => relay::relay(&cli.global.settings()?, args).await,
+        Command::Deliver(args) => {
+            let settings = cli.global.settings()?;
+            consume::deliver(&settings, cli.global.config.clone(), args).await
         }
         Command::Consume(args) => {
             let settings = cli.global.settings()?;

@@ -390,3 +390,13 @@ pub fn replayed(summary: &crate::dlq::replay::ReplaySummary, format: Output) {
         println!("  failed: {f}");
     }
 }
+
+/// `orderpipe relay` (at exit).
+pub fn relay(summary: &crate::outbox::relay::RelaySummary) {
+    println!(
+        "relay: published {} outbox rows in {} Kafka transactions ({} aborted), purged {} sent rows",
+        summary.published, summary.transactions, summary.aborted, summary.purged
+    );
+    let rows = summary.by_topic.iter().map(|(t, n)| vec![t.clone(), n.to_string()]);
+    println!("{}", table(&["topic", "records"], rows));
+}

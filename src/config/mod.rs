@@ -35,6 +35,8 @@ pub struct Settings {
     pub chaos: ChaosSettings,
     /// Dead letters.
     pub dlq: DlqSettings,
+    /// Downstream HTTP subscriptions.
+    pub http: crate::delivery::HttpSettings,
     /// Schema registry.
     pub registry: RegistrySettings,
     /// Database.
@@ -233,6 +235,9 @@ impl Settings {
             }
         }
         crate::retry::RetryPolicy::from_settings(&self.retry).map_err(|e| ConfigError(e.to_string()))?;
+        for subscription in &self.http.subscriptions {
+            subscription.validate().map_err(ConfigError)?;
+        }
         if self.topics.order_events.retention_ms >= 0
             && self.topics.order_events.retention_ms < 30 * DAY_MS
         {

@@ -8,9 +8,11 @@
 //! `make test`'s serial phase (`cargo test -- --ignored --test-threads=1`).
 
 mod consumer;
+mod delivery;
 mod dlq;
 mod exactly_once;
 mod helpers;
+mod outbox;
 mod producer;
 mod schema;
 mod topics;

@@ -1,0 +1,124 @@
+//! `orderpipe api`: the reference order service.
+//!
+//! Each request changes the `orders` row under a state machine and writes
+//! the matching event(s) into the outbox **in the same transaction**, so the
+//! change and its event exist together or not at all. It is the pattern a
+//! team copies into its own service:
+//!
+//! ```text
+//! BEGIN
+//!   SELECT ... FROM orders WHERE order_id = ? FOR UPDATE   -- one writer per order
+//!   UPDATE orders SET status = 'paid' ...                  -- the business change
+//!   INSERT INTO outbox_messages (...)                      -- the event
+//! COMMIT
+//! ```
+//!
+//! | request | transition | events |
+//! |---|---|---|
+//! | `POST /orders` | → created | `order.created` + `inventory.stock.reserved` |
+//! | `POST /orders/{id}/pay` | created → paid | `order.payment.succeeded` |
+//! | `POST /orders/{id}/ship` | paid → shipped | `order.shipped` |
+//! | `POST /orders/{id}/cancel` | created → canceled | `order.canceled` + `inventory.stock.released` |
+//! | `POST /orders/{id}/refund` | paid, shipped → refunded | `order.refunded` |
+//! | `GET /orders/{id}` | — | — |
+//!
+//! * [`orders`] holds the state machine and the transactions.
+
+pub mod orders;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::db::Db;
+use orders::{Action, ApiError, NewOrder, OrderService};
+
+/// Serves the API on `addr` until `shutdown`; returns the bound address
+/// through `bound` as soon as it listens.
+pub async fn serve(
+    addr: SocketAddr,
+    service: OrderService,
+    bound: impl FnOnce(SocketAddr),
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    bound(listener.local_addr()?);
+    axum::serve(listener, router(service)).with_graceful_shutdown(shutdown).await
+}
+
+/// The routes, for serving or for in-process calls.
+pub fn router(service: OrderService) -> Router {
+    Router::new()
+        .route("/orders", post(create))
+        .route("/orders/{id}", get(fetch))
+        .route("/orders/{id}/{action}", post(act))
+        .route("/health/live", get(|| async { Json(json!({"live": true})) }))
+        .with_state(Arc::new(service))
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            ApiError::Invalid { .. } => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::IllegalTransition { .. } => StatusCode::CONFLICT,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let field = match &self {
+            ApiError::Invalid { field, .. } => Some(field.clone()),
+            _ => None,
+        };
+        (status, Json(json!({"error": self.to_string(), "field": field}))).into_response()
+    }
+}
+
+fn body<T>(payload: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    payload.map(|Json(v)| v).map_err(|e| ApiError::Invalid {
+        field: "<body>".into(),
+        reason: e.body_text(),
+    })
+}
+
+/// The trace id of the caller's `traceparent`, if it sent one.
+fn trace_id(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get("traceparent")?.to_str().ok()?;
+    let id = value.split('-').nth(1)?;
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_ascii_lowercase())
+}
+
+async fn create(
+    State(service): State<Arc<OrderService>>,
+    headers: HeaderMap,
+    payload: Result<Json<NewOrder>, JsonRejection>,
+) -> Result<(StatusCode, Json<orders::Order>), ApiError> {
+    let order = service.create(body(payload)?, trace_id(&headers)).await?;
+    Ok((StatusCode::CREATED, Json(order)))
+}
+
+async fn fetch(State(service): State<Arc<OrderService>>, Path(id): Path<i64>) -> Result<Json<orders::Order>, ApiError> {
+    Ok(Json(service.get(id).await?))
+}
+
+async fn act(
+    State(service): State<Arc<OrderService>>,
+    Path((id, action)): Path<(i64, String)>,
+    headers: HeaderMap,
+    payload: Result<Json<serde_json::Value>, JsonRejection>,
+) -> Result<Json<orders::Order>, ApiError> {
+    let value = body(payload)?;
+    let action = Action::parse(&action, value)?;
+    Ok(Json(service.act(id, action, trace_id(&headers)).await?))
+}
+
+/// A service on `db` writing events for the settings' topics.
+pub fn service(settings: &crate::config::Settings, db: Db) -> OrderService {
+    OrderService::new(db, settings)
+}

@@ -1,0 +1,408 @@
+//! Orders: validation, the state machine, and the transaction that writes
+//! the change and its outbox events together.
+
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use uuid::Uuid;
+
+use crate::config::Settings;
+use crate::db::{Db, DbError, Dialect, Tx};
+use crate::envelope::{
+    Envelope, EventData, InventoryStockReleased, InventoryStockReserved, OrderCanceled, OrderCreated,
+    OrderPaymentSucceeded, OrderRefunded, OrderShipped, format_utc, new_trace_id,
+};
+use crate::outbox;
+
+/// A request the service refuses, or cannot serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Bad input; names the field.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field (or `<body>`).
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No such order.
+    #[error("order {0} not found")]
+    NotFound(i64),
+    /// The state machine forbids it.
+    #[error("order {order_id} is {from}: cannot {action} (allowed from: {allowed})")]
+    IllegalTransition {
+        /// The order.
+        order_id: i64,
+        /// Its status.
+        from: String,
+        /// What was asked.
+        action: &'static str,
+        /// Statuses the action is allowed from.
+        allowed: String,
+    },
+    /// The database is down; try again.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// Something else failed; nothing was written.
+    #[error("internal error, nothing was changed: {0}")]
+    Internal(String),
+}
+
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> Self {
+        if e.is_retryable() { Self::Unavailable(e.to_string()) } else { Self::Internal(e.to_string()) }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        DbError::from(e).into()
+    }
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> ApiError {
+    ApiError::Invalid { field: field.into(), reason: reason.into() }
+}
+
+/// `POST /orders` body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewOrder {
+    /// Buyer.
+    pub user_id: i64,
+    /// Stock-keeping unit.
+    pub sku: String,
+    /// Units.
+    pub quantity: i32,
+    /// Total in cents.
+    pub amount: i64,
+    /// ISO 4217 code (default CNY).
+    #[serde(default)]
+    pub currency: Option<String>,
+}
+
+/// An order as stored and returned.
+#[derive(Debug, Clone, Serialize)]
+pub struct Order {
+    /// Id.
+    pub order_id: i64,
+    /// Buyer.
+    pub user_id: i64,
+    /// SKU.
+    pub sku: String,
+    /// Units.
+    pub quantity: i32,
+    /// Total in cents.
+    pub amount: i64,
+    /// Currency.
+    pub currency: String,
+    /// created, paid, shipped, canceled or refunded.
+    pub status: String,
+}
+
+/// A state change of an existing order.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// created → paid.
+    Pay {
+        /// Provider reference.
+        payment_id: String,
+        /// Must equal the order total.
+        amount: i64,
+    },
+    /// paid → shipped.
+    Ship {
+        /// Logistics reference.
+        shipment_id: String,
+        /// Carrier.
+        carrier: String,
+    },
+    /// created → canceled.
+    Cancel {
+        /// Why.
+        reason: String,
+    },
+    /// paid or shipped → refunded.
+    Refund {
+        /// Refund reference.
+        refund_id: String,
+        /// At most the order total.
+        amount: i64,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PayBody {
+    payment_id: String,
+    amount: i64,
+}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShipBody {
+    shipment_id: String,
+    carrier: String,
+}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    reason: String,
+}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefundBody {
+    refund_id: String,
+    amount: i64,
+}
+
+fn parse_body<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    serde_json::from_value(value).map_err(|e| invalid("<body>", e.to_string()))
+}
+
+fn text(value: &str, field: &str) -> Result<(), ApiError> {
+    if value.trim().is_empty() || value.len() > 64 {
+        return Err(invalid(field, "must be 1 to 64 characters"));
+    }
+    Ok(())
+}
+
+fn cents(amount: i64, field: &str) -> Result<(), ApiError> {
+    if amount < 0 {
+        return Err(invalid(field, format!("{amount} is negative; amounts are integer cents >= 0")));
+    }
+    Ok(())
+}
+
+impl Action {
+    /// Parses `POST /orders/{id}/{action}` with its body.
+    pub fn parse(action: &str, body: serde_json::Value) -> Result<Self, ApiError> {
+        let action = match action {
+            "pay" => {
+                let b: PayBody = parse_body(body)?;
+                text(&b.payment_id, "payment_id")?;
+                cents(b.amount, "amount")?;
+                Self::Pay { payment_id: b.payment_id, amount: b.amount }
+            }
+            "ship" => {
+                let b: ShipBody = parse_body(body)?;
+                text(&b.shipment_id, "shipment_id")?;
+                text(&b.carrier, "carrier")?;
+                Self::Ship { shipment_id: b.shipment_id, carrier: b.carrier }
+            }
+            "cancel" => {
+                let b: CancelBody = parse_body(body)?;
+                text(&b.reason, "reason")?;
+                Self::Cancel { reason: b.reason }
+            }
+            "refund" => {
+                let b: RefundBody = parse_body(body)?;
+                text(&b.refund_id, "refund_id")?;
+                cents(b.amount, "amount")?;
+                Self::Refund { refund_id: b.refund_id, amount: b.amount }
+            }
+            other => return Err(invalid("action", format!("`{other}` is not one of pay, ship, cancel, refund"))),
+        };
+        Ok(action)
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Pay { .. } => "pay",
+            Self::Ship { .. } => "ship",
+            Self::Cancel { .. } => "cancel",
+            Self::Refund { .. } => "refund",
+        }
+    }
+
+    /// Statuses this action may start from, and the status it leads to.
+    fn transition(&self) -> (&'static [&'static str], &'static str) {
+        match self {
+            Self::Pay { .. } => (&["created"], "paid"),
+            Self::Ship { .. } => (&["paid"], "shipped"),
+            Self::Cancel { .. } => (&["created"], "canceled"),
+            Self::Refund { .. } => (&["paid", "shipped"], "refunded"),
+        }
+    }
+}
+
+/// The order service over a database.
+pub struct OrderService {
+    db: Db,
+    producer: String,
+    order_topic: String,
+    inventory_topic: String,
+}
+
+impl OrderService {
+    /// A service writing events for the settings' topics.
+    pub fn new(db: Db, settings: &Settings) -> Self {
+        Self {
+            db,
+            producer: settings.producer.service_name.clone(),
+            order_topic: settings.topics.order_events.name.clone(),
+            inventory_topic: settings.topics.inventory_events.name.clone(),
+        }
+    }
+
+    /// Creates an order and records `order.created` + `inventory.stock.reserved`.
+    pub async fn create(&self, new: NewOrder, trace_id: Option<String>) -> Result<Order, ApiError> {
+        if new.user_id <= 0 {
+            return Err(invalid("user_id", "must be > 0"));
+        }
+        text(&new.sku, "sku")?;
+        if new.quantity <= 0 {
+            return Err(invalid("quantity", "must be > 0"));
+        }
+        cents(new.amount, "amount")?;
+        let currency = new.currency.unwrap_or_else(|| "CNY".into());
+        if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(invalid("currency", format!("`{currency}` is not an ISO 4217 code like CNY")));
+        }
+        let now = format_utc(&chrono::Utc::now());
+        let mut tx = self.db.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO orders (user_id, sku, quantity, amount, currency, status, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, 'created', ?, ?)",
+        )
+        .bind(new.user_id)
+        .bind(&new.sku)
+        .bind(new.quantity)
+        .bind(new.amount)
+        .bind(&currency)
+        .bind(&now)
+        .bind(&now)
+        .execute(&mut *tx)
+        .await?;
+        let order_id = inserted
+            .last_insert_id()
+            .ok_or_else(|| ApiError::Internal("the database returned no order id".into()))?;
+        let order = Order {
+            order_id,
+            user_id: new.user_id,
+            sku: new.sku,
+            quantity: new.quantity,
+            amount: new.amount,
+            currency,
+            status: "created".into(),
+        };
+        let trace_id = trace_id.unwrap_or_else(new_trace_id);
+        let created = EventData::Created(OrderCreated {
+            order_id,
+            user_id: order.user_id,
+            sku: order.sku.clone(),
+            quantity: order.quantity,
+            amount: order.amount,
+            currency: order.currency.clone(),
+            created_at: now.clone(),
+        });
+        let reserved = EventData::StockReserved(InventoryStockReserved {
+            order_id,
+            sku: order.sku.clone(),
+            quantity: order.quantity,
+            reserved_at: now,
+        });
+        self.record(&mut tx, &trace_id, vec![(&self.order_topic, created), (&self.inventory_topic, reserved)])
+            .await?;
+        tx.commit().await?;
+        Ok(order)
+    }
+
+    /// The order `id`.
+    pub async fn get(&self, id: i64) -> Result<Order, ApiError> {
+        let row = sqlx::query(
+            "SELECT order_id, user_id, sku, quantity, amount, currency, status FROM orders WHERE order_id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.db.pool)
+        .await?
+        .ok_or(ApiError::NotFound(id))?;
+        order_of(&row)
+    }
+
+    /// Applies `action` to order `id` under the state machine and records its event(s).
+    pub async fn act(&self, id: i64, action: Action, trace_id: Option<String>) -> Result<Order, ApiError> {
+        let mut tx = self.db.begin().await?;
+        let lock = match self.db.dialect {
+            Dialect::MySql => " FOR UPDATE",
+            Dialect::Sqlite => "",
+        };
+        let sql = sqlx::AssertSqlSafe(format!(
+            "SELECT order_id, user_id, sku, quantity, amount, currency, status FROM orders WHERE order_id = ?{lock}"
+        ));
+        let row = sqlx::query(sql).bind(id).fetch_optional(&mut *tx).await?.ok_or(ApiError::NotFound(id))?;
+        let mut order = order_of(&row)?;
+        let (from, to) = action.transition();
+        if !from.contains(&order.status.as_str()) {
+            return Err(ApiError::IllegalTransition {
+                order_id: id,
+                from: order.status,
+                action: action.name(),
+                allowed: from.join(", "),
+            });
+        }
+        let now = format_utc(&chrono::Utc::now());
+        let events = match action {
+            Action::Pay { payment_id, amount } => {
+                if amount != order.amount {
+                    return Err(invalid("amount", format!("{amount} is not the order total {}", order.amount)));
+                }
+                vec![(&self.order_topic, EventData::PaymentSucceeded(OrderPaymentSucceeded { order_id: id, payment_id, amount, paid_at: now.clone() }))]
+            }
+            Action::Ship { shipment_id, carrier } => {
+                vec![(&self.order_topic, EventData::Shipped(OrderShipped { order_id: id, shipment_id, carrier, shipped_at: now.clone() }))]
+            }
+            Action::Cancel { reason } => vec![
+                (&self.order_topic, EventData::Canceled(OrderCanceled { order_id: id, reason, canceled_at: now.clone() })),
+                (
+                    &self.inventory_topic,
+                    EventData::StockReleased(InventoryStockReleased {
+                        order_id: id,
+                        sku: order.sku.clone(),
+                        quantity: order.quantity,
+                        released_at: now.clone(),
+                    }),
+                ),
+            ],
+            Action::Refund { refund_id, amount } => {
+                if amount > order.amount {
+                    return Err(invalid("amount", format!("{amount} is more than the order total {}", order.amount)));
+                }
+                vec![(&self.order_topic, EventData::Refunded(OrderRefunded { order_id: id, refund_id, amount, refunded_at: now.clone() }))]
+            }
+        };
+        sqlx::query("UPDATE orders SET status = ?, updated_at = ? WHERE order_id = ?")
+            .bind(to)
+            .bind(&now)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        let trace_id = trace_id.unwrap_or_else(new_trace_id);
+        self.record(&mut tx, &trace_id, events).await?;
+        tx.commit().await?;
+        order.status = to.to_string();
+        Ok(order)
+    }
+
+    /// Writes the events of one business transaction into the outbox.
+    async fn record(&self, tx: &mut Tx, trace_id: &str, events: Vec<(&String, EventData)>) -> Result<(), ApiError> {
+        let tx_id = Uuid::new_v4();
+        for (topic, data) in events {
+            let mut envelope = Envelope::new(&self.producer, data);
+            envelope.trace_id = trace_id.to_string();
+            envelope.validate().map_err(|e| invalid("<event>", e.to_string()))?;
+            outbox::record(tx, tx_id, topic, &envelope).await?;
+        }
+        Ok(())
+    }
+}
+
+fn order_of(row: &sqlx::any::AnyRow) -> Result<Order, ApiError> {
+    Ok(Order {
+        order_id: row.try_get(0)?,
+        user_id: row.try_get(1)?,
+        sku: row.try_get(2)?,
+        quantity: row.try_get(3)?,
+        amount: row.try_get(4)?,
+        currency: row.try_get(5)?,
+        status: row.try_get(6)?,
+    })
+}

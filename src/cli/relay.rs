@@ -1,0 +1,91 @@
+//! `orderpipe api` and `orderpipe relay`: the producer side.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::OutputArg;
+use super::consume::shutdown_signal;
+use super::output::{self, Output};
+use crate::config::Settings;
+use crate::db::Db;
+use crate::outbox::relay::{CrashPoint, Relay, RelayOptions};
+
+/// Flags of `orderpipe api`.
+#[derive(Debug, Args)]
+pub struct ApiArgs {
+    /// Listen address (port 0 = any free port; the bound one is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+    /// Apply the migrations first.
+    #[arg(long)]
+    migrate: bool,
+}
+
+/// Flags of `orderpipe relay`.
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    /// Stable instance name (pod name); `transactional.id` = orderpipe-relay-<instance>.
+    #[arg(long, env = "HOSTNAME", default_value = "relay-0")]
+    instance: String,
+    /// Outbox rows per Kafka transaction.
+    #[arg(long, default_value_t = 500)]
+    batch_size: i64,
+    /// Milliseconds between polls of an empty outbox.
+    #[arg(long, default_value_t = 100)]
+    poll_ms: u64,
+    /// Seconds a shard lease lasts without renewal.
+    #[arg(long, default_value_t = 10)]
+    lease_ttl: u64,
+    /// Purge sent rows older than this.
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    sent_retention: Duration,
+    /// Exit after this many seconds with nothing to publish.
+    #[arg(long, value_name = "SECS")]
+    until_idle: Option<u64>,
+    /// Test hook: abort the process at this point of the first batch.
+    #[arg(long, value_enum, hide = true)]
+    crash_at: Option<CrashPoint>,
+    /// Apply the migrations first.
+    #[arg(long)]
+    migrate: bool,
+    #[command(flatten)]
+    output: OutputArg,
+}
+
+/// Runs `orderpipe api`.
+pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode> {
+    let db = Db::connect(&settings.database, settings.database.max_connections)?;
+    if args.migrate {
+        db.migrate().await?;
+    }
+    let service = crate::api::service(settings, db);
+    crate::api::serve(args.addr, service, |bound| eprintln!("order API listening on http://{bound}"), shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `orderpipe relay`.
+pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitCode> {
+    let db = Db::connect(&settings.database, 4)?;
+    if args.migrate {
+        db.migrate().await?;
+    }
+    let options = RelayOptions {
+        instance: args.instance,
+        batch_size: args.batch_size.max(1),
+        poll_interval: Duration::from_millis(args.poll_ms),
+        lease_ttl: Duration::from_secs(args.lease_ttl.max(1)),
+        sent_retention: args.sent_retention,
+        until_idle: args.until_idle.map(Duration::from_secs),
+        crash_at: args.crash_at,
+    };
+    let relay = Relay::new(settings, db, options).await?;
+    let summary = relay.run(shutdown_signal()).await;
+    match args.output.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
+        Output::Table => output::relay(&summary),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,285 @@
+//! Config-driven HTTP delivery to downstream services (seed 003).
+//!
+//! Subscriptions are data, not code: each names an event-name pattern, a
+//! URL, method, timeout, retry profile and an enabled flag:
+//!
+//! ```toml
+//! [[http.subscriptions]]
+//! name = "crm"
+//! events = ["order.*"]            # or exact names, e.g. "order.payment.succeeded"
+//! url = "http://crm.internal/hooks/orders"
+//! method = "POST"
+//! timeout_ms = 2000
+//! retry_profile = "default"       # default | seed000
+//! enabled = true
+//! ```
+//!
+//! `orderpipe deliver --subscription crm` runs a consumer group
+//! (`http.crm`) whose [`HttpDelivery`] handler POSTs each matching event as
+//! `{request_id, channel_id, event_type, data, old, timestamp}` with the
+//! event id as `Idempotency-Key` (and as `request_id`, so a redelivery
+//! carries the same key) and the trace context in `traceparent`. Success is
+//! HTTP 2xx with body `code == 0`; anything else, or a timeout, is a
+//! retryable failure that goes through the error tier. The dedup row is
+//! written only in the transaction of a successful delivery.
+//!
+//! Subscriptions reload on SIGHUP and when the config file changes; a
+//! delivery in flight finishes with the settings it started with.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::config::Settings;
+use crate::consumer::handler::{Effect, Handler, HandlerError};
+use crate::db::{Dialect, Tx};
+use crate::envelope::Envelope;
+
+/// One downstream subscription.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Subscription {
+    /// Name; the consumer group is `http.<name>`.
+    pub name: String,
+    /// Event-name patterns; `*` matches any run of characters.
+    pub events: Vec<String>,
+    /// Where to deliver.
+    pub url: String,
+    /// HTTP method.
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// Per-request timeout.
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u64,
+    /// Retry profile of the group (`default` or `seed000`).
+    #[serde(default = "default_profile")]
+    pub retry_profile: String,
+    /// `channel_id` in the body (who is calling).
+    #[serde(default = "default_channel")]
+    pub channel_id: String,
+    /// Off: matching events are consumed and not delivered.
+    #[serde(default = "default_enabled")]
+    pub enabled: bool,
+}
+
+fn default_method() -> String {
+    "POST".into()
+}
+fn default_timeout() -> u64 {
+    5_000
+}
+fn default_profile() -> String {
+    "default".into()
+}
+fn default_channel() -> String {
+    "orderpipe".into()
+}
+fn default_enabled() -> bool {
+    true
+}
+
+/// The `[http]` settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Declared subscriptions.
+    #[serde(default)]
+    pub subscriptions: Vec<Subscription>,
+}
+
+impl Subscription {
+    /// Whether `event_name` matches one of the patterns.
+    pub fn matches(&self, event_name: &str) -> bool {
+        self.events.iter().any(|p| glob(p, event_name))
+    }
+
+    /// Checks the values; the message names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let field = |f: &str| format!("http.subscriptions[{}].{f}", self.name);
+        if !self.url.starts_with("http://") && !self.url.starts_with("https://") {
+            return Err(format!("{}: `{}` is not an http(s) URL", field("url"), self.url));
+        }
+        if !matches!(self.method.as_str(), "POST" | "PUT") {
+            return Err(format!("{}: `{}` is not one of POST, PUT", field("method"), self.method));
+        }
+        if self.events.is_empty() {
+            return Err(format!("{}: name at least one event pattern, e.g. \"order.*\"", field("events")));
+        }
+        if !crate::retry::policy::PROFILES.contains(&self.retry_profile.as_str()) {
+            return Err(format!(
+                "{}: `{}` is not one of {}",
+                field("retry_profile"),
+                self.retry_profile,
+                crate::retry::policy::PROFILES.join(", ")
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `*` matches any run of characters (dots included).
+fn glob(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || !text[first.len()..].ends_with(last) {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for middle in &parts[1..parts.len() - 1] {
+        match rest.find(middle) {
+            Some(i) => rest = &rest[i + middle.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The subscription `name` of the settings.
+pub fn find(settings: &Settings, name: &str) -> Result<Subscription, String> {
+    let found = settings.http.subscriptions.iter().find(|s| s.name == name).cloned();
+    let known: Vec<&str> = settings.http.subscriptions.iter().map(|s| s.name.as_str()).collect();
+    let subscription = found.ok_or_else(|| {
+        format!("--subscription: no subscription `{name}` in [[http.subscriptions]]; declared: {}", if known.is_empty() { "none".to_string() } else { known.join(", ") })
+    })?;
+    subscription.validate()?;
+    Ok(subscription)
+}
+
+/// The HTTP delivery handler of one subscription.
+pub struct HttpDelivery {
+    subscription: Arc<RwLock<Subscription>>,
+    client: reqwest::Client,
+}
+
+impl HttpDelivery {
+    /// A handler delivering to `subscription`; keep the returned handle to reload it.
+    pub fn new(subscription: Subscription) -> (Self, Arc<RwLock<Subscription>>) {
+        let shared = Arc::new(RwLock::new(subscription));
+        let client = reqwest::Client::builder().no_proxy().build().expect("HTTP client builds");
+        (Self { subscription: shared.clone(), client }, shared)
+    }
+}
+
+#[async_trait]
+impl Handler for HttpDelivery {
+    fn name(&self) -> &'static str {
+        "http"
+    }
+
+    async fn apply(&self, _: &mut Tx, _: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
+        // A snapshot: a reload during this delivery does not change it.
+        let sub = self.subscription.read().expect("subscription lock").clone();
+        if !sub.enabled || !sub.matches(envelope.event_name.as_str()) {
+            return Ok(Effect::Ignored);
+        }
+        let event_id = envelope.event_id.to_string();
+        let body = json!({
+            "request_id": event_id,
+            "channel_id": sub.channel_id,
+            "event_type": envelope.event_name.as_str(),
+            "data": envelope.data,
+            "old": null,
+            "timestamp": envelope.event_time.timestamp(),
+        });
+        let method = reqwest::Method::from_bytes(sub.method.as_bytes()).unwrap_or(reqwest::Method::POST);
+        let fail = |what: String| HandlerError::Retryable(format!("{} {}: {what}", sub.method, sub.url));
+        let response = self
+            .client
+            .request(method, &sub.url)
+            .timeout(Duration::from_millis(sub.timeout_ms))
+            .header("Idempotency-Key", &event_id)
+            .header("X-Request-Id", &event_id)
+            .header("traceparent", envelope.traceparent())
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| {
+                if e.is_timeout() {
+                    fail(format!("no answer within {} ms", sub.timeout_ms))
+                } else if e.is_connect() {
+                    fail("connection refused or unreachable".into())
+                } else {
+                    fail(e.to_string())
+                }
+            })?;
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        if !status.is_success() {
+            return Err(fail(format!("HTTP {status}: {}", text.chars().take(200).collect::<String>())));
+        }
+        let code = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["code"].as_i64());
+        match code {
+            Some(0) => Ok(Effect::Applied),
+            Some(code) => Err(fail(format!("answered code {code}: {}", text.chars().take(200).collect::<String>()))),
+            None => Err(fail(format!("HTTP {status} without a JSON `code`: {}", text.chars().take(200).collect::<String>()))),
+        }
+    }
+}
+
+/// Reloads `subscription` from the config file on SIGHUP and whenever the
+/// file changes (checked every 2 s). Runs until the process ends.
+pub fn watch(config: Option<PathBuf>, subscription: Arc<RwLock<Subscription>>) {
+    let name = subscription.read().expect("subscription lock").name.clone();
+    let path = config.unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_CONFIG_FILE));
+    tokio::spawn(async move {
+        let modified = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let mut seen = modified(&path);
+        #[cfg(unix)]
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        loop {
+            #[cfg(unix)]
+            let signalled = async {
+                match hup.as_mut() {
+                    Some(h) => {
+                        h.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let signalled = std::future::pending::<()>();
+            tokio::select! {
+                _ = signalled => {}
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {
+                    let now = modified(&path);
+                    if now == seen {
+                        continue;
+                    }
+                    seen = now;
+                }
+            }
+            match Settings::load(Some(&path)).map_err(|e| e.to_string()).and_then(|s| find(&s, &name)) {
+                Ok(fresh) => {
+                    let mut current = subscription.write().expect("subscription lock");
+                    if *current != fresh {
+                        tracing::info!(subscription = %name, url = %fresh.url, enabled = fresh.enabled, "subscription reloaded");
+                        *current = fresh;
+                    }
+                }
+                Err(e) => tracing::error!(subscription = %name, error = %e, "subscription not reloaded; keeping the previous one"),
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_event_names() {
+        assert!(glob("order.*", "order.payment.succeeded"));
+        assert!(glob("order.payment.succeeded", "order.payment.succeeded"));
+        assert!(!glob("order.payment.succeeded", "order.payment.failed"));
+        assert!(glob("*.refunded", "order.refunded"));
+        assert!(glob("order.*.succeeded", "order.payment.succeeded"));
+        assert!(!glob("inventory.*", "order.created"));
+    }
+}

@@ -1,0 +1,89 @@
+//! The transactional outbox: events recorded in the same database
+//! transaction as the business change, published later by the relay.
+//!
+//! Seeds 000 and 001 forbid "commit the DB, then send": a crash between the
+//! two loses the event. Instead [`record`] writes the envelope into
+//! `outbox_messages` inside the business transaction; it commits or rolls
+//! back with the change. The [`relay`] publishes unsent rows.
+//!
+//! Rows are spread over [`SHARDS`] shards by order id. A relay instance owns
+//! whole shards through leases (`relay_leases`), so one order's events are
+//! always published by one relay, in id order, even with several relays.
+
+pub mod relay;
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::db::{Dialect, DbError, Tx};
+use crate::envelope::Envelope;
+
+/// Shards of the outbox; a relay owns whole shards.
+pub const SHARDS: i64 = 16;
+
+/// The shard of an order.
+pub fn shard_of(order_id: i64) -> i64 {
+    order_id.rem_euclid(SHARDS)
+}
+
+/// Writes `envelope` into the outbox inside `tx`; `tx_id` groups the events
+/// of one business transaction (published in one Kafka transaction).
+pub async fn record(tx: &mut Tx, tx_id: Uuid, topic: &str, envelope: &Envelope) -> Result<(), DbError> {
+    let json = serde_json::to_string(envelope).map_err(|e| DbError::Other(format!("envelope does not serialize: {e}")))?;
+    sqlx::query(
+        "INSERT INTO outbox_messages (event_id, tx_id, shard, topic, message_key, event_name, envelope, created_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(envelope.event_id.to_string())
+    .bind(tx_id.to_string())
+    .bind(shard_of(envelope.data.order_id()))
+    .bind(topic)
+    .bind(envelope.key())
+    .bind(envelope.event_name.as_str())
+    .bind(json)
+    .bind(crate::retry::now_ms())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Unsent rows and the age of the oldest, for metrics and health.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Backlog {
+    /// Rows not yet published.
+    pub unsent: i64,
+    /// Age of the oldest unsent row in milliseconds (0 when none).
+    pub oldest_age_ms: i64,
+}
+
+/// The outbox backlog now.
+pub async fn backlog(db: &crate::db::Db) -> Result<Backlog, DbError> {
+    let (unsent, oldest): (i64, Option<i64>) =
+        sqlx::query_as("SELECT COUNT(*), MIN(created_ms) FROM outbox_messages WHERE sent_ms IS NULL")
+            .fetch_one(&db.pool)
+            .await?;
+    Ok(Backlog {
+        unsent,
+        oldest_age_ms: oldest.map_or(0, |t| (crate::retry::now_ms() - t).max(0)),
+    })
+}
+
+/// Deletes sent rows older than `older_than_ms`, `batch` at a time; returns how many.
+pub async fn purge_sent(db: &crate::db::Db, older_than_ms: i64, batch: i64) -> Result<u64, DbError> {
+    let cutoff = crate::retry::now_ms() - older_than_ms;
+    let sql = match db.dialect {
+        Dialect::MySql => "DELETE FROM outbox_messages WHERE sent_ms IS NOT NULL AND sent_ms < ? LIMIT ?",
+        Dialect::Sqlite => {
+            "DELETE FROM outbox_messages WHERE id IN \
+             (SELECT id FROM outbox_messages WHERE sent_ms IS NOT NULL AND sent_ms < ? LIMIT ?)"
+        }
+    };
+    let mut removed = 0;
+    loop {
+        let r = sqlx::query(sql).bind(cutoff).bind(batch).execute(&db.pool).await?;
+        removed += r.rows_affected();
+        if r.rows_affected() < batch as u64 {
+            return Ok(removed);
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! The producer side against Kafka + MariaDB: the order API writes the
+//! change and its outbox rows in one transaction; the relay publishes them
+//! with a transactional producer, across crashes and with two instances.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use orderpipe::codec::Codec;
+use orderpipe::envelope::Envelope;
+use orderpipe::schema::SchemaCatalog;
+use rand::Rng;
+use rdkafka::Message;
+use rdkafka::message::OwnedMessage;
+use serde_json::{Value, json};
+
+use crate::consumer::{consume, sigterm};
+use crate::exactly_once::{ALL_HANDLERS, assert_exactly_once};
+use crate::helpers::{TestEnv, header};
+
+/// The order API of this test, served in-process on a free port.
+pub async fn start_api(env: &TestEnv) -> String {
+    let service = orderpipe::api::service(&env.settings, env.db());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(orderpipe::api::serve(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        service,
+        move |bound| {
+            let _ = tx.send(bound);
+        },
+        std::future::pending(),
+    ));
+    format!("http://{}", rx.await.unwrap())
+}
+
+async fn call(client: &reqwest::Client, method: &str, url: String, body: Option<Value>) -> (u16, Value) {
+    let request = match method {
+        "GET" => client.get(url),
+        _ => client.post(url),
+    };
+    let request = match body {
+        Some(b) => request.json(&b),
+        None => request,
+    };
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Drives `orders` full lifecycles through the API with `concurrency`
+/// requests in flight; returns the number of order events recorded.
+pub async fn drive_orders(api: &str, orders: usize, concurrency: usize) -> usize {
+    let client = reqwest::Client::new();
+    let mut events = 0;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..orders {
+        let (client, api) = (client.clone(), api.to_string());
+        tasks.spawn(async move {
+            let amount = 1000 + (i as i64 % 50) * 100;
+            let (status, order) = call(&client, "POST", format!("{api}/orders"),
+                Some(json!({"user_id": 1 + i % 100, "sku": format!("SKU-{}", i % 40), "quantity": 1 + i % 3, "amount": amount}))).await;
+            assert_eq!(status, 201, "{order}");
+            let id = order["order_id"].as_i64().unwrap();
+            let base = format!("{api}/orders/{id}");
+            let mut n = 1;
+            let steps: Vec<(&str, Value)> = match i % 10 {
+                0 => vec![("cancel", json!({"reason": "changed mind"}))],
+                1 => vec![("pay", json!({"payment_id": format!("p{id}"), "amount": amount})), ("refund", json!({"refund_id": format!("r{id}"), "amount": amount}))],
+                _ => vec![("pay", json!({"payment_id": format!("p{id}"), "amount": amount})), ("ship", json!({"shipment_id": format!("s{id}"), "carrier": "sf"}))],
+            };
+            for (action, body) in steps {
+                let (status, reply) = call(&client, "POST", format!("{base}/{action}"), Some(body)).await;
+                assert_eq!(status, 200, "{action}: {reply}");
+                n += 1;
+            }
+            n
+        });
+        while tasks.len() >= concurrency {
+            events += tasks.join_next().await.unwrap().unwrap();
+        }
+    }
+    while let Some(n) = tasks.join_next().await {
+        events += n.unwrap();
+    }
+    events
+}
+
+/// The order events as the outbox recorded them, in production order.
+async fn outbox_events(env: &TestEnv) -> Vec<Envelope> {
+    let rows: Vec<(String,)> = sqlx::query_as("SELECT envelope FROM outbox_messages WHERE topic = ? ORDER BY id")
+        .bind(&env.settings.topics.order_events.name)
+        .fetch_all(&env.db().pool)
+        .await
+        .unwrap();
+    rows.iter().map(|(json,)| Envelope::from_json(json).unwrap()).collect()
+}
+
+async fn outbox_rows(env: &TestEnv) -> i64 {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM outbox_messages").fetch_one(&env.db().pool).await.unwrap();
+    n
+}
+
+fn relay(env: &TestEnv, instance: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["relay", "--instance", instance, "--until-idle", "3", "--output", "json"];
+    args.extend_from_slice(extra);
+    env.cli(&args).output
+}
+
+/// Reads a whole topic with the given isolation level.
+fn read_all(env: &TestEnv, topic: &str, isolation: &str) -> Vec<OwnedMessage> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = orderpipe::producer::config::client_config(&env.settings.kafka_client_options())
+        .set("group.id", format!("{}-{isolation}-reader", env.prefix))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", isolation)
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut out = Vec::new();
+    let mut quiet = 0;
+    while quiet < 15 {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                out.push(m.detach());
+                quiet = 0;
+            }
+            _ => quiet += 1,
+        }
+    }
+    out
+}
+
+fn event_ids(messages: &[OwnedMessage]) -> Vec<String> {
+    messages.iter().filter_map(|m| header(m, "event_id")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_failing_after_the_business_update_rolls_back_the_order_and_the_outbox_row() {
+    let env = TestEnv::new().with_database().await;
+    let api = start_api(&env).await;
+    let client = reqwest::Client::new();
+    let (status, order) = call(&client, "POST", format!("{api}/orders"), Some(json!({"user_id": 1, "sku": "A", "quantity": 1, "amount": 500}))).await;
+    assert_eq!(status, 201, "{order}");
+    let id = order["order_id"].as_i64().unwrap();
+    assert_eq!(outbox_rows(&env).await, 2, "order.created + inventory.stock.reserved");
+
+    // The outbox insert will fail: the order update before it must not survive.
+    let db = env.db();
+    sqlx::query("RENAME TABLE outbox_messages TO outbox_messages_away").execute(&db.pool).await.unwrap();
+    let (status, reply) = call(&client, "POST", format!("{api}/orders/{id}/pay"), Some(json!({"payment_id": "p1", "amount": 500}))).await;
+    sqlx::query("RENAME TABLE outbox_messages_away TO outbox_messages").execute(&db.pool).await.unwrap();
+    assert_eq!(status, 500, "{reply}");
+    assert!(reply["error"].as_str().unwrap().contains("nothing was changed"), "{reply}");
+
+    let (_, order) = call(&client, "GET", format!("{api}/orders/{id}"), None).await;
+    assert_eq!(order["status"], "created", "the order change was rolled back");
+    assert_eq!(outbox_rows(&env).await, 2, "no outbox row for the failed request");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_api_requests_get_a_clear_4xx_and_write_no_outbox_row() {
+    let env = TestEnv::new().with_database().await;
+    let api = start_api(&env).await;
+    let client = reqwest::Client::new();
+    let (_, order) = call(&client, "POST", format!("{api}/orders"), Some(json!({"user_id": 1, "sku": "A", "quantity": 1, "amount": 500}))).await;
+    let id = order["order_id"].as_i64().unwrap();
+    let before = outbox_rows(&env).await;
+
+    let malformed = client.post(format!("{api}/orders")).header("content-type", "application/json").body("{\"user_id\": 1,").send().await.unwrap();
+    assert_eq!(malformed.status().as_u16(), 400);
+    let text = malformed.text().await.unwrap();
+    assert!(text.contains("EOF") || text.contains("parse"), "{text}");
+
+    let cases: Vec<(String, Value, u16, &str)> = vec![
+        (format!("{api}/orders"), json!({"user_id": 1, "sku": "A", "quantity": 1, "amount": -5}), 400, "amount"),
+        (format!("{api}/orders"), json!({"user_id": 1, "sku": "A", "quantity": 0, "amount": 5}), 400, "quantity"),
+        (format!("{api}/orders/999999/pay"), json!({"payment_id": "p", "amount": 5}), 404, "not found"),
+        (format!("{api}/orders/{id}/ship"), json!({"shipment_id": "s", "carrier": "sf"}), 409, "cannot ship"),
+        (format!("{api}/orders/{id}/pay"), json!({"payment_id": "p", "amount": -1}), 400, "amount"),
+        (format!("{api}/orders/{id}/pay"), json!({"payment_id": "p", "amount": 499}), 400, "order total"),
+        (format!("{api}/orders/{id}/teleport"), json!({}), 400, "pay, ship, cancel, refund"),
+    ];
+    for (url, body, want, needle) in cases {
+        let (status, reply) = call(&client, "POST", url.clone(), Some(body)).await;
+        assert_eq!(status, want, "{url}: {reply}");
+        assert!(reply["error"].as_str().unwrap_or_default().contains(needle), "{url}: {reply}");
+    }
+    assert_eq!(outbox_rows(&env).await, before, "refused requests wrote outbox rows");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_killed_after_the_kafka_commit_republishes_and_consumers_apply_once() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let api = start_api(&env).await;
+    drive_orders(&api, 300, 16).await;
+    let events = outbox_events(&env).await;
+
+    let crashed = relay(&env, "crashy", &["--crash-at", "after-kafka-commit", "--batch-size", "200"]);
+    assert!(!crashed.status.success(), "the relay was told to crash");
+    let unsent = |env: &TestEnv| {
+        let pool = env.db().pool;
+        async move {
+            let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM outbox_messages WHERE sent_ms IS NULL").fetch_one(&pool).await.unwrap();
+            n
+        }
+    };
+    assert_eq!(unsent(&env).await, outbox_rows(&env).await, "rows were not marked before the crash");
+    assert!(relay(&env, "crashy", &[]).status.success());
+    assert_eq!(unsent(&env).await, 0);
+
+    let published = read_all(&env, &env.settings.topics.order_events.name, "read_committed");
+    let ids = event_ids(&published);
+    let distinct: BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(distinct.len(), events.len(), "every event published");
+    assert!(ids.len() > events.len(), "the first batch was published twice ({} records)", ids.len());
+
+    let summary = consume(&env, "after-crash", ALL_HANDLERS);
+    assert_eq!(summary["applied"], events.len(), "{summary}");
+    assert_eq!(summary["duplicates"], ids.len() - events.len(), "{summary}");
+    assert_exactly_once(&env.db(), "after-crash", &events).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_killed_inside_the_kafka_transaction_is_never_applied_and_topics_stay_atomic() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let api = start_api(&env).await;
+    drive_orders(&api, 100, 16).await;
+    let events = outbox_events(&env).await;
+    let order_topic = env.settings.topics.order_events.name.clone();
+    let inventory_topic = env.settings.topics.inventory_events.name.clone();
+
+    let crashed = relay(&env, "inflight", &["--crash-at", "before-kafka-commit", "--batch-size", "100000"]);
+    assert!(!crashed.status.success());
+    // The records were written, inside a transaction that never committed.
+    assert!(!read_all(&env, &order_topic, "read_uncommitted").is_empty(), "the aborted batch reached the log");
+    // Restarting the same instance fences and aborts the open transaction.
+    assert!(relay(&env, "inflight", &[]).status.success());
+
+    let committed_orders = read_all(&env, &order_topic, "read_committed");
+    let committed_inventory = read_all(&env, &inventory_topic, "read_committed");
+    assert_eq!(event_ids(&committed_orders).len(), events.len(), "each order event exactly once: the aborted copy is invisible");
+    let created = events.iter().filter(|e| e.event_name.as_str() == "order.created").count();
+    let canceled = events.iter().filter(|e| e.event_name.as_str() == "order.canceled").count();
+    assert_eq!(event_ids(&committed_inventory).len(), created + canceled, "inventory events with their order events");
+    // Together or not at all: each inventory event's order event is visible too, same trace.
+    let order_traces: HashMap<String, String> = committed_orders
+        .iter()
+        .filter_map(|m| Some((header(m, "trace_id")?, header(m, "event_name")?)))
+        .collect();
+    for m in &committed_inventory {
+        let trace = header(m, "trace_id").unwrap();
+        assert!(order_traces.contains_key(&trace), "inventory event without its order event");
+    }
+    let summary = consume(&env, "after-abort", ALL_HANDLERS);
+    assert_eq!(summary["applied"], events.len(), "{summary}");
+    assert_eq!(summary["duplicates"], 0, "{summary}");
+    assert_exactly_once(&env.db(), "after-abort", &events).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_relays_publish_every_event_once_in_order_per_order() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let api = start_api(&env).await;
+    drive_orders(&api, 1000, 16).await;
+    let events = outbox_events(&env).await;
+    let mut a = env.spawn(&["relay", "--instance", "relay-a", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
+    let mut b = env.spawn(&["relay", "--instance", "relay-b", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
+    let mut published = Vec::new();
+    for child in [&mut a, &mut b] {
+        let out = child.wait_with_output_ref();
+        let summary: Value = serde_json::from_str(&out).unwrap();
+        published.push(summary["published"].as_u64().unwrap());
+    }
+    assert!(published.iter().all(|n| *n > 0), "both relays published: {published:?}");
+    assert_eq!(published.iter().sum::<u64>(), outbox_rows(&env).await as u64, "no row published twice");
+
+    let messages = read_all(&env, &env.settings.topics.order_events.name, "read_committed");
+    let ids = event_ids(&messages);
+    assert_eq!(ids.len(), events.len());
+    assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), events.len(), "no duplicates");
+    // Per order, the topic holds the events in outbox (production) order.
+    let mut topic_order: HashMap<String, Vec<(i32, i64, String)>> = HashMap::new();
+    for m in &messages {
+        let key = String::from_utf8_lossy(m.key().unwrap()).to_string();
+        topic_order.entry(key).or_default().push((m.partition(), m.offset(), header(m, "event_id").unwrap()));
+    }
+    let mut produced: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for e in &events {
+        produced.entry(e.key()).or_default().push(e.event_id.to_string());
+    }
+    for (key, ids) in produced {
+        let mut got = topic_order.remove(&key).unwrap();
+        got.sort();
+        assert_eq!(got.iter().map(|g| g.2.clone()).collect::<Vec<_>>(), ids, "order {key} out of order");
+    }
+}
+
+trait WaitOutput {
+    fn wait_with_output_ref(&mut self) -> String;
+}
+
+impl WaitOutput for std::process::Child {
+    fn wait_with_output_ref(&mut self) -> String {
+        use std::io::Read;
+        let mut out = String::new();
+        self.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        assert!(self.wait().unwrap().success(), "relay failed: {out}");
+        out
+    }
+}
+
+/// 100k API-driven events while the relay is killed at random moments.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: heavy; run by `make test` in the serial phase"]
+async fn a_100k_event_api_run_with_relay_kills_ends_exactly_once() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let api = start_api(&env).await;
+    let driver = {
+        let api = api.clone();
+        tokio::spawn(async move { drive_orders(&api, 35_000, 32).await })
+    };
+    let mut rng = rand::rng();
+    for kill in 1..=3 {
+        let mut relay = env.spawn(&["relay", "--instance", "soak"]);
+        tokio::time::sleep(Duration::from_millis(rng.random_range(3_000..8_000))).await;
+        relay.kill().unwrap();
+        relay.wait().unwrap();
+        eprintln!("relay kill {kill}");
+    }
+    let recorded = driver.await.unwrap();
+    let mut relay = env.spawn(&["relay", "--instance", "soak"]);
+    let events = outbox_events(&env).await;
+    assert_eq!(events.len(), recorded);
+    assert!(events.len() >= 100_000, "{} events", events.len());
+    let db = env.db();
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM outbox_messages WHERE sent_ms IS NULL").fetch_one(&db.pool).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{n} rows still unsent");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    sigterm(&mut relay);
+    let summary = consume(&env, "soak.order.consumer", ALL_HANDLERS);
+    eprintln!("{summary}");
+    assert_exactly_once(&db, "soak.order.consumer", &events).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_codec_reads_what_the_relay_wrote() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let api = start_api(&env).await;
+    drive_orders(&api, 5, 5).await;
+    assert!(relay(&env, "r", &[]).status.success());
+    let events = outbox_events(&env).await;
+    let codec = Codec::new(&env.settings.registry, &env.settings.topics.order_events.name, SchemaCatalog::embedded().order_events(), false).unwrap();
+    let messages = read_all(&env, &env.settings.topics.order_events.name, "read_committed");
+    let by_id: HashMap<String, &Envelope> = events.iter().map(|e| (e.event_id.to_string(), e)).collect();
+    for m in &messages {
+        let decoded = codec.decode(m.payload()).await.unwrap();
+        assert_eq!(&decoded, by_id[&decoded.event_id.to_string()]);
+        assert_eq!(header(m, "trace_id").as_deref(), Some(decoded.trace_id.as_str()));
+    }
+}
