@@ -127,6 +127,11 @@ impl Relay {
     pub async fn new(settings: &Settings, db: Db, options: RelayOptions) -> Result<Self, RelayError> {
         let mut producer_settings = producer_options(&settings.kafka_client_options(), &settings.producer.options)?;
         producer_settings.insert("transactional.id".into(), format!("orderpipe-relay-{}", options.instance));
+        // librdkafka requires message.timeout.ms <= transaction.timeout.ms.
+        if !producer_settings.contains_key("transaction.timeout.ms") {
+            let message_timeout = producer_settings.get("message.timeout.ms").cloned().unwrap_or_else(|| "120000".into());
+            producer_settings.insert("transaction.timeout.ms".into(), message_timeout);
+        }
         let producer: FutureProducer = client_config(&producer_settings).create()?;
         let p = producer.clone();
         tokio::task::spawn_blocking(move || p.init_transactions(Duration::from_secs(30)))
