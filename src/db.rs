@@ -47,9 +47,12 @@ impl Dialect {
 /// Database errors, split by whether waiting helps.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
-    /// Connection refused, timeout, deadlock, lock wait: try again later.
+    /// Connection refused, timeout, lock wait: try again later.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The transaction lost a deadlock or serialization conflict: run it again.
+    #[error("transaction conflict: {0}")]
+    Conflict(String),
     /// Anything else (bad SQL, constraint we did not expect).
     #[error("database error: {0}")]
     Other(String),
@@ -58,12 +61,21 @@ pub enum DbError {
 impl DbError {
     /// True when retrying later may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
+        matches!(self, Self::Unavailable(_) | Self::Conflict(_))
     }
 }
 
 impl From<sqlx::Error> for DbError {
     fn from(e: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(db) = &e {
+            let deadlock = db
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|m| m.number() == 1213)
+                || db.code().as_deref() == Some("40001");
+            if deadlock {
+                return Self::Conflict(e.to_string());
+            }
+        }
         let retryable = match &e {
             sqlx::Error::Io(_)
             | sqlx::Error::PoolTimedOut
@@ -77,7 +89,7 @@ impl From<sqlx::Error> for DbError {
                 // 2006/2013 server gone. SQLite: busy / locked.
                 let mysql_transient = db
                     .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                    .is_some_and(|e| matches!(e.number(), 1205 | 1213 | 1040 | 1053 | 1927 | 2006 | 2013));
+                    .is_some_and(|e| matches!(e.number(), 1205 | 1040 | 1053 | 1927 | 2006 | 2013));
                 let sqlstate_transient = db
                     .code()
                     .is_some_and(|c| c.starts_with("08") || c == "40001");
@@ -119,6 +131,18 @@ impl Db {
         let pool = AnyPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if dialect == Dialect::MySql {
+                        // READ COMMITTED: no gap locks, so outbox inserts and the
+                        // relay's claim do not deadlock; uniqueness still holds.
+                        sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
             .connect_lazy(url)
             .map_err(DbError::from)?;
         Ok(Self { pool, dialect })

@@ -26,7 +26,10 @@ use uuid::Uuid;
 
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+use crate::api::{self, orders::OrderService};
 use crate::codec::Codec;
+use crate::delivery::{HttpDelivery, Subscription};
+use crate::outbox::relay::{Relay, RelayOptions, RelaySummary};
 use crate::dlq::replay::{self, ReplayOptions};
 use crate::dlq::store::{self, DeadLetter, Filter};
 use crate::envelope::{Envelope, EventData};
@@ -36,7 +39,6 @@ use crate::consumer::{self, ConsumeOptions, ConsumeSummary, StartFrom, handlers}
 use crate::config::Settings;
 use crate::db::Db;
 use crate::codec::embedded_registry::EmbeddedRegistry;
-use crate::generator::LifecycleGenerator;
 use crate::producer::EventProducer;
 use crate::producer::config::client_config;
 use crate::schema::SchemaCatalog;
@@ -44,19 +46,21 @@ use crate::schema::SchemaCatalog;
 /// Knobs of a demo run.
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
-    /// Events to produce.
-    pub events: u64,
-    /// Orders open at once.
+    /// Orders driven through the API.
     pub orders: usize,
-    /// Generator seed.
+    /// Seed of their lifecycles.
     pub seed: u64,
 }
 
 /// What the demo saw.
 #[derive(Debug, Serialize)]
 pub struct DemoReport {
-    /// Events produced and acknowledged.
+    /// Order events published by the relay.
     pub produced: u64,
+    /// The relay's run.
+    pub relayed: RelaySummary,
+    /// The HTTP subscription's run.
+    pub http: HttpDemoReport,
     /// Events read back and decoded.
     pub consumed: u64,
     /// Distinct orders.
@@ -98,6 +102,65 @@ pub struct ErrorTierReport {
     pub ignored: u64,
     /// The first group's run after the replay.
     pub after_replay: ConsumeSummary,
+}
+
+/// The HTTP delivery part of the demo.
+#[derive(Debug, Serialize)]
+pub struct HttpDemoReport {
+    /// Events the subscription matches.
+    pub matching: usize,
+    /// Requests the local endpoint answered.
+    pub requests: usize,
+    /// The delivering group's run.
+    pub group: ConsumeSummary,
+}
+
+/// Consumer group of the demo's HTTP subscription.
+const HTTP_GROUP: &str = "http.crm";
+
+/// Delivers `order.payment.succeeded` to a local endpoint through an HTTP
+/// subscription, as `orderpipe deliver --subscription crm` would.
+async fn deliver_payments(settings: &Settings, db: &Db, topic: &str, events: &[Envelope]) -> anyhow::Result<HttpDemoReport> {
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = hits.clone();
+    let app = axum::Router::new().route(
+        "/hooks/orders",
+        axum::routing::post(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { axum::Json(serde_json::json!({"code": 0, "message": "ok"})) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+    let url = format!("http://{}/hooks/orders", listener.local_addr()?);
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let subscription = Subscription {
+        name: "crm".into(),
+        events: vec!["order.payment.succeeded".into()],
+        url,
+        method: "POST".into(),
+        timeout_ms: 2000,
+        retry_profile: "default".into(),
+        channel_id: "orderpipe-demo".into(),
+        enabled: true,
+    };
+    let (handler, _) = HttpDelivery::new(subscription.clone());
+    let options = ConsumeOptions {
+        group: HTTP_GROUP.into(),
+        handlers: vec![Arc::new(handler)],
+        topic: topic.to_string(),
+        start_from: StartFrom::Earliest,
+        until_idle: Some(Duration::from_secs(3)),
+        health_addr: None,
+        ensure_topics: false,
+        error_tier: true,
+    };
+    let group = consumer::run(settings, db.clone(), options, std::future::pending()).await?;
+    server.abort();
+    Ok(HttpDemoReport {
+        matching: events.iter().filter(|e| subscription.matches(e.event_name.as_str())).count(),
+        requests: hits.load(std::sync::atomic::Ordering::SeqCst),
+        group,
+    })
 }
 
 /// The demo's consumer groups and their handlers.
@@ -158,6 +221,30 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     settings.kafka.bootstrap_servers = cluster.bootstrap_servers();
     settings.registry.url = registry.url().to_string();
 
+    // One SQLite database for the order service, the outbox and the consumers.
+    let dir = tempfile::tempdir().context("temporary folder for the demo database")?;
+    settings.database.url = format!("sqlite://{}/demo.db?mode=rwc", dir.path().display()).into();
+    // One connection: SQLite allows one writer at a time anyway.
+    let db = Db::connect(&settings.database, 1)?;
+    db.migrate().await?;
+    cluster.create_topic(&settings.topics.inventory_events.name, spec.partitions, 1)?;
+
+    // Producer side: the order API (in-process) writes orders and outbox rows
+    // in one transaction; the relay publishes them in Kafka transactions.
+    let service = OrderService::new(db.clone(), &settings);
+    api::orders::drive(&service, options.orders, options.seed).await?;
+    let relay_options = RelayOptions {
+        instance: "demo".into(),
+        batch_size: 500,
+        poll_interval: Duration::from_millis(50),
+        lease_ttl: Duration::from_secs(10),
+        sent_retention: Duration::from_secs(7 * 24 * 3600),
+        until_idle: Some(Duration::from_secs(1)),
+        crash_at: None,
+    };
+    let relayed = Relay::new(&settings, db.clone(), relay_options).await?.run(std::future::pending()).await;
+    let events = crate::outbox::recorded_events(&db, &spec.name).await?;
+
     let catalog = SchemaCatalog::embedded();
     let codec = Arc::new(Codec::new(&settings.registry, &spec.name, catalog.order_events(), true)?);
     codec.warm_up().await?;
@@ -166,18 +253,8 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
 
     // What each order's sequence should be, in production order.
     let mut expected: HashMap<i64, Vec<Uuid>> = HashMap::new();
-    let events: Vec<_> =
-        LifecycleGenerator::new(&settings.producer.service_name, options.orders, 1, options.seed)
-            .take(options.events as usize)
-            .collect();
     for e in &events {
         expected.entry(e.data.order_id()).or_default().push(e.event_id);
-    }
-    let report = producer
-        .send_all(futures::stream::iter(events.iter().cloned()), |_, _| {})
-        .await;
-    if report.failed > 0 {
-        bail!("{} of {} demo events were not acknowledged: {:?}", report.failed, report.sent, report.failures);
     }
 
     let consumer: BaseConsumer = client_config(&settings.kafka_client_options())
@@ -195,9 +272,10 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     let mut by_partition = BTreeMap::new();
     let mut consumed = 0u64;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while consumed < report.acknowledged {
+    let published = events.len() as u64;
+    while consumed < published {
         if Instant::now() > deadline {
-            bail!("read back only {consumed} of {} events within 60s", report.acknowledged);
+            bail!("read back only {consumed} of {published} events within 60s");
         }
         let Some(message) = consumer.poll(Duration::from_millis(100)) else {
             continue;
@@ -230,15 +308,8 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         bail!("duplicate injection failed: {:?}", resent.failures);
     }
 
-    // Two groups, one SQLite database, each group with its own handlers.
-    let dir = tempfile::tempdir().context("temporary folder for the demo database")?;
-    settings.database.url = format!("sqlite://{}/demo.db?mode=rwc", dir.path().display()).into();
-    // One connection: SQLite allows one writer at a time anyway.
-    let db = Db::connect(&settings.database, 1)?;
-    db.migrate().await?;
-
     // The error tier: its topics, a quick schedule, and failures to show.
-    for (group, _) in GROUPS {
+    for group in GROUPS.iter().map(|(g, _)| *g).chain([HTTP_GROUP]) {
         cluster.create_topic(&retry_topic(&spec.name, group), spec.partitions, 1)?;
     }
     cluster.create_topic(&settings.topics.dead_letter.name, spec.partitions, 1)?;
@@ -281,6 +352,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         group_order_violations.insert(group.to_string(), violations.len());
     }
     let verification = verify(&db, GROUPS[0].0, &events).await?;
+    let http = deliver_payments(&settings, &db, &spec.name, &events).await?;
     let tier = ErrorTierReport {
         poison_injected: poison,
         transient_order,
@@ -293,7 +365,9 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
 
     drop(registry);
     Ok(DemoReport {
-        produced: report.acknowledged,
+        produced: published,
+        relayed,
+        http,
         consumed,
         orders: expected.len(),
         by_event,

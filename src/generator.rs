@@ -23,12 +23,31 @@ use crate::envelope::{
 
 /// The steps an order can take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
+pub enum Step {
+    /// `order.created`
     Created,
+    /// `order.payment.succeeded`
     Paid,
+    /// `order.shipped`
     Shipped,
+    /// `order.canceled`
     Canceled,
+    /// `order.refunded`
     Refunded,
+}
+
+/// A lifecycle drawn with the shares in the table above.
+pub fn choose_path(rng: &mut impl Rng) -> &'static [Step] {
+    let roll = rng.random_range(0..100);
+    let mut acc = 0;
+    PATHS
+        .iter()
+        .find(|(share, _)| {
+            acc += share;
+            roll < acc
+        })
+        .map(|(_, p)| *p)
+        .expect("shares add up to 100")
 }
 
 const PATHS: &[(u32, &[Step])] = &[
@@ -74,16 +93,7 @@ impl LifecycleGenerator {
     }
 
     fn open_order(&mut self) -> OpenOrder {
-        let roll = self.rng.random_range(0..100);
-        let mut acc = 0;
-        let path = PATHS
-            .iter()
-            .find(|(share, _)| {
-                acc += share;
-                roll < acc
-            })
-            .map(|(_, p)| *p)
-            .expect("shares add up to 100");
+        let path = choose_path(&mut self.rng);
         let id = self.next_order_id;
         self.next_order_id += 1;
         OpenOrder {

@@ -42,6 +42,9 @@ pub enum ApiError {
     /// The database is down; try again.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The transaction kept losing deadlocks; try again.
+    #[error("busy, try again: {0}")]
+    Conflict(String),
     /// Something else failed; nothing was written.
     #[error("internal error, nothing was changed: {0}")]
     Internal(String),
@@ -49,7 +52,30 @@ pub enum ApiError {
 
 impl From<DbError> for ApiError {
     fn from(e: DbError) -> Self {
-        if e.is_retryable() { Self::Unavailable(e.to_string()) } else { Self::Internal(e.to_string()) }
+        match e {
+            DbError::Conflict(reason) => Self::Conflict(reason),
+            e if e.is_retryable() => Self::Unavailable(e.to_string()),
+            e => Self::Internal(e.to_string()),
+        }
+    }
+}
+
+/// Runs a transaction again (up to 5 times) when it lost a deadlock: the
+/// database rolled it back whole, so running it again is safe.
+async fn with_conflict_retry<T, F, Fut>(mut attempt: F) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ApiError>>,
+{
+    let mut tries = 0;
+    loop {
+        match attempt().await {
+            Err(ApiError::Conflict(_)) if tries < 5 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(5 * tries)).await;
+            }
+            other => return other,
+        }
     }
 }
 
@@ -253,15 +279,22 @@ impl OrderService {
             return Err(invalid("quantity", "must be > 0"));
         }
         cents(new.amount, "amount")?;
-        let currency = new.currency.unwrap_or_else(|| "CNY".into());
+        let currency = new.currency.clone().unwrap_or_else(|| "CNY".into());
         if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_uppercase()) {
             return Err(invalid("currency", format!("`{currency}` is not an ISO 4217 code like CNY")));
         }
+        let trace_id = trace_id.unwrap_or_else(new_trace_id);
+        with_conflict_retry(|| self.create_once(&new, &currency, &trace_id)).await
+    }
+
+    async fn create_once(&self, new: &NewOrder, currency: &str, trace_id: &str) -> Result<Order, ApiError> {
+        let new = new.clone();
+        let currency = currency.to_string();
         let now = format_utc(&chrono::Utc::now());
         let mut tx = self.db.begin().await?;
-        let inserted = sqlx::query(
+        let (order_id,): (i64,) = sqlx::query_as(
             "INSERT INTO orders (user_id, sku, quantity, amount, currency, status, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, 'created', ?, ?)",
+             VALUES (?, ?, ?, ?, ?, 'created', ?, ?) RETURNING order_id",
         )
         .bind(new.user_id)
         .bind(&new.sku)
@@ -270,11 +303,8 @@ impl OrderService {
         .bind(&currency)
         .bind(&now)
         .bind(&now)
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
-        let order_id = inserted
-            .last_insert_id()
-            .ok_or_else(|| ApiError::Internal("the database returned no order id".into()))?;
         let order = Order {
             order_id,
             user_id: new.user_id,
@@ -284,7 +314,6 @@ impl OrderService {
             currency,
             status: "created".into(),
         };
-        let trace_id = trace_id.unwrap_or_else(new_trace_id);
         let created = EventData::Created(OrderCreated {
             order_id,
             user_id: order.user_id,
@@ -300,7 +329,7 @@ impl OrderService {
             quantity: order.quantity,
             reserved_at: now,
         });
-        self.record(&mut tx, &trace_id, vec![(&self.order_topic, created), (&self.inventory_topic, reserved)])
+        self.record(&mut tx, trace_id, vec![(&self.order_topic, created), (&self.inventory_topic, reserved)])
             .await?;
         tx.commit().await?;
         Ok(order)
@@ -320,6 +349,11 @@ impl OrderService {
 
     /// Applies `action` to order `id` under the state machine and records its event(s).
     pub async fn act(&self, id: i64, action: Action, trace_id: Option<String>) -> Result<Order, ApiError> {
+        let trace_id = trace_id.unwrap_or_else(new_trace_id);
+        with_conflict_retry(|| self.act_once(id, action.clone(), &trace_id)).await
+    }
+
+    async fn act_once(&self, id: i64, action: Action, trace_id: &str) -> Result<Order, ApiError> {
         let mut tx = self.db.begin().await?;
         let lock = match self.db.dialect {
             Dialect::MySql => " FOR UPDATE",
@@ -375,8 +409,7 @@ impl OrderService {
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        let trace_id = trace_id.unwrap_or_else(new_trace_id);
-        self.record(&mut tx, &trace_id, events).await?;
+        self.record(&mut tx, trace_id, events).await?;
         tx.commit().await?;
         order.status = to.to_string();
         Ok(order)
@@ -405,4 +438,43 @@ fn order_of(row: &sqlx::any::AnyRow) -> Result<Order, ApiError> {
         currency: row.try_get(5)?,
         status: row.try_get(6)?,
     })
+}
+
+/// Drives `orders` lifecycles through the service in-process (the demo and
+/// benchmarks), with the shares of [`crate::generator`]; returns how many
+/// order events were recorded.
+pub async fn drive(service: &OrderService, orders: usize, seed: u64) -> Result<usize, ApiError> {
+    use crate::generator::{Step, choose_path};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut events = 0;
+    for _ in 0..orders {
+        let amount = rng.random_range(100..500_000);
+        let order = service
+            .create(
+                NewOrder {
+                    user_id: rng.random_range(1..1_000_000),
+                    sku: format!("SKU-{}", rng.random_range(1..500)),
+                    quantity: rng.random_range(1..5),
+                    amount,
+                    currency: None,
+                },
+                None,
+            )
+            .await?;
+        events += 1;
+        let id = order.order_id;
+        for step in &choose_path(&mut rng)[1..] {
+            let action = match step {
+                Step::Paid => Action::Pay { payment_id: format!("pay-{id}"), amount },
+                Step::Shipped => Action::Ship { shipment_id: format!("shp-{id}"), carrier: "sf-express".into() },
+                Step::Canceled => Action::Cancel { reason: "customer_request".into() },
+                Step::Refunded => Action::Refund { refund_id: format!("rfd-{id}"), amount },
+                Step::Created => continue,
+            };
+            service.act(id, action, None).await?;
+            events += 1;
+        }
+    }
+    Ok(events)
 }

@@ -64,13 +64,10 @@ struct GlobalArgs {
 enum Command {
     /// Run the pipeline on an embedded stack (mock Kafka, in-process registry): no servers needed.
     Demo {
-        /// Events to produce.
-        #[arg(long, default_value_t = 5000)]
-        events: u64,
-        /// Orders open at once.
-        #[arg(long, default_value_t = 500)]
+        /// Orders driven through the order API.
+        #[arg(long, default_value_t = 1000)]
         orders: usize,
-        /// Generator seed.
+        /// Seed of their lifecycles.
         #[arg(long, default_value_t = 1)]
         seed: u64,
         #[command(flatten)]
@@ -230,18 +227,14 @@ pub fn main() -> ExitCode {
 /// Runs one parsed command; `Ok` carries the exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Demo {
-            events,
-            orders,
-            seed,
-            output,
-        } => {
-            let report = demo::run(&demo::DemoOptions { events, orders, seed }).await?;
+        Command::Demo { orders, seed, output } => {
+            let report = demo::run(&demo::DemoOptions { orders, seed }).await?;
             output::demo(&report, output.output);
             let failed = !report.ordering_violations.is_empty()
                 || report.consumed != report.produced
                 || !report.verification.is_exact()
-                || report.group_order_violations.values().any(|n| *n > 0);
+                || report.group_order_violations.values().any(|n| *n > 0)
+                || report.http.requests != report.http.matching;
             Ok(exit_if(failed))
         }
         Command::Schema(SchemaCommand::Register { schemas, output }) => {

@@ -52,8 +52,17 @@ pub fn demo(report: &DemoReport, format: Output) {
         return json(report);
     }
     println!(
-        "orderpipe demo: embedded stack (librdkafka mock cluster + in-process schema registry)\n"
+        "orderpipe demo: embedded stack (librdkafka mock cluster + in-process schema registry + SQLite)\n"
     );
+    let r = &report.relayed;
+    println!(
+        "order API -> outbox -> relay: {} outbox rows published in {} Kafka transactions",
+        r.published, r.transactions
+    );
+    for (topic, n) in &r.by_topic {
+        println!("  {topic}: {n} records");
+    }
+    println!();
     let rows = report.by_event.iter().map(|(k, v)| vec![k.clone(), v.to_string()]);
     println!("{}", table(&["event", "count"], rows));
     let rows = report.by_partition.iter().map(|(k, v)| vec![k.to_string(), v.to_string()]);
@@ -122,6 +131,11 @@ pub fn demo(report: &DemoReport, format: Output) {
     } else {
         println!("exactly-once check: FAILED");
     }
+    let h = &report.http;
+    println!(
+        "HTTP subscription crm (order.payment.succeeded -> local endpoint): {} requests for {} matching events, dead-lettered {}",
+        h.requests, h.matching, h.group.dead_lettered
+    );
     println!("demo took {:.1} s", report.elapsed_ms as f64 / 1000.0);
 }
 

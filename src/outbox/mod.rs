@@ -47,6 +47,17 @@ pub async fn record(tx: &mut Tx, tx_id: Uuid, topic: &str, envelope: &Envelope) 
     Ok(())
 }
 
+/// The events recorded for `topic`, in the order they were recorded.
+pub async fn recorded_events(db: &crate::db::Db, topic: &str) -> Result<Vec<Envelope>, DbError> {
+    let rows: Vec<(String,)> = sqlx::query_as("SELECT envelope FROM outbox_messages WHERE topic = ? ORDER BY id")
+        .bind(topic)
+        .fetch_all(&db.pool)
+        .await?;
+    rows.iter()
+        .map(|(json,)| Envelope::from_json(json).map_err(|e| DbError::Other(format!("outbox row does not parse: {e}"))))
+        .collect()
+}
+
 /// Unsent rows and the age of the oldest, for metrics and health.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Backlog {
