@@ -19,7 +19,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test bench-produce bench-consume bench-dlq
+.PHONY: build-deps run test bench-produce bench-consume bench-dlq bench-relay
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -44,3 +44,8 @@ bench-dlq: build-deps ## error tier: happy-path overhead and replay throughput (
 	cargo build --release --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-dlq.sh $(or $(COUNT),100000)
+
+bench-relay: build-deps ## relay throughput per batch size, vs the plain producer, and API-to-apply latency
+	cargo build --release --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-relay.sh $(or $(ROWS),100000) $(or $(RATE),100)

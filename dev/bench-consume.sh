@@ -11,22 +11,8 @@
 set -euo pipefail
 COUNT="${1:-1000000}"
 NAIVE="${2:-50000}"
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STACK="$ROOT/dev/stack.sh"
-BIN="${ORDERPIPE_BIN:-$ROOT/target/release/orderpipe}"
-RUN_ID="bench$(date +%s)"
-OUT_DIR="$ROOT/bench-results"
-mkdir -p "$OUT_DIR"
-BOOTSTRAP="${ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:9092}"
-DB_URL_BASE="mysql://orderpipe:orderpipe@127.0.0.1:3306"
-[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 
-export ORDERPIPE_TOPICS__ORDER_EVENTS__NAME="$RUN_ID.order.events.v1"
-export ORDERPIPE_TOPICS__INVENTORY_EVENTS__NAME="$RUN_ID.inventory.events.v1"
-export ORDERPIPE_TOPICS__DEAD_LETTER__NAME="$RUN_ID.order.events.v1.dlq"
-TOPIC="$ORDERPIPE_TOPICS__ORDER_EVENTS__NAME"
-
-mkdb() { mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "CREATE DATABASE $1"; }
 
 echo "== backlog: $COUNT events in $TOPIC"
 "$BIN" topics ensure >/dev/null
@@ -51,7 +37,6 @@ import json,sys; r=json.load(open(sys.argv[1])); print(r["applied"]/r["active_se
 
 echo "== (c) naive per-record consumer, first $NAIVE records"
 mkdb "${RUN_ID}_c"
-ORDERPIPE_DATABASE__URL="$DB_URL_BASE/${RUN_ID}_c" "$BIN" migrate >/dev/null
 ORDERPIPE_DATABASE__URL="$DB_URL_BASE/${RUN_ID}_c" /usr/bin/time -f '%M' -o "$OUT_DIR/.rss" \
   "$BIN" bench-naive-consume --group "$RUN_ID-naive" --handler notification --limit "$NAIVE" > "$OUT_DIR/.naive.json"
 NAIVE_RSS=$(cat "$OUT_DIR/.rss")
@@ -76,5 +61,5 @@ json.dump({"count": int(count), "naive_records": int(naive), "perftest_eps": a, 
            "rss_kb": {"perftest": int(ra), "orderpipe": int(rb), "naive": int(rc)}}, open(out, "w"), indent=2)
 PY
 rm -f "$OUT_DIR"/.rss "$OUT_DIR"/.perf.txt "$OUT_DIR"/.op.json "$OUT_DIR"/.naive.json
-mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "DROP DATABASE ${RUN_ID}_b; DROP DATABASE ${RUN_ID}_c" || true
+SQL -e "DROP DATABASE ${RUN_ID}_b; DROP DATABASE ${RUN_ID}_c" || true
 "$STACK" kafka-topics --delete --topic "$TOPIC" >/dev/null 2>&1 || true

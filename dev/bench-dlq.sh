@@ -10,18 +10,9 @@
 #   dev/bench-dlq.sh [COUNT]   (default 100000; needs `make dev-up`)
 set -euo pipefail
 COUNT="${1:-100000}"
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BIN="${ORDERPIPE_BIN:-$ROOT/target/release/orderpipe}"
-RUN_ID="bench$(date +%s)"
-OUT_DIR="$ROOT/bench-results"
-mkdir -p "$OUT_DIR"
-DB="mysql://orderpipe:orderpipe@127.0.0.1:3306"
-[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 1; }
-export ORDERPIPE_TOPICS__ORDER_EVENTS__NAME="$RUN_ID.order.events.v1"
-export ORDERPIPE_TOPICS__INVENTORY_EVENTS__NAME="$RUN_ID.inventory.events.v1"
-export ORDERPIPE_TOPICS__DEAD_LETTER__NAME="$RUN_ID.order.events.v1.dlq"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
+DB="$DB_URL_BASE"
 export ORDERPIPE_DLQ__PERSISTER_GROUP="$RUN_ID.persister"
-mkdb() { mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "CREATE DATABASE $1"; ORDERPIPE_DATABASE__URL="$DB/$1" "$BIN" migrate >/dev/null; }
 rate() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["applied"]/max(r["active_secs"],1e-9))' "$1"; }
 now() { date +%s.%N; }
 
@@ -71,4 +62,4 @@ json.dump({"count": count, "tier_eps": tier, "plain_eps": plain, "replayed": rep
            "replay_secs": replay_secs, "applied": applied["applied"], "apply_secs": apply_secs}, open(result, "w"), indent=2)
 PY
 rm -f "$OUT_DIR"/.tier.json "$OUT_DIR"/.plain.json "$OUT_DIR"/.dead.json "$OUT_DIR"/.persist.json "$OUT_DIR"/.replay.json "$OUT_DIR"/.applied.json
-mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "DROP DATABASE ${RUN_ID}_tier; DROP DATABASE ${RUN_ID}_plain; DROP DATABASE ${RUN_ID}_dlq" || true
+SQL -e "DROP DATABASE ${RUN_ID}_tier; DROP DATABASE ${RUN_ID}_plain; DROP DATABASE ${RUN_ID}_dlq" || true

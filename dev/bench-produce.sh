@@ -8,21 +8,10 @@
 # Prints a table and writes bench-results/produce-<time>.json.
 set -euo pipefail
 COUNT="${1:-1000000}"
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STACK="$ROOT/dev/stack.sh"
-BIN="${ORDERPIPE_BIN:-$ROOT/target/release/orderpipe}"
-RUN_ID="bench$(date +%s)"
-OUT_DIR="$ROOT/bench-results"
-mkdir -p "$OUT_DIR"
-BOOTSTRAP="${ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:9092}"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 # The producer settings both peers run with (orderpipe's defaults).
 PROPS="acks=all enable.idempotence=true max.in.flight.requests.per.connection=5 compression.type=lz4 linger.ms=5"
 
-[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 1; }
-
-export ORDERPIPE_TOPICS__ORDER_EVENTS__NAME="$RUN_ID.orderpipe.order.events.v1"
-export ORDERPIPE_TOPICS__INVENTORY_EVENTS__NAME="$RUN_ID.orderpipe.inventory.events.v1"
-export ORDERPIPE_TOPICS__DEAD_LETTER__NAME="$RUN_ID.orderpipe.order.events.v1.dlq"
 PERF_TOPIC="$RUN_ID.perftest"
 
 echo "== creating topics (12 partitions each)"

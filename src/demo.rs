@@ -144,17 +144,7 @@ async fn deliver_payments(settings: &Settings, db: &Db, topic: &str, events: &[E
         enabled: true,
     };
     let (handler, _) = HttpDelivery::new(subscription.clone());
-    let options = ConsumeOptions {
-        group: HTTP_GROUP.into(),
-        handlers: vec![Arc::new(handler)],
-        topic: topic.to_string(),
-        start_from: StartFrom::Earliest,
-        until_idle: Some(Duration::from_secs(3)),
-        health_addr: None,
-        ensure_topics: false,
-        error_tier: true,
-    };
-    let group = consumer::run(settings, db.clone(), options, std::future::pending()).await?;
+    let group = run_group(settings, db, HTTP_GROUP, vec![Arc::new(handler)], topic).await?;
     server.abort();
     Ok(HttpDemoReport {
         matching: events.iter().filter(|e| subscription.matches(e.event_name.as_str())).count(),
@@ -169,12 +159,23 @@ const GROUPS: [(&str, &[&str]); 2] = [
     ("customer-service.order.consumer", &["logistics", "notification"]),
 ];
 
-/// Runs one group over the topic until it is idle.
-async fn run_group(settings: &Settings, db: &Db, group: &str, names: &[&str], topic: &str) -> anyhow::Result<ConsumeSummary> {
+/// Runs one group of built-in handlers over the topic until it is idle.
+async fn run_built_in(settings: &Settings, db: &Db, group: &str, names: &[&str], topic: &str) -> anyhow::Result<ConsumeSummary> {
     let handlers = names
         .iter()
         .map(|n| handlers::by_name(n, settings).map_err(anyhow::Error::msg))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    run_group(settings, db, group, handlers, topic).await
+}
+
+/// Runs one group over the topic until it is idle.
+async fn run_group(
+    settings: &Settings,
+    db: &Db,
+    group: &str,
+    handlers: Vec<Arc<dyn crate::consumer::handler::Handler>>,
+    topic: &str,
+) -> anyhow::Result<ConsumeSummary> {
     let options = ConsumeOptions {
         group: group.to_string(),
         handlers,
@@ -323,7 +324,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
 
     let mut groups = Vec::new();
     for (group, names) in GROUPS {
-        groups.push(run_group(&settings, &db, group, names, &spec.name).await?);
+        groups.push(run_built_in(&settings, &db, group, names, &spec.name).await?);
     }
 
     // Operators' side: persist the DLQ, look, replay what can succeed, ignore the rest.
@@ -344,7 +345,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     for row in &poison_rows {
         store::mark_ignored(&db, row.id, "not an order event (undecodable bytes)").await?;
     }
-    let after_replay = run_group(&settings, &db, GROUPS[0].0, GROUPS[0].1, &spec.name).await?;
+    let after_replay = run_built_in(&settings, &db, GROUPS[0].0, GROUPS[0].1, &spec.name).await?;
 
     let mut group_order_violations = BTreeMap::new();
     for (group, _) in GROUPS {

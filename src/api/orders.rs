@@ -444,11 +444,20 @@ fn order_of(row: &sqlx::any::AnyRow) -> Result<Order, ApiError> {
 /// benchmarks), with the shares of [`crate::generator`]; returns how many
 /// order events were recorded.
 pub async fn drive(service: &OrderService, orders: usize, seed: u64) -> Result<usize, ApiError> {
+    drive_at(service, orders, seed, None).await
+}
+
+/// Like [`drive`], starting at most `rate` orders per second.
+pub async fn drive_at(service: &OrderService, orders: usize, seed: u64, rate: Option<u32>) -> Result<usize, ApiError> {
+    let started = tokio::time::Instant::now();
     use crate::generator::{Step, choose_path};
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut events = 0;
-    for _ in 0..orders {
+    for i in 0..orders {
+        if let Some(rate) = rate.filter(|r| *r > 0) {
+            tokio::time::sleep_until(started + std::time::Duration::from_secs_f64(i as f64 / f64::from(rate))).await;
+        }
         let amount = rng.random_range(100..500_000);
         let order = service
             .create(

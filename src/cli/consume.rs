@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -9,6 +10,7 @@ use clap::Args;
 use super::OutputArg;
 use super::output;
 use crate::config::Settings;
+use crate::consumer::handler::Handler;
 use crate::consumer::{self, ConsumeOptions, StartFrom, handlers};
 use crate::db::Db;
 
@@ -22,6 +24,16 @@ pub struct ConsumeArgs {
     /// inventory, payment, logistics, notification, points.
     #[arg(long = "handler", required = true, value_delimiter = ',')]
     handlers: Vec<String>,
+    /// Benchmark baseline only: no retry topic or DLQ; failures wait in place.
+    #[arg(long, hide = true)]
+    without_error_tier: bool,
+    #[command(flatten)]
+    run: GroupArgs,
+}
+
+/// Flags shared by every command that runs a consumer group.
+#[derive(Debug, Args)]
+pub struct GroupArgs {
     /// Topic to read (default: topics.order_events.name).
     #[arg(long)]
     topic: Option<String>,
@@ -37,11 +49,37 @@ pub struct ConsumeArgs {
     /// Apply the migrations before consuming.
     #[arg(long)]
     migrate: bool,
-    /// Benchmark baseline only: no retry topic or DLQ; failures wait in place.
-    #[arg(long, hide = true)]
-    without_error_tier: bool,
     #[command(flatten)]
     output: OutputArg,
+}
+
+impl GroupArgs {
+    /// Runs `group` with `handlers` until shutdown (or idle) and prints the summary.
+    async fn run(
+        self,
+        settings: &Settings,
+        group: String,
+        handlers: Vec<Arc<dyn Handler>>,
+        error_tier: bool,
+    ) -> anyhow::Result<ExitCode> {
+        let db = Db::connect(&settings.database, settings.database.max_connections)?;
+        if self.migrate {
+            db.migrate().await?;
+        }
+        let options = ConsumeOptions {
+            group,
+            handlers,
+            topic: self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone()),
+            start_from: self.start_from,
+            until_idle: self.until_idle.map(Duration::from_secs),
+            health_addr: self.health_addr,
+            ensure_topics: true,
+            error_tier,
+        };
+        let summary = consumer::run(settings, db, options, shutdown_signal()).await?;
+        output::consume(&summary, self.output.output);
+        Ok(ExitCode::SUCCESS)
+    }
 }
 
 /// Runs the command.
@@ -52,23 +90,7 @@ pub async fn run(settings: &Settings, args: ConsumeArgs) -> anyhow::Result<ExitC
         .map(|name| handlers::by_name(name.trim(), settings))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| anyhow::anyhow!("--handler: {e}"))?;
-    let db = Db::connect(&settings.database, settings.database.max_connections)?;
-    if args.migrate {
-        db.migrate().await?;
-    }
-    let options = ConsumeOptions {
-        group: args.group,
-        handlers,
-        topic: args.topic.unwrap_or_else(|| settings.topics.order_events.name.clone()),
-        start_from: args.start_from,
-        until_idle: args.until_idle.map(Duration::from_secs),
-        health_addr: args.health_addr,
-        ensure_topics: true,
-        error_tier: !args.without_error_tier,
-    };
-    let summary = consumer::run(settings, db, options, shutdown_signal()).await?;
-    output::consume(&summary, args.output.output);
-    Ok(ExitCode::SUCCESS)
+    args.run.run(settings, args.group, handlers, !args.without_error_tier).await
 }
 
 /// Flags of `orderpipe deliver`.
@@ -80,20 +102,8 @@ pub struct DeliverArgs {
     /// Consumer group (default: http.<subscription>).
     #[arg(long)]
     group: Option<String>,
-    /// Topic to read (default: topics.order_events.name).
-    #[arg(long)]
-    topic: Option<String>,
-    /// Exit after this many seconds without new records and print a summary.
-    #[arg(long, value_name = "SECS")]
-    until_idle: Option<u64>,
-    /// Serve /health/live and /health/ready here.
-    #[arg(long)]
-    health_addr: Option<SocketAddr>,
-    /// Apply the migrations before consuming.
-    #[arg(long)]
-    migrate: bool,
     #[command(flatten)]
-    output: OutputArg,
+    run: GroupArgs,
 }
 
 /// Runs `orderpipe deliver`: a consumer group delivering one subscription.
@@ -104,23 +114,8 @@ pub async fn deliver(settings: &Settings, config: Option<std::path::PathBuf>, ar
     settings.retry.profile = subscription.retry_profile.clone();
     let (handler, shared) = crate::delivery::HttpDelivery::new(subscription);
     crate::delivery::watch(config, shared);
-    let db = Db::connect(&settings.database, settings.database.max_connections)?;
-    if args.migrate {
-        db.migrate().await?;
-    }
-    let options = ConsumeOptions {
-        group: args.group.unwrap_or_else(|| format!("http.{}", args.subscription)),
-        handlers: vec![std::sync::Arc::new(handler)],
-        topic: args.topic.unwrap_or_else(|| settings.topics.order_events.name.clone()),
-        start_from: StartFrom::Earliest,
-        until_idle: args.until_idle.map(Duration::from_secs),
-        health_addr: args.health_addr,
-        ensure_topics: true,
-        error_tier: true,
-    };
-    let summary = consumer::run(&settings, db, options, shutdown_signal()).await?;
-    output::consume(&summary, args.output.output);
-    Ok(ExitCode::SUCCESS)
+    let group = args.group.unwrap_or_else(|| format!("http.{}", args.subscription));
+    args.run.run(&settings, group, vec![Arc::new(handler)], true).await
 }
 
 /// Resolves on SIGINT or SIGTERM.

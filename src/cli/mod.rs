@@ -99,6 +99,20 @@ enum Command {
     Dedup(DedupCommand),
     /// Print the effective configuration (secrets redacted).
     Config,
+    /// Benchmark driver: order lifecycles through the order service in-process,
+    /// at a steady rate. Used by `make bench-relay`.
+    #[command(hide = true)]
+    BenchDriveOrders {
+        /// Orders.
+        #[arg(long)]
+        orders: usize,
+        /// Orders started per second (0 = as fast as possible).
+        #[arg(long, default_value_t = 0)]
+        rate: u32,
+        /// Seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Benchmark peer: seed 004's consumer taken literally (one transaction
     /// and one synchronous offset commit per record). Used by `make bench-consume`.
     #[command(hide = true)]
@@ -309,6 +323,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     humantime::format_duration(older_than)
                 ),
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchDriveOrders { orders, rate, seed } => {
+            let settings = cli.global.settings()?;
+            let db = Db::connect(&settings.database, 2)?;
+            let service = crate::api::service(&settings, db);
+            let started = std::time::Instant::now();
+            let events = crate::api::orders::drive_at(&service, orders, seed, Some(rate)).await?;
+            println!("{}", serde_json::json!({"orders": orders, "events": events, "secs": started.elapsed().as_secs_f64()}));
             Ok(ExitCode::SUCCESS)
         }
         Command::BenchNaiveConsume {

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The relay's numbers, one run, same broker and MariaDB:
+#   1. throughput: the same outbox (ROWS rows) published transactionally at
+#      several batch sizes (rows per Kafka transaction), rows/s each;
+#   2. the plain idempotent producer (`orderpipe produce`, no transactions,
+#      no database) on the same broker, for the cost of the outbox path;
+#   3. end-to-end latency from the API's commit to the consumer's apply,
+#      p50/p99, with orders driven at a steady RATE per second.
+#
+#   dev/bench-relay.sh [ROWS] [RATE]   (defaults 100000 and 100; needs `make dev-up`)
+set -euo pipefail
+ROWS="${1:-100000}"
+RATE="${2:-100}"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
+export ORDERPIPE_DATABASE__URL="mysql://orderpipe:orderpipe@127.0.0.1:3306/${RUN_ID}"
+SQL -e "CREATE DATABASE ${RUN_ID}"
+"$BIN" migrate >/dev/null
+"$BIN" topics ensure >/dev/null
+
+echo "== filling the outbox: 2000 orders through the service, copied up to $ROWS rows"
+"$BIN" bench-drive-orders --orders 2000 >/dev/null
+while [ "$(SQL -e "SELECT COUNT(*) FROM ${RUN_ID}.outbox_messages")" -lt "$ROWS" ]; do
+  SQL -e "INSERT INTO ${RUN_ID}.outbox_messages (event_id, tx_id, shard, topic, message_key, event_name, envelope, created_ms)
+          SELECT UUID(), UUID(), shard, topic, message_key, event_name, envelope, created_ms FROM ${RUN_ID}.outbox_messages LIMIT $ROWS"
+done
+SQL -e "DELETE FROM ${RUN_ID}.outbox_messages WHERE id > (SELECT id FROM (SELECT id FROM ${RUN_ID}.outbox_messages ORDER BY id LIMIT 1 OFFSET $((ROWS - 1))) x)"
+
+: > "$OUT_DIR/.batches"
+for batch in 50 200 1000; do
+  echo "== relay, $batch rows per Kafka transaction"
+  SQL -e "UPDATE ${RUN_ID}.outbox_messages SET sent_ms = NULL"
+  "$BIN" relay --instance "bench-$batch" --batch-size "$batch" --until-idle 2 --output json > "$OUT_DIR/.relay.json"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r["published"], r["active_secs"], r["transactions"])' \
+    "$OUT_DIR/.relay.json" "$batch" >> "$OUT_DIR/.batches"
+done
+
+echo "== plain idempotent producer, $ROWS events"
+"$BIN" produce --count "$ROWS" --orders 10000 --seed 1 --output json > "$OUT_DIR/.produce.json"
+
+echo "== end to end at $RATE orders/s for 30 s: API commit -> relay -> consumer apply"
+SQL -e "UPDATE ${RUN_ID}.outbox_messages SET sent_ms = 0"
+"$BIN" relay --instance bench-e2e --batch-size 200 --poll-ms 20 > /dev/null 2>&1 &
+RELAY=$!
+"$BIN" consume --group "$RUN_ID-e2e" --handler notification --start-from latest > /dev/null 2>&1 &
+CONSUMER=$!
+sleep 8
+START_MS=$(($(date +%s%N) / 1000000))
+"$BIN" bench-drive-orders --orders $((RATE * 30)) --rate "$RATE" --seed 2 > /dev/null
+sleep 5
+kill -TERM "$RELAY" "$CONSUMER"; wait "$RELAY" "$CONSUMER" 2>/dev/null || true
+SQL -e "SELECT TIMESTAMPDIFF(MICROSECOND, FROM_UNIXTIME(o.created_ms / 1000), d.created_at) / 1000
+        FROM ${RUN_ID}.event_dedup d JOIN ${RUN_ID}.outbox_messages o ON o.event_id = d.event_id
+        WHERE d.consumer_group = '$RUN_ID-e2e' AND o.created_ms >= $START_MS" > "$OUT_DIR/.latency"
+
+python3 - "$OUT_DIR" "$ROWS" "$RATE" "$OUT_DIR/relay-$RUN_ID.json" <<'PY'
+import json, sys
+out, rows, rate, result = sys.argv[1:]
+batches = [l.split() for l in open(f"{out}/.batches")]
+produce = json.load(open(f"{out}/.produce.json"))
+lat = sorted(float(x) for x in open(f"{out}/.latency") if x.strip())
+pct = lambda p: lat[min(len(lat) - 1, int(p / 100 * len(lat)))] if lat else float("nan")
+print()
+print(f"relay, {rows} outbox rows (order + inventory events), transactional, same broker:")
+print(f"{'rows per transaction':>22} {'rows/s':>10} {'transactions':>13}")
+best = 0
+for batch, published, secs, txs in batches:
+    r = int(published) / max(float(secs), 1e-9)
+    best = max(best, r)
+    print(f"{batch:>22} {r:>10,.0f} {txs:>13}")
+print(f"plain idempotent producer (orderpipe produce, no DB, no transactions): {produce['events_per_sec']:,.0f} events/s")
+print(f"best relay / plain producer: {best / produce['events_per_sec']:.2f}")
+print(f"end to end, API commit -> consumer apply, {rate} orders/s, {len(lat)} events: p50 {pct(50):.0f} ms, p99 {pct(99):.0f} ms, max {lat[-1] if lat else float('nan'):.0f} ms")
+json.dump({"batches": batches, "produce_eps": produce["events_per_sec"], "latency_ms": {"p50": pct(50), "p99": pct(99), "n": len(lat)}}, open(result, "w"), indent=2)
+PY
+rm -f "$OUT_DIR"/.batches "$OUT_DIR"/.relay.json "$OUT_DIR"/.produce.json "$OUT_DIR"/.latency
+SQL -e "DROP DATABASE ${RUN_ID}" || true
