@@ -1,10 +1,12 @@
-//! Health endpoints of long-running roles: `/health/live` (the event loop
-//! answers) and `/health/ready` (the role can do its work: database
-//! reachable, partitions assigned). Each says why in a JSON body.
+//! The HTTP endpoints of long-running roles: `/metrics` (Prometheus),
+//! `/health/live` (the process and its event loop answer), `/health/ready`
+//! (the role can work: database reachable, partitions assigned) and
+//! `/health/mq` (seed 000: the consumer polls and its lag is under the
+//! threshold). Unhealthy answers are 503 with a JSON body saying why.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -13,18 +15,45 @@ use axum::{Json, Router};
 use serde_json::json;
 use tokio::sync::Mutex;
 
+use crate::retry::now_ms;
+
 /// What a role reports about itself; updated by the role, read by the endpoints.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct HealthState {
     db_ok: AtomicBool,
     db_error: Mutex<Option<String>>,
     assigned_partitions: AtomicUsize,
+    /// Whether this role consumes (readiness then needs partitions, `/health/mq` applies).
+    consumer: bool,
+    last_poll_ms: AtomicI64,
+    lag: AtomicI64,
+    lag_threshold: i64,
+    max_poll_gap_ms: i64,
 }
 
 impl HealthState {
-    /// A new state: database not yet confirmed, nothing assigned.
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+    /// A consumer's state: `/health/mq` fails past `lag_threshold` records of
+    /// lag or `max_poll_gap` without polling.
+    pub fn consumer(lag_threshold: i64, max_poll_gap: std::time::Duration) -> Arc<Self> {
+        Arc::new(Self::new(true, lag_threshold, max_poll_gap.as_millis() as i64))
+    }
+
+    /// A role that does not consume (relay, API, persister).
+    pub fn service() -> Arc<Self> {
+        Arc::new(Self::new(false, i64::MAX, i64::MAX))
+    }
+
+    fn new(consumer: bool, lag_threshold: i64, max_poll_gap_ms: i64) -> Self {
+        Self {
+            db_ok: AtomicBool::new(false),
+            db_error: Mutex::new(None),
+            assigned_partitions: AtomicUsize::new(0),
+            consumer,
+            last_poll_ms: AtomicI64::new(now_ms()),
+            lag: AtomicI64::new(0),
+            lag_threshold,
+            max_poll_gap_ms,
+        }
     }
 
     /// Records that the database answered.
@@ -45,6 +74,16 @@ impl HealthState {
         self.assigned_partitions.store(n, Ordering::Relaxed);
     }
 
+    /// The consumer's loop is alive (called on every poll turn).
+    pub fn polled(&self) {
+        self.last_poll_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Total lag over the assigned partitions.
+    pub fn set_lag(&self, lag: i64) {
+        self.lag.store(lag, Ordering::Relaxed);
+    }
+
     /// Whether the database is up.
     pub fn db_is_up(&self) -> bool {
         self.db_ok.load(Ordering::Relaxed)
@@ -58,11 +97,28 @@ impl HealthState {
             let why = self.db_error.lock().await.clone();
             reasons.push(format!("database unavailable: {}", why.unwrap_or_else(|| "not yet reached".into())));
         }
-        if assigned == 0 {
+        if self.consumer && assigned == 0 {
             reasons.push("no partitions assigned".to_string());
         }
         let ready = reasons.is_empty();
         (ready, json!({"ready": ready, "database": db_ok, "assigned_partitions": assigned, "reasons": reasons}))
+    }
+
+    fn mq(&self) -> (bool, serde_json::Value) {
+        let lag = self.lag.load(Ordering::Relaxed);
+        let since_poll = now_ms() - self.last_poll_ms.load(Ordering::Relaxed);
+        let mut reasons = Vec::new();
+        if since_poll > self.max_poll_gap_ms {
+            reasons.push(format!("consumer has not polled for {since_poll} ms (limit {} ms)", self.max_poll_gap_ms));
+        }
+        if lag > self.lag_threshold {
+            reasons.push(format!("lag {lag} records is over the threshold {}", self.lag_threshold));
+        }
+        let healthy = reasons.is_empty();
+        (
+            healthy,
+            json!({"healthy": healthy, "lag": lag, "lag_threshold": self.lag_threshold, "ms_since_poll": since_poll, "reasons": reasons}),
+        )
     }
 }
 
@@ -70,20 +126,50 @@ async fn live() -> Json<serde_json::Value> {
     Json(json!({"live": true}))
 }
 
-async fn ready(State(state): State<Arc<HealthState>>) -> (StatusCode, Json<serde_json::Value>) {
-    let (ok, body) = state.readiness().await;
+fn answer(ok: bool, body: serde_json::Value) -> (StatusCode, Json<serde_json::Value>) {
     let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body))
+}
+
+async fn ready(State(state): State<Arc<HealthState>>) -> (StatusCode, Json<serde_json::Value>) {
+    let (ok, body) = state.readiness().await;
+    answer(ok, body)
+}
+
+async fn mq(State(state): State<Arc<HealthState>>) -> (StatusCode, Json<serde_json::Value>) {
+    let (ok, body) = state.mq();
+    answer(ok, body)
+}
+
+/// Pings the database every 5 s and records whether it answered.
+pub fn watch_db(db: crate::db::Db, state: Arc<HealthState>) {
+    tokio::spawn(async move {
+        loop {
+            match db.ping().await {
+                Ok(()) => state.db_up().await,
+                Err(e) => state.db_down(&e.to_string()).await,
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        }
+    });
+}
+
+/// The endpoints as routes (the API merges them into its own router).
+pub fn routes(state: Arc<HealthState>) -> Router {
+    let metrics = crate::metrics::install();
+    Router::new()
+        .route("/metrics", get(move || std::future::ready(metrics.render())))
+        .route("/health/live", get(live))
+        .route("/health/ready", get(ready))
+        .route("/health/mq", get(mq))
+        .with_state(state)
 }
 
 /// Serves the endpoints on `addr` (port 0 picks one); returns the bound address.
 pub async fn serve(addr: SocketAddr, state: Arc<HealthState>) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let app = Router::new()
-        .route("/health/live", get(live))
-        .route("/health/ready", get(ready))
-        .with_state(state);
+    let app = routes(state);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "health endpoint stopped");

@@ -21,7 +21,8 @@
 //! | [`delivery`] | config-driven HTTP delivery to downstream services |
 //! | [`dedup`] | the `event_dedup` guard and its retention cleanup |
 //! | [`db`] | database pool, dialects, migrations from `sql/` |
-//! | [`health`] | `/health/*` endpoints |
+//! | [`health`] | `/metrics` and `/health/*` endpoints |
+//! | [`metrics`] | Prometheus metrics and the typed events that emit them |
 //! | [`topics`] | topic reconcile (`topics ensure` / `describe`) |
 //! | [`generator`] | synthetic order lifecycles |
 //! | [`demo`] | the embedded end-to-end run behind `make run` |
@@ -44,6 +45,7 @@ pub mod demo;
 pub mod envelope;
 pub mod generator;
 pub mod health;
+pub mod metrics;
 pub mod outbox;
 pub mod producer;
 pub mod retry;

@@ -45,22 +45,39 @@ use orders::{Action, ApiError, NewOrder, OrderService};
 pub async fn serve(
     addr: SocketAddr,
     service: OrderService,
+    health: Arc<crate::health::HealthState>,
     bound: impl FnOnce(SocketAddr),
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     bound(listener.local_addr()?);
-    axum::serve(listener, router(service)).with_graceful_shutdown(shutdown).await
+    let app = router(service).merge(crate::health::routes(health));
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 
-/// The routes, for serving or for in-process calls.
+/// The order routes, with a request counter by route and status.
 pub fn router(service: OrderService) -> Router {
     Router::new()
         .route("/orders", post(create))
         .route("/orders/{id}", get(fetch))
         .route("/orders/{id}/{action}", post(act))
-        .route("/health/live", get(|| async { Json(json!({"live": true})) }))
+        .layer(axum::middleware::from_fn(count_requests))
         .with_state(Arc::new(service))
+}
+
+async fn count_requests(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let route = match request.uri().path() {
+        "/orders" => "create",
+        p if p.matches('/').count() == 2 => "get",
+        p if p.ends_with("/pay") => "pay",
+        p if p.ends_with("/ship") => "ship",
+        p if p.ends_with("/cancel") => "cancel",
+        p if p.ends_with("/refund") => "refund",
+        _ => "other",
+    };
+    let response = next.run(request).await;
+    crate::metrics::api_request(route, response.status().as_u16());
+    response
 }
 
 impl IntoResponse for ApiError {

@@ -26,6 +26,9 @@ pub enum DlqCommand {
         /// Exit after this many seconds without new dead letters.
         #[arg(long, value_name = "SECS")]
         until_idle: Option<u64>,
+        /// Serve /metrics and /health/* here (port 0 = any free port).
+        #[arg(long)]
+        health_addr: Option<std::net::SocketAddr>,
         /// Apply the migrations first.
         #[arg(long)]
         migrate: bool,
@@ -114,9 +117,13 @@ fn confirm(what: &str, rows: usize, yes: bool) -> bool {
 pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<ExitCode> {
     let db = Db::connect(&settings.database, 4)?;
     match command {
-        DlqCommand::Persist { until_idle, migrate, output } => {
+        DlqCommand::Persist { until_idle, health_addr, migrate, output } => {
             if migrate {
                 db.migrate().await?;
+            }
+            super::relay::serve_health(health_addr, &db).await?;
+            if let Ok(pending) = store::pending(&db).await {
+                crate::metrics::dead_letters_pending(pending);
             }
             let summary = persist::run(settings, &db, until_idle.map(Duration::from_secs), shutdown_signal()).await?;
             match output.output {

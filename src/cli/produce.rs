@@ -140,6 +140,9 @@ pub async fn run(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitC
         .send_all(paced, |_, _| progress.inc(1))
         .await;
     progress.finish_and_clear();
+    for (event, n) in &report.by_event {
+        crate::metrics::produced(&topic, event, *n);
+    }
     let elapsed = started.elapsed().as_secs_f64();
     let summary = ProduceSummary {
         topic,

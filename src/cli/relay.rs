@@ -11,6 +11,7 @@ use super::consume::shutdown_signal;
 use super::output::{self, Output};
 use crate::config::Settings;
 use crate::db::Db;
+use crate::health::HealthState;
 use crate::outbox::relay::{CrashPoint, Relay, RelayOptions};
 
 /// Flags of `orderpipe api`.
@@ -48,6 +49,9 @@ pub struct RelayArgs {
     /// Test hook: abort the process at this point of the first batch.
     #[arg(long, value_enum, hide = true)]
     crash_at: Option<CrashPoint>,
+    /// Serve /metrics and /health/* here (port 0 = any free port).
+    #[arg(long)]
+    health_addr: Option<SocketAddr>,
     /// Apply the migrations first.
     #[arg(long)]
     migrate: bool,
@@ -61,8 +65,11 @@ pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode>
     if args.migrate {
         db.migrate().await?;
     }
+    let health = HealthState::service();
+    crate::health::watch_db(db.clone(), health.clone());
     let service = crate::api::service(settings, db);
-    crate::api::serve(args.addr, service, |bound| eprintln!("order API listening on http://{bound}"), shutdown_signal()).await?;
+    crate::api::serve(args.addr, service, health, |bound| eprintln!("order API listening on http://{bound}"), shutdown_signal())
+        .await?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -81,6 +88,7 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
         until_idle: args.until_idle.map(Duration::from_secs),
         crash_at: args.crash_at,
     };
+    serve_health(args.health_addr, &db).await?;
     let relay = Relay::new(settings, db, options).await?;
     let summary = relay.run(shutdown_signal()).await;
     match args.output.output {
@@ -88,4 +96,15 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
         Output::Table => output::relay(&summary),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Serves `/metrics` and `/health/*` for a role that does not consume.
+pub async fn serve_health(addr: Option<SocketAddr>, db: &Db) -> anyhow::Result<()> {
+    crate::metrics::install();
+    let Some(addr) = addr else { return Ok(()) };
+    let health = HealthState::service();
+    crate::health::watch_db(db.clone(), health.clone());
+    let bound = crate::health::serve(addr, health).await?;
+    eprintln!("health endpoints on http://{bound}/health/ready");
+    Ok(())
 }

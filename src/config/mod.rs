@@ -76,6 +76,10 @@ pub struct ConsumerSettings {
     pub options: BTreeMap<String, String>,
     /// Records of one partition applied in one DB transaction, at most.
     pub batch_size: usize,
+    /// `/health/mq` fails past this total lag.
+    pub lag_threshold: i64,
+    /// `/health/mq` fails when the loop has not polled for this long.
+    pub max_poll_gap_secs: u64,
 }
 
 /// Fault injection of the built-in `chaos` handler (demos and tests).

@@ -91,7 +91,11 @@ impl AssignmentContext {
     }
 }
 
-impl ClientContext for AssignmentContext {}
+impl ClientContext for AssignmentContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        crate::metrics::kafka_statistics(&statistics);
+    }
+}
 
 fn keys(list: &rdkafka::TopicPartitionList) -> impl Iterator<Item = PartitionKey> + '_ {
     list.elements().into_iter().map(|e| (e.topic().to_string(), e.partition()))

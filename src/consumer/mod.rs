@@ -191,7 +191,11 @@ pub async fn run(
     options: ConsumeOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<ConsumeSummary, ConsumerError> {
-    let health = HealthState::new();
+    crate::metrics::install();
+    let health = HealthState::consumer(
+        settings.consumer.lag_threshold,
+        Duration::from_secs(settings.consumer.max_poll_gap_secs.max(1)),
+    );
     if let Some(addr) = options.health_addr {
         let bound = crate::health::serve(addr, health.clone()).await?;
         tracing::info!(%bound, "health endpoints listening");
@@ -209,6 +213,7 @@ pub async fn run(
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "false")
         .set("session.timeout.ms", "10000")
+        .set("statistics.interval.ms", "5000")
         .set(
             "auto.offset.reset",
             match options.start_from {
@@ -252,7 +257,9 @@ pub async fn run(
         Err(e) => shared.health.db_down(&e.to_string()).await,
     }
 
+    let lag_task = tokio::spawn(report_lag(shared.clone()));
     dispatch(&shared, shutdown).await;
+    lag_task.abort();
     // Workers have finished; commit what they stored before leaving.
     match shared.consumer.commit_consumer_state(CommitMode::Sync) {
         Ok(()) => {}
@@ -291,6 +298,38 @@ async fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forw
     Ok(Forwarder::new(producer, retry_spec.name, dlq_spec.name, &options.group, policy))
 }
 
+/// Every 5 s: lag per assigned partition (high watermark minus committed
+/// offset) into the gauges and, summed, into `/health/mq`.
+async fn report_lag(shared: Arc<Shared>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let s = shared.clone();
+        let lags = tokio::task::spawn_blocking(move || {
+            let assignment = s.consumer.assignment().ok()?;
+            let committed = s.consumer.committed_offsets(assignment, Duration::from_secs(5)).ok()?;
+            let mut lags = Vec::new();
+            for e in committed.elements() {
+                let (low, high) = s.consumer.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(5)).ok()?;
+                let from = match e.offset() {
+                    rdkafka::Offset::Offset(o) => o,
+                    _ => low,
+                };
+                lags.push((e.topic().to_string(), e.partition(), (high - from).max(0)));
+            }
+            Some(lags)
+        })
+        .await
+        .ok()
+        .flatten();
+        if let Some(lags) = lags {
+            for (topic, partition, lag) in &lags {
+                crate::metrics::lag(&shared.options.group, topic, *partition, *lag);
+            }
+            shared.health.set_lag(lags.iter().map(|l| l.2).sum());
+        }
+    }
+}
+
 /// Routes records to partition workers until shutdown or idle.
 async fn dispatch(shared: &Arc<Shared>, shutdown: impl std::future::Future<Output = ()>) {
     let mut workers: HashMap<PartitionKey, (u64, mpsc::Sender<OwnedMessage>)> = HashMap::new();
@@ -299,6 +338,7 @@ async fn dispatch(shared: &Arc<Shared>, shutdown: impl std::future::Future<Outpu
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tokio::pin!(shutdown);
     loop {
+        shared.health.polled();
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => {
@@ -338,6 +378,7 @@ async fn dispatch(shared: &Arc<Shared>, shutdown: impl std::future::Future<Outpu
                     workers.insert(key.clone(), (generation, tx));
                 }
                 shared.summary.lock().expect("summary lock").consumed += 1;
+                crate::metrics::consumed(&shared.options.group, message.topic());
                 shared.pending.fetch_add(1, Ordering::SeqCst);
                 let (_, tx) = &workers[&key];
                 if tx.send(message).await.is_err() {

@@ -28,12 +28,14 @@ use rdkafka::consumer::Consumer;
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::assignment::PartitionKey;
 use super::handler::{Effect, HandlerError};
 use super::{ConsumeSummary, Shared};
 use crate::dedup::{self, RecordOrigin};
 use crate::envelope::Envelope;
+use crate::metrics::{Applied, DeadLettered, DuplicateSkipped, InternalEvent, ProcessingFailed, SentToRetry};
 use crate::retry::{Failure, Routed, header, header_text, now_ms};
 
 /// Largest record value accepted (order events are small by rule).
@@ -190,6 +192,17 @@ impl PartitionWorker {
                 }
                 Err(BatchError::Record { index, error }) => {
                     self.count(|s| s.apply_failures += 1);
+                    let failing = &items[start + index];
+                    let span = self.span(&failing.message, failing.envelope.as_ref());
+                    span.in_scope(|| {
+                        ProcessingFailed {
+                            group: &self.shared.options.group,
+                            event_name: failing.envelope.as_ref().map_or("unknown", |e| e.event_name.as_str()),
+                            class: error.class(),
+                            error: &error.to_string(),
+                        }
+                        .emit()
+                    });
                     if index > 0 {
                         // Apply what precedes the failing record on its own first.
                         match self.apply(&items[start..start + index]).await {
@@ -202,7 +215,7 @@ impl PartitionWorker {
                         }
                     }
                     let failing = start + index;
-                    if !self.settle(&items[failing], error).await {
+                    if !self.settle(&items[failing], error).instrument(span).await {
                         return false;
                     }
                     self.store_offset(items[failing].message.offset());
@@ -257,20 +270,21 @@ impl PartitionWorker {
             if !self.owned() {
                 return false;
             }
-            match self.shared.forwarder.forward(message, &failure).await {
+            let forwarded = self.shared.forwarder.forward(message, &failure).instrument(self.span(message, None)).await;
+            match forwarded {
                 Ok(routed) => {
-                    let envelope_id = header_text(message, "event_id").unwrap_or_default();
+                    let _in_record = self.span(message, None).entered();
+                    let group = self.shared.options.group.as_str();
+                    let event_name = header_text(message, "event_name").unwrap_or_else(|| "unknown".into());
                     match routed {
                         Routed::Retry { attempt, delay } => {
                             self.count(|s| s.sent_to_retry += 1);
-                            tracing::warn!(partition = self.key.1, offset = message.offset(), event_id = %envelope_id,
-                                attempt, delay_ms = delay.as_millis() as u64, class = %failure.class, error = %failure.message,
-                                "record sent to the retry topic");
+                            SentToRetry { group, attempt, delay, class: &failure.class, error: &failure.message }.emit();
                         }
                         Routed::DeadLetter => {
                             self.count(|s| s.dead_lettered += 1);
-                            tracing::error!(partition = self.key.1, offset = message.offset(), event_id = %envelope_id,
-                                class = %failure.class, error = %failure.message, "record sent to the dead-letter topic");
+                            DeadLettered { group, event_name: &event_name, class: &failure.class, error: &failure.message }
+                                .emit();
                         }
                     }
                     return true;
@@ -308,7 +322,9 @@ impl PartitionWorker {
             }
         };
         Some(result.map_err(|(class, reason)| {
+            let _in_record = self.span(message, None).entered();
             self.count(|s| s.decode_failures += 1);
+            ProcessingFailed { group: &self.shared.options.group, event_name: "unknown", class, error: &reason }.emit();
             tracing::error!(topic = %self.key.0, partition = self.key.1, offset = message.offset(), class, error = %reason,
                 "poison record: sending to the dead-letter topic");
             Failure {
@@ -326,6 +342,8 @@ impl PartitionWorker {
         let dialect = shared.db.dialect;
         let mut tx = shared.db.begin().await.map_err(|e| BatchError::Unavailable(e.to_string()))?;
         let mut delta = ConsumeSummary::default();
+        let mut applied = Vec::new();
+        let mut duplicates = Vec::new();
         for (index, item) in items.iter().enumerate() {
             let Some(envelope) = &item.envelope else { continue };
             let fail = |error: HandlerError| match error {
@@ -338,18 +356,33 @@ impl PartitionWorker {
                 offset: item.message.offset(),
                 key: envelope.key(),
             };
-            let fresh = dedup::claim(&mut tx, dialect, &shared.options.group, envelope, &origin)
-                .await
-                .map_err(|e| fail(e.into()))?;
-            if !fresh {
+            // Every log line about this record carries its trace id.
+            let span = self.span(&item.message, Some(envelope));
+            let started = std::time::Instant::now();
+            let fresh = async {
+                let fresh = dedup::claim(&mut tx, dialect, &shared.options.group, envelope, &origin)
+                    .await
+                    .map_err(|e| fail(e.into()))?;
+                if fresh {
+                    for handler in &shared.options.handlers {
+                        let effect: Effect = handler.apply(&mut tx, dialect, envelope).await.map_err(fail)?;
+                        delta.record_effect(handler.name(), effect);
+                    }
+                    tracing::debug!("effects written");
+                } else {
+                    tracing::debug!("duplicate: already applied by this group");
+                }
+                Ok::<bool, BatchError>(fresh)
+            }
+            .instrument(span)
+            .await?;
+            if fresh {
+                applied.push((envelope, started.elapsed()));
+                delta.applied += 1;
+            } else {
                 delta.duplicates += 1;
-                continue;
+                duplicates.push(envelope);
             }
-            for handler in &shared.options.handlers {
-                let effect: Effect = handler.apply(&mut tx, dialect, envelope).await.map_err(fail)?;
-                delta.record_effect(handler.name(), effect);
-            }
-            delta.applied += 1;
         }
         if !self.owned() {
             let _ = tx.rollback().await;
@@ -360,7 +393,37 @@ impl PartitionWorker {
             *last = std::time::Instant::now();
         }
         shared.summary.lock().expect("summary lock").merge(delta);
+        let group = shared.options.group.as_str();
+        let now = chrono::Utc::now();
+        for (envelope, handler_time) in applied {
+            Applied {
+                group,
+                event_name: envelope.event_name.as_str(),
+                handler_time,
+                end_to_end: (now - envelope.event_time).to_std().ok(),
+            }
+            .emit();
+        }
+        for envelope in duplicates {
+            DuplicateSkipped { group, event_name: envelope.event_name.as_str() }.emit();
+        }
         Ok(())
+    }
+
+    /// The span of one record: trace id (from the envelope, else the
+    /// `trace_id` header), event id and where the record sits.
+    fn span(&self, message: &OwnedMessage, envelope: Option<&Envelope>) -> tracing::Span {
+        let trace_id = envelope.map(|e| e.trace_id.clone()).or_else(|| header_text(message, "trace_id")).unwrap_or_default();
+        let event_id = envelope.map(|e| e.event_id.to_string()).or_else(|| header_text(message, "event_id")).unwrap_or_default();
+        tracing::info_span!(
+            "record",
+            trace_id = %trace_id,
+            event_id = %event_id,
+            group = %self.shared.options.group,
+            topic = %self.key.0,
+            partition = self.key.1,
+            offset = message.offset()
+        )
     }
 
     /// Stores `offset + 1` as the next offset to commit for this partition.

@@ -129,6 +129,9 @@ pub async fn run(
             offsets.add_partition_offset(&topic, partition, Offset::Offset(offset))?;
         }
         consumer.store_offsets(&offsets)?;
+        if let Ok(pending) = store::pending(db).await {
+            crate::metrics::dead_letters_pending(pending);
+        }
         summary.read += batch.len() as u64;
         summary.batches += 1;
     }

@@ -165,6 +165,7 @@ impl Relay {
         let mut last_work = Instant::now();
         let mut first_publish = None;
         let mut last_purge = Instant::now();
+        let mut last_backlog = Instant::now() - Duration::from_secs(10);
         let mut backoff = Duration::from_millis(100);
         loop {
             if futures::FutureExt::now_or_never(&mut shutdown).is_some() {
@@ -195,6 +196,12 @@ impl Relay {
                     tracing::warn!(error = %e, "relay cycle failed; retrying with backoff");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+            if last_backlog.elapsed() > Duration::from_secs(5) {
+                last_backlog = Instant::now();
+                if let Ok(backlog) = super::backlog(&self.db).await {
+                    crate::metrics::outbox(&backlog);
                 }
             }
             if last_purge.elapsed() > Duration::from_secs(60) {
@@ -282,6 +289,10 @@ impl Relay {
             }
         }
         self.summary.transactions += 1;
+        crate::metrics::transaction("committed");
+        for (row, envelope, _) in &encoded {
+            crate::metrics::produced(&row.topic, envelope.event_name.as_str(), 1);
+        }
         if self.options.crash_at == Some(CrashPoint::AfterKafkaCommit) {
             tracing::error!("crash point after_kafka_commit: aborting the process");
             std::process::abort();
@@ -298,6 +309,7 @@ impl Relay {
             tracing::warn!(error = %e, "aborting the Kafka transaction failed");
         }
         self.summary.aborted += 1;
+        crate::metrics::transaction("aborted");
     }
 
     /// Renews this instance's leases and moves toward an equal share of the

@@ -26,7 +26,7 @@ async fn downstream() -> (String, Seen) {
         let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
         seen.lock().unwrap().push((mode.clone(), key, body));
         match mode.as_str() {
-            "ok" => (StatusCode::OK, Json(json!({"code": 0, "message": "ok"}))),
+            "ok" | "other" => (StatusCode::OK, Json(json!({"code": 0, "message": "ok"}))),
             "refuse" => (StatusCode::OK, Json(json!({"code": 1, "message": "business says no"}))),
             "broken" => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"message": "boom"}))),
             _ => {
@@ -116,4 +116,49 @@ fn unknown_subscription_names_the_declared_ones() {
     let env = TestEnv::new();
     let out = env.cli(&["deliver", "--subscription", "crm"]).failure();
     assert!(out.contains("--subscription") && out.contains("crm"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_subscription_is_reloaded_without_a_restart() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let (base, seen) = downstream().await;
+    let write = |path: &std::path::Path, mode: &str| {
+        let text = format!(
+            "[[http.subscriptions]]\nname = \"crm\"\nevents = [\"order.created\"]\nurl = \"{base}/hook/{mode}\"\ntimeout_ms = 2000\n"
+        );
+        std::fs::write(path, text).unwrap();
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("orderpipe.toml");
+    write(&config, "ok");
+    let mut deliver = env.spawn(&["--config", config.to_str().unwrap(), "deliver", "--subscription", "crm"]);
+    let produce = |seed: u64| {
+        let events: Vec<Envelope> = LifecycleGenerator::new("checkout", 2, 1000 * seed as i64, seed).take(6).collect();
+        let file = write_ndjson(&events);
+        env.cli(&["produce", "--file", file.path().to_str().unwrap()]).success();
+        events.iter().filter(|e| e.event_name.as_str() == "order.created").count()
+    };
+    let wait_for = |mode: &'static str, n: usize| {
+        let seen = seen.clone();
+        async move {
+            for _ in 0..150 {
+                if seen.lock().unwrap().iter().filter(|(m, ..)| m == mode).count() >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            panic!("{mode} never received {n} deliveries");
+        }
+    };
+    let first = produce(1);
+    wait_for("ok", first).await;
+
+    // Point the subscription elsewhere: the running group picks it up.
+    write(&config, "other");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let second = produce(2);
+    wait_for("other", second).await;
+    assert_eq!(seen.lock().unwrap().iter().filter(|(m, ..)| m == "ok").count(), first, "old URL used after reload");
+    crate::consumer::sigterm(&mut deliver);
 }

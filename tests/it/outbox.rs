@@ -25,6 +25,7 @@ pub async fn start_api(env: &TestEnv) -> String {
     tokio::spawn(orderpipe::api::serve(
         SocketAddr::from(([127, 0, 0, 1], 0)),
         service,
+        orderpipe::health::HealthState::service(),
         move |bound| {
             let _ = tx.send(bound);
         },

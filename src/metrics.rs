@@ -1,0 +1,250 @@
+//! Prometheus metrics: the recorder, the metric names, and the typed
+//! internal events that emit a log line and a metric together.
+//!
+//! Every long-running role serves `/metrics` on its health address (see
+//! [`crate::health`]). Names follow Prometheus conventions (`_total` for
+//! counters, base units in the name); labels are bounded: topic, partition,
+//! group, event name, error class, attempt — never an event or order id.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Metric names.
+pub mod name {
+    /// Records produced, by topic and event name.
+    pub const PRODUCED: &str = "orderpipe_produced_records_total";
+    /// Records the producer could not deliver, by topic.
+    pub const PRODUCER_ERRORS: &str = "orderpipe_producer_errors_total";
+    /// Relay Kafka transactions, by outcome (committed, aborted).
+    pub const TRANSACTIONS: &str = "orderpipe_relay_transactions_total";
+    /// Records received, by group and topic.
+    pub const CONSUMED: &str = "orderpipe_consumed_records_total";
+    /// Events applied (effect committed), by group and event name.
+    pub const APPLIED: &str = "orderpipe_applied_records_total";
+    /// Events skipped as duplicates, by group and event name.
+    pub const DUPLICATES: &str = "orderpipe_duplicate_records_total";
+    /// Failed processing attempts, by group, event name and error class.
+    pub const FAILURES: &str = "orderpipe_processing_failures_total";
+    /// Records sent to the retry topic, by group and attempt.
+    pub const RETRIES: &str = "orderpipe_retries_total";
+    /// Records sent to the dead-letter topic, by group, event name and error class.
+    pub const DEAD_LETTERED: &str = "orderpipe_dead_lettered_records_total";
+    /// Pending rows in `dead_letters` (persister).
+    pub const DEAD_LETTERS_PENDING: &str = "orderpipe_dead_letters_pending";
+    /// Consumer lag (high watermark minus committed offset), by group, topic and partition.
+    pub const LAG: &str = "orderpipe_consumer_lag_records";
+    /// Handler time per record, by group.
+    pub const HANDLER_SECONDS: &str = "orderpipe_handler_duration_seconds";
+    /// Apply time minus event time, by group.
+    pub const END_TO_END_SECONDS: &str = "orderpipe_end_to_end_latency_seconds";
+    /// Unsent outbox rows.
+    pub const OUTBOX_BACKLOG: &str = "orderpipe_outbox_backlog_rows";
+    /// Age of the oldest unsent outbox row.
+    pub const OUTBOX_OLDEST_AGE: &str = "orderpipe_outbox_oldest_age_seconds";
+    /// Dedup rows removed by cleanup.
+    pub const DEDUP_CLEANUP_DELETED: &str = "orderpipe_dedup_cleanup_deleted_total";
+    /// API requests, by route and status.
+    pub const API_REQUESTS: &str = "orderpipe_api_requests_total";
+    /// librdkafka: messages in the client's queues (producer: waiting for delivery), by client.
+    pub const KAFKA_QUEUE: &str = "orderpipe_kafka_queue_messages";
+    /// librdkafka: average broker round-trip time, by client and broker.
+    pub const KAFKA_RTT: &str = "orderpipe_kafka_broker_rtt_seconds";
+}
+
+/// Buckets for the latency histograms: fine below a second (P99 SLAs of
+/// consumers are usually 100 ms to 2 s), coarse up to a minute (retries).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the global recorder once and returns the handle that renders it.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .expect("buckets are valid")
+                .install_recorder()
+                .expect("the metrics recorder is installed once");
+            let upkeep = handle.clone();
+            std::thread::spawn(move || {
+                loop {
+                    std::thread::sleep(Duration::from_secs(5));
+                    upkeep.run_upkeep();
+                }
+            });
+            handle
+        })
+        .clone()
+}
+
+/// Something that happened, logged and counted in one place.
+pub trait InternalEvent {
+    /// Emits the log line and the metric.
+    fn emit(self);
+}
+
+/// A batch of a partition was committed.
+pub struct Applied<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name.
+    pub event_name: &'a str,
+    /// Handlers' time for this record.
+    pub handler_time: Duration,
+    /// Now minus the event time.
+    pub end_to_end: Option<Duration>,
+}
+
+impl InternalEvent for Applied<'_> {
+    fn emit(self) {
+        tracing::debug!(group = self.group, event_name = self.event_name, "applied");
+        counter!(name::APPLIED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
+        histogram!(name::HANDLER_SECONDS, "group" => self.group.to_string()).record(self.handler_time.as_secs_f64());
+        if let Some(e2e) = self.end_to_end {
+            histogram!(name::END_TO_END_SECONDS, "group" => self.group.to_string()).record(e2e.as_secs_f64());
+        }
+    }
+}
+
+/// A record was skipped because its group applied it before.
+pub struct DuplicateSkipped<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name.
+    pub event_name: &'a str,
+}
+
+impl InternalEvent for DuplicateSkipped<'_> {
+    fn emit(self) {
+        tracing::debug!(group = self.group, event_name = self.event_name, "duplicate skipped");
+        counter!(name::DUPLICATES, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
+    }
+}
+
+/// An attempt to process a record failed.
+pub struct ProcessingFailed<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name (`unknown` for undecodable records).
+    pub event_name: &'a str,
+    /// Error class.
+    pub class: &'a str,
+    /// What happened.
+    pub error: &'a str,
+}
+
+impl InternalEvent for ProcessingFailed<'_> {
+    fn emit(self) {
+        tracing::warn!(group = self.group, event_name = self.event_name, class = self.class, error = self.error, "processing failed");
+        counter!(name::FAILURES, "group" => self.group.to_string(), "event_name" => self.event_name.to_string(),
+            "error_class" => self.class.to_string()).increment(1);
+    }
+}
+
+/// A record was sent to the group's retry topic.
+pub struct SentToRetry<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Delayed attempt number.
+    pub attempt: u32,
+    /// Wait before it.
+    pub delay: Duration,
+    /// Error class.
+    pub class: &'a str,
+    /// What happened.
+    pub error: &'a str,
+}
+
+impl InternalEvent for SentToRetry<'_> {
+    fn emit(self) {
+        tracing::warn!(group = self.group, attempt = self.attempt, delay_ms = self.delay.as_millis() as u64,
+            class = self.class, error = self.error, "record sent to the retry topic");
+        counter!(name::RETRIES, "group" => self.group.to_string(), "attempt" => self.attempt.to_string()).increment(1);
+    }
+}
+
+/// A record was sent to the dead-letter topic.
+pub struct DeadLettered<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name (`unknown` for undecodable records).
+    pub event_name: &'a str,
+    /// Error class.
+    pub class: &'a str,
+    /// What happened.
+    pub error: &'a str,
+}
+
+impl InternalEvent for DeadLettered<'_> {
+    fn emit(self) {
+        tracing::error!(group = self.group, event_name = self.event_name, class = self.class, error = self.error,
+            "record sent to the dead-letter topic");
+        counter!(name::DEAD_LETTERED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string(),
+            "error_class" => self.class.to_string()).increment(1);
+    }
+}
+
+/// Records were produced and acknowledged.
+pub fn produced(topic: &str, event_name: &str, n: u64) {
+    counter!(name::PRODUCED, "topic" => topic.to_string(), "event_name" => event_name.to_string()).increment(n);
+}
+
+/// A record could not be produced.
+pub fn producer_error(topic: &str) {
+    counter!(name::PRODUCER_ERRORS, "topic" => topic.to_string()).increment(1);
+}
+
+/// A relay transaction ended.
+pub fn transaction(outcome: &'static str) {
+    counter!(name::TRANSACTIONS, "outcome" => outcome).increment(1);
+}
+
+/// Records received.
+pub fn consumed(group: &str, topic: &str) {
+    counter!(name::CONSUMED, "group" => group.to_string(), "topic" => topic.to_string()).increment(1);
+}
+
+/// A partition's lag.
+pub fn lag(group: &str, topic: &str, partition: i32, lag: i64) {
+    gauge!(name::LAG, "group" => group.to_string(), "topic" => topic.to_string(), "partition" => partition.to_string())
+        .set(lag as f64);
+}
+
+/// The outbox backlog.
+pub fn outbox(backlog: &crate::outbox::Backlog) {
+    gauge!(name::OUTBOX_BACKLOG).set(backlog.unsent as f64);
+    gauge!(name::OUTBOX_OLDEST_AGE).set(backlog.oldest_age_ms as f64 / 1000.0);
+}
+
+/// Pending dead letters.
+pub fn dead_letters_pending(n: i64) {
+    gauge!(name::DEAD_LETTERS_PENDING).set(n as f64);
+}
+
+/// Dedup rows removed.
+pub fn dedup_cleanup(n: u64) {
+    counter!(name::DEDUP_CLEANUP_DELETED).increment(n);
+}
+
+/// An API request finished.
+pub fn api_request(route: &'static str, status: u16) {
+    counter!(name::API_REQUESTS, "route" => route, "status" => status.to_string()).increment(1);
+}
+
+/// librdkafka statistics that matter: queue depth and broker round trips.
+pub fn kafka_statistics(stats: &rdkafka::Statistics) {
+    let client = stats.client_id.clone();
+    gauge!(name::KAFKA_QUEUE, "client" => client.clone()).set(stats.msg_cnt as f64);
+    for broker in stats.brokers.values() {
+        if let Some(rtt) = &broker.rtt {
+            gauge!(name::KAFKA_RTT, "client" => client.clone(), "broker" => broker.nodename.clone())
+                .set(rtt.avg as f64 / 1_000_000.0);
+        }
+    }
+}
