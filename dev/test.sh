@@ -29,6 +29,9 @@ stop_stack() {
 trap stop_stack EXIT
 "$STACK" up
 
+echo "== Helm chart and alert rules"
+"$ROOT/dev/chart-test.sh"
+
 echo "== unit and integration tests"
 cargo test --all-targets
 echo "== serial integration tests (one at a time)"

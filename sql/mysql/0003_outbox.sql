@@ -31,7 +31,7 @@ CREATE TABLE outbox_messages (
     envelope    TEXT         NOT NULL,
     created_ms  BIGINT       NOT NULL,
     sent_ms     BIGINT       NULL,
-    KEY idx_outbox_unsent (sent_ms, shard, id),
+    KEY idx_outbox_unsent (sent_ms, id),
     KEY idx_outbox_tx (tx_id)
 ) ENGINE=InnoDB;
 

@@ -23,7 +23,7 @@ CREATE TABLE outbox_messages (
     created_ms  INTEGER NOT NULL,
     sent_ms     INTEGER
 );
-CREATE INDEX idx_outbox_unsent ON outbox_messages (sent_ms, shard, id);
+CREATE INDEX idx_outbox_unsent ON outbox_messages (sent_ms, id);
 CREATE INDEX idx_outbox_tx ON outbox_messages (tx_id);
 
 CREATE TABLE relay_leases (

@@ -220,6 +220,13 @@ impl GlobalArgs {
 
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
+    // Die quietly when stdout is closed (`orderpipe dlq list | head`), as a
+    // Unix tool should, instead of panicking on the failed write.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     telemetry::init(cli.global.log_format, &cli.global.log_level);
     let runtime = match tokio::runtime::Runtime::new() {

@@ -1,5 +1,5 @@
 //! Configuration, layered: built-in defaults (`defaults.toml`, the local dev stack), then a
-//! TOML file, then `ORDERPIPE_*` environment variables, then command-line
+//! TOML (or JSON) file, then `ORDERPIPE_*` environment variables, then command-line
 //! flags. Nested keys use `__` in the environment:
 //! `ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS=broker:9092`,
 //! `ORDERPIPE_DATABASE__URL=mysql://...`.
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use figment::Figment;
-use figment::providers::{Env, Format, Toml};
+use figment::providers::{Env, Format, Json, Toml};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
@@ -201,6 +201,9 @@ impl Settings {
             Some(path) if !path.exists() => {
                 return Err(ConfigError(format!("config file {} not found", path.display())));
             }
+            // JSON too: the Helm chart renders its values as JSON, which keeps
+            // integers integers (Helm's toToml writes every number as a float).
+            Some(path) if path.extension().is_some_and(|e| e == "json") => figment = figment.merge(Json::file(path)),
             Some(path) => figment = figment.merge(Toml::file(path)),
             None if default_file.exists() => figment = figment.merge(Toml::file(default_file)),
             None => {}

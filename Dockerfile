@@ -1,0 +1,21 @@
+# The image the Helm chart runs: build with the bundled librdkafka, run as a
+# non-root user on a slim base with a read-only root filesystem.
+FROM rust:1.95-bookworm AS build
+RUN apt-get update && apt-get install -y --no-install-recommends \
+      cmake libcurl4-openssl-dev libssl-dev libsasl2-dev zlib1g-dev libzstd-dev pkg-config \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY src src
+COPY schemas schemas
+COPY sql sql
+RUN cargo build --release --locked --bin orderpipe
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 libsasl2-2 libzstd1 zlib1g \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin orderpipe
+COPY --from=build /src/target/release/orderpipe /usr/local/bin/orderpipe
+USER 10001:10001
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/orderpipe", "--log-format", "json"]
