@@ -29,7 +29,6 @@ pub mod worker;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -176,11 +175,29 @@ pub(crate) struct Shared {
     pub assignment: Arc<Assignment>,
     pub summary: Mutex<ConsumeSummary>,
     pub health: Arc<HealthState>,
-    /// Records dispatched and not yet finished (applied, skipped or dropped on revoke).
-    pub pending: AtomicUsize,
+    /// Records dispatched and not yet finished (applied, forwarded or
+    /// dropped on revoke), per partition.
+    pub in_flight: Mutex<HashMap<PartitionKey, usize>>,
     pub batch_size: usize,
     /// First record received, last batch committed.
     pub active: Mutex<Option<(Instant, Instant)>>,
+}
+
+impl Shared {
+    /// Adds `delta` records to a partition's in-flight count.
+    pub(crate) fn in_flight_change(&self, key: &PartitionKey, delta: isize) {
+        let mut map = self.in_flight.lock().expect("in-flight lock");
+        let n = map.entry(key.clone()).or_default();
+        *n = n.saturating_add_signed(delta);
+    }
+
+    fn in_flight_total(&self) -> usize {
+        self.in_flight.lock().expect("in-flight lock").values().sum()
+    }
+
+    fn in_flight(&self, key: &PartitionKey) -> usize {
+        self.in_flight.lock().expect("in-flight lock").get(key).copied().unwrap_or(0)
+    }
 }
 
 /// Runs a consumer until `shutdown` resolves or, with `until_idle`, until
@@ -247,7 +264,7 @@ pub async fn run(
         options,
         assignment,
         health,
-        pending: AtomicUsize::new(0),
+        in_flight: Mutex::new(HashMap::new()),
         active: Mutex::new(None),
         batch_size: settings.consumer.batch_size.max(1),
     });
@@ -300,6 +317,12 @@ async fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forw
 
 /// Every 5 s: lag per assigned partition (high watermark minus committed
 /// offset) into the gauges and, summed, into `/health/mq`.
+///
+/// A transactional producer leaves a commit marker after each transaction;
+/// it takes an offset but is never delivered, so a caught-up partition
+/// would show a lag of 1 forever. When nothing of a partition is in flight,
+/// everything fetched so far was applied, so the fetch position (past the
+/// marker) is used instead of the committed offset.
 async fn report_lag(shared: Arc<Shared>) {
     loop {
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -307,12 +330,24 @@ async fn report_lag(shared: Arc<Shared>) {
         let lags = tokio::task::spawn_blocking(move || {
             let assignment = s.consumer.assignment().ok()?;
             let committed = s.consumer.committed_offsets(assignment, Duration::from_secs(5)).ok()?;
+            let positions = s.consumer.position().ok()?;
             let mut lags = Vec::new();
             for e in committed.elements() {
                 let (low, high) = s.consumer.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(5)).ok()?;
-                let from = match e.offset() {
+                let committed = match e.offset() {
                     rdkafka::Offset::Offset(o) => o,
                     _ => low,
+                };
+                let key = (e.topic().to_string(), e.partition());
+                let position = positions
+                    .find_partition(e.topic(), e.partition())
+                    .and_then(|p| match p.offset() {
+                        rdkafka::Offset::Offset(o) => Some(o),
+                        _ => None,
+                    });
+                let from = match position {
+                    Some(p) if p > committed && s.in_flight(&key) == 0 => p,
+                    _ => committed,
                 };
                 lags.push((e.topic().to_string(), e.partition(), (high - from).max(0)));
             }
@@ -349,7 +384,7 @@ async fn dispatch(shared: &Arc<Shared>, shutdown: impl std::future::Future<Outpu
                         .assignment
                         .since_change()
                         .map(|since| since.min(last_record.elapsed()));
-                    if shared.pending.load(Ordering::SeqCst) == 0 && quiet.is_some_and(|q| q >= idle) {
+                    if shared.in_flight_total() == 0 && quiet.is_some_and(|q| q >= idle) {
                         break;
                     }
                 }
@@ -379,11 +414,11 @@ async fn dispatch(shared: &Arc<Shared>, shutdown: impl std::future::Future<Outpu
                 }
                 shared.summary.lock().expect("summary lock").consumed += 1;
                 crate::metrics::consumed(&shared.options.group, message.topic());
-                shared.pending.fetch_add(1, Ordering::SeqCst);
+                shared.in_flight_change(&key, 1);
                 let (_, tx) = &workers[&key];
                 if tx.send(message).await.is_err() {
                     // The worker stopped because the partition was revoked.
-                    shared.pending.fetch_sub(1, Ordering::SeqCst);
+                    shared.in_flight_change(&key, -1);
                 }
             }
         }

@@ -21,7 +21,6 @@
 //! with its partition paused (no busy polling), then processes it the same way.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rdkafka::consumer::Consumer;
@@ -110,12 +109,12 @@ impl PartitionWorker {
             } else {
                 self.process(batch).await
             };
-            self.shared.pending.fetch_sub(n, Ordering::SeqCst);
+            self.shared.in_flight_change(&self.key, -(n as isize));
             if !still_owned {
                 // Whatever is queued belongs to the partition's next owner.
                 rx.close();
                 while rx.recv().await.is_some() {
-                    self.shared.pending.fetch_sub(1, Ordering::SeqCst);
+                    self.shared.in_flight_change(&self.key, -1);
                 }
                 return;
             }
@@ -377,11 +376,11 @@ impl PartitionWorker {
             .instrument(span)
             .await?;
             if fresh {
-                applied.push((envelope, started.elapsed()));
+                applied.push((item, envelope, started.elapsed()));
                 delta.applied += 1;
             } else {
                 delta.duplicates += 1;
-                duplicates.push(envelope);
+                duplicates.push((item, envelope));
             }
         }
         if !self.owned() {
@@ -395,7 +394,8 @@ impl PartitionWorker {
         shared.summary.lock().expect("summary lock").merge(delta);
         let group = shared.options.group.as_str();
         let now = chrono::Utc::now();
-        for (envelope, handler_time) in applied {
+        for (item, envelope, handler_time) in applied {
+            let _in_record = self.span(&item.message, Some(envelope)).entered();
             Applied {
                 group,
                 event_name: envelope.event_name.as_str(),
@@ -404,7 +404,8 @@ impl PartitionWorker {
             }
             .emit();
         }
-        for envelope in duplicates {
+        for (item, envelope) in duplicates {
+            let _in_record = self.span(&item.message, Some(envelope)).entered();
             DuplicateSkipped { group, event_name: envelope.event_name.as_str() }.emit();
         }
         Ok(())

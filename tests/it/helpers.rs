@@ -66,10 +66,7 @@ impl TestEnv {
 
     /// Starts `orderpipe ARGS` in the background with this test's environment.
     pub fn spawn(&self, args: &[&str]) -> std::process::Child {
-        Command::new(env!("CARGO_BIN_EXE_orderpipe"))
-            .args(args)
-            .envs(&self.env)
-            .env("RUST_LOG", "warn")
+        self.command(args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -81,15 +78,17 @@ impl TestEnv {
         self.env.insert(key.to_string(), value.to_string());
     }
 
+    /// `orderpipe ARGS` with this test's environment, not yet started.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_orderpipe"));
+        command.args(args).envs(&self.env).env("RUST_LOG", "warn");
+        command
+    }
+
     /// Runs `orderpipe ARGS` with this test's environment.
     pub fn cli(&self, args: &[&str]) -> CliRun {
         let started = Instant::now();
-        let output = Command::new(env!("CARGO_BIN_EXE_orderpipe"))
-            .args(args)
-            .envs(&self.env)
-            .env("RUST_LOG", "warn")
-            .output()
-            .expect("orderpipe runs");
+        let output = self.command(args).output().expect("orderpipe runs");
         CliRun {
             output,
             elapsed: started.elapsed(),

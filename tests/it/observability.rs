@@ -1,0 +1,212 @@
+//! Metrics, health and tracing against the real stack: a real Prometheus
+//! scrapes the roles; `/health/mq` and `/health/ready` follow lag, polling
+//! and the database; every log line of a record carries its trace id.
+
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use orderpipe::envelope::Envelope;
+use orderpipe::generator::LifecycleGenerator;
+use serde_json::Value;
+
+use crate::consumer::{count_rows, produce_lifecycles, sigterm, write_ndjson};
+use crate::helpers::{TestEnv, http_get, stack};
+use crate::outbox::{drive_orders, start_api};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A Prometheus scraping `targets` every second, on a free port.
+struct Prometheus {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(targets: &[String]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let list = targets.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
+        let config = format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: orderpipe\n    static_configs:\n      - targets: [{list}]\n");
+        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+        let port = free_port();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian's prometheus package) starts");
+        Self { child, url: format!("127.0.0.1:{port}"), _dir: dir }
+    }
+
+    /// The value of an instant query that returns one sample.
+    fn query(&self, promql: &str) -> Option<f64> {
+        let path = format!("/api/v1/query?query={}", urlencode(promql));
+        let (status, body) = http_get(&self.url, &path);
+        if status != 200 {
+            return None;
+        }
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+    }
+
+    /// Waits until `promql` returns `want`.
+    async fn expect(&self, promql: &str, want: f64) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let mut last = None;
+        while Instant::now() < deadline {
+            last = self.query(promql);
+            if last == Some(want) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        panic!("{promql}: wanted {want}, Prometheus says {last:?}");
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
+    let mut env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    // Producer side: orders through the API, published by a relay.
+    let api = start_api(&env).await;
+    drive_orders(&api, 60, 10).await;
+    let db = env.db();
+    let events = orderpipe::outbox::recorded_events(&db, &env.settings.topics.order_events.name).await.unwrap();
+    // Consumer side: order 7 fails for good, order 9 twice then heals.
+    let permanent = events.iter().filter(|e| e.data.order_id() == 7).count();
+    assert!(permanent > 0);
+    env.set_env("ORDERPIPE_CHAOS__PERMANENT_ORDERS", "[7]");
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", "[9]");
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "2");
+    let (consumer_port, relay_port, persister_port) = (free_port(), free_port(), free_port());
+    let at = |p: u16| format!("127.0.0.1:{p}");
+    let mut consumer = env.spawn(&["consume", "--group", "obs", "--handler", "chaos,notification", "--health-addr", &at(consumer_port)]);
+    let mut relay = env.spawn(&["relay", "--instance", "obs", "--health-addr", &at(relay_port)]);
+    let mut persister = env.spawn(&["dlq", "persist", "--health-addr", &at(persister_port)]);
+    let prometheus = Prometheus::start(&[at(consumer_port), at(relay_port), at(persister_port)]);
+
+    // Wait for everything but order 7's events.
+    let want = events.len() as i64 - permanent as i64;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while count_rows(&db, "obs").await < want {
+        assert!(Instant::now() < deadline, "the group did not apply its events");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    let dead = permanent as f64;
+    prometheus.expect("max(orderpipe_dead_letters_pending)", dead).await;
+    prometheus.expect(r#"sum(orderpipe_dead_lettered_records_total{group="obs"})"#, dead).await;
+    prometheus.expect(r#"sum(orderpipe_processing_failures_total{group="obs",error_class="handler_fatal"})"#, dead).await;
+    let transient = events.iter().filter(|e| e.data.order_id() == 9).count() as f64;
+    prometheus.expect(r#"sum(orderpipe_processing_failures_total{group="obs",error_class="handler_retryable"})"#, transient).await;
+    // Lag is measured per partition of the topic (and the retry topic) and is 0 once caught up.
+    prometheus.expect(r#"count(orderpipe_consumer_lag_records{group="obs",topic!~".*retry.*"})"#, 12.0).await;
+    prometheus.expect(r#"sum(orderpipe_consumer_lag_records{group="obs"})"#, 0.0).await;
+    prometheus.expect(r#"sum(orderpipe_relay_transactions_total{outcome="committed"}) > bool 0"#, 1.0).await;
+    prometheus.expect("max(orderpipe_outbox_backlog_rows)", 0.0).await;
+    prometheus.expect(r#"sum(orderpipe_produced_records_total{event_name="order.created"}) > bool 0"#, 1.0).await;
+    for child in [&mut consumer, &mut relay, &mut persister] {
+        sigterm(child);
+    }
+}
+
+/// `/health/mq` follows lag and polling, `/health/ready` the database.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: stops the shared MariaDB; run by `make test` in the serial phase"]
+async fn health_mq_and_ready_follow_lag_polling_and_the_database() {
+    let mut env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    env.set_env("ORDERPIPE_CONSUMER__LAG_THRESHOLD", "2000");
+    env.set_env("ORDERPIPE_CONSUMER__MAX_POLL_GAP_SECS", "5");
+    let mut consumer = env.spawn(&["consume", "--group", "mq", "--handler", "notification", "--health-addr", "127.0.0.1:0"]);
+    let health = crate::helpers::health_addr(&mut consumer);
+    let status = |path: &'static str| http_get(&health, path);
+    let wait = |path: &'static str, want: u16, why: &'static str| {
+        let health = health.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(90);
+            loop {
+                let (s, body) = http_get(&health, path);
+                if s == want {
+                    return body;
+                }
+                assert!(Instant::now() < deadline, "{path} never answered {want} ({why}); last: {s} {body}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    produce_lifecycles(&env, 1_000, 100, 5);
+    wait("/health/ready", 200, "consumer up").await;
+    wait("/health/mq", 200, "caught up").await;
+
+    stack(&["stop", "mariadb"]);
+    let down = wait("/health/ready", 503, "database stopped").await;
+    assert!(down.contains("database unavailable"), "{down}");
+    env.cli(&["produce", "--count", "30000", "--orders", "1000", "--seed", "6", "--first-order-id", "100000"]).success();
+    let unhealthy = wait("/health/mq", 503, "lag past 2000 or polling stopped").await;
+    assert!(unhealthy.contains("lag") || unhealthy.contains("polled"), "{unhealthy}");
+    eprintln!("while the database is down: {unhealthy}");
+    stack(&["start", "mariadb"]);
+    wait("/health/ready", 200, "database back").await;
+    let healthy = wait("/health/mq", 200, "caught up again").await;
+    eprintln!("after: {healthy} / {:?}", status("/health/ready"));
+    sigterm(&mut consumer);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_log_line_of_a_record_carries_its_trace_id() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let event: Envelope = LifecycleGenerator::new("checkout", 1, 4242, 8).next().unwrap();
+    let file = write_ndjson(std::slice::from_ref(&event));
+    env.cli(&["produce", "--file", file.path().to_str().unwrap()]).success();
+    let mut child = env
+        .command(&["--log-format", "json", "consume", "--group", "traced", "--handler", "chaos,notification", "--until-idle", "3"])
+        .env("RUST_LOG", "orderpipe=debug")
+        .env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", "[4242]")
+        .env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "5")
+        .env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "200")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines: Vec<Value> = std::io::BufReader::new(child.stderr.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect();
+    assert!(child.wait().unwrap().success());
+    let id = event.event_id.to_string();
+    let about: Vec<&Value> = lines.iter().filter(|l| l.to_string().contains(&id)).collect();
+    // The failure, the forward, the failure on the retry topic, the effects, the apply.
+    assert!(about.len() >= 5, "too few log lines about the record: {about:#?}");
+    for line in &about {
+        assert_eq!(line["span"]["trace_id"].as_str(), Some(event.trace_id.as_str()), "{line}");
+    }
+    let messages: Vec<&str> = about.iter().filter_map(|l| l["message"].as_str()).collect();
+    for needle in ["processing failed", "record sent to the retry topic", "effects written", "applied"] {
+        assert!(messages.contains(&needle), "no `{needle}` line: {messages:?}");
+    }
+}
