@@ -248,3 +248,31 @@ pub fn kafka_statistics(stats: &rdkafka::Statistics) {
         }
     }
 }
+
+/// A librdkafka client context that turns the statistics callback into
+/// metrics (enable it with `statistics.interval.ms`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StatsContext;
+
+impl rdkafka::ClientContext for StatsContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        kafka_statistics(&statistics);
+    }
+}
+
+impl rdkafka::producer::ProducerContext for StatsContext {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+}
+
+/// A producer with statistics reported as metrics every 5 s.
+pub type MeasuredProducer = rdkafka::producer::FutureProducer<StatsContext>;
+
+/// Creates a [`MeasuredProducer`] from librdkafka options.
+pub fn measured_producer(
+    options: &std::collections::BTreeMap<String, String>,
+) -> rdkafka::error::KafkaResult<MeasuredProducer> {
+    let mut config = crate::producer::config::client_config(options);
+    config.set("statistics.interval.ms", "5000");
+    config.create_with_context(StatsContext)
+}

@@ -1,8 +1,12 @@
-//! Logging set up once per process: human-readable text by default,
-//! one JSON object per line with `--log-format json`. Logs go to stderr so
-//! stdout stays clean for command output (tables, JSON summaries).
+//! Logging and tracing, set up once per process: human-readable text by
+//! default, one JSON object per line with `--log-format json`, and (built
+//! with `--features otlp`, enabled with `--otlp-endpoint`) the spans exported
+//! to an OpenTelemetry collector over OTLP/HTTP. Logs go to stderr so stdout
+//! stays clean for command output (tables, JSON summaries).
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -13,15 +17,91 @@ pub enum LogFormat {
     Json,
 }
 
+/// Telemetry could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("telemetry: {0}")]
+pub struct TelemetryError(String);
+
 /// Installs the global subscriber. `RUST_LOG` wins over `default_level`.
-pub fn init(format: LogFormat, default_level: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // A second init (tests) keeps the first subscriber.
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+/// `otlp_endpoint` (e.g. `http://collector:4318/v1/traces`) exports spans.
+pub fn init(format: LogFormat, default_level: &str, otlp_endpoint: Option<&str>) -> Result<(), TelemetryError> {
+    // Exported spans need orderpipe's info-level record spans, so with OTLP
+    // on, orderpipe logs at info at least.
+    let level = match otlp_endpoint {
+        Some(_) => format!("{default_level},orderpipe=info"),
+        None => default_level.to_string(),
     };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let logs: Box<dyn Layer<Registry> + Send + Sync> = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer().json().flatten_event(true).with_writer(std::io::stderr).boxed(),
+    };
+    let registry = tracing_subscriber::registry().with(logs).with(filter);
+    match otlp_endpoint {
+        None => {
+            // A second init (tests) keeps the first subscriber.
+            let _ = registry.try_init();
+            Ok(())
+        }
+        Some(endpoint) => otlp::init(registry, endpoint),
+    }
+}
+
+/// Flushes exported spans; call before the process exits.
+pub fn shutdown() {
+    otlp::shutdown();
+}
+
+#[cfg(feature = "otlp")]
+mod otlp {
+    use opentelemetry::trace::TracerProvider;
+    use opentelemetry_otlp::WithExportConfig;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    use super::TelemetryError;
+
+    /// Kept to flush the batch exporter at exit.
+    static PROVIDER: std::sync::OnceLock<opentelemetry_sdk::trace::SdkTracerProvider> = std::sync::OnceLock::new();
+
+    /// Sends what the batch exporter still holds.
+    pub fn shutdown() {
+        if let Some(provider) = PROVIDER.get() {
+            if let Err(e) = provider.shutdown() {
+                eprintln!("telemetry: flushing spans failed: {e}");
+            }
+        }
+    }
+
+    pub fn init<S>(registry: S, endpoint: &str) -> Result<(), TelemetryError>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync + 'static,
+        S: tracing_subscriber::layer::SubscriberExt,
+    {
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(endpoint)
+            .build()
+            .map_err(|e| TelemetryError(format!("OTLP exporter for {endpoint}: {e}")))?;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(opentelemetry_sdk::Resource::builder().with_service_name("orderpipe").build())
+            .build();
+        let tracer = provider.tracer("orderpipe");
+        let _ = PROVIDER.set(provider);
+        let _ = registry.with(tracing_opentelemetry::layer().with_tracer(tracer)).try_init();
+        Ok(())
+    }
+}
+
+#[cfg(not(feature = "otlp"))]
+mod otlp {
+    use super::TelemetryError;
+
+    pub fn shutdown() {}
+
+    pub fn init<S>(_: S, endpoint: &str) -> Result<(), TelemetryError> {
+        Err(TelemetryError(format!(
+            "--otlp-endpoint {endpoint}: this orderpipe was built without OTLP export; rebuild with `cargo build --features otlp`"
+        )))
+    }
 }

@@ -58,6 +58,9 @@ struct GlobalArgs {
     /// Default log filter (RUST_LOG wins).
     #[arg(long, global = true, default_value = "warn,orderpipe=info")]
     log_level: String,
+    /// Export spans over OTLP/HTTP to this collector URL (needs `--features otlp`).
+    #[arg(long, global = true, env = "ORDERPIPE_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -228,7 +231,10 @@ pub fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    telemetry::init(cli.global.log_format, &cli.global.log_level);
+    if let Err(e) = telemetry::init(cli.global.log_format, &cli.global.log_level, cli.global.otlp_endpoint.as_deref()) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -236,13 +242,15 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let code = match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    telemetry::shutdown();
+    code
 }
 
 /// Runs one parsed command; `Ok` carries the exit code.

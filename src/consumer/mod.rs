@@ -311,7 +311,7 @@ async fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forw
         &settings.producer.options,
     )
     .map_err(|e| ConsumerError::Config(e.to_string()))?;
-    let producer = client_config(&producer_options).create()?;
+    let producer = crate::metrics::measured_producer(&producer_options)?;
     Ok(Forwarder::new(producer, retry_spec.name, dlq_spec.name, &options.group, policy))
 }
 

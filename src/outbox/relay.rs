@@ -25,7 +25,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureRecord, Producer};
+
+use crate::metrics::{MeasuredProducer, measured_producer};
 use serde::Serialize;
 use sqlx::Row;
 
@@ -34,7 +36,7 @@ use crate::codec::Codec;
 use crate::config::Settings;
 use crate::db::{Db, DbError, Dialect};
 use crate::envelope::Envelope;
-use crate::producer::config::{client_config, producer_options};
+use crate::producer::config::producer_options;
 use crate::producer::record_headers;
 use crate::retry::now_ms;
 use crate::schema::SchemaCatalog;
@@ -112,7 +114,7 @@ struct Row_ {
 /// The relay's state.
 pub struct Relay {
     db: Db,
-    producer: FutureProducer,
+    producer: MeasuredProducer,
     codecs: BTreeMap<String, Codec>,
     options: RelayOptions,
     owned: Vec<i64>,
@@ -132,7 +134,7 @@ impl Relay {
             let message_timeout = producer_settings.get("message.timeout.ms").cloned().unwrap_or_else(|| "120000".into());
             producer_settings.insert("transaction.timeout.ms".into(), message_timeout);
         }
-        let producer: FutureProducer = client_config(&producer_settings).create()?;
+        let producer = measured_producer(&producer_settings)?;
         let p = producer.clone();
         tokio::task::spawn_blocking(move || p.init_transactions(Duration::from_secs(30)))
             .await

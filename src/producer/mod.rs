@@ -18,7 +18,7 @@ use futures::{Stream, StreamExt};
 use futures::stream::FuturesUnordered;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureRecord, Producer};
 use serde::Serialize;
 
 use crate::codec::{Codec, CodecError};
@@ -102,7 +102,7 @@ pub struct SendReport {
 
 /// Produces envelopes to one topic.
 pub struct EventProducer {
-    producer: FutureProducer,
+    producer: crate::metrics::MeasuredProducer,
     codec: Arc<Codec>,
     topic: String,
     servers: String,
@@ -116,7 +116,7 @@ impl EventProducer {
     pub fn new(settings: &Settings, codec: Arc<Codec>, topic: &str) -> Result<Self, ProducerError> {
         let options =
             config::producer_options(&settings.kafka_client_options(), &settings.producer.options)?;
-        let producer: FutureProducer = config::client_config(&options).create()?;
+        let producer = crate::metrics::measured_producer(&options)?;
         Ok(Self {
             producer,
             codec,

@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::{Message, Timestamp};
 
 pub use policy::{RetryPolicy, RetrySettings};
@@ -169,7 +169,7 @@ pub fn retry_topic(topic: &str, group: &str) -> String {
 
 /// Forwards failed records of one group to its retry topic or the DLQ.
 pub struct Forwarder {
-    producer: FutureProducer,
+    producer: crate::metrics::MeasuredProducer,
     /// The group's retry topic.
     pub retry_topic: String,
     /// The shared dead-letter topic.
@@ -180,7 +180,7 @@ pub struct Forwarder {
 
 impl Forwarder {
     /// A forwarder using `producer` (idempotent; see [`crate::producer::config`]).
-    pub fn new(producer: FutureProducer, retry_topic: String, dlq_topic: String, group: &str, policy: RetryPolicy) -> Self {
+    pub fn new(producer: crate::metrics::MeasuredProducer, retry_topic: String, dlq_topic: String, group: &str, policy: RetryPolicy) -> Self {
         Self {
             producer,
             retry_topic,

@@ -166,3 +166,15 @@ fn bad_flags_name_the_field_and_accepted_values() {
     let out = env.cli(&["-X", "linger.ms", "produce", "--count", "1"]).failure();
     assert!(out.contains("KEY=VALUE"), "{out}");
 }
+
+#[test]
+fn otlp_export_without_the_feature_says_how_to_get_it() {
+    let env = TestEnv::new();
+    let run = env.cli(&["--otlp-endpoint", "http://127.0.0.1:4318/v1/traces", "config"]);
+    if cfg!(feature = "otlp") {
+        run.success();
+    } else {
+        let out = run.failure();
+        assert!(out.contains("--features otlp"), "{out}");
+    }
+}
