@@ -34,8 +34,9 @@ echo "== Helm chart and alert rules"
 
 echo "== unit and integration tests"
 cargo test --all-targets
-echo "== OTLP export (built with --features otlp)"
-cargo test --features otlp --test otlp
-
 echo "== serial integration tests (one at a time)"
 cargo test --test it -- --ignored --test-threads=1
+
+# Last: building with the feature changes the binary the tests above use.
+echo "== OTLP export (built with --features otlp)"
+cargo test --features otlp --test otlp
