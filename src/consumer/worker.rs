@@ -121,21 +121,28 @@ impl PartitionWorker {
         }
     }
 
-    /// Retry-topic records: each waits for its due time, then is processed.
+    /// Retry-topic records: each waits for its due time; records already
+    /// due are processed together as one batch (a replay is all due at once).
     async fn process_when_due(&self, batch: Vec<OwnedMessage>) -> bool {
+        let mut due = Vec::with_capacity(batch.len());
         for message in batch {
-            if !self.wait_until_due(&message).await || !self.process(vec![message]).await {
-                return false;
+            if due_ms(&message) > now_ms() {
+                if !due.is_empty() && !self.process(std::mem::take(&mut due)).await {
+                    return false;
+                }
+                if !self.wait_until_due(&message).await {
+                    return false;
+                }
             }
+            due.push(message);
         }
-        true
+        due.is_empty() || self.process(due).await
     }
 
     /// Sleeps until the record's due time with the partition paused, so the
     /// consumer fetches nothing for it meanwhile; false if revoked.
     async fn wait_until_due(&self, message: &OwnedMessage) -> bool {
-        let due = header_text(message, header::DUE).and_then(|d| d.parse::<i64>().ok()).unwrap_or(0);
-        let wait = due - now_ms();
+        let wait = due_ms(message) - now_ms();
         if wait <= 0 {
             return true;
         }
@@ -441,6 +448,11 @@ impl PartitionWorker {
             }
         }
     }
+}
+
+/// When a retry-topic record is due (ms since the epoch; 0 = now).
+fn due_ms(message: &OwnedMessage) -> i64 {
+    header_text(message, header::DUE).and_then(|d| d.parse().ok()).unwrap_or(0)
 }
 
 /// Order events are keyed by order id: a record without that key would
