@@ -44,3 +44,10 @@ CREATE TABLE relay_leases (
 INSERT INTO relay_leases (shard, owner, expires_ms) VALUES
  (0,'',0),(1,'',0),(2,'',0),(3,'',0),(4,'',0),(5,'',0),(6,'',0),(7,'',0),
  (8,'',0),(9,'',0),(10,'',0),(11,'',0),(12,'',0),(13,'',0),(14,'',0),(15,'',0);
+
+-- Live relay instances (heartbeat every lease_ttl/3), so a newcomer without
+-- leases is counted and the others give it its share of the shards.
+CREATE TABLE relay_instances (
+    owner        VARCHAR(255) NOT NULL PRIMARY KEY,
+    heartbeat_ms BIGINT       NOT NULL
+) ENGINE=InnoDB;

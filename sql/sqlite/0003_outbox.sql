@@ -34,3 +34,8 @@ CREATE TABLE relay_leases (
 INSERT INTO relay_leases (shard, owner, expires_ms) VALUES
  (0,'',0),(1,'',0),(2,'',0),(3,'',0),(4,'',0),(5,'',0),(6,'',0),(7,'',0),
  (8,'',0),(9,'',0),(10,'',0),(11,'',0),(12,'',0),(13,'',0),(14,'',0),(15,'',0);
+
+CREATE TABLE relay_instances (
+    owner        TEXT    NOT NULL PRIMARY KEY,
+    heartbeat_ms INTEGER NOT NULL
+);

@@ -16,7 +16,7 @@
 //!
 //! Several relays: shards are leased (`relay_leases`, renewed every few
 //! seconds, expiring after `lease_ttl`), each instance taking about an equal
-//! share of the live instances', so one order's rows are published by one
+//! share among the live instances (`relay_instances` heartbeats), so one order's rows are published by one
 //! instance in order. The claim uses a blocking `FOR UPDATE`, not `SKIP
 //! LOCKED`: during a lease handover the new owner waits for the old one's
 //! batch instead of skipping past a locked row, which could publish a later
@@ -324,18 +324,27 @@ impl Relay {
         let me = &self.options.instance;
         let now = now_ms();
         let expires = now + ttl.as_millis() as i64;
+        // Presence first: an instance without leases still counts as live.
+        let heartbeat = match self.db.dialect {
+            Dialect::MySql => {
+                "INSERT INTO relay_instances (owner, heartbeat_ms) VALUES (?, ?) \
+                 ON DUPLICATE KEY UPDATE heartbeat_ms = VALUES(heartbeat_ms)"
+            }
+            Dialect::Sqlite => {
+                "INSERT INTO relay_instances (owner, heartbeat_ms) VALUES (?, ?) \
+                 ON CONFLICT (owner) DO UPDATE SET heartbeat_ms = excluded.heartbeat_ms"
+            }
+        };
+        sqlx::query(heartbeat).bind(me).bind(now).execute(&self.db.pool).await?;
+        let live: Vec<(String,)> = sqlx::query_as("SELECT owner FROM relay_instances WHERE heartbeat_ms > ?")
+            .bind(now - ttl.as_millis() as i64)
+            .fetch_all(&self.db.pool)
+            .await?;
         let leases: Vec<(i64, String, i64)> = sqlx::query_as("SELECT shard, owner, expires_ms FROM relay_leases ORDER BY shard")
             .fetch_all(&self.db.pool)
             .await?;
-        let mut live: Vec<&str> = leases
-            .iter()
-            .filter(|(_, owner, exp)| *exp > now && !owner.is_empty())
-            .map(|(_, owner, _)| owner.as_str())
-            .collect();
-        live.push(me);
-        live.sort_unstable();
-        live.dedup();
-        let target = (SHARDS as usize).div_ceil(live.len());
+        let live = live.len().max(1);
+        let target = (SHARDS as usize).div_ceil(live);
         let mut mine: Vec<i64> = leases
             .iter()
             .filter(|(_, owner, exp)| owner == me && *exp > now)
@@ -384,6 +393,10 @@ impl Relay {
 
     async fn release_leases(&self) {
         let _ = sqlx::query("UPDATE relay_leases SET owner = '', expires_ms = 0 WHERE owner = ?")
+            .bind(&self.options.instance)
+            .execute(&self.db.pool)
+            .await;
+        let _ = sqlx::query("DELETE FROM relay_instances WHERE owner = ?")
             .bind(&self.options.instance)
             .execute(&self.db.pool)
             .await;

@@ -269,6 +269,8 @@ async fn two_relays_publish_every_event_once_in_order_per_order() {
     drive_orders(&api, 1000, 16).await;
     let events = outbox_events(&env).await;
     let mut a = env.spawn(&["relay", "--instance", "relay-a", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
+    // The second starts once the first holds every shard: it must still get its share.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let mut b = env.spawn(&["relay", "--instance", "relay-b", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
     let mut published = Vec::new();
     for child in [&mut a, &mut b] {
