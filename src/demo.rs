@@ -90,8 +90,13 @@ pub struct DemoReport {
 pub struct ErrorTierReport {
     /// Undecodable records injected (each group dead-letters them).
     pub poison_injected: usize,
-    /// Order whose events fail 4 times, then succeed from the retry topic.
+    /// Order whose payment fails 4 times, then succeeds from the retry
+    /// topic, while its refund waits behind it.
     pub transient_order: i64,
+    /// That order's events in the order the first group applied them.
+    pub transient_applied: Vec<String>,
+    /// Other orders' events the first group applied while the order was parked.
+    pub applied_meanwhile: i64,
     /// Order whose events fail permanently until the replay.
     pub permanent_order: i64,
     /// The dead letters as persisted.
@@ -185,6 +190,7 @@ async fn run_group(
         health_addr: None,
         ensure_topics: false,
         error_tier: true,
+        ordering: settings.consumer.ordering,
     };
     Ok(consumer::run(settings, db.clone(), options, std::future::pending()).await?)
 }
@@ -192,6 +198,31 @@ async fn run_group(
 /// The first order that has an event matching `pick`.
 fn first_order_with(events: &[Envelope], pick: impl Fn(&Envelope) -> bool) -> i64 {
     events.iter().find(|e| pick(e)).map_or(1, |e| e.data.order_id())
+}
+
+/// The transient order as `group` applied it: its event names in apply
+/// order, and how many events of other orders were applied between its
+/// first and its last (they flowed while it was parked).
+async fn parked_story(db: &Db, group: &str, order: i64) -> anyhow::Result<(Vec<String>, i64)> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT event_type, apply_seq FROM event_dedup WHERE consumer_group = ? AND record_key = ? ORDER BY apply_seq")
+            .bind(group)
+            .bind(order.to_string())
+            .fetch_all(&db.pool)
+            .await?;
+    let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
+        return Ok((Vec::new(), 0));
+    };
+    let (meanwhile,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND record_key <> ? AND apply_seq > ? AND apply_seq < ?",
+    )
+    .bind(group)
+    .bind(order.to_string())
+    .bind(first.1)
+    .bind(last.1)
+    .fetch_one(&db.pool)
+    .await?;
+    Ok((rows.into_iter().map(|(name, _)| name).collect(), meanwhile))
 }
 
 /// Writes records that are not order events: random bytes, a wrong magic
@@ -316,9 +347,10 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     cluster.create_topic(&settings.topics.dead_letter.name, spec.partitions, 1)?;
     settings.retry.initial_delay_ms = Some(500);
     let poison = inject_poison(&settings, &spec.name, &events).await?;
-    let transient_order = first_order_with(&events, |e| matches!(e.data, EventData::Shipped(_)));
+    let transient_order = first_order_with(&events, |e| matches!(e.data, EventData::Refunded(_)));
     let permanent_order = first_order_with(&events, |e| matches!(e.data, EventData::Canceled(_)));
     settings.chaos.transient_orders = vec![transient_order];
+    settings.chaos.transient_events = vec!["order.payment.succeeded".into()];
     settings.chaos.transient_failures = 4;
     settings.chaos.permanent_orders = vec![permanent_order];
 
@@ -341,10 +373,10 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     let replay_options = ReplayOptions { to_original: false, rate: None };
     let replayed = replay::replay(&settings, &db, &to_replay, replay_options, || {}).await?;
     let poison_filter = Filter { status: Some(store::Status::Pending), ..Default::default() };
-    let poison_rows = store::list(&db, &poison_filter, 100).await?;
-    for row in &poison_rows {
-        store::mark_ignored(&db, row.id, "not an order event (undecodable bytes)").await?;
-    }
+    let poison_rows = store::records(&db, &poison_filter, 100).await?;
+    // Poison parks its order's key too; nothing follows it here, so release.
+    let reason = "not an order event (undecodable bytes)";
+    crate::dlq::ignore::ignore(&db, &poison_rows, reason, Some(crate::dlq::ignore::Followers::Release)).await?;
     let after_replay = run_built_in(&settings, &db, GROUPS[0].0, GROUPS[0].1, &spec.name).await?;
 
     let mut group_order_violations = BTreeMap::new();
@@ -353,10 +385,13 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         group_order_violations.insert(group.to_string(), violations.len());
     }
     let verification = verify(&db, GROUPS[0].0, &events).await?;
+    let (transient_applied, applied_meanwhile) = parked_story(&db, GROUPS[0].0, transient_order).await?;
     let http = deliver_payments(&settings, &db, &spec.name, &events).await?;
     let tier = ErrorTierReport {
         poison_injected: poison,
         transient_order,
+        transient_applied,
+        applied_meanwhile,
         permanent_order,
         dead_letters,
         replayed: replayed.replayed,

@@ -16,6 +16,7 @@
 //! | [`outbox`] | the transactional outbox and its relay (transactional producer) |
 //! | [`producer`] | the idempotent keyed producer and its option checks |
 //! | [`consumer`] | consumer groups applying events exactly once in effect |
+//! | [`ordering`] | per-order ordering through retries, the DLQ and replay: parked keys, held records |
 //! | [`retry`] | the error tier: local retries, retry topic, dead-letter topic |
 //! | [`dlq`] | dead-letter persister, listing, replay and ignore |
 //! | [`delivery`] | config-driven HTTP delivery to downstream services |
@@ -46,6 +47,7 @@ pub mod envelope;
 pub mod generator;
 pub mod health;
 pub mod metrics;
+pub mod ordering;
 pub mod outbox;
 pub mod producer;
 pub mod retry;

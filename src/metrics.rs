@@ -32,6 +32,16 @@ pub mod name {
     pub const RETRIES: &str = "orderpipe_retries_total";
     /// Records sent to the dead-letter topic, by group, event name and error class.
     pub const DEAD_LETTERED: &str = "orderpipe_dead_lettered_records_total";
+    /// Records held behind a parked key, by group and event name.
+    pub const HELD: &str = "orderpipe_held_records_total";
+    /// Held records applied on release, by group and event name.
+    pub const RELEASED: &str = "orderpipe_released_records_total";
+    /// Keys parked now (their head is in the retry topic or the DLQ), by group.
+    pub const PARKED_KEYS: &str = "orderpipe_parked_keys";
+    /// Records held now behind parked keys, by group.
+    pub const HELD_NOW: &str = "orderpipe_held_records";
+    /// Age of the oldest parked key (0 when none), by group.
+    pub const PARKED_OLDEST_AGE: &str = "orderpipe_parked_key_oldest_age_seconds";
     /// Pending rows in `dead_letters` (persister).
     pub const DEAD_LETTERS_PENDING: &str = "orderpipe_dead_letters_pending";
     /// Consumer lag (high watermark minus committed offset), by group, topic and partition.
@@ -188,6 +198,44 @@ impl InternalEvent for DeadLettered<'_> {
         counter!(name::DEAD_LETTERED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string(),
             "error_class" => self.class.to_string()).increment(1);
     }
+}
+
+/// A record was held behind its parked key.
+pub struct Held<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name.
+    pub event_name: &'a str,
+}
+
+impl InternalEvent for Held<'_> {
+    fn emit(self) {
+        tracing::info!(group = self.group, event_name = self.event_name, "held behind its parked key (an earlier event of the order is being retried)");
+        counter!(name::HELD, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
+    }
+}
+
+/// A held record was applied after its head.
+pub struct Released<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name.
+    pub event_name: &'a str,
+}
+
+impl InternalEvent for Released<'_> {
+    fn emit(self) {
+        tracing::info!(group = self.group, event_name = self.event_name, "released: applied after the event it waited behind");
+        counter!(name::RELEASED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
+    }
+}
+
+/// Parked keys, held records and the oldest parked age of a group.
+pub fn ordering(group: &str, gauges: &crate::ordering::OrderingGauges) {
+    gauge!(name::PARKED_KEYS, "group" => group.to_string()).set(gauges.parked_keys as f64);
+    gauge!(name::HELD_NOW, "group" => group.to_string()).set(gauges.held_records as f64);
+    let age = gauges.oldest_parked_ms.map_or(0.0, |t| ((crate::retry::now_ms() - t).max(0) as f64) / 1000.0);
+    gauge!(name::PARKED_OLDEST_AGE, "group" => group.to_string()).set(age);
 }
 
 /// Records were produced and acknowledged.

@@ -49,6 +49,11 @@ pub struct GroupArgs {
     /// Apply the migrations before consuming.
     #[arg(long)]
     migrate: bool,
+    /// Per-key order under failures: `key` holds an order's later events
+    /// while one waits in the retry topic or the DLQ; `none` lets them pass
+    /// (default: consumer.ordering, which defaults to key).
+    #[arg(long, value_enum)]
+    ordering: Option<crate::ordering::OrderingMode>,
     #[command(flatten)]
     output: OutputArg,
 }
@@ -75,6 +80,7 @@ impl GroupArgs {
             health_addr: self.health_addr,
             ensure_topics: true,
             error_tier,
+            ordering: self.ordering.unwrap_or(settings.consumer.ordering),
         };
         let summary = consumer::run(settings, db, options, shutdown_signal()).await?;
         output::consume(&summary, self.output.output);

@@ -15,7 +15,9 @@ use crate::config::Settings;
 use crate::db::Db;
 use crate::dlq::replay::{self, ReplayOptions};
 use crate::dlq::store::{self, Filter};
+use crate::dlq::ignore::{self, Followers, IgnoreError};
 use crate::dlq::persist;
+use crate::ordering;
 use crate::schema::SchemaCatalog;
 
 /// `orderpipe dlq` subcommands.
@@ -35,7 +37,8 @@ pub enum DlqCommand {
         #[command(flatten)]
         output: OutputArg,
     },
-    /// List dead letters (oldest first).
+    /// List dead letters (oldest first); `--status held` lists the records
+    /// held behind parked keys instead, with the head each waits behind.
     List {
         #[command(flatten)]
         filter: Filter,
@@ -45,10 +48,15 @@ pub enum DlqCommand {
         #[command(flatten)]
         output: OutputArg,
     },
-    /// One dead letter in full: decoded envelope, headers, error, history.
+    /// One dead letter in full: decoded envelope, headers, error, history,
+    /// and the records held behind it if it heads a parked key.
     Show {
         /// Row id.
         id: i64,
+        /// ID is a held record (`dlq list --status held`): show it and the
+        /// head it waits behind.
+        #[arg(long)]
+        held: bool,
         #[command(flatten)]
         output: OutputArg,
     },
@@ -68,6 +76,13 @@ pub enum DlqCommand {
         /// Why (kept with each row).
         #[arg(long)]
         reason: String,
+        /// For a dead letter heading a parked key: apply the records held
+        /// behind it now, in their original order.
+        #[arg(long, conflicts_with = "keep_held")]
+        release_followers: bool,
+        /// For a dead letter heading a parked key: keep the records behind it held.
+        #[arg(long)]
+        keep_held: bool,
         /// Do not ask for confirmation.
         #[arg(long)]
         yes: bool,
@@ -99,6 +114,10 @@ pub struct ReplayArgs {
     #[command(flatten)]
     output: OutputArg,
 }
+
+/// Why held records cannot be replayed or ignored themselves.
+const HELD_NOT_DEAD: &str = "held records are not dead letters: they are applied when the head they wait behind is \
+    (replay the head, or ignore it with --release-followers); `orderpipe dlq show --held ID` names the head";
 
 /// Asks on a terminal before touching more than one row; elsewhere (scripts,
 /// CI) proceeds. `--yes` skips the question.
@@ -134,10 +153,20 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 ),
             }
         }
+        DlqCommand::List { filter, limit, output } if filter.status == Some(store::Status::Held) => {
+            let views = ordering::held_views(&db, filter.group.as_deref(), None, limit).await?;
+            output::held_records(&views, output.output);
+        }
         DlqCommand::List { filter, limit, output } => {
             output::dead_letters(&store::list(&db, &filter, limit).await?, output.output);
         }
-        DlqCommand::Show { id, output } => {
+        DlqCommand::Show { id, held: true, output } => {
+            let Some(view) = ordering::held_view(&db, id).await? else {
+                anyhow::bail!("no held record with id {id} (released already, or see `orderpipe dlq list --status held`)");
+            };
+            output::held_record(&view, output.output);
+        }
+        DlqCommand::Show { id, held: false, output } => {
             let filter = Filter { ids: vec![id], ..Default::default() };
             let Some(record) = store::records(&db, &filter, 1).await?.into_iter().next() else {
                 anyhow::bail!("no dead letter with id {id}");
@@ -152,11 +181,21 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 Ok(envelope) => serde_json::to_value(&envelope)?,
                 Err(e) => json!({"undecodable": e.to_string()}),
             };
-            output::dead_letter(&record, &decoded, output.output);
+            let key = record.key.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default();
+            let r = &record.row;
+            let origin = format!("{}/{}/{}", r.original_topic, r.original_partition, r.original_offset);
+            let heads = match ordering::headed_by(&db, &r.consumer_group, &key, &origin, r.event_id.as_deref()).await? {
+                Some(parked) => Some((parked, ordering::held_count(&db, &r.consumer_group, &key).await?)),
+                None => None,
+            };
+            output::dead_letter(&record, &decoded, heads.as_ref(), output.output);
         }
         DlqCommand::Stats { filter, output } => output::dlq_stats(&store::stats(&db, &filter).await?, output.output),
         DlqCommand::Replay(args) => {
             let mut filter = args.filter;
+            if filter.status == Some(store::Status::Held) {
+                anyhow::bail!(HELD_NOT_DEAD);
+            }
             if filter.ids.is_empty() && filter.status.is_none() {
                 // Without ids, replay what is waiting, not what was already handled.
                 filter.status = Some(store::Status::Pending);
@@ -182,25 +221,34 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 return Ok(ExitCode::FAILURE);
             }
         }
-        DlqCommand::Ignore { filter, reason, yes, output } => {
+        DlqCommand::Ignore { filter, reason, release_followers, keep_held, yes, output } => {
+            if filter.status == Some(store::Status::Held) {
+                anyhow::bail!(HELD_NOT_DEAD);
+            }
             if reason.trim().is_empty() {
                 anyhow::bail!("--reason must say why the dead letters are ignored");
             }
             if filter.is_empty() {
                 anyhow::bail!("name the dead letters to ignore: --id, or a filter (--group, --event, --status, --since, --until, --error)");
             }
-            let rows = store::list(&db, &filter, i64::MAX).await?;
+            let rows = store::records(&db, &filter, i64::MAX).await?;
             if !confirm("Ignore", rows.len(), yes) {
                 eprintln!("nothing ignored");
                 return Ok(ExitCode::FAILURE);
             }
-            for row in &rows {
-                store::mark_ignored(&db, row.id, &reason).await?;
-            }
-            match output.output {
-                Output::Json => println!("{}", json!({"ignored": rows.len()})),
-                Output::Table => println!("ignored {} dead letters: {reason}", rows.len()),
-            }
+            let followers = match (release_followers, keep_held) {
+                (true, _) => Some(Followers::Release),
+                (_, true) => Some(Followers::KeepHeld),
+                _ => None,
+            };
+            let summary = match ignore::ignore(&db, &rows, &reason, followers).await {
+                Err(IgnoreError::ChoiceNeeded(why)) => {
+                    eprintln!("nothing ignored: {why}");
+                    return Ok(ExitCode::from(2));
+                }
+                other => other?,
+            };
+            output::ignored(&summary, &reason, output.output);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -103,12 +103,19 @@ pub fn demo(report: &DemoReport, format: Output) {
     let t = &report.tier;
     let first = &report.groups[0];
     println!(
-        "error tier: {} poison records injected; order {} fails 4 times per event, order {} fails permanently",
+        "error tier: {} poison records injected; order {}'s payment fails 4 times, order {} fails permanently",
         t.poison_injected, t.transient_order, t.permanent_order
     );
     println!(
-        "  {}: recovered by local retry {}, sent to the retry topic {}, dead-lettered {}",
-        first.group, first.recovered_locally, first.sent_to_retry, first.dead_lettered
+        "  {}: recovered by local retry {}, sent to the retry topic {}, dead-lettered {}, held behind a parked order {}, released {}",
+        first.group, first.recovered_locally, first.sent_to_retry, first.dead_lettered, first.held, first.released
+    );
+    println!(
+        "per-order ordering through retries: order {} was parked while its payment was retried; its later events waited.\n  \
+         applied in this order: {}\n  meanwhile {} events of other orders were applied",
+        t.transient_order,
+        t.transient_applied.join(" -> "),
+        t.applied_meanwhile
     );
     println!("\ndead letters persisted from the DLQ topic (orderpipe dlq list):");
     dead_letters(&t.dead_letters, Output::Table);
@@ -256,7 +263,8 @@ pub fn consume(summary: &crate::consumer::ConsumeSummary, format: Output) {
     }
     println!(
         "group {}: consumed {}, applied {}, duplicates skipped {}, poison {}, failed attempts {}, \
-         recovered by local retry {}, sent to retry topic {}, dead-lettered {}",
+         recovered by local retry {}, sent to retry topic {}, dead-lettered {}, \
+         held behind a parked key {}, released in order {}",
         summary.group,
         summary.consumed,
         summary.applied,
@@ -265,7 +273,9 @@ pub fn consume(summary: &crate::consumer::ConsumeSummary, format: Output) {
         summary.apply_failures,
         summary.recovered_locally,
         summary.sent_to_retry,
-        summary.dead_lettered
+        summary.dead_lettered,
+        summary.held,
+        summary.released
     );
     let rows = summary.handlers.iter().map(|(name, c)| {
         vec![name.clone(), c.applied.to_string(), c.already_done.to_string(), c.ignored.to_string()]
@@ -317,11 +327,17 @@ pub fn dead_letters(rows: &[crate::dlq::store::DeadLetter], format: Output) {
 }
 
 /// `orderpipe dlq show`.
-pub fn dead_letter(record: &crate::dlq::store::DeadLetterRecord, decoded: &serde_json::Value, format: Output) {
+pub fn dead_letter(
+    record: &crate::dlq::store::DeadLetterRecord,
+    decoded: &serde_json::Value,
+    heads: Option<&(crate::ordering::Parked, i64)>,
+    format: Output,
+) {
     let r = &record.row;
     let headers: serde_json::Value = serde_json::from_str(&record.headers).unwrap_or_default();
     let doc = serde_json::json!({
         "dead_letter": r,
+        "heads_parked_key": heads.map(|(p, held)| serde_json::json!({"parked": p, "held_records": held})),
         "key": record.key.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()),
         "value_bytes": record.payload.as_ref().map_or(0, Vec::len),
         "headers": headers,
@@ -345,9 +361,80 @@ pub fn dead_letter(record: &crate::dlq::store::DeadLetterRecord, decoded: &serde
     if let Some(reason) = &r.ignored_reason {
         println!("ignored:  {reason}");
     }
+    if let Some((parked, held)) = heads {
+        println!(
+            "parked:   heads key {} (parked {}, {}): {held} records held behind it (dlq list --status held --group {})",
+            parked.key,
+            time_ms(parked.parked_ms),
+            parked.state,
+            r.consumer_group
+        );
+    }
     println!("key:      {}", doc["key"]);
     println!("headers:\n{}", serde_json::to_string_pretty(&headers).unwrap_or_default());
     println!("envelope:\n{}", serde_json::to_string_pretty(decoded).unwrap_or_default());
+}
+
+/// Where a parked key's head is: its dead-letter row, or the retry topic.
+fn head_place(view: &crate::ordering::HeldView) -> String {
+    match (&view.head, view.head_dead_letter) {
+        (None, _) => "- (unparked; being released)".into(),
+        (Some(h), Some(id)) => format!("dead letter {id} ({}, {})", h.head_event_name.as_deref().unwrap_or("undecodable"), h.state),
+        (Some(h), None) => format!("{} at {} ({})", h.head_event_name.as_deref().unwrap_or("undecodable"), h.head_origin, h.state),
+    }
+}
+
+/// `orderpipe dlq list --status held`.
+pub fn held_records(views: &[crate::ordering::HeldView], format: Output) {
+    if format == Output::Json {
+        return json(&views);
+    }
+    let rows = views.iter().map(|v| {
+        let h = &v.held;
+        vec![
+            h.id.to_string(),
+            h.consumer_group.clone(),
+            h.key.clone(),
+            h.event_name.clone().unwrap_or_else(|| "undecodable".into()),
+            format!("{}/{}@{}", h.source_topic, h.source_partition, h.source_offset),
+            time_ms(h.held_ms),
+            head_place(v),
+        ]
+    });
+    println!("{}", table(&["id", "group", "key", "event", "source", "held since (UTC)", "waiting behind"], rows));
+    println!("{} held records", views.len());
+}
+
+/// `orderpipe dlq show --held`.
+pub fn held_record(view: &crate::ordering::HeldView, format: Output) {
+    if format == Output::Json {
+        return json(view);
+    }
+    let h = &view.held;
+    println!("held record {} — group {}, key {}", h.id, h.consumer_group, h.key);
+    println!("event:    {} {}", h.event_name.as_deref().unwrap_or("undecodable"), h.event_id.as_deref().unwrap_or("-"));
+    println!("source:   {} partition {} offset {}", h.source_topic, h.source_partition, h.source_offset);
+    println!("held:     since {}", time_ms(h.held_ms));
+    println!("behind:   {}", head_place(view));
+    if let Some(id) = view.head_dead_letter {
+        println!(
+            "release:  orderpipe dlq replay --id {id}   (or: orderpipe dlq ignore --id {id} --reason ... --release-followers)"
+        );
+    }
+}
+
+/// `orderpipe dlq ignore`.
+pub fn ignored(summary: &crate::dlq::ignore::IgnoreSummary, reason: &str, format: Output) {
+    if format == Output::Json {
+        return json(summary);
+    }
+    println!("ignored {} dead letters: {reason}", summary.ignored);
+    for (group, key, held) in &summary.released {
+        println!("  key {key} of {group}: released, {held} held records will be applied in order by the group's consumer");
+    }
+    for (group, key, held) in &summary.kept_held {
+        println!("  key {key} of {group}: stays parked, {held} records kept held");
+    }
 }
 
 /// `orderpipe dlq stats`.

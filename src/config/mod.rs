@@ -80,6 +80,8 @@ pub struct ConsumerSettings {
     pub lag_threshold: i64,
     /// `/health/mq` fails when the loop has not polled for this long.
     pub max_poll_gap_secs: u64,
+    /// Per-key order through retries and dead letters (`key`) or not (`none`).
+    pub ordering: crate::ordering::OrderingMode,
 }
 
 /// Fault injection of the built-in `chaos` handler (demos and tests).
@@ -90,10 +92,15 @@ pub struct ChaosSettings {
     pub transient_orders: Vec<i64>,
     /// How many executions of each such event fail before it succeeds.
     pub transient_failures: u32,
+    /// Only these event names fail transiently (empty: every event).
+    pub transient_events: Vec<String>,
     /// Orders whose events always fail (fatal).
     pub permanent_orders: Vec<i64>,
     /// Every event fails (fatal).
     pub permanent_all: bool,
+    /// Fraction of all events (0.0 to 1.0, picked by event id) that fail
+    /// transiently like `transient_orders`.
+    pub transient_rate: f64,
 }
 
 /// Dead letters.
@@ -242,6 +249,12 @@ impl Settings {
             }
         }
         crate::retry::RetryPolicy::from_settings(&self.retry).map_err(|e| ConfigError(e.to_string()))?;
+        if !(0.0..=1.0).contains(&self.chaos.transient_rate) {
+            return Err(ConfigError(format!(
+                "chaos.transient_rate must be between 0.0 and 1.0, got {}",
+                self.chaos.transient_rate
+            )));
+        }
         for subscription in &self.http.subscriptions {
             subscription.validate().map_err(ConfigError)?;
         }

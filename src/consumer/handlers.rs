@@ -233,8 +233,14 @@ impl Handler for Points {
     }
 }
 
+/// Whether `event_id` falls in the first `rate` of the id space: a stable
+/// pick (the same events in every process and every run of the same data).
+fn picked(event_id: uuid::Uuid, rate: f64) -> bool {
+    rate > 0.0 && (event_id.as_u128() % 1_000_000) < (rate * 1_000_000.0) as u128
+}
+
 /// Fault injection for demos and tests (`[chaos]` settings): fails the
-/// configured orders' events, transiently (the first N executions of each
+/// configured orders' events (or a fraction of all events), transiently (the first N executions of each
 /// event, counted in this process) or permanently. Writes nothing.
 pub struct Chaos {
     settings: ChaosSettings,
@@ -262,7 +268,9 @@ impl Handler for Chaos {
         if self.settings.permanent_all || self.settings.permanent_orders.contains(&order) {
             return Err(HandlerError::Fatal(format!("chaos: order {order} is configured to fail permanently")));
         }
-        if self.settings.transient_orders.contains(&order) {
+        let chosen = self.settings.transient_orders.contains(&order) || picked(envelope.event_id, self.settings.transient_rate);
+        let events = &self.settings.transient_events;
+        if chosen && (events.is_empty() || events.iter().any(|e| e == envelope.event_name.as_str())) {
             let mut executions = self.executions.lock().expect("chaos lock");
             let n = executions.entry(envelope.event_id).or_insert(0);
             *n += 1;

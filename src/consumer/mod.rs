@@ -27,7 +27,7 @@ pub mod handlers;
 pub mod verify;
 pub mod worker;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,6 +43,7 @@ use crate::codec::Codec;
 use crate::config::Settings;
 use crate::db::Db;
 use crate::health::HealthState;
+use crate::ordering::OrderingMode;
 use crate::producer::config::client_config;
 use crate::retry::{Forwarder, RetryPolicy, retry_topic};
 use crate::schema::SchemaCatalog;
@@ -82,6 +83,8 @@ pub struct ConsumeOptions {
     /// Off only to measure the tier's cost: failures then wait in place with
     /// backoff (never skipped) and poison is logged and skipped.
     pub error_tier: bool,
+    /// Keep per-key order through the error tier (see [`crate::ordering`]).
+    pub ordering: OrderingMode,
 }
 
 /// Counts per handler.
@@ -116,6 +119,10 @@ pub struct ConsumeSummary {
     pub sent_to_retry: u64,
     /// Records sent to the dead-letter topic.
     pub dead_lettered: u64,
+    /// Records held behind a parked key (mode `key`).
+    pub held: u64,
+    /// Held records applied after their head.
+    pub released: u64,
     /// Per handler.
     pub handlers: BTreeMap<String, HandlerCounts>,
     /// Seconds from the first record received to the last batch committed.
@@ -127,6 +134,7 @@ impl ConsumeSummary {
     fn merge(&mut self, delta: ConsumeSummary) {
         self.applied += delta.applied;
         self.duplicates += delta.duplicates;
+        self.held += delta.held;
         for (name, counts) in delta.handlers {
             let total = self.handlers.entry(name).or_default();
             total.applied += counts.applied;
@@ -181,6 +189,9 @@ pub(crate) struct Shared {
     pub batch_size: usize,
     /// First record received, last batch committed.
     pub active: Mutex<Option<(Instant, Instant)>>,
+    /// Keys this consumer knows to be parked (mode `key`): only records of
+    /// these keys, and retry-topic records, consult `parked_keys`.
+    pub parked: Mutex<HashSet<String>>,
 }
 
 impl Shared {
@@ -189,6 +200,11 @@ impl Shared {
         let mut map = self.in_flight.lock().expect("in-flight lock");
         let n = map.entry(key.clone()).or_default();
         *n = n.saturating_add_signed(delta);
+    }
+
+    /// Whether `key` is in this consumer's parked set.
+    pub(crate) fn is_parked(&self, key: &str) -> bool {
+        self.parked.lock().expect("parked lock").contains(key)
     }
 
     fn in_flight_total(&self) -> usize {
@@ -266,6 +282,7 @@ pub async fn run(
         health,
         in_flight: Mutex::new(HashMap::new()),
         active: Mutex::new(None),
+        parked: Mutex::new(HashSet::new()),
         batch_size: settings.consumer.batch_size.max(1),
     });
     // Report the database state from the start, not only after the first record.
@@ -275,8 +292,10 @@ pub async fn run(
     }
 
     let lag_task = tokio::spawn(report_lag(shared.clone()));
+    let release_task = tokio::spawn(release_parked(shared.clone()));
     dispatch(&shared, shutdown).await;
     lag_task.abort();
+    release_task.abort();
     // Workers have finished; commit what they stored before leaving.
     match shared.consumer.commit_consumer_state(CommitMode::Sync) {
         Ok(()) => {}
@@ -361,6 +380,37 @@ async fn report_lag(shared: Arc<Shared>) {
                 crate::metrics::lag(&shared.options.group, topic, *partition, *lag);
             }
             shared.health.set_lag(lags.iter().map(|l| l.2).sum());
+        }
+    }
+}
+
+/// Every 2 s (mode `key`): the parked-key gauges, and releases that no
+/// worker will start by itself: heads an operator ignored with
+/// `--release-followers`, and heads applied just before a crash.
+async fn release_parked(shared: Arc<Shared>) {
+    if shared.options.ordering != OrderingMode::Key || !shared.options.error_tier {
+        return;
+    }
+    let group = shared.options.group.clone();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        match crate::ordering::gauges(&shared.db, &group).await {
+            Ok(gauges) => crate::metrics::ordering(&group, &gauges),
+            Err(e) => tracing::debug!(error = %e, "parked-key gauges not read"),
+        }
+        let keys = match crate::ordering::releasable(&shared.db, &group).await {
+            Ok(keys) => keys,
+            Err(e) => {
+                tracing::debug!(error = %e, "releasable keys not read");
+                continue;
+            }
+        };
+        for (key, partition) in keys {
+            let pk = (shared.options.topic.clone(), partition);
+            // Only the owner of the key's partition releases it.
+            if let Some(generation) = shared.assignment.generation(&pk) {
+                PartitionWorker::new(shared.clone(), pk, generation).release(&key).await;
+            }
         }
     }
 }

@@ -19,6 +19,11 @@
 //!
 //! A worker of the group's retry topic waits for each record's due time
 //! with its partition paused (no busy polling), then processes it the same way.
+//!
+//! With `consumer.ordering = key` (see [`crate::ordering`]) a forwarded
+//! record parks its key; later records of a parked key are held in the
+//! batch's transaction instead of applied, and released in order, by
+//! [`PartitionWorker::release`], once the head is applied.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +39,8 @@ use super::handler::{Effect, HandlerError};
 use super::{ConsumeSummary, Shared};
 use crate::dedup::{self, RecordOrigin};
 use crate::envelope::Envelope;
-use crate::metrics::{Applied, DeadLettered, DuplicateSkipped, InternalEvent, ProcessingFailed, SentToRetry};
+use crate::metrics::{Applied, DeadLettered, DuplicateSkipped, Held, InternalEvent, ProcessingFailed, Released, SentToRetry};
+use crate::ordering::{self, Gate, OrderingMode, ParkState};
 use crate::retry::{Failure, Routed, header, header_text, now_ms};
 
 /// Largest record value accepted (order events are small by rule).
@@ -44,6 +50,16 @@ pub const MAX_VALUE_BYTES: usize = 64 * 1024;
 struct Item {
     message: OwnedMessage,
     envelope: Option<Envelope>,
+    /// Set when the record is being released from `held_records`: it skips
+    /// the parked-key gate and its held row is deleted as it is applied.
+    held_id: Option<i64>,
+}
+
+/// What a committed batch leaves to do.
+#[derive(Default)]
+struct Committed {
+    /// Keys whose head was applied in the batch: release their followers.
+    heads: Vec<String>,
 }
 
 /// Why a batch was not committed.
@@ -93,8 +109,15 @@ impl PartitionWorker {
         f(&mut self.shared.summary.lock().expect("summary lock"));
     }
 
+    fn ordered(&self) -> bool {
+        self.shared.options.ordering == OrderingMode::Key && self.shared.options.error_tier
+    }
+
     /// Processes records until the channel closes or the partition is revoked.
     pub async fn run(self, mut rx: mpsc::Receiver<OwnedMessage>) {
+        if self.ordered() && !self.is_retry_partition() && !self.load_parked_keys().await {
+            return;
+        }
         while let Some(first) = rx.recv().await {
             let mut batch = vec![first];
             while batch.len() < self.shared.batch_size {
@@ -117,6 +140,28 @@ impl PartitionWorker {
                     self.shared.in_flight_change(&self.key, -1);
                 }
                 return;
+            }
+        }
+    }
+
+    /// Loads the parked keys of this partition into the consumer's set before
+    /// its first record (they may have been parked by its previous owner).
+    async fn load_parked_keys(&self) -> bool {
+        let mut backoff = Backoff::new();
+        loop {
+            match ordering::keys_of_partition(&self.shared.db, &self.shared.options.group, self.key.1).await {
+                Ok(keys) => {
+                    self.shared.parked.lock().expect("parked lock").extend(keys);
+                    return true;
+                }
+                Err(e) => {
+                    tracing::warn!(partition = self.key.1, error = %e, "cannot load parked keys; retrying");
+                    self.shared.health.db_down(&e.to_string()).await;
+                    backoff.wait().await;
+                    if !self.owned() {
+                        return false;
+                    }
+                }
             }
         }
     }
@@ -162,21 +207,87 @@ impl PartitionWorker {
     }
 
     /// Decodes and applies a batch; false if the partition was revoked meanwhile.
+    ///
+    /// Poison splits the batch: the records before it are applied first, so
+    /// that it parks its key only after them.
     async fn process(&self, batch: Vec<OwnedMessage>) -> bool {
         let mut items = Vec::with_capacity(batch.len());
+        let mut poison = Vec::with_capacity(batch.len());
         for message in batch {
-            let envelope = match self.decode(&message).await {
+            let mut item = Item { message, envelope: None, held_id: None };
+            match self.decode(&item.message).await {
                 None => return false,
-                Some(Ok(envelope)) => Some(envelope),
-                Some(Err(failure)) => {
-                    if self.shared.options.error_tier && !self.is_owned_after_forward(&message, failure).await {
-                        return false;
-                    }
-                    None
+                Some(Ok(envelope)) => {
+                    item.envelope = Some(envelope);
+                    poison.push(None);
                 }
-            };
-            items.push(Item { message, envelope });
+                Some(Err(failure)) => poison.push(Some(failure)),
+            }
+            items.push(item);
         }
+        let mut start = 0;
+        while start < items.len() {
+            let end = poison[start..].iter().position(Option::is_some).map_or(items.len(), |p| start + p);
+            if end > start && !self.apply_in_order(&items[start..end]).await {
+                return false;
+            }
+            if let Some(failure) = poison.get_mut(end).and_then(Option::take) {
+                let settled = match self.held_poison(&items[end]).await {
+                    None => return false,
+                    Some(true) => true,
+                    Some(false) => !self.shared.options.error_tier || self.is_owned_after_forward(&items[end], failure).await,
+                };
+                if !settled {
+                    return false;
+                }
+                self.store_offset(items[end].message.offset());
+            }
+            start = end + 1;
+        }
+        true
+    }
+
+    /// Holds an undecodable record behind its key if the key is parked by
+    /// another record (it fails again when released, and only then becomes
+    /// the head). Some(true) if held; None if revoked meanwhile.
+    async fn held_poison(&self, item: &Item) -> Option<bool> {
+        let Some(key) = item.message.key().map(|k| String::from_utf8_lossy(k).into_owned()) else {
+            return Some(false);
+        };
+        if !self.ordered() || !(self.is_retry_partition() || self.shared.is_parked(&key)) {
+            return Some(false);
+        }
+        let shared = &self.shared;
+        let (dialect, group) = (shared.db.dialect, shared.options.group.as_str());
+        let mut backoff = Backoff::new();
+        loop {
+            let held = async {
+                let mut tx = shared.db.begin().await?;
+                let gate = ordering::gate(&mut tx, dialect, group, &key, &item.message, None).await?;
+                if gate == Gate::Hold {
+                    ordering::hold(&mut tx, dialect, group, &key, &item.message, None).await?;
+                }
+                tx.commit().await?;
+                Ok::<bool, crate::db::DbError>(gate == Gate::Hold)
+            }
+            .await;
+            match held {
+                Ok(held) => return Some(held),
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "cannot check the parked key of a poison record; retrying");
+                    backoff.wait().await;
+                    if !self.owned() {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies decoded records in order: as one batch, or, when one fails,
+    /// the ones before it, then the failing one through the error tier, then
+    /// the rest. False if the partition was revoked meanwhile.
+    async fn apply_in_order(&self, items: &[Item]) -> bool {
         let mut start = 0;
         let mut backoff = Backoff::new();
         while start < items.len() {
@@ -184,10 +295,10 @@ impl PartitionWorker {
                 return false;
             }
             match self.apply(&items[start..]).await {
-                Ok(()) => {
+                Ok(committed) => {
                     self.shared.health.db_up().await;
                     self.store_offset(items.last().expect("non-empty").message.offset());
-                    return true;
+                    return self.release_all(committed).await;
                 }
                 Err(BatchError::Revoked) => return false,
                 Err(BatchError::Unavailable(reason)) => {
@@ -197,22 +308,16 @@ impl PartitionWorker {
                     backoff.wait().await;
                 }
                 Err(BatchError::Record { index, error }) => {
-                    self.count(|s| s.apply_failures += 1);
-                    let failing = &items[start + index];
-                    let span = self.span(&failing.message, failing.envelope.as_ref());
-                    span.in_scope(|| {
-                        ProcessingFailed {
-                            group: &self.shared.options.group,
-                            event_name: failing.envelope.as_ref().map_or("unknown", |e| e.event_name.as_str()),
-                            class: error.class(),
-                            error: &error.to_string(),
-                        }
-                        .emit()
-                    });
+                    self.failed(&items[start + index], &error);
                     if index > 0 {
                         // Apply what precedes the failing record on its own first.
                         match self.apply(&items[start..start + index]).await {
-                            Ok(()) => self.store_offset(items[start + index - 1].message.offset()),
+                            Ok(committed) => {
+                                self.store_offset(items[start + index - 1].message.offset());
+                                if !self.release_all(committed).await {
+                                    return false;
+                                }
+                            }
                             Err(BatchError::Revoked) => return false,
                             Err(_) => {
                                 backoff.wait().await;
@@ -221,7 +326,11 @@ impl PartitionWorker {
                         }
                     }
                     let failing = start + index;
-                    if !self.settle(&items[failing], error).instrument(span).await {
+                    let span = self.span(&items[failing].message, items[failing].envelope.as_ref());
+                    let Some(committed) = self.settle(&items[failing], error).instrument(span).await else {
+                        return false;
+                    };
+                    if !self.release_all(committed).await {
                         return false;
                     }
                     self.store_offset(items[failing].message.offset());
@@ -233,9 +342,119 @@ impl PartitionWorker {
         true
     }
 
+    /// Logs and counts a record's handler failure.
+    fn failed(&self, item: &Item, error: &HandlerError) {
+        self.count(|s| s.apply_failures += 1);
+        let _in_record = self.span(&item.message, item.envelope.as_ref()).entered();
+        ProcessingFailed {
+            group: &self.shared.options.group,
+            event_name: item.envelope.as_ref().map_or("unknown", |e| e.event_name.as_str()),
+            class: error.class(),
+            error: &error.to_string(),
+        }
+        .emit();
+    }
+
+    /// Releases the followers of every head the batch applied.
+    async fn release_all(&self, committed: Committed) -> bool {
+        for key in committed.heads {
+            if !self.release(&key).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Applies the records held behind `key`, oldest first, once its head is
+    /// done; each is deleted from `held_records` in the transaction that
+    /// applies it. A held record that fails becomes the new head (it goes
+    /// through the error tier like any failure) and the rest stay held.
+    /// Unparks the key when none remain. False if the partition was revoked.
+    pub(crate) async fn release(&self, key: &str) -> bool {
+        let mut backoff = Backoff::new();
+        loop {
+            if !self.owned() {
+                return false;
+            }
+            let next = match self.next_held(key).await {
+                Ok(Some(item)) => item,
+                Ok(None) => return true,
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "cannot read held records; retrying");
+                    backoff.wait().await;
+                    continue;
+                }
+            };
+            let Some(next) = next else { return false };
+            if next.envelope.is_none() {
+                continue; // undecodable: forwarded as poison by next_held
+            }
+            match self.apply(std::slice::from_ref(&next)).await {
+                Ok(_) => {
+                    self.count(|s| s.released += 1);
+                    let _in_record = self.span(&next.message, next.envelope.as_ref()).entered();
+                    let event_name = next.envelope.as_ref().map_or("unknown", |e| e.event_name.as_str());
+                    Released { group: &self.shared.options.group, event_name }.emit();
+                }
+                Err(BatchError::Revoked) => return false,
+                Err(BatchError::Unavailable(reason)) => {
+                    tracing::warn!(key, %reason, "held record not applied; retrying with backoff");
+                    backoff.wait().await;
+                }
+                Err(BatchError::Record { error, .. }) => {
+                    self.failed(&next, &error);
+                    // A held record is never a head, so a local retry has nothing to release.
+                    let span = self.span(&next.message, next.envelope.as_ref());
+                    if self.settle(&next, error).instrument(span).await.is_none() {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next held record of `key` to apply, decoded (`Ok(Some(None))` if
+    /// revoked while decoding); `Ok(None)` when the head is not done yet or
+    /// nothing is held any more, in which case the key is unparked.
+    async fn next_held(&self, key: &str) -> Result<Option<Option<Item>>, crate::db::DbError> {
+        let shared = &self.shared;
+        let group = shared.options.group.as_str();
+        let mut tx = shared.db.begin().await?;
+        let Some(parked) = ordering::lock(&mut tx, shared.db.dialect, group, key).await? else {
+            tx.commit().await?;
+            return Ok(None);
+        };
+        if !ordering::head_done(&mut tx, group, &parked).await? {
+            tx.commit().await?;
+            return Ok(None);
+        }
+        let Some(held) = ordering::first_held(&mut tx, group, key).await? else {
+            ordering::unpark(&mut tx, group, key).await?;
+            // Forget it before the commit: a park of the key by this consumer
+            // waits for the row lock, so it lands after this.
+            shared.parked.lock().expect("parked lock").remove(key);
+            tx.commit().await?;
+            tracing::info!(group, key, "key unparked: every record held behind it was applied");
+            return Ok(None);
+        };
+        tx.commit().await?;
+        let mut item = Item { message: held.to_message(), envelope: None, held_id: Some(held.id) };
+        match self.decode(&item.message).await {
+            None => return Ok(Some(None)),
+            Some(Ok(envelope)) => item.envelope = Some(envelope),
+            Some(Err(failure)) => {
+                if !self.is_owned_after_forward(&item, failure).await {
+                    return Ok(Some(None));
+                }
+            }
+        }
+        Ok(Some(Some(item)))
+    }
+
     /// Local retries for a retryable failure, then forward to the retry
-    /// topic or the DLQ. False if the partition was revoked meanwhile.
-    async fn settle(&self, item: &Item, mut error: HandlerError) -> bool {
+    /// topic or the DLQ. What a local retry committed (heads to release);
+    /// None if the partition was revoked meanwhile.
+    async fn settle(&self, item: &Item, mut error: HandlerError) -> Option<Committed> {
         let mut executions = 1;
         let mut backoff = Backoff::new();
         let local_retries = self.shared.forwarder.policy().local_retries;
@@ -250,11 +469,11 @@ impl PartitionWorker {
                 executions += 1;
             }
             match self.apply(std::slice::from_ref(item)).await {
-                Ok(()) => {
+                Ok(committed) => {
                     self.count(|s| s.recovered_locally += 1);
-                    return true;
+                    return Some(committed);
                 }
-                Err(BatchError::Revoked) => return false,
+                Err(BatchError::Revoked) => return None,
                 Err(BatchError::Unavailable(reason)) => error = HandlerError::Unavailable(reason),
                 Err(BatchError::Record { error: e, .. }) => error = e,
             }
@@ -265,39 +484,91 @@ impl PartitionWorker {
             retryable: matches!(error, HandlerError::Retryable(_)),
             executions,
         };
-        self.is_owned_after_forward(&item.message, failure).await
+        self.is_owned_after_forward(item, failure).await.then(Committed::default)
     }
 
     /// Forwards a failed record and waits for the broker; retries with
-    /// backoff while Kafka refuses. False if the partition was revoked meanwhile.
-    async fn is_owned_after_forward(&self, message: &OwnedMessage, failure: Failure) -> bool {
+    /// backoff while Kafka refuses. Then, with per-key ordering, parks its
+    /// key with it as the head. False if the partition was revoked meanwhile.
+    async fn is_owned_after_forward(&self, item: &Item, failure: Failure) -> bool {
+        let message = &item.message;
         let mut backoff = Backoff::new();
-        loop {
+        let routed = loop {
             if !self.owned() {
                 return false;
             }
             let forwarded = self.shared.forwarder.forward(message, &failure).instrument(self.span(message, None)).await;
             match forwarded {
-                Ok(routed) => {
-                    let _in_record = self.span(message, None).entered();
-                    let group = self.shared.options.group.as_str();
-                    let event_name = header_text(message, "event_name").unwrap_or_else(|| "unknown".into());
-                    match routed {
-                        Routed::Retry { attempt, delay } => {
-                            self.count(|s| s.sent_to_retry += 1);
-                            SentToRetry { group, attempt, delay, class: &failure.class, error: &failure.message }.emit();
-                        }
-                        Routed::DeadLetter => {
-                            self.count(|s| s.dead_lettered += 1);
-                            DeadLettered { group, event_name: &event_name, class: &failure.class, error: &failure.message }
-                                .emit();
-                        }
-                    }
-                    return true;
-                }
+                Ok(routed) => break routed,
                 Err(e) => {
                     tracing::warn!(error = %e, "forwarding a failed record failed; retrying");
                     backoff.wait().await;
+                }
+            }
+        };
+        {
+            let _in_record = self.span(message, None).entered();
+            let group = self.shared.options.group.as_str();
+            let event_name = header_text(message, "event_name").unwrap_or_else(|| "unknown".into());
+            match routed {
+                Routed::Retry { attempt, delay } => {
+                    self.count(|s| s.sent_to_retry += 1);
+                    SentToRetry { group, attempt, delay, class: &failure.class, error: &failure.message }.emit();
+                }
+                Routed::DeadLetter => {
+                    self.count(|s| s.dead_lettered += 1);
+                    DeadLettered { group, event_name: &event_name, class: &failure.class, error: &failure.message }.emit();
+                }
+            }
+        }
+        let state = match routed {
+            Routed::Retry { .. } => ParkState::Retrying,
+            Routed::DeadLetter => ParkState::Dead,
+        };
+        self.park(item, state).await
+    }
+
+    /// Makes a forwarded record the head of its parked key (mode `key`;
+    /// records without a key have no order to keep). A released record that
+    /// failed leaves `held_records` in the same transaction. False if revoked.
+    async fn park(&self, item: &Item, state: ParkState) -> bool {
+        let Some(key) = item.message.key().map(|k| String::from_utf8_lossy(k).into_owned()) else {
+            return true;
+        };
+        if !self.ordered() {
+            return true;
+        }
+        let shared = &self.shared;
+        let group = shared.options.group.as_str();
+        let mut backoff = Backoff::new();
+        loop {
+            let parked = async {
+                let mut tx = shared.db.begin().await?;
+                let rehead = item.held_id.is_some();
+                ordering::park(&mut tx, shared.db.dialect, group, &key, &item.message, item.envelope.as_ref(), state, rehead)
+                    .await?;
+                if let Some(id) = item.held_id {
+                    ordering::delete_held(&mut tx, id).await?;
+                }
+                tx.commit().await?;
+                Ok::<(), crate::db::DbError>(())
+            }
+            .await;
+            match parked {
+                Ok(()) => {
+                    shared.parked.lock().expect("parked lock").insert(key.clone());
+                    let _in_record = self.span(&item.message, item.envelope.as_ref()).entered();
+                    tracing::info!(key, state = state.as_str(), "key parked: its later records wait behind this one");
+                    return true;
+                }
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "cannot park the key; retrying");
+                    shared.health.db_down(&e.to_string()).await;
+                    backoff.wait().await;
+                    // A new owner re-reads the record (its offset is not stored) and parks it.
+                    if !self.owned() {
+                        return false;
+                    }
                 }
             }
         }
@@ -342,14 +613,19 @@ impl PartitionWorker {
         }))
     }
 
-    /// One transaction for `items`: dedup rows and effects, committed together.
-    async fn apply(&self, items: &[Item]) -> Result<(), BatchError> {
+    /// One transaction for `items`: dedup rows and effects (or holds behind
+    /// parked keys), committed together.
+    async fn apply(&self, items: &[Item]) -> Result<Committed, BatchError> {
         let shared = &self.shared;
         let dialect = shared.db.dialect;
+        let group = shared.options.group.as_str();
         let mut tx = shared.db.begin().await.map_err(|e| BatchError::Unavailable(e.to_string()))?;
         let mut delta = ConsumeSummary::default();
+        let mut committed = Committed::default();
         let mut applied = Vec::new();
         let mut duplicates = Vec::new();
+        let mut held = Vec::new();
+        let mut open = Vec::new();
         for (index, item) in items.iter().enumerate() {
             let Some(envelope) = &item.envelope else { continue };
             let fail = |error: HandlerError| match error {
@@ -357,37 +633,59 @@ impl PartitionWorker {
                 error => BatchError::Record { index, error },
             };
             let origin = RecordOrigin {
-                topic: self.key.0.clone(),
-                partition: self.key.1,
+                topic: item.message.topic().to_string(),
+                partition: item.message.partition(),
                 offset: item.message.offset(),
                 key: envelope.key(),
             };
             // Every log line about this record carries its trace id.
             let span = self.span(&item.message, Some(envelope));
             let started = std::time::Instant::now();
-            let fresh = async {
-                let fresh = dedup::claim(&mut tx, dialect, &shared.options.group, envelope, &origin)
+            let outcome = async {
+                if let Some(id) = item.held_id {
+                    ordering::delete_held(&mut tx, id).await.map_err(|e| fail(e.into()))?;
+                } else if self.ordered() && (self.is_retry_partition() || shared.is_parked(&origin.key)) {
+                    match ordering::gate(&mut tx, dialect, group, &origin.key, &item.message, Some(envelope)).await.map_err(|e| fail(e.into()))? {
+                        // Parked in this consumer's set but released elsewhere.
+                        Gate::Open if !self.is_retry_partition() => open.push(origin.key.clone()),
+                        Gate::Open => {}
+                        Gate::Head => committed.heads.push(origin.key.clone()),
+                        Gate::Duplicate => return Ok(Gate::Duplicate),
+                        Gate::Hold => {
+                            ordering::hold(&mut tx, dialect, group, &origin.key, &item.message, Some(envelope)).await.map_err(|e| fail(e.into()))?;
+                            return Ok(Gate::Hold);
+                        }
+                    }
+                }
+                let fresh = dedup::claim(&mut tx, dialect, group, envelope, &origin)
                     .await
                     .map_err(|e| fail(e.into()))?;
-                if fresh {
-                    for handler in &shared.options.handlers {
-                        let effect: Effect = handler.apply(&mut tx, dialect, envelope).await.map_err(fail)?;
-                        delta.record_effect(handler.name(), effect);
-                    }
-                    tracing::debug!("effects written");
-                } else {
+                if !fresh {
                     tracing::debug!("duplicate: already applied by this group");
+                    return Ok(Gate::Duplicate);
                 }
-                Ok::<bool, BatchError>(fresh)
+                for handler in &shared.options.handlers {
+                    let effect: Effect = handler.apply(&mut tx, dialect, envelope).await.map_err(fail)?;
+                    delta.record_effect(handler.name(), effect);
+                }
+                tracing::debug!("effects written");
+                Ok::<Gate, BatchError>(Gate::Open)
             }
             .instrument(span)
             .await?;
-            if fresh {
-                applied.push((item, envelope, started.elapsed()));
-                delta.applied += 1;
-            } else {
-                delta.duplicates += 1;
-                duplicates.push((item, envelope));
+            match outcome {
+                Gate::Duplicate => {
+                    delta.duplicates += 1;
+                    duplicates.push((item, envelope));
+                }
+                Gate::Hold => {
+                    delta.held += 1;
+                    held.push((item, envelope));
+                }
+                Gate::Open | Gate::Head => {
+                    applied.push((item, envelope, started.elapsed()));
+                    delta.applied += 1;
+                }
             }
         }
         if !self.owned() {
@@ -399,7 +697,14 @@ impl PartitionWorker {
             *last = std::time::Instant::now();
         }
         shared.summary.lock().expect("summary lock").merge(delta);
-        let group = shared.options.group.as_str();
+        if !open.is_empty() {
+            // Forget them. Only this main-partition worker parks its keys'
+            // main-path failures, so none of them was parked again since.
+            let mut parked = shared.parked.lock().expect("parked lock");
+            for key in &open {
+                parked.remove(key);
+            }
+        }
         let now = chrono::Utc::now();
         for (item, envelope, handler_time) in applied {
             let _in_record = self.span(&item.message, Some(envelope)).entered();
@@ -415,7 +720,11 @@ impl PartitionWorker {
             let _in_record = self.span(&item.message, Some(envelope)).entered();
             DuplicateSkipped { group, event_name: envelope.event_name.as_str() }.emit();
         }
-        Ok(())
+        for (item, envelope) in held {
+            let _in_record = self.span(&item.message, Some(envelope)).entered();
+            Held { group, event_name: envelope.event_name.as_str() }.emit();
+        }
+        Ok(committed)
     }
 
     /// The span of one record: trace id (from the envelope, else the

@@ -6,8 +6,11 @@
 //!
 //! * [`store`] is the table: upsert, filters, counts, status changes;
 //! * [`persist`] is `orderpipe dlq persist`;
-//! * [`replay`] is `orderpipe dlq replay`.
+//! * [`replay`] is `orderpipe dlq replay`;
+//! * [`ignore`] is `orderpipe dlq ignore`, which asks what happens to the
+//!   records held behind a head of a parked key.
 
+pub mod ignore;
 pub mod persist;
 pub mod replay;
 pub mod store;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, Timestamp, TopicPartitionList};
 use serde::Serialize;
 
@@ -18,7 +18,7 @@ use super::store::{self, NewDeadLetter};
 use crate::config::Settings;
 use crate::db::Db;
 use crate::producer::config::client_config;
-use crate::retry::{FailureHistory, header, header_text, now_ms};
+use crate::retry::{FailureHistory, header, header_text, headers_json, now_ms};
 
 /// Counts of a persister run.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -35,14 +35,6 @@ pub struct PersistSummary {
 pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
     let history = FailureHistory::of(message);
     let num = |name| header_text(message, name).and_then(|v| v.parse::<i64>().ok());
-    let headers: BTreeMap<String, String> = message
-        .headers()
-        .map(|h| {
-            h.iter()
-                .map(|x| (x.key.to_string(), x.value.map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()))
-                .collect()
-        })
-        .unwrap_or_default();
     let appended = match message.timestamp() {
         Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => t,
         Timestamp::NotAvailable => now_ms(),
@@ -55,7 +47,7 @@ pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
         original_timestamp: history.original_timestamp,
         key: message.key().map(<[u8]>::to_vec),
         payload: message.payload().map(<[u8]>::to_vec),
-        headers: serde_json::to_string(&headers).expect("headers serialize"),
+        headers: headers_json(message),
         event_id: header_text(message, "event_id"),
         event_name: header_text(message, "event_name"),
         error_class: header_text(message, header::ERROR_CLASS).unwrap_or_else(|| "unknown".into()),

@@ -16,6 +16,9 @@ pub enum Status {
     Replayed,
     /// Closed by `dlq ignore`.
     Ignored,
+    /// Not a dead letter: a record held behind a parked key's head
+    /// (`held_records`); `dlq list --status held` lists them.
+    Held,
 }
 
 impl Status {
@@ -25,6 +28,7 @@ impl Status {
             Self::Pending => "pending",
             Self::Replayed => "replayed",
             Self::Ignored => "ignored",
+            Self::Held => "held",
         }
     }
 }

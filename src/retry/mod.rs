@@ -19,6 +19,7 @@
 
 pub mod policy;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::error::KafkaError;
@@ -258,6 +259,29 @@ pub fn with_headers(message: &OwnedMessage, ours: &[(&str, String)]) -> OwnedHea
             key,
             value: Some(value.as_bytes()),
         });
+    }
+    headers
+}
+
+/// A record's headers as a JSON object (values as text), as stored.
+pub fn headers_json(message: &OwnedMessage) -> String {
+    let headers: BTreeMap<String, String> = message
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|x| (x.key.to_string(), x.value.map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    serde_json::to_string(&headers).expect("headers serialize")
+}
+
+/// Headers stored by [`headers_json`], back as Kafka headers.
+pub fn headers_from_json(json: &str) -> OwnedHeaders {
+    let map: BTreeMap<String, String> = serde_json::from_str(json).unwrap_or_default();
+    let mut headers = OwnedHeaders::new();
+    for (k, v) in &map {
+        headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
     }
     headers
 }
