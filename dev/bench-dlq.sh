@@ -32,7 +32,8 @@ ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_plain" "$BIN" consume --group "$RUN_ID-pl
 echo "== dead-lettering $COUNT events (chaos handler fails every event)"
 mkdb "${RUN_ID}_dlq"
 export ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_dlq"
-ORDERPIPE_CHAOS__PERMANENT_ALL=true "$BIN" consume --group "$RUN_ID-replay" --handler chaos,notification \
+# Every event its own dead letter: bulk replay is measured, not parking.
+ORDERPIPE_CHAOS__PERMANENT_ALL=true "$BIN" consume --group "$RUN_ID-replay" --handler chaos,notification --ordering none \
   --until-idle 5 --output json > "$OUT_DIR/.dead.json"
 "$BIN" dlq persist --until-idle 5 --output json > "$OUT_DIR/.persist.json"
 echo "== dlq replay --group $RUN_ID-replay"

@@ -115,10 +115,15 @@ async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    let dead = permanent as f64;
-    prometheus.expect("max(orderpipe_dead_letters_pending)", dead).await;
-    prometheus.expect(r#"sum(orderpipe_dead_lettered_records_total{group="obs"})"#, dead).await;
-    prometheus.expect(r#"sum(orderpipe_processing_failures_total{group="obs",error_class="handler_fatal"})"#, dead).await;
+    // Order 7's first event is dead-lettered and parks the order; its later
+    // events are held behind it (per-key ordering), not dead-lettered.
+    prometheus.expect("max(orderpipe_dead_letters_pending)", 1.0).await;
+    prometheus.expect(r#"sum(orderpipe_dead_lettered_records_total{group="obs"})"#, 1.0).await;
+    prometheus.expect(r#"sum(orderpipe_processing_failures_total{group="obs",error_class="handler_fatal"})"#, 1.0).await;
+    prometheus.expect(r#"orderpipe_parked_keys{group="obs"}"#, 1.0).await;
+    prometheus.expect(r#"orderpipe_held_records{group="obs"}"#, permanent as f64 - 1.0).await;
+    prometheus.expect(r#"sum(orderpipe_held_records_total{group="obs"})"#, permanent as f64 - 1.0).await;
+    prometheus.expect(r#"orderpipe_parked_key_oldest_age_seconds{group="obs"} > bool 0"#, 1.0).await;
     let transient = events.iter().filter(|e| e.data.order_id() == 9).count() as f64;
     prometheus.expect(r#"sum(orderpipe_processing_failures_total{group="obs",error_class="handler_retryable"})"#, transient).await;
     // Lag is measured per partition of the topic (and the retry topic) and is 0 once caught up.
