@@ -393,7 +393,6 @@ async fn release_parked(shared: Arc<Shared>) {
     }
     let group = shared.options.group.clone();
     loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
         match crate::ordering::gauges(&shared.db, &group).await {
             Ok(gauges) => crate::metrics::ordering(&group, &gauges),
             Err(e) => tracing::debug!(error = %e, "parked-key gauges not read"),
@@ -412,6 +411,7 @@ async fn release_parked(shared: Arc<Shared>) {
                 PartitionWorker::new(shared.clone(), pk, generation).release(&key).await;
             }
         }
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 

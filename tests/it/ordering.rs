@@ -1,0 +1,366 @@
+//! Per-order ordering through the retry topic, the DLQ and replay
+//! (`consumer.ordering = key`) against Kafka + MariaDB: a refund waits
+//! behind its retried payment, followers wait behind a dead-lettered head
+//! until it is replayed, parked keys survive SIGKILL and rebalance, and a
+//! randomized run keeps every order's sequence.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use orderpipe::db::Db;
+use orderpipe::envelope::Envelope;
+use serde_json::Value;
+
+use crate::consumer::{consume, count_rows, produce_lifecycles, sigterm};
+use crate::exactly_once::{ALL_HANDLERS, assert_exactly_once};
+use crate::helpers::TestEnv;
+
+/// The chaos handler first, then every business handler.
+fn handlers() -> String {
+    format!("chaos,{ALL_HANDLERS}")
+}
+
+/// The first order whose events, by name, are exactly `path`.
+fn order_with_path(events: &[Envelope], path: &[&str]) -> i64 {
+    let mut by_order: HashMap<i64, Vec<&str>> = HashMap::new();
+    for e in events {
+        by_order.entry(e.data.order_id()).or_default().push(e.event_name.as_str());
+    }
+    let mut ids: Vec<i64> = by_order.iter().filter(|(_, p)| p.as_slice() == path).map(|(id, _)| *id).collect();
+    ids.sort();
+    *ids.first().unwrap_or_else(|| panic!("no order with path {path:?}"))
+}
+
+/// `order`'s events in the order `group` applied them, with their apply_seq.
+async fn applied_sequence(db: &Db, group: &str, order: i64) -> Vec<(String, i64)> {
+    sqlx::query_as("SELECT event_type, apply_seq FROM event_dedup WHERE consumer_group = ? AND record_key = ? ORDER BY apply_seq")
+        .bind(group)
+        .bind(order.to_string())
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// Events of other orders `group` applied between two apply_seq values.
+async fn others_applied_between(db: &Db, group: &str, order: i64, from: i64, to: i64) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND record_key <> ? AND apply_seq > ? AND apply_seq < ?",
+    )
+    .bind(group)
+    .bind(order.to_string())
+    .bind(from)
+    .bind(to)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    n
+}
+
+async fn scalar(db: &Db, sql: &'static str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(&db.pool).await.unwrap();
+    n
+}
+
+/// Checks from a business table: the notification handler writes one row
+/// per event (auto-increment id = apply order), so each order's rows must
+/// hold its events once each, in the order produced.
+async fn assert_business_order(db: &Db, events: &[Envelope]) {
+    let rows: Vec<(i64, String)> =
+        sqlx::query_as("SELECT order_id, event_id FROM notifications ORDER BY id").fetch_all(&db.pool).await.unwrap();
+    assert_eq!(rows.len(), events.len(), "one notification per event, none twice");
+    let mut applied: HashMap<i64, Vec<String>> = HashMap::new();
+    for (order, id) in rows {
+        applied.entry(order).or_default().push(id);
+    }
+    let mut produced: HashMap<i64, Vec<String>> = HashMap::new();
+    for e in events {
+        produced.entry(e.data.order_id()).or_default().push(e.event_id.to_string());
+    }
+    let wrong: Vec<i64> = produced.iter().filter(|(o, ids)| applied.get(*o) != Some(ids)).map(|(o, _)| *o).collect();
+    assert!(wrong.is_empty(), "{} orders applied out of order: {:?}", wrong.len(), &wrong[..wrong.len().min(20)]);
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn json(out: &str) -> Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("JSON ({e}): {out}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refund_waits_behind_its_retried_payment_while_other_orders_flow() {
+    let mut env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let events = produce_lifecycles(&env, 600, 60, 71);
+    let order = order_with_path(&events, &["order.created", "order.payment.succeeded", "order.refunded"]);
+    // The payment fails twice (no local retries): two trips through the
+    // retry topic, 1 s then 2 s, while the refund arrives behind it.
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", &format!("[{order}]"));
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_EVENTS", r#"["order.payment.succeeded"]"#);
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "2");
+    env.set_env("ORDERPIPE_RETRY__LOCAL_RETRIES", "0");
+    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "1000");
+    let group = "refunds";
+    let summary = consume(&env, group, &handlers());
+    assert_eq!(summary["sent_to_retry"], 2, "{summary}");
+    assert_eq!(summary["dead_lettered"], 0, "{summary}");
+    assert_eq!(summary["held"], 1, "the refund was held: {summary}");
+    assert_eq!(summary["released"], 1, "{summary}");
+
+    let db = env.db();
+    let sequence = applied_sequence(&db, group, order).await;
+    let names: Vec<&str> = sequence.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["order.created", "order.payment.succeeded", "order.refunded"], "order {order}");
+    let meanwhile = others_applied_between(&db, group, order, sequence[0].1, sequence[1].1).await;
+    assert!(meanwhile > 100, "other orders flowed during the backoff: only {meanwhile} applied");
+    let (status,): (String,) =
+        sqlx::query_as("SELECT status FROM payments WHERE order_id = ?").bind(order).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(status, "refunded");
+    let (points,): (i64,) = sqlx::query_as("SELECT CAST(SUM(points) AS SIGNED) FROM points_ledger WHERE order_id = ?")
+        .bind(order)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(points, 0, "points earned and reversed");
+    assert_exactly_once(&db, group, &events).await;
+    assert_business_order(&db, &events).await;
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM parked_keys").await, 0);
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM held_records").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_lettered_payment_holds_its_followers_until_replayed() {
+    let mut env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let events = produce_lifecycles(&env, 900, 60, 73);
+    let path = ["order.created", "order.payment.succeeded", "order.shipped", "order.refunded"];
+    let order = order_with_path(&events, &path);
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", &format!("[{order}]"));
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_EVENTS", r#"["order.payment.succeeded"]"#);
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1000");
+    env.set_env("ORDERPIPE_RETRY__LOCAL_RETRIES", "0");
+    env.set_env("ORDERPIPE_RETRY__ATTEMPTS", "1");
+    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "200");
+    let group = "held";
+    let summary = consume(&env, group, &handlers());
+    assert_eq!(summary["dead_lettered"], 1, "{summary}");
+    assert_eq!(summary["held"], 2, "shipped and refunded wait: {summary}");
+    env.cli(&["dlq", "persist", "--until-idle", "3"]).success();
+
+    // Operators see the held records and the head they wait behind.
+    let held = json(&env.cli(&["dlq", "list", "--status", "held", "--output", "json"]).success());
+    let held = held.as_array().unwrap();
+    let names: Vec<&str> = held.iter().map(|h| h["event_name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["order.shipped", "order.refunded"]);
+    let head_id = held[0]["head_dead_letter"].as_i64().expect("the head's dead-letter row");
+    assert_eq!(held[0]["head"]["state"], "dead");
+    let shown = env.cli(&["dlq", "show", "--held", &held[1]["id"].to_string()]).success();
+    assert!(shown.contains(&format!("dead letter {head_id}")), "show names the head:\n{shown}");
+    let head = env.cli(&["dlq", "show", &head_id.to_string()]).success();
+    assert!(head.contains("2 records held behind it"), "{head}");
+    // Ignoring the head without saying what happens to them is refused.
+    let refused = env.cli(&["dlq", "ignore", "--id", &head_id.to_string(), "--reason", "test"]);
+    let why = refused.failure();
+    assert!(why.contains("--release-followers") && why.contains("--keep-held"), "{why}");
+    let (status,): (String,) =
+        sqlx::query_as("SELECT status FROM dead_letters WHERE id = ?").bind(head_id).fetch_one(&env.db().pool).await.unwrap();
+    assert_eq!(status, "pending", "nothing ignored");
+
+    // The fix ships; replaying the payment applies all three in order.
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", "[]");
+    env.cli(&["dlq", "replay", "--id", &head_id.to_string(), "--yes"]).success();
+    let after = consume(&env, group, &handlers());
+    assert_eq!(after["applied"], 3, "the payment, then the two released: {after}");
+    assert_eq!(after["released"], 2, "{after}");
+    let db = env.db();
+    let names: Vec<String> = applied_sequence(&db, group, order).await.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, path);
+    assert_exactly_once(&db, group, &events).await;
+    assert_business_order(&db, &events).await;
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM parked_keys").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ignoring_a_head_releases_or_keeps_its_followers_as_asked() {
+    let mut env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let events = produce_lifecycles(&env, 300, 30, 79);
+    let shipped = ["order.created", "order.payment.succeeded", "order.shipped"];
+    let (a, b) = {
+        let mut orders: Vec<i64> = events.iter().map(|e| e.data.order_id()).collect();
+        orders.sort();
+        orders.dedup();
+        let with_path: Vec<i64> = orders
+            .into_iter()
+            .filter(|o| events.iter().filter(|e| e.data.order_id() == *o).map(|e| e.event_name.as_str()).eq(shipped))
+            .collect();
+        (with_path[0], with_path[1])
+    };
+    // Both orders' created events fail for good: payment and shipment wait.
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", &format!("[{a}, {b}]"));
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_EVENTS", r#"["order.created"]"#);
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1000");
+    env.set_env("ORDERPIPE_RETRY__LOCAL_RETRIES", "0");
+    env.set_env("ORDERPIPE_RETRY__ATTEMPTS", "1");
+    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "200");
+    let group = "ignore";
+    let summary = consume(&env, group, "chaos,notification");
+    assert_eq!(summary["held"], 4, "{summary}");
+    env.cli(&["dlq", "persist", "--until-idle", "3"]).success();
+    let heads = json(&env.cli(&["dlq", "list", "--output", "json"]).success());
+    let id_of = |order: i64| {
+        heads.as_array().unwrap().iter().find(|d| d["event_id"] == events.iter().find(|e| e.data.order_id() == order).unwrap().event_id.to_string()).unwrap()["id"].to_string()
+    };
+    let out = env.cli(&["dlq", "ignore", "--id", &id_of(a), "--reason", "t", "--release-followers"]).success();
+    assert!(out.contains("released, 2 held records"), "{out}");
+    let out = env.cli(&["dlq", "ignore", "--id", &id_of(b), "--reason", "t", "--keep-held"]).success();
+    assert!(out.contains("stays parked, 2 records kept held"), "{out}");
+    // The consumer's releaser picks the released key up within seconds.
+    let out = env.cli(&["consume", "--group", group, "--handler", "chaos,notification", "--until-idle", "6", "--output", "json"]);
+    let after = json(&out.success());
+    assert_eq!(after["released"], 2, "only order {a}'s followers: {after}");
+    let db = env.db();
+    let names: Vec<String> = applied_sequence(&db, group, a).await.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["order.payment.succeeded", "order.shipped"], "the ignored head is not applied; the rest in order");
+    assert!(applied_sequence(&db, group, b).await.is_empty(), "order {b} stays held");
+    let (held,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM held_records WHERE record_key = ?")
+        .bind(b.to_string())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(held, 2);
+}
+
+/// SIGKILL while keys are parked, restart, and a second member joins.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: kills consumers; run by `make test` in the serial phase"]
+async fn parked_keys_and_held_records_survive_sigkill_and_rebalance() {
+    let mut env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let events = produce_lifecycles(&env, 6_000, 300, 83);
+    let path = ["order.created", "order.payment.succeeded", "order.shipped", "order.refunded"];
+    let dead = order_with_path(&events, &path);
+    let retried = order_with_path(&events, &["order.created", "order.payment.succeeded", "order.refunded"]);
+    // `dead`'s payment is dead-lettered; `retried`'s payment waits 10 s in
+    // the retry topic. Each parks its order with the later events held.
+    env.set_env("ORDERPIPE_CHAOS__PERMANENT_ORDERS", &format!("[{dead}]"));
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", &format!("[{retried}]"));
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_EVENTS", r#"["order.payment.succeeded"]"#);
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1");
+    env.set_env("ORDERPIPE_RETRY__LOCAL_RETRIES", "0");
+    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "10000");
+    let group = "survive";
+    let db = env.db();
+    let handlers = handlers();
+    let start = |env: &TestEnv| env.spawn(&["consume", "--group", group, "--handler", &handlers]);
+    let mut first = start(&env);
+    // `dead`'s created event fails too (permanent order): everything of it
+    // is behind its created event; `retried` holds its refund.
+    let parked = async || scalar(&db, "SELECT COUNT(*) FROM parked_keys").await == 2;
+    wait_until("two parked keys", Duration::from_secs(60), parked).await;
+    let held_before = scalar(&db, "SELECT COUNT(*) FROM held_records").await;
+    wait_until("the rest applied", Duration::from_secs(60), async || {
+        // All but `dead`'s 4 events and `retried`'s payment and refund.
+        count_rows(&db, group).await >= (events.len() - 6) as i64
+    })
+    .await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM parked_keys").await, 2, "parked keys survive SIGKILL");
+    assert!(scalar(&db, "SELECT COUNT(*) FROM held_records").await >= held_before, "held records survive SIGKILL");
+
+    // Restart, and a second member joins: partitions move between them.
+    let mut restarted = start(&env);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut second = start(&env);
+    let retried_done = async || applied_sequence(&db, group, retried).await.len() == 3;
+    wait_until("the retried order applied after the rebalance", Duration::from_secs(90), retried_done).await;
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM parked_keys").await, 1, "only the dead-lettered order stays parked");
+    sigterm(&mut restarted);
+    sigterm(&mut second);
+
+    // The fix ships: replay the dead letter, and the order completes in order.
+    env.set_env("ORDERPIPE_CHAOS__PERMANENT_ORDERS", "[]");
+    env.cli(&["dlq", "persist", "--until-idle", "3"]).success();
+    env.cli(&["dlq", "replay", "--group", group, "--yes"]).success();
+    let last = consume(&env, group, &handlers);
+    assert_eq!(last["dead_lettered"], 0, "{last}");
+    let names: Vec<String> = applied_sequence(&db, group, dead).await.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, path);
+    assert_exactly_once(&db, group, &events).await;
+    assert_business_order(&db, &events).await;
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM parked_keys").await, 0);
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM held_records").await, 0);
+}
+
+/// ≥ 50k events, 3% failing transiently, some orders failing for good and
+/// replayed after the fix: every order's sequence as produced, once.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: heavy; run by `make test` in the serial phase"]
+async fn randomized_failures_and_replay_keep_every_orders_sequence() {
+    let mut env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let total = 50_000;
+    let events = produce_lifecycles(&env, total, 2_000, 89);
+    let permanent: Vec<i64> = (1..=20).map(|i| i * 97).collect();
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_RATE", "0.03");
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1");
+    env.set_env("ORDERPIPE_CHAOS__PERMANENT_ORDERS", &format!("{permanent:?}"));
+    env.set_env("ORDERPIPE_RETRY__LOCAL_RETRIES", "0");
+    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "500");
+    let group = "random";
+    let first = consume(&env, group, &handlers());
+    eprintln!("first run: {first}");
+    let failing = events.iter().filter(|e| e.event_id.as_u128() % 1_000_000 < 30_000).count();
+    assert!(failing * 100 >= total * 2, "at least 2% injected: {failing}");
+    assert!(first["sent_to_retry"].as_u64().unwrap() >= failing as u64 / 2, "{first}");
+    assert_eq!(first["dead_lettered"], permanent.len(), "one head per permanently failing order: {first}");
+    assert!(first["held"].as_u64().unwrap() > 0, "{first}");
+
+    env.set_env("ORDERPIPE_CHAOS__PERMANENT_ORDERS", "[]");
+    env.cli(&["dlq", "persist", "--until-idle", "3"]).success();
+    env.cli(&["dlq", "replay", "--group", group, "--yes"]).success();
+    let second = consume(&env, group, &handlers());
+    eprintln!("after replay: {second}");
+    let db = env.db();
+    assert_exactly_once(&db, group, &events).await;
+    assert_business_order(&db, &events).await;
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM parked_keys").await, 0);
+    assert_eq!(scalar(&db, "SELECT COUNT(*) FROM held_records").await, 0);
+}
+
+/// Mode `none` under failures: faster, and per-key order is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn mode_none_lets_later_events_pass_a_retried_one() {
+    let mut env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let events = produce_lifecycles(&env, 300, 30, 97);
+    let order = order_with_path(&events, &["order.created", "order.payment.succeeded", "order.shipped"]);
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", &format!("[{order}]"));
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_EVENTS", r#"["order.payment.succeeded"]"#);
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1");
+    env.set_env("ORDERPIPE_RETRY__LOCAL_RETRIES", "0");
+    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "1000");
+    env.set_env("ORDERPIPE_CONSUMER__ORDERING", "none");
+    let group = "unordered";
+    let summary = consume(&env, group, "chaos,notification");
+    assert_eq!(summary["held"], 0, "{summary}");
+    let names: Vec<String> = applied_sequence(&env.db(), group, order).await.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["order.created", "order.shipped", "order.payment.succeeded"], "the shipment passed the payment");
+}
+
+#[test]
+fn a_bad_ordering_mode_names_the_accepted_values() {
+    let env = TestEnv::new();
+    let out = env.cli(&["consume", "--group", "g", "--handler", "notification", "--ordering", "fifo"]).failure();
+    assert!(out.contains("key") && out.contains("none"), "{out}");
+    let mut env = TestEnv::new();
+    env.set_env("ORDERPIPE_CONSUMER__ORDERING", "fifo");
+    let out = env.cli(&["consume", "--group", "g", "--handler", "notification"]).failure();
+    assert!(out.to_lowercase().contains("consumer.ordering") && out.contains("none"), "{out}");
+}
