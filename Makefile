@@ -19,7 +19,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test bench-produce bench-consume bench-dlq bench-relay
+.PHONY: build-deps run test bench-produce bench-consume bench-dlq bench-relay bench-ordering
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -49,3 +49,8 @@ bench-relay: build-deps ## relay throughput per batch size, vs the plain produce
 	cargo build --release --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-relay.sh $(or $(ROWS),100000) $(or $(RATE),100)
+
+bench-ordering: build-deps ## per-key ordering: mode key vs none at 0/1/5 % failing events, DB statements per event
+	cargo build --release --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-ordering.sh $(or $(COUNT),100000)

@@ -108,7 +108,12 @@ pub enum Gate {
 /// Where `message` was first consumed, as stored in `head_origin`.
 pub fn origin_of(message: &OwnedMessage) -> String {
     let h = FailureHistory::of(message);
-    format!("{}/{}/{}", h.original_topic, h.original_partition, h.original_offset)
+    origin(&h.original_topic, h.original_partition, h.original_offset)
+}
+
+/// `topic/partition/offset`, the form of `head_origin`.
+pub fn origin(topic: &str, partition: i32, offset: i64) -> String {
+    format!("{topic}/{partition}/{offset}")
 }
 
 const COLUMNS: &str = "record_key, kafka_partition, head_origin, head_event_id, head_event_name, state, parked_ms";

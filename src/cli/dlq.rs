@@ -181,13 +181,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 Ok(envelope) => serde_json::to_value(&envelope)?,
                 Err(e) => json!({"undecodable": e.to_string()}),
             };
-            let key = record.key.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default();
-            let r = &record.row;
-            let origin = format!("{}/{}/{}", r.original_topic, r.original_partition, r.original_offset);
-            let heads = match ordering::headed_by(&db, &r.consumer_group, &key, &origin, r.event_id.as_deref()).await? {
-                Some(parked) => Some((parked, ordering::held_count(&db, &r.consumer_group, &key).await?)),
-                None => None,
-            };
+            let heads = ignore::heading(&db, &record).await?;
             output::dead_letter(&record, &decoded, heads.as_ref(), output.output);
         }
         DlqCommand::Stats { filter, output } => output::dlq_stats(&store::stats(&db, &filter).await?, output.output),

@@ -116,6 +116,27 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Benchmark check: regenerates `produce --count --orders --seed
+    /// --first-order-id`'s events and reports how many orders GROUP applied
+    /// out of production order (from `event_dedup`). Used by `make bench-ordering`.
+    #[command(hide = true)]
+    BenchOrderCheck {
+        /// Consumer group id.
+        #[arg(long)]
+        group: String,
+        /// As given to `produce`.
+        #[arg(long)]
+        count: usize,
+        /// As given to `produce`.
+        #[arg(long)]
+        orders: usize,
+        /// As given to `produce`.
+        #[arg(long)]
+        seed: u64,
+        /// As given to `produce`.
+        #[arg(long)]
+        first_order_id: i64,
+    },
     /// Benchmark peer: seed 004's consumer taken literally (one transaction
     /// and one synchronous offset commit per record). Used by `make bench-consume`.
     #[command(hide = true)]
@@ -348,6 +369,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let started = std::time::Instant::now();
             let events = crate::api::orders::drive_at(&service, orders, seed, Some(rate)).await?;
             println!("{}", serde_json::json!({"orders": orders, "events": events, "secs": started.elapsed().as_secs_f64()}));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchOrderCheck { group, count, orders, seed, first_order_id } => {
+            let settings = cli.global.settings()?;
+            let db = Db::connect(&settings.database, 2)?;
+            let events: Vec<_> =
+                crate::generator::LifecycleGenerator::new(&settings.producer.service_name, orders, first_order_id, seed)
+                    .take(count)
+                    .collect();
+            let (rows, out_of_order) = crate::consumer::verify::applied_order(&db, &group, &events).await?;
+            let report = serde_json::json!({"applied": rows.actual, "produced": rows.expected, "orders_out_of_order": out_of_order.len()});
+            println!("{report}");
             Ok(ExitCode::SUCCESS)
         }
         Command::BenchNaiveConsume {

@@ -49,18 +49,19 @@ pub enum IgnoreError {
     Db(#[from] DbError),
 }
 
-/// A parked key headed by a dead letter: (group, key, records held).
-async fn heading(db: &Db, row: &DeadLetterRecord) -> Result<Option<(String, String, i64)>, DbError> {
+/// The parked key a dead letter heads, if it does, with the number of
+/// records held behind it.
+pub async fn heading(db: &Db, row: &DeadLetterRecord) -> Result<Option<(ordering::Parked, i64)>, DbError> {
     let Some(key) = row.key.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()) else {
         return Ok(None);
     };
     let r = &row.row;
-    let origin = format!("{}/{}/{}", r.original_topic, r.original_partition, r.original_offset);
-    if ordering::headed_by(db, &r.consumer_group, &key, &origin, r.event_id.as_deref()).await?.is_none() {
+    let origin = ordering::origin(&r.original_topic, r.original_partition, r.original_offset);
+    let Some(parked) = ordering::headed_by(db, &r.consumer_group, &key, &origin, r.event_id.as_deref()).await? else {
         return Ok(None);
-    }
+    };
     let held = ordering::held_count(db, &r.consumer_group, &key).await?;
-    Ok(Some((r.consumer_group.clone(), key, held)))
+    Ok(Some((parked, held)))
 }
 
 /// Marks `rows` ignored with `reason`, deciding for heads of parked keys
@@ -74,8 +75,8 @@ pub async fn ignore(
 ) -> Result<IgnoreSummary, IgnoreError> {
     let mut heads = Vec::new();
     for row in rows {
-        if let Some(head) = heading(db, row).await? {
-            heads.push((row.row.id, head));
+        if let Some((parked, held)) = heading(db, row).await? {
+            heads.push((row.row.id, (row.row.consumer_group.clone(), parked.key, held)));
         }
     }
     let waiting: Vec<String> = heads

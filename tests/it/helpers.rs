@@ -64,13 +64,16 @@ impl TestEnv {
         orderpipe::db::Db::connect(&self.settings.database, 4).unwrap()
     }
 
-    /// Starts `orderpipe ARGS` in the background with this test's environment.
-    pub fn spawn(&self, args: &[&str]) -> std::process::Child {
-        self.command(args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("orderpipe starts")
+    /// Starts `orderpipe ARGS` in the background with this test's
+    /// environment; killed when dropped, so a failing test leaves no process.
+    pub fn spawn(&self, args: &[&str]) -> Spawned {
+        Spawned(
+            self.command(args)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("orderpipe starts"),
+        )
     }
 
     /// Sets a config value for the CLI through the environment.
@@ -137,6 +140,31 @@ impl TestEnv {
 
 /// The dev stack's MariaDB as the orderpipe user (which may create databases).
 pub const MYSQL_ADMIN_URL: &str = "mysql://orderpipe:orderpipe@127.0.0.1:3306/";
+
+/// A background `orderpipe` process, killed (if still running) on drop.
+pub struct Spawned(pub std::process::Child);
+
+impl std::ops::Deref for Spawned {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Spawned {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
 
 /// A finished CLI run.
 pub struct CliRun {
