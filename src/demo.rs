@@ -230,8 +230,14 @@ async fn parked_story(db: &Db, group: &str, order: i64) -> anyhow::Result<(Vec<S
 async fn inject_poison(settings: &Settings, topic: &str, events: &[Envelope]) -> anyhow::Result<usize> {
     let producer: FutureProducer = client_config(&settings.kafka_client_options()).create()?;
     let poison: [&[u8]; 3] = [&[0xde, 0xad, 0xbe, 0xef], &[7, 0, 0, 0, 1, 2], &[0, 0x7f, 0xff, 0xff, 0x01, 2]];
-    for (bytes, event) in poison.iter().zip(events) {
-        let key = event.key();
+    // Keyed like three different orders (each poison parks its order's key).
+    let mut keys: Vec<String> = Vec::new();
+    for key in events.iter().map(Envelope::key) {
+        if keys.len() < poison.len() && !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    for (bytes, key) in poison.iter().zip(keys) {
         producer
             .send(FutureRecord::to(topic).key(&key).payload(*bytes), Duration::from_secs(10))
             .await
