@@ -545,3 +545,34 @@ pub async fn held_view(db: &Db, id: i64) -> Result<Option<HeldView>, DbError> {
         None => Ok(None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::retry::{header, with_headers};
+    use rdkafka::message::{Header, OwnedHeaders};
+
+    fn record(topic: &str, offset: i64, headers: OwnedHeaders) -> OwnedMessage {
+        OwnedMessage::new(Some(b"v".to_vec()), Some(b"42".to_vec()), topic.into(), Timestamp::CreateTime(1), 3, offset, Some(headers))
+    }
+
+    #[test]
+    fn a_head_keeps_its_origin_across_retry_hops() {
+        let first = record("order.events.v1", 77, OwnedHeaders::new());
+        assert_eq!(origin_of(&first), "order.events.v1/3/77");
+        let hop = with_headers(
+            &first,
+            &[(header::ORIGINAL_TOPIC, "order.events.v1".into()), (header::ORIGINAL_PARTITION, "3".into()), (header::ORIGINAL_OFFSET, "77".into())],
+        );
+        let retried = record("order.events.v1.retry.g", 5, hop);
+        assert_eq!(origin_of(&retried), origin_of(&first), "the same head on the retry topic");
+    }
+
+    #[test]
+    fn held_headers_round_trip() {
+        let message = record("t", 1, OwnedHeaders::new().insert(Header { key: "event_id", value: Some("e-1") }));
+        let back = headers_from_json(&headers_json(&message));
+        let restored = record("t", 1, back);
+        assert_eq!(crate::retry::header_text(&restored, "event_id").as_deref(), Some("e-1"));
+    }
+}
