@@ -58,6 +58,14 @@ PY
   ORDERPIPE_DATABASE__URL=mysql://check:check@db/orderpipe "$BIN" --config "$OUT/$name.json" config > /dev/null
 done
 
+echo "== a bad consumers[].ordering is refused, naming the accepted values"
+if "$HELM" template orderpipe "$CHART" --kube-version "$KUBE_VERSION" --set 'consumers[0].group=g' \
+    --set 'consumers[0].handlers={inventory}' --set 'consumers[0].ordering=fifo' > "$OUT/bad.txt" 2>&1; then
+  echo "the chart accepted consumers[0].ordering=fifo" >&2; exit 1
+fi
+grep -q 'accepted values: key, none' "$OUT/bad.txt" || { cat "$OUT/bad.txt" >&2; exit 1; }
+grep -q -- '--ordering' "$OUT/default.yaml" || { echo "consumers[].ordering is not passed to consume" >&2; exit 1; }
+
 echo "== promtool: alert rules"
 cp "$OUT/production-rules.yaml" "$OUT/rules.yaml"
 cp "$ROOT/tests/alerts/alerts_test.yaml" "$OUT/"
