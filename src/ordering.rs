@@ -32,7 +32,6 @@
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Timestamp};
 use serde::{Deserialize, Serialize};
-use sqlx::Row;
 
 use crate::db::{Db, DbError, Dialect, Tx};
 use crate::envelope::Envelope;
@@ -73,12 +72,14 @@ impl ParkState {
     }
 }
 
-/// A parked key.
-#[derive(Debug, Clone, Serialize)]
+/// A parked key (a `parked_keys` row).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Parked {
     /// The record key (order id).
+    #[sqlx(rename = "record_key")]
     pub key: String,
     /// Partition of the key.
+    #[sqlx(rename = "kafka_partition")]
     pub partition: i32,
     /// Where the head was first consumed: `topic/partition/offset`.
     pub head_origin: String,
@@ -118,18 +119,6 @@ pub fn origin(topic: &str, partition: i32, offset: i64) -> String {
 
 const COLUMNS: &str = "record_key, kafka_partition, head_origin, head_event_id, head_event_name, state, parked_ms";
 
-fn parked_of(row: &sqlx::any::AnyRow) -> Result<Parked, sqlx::Error> {
-    Ok(Parked {
-        key: row.try_get(0)?,
-        partition: row.try_get(1)?,
-        head_origin: row.try_get(2)?,
-        head_event_id: row.try_get(3)?,
-        head_event_name: row.try_get(4)?,
-        state: row.try_get(5)?,
-        parked_ms: row.try_get(6)?,
-    })
-}
-
 /// The parked row of `key`, locked until `tx` ends (SQLite locks the whole
 /// database for a writer, so it needs no row lock).
 pub async fn lock(tx: &mut Tx, dialect: Dialect, group: &str, key: &str) -> Result<Option<Parked>, DbError> {
@@ -137,9 +126,12 @@ pub async fn lock(tx: &mut Tx, dialect: Dialect, group: &str, key: &str) -> Resu
         Dialect::MySql => " FOR UPDATE",
         Dialect::Sqlite => "",
     };
-    let sql = sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM parked_keys WHERE consumer_group = ? AND record_key = ?{lock}"));
-    let row = sqlx::query(sql).bind(group).bind(key).fetch_optional(&mut **tx).await?;
-    Ok(row.map(|r| parked_of(&r)).transpose()?)
+    Ok(sqlx::query_as(select_parked(lock)).bind(group).bind(key).fetch_optional(&mut **tx).await?)
+}
+
+/// The parked row of a group and key, plus `suffix` (a lock clause).
+fn select_parked(suffix: &str) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM parked_keys WHERE consumer_group = ? AND record_key = ?{suffix}"))
 }
 
 /// Decides what happens to a record of `key` (`event` is None when it could
@@ -292,14 +284,15 @@ pub async fn unpark(tx: &mut Tx, group: &str, key: &str) -> Result<(), DbError> 
     Ok(())
 }
 
-/// A record held behind a parked key.
-#[derive(Debug, Clone, Serialize)]
+/// A record held behind a parked key (a `held_records` row).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct HeldRecord {
     /// Row id (arrival order).
     pub id: i64,
     /// Consumer group.
     pub consumer_group: String,
     /// The record key (order id).
+    #[sqlx(rename = "record_key")]
     pub key: String,
     /// Where it was consumed.
     pub source_topic: String,
@@ -342,30 +335,12 @@ impl HeldRecord {
 const HELD_COLUMNS: &str = "id, consumer_group, record_key, source_topic, source_partition, source_offset, source_timestamp, \
                             event_id, event_name, payload, headers, held_ms";
 
-fn held_of(row: &sqlx::any::AnyRow) -> Result<HeldRecord, sqlx::Error> {
-    Ok(HeldRecord {
-        id: row.try_get(0)?,
-        consumer_group: row.try_get(1)?,
-        key: row.try_get(2)?,
-        source_topic: row.try_get(3)?,
-        source_partition: row.try_get(4)?,
-        source_offset: row.try_get(5)?,
-        source_timestamp: row.try_get(6)?,
-        event_id: row.try_get(7)?,
-        event_name: row.try_get(8)?,
-        payload: row.try_get(9)?,
-        headers: row.try_get(10)?,
-        held_ms: row.try_get(11)?,
-    })
-}
-
 /// The oldest record held behind `key`.
 pub async fn first_held(tx: &mut Tx, group: &str, key: &str) -> Result<Option<HeldRecord>, DbError> {
     let sql = sqlx::AssertSqlSafe(format!(
         "SELECT {HELD_COLUMNS} FROM held_records WHERE consumer_group = ? AND record_key = ? ORDER BY id LIMIT 1"
     ));
-    let row = sqlx::query(sql).bind(group).bind(key).fetch_optional(&mut **tx).await?;
-    Ok(row.map(|r| held_of(&r)).transpose()?)
+    Ok(sqlx::query_as(sql).bind(group).bind(key).fetch_optional(&mut **tx).await?)
 }
 
 /// Deletes a held record (applied, or made the new head); false if it was gone.
@@ -430,22 +405,19 @@ pub async fn held(db: &Db, group: Option<&str>, key: Option<&str>, limit: i64) -
         "SELECT {HELD_COLUMNS} FROM held_records WHERE (? IS NULL OR consumer_group = ?) \
          AND (? IS NULL OR record_key = ?) ORDER BY id LIMIT ?"
     ));
-    let rows = sqlx::query(sql)
+    Ok(sqlx::query_as(sql)
         .bind(group)
         .bind(group)
         .bind(key)
         .bind(key)
         .bind(limit)
         .fetch_all(&db.pool)
-        .await?;
-    Ok(rows.iter().map(held_of).collect::<Result<_, _>>()?)
+        .await?)
 }
 
 /// The parked key of `group` and `key`, if parked.
 pub async fn parked(db: &Db, group: &str, key: &str) -> Result<Option<Parked>, DbError> {
-    let sql = sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM parked_keys WHERE consumer_group = ? AND record_key = ?"));
-    let row = sqlx::query(sql).bind(group).bind(key).fetch_optional(&db.pool).await?;
-    Ok(row.map(|r| parked_of(&r)).transpose()?)
+    Ok(sqlx::query_as(select_parked("")).bind(group).bind(key).fetch_optional(&db.pool).await?)
 }
 
 /// The key a dead letter heads, if it does: the group's parked row whose
@@ -540,8 +512,8 @@ pub async fn held_count(db: &Db, group: &str, key: &str) -> Result<i64, DbError>
 /// One held record with its head, by id.
 pub async fn held_view(db: &Db, id: i64) -> Result<Option<HeldView>, DbError> {
     let sql = sqlx::AssertSqlSafe(format!("SELECT {HELD_COLUMNS} FROM held_records WHERE id = ?"));
-    match sqlx::query(sql).bind(id).fetch_optional(&db.pool).await? {
-        Some(row) => Ok(Some(with_head(db, held_of(&row)?).await?)),
+    match sqlx::query_as(sql).bind(id).fetch_optional(&db.pool).await? {
+        Some(held) => Ok(Some(with_head(db, held).await?)),
         None => Ok(None),
     }
 }

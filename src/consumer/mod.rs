@@ -87,6 +87,14 @@ pub struct ConsumeOptions {
     pub ordering: OrderingMode,
 }
 
+impl ConsumeOptions {
+    /// Whether failures park their key (mode `key`; only with the error
+    /// tier, since without it failures wait in place and order holds anyway).
+    pub fn keeps_key_order(&self) -> bool {
+        self.ordering == OrderingMode::Key && self.error_tier
+    }
+}
+
 /// Counts per handler.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct HandlerCounts {
@@ -388,7 +396,7 @@ async fn report_lag(shared: Arc<Shared>) {
 /// worker will start by itself: heads an operator ignored with
 /// `--release-followers`, and heads applied just before a crash.
 async fn release_parked(shared: Arc<Shared>) {
-    if shared.options.ordering != OrderingMode::Key || !shared.options.error_tier {
+    if !shared.options.keeps_key_order() {
         return;
     }
     let group = shared.options.group.clone();

@@ -40,7 +40,7 @@ use super::{ConsumeSummary, Shared};
 use crate::dedup::{self, RecordOrigin};
 use crate::envelope::Envelope;
 use crate::metrics::{Applied, DeadLettered, DuplicateSkipped, Held, InternalEvent, ProcessingFailed, Released, SentToRetry};
-use crate::ordering::{self, Gate, OrderingMode, ParkState};
+use crate::ordering::{self, Gate, ParkState};
 use crate::retry::{Failure, Routed, header, header_text, now_ms};
 
 /// Largest record value accepted (order events are small by rule).
@@ -110,7 +110,7 @@ impl PartitionWorker {
     }
 
     fn ordered(&self) -> bool {
-        self.shared.options.ordering == OrderingMode::Key && self.shared.options.error_tier
+        self.shared.options.keeps_key_order()
     }
 
     /// Processes records until the channel closes or the partition is revoked.
@@ -147,19 +147,27 @@ impl PartitionWorker {
     /// Loads the parked keys of this partition into the consumer's set before
     /// its first record (they may have been parked by its previous owner).
     async fn load_parked_keys(&self) -> bool {
+        let (db, group, partition) = (&self.shared.db, self.shared.options.group.as_str(), self.key.1);
+        let loaded = self.until_db_ok("cannot load parked keys", || ordering::keys_of_partition(db, group, partition));
+        let Some(keys) = loaded.await else { return false };
+        self.shared.parked.lock().expect("parked lock").extend(keys);
+        true
+    }
+
+    /// Runs a database step until it succeeds, waiting with backoff and
+    /// reporting the database down meanwhile; None if the partition was
+    /// revoked first (its next owner re-reads the records and redoes it).
+    async fn until_db_ok<T, F: Future<Output = Result<T, crate::db::DbError>>>(&self, what: &str, mut step: impl FnMut() -> F) -> Option<T> {
         let mut backoff = Backoff::new();
         loop {
-            match ordering::keys_of_partition(&self.shared.db, &self.shared.options.group, self.key.1).await {
-                Ok(keys) => {
-                    self.shared.parked.lock().expect("parked lock").extend(keys);
-                    return true;
-                }
+            match step().await {
+                Ok(value) => return Some(value),
                 Err(e) => {
-                    tracing::warn!(partition = self.key.1, error = %e, "cannot load parked keys; retrying");
+                    tracing::warn!(partition = self.key.1, error = %e, "{what}; retrying");
                     self.shared.health.db_down(&e.to_string()).await;
                     backoff.wait().await;
                     if !self.owned() {
-                        return false;
+                        return None;
                     }
                 }
             }
@@ -251,37 +259,24 @@ impl PartitionWorker {
     /// another record (it fails again when released, and only then becomes
     /// the head). Some(true) if held; None if revoked meanwhile.
     async fn held_poison(&self, item: &Item) -> Option<bool> {
-        let Some(key) = item.message.key().map(|k| String::from_utf8_lossy(k).into_owned()) else {
+        let Some(key) = record_key(&item.message) else {
             return Some(false);
         };
         if !self.ordered() || !(self.is_retry_partition() || self.shared.is_parked(&key)) {
             return Some(false);
         }
-        let shared = &self.shared;
-        let (dialect, group) = (shared.db.dialect, shared.options.group.as_str());
-        let mut backoff = Backoff::new();
-        loop {
-            let held = async {
-                let mut tx = shared.db.begin().await?;
-                let gate = ordering::gate(&mut tx, dialect, group, &key, &item.message, None).await?;
-                if gate == Gate::Hold {
-                    ordering::hold(&mut tx, dialect, group, &key, &item.message, None).await?;
-                }
-                tx.commit().await?;
-                Ok::<bool, crate::db::DbError>(gate == Gate::Hold)
+        let (db, group, key) = (&self.shared.db, self.shared.options.group.as_str(), key.as_str());
+        self.until_db_ok("cannot check the parked key of a poison record", move || async move {
+            let dialect = db.dialect;
+            let mut tx = db.begin().await?;
+            let gate = ordering::gate(&mut tx, dialect, group, key, &item.message, None).await?;
+            if gate == Gate::Hold {
+                ordering::hold(&mut tx, dialect, group, key, &item.message, None).await?;
             }
-            .await;
-            match held {
-                Ok(held) => return Some(held),
-                Err(e) => {
-                    tracing::warn!(key, error = %e, "cannot check the parked key of a poison record; retrying");
-                    backoff.wait().await;
-                    if !self.owned() {
-                        return None;
-                    }
-                }
-            }
-        }
+            tx.commit().await?;
+            Ok(gate == Gate::Hold)
+        })
+        .await
     }
 
     /// Applies decoded records in order: as one batch, or, when one fails,
@@ -376,8 +371,8 @@ impl PartitionWorker {
             if !self.owned() {
                 return false;
             }
-            let next = match self.next_held(key).await {
-                Ok(Some(item)) => item,
+            let held = match self.next_held(key).await {
+                Ok(Some(held)) => held,
                 Ok(None) => return true,
                 Err(e) => {
                     tracing::warn!(key, error = %e, "cannot read held records; retrying");
@@ -385,9 +380,17 @@ impl PartitionWorker {
                     continue;
                 }
             };
-            let Some(next) = next else { return false };
-            if next.envelope.is_none() {
-                continue; // undecodable: forwarded as poison by next_held
+            let mut next = Item { message: held.to_message(), envelope: None, held_id: Some(held.id) };
+            match self.decode(&next.message).await {
+                None => return false,
+                Some(Ok(envelope)) => next.envelope = Some(envelope),
+                Some(Err(failure)) => {
+                    // Undecodable: it becomes the head, dead-lettered.
+                    if !self.is_owned_after_forward(&next, failure).await {
+                        return false;
+                    }
+                    continue;
+                }
             }
             match self.apply(std::slice::from_ref(&next)).await {
                 Ok(_) => {
@@ -413,10 +416,9 @@ impl PartitionWorker {
         }
     }
 
-    /// The next held record of `key` to apply, decoded (`Ok(Some(None))` if
-    /// revoked while decoding); `Ok(None)` when the head is not done yet or
-    /// nothing is held any more, in which case the key is unparked.
-    async fn next_held(&self, key: &str) -> Result<Option<Option<Item>>, crate::db::DbError> {
+    /// The oldest record held behind `key`; None when its head is not done
+    /// yet, or when nothing is held any more, in which case the key is unparked.
+    async fn next_held(&self, key: &str) -> Result<Option<ordering::HeldRecord>, crate::db::DbError> {
         let shared = &self.shared;
         let group = shared.options.group.as_str();
         let mut tx = shared.db.begin().await?;
@@ -428,27 +430,18 @@ impl PartitionWorker {
             tx.commit().await?;
             return Ok(None);
         }
-        let Some(held) = ordering::first_held(&mut tx, group, key).await? else {
+        let held = ordering::first_held(&mut tx, group, key).await?;
+        if held.is_none() {
             ordering::unpark(&mut tx, group, key).await?;
             // Forget it before the commit: a park of the key by this consumer
             // waits for the row lock, so it lands after this.
             shared.parked.lock().expect("parked lock").remove(key);
-            tx.commit().await?;
-            tracing::info!(group, key, "key unparked: every record held behind it was applied");
-            return Ok(None);
-        };
-        tx.commit().await?;
-        let mut item = Item { message: held.to_message(), envelope: None, held_id: Some(held.id) };
-        match self.decode(&item.message).await {
-            None => return Ok(Some(None)),
-            Some(Ok(envelope)) => item.envelope = Some(envelope),
-            Some(Err(failure)) => {
-                if !self.is_owned_after_forward(&item, failure).await {
-                    return Ok(Some(None));
-                }
-            }
         }
-        Ok(Some(Some(item)))
+        tx.commit().await?;
+        if held.is_none() {
+            tracing::info!(group, key, "key unparked: every record held behind it was applied");
+        }
+        Ok(held)
     }
 
     /// Local retries for a retryable failure, then forward to the retry
@@ -532,46 +525,29 @@ impl PartitionWorker {
     /// records without a key have no order to keep). A released record that
     /// failed leaves `held_records` in the same transaction. False if revoked.
     async fn park(&self, item: &Item, state: ParkState) -> bool {
-        let Some(key) = item.message.key().map(|k| String::from_utf8_lossy(k).into_owned()) else {
+        let Some(key) = record_key(&item.message) else {
             return true;
         };
         if !self.ordered() {
             return true;
         }
-        let shared = &self.shared;
-        let group = shared.options.group.as_str();
-        let mut backoff = Backoff::new();
-        loop {
-            let parked = async {
-                let mut tx = shared.db.begin().await?;
-                let rehead = item.held_id.is_some();
-                ordering::park(&mut tx, shared.db.dialect, group, &key, &item.message, item.envelope.as_ref(), state, rehead)
-                    .await?;
-                if let Some(id) = item.held_id {
-                    ordering::delete_held(&mut tx, id).await?;
-                }
-                tx.commit().await?;
-                Ok::<(), crate::db::DbError>(())
+        let (db, group, key_ref) = (&self.shared.db, self.shared.options.group.as_str(), key.as_str());
+        let rehead = item.held_id.is_some();
+        let parked = self.until_db_ok("cannot park the key", move || async move {
+            let mut tx = db.begin().await?;
+            ordering::park(&mut tx, db.dialect, group, key_ref, &item.message, item.envelope.as_ref(), state, rehead).await?;
+            if let Some(id) = item.held_id {
+                ordering::delete_held(&mut tx, id).await?;
             }
-            .await;
-            match parked {
-                Ok(()) => {
-                    shared.parked.lock().expect("parked lock").insert(key.clone());
-                    let _in_record = self.span(&item.message, item.envelope.as_ref()).entered();
-                    tracing::info!(key, state = state.as_str(), "key parked: its later records wait behind this one");
-                    return true;
-                }
-                Err(e) => {
-                    tracing::warn!(key, error = %e, "cannot park the key; retrying");
-                    shared.health.db_down(&e.to_string()).await;
-                    backoff.wait().await;
-                    // A new owner re-reads the record (its offset is not stored) and parks it.
-                    if !self.owned() {
-                        return false;
-                    }
-                }
-            }
+            Ok(tx.commit().await?)
+        });
+        if parked.await.is_none() {
+            return false;
         }
+        self.shared.parked.lock().expect("parked lock").insert(key.clone());
+        let _in_record = self.span(&item.message, item.envelope.as_ref()).entered();
+        tracing::info!(key, state = state.as_str(), "key parked: its later records wait behind this one");
+        true
     }
 
     /// Decodes and checks one record: the envelope, or the poison failure to
@@ -757,6 +733,11 @@ impl PartitionWorker {
             }
         }
     }
+}
+
+/// The record's Kafka key as text (the order id), the unit of ordering.
+fn record_key(message: &OwnedMessage) -> Option<String> {
+    message.key().map(|k| String::from_utf8_lossy(k).into_owned())
 }
 
 /// When a retry-topic record is due (ms since the epoch; 0 = now).
