@@ -23,7 +23,9 @@
 //! With `consumer.ordering = key` (see [`crate::ordering`]) a forwarded
 //! record parks its key; later records of a parked key are held in the
 //! batch's transaction instead of applied, and released in order, by
-//! [`PartitionWorker::release`], once the head is applied.
+//! `PartitionWorker::release`, once the head is applied (`worker/parking.rs`).
+
+mod parking;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +41,7 @@ use super::handler::{Effect, HandlerError};
 use super::{ConsumeSummary, Shared};
 use crate::dedup::{self, RecordOrigin};
 use crate::envelope::Envelope;
-use crate::metrics::{Applied, DeadLettered, DuplicateSkipped, Held, InternalEvent, ProcessingFailed, Released, SentToRetry};
+use crate::metrics::{Applied, DeadLettered, DuplicateSkipped, Held, InternalEvent, ProcessingFailed, SentToRetry};
 use crate::ordering::{self, Gate, ParkState};
 use crate::retry::{Failure, Routed, header, header_text, now_ms};
 
@@ -144,16 +146,6 @@ impl PartitionWorker {
         }
     }
 
-    /// Loads the parked keys of this partition into the consumer's set before
-    /// its first record (they may have been parked by its previous owner).
-    async fn load_parked_keys(&self) -> bool {
-        let (db, group, partition) = (&self.shared.db, self.shared.options.group.as_str(), self.key.1);
-        let loaded = self.until_db_ok("cannot load parked keys", || ordering::keys_of_partition(db, group, partition));
-        let Some(keys) = loaded.await else { return false };
-        self.shared.parked.lock().expect("parked lock").extend(keys);
-        true
-    }
-
     /// Runs a database step until it succeeds, waiting with backoff and
     /// reporting the database down meanwhile; None if the partition was
     /// revoked first (its next owner re-reads the records and redoes it).
@@ -255,30 +247,6 @@ impl PartitionWorker {
         true
     }
 
-    /// Holds an undecodable record behind its key if the key is parked by
-    /// another record (it fails again when released, and only then becomes
-    /// the head). Some(true) if held; None if revoked meanwhile.
-    async fn held_poison(&self, item: &Item) -> Option<bool> {
-        let Some(key) = record_key(&item.message) else {
-            return Some(false);
-        };
-        if !self.ordered() || !(self.is_retry_partition() || self.shared.is_parked(&key)) {
-            return Some(false);
-        }
-        let (db, group, key) = (&self.shared.db, self.shared.options.group.as_str(), key.as_str());
-        self.until_db_ok("cannot check the parked key of a poison record", move || async move {
-            let dialect = db.dialect;
-            let mut tx = db.begin().await?;
-            let gate = ordering::gate(&mut tx, dialect, group, key, &item.message, None).await?;
-            if gate == Gate::Hold {
-                ordering::hold(&mut tx, dialect, group, key, &item.message, None).await?;
-            }
-            tx.commit().await?;
-            Ok(gate == Gate::Hold)
-        })
-        .await
-    }
-
     /// Applies decoded records in order: as one batch, or, when one fails,
     /// the ones before it, then the failing one through the error tier, then
     /// the rest. False if the partition was revoked meanwhile.
@@ -348,100 +316,6 @@ impl PartitionWorker {
             error: &error.to_string(),
         }
         .emit();
-    }
-
-    /// Releases the followers of every head the batch applied.
-    async fn release_all(&self, committed: Committed) -> bool {
-        for key in committed.heads {
-            if !self.release(&key).await {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Applies the records held behind `key`, oldest first, once its head is
-    /// done; each is deleted from `held_records` in the transaction that
-    /// applies it. A held record that fails becomes the new head (it goes
-    /// through the error tier like any failure) and the rest stay held.
-    /// Unparks the key when none remain. False if the partition was revoked.
-    pub(crate) async fn release(&self, key: &str) -> bool {
-        let mut backoff = Backoff::new();
-        loop {
-            if !self.owned() {
-                return false;
-            }
-            let held = match self.next_held(key).await {
-                Ok(Some(held)) => held,
-                Ok(None) => return true,
-                Err(e) => {
-                    tracing::warn!(key, error = %e, "cannot read held records; retrying");
-                    backoff.wait().await;
-                    continue;
-                }
-            };
-            let mut next = Item { message: held.to_message(), envelope: None, held_id: Some(held.id) };
-            match self.decode(&next.message).await {
-                None => return false,
-                Some(Ok(envelope)) => next.envelope = Some(envelope),
-                Some(Err(failure)) => {
-                    // Undecodable: it becomes the head, dead-lettered.
-                    if !self.is_owned_after_forward(&next, failure).await {
-                        return false;
-                    }
-                    continue;
-                }
-            }
-            match self.apply(std::slice::from_ref(&next)).await {
-                Ok(_) => {
-                    self.count(|s| s.released += 1);
-                    let _in_record = self.span(&next.message, next.envelope.as_ref()).entered();
-                    let event_name = next.envelope.as_ref().map_or("unknown", |e| e.event_name.as_str());
-                    Released { group: &self.shared.options.group, event_name }.emit();
-                }
-                Err(BatchError::Revoked) => return false,
-                Err(BatchError::Unavailable(reason)) => {
-                    tracing::warn!(key, %reason, "held record not applied; retrying with backoff");
-                    backoff.wait().await;
-                }
-                Err(BatchError::Record { error, .. }) => {
-                    self.failed(&next, &error);
-                    // A held record is never a head, so a local retry has nothing to release.
-                    let span = self.span(&next.message, next.envelope.as_ref());
-                    if self.settle(&next, error).instrument(span).await.is_none() {
-                        return false;
-                    }
-                }
-            }
-        }
-    }
-
-    /// The oldest record held behind `key`; None when its head is not done
-    /// yet, or when nothing is held any more, in which case the key is unparked.
-    async fn next_held(&self, key: &str) -> Result<Option<ordering::HeldRecord>, crate::db::DbError> {
-        let shared = &self.shared;
-        let group = shared.options.group.as_str();
-        let mut tx = shared.db.begin().await?;
-        let Some(parked) = ordering::lock(&mut tx, shared.db.dialect, group, key).await? else {
-            tx.commit().await?;
-            return Ok(None);
-        };
-        if !ordering::head_done(&mut tx, group, &parked).await? {
-            tx.commit().await?;
-            return Ok(None);
-        }
-        let held = ordering::first_held(&mut tx, group, key).await?;
-        if held.is_none() {
-            ordering::unpark(&mut tx, group, key).await?;
-            // Forget it before the commit: a park of the key by this consumer
-            // waits for the row lock, so it lands after this.
-            shared.parked.lock().expect("parked lock").remove(key);
-        }
-        tx.commit().await?;
-        if held.is_none() {
-            tracing::info!(group, key, "key unparked: every record held behind it was applied");
-        }
-        Ok(held)
     }
 
     /// Local retries for a retryable failure, then forward to the retry
@@ -519,35 +393,6 @@ impl PartitionWorker {
             Routed::DeadLetter => ParkState::Dead,
         };
         self.park(item, state).await
-    }
-
-    /// Makes a forwarded record the head of its parked key (mode `key`;
-    /// records without a key have no order to keep). A released record that
-    /// failed leaves `held_records` in the same transaction. False if revoked.
-    async fn park(&self, item: &Item, state: ParkState) -> bool {
-        let Some(key) = record_key(&item.message) else {
-            return true;
-        };
-        if !self.ordered() {
-            return true;
-        }
-        let (db, group, key_ref) = (&self.shared.db, self.shared.options.group.as_str(), key.as_str());
-        let rehead = item.held_id.is_some();
-        let parked = self.until_db_ok("cannot park the key", move || async move {
-            let mut tx = db.begin().await?;
-            ordering::park(&mut tx, db.dialect, group, key_ref, &item.message, item.envelope.as_ref(), state, rehead).await?;
-            if let Some(id) = item.held_id {
-                ordering::delete_held(&mut tx, id).await?;
-            }
-            Ok(tx.commit().await?)
-        });
-        if parked.await.is_none() {
-            return false;
-        }
-        self.shared.parked.lock().expect("parked lock").insert(key.clone());
-        let _in_record = self.span(&item.message, item.envelope.as_ref()).entered();
-        tracing::info!(key, state = state.as_str(), "key parked: its later records wait behind this one");
-        true
     }
 
     /// Decodes and checks one record: the envelope, or the poison failure to
@@ -733,11 +578,6 @@ impl PartitionWorker {
             }
         }
     }
-}
-
-/// The record's Kafka key as text (the order id), the unit of ordering.
-fn record_key(message: &OwnedMessage) -> Option<String> {
-    message.key().map(|k| String::from_utf8_lossy(k).into_owned())
 }
 
 /// When a retry-topic record is due (ms since the epoch; 0 = now).
