@@ -64,6 +64,17 @@ pub async fn claim(
     Ok(result.rows_affected() == 1)
 }
 
+/// Whether `group` applied the event already (its dedup row exists), for
+/// checks that must not insert the row.
+pub async fn applied(tx: &mut Tx, group: &str, event_id: &str) -> Result<bool, DbError> {
+    let row = sqlx::query("SELECT 1 FROM event_dedup WHERE consumer_group = ? AND event_id = ?")
+        .bind(group)
+        .bind(event_id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(row.is_some())
+}
+
 /// Rows deleted per statement by [`cleanup`].
 pub const CLEANUP_BATCH: u32 = 1000;
 

@@ -152,7 +152,7 @@ pub async fn gate(
         return Ok(Gate::Head);
     }
     match event_id {
-        Some(id) if applied(tx, group, &id).await? => Ok(Gate::Duplicate),
+        Some(id) if crate::dedup::applied(tx, group, &id).await? => Ok(Gate::Duplicate),
         _ => Ok(Gate::Hold),
     }
 }
@@ -162,23 +162,13 @@ fn is_head(parked: &Parked, message: &OwnedMessage, event_id: Option<&str>) -> b
     parked.head_origin == origin_of(message) || (event_id.is_some() && parked.head_event_id.as_deref() == event_id)
 }
 
-/// Whether the group applied the event (its dedup row exists).
-async fn applied(tx: &mut Tx, group: &str, event_id: &str) -> Result<bool, DbError> {
-    let row = sqlx::query("SELECT 1 FROM event_dedup WHERE consumer_group = ? AND event_id = ?")
-        .bind(group)
-        .bind(event_id)
-        .fetch_optional(&mut **tx)
-        .await?;
-    Ok(row.is_some())
-}
-
 /// Whether the parked key's head is done with: applied, or released by an operator.
 pub async fn head_done(tx: &mut Tx, group: &str, parked: &Parked) -> Result<bool, DbError> {
     if parked.state == ParkState::Release.as_str() {
         return Ok(true);
     }
     match &parked.head_event_id {
-        Some(id) => applied(tx, group, id).await,
+        Some(id) => crate::dedup::applied(tx, group, id).await,
         None => Ok(false),
     }
 }
@@ -196,10 +186,7 @@ pub async fn hold(
         "INTO held_records (consumer_group, record_key, source_topic, source_partition, source_offset, \
          source_timestamp, event_id, event_name, payload, headers, held_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     );
-    let timestamp = match message.timestamp() {
-        Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
-        Timestamp::NotAvailable => None,
-    };
+    let timestamp = message.timestamp().to_millis();
     sqlx::query(sql)
         .bind(group)
         .bind(key)

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::OwnedMessage;
-use rdkafka::{Message, Offset, Timestamp, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
 
 use super::store::{self, NewDeadLetter};
@@ -35,10 +35,7 @@ pub struct PersistSummary {
 pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
     let history = FailureHistory::of(message);
     let num = |name| header_text(message, name).and_then(|v| v.parse::<i64>().ok());
-    let appended = match message.timestamp() {
-        Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => t,
-        Timestamp::NotAvailable => now_ms(),
-    };
+    let appended = message.timestamp().to_millis().unwrap_or_else(now_ms);
     NewDeadLetter {
         consumer_group: header_text(message, header::GROUP).unwrap_or_else(|| "(unknown)".into()),
         original_topic: history.original_topic,

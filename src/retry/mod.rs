@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::FutureRecord;
-use rdkafka::{Message, Timestamp};
+use rdkafka::Message;
 
 pub use policy::{RetryPolicy, RetrySettings};
 
@@ -104,10 +104,7 @@ pub struct FailureHistory {
 impl FailureHistory {
     /// Reads the history carried by `message`.
     pub fn of(message: &OwnedMessage) -> Self {
-        let timestamp = match message.timestamp() {
-            Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
-            Timestamp::NotAvailable => None,
-        };
+        let timestamp = message.timestamp().to_millis();
         match header_text(message, header::ORIGINAL_TOPIC) {
             Some(topic) => Self {
                 original_topic: topic,
@@ -289,6 +286,7 @@ pub fn headers_from_json(json: &str) -> OwnedHeaders {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::Timestamp;
     use rdkafka::message::OwnedMessage;
 
     fn message(headers: OwnedHeaders) -> OwnedMessage {
