@@ -405,13 +405,10 @@ async fn release_parked(shared: Arc<Shared>) {
             Ok(gauges) => crate::metrics::ordering(&group, &gauges),
             Err(e) => tracing::debug!(error = %e, "parked-key gauges not read"),
         }
-        let keys = match crate::ordering::releasable(&shared.db, &group).await {
-            Ok(keys) => keys,
-            Err(e) => {
-                tracing::debug!(error = %e, "releasable keys not read");
-                continue;
-            }
-        };
+        let keys = crate::ordering::releasable(&shared.db, &group).await.unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "releasable keys not read");
+            Vec::new()
+        });
         for (key, partition) in keys {
             let pk = (shared.options.topic.clone(), partition);
             // Only the owner of the key's partition releases it.
