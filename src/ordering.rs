@@ -386,17 +386,14 @@ pub async fn gauges(db: &Db, group: &str) -> Result<OrderingGauges, DbError> {
     Ok(OrderingGauges { parked_keys, held_records, oldest_parked_ms })
 }
 
-/// Held records, oldest first, optionally of one group and one key.
-pub async fn held(db: &Db, group: Option<&str>, key: Option<&str>, limit: i64) -> Result<Vec<HeldRecord>, DbError> {
+/// Held records, oldest first, optionally of one group.
+async fn held(db: &Db, group: Option<&str>, limit: i64) -> Result<Vec<HeldRecord>, DbError> {
     let sql = sqlx::AssertSqlSafe(format!(
-        "SELECT {HELD_COLUMNS} FROM held_records WHERE (? IS NULL OR consumer_group = ?) \
-         AND (? IS NULL OR record_key = ?) ORDER BY id LIMIT ?"
+        "SELECT {HELD_COLUMNS} FROM held_records WHERE (? IS NULL OR consumer_group = ?) ORDER BY id LIMIT ?"
     ));
     Ok(sqlx::query_as(sql)
         .bind(group)
         .bind(group)
-        .bind(key)
-        .bind(key)
         .bind(limit)
         .fetch_all(&db.pool)
         .await?)
@@ -468,9 +465,9 @@ pub async fn dead_letter_of_head(db: &Db, group: &str, head: &Parked) -> Result<
 }
 
 /// Held records (oldest first) with the head each waits behind.
-pub async fn held_views(db: &Db, group: Option<&str>, key: Option<&str>, limit: i64) -> Result<Vec<HeldView>, DbError> {
+pub async fn held_views(db: &Db, group: Option<&str>, limit: i64) -> Result<Vec<HeldView>, DbError> {
     let mut views = Vec::new();
-    for record in held(db, group, key, limit).await? {
+    for record in held(db, group, limit).await? {
         views.push(with_head(db, record).await?);
     }
     Ok(views)

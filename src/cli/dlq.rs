@@ -154,7 +154,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             }
         }
         DlqCommand::List { filter, limit, output } if filter.status == Some(store::Status::Held) => {
-            let views = ordering::held_views(&db, filter.group.as_deref(), None, limit).await?;
+            let views = ordering::held_views(&db, filter.group.as_deref(), limit).await?;
             output::held_records(&views, output.output);
         }
         DlqCommand::List { filter, limit, output } => {
