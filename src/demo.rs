@@ -34,7 +34,7 @@ use crate::dlq::replay::{self, ReplayOptions};
 use crate::dlq::store::{self, DeadLetter, Filter};
 use crate::envelope::{Envelope, EventData};
 use crate::retry::retry_topic;
-use crate::consumer::verify::{Verification, applied_order, verify};
+use crate::consumer::verify::{Verification, applied_order, applied_sequence, others_applied_between, verify};
 use crate::consumer::{self, ConsumeOptions, ConsumeSummary, StartFrom, handlers};
 use crate::config::Settings;
 use crate::db::Db;
@@ -204,24 +204,11 @@ fn first_order_with(events: &[Envelope], pick: impl Fn(&Envelope) -> bool) -> i6
 /// order, and how many events of other orders were applied between its
 /// first and its last (they flowed while it was parked).
 async fn parked_story(db: &Db, group: &str, order: i64) -> anyhow::Result<(Vec<String>, i64)> {
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT event_type, apply_seq FROM event_dedup WHERE consumer_group = ? AND record_key = ? ORDER BY apply_seq")
-            .bind(group)
-            .bind(order.to_string())
-            .fetch_all(&db.pool)
-            .await?;
-    let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
-        return Ok((Vec::new(), 0));
+    let rows = applied_sequence(db, group, order).await?;
+    let meanwhile = match (rows.first(), rows.last()) {
+        (Some(first), Some(last)) => others_applied_between(db, group, order, first.1, last.1).await?,
+        _ => 0,
     };
-    let (meanwhile,): (i64,) = sqlx::query_as(
-        "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND record_key <> ? AND apply_seq > ? AND apply_seq < ?",
-    )
-    .bind(group)
-    .bind(order.to_string())
-    .bind(first.1)
-    .bind(last.1)
-    .fetch_one(&db.pool)
-    .await?;
     Ok((rows.into_iter().map(|(name, _)| name).collect(), meanwhile))
 }
 

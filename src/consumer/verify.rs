@@ -146,3 +146,30 @@ pub async fn applied_order(db: &Db, group: &str, events: &[Envelope]) -> Result<
     out_of_order.sort();
     Ok((dedup, out_of_order))
 }
+
+/// One order's events as `group` applied them: event name and `apply_seq`,
+/// in apply order.
+pub async fn applied_sequence(db: &Db, group: &str, order: i64) -> Result<Vec<(String, i64)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT event_type, apply_seq FROM event_dedup WHERE consumer_group = ? AND record_key = ? ORDER BY apply_seq",
+    )
+    .bind(group)
+    .bind(order.to_string())
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// Events of orders other than `order` that `group` applied strictly
+/// between two `apply_seq` values (what flowed while `order` waited).
+pub async fn others_applied_between(db: &Db, group: &str, order: i64, from: i64, to: i64) -> Result<i64, DbError> {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND record_key <> ? AND apply_seq > ? AND apply_seq < ?",
+    )
+    .bind(group)
+    .bind(order.to_string())
+    .bind(from)
+    .bind(to)
+    .fetch_one(&db.pool)
+    .await?;
+    Ok(n)
+}

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use orderpipe::consumer::verify;
 use orderpipe::db::Db;
 use orderpipe::envelope::Envelope;
 use serde_json::Value;
@@ -31,29 +32,8 @@ fn order_with_path(events: &[Envelope], path: &[&str]) -> i64 {
     *ids.first().unwrap_or_else(|| panic!("no order with path {path:?}"))
 }
 
-/// `order`'s events in the order `group` applied them, with their apply_seq.
 async fn applied_sequence(db: &Db, group: &str, order: i64) -> Vec<(String, i64)> {
-    sqlx::query_as("SELECT event_type, apply_seq FROM event_dedup WHERE consumer_group = ? AND record_key = ? ORDER BY apply_seq")
-        .bind(group)
-        .bind(order.to_string())
-        .fetch_all(&db.pool)
-        .await
-        .unwrap()
-}
-
-/// Events of other orders `group` applied between two apply_seq values.
-async fn others_applied_between(db: &Db, group: &str, order: i64, from: i64, to: i64) -> i64 {
-    let (n,): (i64,) = sqlx::query_as(
-        "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND record_key <> ? AND apply_seq > ? AND apply_seq < ?",
-    )
-    .bind(group)
-    .bind(order.to_string())
-    .bind(from)
-    .bind(to)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    n
+    verify::applied_sequence(db, group, order).await.unwrap()
 }
 
 async fn scalar(db: &Db, sql: &'static str) -> i64 {
@@ -99,25 +79,40 @@ async fn a_refund_waits_behind_its_retried_payment_while_other_orders_flow() {
     let events = produce_lifecycles(&env, 600, 60, 71);
     let order = order_with_path(&events, &["order.created", "order.payment.succeeded", "order.refunded"]);
     // The payment fails twice (no local retries): two trips through the
-    // retry topic, 1 s then 2 s, while the refund arrives behind it.
+    // retry topic, 3 s then 6 s, while the refund arrives behind it.
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", &format!("[{order}]"));
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_EVENTS", r#"["order.payment.succeeded"]"#);
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "2");
     env.set_env("ORDERPIPE_RETRY__LOCAL_RETRIES", "0");
-    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "1000");
+    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "3000");
     let group = "refunds";
-    let summary = consume(&env, group, &handlers());
+    let db = env.db();
+    let mut consumer = env.spawn(&["consume", "--group", group, "--handler", &handlers(), "--output", "json"]);
+    wait_until("the order parked", Duration::from_secs(60), async || {
+        scalar(&db, "SELECT COUNT(*) FROM parked_keys").await == 1
+    })
+    .await;
+    // While the payment waits (3 s, then 6 s), 300 events of other orders
+    // arrive: all of them must be applied before the payment.
+    env.cli(&["produce", "--count", "300", "--orders", "30", "--seed", "72", "--first-order-id", "100000"]).success();
+    let mut events = events;
+    events.extend(orderpipe::generator::LifecycleGenerator::new("x", 30, 100_000, 72).take(300));
+    let total = events.len() as i64;
+    wait_until("every event applied", Duration::from_secs(90), async || count_rows(&db, group).await == total).await;
+    sigterm(&mut consumer);
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut consumer.stdout.take().unwrap(), &mut out).unwrap();
+    let summary = json(&out);
     assert_eq!(summary["sent_to_retry"], 2, "{summary}");
     assert_eq!(summary["dead_lettered"], 0, "{summary}");
     assert_eq!(summary["held"], 1, "the refund was held: {summary}");
     assert_eq!(summary["released"], 1, "{summary}");
 
-    let db = env.db();
     let sequence = applied_sequence(&db, group, order).await;
     let names: Vec<&str> = sequence.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["order.created", "order.payment.succeeded", "order.refunded"], "order {order}");
-    let meanwhile = others_applied_between(&db, group, order, sequence[0].1, sequence[1].1).await;
-    assert!(meanwhile > 100, "other orders flowed during the backoff: only {meanwhile} applied");
+    let meanwhile = verify::others_applied_between(&db, group, order, sequence[0].1, sequence[1].1).await.unwrap();
+    assert!(meanwhile >= 300, "other orders flowed during the backoff: only {meanwhile} applied");
     let (status,): (String,) =
         sqlx::query_as("SELECT status FROM payments WHERE order_id = ?").bind(order).fetch_one(&db.pool).await.unwrap();
     assert_eq!(status, "refunded");
