@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""Render-time checks of the orderpipe Helm chart, over `helm template` output.
+
+  chart-checks.py hooks MANIFEST [--user-secret NAME ...]
+      Every ConfigMap or Secret that a hook Job (or hook Pod) mounts or reads
+      (volumes, projected volumes, envFrom, env valueFrom, imagePullSecrets)
+      is either a hook of the same events with a strictly lower
+      helm.sh/hook-weight, or a Secret the user provides (--user-secret, the
+      chart's existingSecret). Helm creates hooks before ordinary resources,
+      so anything else does not exist yet on a first install (the pod waits
+      until the install times out) and holds the previous release's data on
+      an upgrade.
+
+  chart-checks.py keda MANIFEST
+      When the rendered config turns SASL or TLS on (kafka.options
+      security.protocol), every KEDA kafka trigger uses the same settings as
+      the pods it scales: sasl and tls in the trigger match the config, and
+      its TriggerAuthentication takes the password from the very Secret key
+      the pods read, the user name from the config the pods read, and the CA
+      from the Secret key the pods mount at ssl.ca.location.
+
+MANIFEST `-` reads stdin. Exit 0 and one summary line when the chart passes;
+exit 1 with one line per problem otherwise.
+"""
+import argparse
+import json
+import sys
+
+import yaml
+
+HOOK = "helm.sh/hook"
+WEIGHT = "helm.sh/hook-weight"
+
+
+def load(path):
+    text = sys.stdin.read() if path == "-" else open(path).read()
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def annotations(doc):
+    return (doc.get("metadata") or {}).get("annotations") or {}
+
+
+def hook_events(doc):
+    """The hook events of a manifest (empty set: not a hook)."""
+    value = annotations(doc).get(HOOK, "")
+    return {e.strip() for e in value.split(",") if e.strip()}
+
+
+def hook_weight(doc):
+    return int(annotations(doc).get(WEIGHT, "0"))
+
+
+def pod_spec(doc):
+    kind = doc["kind"]
+    if kind == "Pod":
+        return doc["spec"]
+    if kind in ("Job", "Deployment", "StatefulSet", "DaemonSet"):
+        return doc["spec"]["template"]["spec"]
+    if kind == "CronJob":
+        return doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return None
+
+
+def pod_inputs(spec):
+    """(kind, name, where) of every ConfigMap and Secret a pod spec reads."""
+    found = []
+    for v in spec.get("volumes") or []:
+        if "configMap" in v:
+            found.append(("ConfigMap", v["configMap"]["name"], f"volume {v['name']}"))
+        if "secret" in v:
+            found.append(("Secret", v["secret"]["secretName"], f"volume {v['name']}"))
+        for s in (v.get("projected") or {}).get("sources") or []:
+            if "configMap" in s:
+                found.append(("ConfigMap", s["configMap"]["name"], f"projected volume {v['name']}"))
+            if "secret" in s:
+                found.append(("Secret", s["secret"]["name"], f"projected volume {v['name']}"))
+    for p in spec.get("imagePullSecrets") or []:
+        found.append(("Secret", p["name"], "imagePullSecrets"))
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        for e in c.get("envFrom") or []:
+            if "configMapRef" in e:
+                found.append(("ConfigMap", e["configMapRef"]["name"], f"container {c['name']} envFrom"))
+            if "secretRef" in e:
+                found.append(("Secret", e["secretRef"]["name"], f"container {c['name']} envFrom"))
+        for e in c.get("env") or []:
+            ref = e.get("valueFrom") or {}
+            if "configMapKeyRef" in ref:
+                found.append(("ConfigMap", ref["configMapKeyRef"]["name"], f"container {c['name']} env {e['name']}"))
+            if "secretKeyRef" in ref:
+                found.append(("Secret", ref["secretKeyRef"]["name"], f"container {c['name']} env {e['name']}"))
+    return found
+
+
+def check_hooks(docs, user_secrets):
+    rendered = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in ("ConfigMap", "Secret")}
+    problems, jobs, inputs = [], 0, set()
+    for d in docs:
+        events = hook_events(d)
+        if d["kind"] not in ("Job", "Pod") or not events:
+            continue
+        jobs += 1
+        job, weight = f"{d['kind']} {d['metadata']['name']}", hook_weight(d)
+        for kind, name, where in pod_inputs(pod_spec(d)):
+            inputs.add((kind, name))
+            source = rendered.get((kind, name))
+            if source is None:
+                if kind == "Secret" and name in user_secrets:
+                    continue
+                problems.append(f"{job} ({where}) reads {kind} {name}, which the chart does not render "
+                                f"and which is not a user-provided Secret ({', '.join(sorted(user_secrets)) or 'none'})")
+                continue
+            source_events = hook_events(source)
+            if not source_events:
+                problems.append(f"{job} (hook {','.join(sorted(events))}, weight {weight}, {where}) reads {kind} {name}, "
+                                f"which is not a hook: Helm creates it after the hooks, so a first install waits "
+                                f"for it and an upgrade reads the previous release's copy")
+                continue
+            if not events <= source_events:
+                problems.append(f"{job} runs on {','.join(sorted(events - source_events))} but {kind} {name} "
+                                f"is a hook of {','.join(sorted(source_events))} only")
+            if hook_weight(source) >= weight:
+                problems.append(f"{job} (weight {weight}) reads {kind} {name} of weight {hook_weight(source)}: "
+                                f"it must be strictly lower so it exists before the Job starts")
+    if problems:
+        return problems
+    print(f"hook inputs: {jobs} hook Jobs read {len(inputs)} ConfigMaps/Secrets, each a hook of lower weight "
+          f"or a user-provided Secret")
+    return []
+
+
+KEDA_SASL = {"PLAIN": "plaintext", "SCRAM-SHA-256": "scram_sha256", "SCRAM-SHA-512": "scram_sha512"}
+
+
+def env_secret(container, name):
+    for e in container.get("env") or []:
+        if e["name"] == name:
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            return (ref["name"], ref["key"]) if ref else None
+    return None
+
+
+def mounted_secret_file(spec, container, path):
+    """(secret name, key) of the Secret file mounted at `path`, if any."""
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    for m in container.get("volumeMounts") or []:
+        v = volumes.get(m["name"], {})
+        if "secret" not in v:
+            continue
+        for item in v["secret"].get("items") or []:
+            if f"{m['mountPath'].rstrip('/')}/{item['path']}" == path:
+                return (v["secret"]["secretName"], item["key"])
+    return None
+
+
+def check_keda(docs):
+    configs = [d for d in docs if d["kind"] == "ConfigMap" and "orderpipe.json" in (d.get("data") or {})
+               and not hook_events(d)]
+    if len(configs) != 1:
+        return [f"expected one release ConfigMap with orderpipe.json, found {len(configs)}"]
+    config_map = configs[0]
+    kafka = json.loads(config_map["data"]["orderpipe.json"])["kafka"]
+    options = kafka.get("options") or {}
+    protocol = options.get("security.protocol", "PLAINTEXT").upper()
+    sasl_on, tls_on = protocol.startswith("SASL_"), protocol.endswith("SSL")
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    auths = {d["metadata"]["name"]: d for d in docs if d["kind"] == "TriggerAuthentication"}
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap" and not hook_events(d)}
+    problems, triggers = [], 0
+    for so in (d for d in docs if d["kind"] == "ScaledObject"):
+        target = deployments.get(so["spec"]["scaleTargetRef"]["name"])
+        if target is None:
+            problems.append(f"ScaledObject {so['metadata']['name']} scales a Deployment the chart does not render")
+            continue
+        spec = pod_spec(target)
+        container = spec["containers"][0]
+        for t in so["spec"]["triggers"]:
+            if t["type"] != "kafka":
+                continue
+            triggers += 1
+            where = f"ScaledObject {so['metadata']['name']} kafka trigger"
+            meta = t.get("metadata") or {}
+            if meta.get("bootstrapServers") != kafka["bootstrap_servers"]:
+                problems.append(f"{where}: bootstrapServers {meta.get('bootstrapServers')!r} is not the pods' "
+                                f"{kafka['bootstrap_servers']!r}")
+            want_tls = "enable" if tls_on else "disable"
+            if meta.get("tls", "disable") != want_tls:
+                problems.append(f"{where}: tls is {meta.get('tls', 'disable')!r}, the pods use "
+                                f"security.protocol {protocol} (tls {want_tls})")
+            want_sasl = KEDA_SASL.get(options.get("sasl.mechanism", "").upper(), "?") if sasl_on else "none"
+            if meta.get("sasl", "none") != want_sasl:
+                problems.append(f"{where}: sasl is {meta.get('sasl', 'none')!r}, the pods use "
+                                f"{protocol} {options.get('sasl.mechanism', '')} (sasl {want_sasl})")
+            ca_path = options.get("ssl.ca.location")
+            if not sasl_on and not ca_path:
+                continue
+            ref = (t.get("authenticationRef") or {}).get("name")
+            auth = auths.get(ref)
+            if auth is None:
+                problems.append(f"{where}: SASL/TLS is on but authenticationRef {ref!r} names no rendered "
+                                f"TriggerAuthentication")
+                continue
+            secret_refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"].get("secretTargetRef") or []}
+            map_refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"].get("configMapTargetRef") or []}
+            if sasl_on:
+                pods = env_secret(container, "ORDERPIPE_KAFKA__SASL_PASSWORD")
+                if pods is None or secret_refs.get("password") != pods:
+                    problems.append(f"{where}: TriggerAuthentication {ref} password {secret_refs.get('password')} "
+                                    f"is not the Secret key the pods read {pods}")
+                user = map_refs.get("username")
+                value = (maps.get(user[0], {}).get("data") or {}).get(user[1]) if user else None
+                if value is None or value != options.get("sasl.username"):
+                    problems.append(f"{where}: TriggerAuthentication {ref} username ({user} = {value!r}) is not "
+                                    f"the pods' sasl.username {options.get('sasl.username')!r}")
+            if ca_path:
+                pods = mounted_secret_file(spec, container, ca_path)
+                if pods is None or secret_refs.get("ca") != pods:
+                    problems.append(f"{where}: TriggerAuthentication {ref} ca {secret_refs.get('ca')} is not the "
+                                    f"Secret key the pods mount at ssl.ca.location {ca_path} ({pods})")
+    if problems:
+        return problems
+    print(f"keda: {triggers} kafka triggers use the pods' settings (security.protocol {protocol}"
+          f"{', CA ' + options['ssl.ca.location'] if options.get('ssl.ca.location') else ''})")
+    return []
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("check", choices=["hooks", "keda"])
+    parser.add_argument("manifest")
+    parser.add_argument("--user-secret", action="append", default=[],
+                        help="a Secret the user provides (existingSecret); repeatable")
+    args = parser.parse_args()
+    docs = load(args.manifest)
+    problems = check_hooks(docs, set(args.user_secret)) if args.check == "hooks" else check_keda(docs)
+    for p in problems:
+        print(f"FAIL {args.check}: {p}", file=sys.stderr)
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()
