@@ -44,18 +44,43 @@ app.kubernetes.io/component: {{ index . 1 }}
       name: {{ .Values.existingSecret }}
       key: {{ .Values.secretKeys.saslPassword }}
 {{- end }}
+{{- if .Values.secretKeys.registryPassword }}
+- name: ORDERPIPE_REGISTRY__PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.existingSecret }}
+      key: {{ .Values.secretKeys.registryPassword }}
+{{- end }}
 - name: HOSTNAME
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
 {{- end -}}
 
-{{/* Pod spec parts every role shares: "orderpipe.podCommon" . */}}
+{{/* Pod volumes of the Deployments and the CronJob: the release's config ConfigMap. */}}
 {{- define "orderpipe.volumes" -}}
+{{ include "orderpipe.volumesOf" (list . (include "orderpipe.fullname" .)) }}
+{{- end -}}
+
+{{/* Pod volumes of the hook Jobs: the hook copy of the config, created before them. */}}
+{{- define "orderpipe.hookVolumes" -}}
+{{ include "orderpipe.volumesOf" (list . (printf "%s-hooks" (include "orderpipe.fullname" .))) }}
+{{- end -}}
+
+{{/* Pod volumes reading the config from one ConfigMap: "orderpipe.volumesOf" (list . NAME) */}}
+{{- define "orderpipe.volumesOf" -}}
+{{- $root := index . 0 -}}
 volumes:
   - name: config
     configMap:
-      name: {{ include "orderpipe.fullname" . }}
+      name: {{ index . 1 }}
+      items: [{key: orderpipe.json, path: orderpipe.json}]
+  {{- if $root.Values.secretKeys.kafkaCa }}
+  - name: kafka-ca
+    secret:
+      secretName: {{ $root.Values.existingSecret }}
+      items: [{key: {{ $root.Values.secretKeys.kafkaCa }}, path: ca.crt}]
+  {{- end }}
   - name: tmp
     emptyDir: {}
 {{- end -}}
@@ -65,8 +90,73 @@ volumeMounts:
   - name: config
     mountPath: /etc/orderpipe
     readOnly: true
+  {{- if .Values.secretKeys.kafkaCa }}
+  - name: kafka-ca
+    mountPath: {{ include "orderpipe.kafkaCaDir" . }}
+    readOnly: true
+  {{- end }}
   - name: tmp
     mountPath: /tmp
+{{- end -}}
+
+{{/* Where the Kafka CA (secretKeys.kafkaCa) is mounted; ssl.ca.location points into it. */}}
+{{- define "orderpipe.kafkaCaDir" -}}
+/etc/orderpipe-kafka-ca
+{{- end -}}
+
+{{/* Kafka security of the rendered config: a dict with protocol, sasl (bool),
+     tls (bool), mechanism and username, from config.kafka.options. */}}
+{{- define "orderpipe.kafkaSecurity" -}}
+{{- $options := dig "kafka" "options" (dict) .Values.config -}}
+{{- $protocol := upper (get $options "security.protocol" | default "PLAINTEXT") -}}
+{{- toJson (dict "protocol" $protocol "sasl" (hasPrefix "SASL_" $protocol) "tls" (hasSuffix "SSL" $protocol)
+      "mechanism" (upper (get $options "sasl.mechanism" | default "")) "username" (get $options "sasl.username" | default "")) -}}
+{{- end -}}
+
+{{/* The config file every role and hook reads (JSON keeps integers exact;
+     Helm's toToml writes every number as a float): values.config, plus one
+     http.subscriptions entry per subscriptions[] item (without the chart's own
+     keys) and ssl.ca.location when secretKeys.kafkaCa is set. Fails the render
+     on values that cannot work, naming them. */}}
+{{- define "orderpipe.configJson" -}}
+{{- $config := deepCopy .Values.config -}}
+{{- $security := include "orderpipe.kafkaSecurity" . | fromJson -}}
+{{- if and $security.sasl (has $security.mechanism (list "PLAIN" "SCRAM-SHA-256" "SCRAM-SHA-512")) -}}
+{{- if not .Values.secretKeys.saslPassword -}}
+{{- fail (printf "config.kafka.options security.protocol is %s with sasl.mechanism %s, but secretKeys.saslPassword is empty: name the key of existingSecret that holds the SASL password" $security.protocol $security.mechanism) -}}
+{{- end -}}
+{{- if not $security.username -}}
+{{- fail (printf "config.kafka.options security.protocol is %s with sasl.mechanism %s, but sasl.username is not set" $security.protocol $security.mechanism) -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.secretKeys.kafkaCa -}}
+{{- $kafka := get $config "kafka" -}}
+{{- $options := get $kafka "options" | default (dict) -}}
+{{- if hasKey $options "ssl.ca.location" -}}
+{{- fail "set either secretKeys.kafkaCa (the chart mounts the CA and sets ssl.ca.location) or config.kafka.options ssl.ca.location, not both" -}}
+{{- end -}}
+{{- $_ := set $options "ssl.ca.location" (printf "%s/ca.crt" (include "orderpipe.kafkaCaDir" .)) -}}
+{{- $_ := set $kafka "options" $options -}}
+{{- end -}}
+{{- if .Values.subscriptions -}}
+{{- if dig "http" "subscriptions" (list) $config -}}
+{{- fail "declare HTTP subscriptions under subscriptions[] (one deliver Deployment each), not config.http.subscriptions" -}}
+{{- end -}}
+{{- $subscriptions := list -}}
+{{- $names := list -}}
+{{- range .Values.subscriptions -}}
+{{- if not .name -}}
+{{- fail "subscriptions[].name is required (the deliver Deployment and the group http.<name> are named after it)" -}}
+{{- end -}}
+{{- if has .name $names -}}
+{{- fail (printf "subscriptions[].name %q is declared twice" .name) -}}
+{{- end -}}
+{{- $names = append $names .name -}}
+{{- $subscriptions = append $subscriptions (omit . "replicas" "resources" "group" "ordering") -}}
+{{- end -}}
+{{- $_ := set $config "http" (merge (dict "subscriptions" $subscriptions) (get $config "http" | default (dict))) -}}
+{{- end -}}
+{{- toPrettyJson $config -}}
 {{- end -}}
 
 {{- define "orderpipe.probes" -}}
@@ -81,4 +171,24 @@ readinessProbe:
   httpGet: {path: /health/ready, port: http}
   periodSeconds: 5
   failureThreshold: 3
+{{- end -}}
+
+
+{{/* One container of a hook Job: "orderpipe.hookContainer" (list . (dict "name" N "args" A)) */}}
+{{- define "orderpipe.hookContainer" -}}
+{{- $root := index . 0 -}}
+{{- $step := index . 1 -}}
+- name: {{ $step.name }}
+  image: {{ include "orderpipe.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  args:
+    {{- toYaml $step.args | nindent 4 }}
+  env:
+    {{- include "orderpipe.env" $root | nindent 4 }}
+  securityContext:
+    {{- toYaml $root.Values.securityContext | nindent 4 }}
+  resources:
+    requests: {cpu: 50m, memory: 64Mi}
+    limits: {cpu: 500m, memory: 256Mi}
+  {{- include "orderpipe.mounts" $root | nindent 2 }}
 {{- end -}}
