@@ -153,20 +153,26 @@ def mounted_secret_file(spec, container, path):
     return None
 
 
+def pods_config(spec, container, maps):
+    """The config file the container reads (ORDERPIPE_CONFIG), from its ConfigMap volume."""
+    path = next((e.get("value") for e in container.get("env") or [] if e["name"] == "ORDERPIPE_CONFIG"), None)
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    for m in container.get("volumeMounts") or []:
+        source = volumes.get(m["name"], {}).get("configMap")
+        if not source or not path or not path.startswith(m["mountPath"].rstrip("/") + "/"):
+            continue
+        file = path[len(m["mountPath"].rstrip("/")) + 1:]
+        key = next((i["key"] for i in source.get("items") or [] if i["path"] == file), file)
+        data = (maps.get(source["name"], {}).get("data") or {}).get(key)
+        return json.loads(data) if data else None
+    return None
+
+
 def check_keda(docs):
-    configs = [d for d in docs if d["kind"] == "ConfigMap" and "orderpipe.json" in (d.get("data") or {})
-               and not hook_events(d)]
-    if len(configs) != 1:
-        return [f"expected one release ConfigMap with orderpipe.json, found {len(configs)}"]
-    config_map = configs[0]
-    kafka = json.loads(config_map["data"]["orderpipe.json"])["kafka"]
-    options = kafka.get("options") or {}
-    protocol = options.get("security.protocol", "PLAINTEXT").upper()
-    sasl_on, tls_on = protocol.startswith("SASL_"), protocol.endswith("SSL")
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     auths = {d["metadata"]["name"]: d for d in docs if d["kind"] == "TriggerAuthentication"}
     maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap" and not hook_events(d)}
-    problems, triggers = [], 0
+    problems, triggers, protocols = [], 0, set()
     for so in (d for d in docs if d["kind"] == "ScaledObject"):
         target = deployments.get(so["spec"]["scaleTargetRef"]["name"])
         if target is None:
@@ -174,12 +180,29 @@ def check_keda(docs):
             continue
         spec = pod_spec(target)
         container = spec["containers"][0]
+        config = pods_config(spec, container, maps)
+        if config is None:
+            problems.append(f"Deployment {target['metadata']['name']}: no rendered config file at ORDERPIPE_CONFIG")
+            continue
+        kafka = config["kafka"]
+        options = kafka.get("options") or {}
+        protocol = options.get("security.protocol", "PLAINTEXT").upper()
+        sasl_on, tls_on = protocol.startswith("SASL_"), protocol.endswith("SSL")
+        protocols.add(protocol + (f", CA {options['ssl.ca.location']}" if options.get("ssl.ca.location") else ""))
         for t in so["spec"]["triggers"]:
             if t["type"] != "kafka":
                 continue
             triggers += 1
             where = f"ScaledObject {so['metadata']['name']} kafka trigger"
             meta = t.get("metadata") or {}
+            args = container.get("args") or []
+            flag = lambda name: args[args.index(name) + 1] if name in args else None
+            group = flag("--group") or (f"http.{flag('--subscription')}" if "deliver" in args else None)
+            if meta.get("consumerGroup") != group:
+                problems.append(f"{where}: consumerGroup {meta.get('consumerGroup')!r} is not the group its pods run {group!r}")
+            topic = flag("--topic") or config["topics"]["order_events"]["name"]
+            if meta.get("topic") != topic:
+                problems.append(f"{where}: topic {meta.get('topic')!r} is not the topic its pods read {topic!r}")
             if meta.get("bootstrapServers") != kafka["bootstrap_servers"]:
                 problems.append(f"{where}: bootstrapServers {meta.get('bootstrapServers')!r} is not the pods' "
                                 f"{kafka['bootstrap_servers']!r}")
@@ -219,8 +242,7 @@ def check_keda(docs):
                                     f"Secret key the pods mount at ssl.ca.location {ca_path} ({pods})")
     if problems:
         return problems
-    print(f"keda: {triggers} kafka triggers use the pods' settings (security.protocol {protocol}"
-          f"{', CA ' + options['ssl.ca.location'] if options.get('ssl.ca.location') else ''})")
+    print(f"keda: {triggers} kafka triggers use their pods' settings (security.protocol {'; '.join(sorted(protocols)) or '-'})")
     return []
 
 
