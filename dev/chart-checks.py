@@ -1,23 +1,30 @@
 #!/usr/bin/env python3
 """Render-time checks of the orderpipe Helm chart, over `helm template` output.
 
-  chart-checks.py hooks MANIFEST [--user-secret NAME ...]
+  chart-checks.py hooks MANIFEST [--user-secret NAME ...] [--values FILE ...]
       Every ConfigMap or Secret that a hook Job (or hook Pod) mounts or reads
       (volumes, projected volumes, envFrom, env valueFrom, imagePullSecrets)
       is either a hook of the same events with a strictly lower
-      helm.sh/hook-weight, or a Secret the user provides (--user-secret, the
-      chart's existingSecret). Helm creates hooks before ordinary resources,
+      helm.sh/hook-weight, or a Secret the user provides (--user-secret, or
+      existingSecret of the --values files). Helm creates hooks before ordinary resources,
       so anything else does not exist yet on a first install (the pod waits
       until the install times out) and holds the previous release's data on
       an upgrade.
 
-  chart-checks.py keda MANIFEST
+  chart-checks.py keda MANIFEST [--require-auth]
       When the rendered config turns SASL or TLS on (kafka.options
       security.protocol), every KEDA kafka trigger uses the same settings as
       the pods it scales: sasl and tls in the trigger match the config, and
       its TriggerAuthentication takes the password from the very Secret key
       the pods read, the user name from the config the pods read, and the CA
-      from the Secret key the pods mount at ssl.ca.location.
+      from the Secret key the pods mount at ssl.ca.location. --require-auth:
+      also fail unless at least one trigger authenticates (values with SASL on).
+
+  chart-checks.py roles MANIFEST --values values.yaml [--values FILE ...]
+      Each consumers[] group and subscriptions[] entry of the values has its
+      Deployment (consume --group G / deliver --subscription NAME, declared
+      in the config its pods read), and the schema hook runs `schema check`
+      before `schema register`.
 
 MANIFEST `-` reads stdin. Exit 0 and one summary line when the chart passes;
 exit 1 with one line per problem otherwise.
@@ -168,11 +175,11 @@ def pods_config(spec, container, maps):
     return None
 
 
-def check_keda(docs):
+def check_keda(docs, require_auth):
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     auths = {d["metadata"]["name"]: d for d in docs if d["kind"] == "TriggerAuthentication"}
     maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap" and not hook_events(d)}
-    problems, triggers, protocols = [], 0, set()
+    problems, triggers, protocols, authenticated = [], 0, set(), 0
     for so in (d for d in docs if d["kind"] == "ScaledObject"):
         target = deployments.get(so["spec"]["scaleTargetRef"]["name"])
         if target is None:
@@ -223,6 +230,7 @@ def check_keda(docs):
                 problems.append(f"{where}: SASL/TLS is on but authenticationRef {ref!r} names no rendered "
                                 f"TriggerAuthentication")
                 continue
+            authenticated += 1
             secret_refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"].get("secretTargetRef") or []}
             map_refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"].get("configMapTargetRef") or []}
             if sasl_on:
@@ -240,21 +248,77 @@ def check_keda(docs):
                 if pods is None or secret_refs.get("ca") != pods:
                     problems.append(f"{where}: TriggerAuthentication {ref} ca {secret_refs.get('ca')} is not the "
                                     f"Secret key the pods mount at ssl.ca.location {ca_path} ({pods})")
+    if require_auth and not authenticated:
+        problems.append("--require-auth: no kafka trigger authenticates through a TriggerAuthentication "
+                        "(these values should turn KEDA and SASL on)")
     if problems:
         return problems
     print(f"keda: {triggers} kafka triggers use their pods' settings (security.protocol {'; '.join(sorted(protocols)) or '-'})")
     return []
 
 
+def merged_values(files):
+    """The chart's values.yaml overlaid with each -f file (maps merge, lists replace), as Helm does."""
+    def merge(base, top):
+        for k, v in top.items():
+            base[k] = merge(base.get(k) or {}, v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+        return base
+    values = {}
+    for f in files:
+        values = merge(values, yaml.safe_load(open(f)) or {})
+    return values
+
+
+def check_roles(docs, values):
+    """Every consumers[] and subscriptions[] entry has its Deployment running the right
+    command; the schema hook checks before it registers."""
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    args_of = lambda d: d["spec"]["template"]["spec"]["containers"][0]["args"]
+    problems = []
+    for c in values.get("consumers") or []:
+        if not any(args_of(d)[:3] == ["consume", "--group", c["group"]] for d in deployments):
+            problems.append(f"consumers[] group {c['group']}: no Deployment runs consume --group {c['group']}")
+    for s in values.get("subscriptions") or []:
+        found = [d for d in deployments if args_of(d)[:3] == ["deliver", "--subscription", s["name"]]]
+        if len(found) != 1:
+            problems.append(f"subscriptions[] {s['name']}: {len(found)} Deployments run deliver --subscription {s['name']}")
+            continue
+        spec = found[0]["spec"]["template"]["spec"]
+        config = pods_config(spec, spec["containers"][0], {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"})
+        names = [x["name"] for x in (config or {}).get("http", {}).get("subscriptions", [])]
+        if s["name"] not in names:
+            problems.append(f"subscriptions[] {s['name']}: not in the http.subscriptions of the config its pods read ({names})")
+    if (values.get("schemaRegistration") or {}).get("enabled"):
+        jobs = [d for d in docs if d["kind"] == "Job" and "pre-install" in hook_events(d)]
+        steps = [[c["args"][:2] for c in (pod_spec(j).get("initContainers") or []) + pod_spec(j)["containers"]] for j in jobs]
+        if [["schema", "check"], ["schema", "register"]] not in steps:
+            problems.append(f"schemaRegistration.enabled: no pre-install hook Job runs schema check, then schema register ({steps})")
+    if problems:
+        return problems
+    print(f"roles: {len(values.get('consumers') or [])} consumer groups, {len(values.get('subscriptions') or [])} "
+          f"HTTP subscriptions, schema hook {'on' if (values.get('schemaRegistration') or {}).get('enabled') else 'off'}")
+    return []
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=["hooks", "keda"])
+    parser.add_argument("check", choices=["hooks", "keda", "roles"])
     parser.add_argument("manifest")
     parser.add_argument("--user-secret", action="append", default=[],
-                        help="a Secret the user provides (existingSecret); repeatable")
+                        help="hooks: a Secret the user provides (existingSecret); repeatable")
+    parser.add_argument("--values", action="append", default=[],
+                        help="hooks, roles: values files in helm's order (the chart's values.yaml first)")
+    parser.add_argument("--require-auth", action="store_true",
+                        help="keda: fail unless some kafka trigger authenticates (values with SASL on)")
     args = parser.parse_args()
     docs = load(args.manifest)
-    problems = check_hooks(docs, set(args.user_secret)) if args.check == "hooks" else check_keda(docs)
+    if args.check == "hooks":
+        secret = merged_values(args.values).get("existingSecret")
+        problems = check_hooks(docs, set(args.user_secret) | ({secret} if secret else set()))
+    elif args.check == "keda":
+        problems = check_keda(docs, args.require_auth)
+    else:
+        problems = check_roles(docs, merged_values(args.values))
     for p in problems:
         print(f"FAIL {args.check}: {p}", file=sys.stderr)
     sys.exit(1 if problems else 0)

@@ -3,7 +3,10 @@
 #   helm lint; helm template with the default and the production-like values;
 #   every rendered manifest validated against the Kubernetes API schemas
 #   (kubernetes-validate --strict; CRD kinds are reported, not validated);
-#   the rendered config loads in orderpipe; promtool check + unit tests of the
+#   the rendered config loads in orderpipe; dev/chart-checks.py: hook Jobs read
+#   only hooks of lower weight or existingSecret, every role is rendered, KEDA
+#   triggers use the pods' SASL/TLS (and each check fails on a bad manifest);
+#   promtool check + unit tests of the
 #   alert rules (each alert fires on a bad series and stays quiet on a good one).
 # Installs what it needs when missing: Helm (go install, from the Go module
 # proxy), kubernetes-validate (PyPI), promtool (Debian's prometheus package).
@@ -34,6 +37,12 @@ for values in "" "$CHART/ci/production-values.yaml"; do
   "$HELM" template orderpipe "$CHART" --kube-version "$KUBE_VERSION" "${flags[@]}" > "$OUT/$name.yaml"
   echo "== kubernetes-validate ($name values)"
   kubernetes-validate --strict -k "$KUBE_VERSION" --quiet "$OUT/$name.yaml"
+  echo "== hook inputs, roles, KEDA auth ($name values)"
+  vflags=(--values "$CHART/values.yaml"); [ -n "$values" ] && vflags+=(--values "$values")
+  python3 "$ROOT/dev/chart-checks.py" hooks "$OUT/$name.yaml" "${vflags[@]}"
+  python3 "$ROOT/dev/chart-checks.py" roles "$OUT/$name.yaml" "${vflags[@]}"
+  # The production values turn SASL and KEDA on: there the triggers must authenticate.
+  python3 "$ROOT/dev/chart-checks.py" keda "$OUT/$name.yaml" ${values:+--require-auth}
   python3 - "$OUT/$name.yaml" "$OUT/$name" <<'PY'
 import json, sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
@@ -45,7 +54,7 @@ if rules:
 for d in docs:
     if d["kind"] in ("Deployment", "Job", "CronJob"):
         spec = d["spec"]["template"]["spec"] if d["kind"] != "CronJob" else d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-        for c in spec["containers"]:
+        for c in spec.get("initContainers", []) + spec["containers"]:
             sc = c.get("securityContext", {})
             assert sc.get("readOnlyRootFilesystem") and sc.get("allowPrivilegeEscalation") is False, d["metadata"]["name"]
             assert spec["securityContext"].get("runAsNonRoot"), d["metadata"]["name"]
@@ -65,6 +74,61 @@ if "$HELM" template orderpipe "$CHART" --kube-version "$KUBE_VERSION" --set 'con
 fi
 grep -q 'accepted values: key, none' "$OUT/bad.txt" || { cat "$OUT/bad.txt" >&2; exit 1; }
 grep -q -- '--ordering' "$OUT/default.yaml" || { echo "consumers[].ordering is not passed to consume" >&2; exit 1; }
+
+echo "== the chart checks fail on what they guard against"
+expect_fail() {  # expect_fail WHAT PATTERN COMMAND...: COMMAND must fail, printing PATTERN
+  local what="$1" pattern="$2"; shift 2
+  if "$@" > "$OUT/neg.txt" 2>&1; then echo "not refused: $what" >&2; exit 1; fi
+  grep -q -- "$pattern" "$OUT/neg.txt" || { echo "$what: refused without naming '$pattern':" >&2; cat "$OUT/neg.txt" >&2; exit 1; }
+}
+cat > "$OUT/hook-reads-plain-configmap.yaml" <<'YAML'
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: app-config}
+data: {orderpipe.json: "{}"}
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: app-migrate
+  annotations: {helm.sh/hook: "pre-install,pre-upgrade", helm.sh/hook-weight: "-10"}
+spec:
+  template:
+    spec:
+      restartPolicy: OnFailure
+      containers: [{name: m, image: x, envFrom: [{secretRef: {name: user-secret}}]}]
+      volumes: [{name: config, configMap: {name: app-config}}]
+YAML
+expect_fail "a hook Job mounting a ConfigMap that is not a hook" "reads ConfigMap app-config, which is not a hook" \
+  python3 "$ROOT/dev/chart-checks.py" hooks "$OUT/hook-reads-plain-configmap.yaml" --user-secret user-secret
+sed 's/^metadata: {name: app-config}$/metadata: {name: app-config, annotations: {helm.sh\/hook: "pre-install,pre-upgrade", helm.sh\/hook-weight: "-10"}}/' \
+  "$OUT/hook-reads-plain-configmap.yaml" > "$OUT/hook-same-weight.yaml"
+expect_fail "a hook ConfigMap of the same weight as its Job" "must be strictly lower" \
+  python3 "$ROOT/dev/chart-checks.py" hooks "$OUT/hook-same-weight.yaml" --user-secret user-secret
+expect_fail "a hook Job reading a Secret nobody provides" "reads Secret user-secret, which the chart does not render" \
+  python3 "$ROOT/dev/chart-checks.py" hooks "$OUT/hook-same-weight.yaml"
+sed '/authenticationRef:/,+1d' "$OUT/production.yaml" > "$OUT/keda-no-auth.yaml"
+expect_fail "KEDA triggers without the pods' SASL credentials" "names no rendered TriggerAuthentication" \
+  python3 "$ROOT/dev/chart-checks.py" keda "$OUT/keda-no-auth.yaml"
+sed '/^        sasl: scram_sha512$/d' "$OUT/production.yaml" > "$OUT/keda-no-sasl.yaml"
+expect_fail "a KEDA trigger without the pods' SASL mechanism" "sasl is 'none', the pods use SASL_SSL SCRAM-SHA-512" \
+  python3 "$ROOT/dev/chart-checks.py" keda "$OUT/keda-no-sasl.yaml"
+render() { "$HELM" template orderpipe "$CHART" --kube-version "$KUBE_VERSION" "$@"; }
+expect_fail "SASL without secretKeys.saslPassword" "secretKeys.saslPassword is empty" \
+  render --set 'config.kafka.options.security\.protocol=SASL_SSL' --set 'config.kafka.options.sasl\.mechanism=PLAIN' \
+    --set 'config.kafka.options.sasl\.username=u'
+expect_fail "KEDA with a SASL mechanism its trigger cannot use" "configured for PLAIN, SCRAM-SHA-256, SCRAM-SHA-512" \
+  render -f "$CHART/ci/production-values.yaml" --set 'config.kafka.options.sasl\.mechanism=GSSAPI'
+expect_fail "two subscriptions of one name" 'subscriptions\[\].name "crm" is declared twice' \
+  render --set 'subscriptions[0].name=crm' --set 'subscriptions[1].name=crm'
+expect_fail "a bad schemaRegistration.level" "accepted values: backward, forward, full" \
+  render --set schemaRegistration.level=none
+render --set 'subscriptions[0].name=crm' --set 'subscriptions[0].events={order.*}' \
+  --set 'subscriptions[0].url=http://crm/hooks' --set 'subscriptions[0].method=GET' > "$OUT/bad-sub.yaml"
+python3 -c 'import sys, yaml; d = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap"); open(sys.argv[2], "w").write(d["data"]["orderpipe.json"])' \
+  "$OUT/bad-sub.yaml" "$OUT/bad-sub.json"
+expect_fail "a subscription with method GET" "http.subscriptions\[crm\].method" \
+  env ORDERPIPE_DATABASE__URL=mysql://check:check@db/orderpipe "$BIN" --config "$OUT/bad-sub.json" config
 
 echo "== promtool: alert rules"
 cp "$OUT/production-rules.yaml" "$OUT/rules.yaml"
