@@ -83,7 +83,7 @@ pub enum DlqCommand {
         /// For a dead letter heading a parked key: keep the records behind it held.
         #[arg(long)]
         keep_held: bool,
-        /// Do not ask for confirmation.
+        /// Do not ask for confirmation (without a terminal, needed to act on a filter).
         #[arg(long)]
         yes: bool,
         #[command(flatten)]
@@ -108,7 +108,7 @@ pub struct ReplayArgs {
     /// At most this many rows.
     #[arg(long, default_value_t = 1_000_000)]
     limit: i64,
-    /// Do not ask for confirmation.
+    /// Do not ask for confirmation (without a terminal, needed to act on a filter).
     #[arg(long)]
     yes: bool,
     #[command(flatten)]
@@ -119,17 +119,32 @@ pub struct ReplayArgs {
 const HELD_NOT_DEAD: &str = "held records are not dead letters: they are applied when the head they wait behind is \
     (replay the head, or ignore it with --release-followers); `orderpipe dlq show --held ID` names the head";
 
-/// Asks on a terminal before touching more than one row; elsewhere (scripts,
-/// CI) proceeds. `--yes` skips the question.
-fn confirm(what: &str, rows: usize, yes: bool) -> bool {
-    if yes || rows <= 1 || !std::io::stdin().is_terminal() {
-        return true;
+/// Whether to go ahead with `what` ("Replay", "Ignore") on `rows` dead letters.
+///
+/// On a terminal: asks before touching more than one row. Without one
+/// (scripts, CI, `kubectl exec` without `-t`) a selection by filter is
+/// refused unless `--yes` says so: a filter that matches three rows today
+/// may match a million tomorrow. A list of `--id`s is explicit and runs.
+fn confirm(what: &str, filter: &Filter, rows: usize, yes: bool) -> anyhow::Result<bool> {
+    let terminal = std::io::stdin().is_terminal();
+    if yes || (!terminal && !filter.ids.is_empty()) {
+        return Ok(true);
+    }
+    if !terminal {
+        anyhow::bail!(
+            "{what} by filter acts on every matching dead letter ({rows} now) and there is no terminal to confirm: \
+             nothing changed. Check the selection with `orderpipe dlq list` (or `dlq replay --dry-run`) and run again \
+             with --yes, or name the rows with --id"
+        );
+    }
+    if rows <= 1 {
+        return Ok(true);
     }
     eprint!("{what} {rows} dead letters? [y/N] ");
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
     let _ = std::io::stdin().lock().read_line(&mut answer);
-    matches!(answer.trim(), "y" | "Y" | "yes")
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
 }
 
 /// Runs a `dlq` subcommand.
@@ -203,7 +218,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 output::replay_plan(settings, &rows, options, args.output.output);
                 return Ok(ExitCode::SUCCESS);
             }
-            if !confirm("Replay", rows.len(), args.yes) {
+            if !confirm("Replay", &filter, rows.len(), args.yes)? {
                 eprintln!("nothing replayed");
                 return Ok(ExitCode::FAILURE);
             }
@@ -226,7 +241,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 anyhow::bail!("name the dead letters to ignore: --id, or a filter (--group, --event, --status, --since, --until, --error)");
             }
             let rows = store::records(&db, &filter, i64::MAX).await?;
-            if !confirm("Ignore", rows.len(), yes) {
+            if !confirm("Ignore", &filter, rows.len(), yes)? {
                 eprintln!("nothing ignored");
                 return Ok(ExitCode::FAILURE);
             }

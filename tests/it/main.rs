@@ -13,6 +13,7 @@ mod dlq;
 mod exactly_once;
 mod helpers;
 mod observability;
+mod operator;
 mod ordering;
 mod outbox;
 mod producer;
