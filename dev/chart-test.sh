@@ -6,6 +6,9 @@
 #   the rendered config loads in orderpipe; dev/chart-checks.py: hook Jobs read
 #   only hooks of lower weight or existingSecret, every role is rendered, KEDA
 #   triggers use the pods' SASL/TLS (and each check fails on a bad manifest);
+#   dev/chart-hooks-run.py: the rendered hook Jobs run in Helm's order with the
+#   orderpipe binary against the dev stack (install, upgrade, and a release
+#   failed by an incompatible schema);
 #   promtool check + unit tests of the
 #   alert rules (each alert fires on a bad series and stays quiet on a good one).
 # Installs what it needs when missing: Helm (go install, from the Go module
@@ -129,6 +132,39 @@ python3 -c 'import sys, yaml; d = next(d for d in yaml.safe_load_all(open(sys.ar
   "$OUT/bad-sub.yaml" "$OUT/bad-sub.json"
 expect_fail "a subscription with method GET" "http.subscriptions\[crm\].method" \
   env ORDERPIPE_DATABASE__URL=mysql://check:check@db/orderpipe "$BIN" --config "$OUT/bad-sub.json" config
+
+echo "== the hooks run in Helm's order against the dev stack: install, upgrade, an incompatible schema fails"
+if "$ROOT/dev/stack.sh" status > /dev/null 2>&1; then
+  run="chart$(date +%s)$$"; db="chart_hooks_$run"
+  hook_values() {  # hook_values PREFIX: the chart pointed at the dev stack, topics under PREFIX
+    printf 'existingSecret: orderpipe-dev\nconfig:\n  kafka: {bootstrap_servers: "127.0.0.1:9092"}\n'
+    printf '  registry: {url: "http://127.0.0.1:8081/apis/ccompat/v7"}\n  topics:\n'
+    for t in order_events:order.events.v1 inventory_events:inventory.events.v1 dead_letter:order.events.v1.dlq; do
+      printf '    %s: {name: %s%s, partitions: 3, replication_factor: 1, min_insync_replicas: 1, retention_ms: 2592000000}\n' \
+        "${t%%:*}" "$1" "${t#*:}"
+    done
+  }
+  mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "CREATE DATABASE $db"
+  trap 'mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "DROP DATABASE IF EXISTS $db" || true; rm -rf "$OUT"' EXIT
+  hooks=(python3 "$ROOT/dev/chart-hooks-run.py" --bin "$BIN" --workdir "$OUT"
+         --secret "orderpipe-dev/database-url=mysql://orderpipe:orderpipe@127.0.0.1:3306/$db")
+  hook_values "$run.ok." > "$OUT/hooks-ok.yaml"
+  render -f "$OUT/hooks-ok.yaml" > "$OUT/hooks-ok-rendered.yaml"
+  "${hooks[@]}" "$OUT/hooks-ok-rendered.yaml" --event pre-install
+  "${hooks[@]}" "$OUT/hooks-ok-rendered.yaml" --event pre-upgrade
+  # A registered envelope the built-in one cannot read (BACKWARD): the schema hook must fail the release.
+  hook_values "$run.bad." > "$OUT/hooks-bad.yaml"
+  curl -fsS -X POST -H 'Content-Type: application/vnd.schemaregistry.v1+json' \
+    --data '{"schema": "{\"type\": \"record\", \"name\": \"Envelope\", \"fields\": [{\"name\": \"legacy_id\", \"type\": \"long\"}]}"}' \
+    "http://127.0.0.1:8081/apis/ccompat/v7/subjects/$run.bad.order.events.v1-value/versions" > /dev/null
+  render -f "$OUT/hooks-bad.yaml" > "$OUT/hooks-bad-rendered.yaml"
+  expect_fail "an incompatible schema at install" "hook Job orderpipe-orderpipe-schema (weight -3) failed" \
+    "${hooks[@]}" "$OUT/hooks-bad-rendered.yaml" --event pre-install
+  cat "$OUT/neg.txt"
+  grep -q "schema register" "$OUT/neg.txt" && { echo "schema register ran after a failed check" >&2; exit 1; }
+else
+  echo "SKIPPED: the dev stack is not running (make test starts it before this script)"
+fi
 
 echo "== promtool: alert rules"
 cp "$OUT/production-rules.yaml" "$OUT/rules.yaml"
