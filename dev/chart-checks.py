@@ -3,11 +3,12 @@
 
   chart-checks.py hooks MANIFEST [--user-secret NAME ...] [--values FILE ...]
       Every ConfigMap or Secret that a hook Job (or hook Pod) mounts or reads
-      (volumes, projected volumes, envFrom, env valueFrom, imagePullSecrets)
-      is either a hook of the same events with a strictly lower
-      helm.sh/hook-weight, or a Secret the user provides (--user-secret, or
-      existingSecret of the --values files). Helm creates hooks before ordinary resources,
-      so anything else does not exist yet on a first install (the pod waits
+      (volumes, projected volumes, envFrom, env valueFrom, imagePullSecrets;
+      likewise a ServiceAccount or PVC the chart renders) is either a hook
+      of the same events with a strictly lower helm.sh/hook-weight, or a
+      Secret the user provides (--user-secret, or existingSecret of the
+      --values files). Helm creates hooks before ordinary resources, so
+      anything else does not exist yet on a first install (the pod waits
       until the install times out) and holds the previous release's data on
       an upgrade.
 
@@ -70,7 +71,8 @@ def pod_spec(doc):
 
 
 def pod_inputs(spec):
-    """(kind, name, where) of every ConfigMap and Secret a pod spec reads."""
+    """(kind, name, where) of every ConfigMap and Secret a pod spec reads (and
+    the ServiceAccount and PVCs it needs, which have the same problem)."""
     found = []
     for v in spec.get("volumes") or []:
         if "configMap" in v:
@@ -82,6 +84,10 @@ def pod_inputs(spec):
                 found.append(("ConfigMap", s["configMap"]["name"], f"projected volume {v['name']}"))
             if "secret" in s:
                 found.append(("Secret", s["secret"]["name"], f"projected volume {v['name']}"))
+        if "persistentVolumeClaim" in v:
+            found.append(("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"], f"volume {v['name']}"))
+    if spec.get("serviceAccountName"):
+        found.append(("ServiceAccount", spec["serviceAccountName"], "serviceAccountName"))
     for p in spec.get("imagePullSecrets") or []:
         found.append(("Secret", p["name"], "imagePullSecrets"))
     for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
@@ -100,7 +106,8 @@ def pod_inputs(spec):
 
 
 def check_hooks(docs, user_secrets):
-    rendered = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in ("ConfigMap", "Secret")}
+    rendered = {(d["kind"], d["metadata"]["name"]): d for d in docs
+                if d["kind"] in ("ConfigMap", "Secret", "ServiceAccount", "PersistentVolumeClaim")}
     problems, jobs, inputs = [], 0, set()
     for d in docs:
         events = hook_events(d)
@@ -112,8 +119,8 @@ def check_hooks(docs, user_secrets):
             inputs.add((kind, name))
             source = rendered.get((kind, name))
             if source is None:
-                if kind == "Secret" and name in user_secrets:
-                    continue
+                if kind == "Secret" and name in user_secrets or kind in ("ServiceAccount", "PersistentVolumeClaim"):
+                    continue  # the user's Secret, or an object of the cluster the chart does not own
                 problems.append(f"{job} ({where}) reads {kind} {name}, which the chart does not render "
                                 f"and which is not a user-provided Secret ({', '.join(sorted(user_secrets)) or 'none'})")
                 continue
