@@ -141,6 +141,12 @@ fn glob(pattern: &str, text: &str) -> bool {
     true
 }
 
+/// The consumer group `orderpipe deliver --subscription NAME` runs as
+/// unless `--group` says otherwise.
+pub fn default_group(subscription: &str) -> String {
+    format!("http.{subscription}")
+}
+
 /// The subscription `name` of the settings.
 pub fn find(settings: &Settings, name: &str) -> Result<Subscription, String> {
     let found = settings.http.subscriptions.iter().find(|s| s.name == name).cloned();

@@ -188,7 +188,6 @@ async fn run_group(
         start_from: StartFrom::Earliest,
         until_idle: Some(Duration::from_secs(3)),
         health_addr: None,
-        ensure_topics: false,
         error_tier: true,
         ordering: settings.consumer.ordering,
     };

@@ -1,13 +1,22 @@
-//! Topic reconcile: make the cluster match the declared [`TopicSpec`]s.
+//! Topic reconcile: make the cluster match the declared [`TopicSpec`]s, and
+//! the read-only check the other roles run instead.
 //!
-//! `topics ensure` creates missing topics, grows partition counts and fixes
-//! topic configs; it never shrinks, deletes or re-replicates, it reports
-//! those instead. It is safe to run at every start: a second run changes
-//! nothing.
+//! `topics ensure` creates missing topics and fixes topic configs; it never
+//! shrinks, deletes or re-replicates, it reports those instead. It plans
+//! first and changes nothing when the plan needs a partition increase: that
+//! moves keys to other partitions, so it is done only with
+//! `allow_repartition` (see [`EnsureOptions`]). A retention that is longer on
+//! the cluster than declared is reported, not lowered (lowering deletes
+//! records). A second run changes nothing.
 //!
 //! Kafka's non-incremental AlterConfigs replaces a topic's whole dynamic
 //! config, so a fix sends the topic's current dynamic configs merged with
 //! the declared ones; configs set by someone else survive.
+//!
+//! Consumers, `deliver`, the relay and the DLQ persister never create or
+//! alter topics: they call [`require`], which reads cluster metadata only
+//! (Describe rights), and refuse to start when a topic they need is missing
+//! or has another partition count than declared.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,7 +25,8 @@ use rdkafka::admin::{
     AdminClient, AdminOptions, AlterConfig, ConfigSource, NewPartitions, NewTopic,
     ResourceSpecifier, TopicReplication,
 };
-use rdkafka::client::DefaultClientContext;
+use rdkafka::ClientContext;
+use rdkafka::client::{Client, DefaultClientContext};
 use rdkafka::error::KafkaError;
 use serde::Serialize;
 
@@ -52,7 +62,31 @@ pub enum TopicsError {
     /// The admin client could not be created.
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
+    /// A topic a role needs is missing or differs from its declaration.
+    #[error(
+        "{}; this role has read-only Kafka rights and never creates or alters topics: run `{fix}` (the chart's topics hook) first",
+        problems.join("; ")
+    )]
+    NotReady {
+        /// One line per topic: what is wrong.
+        problems: Vec<String>,
+        /// The command that fixes it.
+        fix: String,
+    },
 }
+
+/// What `topics ensure` may do.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EnsureOptions {
+    /// Report only.
+    pub dry_run: bool,
+    /// Grow topics with fewer partitions than declared (moves keys).
+    pub allow_repartition: bool,
+}
+
+/// What growing a keyed topic does to orders in flight; printed with every
+/// partition increase.
+pub const REPARTITION_WARNING: &str = "partitions added: keys now map to other partitions, so an order's next events may land in a new partition and be applied before its earlier events still waiting in the old one. Drain consumers (lag 0) and stop the relay before growing; orders in flight during the change may be applied out of order";
 
 /// One thing `ensure` did or noticed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -64,6 +98,16 @@ pub enum Change {
         topic: String,
         /// Partitions.
         partitions: i32,
+    },
+    /// The topic has fewer partitions than declared and growing it was not
+    /// allowed: nothing at all was changed.
+    RepartitionRefused {
+        /// Topic.
+        topic: String,
+        /// Partitions on the cluster.
+        from: i32,
+        /// Declared.
+        to: i32,
     },
     /// Partitions were added.
     GrewPartitions {
@@ -107,6 +151,11 @@ impl Change {
             Self::Created { .. } | Self::GrewPartitions { .. } | Self::ConfigSet { .. }
         )
     }
+
+    /// True for differences that stop `ensure` from changing anything.
+    pub fn is_refused(&self) -> bool {
+        matches!(self, Self::RepartitionRefused { .. })
+    }
 }
 
 impl std::fmt::Display for Change {
@@ -115,6 +164,10 @@ impl std::fmt::Display for Change {
             Self::Created { topic, partitions } => {
                 write!(f, "created   {topic} ({partitions} partitions)")
             }
+            Self::RepartitionRefused { topic, from, to } => write!(
+                f,
+                "REFUSED   {topic} has {from} partitions, declared {to}: adding partitions moves keys and breaks per-order ordering; nothing was changed. Drain consumers, then rerun with --allow-repartition"
+            ),
             Self::GrewPartitions { topic, from, to } => {
                 write!(f, "grew      {topic} partitions {from} -> {to}")
             }
@@ -174,25 +227,7 @@ impl TopicAdmin {
     async fn layout(&self) -> Result<BTreeMap<String, (i32, i32)>, TopicsError> {
         // A one-shot admin command: blocking this thread for the bounded
         // metadata call is simpler than moving the client to another one.
-        let timeout = Duration::from_secs(10);
-        let metadata = self
-            .admin
-            .inner()
-            .fetch_metadata(None, timeout)
-            .map_err(|e| TopicsError::Unreachable {
-                servers: self.servers.clone(),
-                seconds: timeout.as_secs(),
-                cause: e.to_string(),
-            })?;
-        Ok(metadata
-            .topics()
-            .iter()
-            .filter(|t| t.error().is_none())
-            .map(|t| {
-                let replicas = t.partitions().first().map_or(0, |p| p.replicas().len() as i32);
-                (t.name().to_string(), (t.partitions().len() as i32, replicas))
-            })
-            .collect())
+        layout(self.admin.inner(), &self.servers)
     }
 
     /// Current configs of `topic`: (value, set dynamically on the topic?).
@@ -216,29 +251,90 @@ impl TopicAdmin {
             .collect())
     }
 
-    /// Reconciles the cluster to `specs`; with `dry_run` only reports.
-    pub async fn ensure(&self, specs: &[&TopicSpec], dry_run: bool) -> Result<Vec<Change>, TopicsError> {
+    /// Reconciles the cluster to `specs`. Plans first; applies nothing when
+    /// `dry_run`, or when the plan holds a refused repartition.
+    pub async fn ensure(&self, specs: &[&TopicSpec], options: EnsureOptions) -> Result<Vec<Change>, TopicsError> {
         let layout = self.layout().await?;
-        let mut changes = Vec::new();
+        let mut plans = Vec::new();
         for spec in specs {
-            match layout.get(&spec.name) {
-                None => {
-                    if !dry_run {
-                        self.create(spec).await?;
-                    }
-                    changes.push(Change::Created {
-                        topic: spec.name.clone(),
-                        partitions: spec.partitions,
-                    });
-                }
-                Some(&(partitions, replicas)) => {
-                    changes.extend(self.fix_layout(spec, partitions, replicas, dry_run).await?);
-                    changes.extend(self.fix_configs(spec, dry_run).await?);
-                }
+            plans.push(self.plan(spec, layout.get(&spec.name).copied(), options.allow_repartition).await?);
+        }
+        let refused = plans.iter().flat_map(|p| &p.changes).any(Change::is_refused);
+        if !options.dry_run && !refused {
+            for plan in &plans {
+                self.apply(plan).await?;
             }
         }
+        let mut changes: Vec<Change> = plans.into_iter().flat_map(|p| p.changes).collect();
         changes.extend(undeclared(layout.keys(), specs));
         Ok(changes)
+    }
+
+    /// What `ensure` would do to one topic (`layout`: its partitions and
+    /// replicas, None when missing).
+    async fn plan<'a>(
+        &self,
+        spec: &'a TopicSpec,
+        layout: Option<(i32, i32)>,
+        allow_repartition: bool,
+    ) -> Result<TopicPlan<'a>, TopicsError> {
+        let Some((partitions, replicas)) = layout else {
+            return Ok(TopicPlan {
+                spec,
+                dynamic: BTreeMap::new(),
+                changes: vec![Change::Created {
+                    topic: spec.name.clone(),
+                    partitions: spec.partitions,
+                }],
+            });
+        };
+        let mut changes = layout_changes(spec, partitions, replicas, allow_repartition);
+        let current = self.configs(&spec.name).await?;
+        changes.extend(config_changes(spec, &current));
+        Ok(TopicPlan {
+            spec,
+            dynamic: current
+                .into_iter()
+                .filter(|(_, (_, dynamic))| *dynamic)
+                .map(|(k, (v, _))| (k, v))
+                .collect(),
+            changes,
+        })
+    }
+
+    /// Carries out the mutations of a plan.
+    async fn apply(&self, plan: &TopicPlan<'_>) -> Result<(), TopicsError> {
+        let spec = plan.spec;
+        // Keep every dynamic config already set, then apply ours on top.
+        let mut merged = plan.dynamic.clone();
+        let mut alter = false;
+        for change in &plan.changes {
+            match change {
+                Change::Created { .. } => self.create(spec).await?,
+                Change::GrewPartitions { to, .. } => {
+                    let grow = NewPartitions::new(&spec.name, *to as usize);
+                    for r in self.admin.create_partitions([&grow], &Self::options()).await? {
+                        r.map_err(|(_, e)| admin_error(&spec.name, "add partitions", e))?;
+                    }
+                }
+                Change::ConfigSet { key, to, .. } => {
+                    merged.insert(key.clone(), to.clone());
+                    alter = true;
+                }
+                _ => {}
+            }
+        }
+        if alter {
+            let request = merged
+                .iter()
+                .fold(AlterConfig::new(ResourceSpecifier::Topic(&spec.name)), |a, (k, v)| {
+                    a.set(k, v)
+                });
+            for r in self.admin.alter_configs([&request], &Self::options()).await? {
+                r.map_err(|(_, e)| admin_error(&spec.name, "alter configs", e))?;
+            }
+        }
+        Ok(())
     }
 
     async fn create(&self, spec: &TopicSpec) -> Result<(), TopicsError> {
@@ -256,82 +352,6 @@ impl TopicAdmin {
             r.map_err(|(_, e)| admin_error(&spec.name, "create", e))?;
         }
         Ok(())
-    }
-
-    async fn fix_layout(
-        &self,
-        spec: &TopicSpec,
-        partitions: i32,
-        replicas: i32,
-        dry_run: bool,
-    ) -> Result<Vec<Change>, TopicsError> {
-        let mut changes = Vec::new();
-        if partitions < spec.partitions {
-            if !dry_run {
-                let grow = NewPartitions::new(&spec.name, spec.partitions as usize);
-                for r in self.admin.create_partitions([&grow], &Self::options()).await? {
-                    r.map_err(|(_, e)| admin_error(&spec.name, "add partitions", e))?;
-                }
-            }
-            changes.push(Change::GrewPartitions {
-                topic: spec.name.clone(),
-                from: partitions,
-                to: spec.partitions,
-            });
-        } else if partitions > spec.partitions {
-            changes.push(Change::Warning {
-                topic: spec.name.clone(),
-                message: format!(
-                    "has {partitions} partitions, declared {}: partitions are never removed (it would break key ordering)",
-                    spec.partitions
-                ),
-            });
-        }
-        if replicas != spec.replication_factor {
-            changes.push(Change::Warning {
-                topic: spec.name.clone(),
-                message: format!(
-                    "replication factor is {replicas}, declared {}: change it with a partition reassignment",
-                    spec.replication_factor
-                ),
-            });
-        }
-        Ok(changes)
-    }
-
-    async fn fix_configs(&self, spec: &TopicSpec, dry_run: bool) -> Result<Vec<Change>, TopicsError> {
-        let current = self.configs(&spec.name).await?;
-        let mut changes = Vec::new();
-        for (key, want) in spec.desired_configs() {
-            let have = current.get(&key).map(|(v, _)| v.clone());
-            if have.as_deref() != Some(want.as_str()) {
-                changes.push(Change::ConfigSet {
-                    topic: spec.name.clone(),
-                    key,
-                    from: have,
-                    to: want,
-                });
-            }
-        }
-        if changes.is_empty() || dry_run {
-            return Ok(changes);
-        }
-        // Keep every dynamic config already set, then apply ours on top.
-        let mut merged: BTreeMap<String, String> = current
-            .into_iter()
-            .filter(|(_, (_, dynamic))| *dynamic)
-            .map(|(k, (v, _))| (k, v))
-            .collect();
-        merged.extend(spec.desired_configs());
-        let alter = merged
-            .iter()
-            .fold(AlterConfig::new(ResourceSpecifier::Topic(&spec.name)), |a, (k, v)| {
-                a.set(k, v)
-            });
-        for r in self.admin.alter_configs([&alter], &Self::options()).await? {
-            r.map_err(|(_, e)| admin_error(&spec.name, "alter configs", e))?;
-        }
-        Ok(changes)
     }
 
     /// The state of each declared topic, with drift from its spec.
@@ -381,6 +401,174 @@ impl TopicAdmin {
     }
 }
 
+/// One topic's planned changes, and what `apply` needs to carry them out.
+struct TopicPlan<'a> {
+    spec: &'a TopicSpec,
+    /// Dynamic configs already set on the topic (a config fix keeps them).
+    dynamic: BTreeMap<String, String>,
+    changes: Vec<Change>,
+}
+
+/// Partition and replica differences of an existing topic.
+fn layout_changes(spec: &TopicSpec, partitions: i32, replicas: i32, allow_repartition: bool) -> Vec<Change> {
+    let mut changes = Vec::new();
+    let topic = spec.name.clone();
+    if partitions < spec.partitions && allow_repartition {
+        changes.push(Change::GrewPartitions {
+            topic: topic.clone(),
+            from: partitions,
+            to: spec.partitions,
+        });
+        changes.push(Change::Warning {
+            topic: topic.clone(),
+            message: REPARTITION_WARNING.into(),
+        });
+    } else if partitions < spec.partitions {
+        changes.push(Change::RepartitionRefused {
+            topic: topic.clone(),
+            from: partitions,
+            to: spec.partitions,
+        });
+    } else if partitions > spec.partitions {
+        changes.push(Change::Warning {
+            topic: topic.clone(),
+            message: format!(
+                "has {partitions} partitions, declared {}: partitions are never removed (Kafka cannot, and it would break key ordering); declare {partitions}",
+                spec.partitions
+            ),
+        });
+    }
+    if replicas != spec.replication_factor {
+        changes.push(Change::Warning {
+            topic,
+            message: format!(
+                "replication factor is {replicas}, declared {}: change it with a partition reassignment",
+                spec.replication_factor
+            ),
+        });
+    }
+    changes
+}
+
+/// Config differences of an existing topic (`current`: value, set
+/// dynamically?). A retention longer than declared is reported, not lowered.
+fn config_changes(spec: &TopicSpec, current: &BTreeMap<String, (String, bool)>) -> Vec<Change> {
+    let mut changes = Vec::new();
+    for (key, want) in spec.desired_configs() {
+        let have = current.get(&key).map(|(v, _)| v.clone());
+        if have.as_deref() == Some(want.as_str()) {
+            continue;
+        }
+        match have {
+            Some(have) if retains_longer(&key, &have, &want) => changes.push(Change::Warning {
+                topic: spec.name.clone(),
+                message: format!(
+                    "{key} is {have} on the cluster, declared {want}: not lowered (that would delete records at once); declare {have}, or lower it by hand with kafka-configs if you mean it"
+                ),
+            }),
+            have => changes.push(Change::ConfigSet {
+                topic: spec.name.clone(),
+                key,
+                from: have,
+                to: want,
+            }),
+        }
+    }
+    changes
+}
+
+/// Whether `have` keeps more than `want` for a retention config (-1 = no limit).
+fn retains_longer(key: &str, have: &str, want: &str) -> bool {
+    if !matches!(key, "retention.ms" | "retention.bytes") {
+        return false;
+    }
+    match (have.parse::<i64>(), want.parse::<i64>()) {
+        (Ok(have), Ok(want)) => want >= 0 && (have < 0 || have > want),
+        _ => false,
+    }
+}
+
+/// Partition and replica counts of every topic the client may describe,
+/// from one metadata request for all topics (which, unlike a request naming
+/// a topic, never auto-creates one).
+fn layout<C: ClientContext>(client: &Client<C>, servers: &str) -> Result<BTreeMap<String, (i32, i32)>, TopicsError> {
+    let timeout = Duration::from_secs(10);
+    let metadata = client.fetch_metadata(None, timeout).map_err(|e| TopicsError::Unreachable {
+        servers: servers.to_string(),
+        seconds: timeout.as_secs(),
+        cause: e.to_string(),
+    })?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .filter(|t| t.error().is_none())
+        .map(|t| {
+            let replicas = t.partitions().first().map_or(0, |p| p.replicas().len() as i32);
+            (t.name().to_string(), (t.partitions().len() as i32, replicas))
+        })
+        .collect())
+}
+
+/// A topic a role reads or writes, as it must be on the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Required {
+    /// Topic.
+    pub topic: String,
+    /// Declared partition count; None for a topic orderpipe does not declare.
+    pub partitions: Option<i32>,
+}
+
+impl Required {
+    /// `spec`'s topic with its declared partition count.
+    pub fn declared(spec: &TopicSpec) -> Self {
+        Self {
+            topic: spec.name.clone(),
+            partitions: Some(spec.partitions),
+        }
+    }
+}
+
+/// The read-only start-up check of the roles that do not own topics: with
+/// one metadata request (Describe rights, no admin call), fails with
+/// [`TopicsError::NotReady`] naming every `required` topic that is missing
+/// or has another partition count than declared. `fix` is the command that
+/// repairs it, e.g. `orderpipe topics ensure --group G`.
+pub fn require<C: ClientContext>(
+    client: &Client<C>,
+    servers: &str,
+    required: &[Required],
+    fix: &str,
+) -> Result<(), TopicsError> {
+    let layout = layout(client, servers)?;
+    let problems: Vec<String> = required
+        .iter()
+        .filter_map(|r| match (layout.get(&r.topic), r.partitions) {
+            (None, _) => Some(format!("topic {} is missing", r.topic)),
+            (Some(&(have, _)), Some(want)) if have != want => Some(format!(
+                "topic {} has {have} partitions, declared {want}",
+                r.topic
+            )),
+            _ => None,
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(TopicsError::NotReady {
+            problems,
+            fix: fix.to_string(),
+        })
+    }
+}
+
+/// [`require`] with a metadata-only client of its own, for roles whose
+/// Kafka clients are built elsewhere (the relay).
+pub fn require_with(settings: &Settings, required: &[Required], fix: &str) -> Result<(), TopicsError> {
+    use rdkafka::producer::Producer;
+    let client: rdkafka::producer::BaseProducer = client_config(&settings.kafka_client_options()).create()?;
+    require(client.client(), &settings.kafka.bootstrap_servers, required, fix)
+}
+
 fn admin_error(topic: &str, action: &'static str, e: impl std::fmt::Display) -> TopicsError {
     TopicsError::Admin {
         topic: topic.to_string(),
@@ -402,13 +590,42 @@ fn undeclared<'a>(
         .collect()
 }
 
-/// The topics a settings file declares.
-pub fn declared(settings: &Settings) -> Vec<&TopicSpec> {
-    vec![
-        &settings.topics.order_events,
-        &settings.topics.inventory_events,
-        &settings.topics.dead_letter,
-    ]
+/// The topics a settings file declares, plus the retry topics of `groups`
+/// and of every `[[http.subscriptions]]` entry's default group.
+pub fn declared(settings: &Settings, groups: &[String]) -> Vec<TopicSpec> {
+    let mut specs = vec![
+        settings.topics.order_events.clone(),
+        settings.topics.inventory_events.clone(),
+        settings.topics.dead_letter.clone(),
+    ];
+    let subscription_groups = settings
+        .http
+        .subscriptions
+        .iter()
+        .map(|s| crate::delivery::default_group(&s.name));
+    for group in groups.iter().cloned().chain(subscription_groups) {
+        let spec = retry_spec(settings, &group);
+        if !specs.contains(&spec) {
+            specs.push(spec);
+        }
+    }
+    specs
+}
+
+/// The retry topic of `group` on the order topic: declared like the order
+/// topic (same partitions, so keys spread alike; same retention).
+pub fn retry_spec(settings: &Settings, group: &str) -> TopicSpec {
+    let mut spec = settings.topics.order_events.clone();
+    spec.name = crate::retry::retry_topic(&settings.topics.order_events.name, group);
+    spec
+}
+
+/// The command that creates the topics of consumer group `group`.
+pub fn ensure_command(group: Option<&str>) -> String {
+    match group {
+        Some(group) => format!("orderpipe topics ensure --group {group}"),
+        None => "orderpipe topics ensure".into(),
+    }
 }
 
 #[cfg(test)]
@@ -418,7 +635,8 @@ mod tests {
     #[test]
     fn undeclared_lists_only_the_family() {
         let settings = Settings::default();
-        let specs = declared(&settings);
+        let owned = declared(&settings, &[]);
+        let specs: Vec<&TopicSpec> = owned.iter().collect();
         let existing = [
             "order.events.v1".to_string(),
             "order.events.v1.dlq".to_string(),
@@ -432,5 +650,111 @@ mod tests {
                 topic: "order.events.v1.retry.old-group".into()
             }]
         );
+    }
+
+    #[test]
+    fn fewer_partitions_are_refused_unless_allowed_and_more_are_reported() {
+        let spec = Settings::default().topics.dead_letter;
+        let refused = layout_changes(&spec, 4, 1, false);
+        assert_eq!(
+            refused,
+            vec![Change::RepartitionRefused { topic: spec.name.clone(), from: 4, to: 12 }]
+        );
+        assert!(refused[0].is_refused() && !refused[0].is_mutation());
+        let grown = layout_changes(&spec, 4, 1, true);
+        assert_eq!(grown[0], Change::GrewPartitions { topic: spec.name.clone(), from: 4, to: 12 });
+        assert!(matches!(&grown[1], Change::Warning { message, .. } if message == REPARTITION_WARNING));
+        let more = layout_changes(&spec, 24, 1, true);
+        assert!(matches!(&more[..], [Change::Warning { message, .. }] if message.contains("never removed")), "{more:?}");
+        assert!(layout_changes(&spec, 12, 1, false).is_empty());
+    }
+
+    #[test]
+    fn a_longer_retention_is_reported_and_a_shorter_one_fixed() {
+        let spec = Settings::default().topics.inventory_events;
+        let current = |ms: &str| BTreeMap::from([
+            ("retention.ms".to_string(), (ms.to_string(), true)),
+            ("min.insync.replicas".to_string(), ("1".to_string(), false)),
+        ]);
+        let shorter = config_changes(&spec, &current("86400000"));
+        assert_eq!(
+            shorter,
+            vec![Change::ConfigSet {
+                topic: spec.name.clone(),
+                key: "retention.ms".into(),
+                from: Some("86400000".into()),
+                to: "2592000000".into()
+            }]
+        );
+        for longer in ["-1", "7776000000"] {
+            let changes = config_changes(&spec, &current(longer));
+            assert!(
+                matches!(&changes[..], [Change::Warning { message, .. }] if message.contains("not lowered")),
+                "{changes:?}"
+            );
+        }
+        assert!(config_changes(&spec, &current("2592000000")).is_empty());
+        assert!(!retains_longer("segment.ms", "-1", "1000"));
+        assert!(!retains_longer("retention.ms", "5", "-1"));
+    }
+
+    #[test]
+    fn declared_topics_include_the_retry_topics_of_named_and_subscription_groups() {
+        let mut settings = Settings::default();
+        settings.http.subscriptions = toml_subscriptions("crm");
+        let specs = declared(&settings, &["payments".to_string(), "payments".to_string()]);
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "order.events.v1",
+                "inventory.events.v1",
+                "order.events.v1.dlq",
+                "order.events.v1.retry.payments",
+                "order.events.v1.retry.http.crm"
+            ]
+        );
+        assert_eq!(specs[3].partitions, settings.topics.order_events.partitions);
+        assert_eq!(specs[3].retention_ms, settings.topics.order_events.retention_ms);
+    }
+
+    fn toml_subscriptions(name: &str) -> Vec<crate::delivery::Subscription> {
+        let text = format!("[[subscriptions]]\nname = \"{name}\"\nevents = [\"order.*\"]\nurl = \"http://x/\"\n");
+        let settings: crate::delivery::HttpSettings = toml_from(&text);
+        settings.subscriptions
+    }
+
+    fn toml_from<T: serde::de::DeserializeOwned>(text: &str) -> T {
+        use figment::providers::Format;
+        figment::Figment::from(figment::providers::Toml::string(text)).extract().expect("valid TOML")
+    }
+
+    /// The check runs on librdkafka's mock cluster: a missing topic and a
+    /// partition count other than declared are named, a matching one passes.
+    #[test]
+    fn require_names_missing_and_mismatched_topics() {
+        use rdkafka::producer::Producer;
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        cluster.create_topic("present", 12, 1).unwrap();
+        cluster.create_topic("narrow", 3, 1).unwrap();
+        let client: rdkafka::producer::BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .create()
+            .unwrap();
+        let servers = cluster.bootstrap_servers();
+        let need = |topic: &str, partitions: Option<i32>| Required { topic: topic.into(), partitions };
+        require(client.client(), &servers, &[need("present", Some(12)), need("narrow", None)], "fix").unwrap();
+        let err = require(
+            client.client(),
+            &servers,
+            &[need("present", Some(12)), need("narrow", Some(12)), need("absent", None)],
+            "orderpipe topics ensure --group g",
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("topic narrow has 3 partitions, declared 12"), "{text}");
+        assert!(text.contains("topic absent is missing"), "{text}");
+        assert!(text.contains("run `orderpipe topics ensure --group g`"), "{text}");
+        assert!(!text.contains("present"), "{text}");
     }
 }

@@ -78,7 +78,6 @@ impl GroupArgs {
             start_from: self.start_from,
             until_idle: self.until_idle.map(Duration::from_secs),
             health_addr: self.health_addr,
-            ensure_topics: true,
             error_tier,
             ordering: self.ordering.unwrap_or(settings.consumer.ordering),
         };
@@ -120,7 +119,7 @@ pub async fn deliver(settings: &Settings, config: Option<std::path::PathBuf>, ar
     settings.retry.profile = subscription.retry_profile.clone();
     let (handler, shared) = crate::delivery::HttpDelivery::new(subscription);
     crate::delivery::watch(config, shared);
-    let group = args.group.unwrap_or_else(|| format!("http.{}", args.subscription));
+    let group = args.group.unwrap_or_else(|| crate::delivery::default_group(&args.subscription));
     args.run.run(&settings, group, vec![Arc::new(handler)], true).await
 }
 

@@ -196,19 +196,38 @@ enum SchemaCommand {
 
 #[derive(Debug, Subcommand)]
 enum TopicsCommand {
-    /// Create missing topics, grow partitions, fix configs; report the rest.
+    /// Create missing topics and fix configs; report the rest. Exits 1 without
+    /// changing anything when a topic has fewer partitions than declared.
     Ensure {
         /// Report what would change without changing anything.
         #[arg(long)]
         dry_run: bool,
+        /// Grow topics with fewer partitions than declared. Moves keys to
+        /// other partitions: drain consumers and stop the relay first.
+        #[arg(long)]
+        allow_repartition: bool,
+        #[command(flatten)]
+        groups: GroupsArg,
         #[command(flatten)]
         output: OutputArg,
     },
     /// Show the declared topics as they are on the cluster.
     Describe {
         #[command(flatten)]
+        groups: GroupsArg,
+        #[command(flatten)]
         output: OutputArg,
     },
+}
+
+/// `--group G`: consumer groups whose retry topics are declared too.
+#[derive(Debug, Args, Clone)]
+struct GroupsArg {
+    /// Consumer group whose retry topic (<order topic>.retry.<group>) is
+    /// declared too (repeatable or comma-separated). The retry topics of
+    /// `[[http.subscriptions]]` (group http.<name>) are always declared.
+    #[arg(long = "group", value_delimiter = ',')]
+    groups: Vec<String>,
 }
 
 /// `--output table|json`.
@@ -305,17 +324,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             output::compat(&reports, output.output);
             Ok(exit_if(reports.iter().any(|r| !r.is_compatible())))
         }
-        Command::Topics(TopicsCommand::Ensure { dry_run, output }) => {
+        Command::Topics(TopicsCommand::Ensure { dry_run, allow_repartition, groups, output }) => {
             let settings = cli.global.settings()?;
             let admin = TopicAdmin::new(&settings)?;
-            let changes = admin.ensure(&topics::declared(&settings), dry_run).await?;
+            let specs = topics::declared(&settings, &groups.groups);
+            let options = topics::EnsureOptions { dry_run, allow_repartition };
+            let changes = admin.ensure(&specs.iter().collect::<Vec<_>>(), options).await?;
             output::changes(&changes, dry_run, output.output);
-            Ok(ExitCode::SUCCESS)
+            Ok(exit_if(changes.iter().any(topics::Change::is_refused)))
         }
-        Command::Topics(TopicsCommand::Describe { output }) => {
+        Command::Topics(TopicsCommand::Describe { groups, output }) => {
             let settings = cli.global.settings()?;
             let admin = TopicAdmin::new(&settings)?;
-            let states = admin.describe(&topics::declared(&settings)).await?;
+            let specs = topics::declared(&settings, &groups.groups);
+            let states = admin.describe(&specs.iter().collect::<Vec<_>>()).await?;
             output::topic_states(&states, output.output);
             Ok(ExitCode::SUCCESS)
         }

@@ -193,10 +193,16 @@ pub fn changes(changes: &[Change], dry_run: bool, format: Output) {
     if changes.is_empty() {
         println!("topics are up to date: nothing to change");
     }
-    let prefix = if dry_run { "(dry run) " } else { "" };
+    // A refused repartition stops the whole run: nothing else was applied.
+    let refused = changes.iter().any(Change::is_refused);
     for change in changes {
         println!("{prefix}{change}");
     }
+        let prefix = match (dry_run, refused && change.is_mutation()) {
+            (true, _) => "(dry run) ",
+            (false, true) => "(not done) ",
+            (false, false) => "",
+        };
 }
 
 /// `orderpipe topics describe`.

@@ -94,6 +94,9 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
     match args.output.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
         Output::Table => output::relay(&summary),
+    // Read-only rights on topics: check them, never create or alter them.
+    let required = [&settings.topics.order_events, &settings.topics.inventory_events].map(crate::topics::Required::declared);
+    crate::topics::require_with(settings, &required, &crate::topics::ensure_command(None))?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -258,12 +258,19 @@ impl Settings {
         for subscription in &self.http.subscriptions {
             subscription.validate().map_err(ConfigError)?;
         }
-        if self.topics.order_events.retention_ms >= 0
-            && self.topics.order_events.retention_ms < 30 * DAY_MS
-        {
-            return Err(ConfigError(
-                "topics.order_events.retention_ms must be >= 30 days (2592000000) or -1 (forever): order events are kept for audit".into(),
-            ));
+        // Every declared topic holds key messages (retry topics inherit the
+        // order topic's spec): at least 30 days.
+        for (key, spec, why) in [
+            ("order_events", &self.topics.order_events, "order events are kept for audit"),
+            ("inventory_events", &self.topics.inventory_events, "inventory events are audited with the order events"),
+            ("dead_letter", &self.topics.dead_letter, "dead letters must outlive a persister outage and stay replayable"),
+        ] {
+            if spec.retention_ms >= 0 && spec.retention_ms < 30 * DAY_MS {
+                return Err(ConfigError(format!(
+                    "topics.{key}.retention_ms must be >= 30 days (2592000000) or -1 (forever), got {}: {why}",
+                    spec.retention_ms
+                )));
+            }
         }
         if !self.database.url.expose_secret().starts_with("mysql://")
             && !self.database.url.expose_secret().starts_with("mariadb://")
@@ -355,3 +362,16 @@ mod tests {
         assert!(s.validate().unwrap_err().to_string().contains("retention_ms"));
     }
 }
+        for key in ["inventory_events", "dead_letter"] {
+            let with_retention = |ms: i64| {
+                let mut s = Settings::default();
+                match key {
+                    "dead_letter" => s.topics.dead_letter.retention_ms = ms,
+                    _ => s.topics.inventory_events.retention_ms = ms,
+                }
+                s.validate()
+            };
+            let err = with_retention(DAY_MS).unwrap_err().to_string();
+            assert!(err.contains(&format!("topics.{key}.retention_ms must be >= 30 days")), "{err}");
+            with_retention(-1).unwrap();
+        }

@@ -76,9 +76,6 @@ pub struct ConsumeOptions {
     pub until_idle: Option<Duration>,
     /// Where to serve `/health/*` (port 0 = any free port).
     pub health_addr: Option<SocketAddr>,
-    /// Create the group's retry topic and the DLQ topic if missing (off for
-    /// the demo's mock cluster, whose topics are created up front).
-    pub ensure_topics: bool,
     /// Route failures through the retry topic and the DLQ (the default).
     /// Off only to measure the tier's cost: failures then wait in place with
     /// backoff (never skipped) and poison is logged and skipped.
@@ -173,7 +170,8 @@ pub enum ConsumerError {
     /// The health endpoint could not bind.
     #[error("health endpoint: {0}")]
     Health(#[from] std::io::Error),
-    /// The retry or dead-letter topic could not be ensured.
+    /// A topic the group reads or writes is missing or differs from its
+    /// declaration (the consumer only checks; `topics ensure` fixes).
     #[error(transparent)]
     Topics(#[from] crate::topics::TopicsError),
     /// The error tier is misconfigured.
@@ -267,7 +265,14 @@ pub async fn run(
     }
     let consumer: StreamConsumer<AssignmentContext> =
         config.create_with_context(AssignmentContext::new(assignment.clone()))?;
-    let forwarder = forwarder(settings, &options).await?;
+    // Read-only rights: check the topics with metadata, never create or alter them.
+    crate::topics::require(
+        consumer.client(),
+        &settings.kafka.bootstrap_servers,
+        &required_topics(settings, &options),
+        &crate::topics::ensure_command(Some(&options.group)),
+    )?;
+    let forwarder = forwarder(settings, &options)?;
     if options.error_tier {
         consumer.subscribe(&[&options.topic, &forwarder.retry_topic])?;
     } else {
@@ -317,29 +322,40 @@ pub async fn run(
     Ok(summary)
 }
 
-/// The group's error tier: ensures its retry topic (as many partitions as
-/// the main topic, so keys spread alike) and the DLQ topic exist, and builds
-/// an idempotent producer to forward failures with.
-async fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forwarder, ConsumerError> {
-    let policy = RetryPolicy::from_settings(&settings.retry).map_err(|e| ConsumerError::Config(e.to_string()))?;
-    let mut retry_spec = settings.topics.order_events.clone();
-    retry_spec.name = retry_topic(&options.topic, &options.group);
-    let dlq_spec = settings.topics.dead_letter.clone();
-    if options.ensure_topics && options.error_tier {
-        let admin = crate::topics::TopicAdmin::new(settings)?;
-        for change in admin.ensure(&[&retry_spec, &dlq_spec], false).await? {
-            if change.is_mutation() {
-                tracing::info!(%change, "error tier topic");
-            }
-        }
+/// The topics the group reads and writes, with their declared partition
+/// counts: the main topic, and with the error tier its retry topic (declared
+/// like the main topic) and the dead-letter topic.
+pub fn required_topics(settings: &Settings, options: &ConsumeOptions) -> Vec<crate::topics::Required> {
+    use crate::topics::Required;
+    let declared = [&settings.topics.order_events, &settings.topics.inventory_events, &settings.topics.dead_letter]
+        .into_iter()
+        .find(|spec| spec.name == options.topic)
+        .map(|spec| spec.partitions);
+    let mut required = vec![Required { topic: options.topic.clone(), partitions: declared }];
+    if options.error_tier {
+        required.push(Required { topic: retry_topic(&options.topic, &options.group), partitions: declared });
+        required.push(Required::declared(&settings.topics.dead_letter));
     }
+    required
+}
+
+/// The group's error tier: an idempotent producer to forward failures to
+/// its retry topic and the DLQ topic (both checked by [`required_topics`]).
+fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forwarder, ConsumerError> {
+    let policy = RetryPolicy::from_settings(&settings.retry).map_err(|e| ConsumerError::Config(e.to_string()))?;
     let producer_options = crate::producer::config::producer_options(
         &settings.kafka_client_options(),
         &settings.producer.options,
     )
     .map_err(|e| ConsumerError::Config(e.to_string()))?;
     let producer = crate::metrics::measured_producer(&producer_options)?;
-    Ok(Forwarder::new(producer, retry_spec.name, dlq_spec.name, &options.group, policy))
+    Ok(Forwarder::new(
+        producer,
+        retry_topic(&options.topic, &options.group),
+        settings.topics.dead_letter.name.clone(),
+        &options.group,
+        policy,
+    ))
 }
 
 /// Every 5 s: lag per assigned partition (high watermark minus committed

@@ -72,6 +72,13 @@ pub async fn run(
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "10000")
         .create()?;
+    // Read-only rights on topics: check the DLQ topic, never create it.
+    crate::topics::require(
+        consumer.client(),
+        &settings.kafka.bootstrap_servers,
+        &[crate::topics::Required::declared(&settings.topics.dead_letter)],
+        &crate::topics::ensure_command(None),
+    )?;
     consumer.subscribe(&[&settings.topics.dead_letter.name])?;
     let mut summary = PersistSummary::default();
     let mut last_record = Instant::now();
