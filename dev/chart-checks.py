@@ -27,6 +27,10 @@
       in the config its pods read), and the schema hook runs `schema check`
       before `schema register`.
 
+  chart-checks.py args MANIFEST --bin ORDERPIPE
+      Every container's args parse in the binary (ORDERPIPE ARGS --help): the
+      chart passes no subcommand or flag the binary does not have.
+
 MANIFEST `-` reads stdin. Exit 0 and one summary line when the chart passes;
 exit 1 with one line per problem otherwise.
 """
@@ -307,14 +311,36 @@ def check_roles(docs, values):
     return []
 
 
+def check_args(docs, binary):
+    """Every container's command line parses in the binary (run with --help)."""
+    import subprocess
+    problems, seen = [], set()
+    for d in docs:
+        spec = pod_spec(d) if d["kind"] in ("Job", "Deployment", "CronJob", "Pod") else None
+        for c in (spec.get("initContainers") or []) + spec["containers"] if spec else []:
+            args = tuple(str(a) for a in c.get("args") or [])
+            if args in seen:
+                continue
+            seen.add(args)
+            done = subprocess.run([binary, *args, "--help"], capture_output=True, text=True)
+            if done.returncode != 0:
+                problems.append(f"{d['kind']} {d['metadata']['name']} container {c['name']}: orderpipe "
+                                f"{' '.join(args)} is refused: {done.stderr.strip().splitlines()[0] if done.stderr.strip() else done.returncode}")
+    if problems:
+        return problems
+    print(f"args: {len(seen)} distinct container command lines parse in {binary}")
+    return []
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=["hooks", "keda", "roles"])
+    parser.add_argument("check", choices=["hooks", "keda", "roles", "args"])
     parser.add_argument("manifest")
     parser.add_argument("--user-secret", action="append", default=[],
                         help="hooks: a Secret the user provides (existingSecret); repeatable")
     parser.add_argument("--values", action="append", default=[],
                         help="hooks, roles: values files in helm's order (the chart's values.yaml first)")
+    parser.add_argument("--bin", help="args: the orderpipe binary")
     parser.add_argument("--require-auth", action="store_true",
                         help="keda: fail unless some kafka trigger authenticates (values with SASL on)")
     args = parser.parse_args()
@@ -324,8 +350,10 @@ def main():
         problems = check_hooks(docs, set(args.user_secret) | ({secret} if secret else set()))
     elif args.check == "keda":
         problems = check_keda(docs, args.require_auth)
-    else:
+    elif args.check == "roles":
         problems = check_roles(docs, merged_values(args.values))
+    else:
+        problems = check_args(docs, args.bin)
     for p in problems:
         print(f"FAIL {args.check}: {p}", file=sys.stderr)
     sys.exit(1 if problems else 0)

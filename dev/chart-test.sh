@@ -44,6 +44,7 @@ for values in "" "$CHART/ci/production-values.yaml"; do
   vflags=(--values "$CHART/values.yaml"); [ -n "$values" ] && vflags+=(--values "$values")
   python3 "$ROOT/dev/chart-checks.py" hooks "$OUT/$name.yaml" "${vflags[@]}"
   python3 "$ROOT/dev/chart-checks.py" roles "$OUT/$name.yaml" "${vflags[@]}"
+  python3 "$ROOT/dev/chart-checks.py" args "$OUT/$name.yaml" --bin "$BIN"
   # The production values turn SASL and KEDA on: there the triggers must authenticate.
   python3 "$ROOT/dev/chart-checks.py" keda "$OUT/$name.yaml" ${values:+--require-auth}
   python3 - "$OUT/$name.yaml" "$OUT/$name" <<'PY'
@@ -124,6 +125,9 @@ expect_fail "KEDA with a SASL mechanism its trigger cannot use" "configured for 
   render -f "$CHART/ci/production-values.yaml" --set 'config.kafka.options.sasl\.mechanism=GSSAPI'
 expect_fail "two subscriptions of one name" 'subscriptions\[\].name "crm" is declared twice' \
   render --set 'subscriptions[0].name=crm' --set 'subscriptions[1].name=crm'
+sed 's/- --subscription$/- --subscriptions/' "$OUT/production.yaml" > "$OUT/bad-flag.yaml"
+expect_fail "a container flag the binary does not have" "is refused" \
+  python3 "$ROOT/dev/chart-checks.py" args "$OUT/bad-flag.yaml" --bin "$BIN"
 expect_fail "a bad schemaRegistration.level" "accepted values: backward, forward, full" \
   render --set schemaRegistration.level=none
 render --set 'subscriptions[0].name=crm' --set 'subscriptions[0].events={order.*}' \
