@@ -21,6 +21,7 @@
 //! | [`dlq`] | dead-letter persister, listing, replay and ignore |
 //! | [`delivery`] | config-driven HTTP delivery to downstream services |
 //! | [`dedup`] | the `event_dedup` guard and its retention cleanup |
+//! | [`lag`] | consumer group lag as the broker sees it (`orderpipe lag`, the persister's exporter) |
 //! | [`db`] | database pool, dialects, migrations from `sql/` |
 //! | [`health`] | `/metrics` and `/health/*` endpoints |
 //! | [`metrics`] | Prometheus metrics and the typed events that emit them |
@@ -46,6 +47,7 @@ pub mod demo;
 pub mod envelope;
 pub mod generator;
 pub mod health;
+pub mod lag;
 pub mod metrics;
 pub mod ordering;
 pub mod outbox;

@@ -6,7 +6,9 @@
 //! counters, base units in the name); labels are bounded: topic, partition,
 //! group, event name, error class, attempt — never an event or order id.
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
@@ -44,8 +46,19 @@ pub mod name {
     pub const PARKED_OLDEST_AGE: &str = "orderpipe_parked_key_oldest_age_seconds";
     /// Pending rows in `dead_letters` (persister).
     pub const DEAD_LETTERS_PENDING: &str = "orderpipe_dead_letters_pending";
-    /// Consumer lag (high watermark minus committed offset), by group, topic and partition.
+    /// Consumer lag (high watermark minus committed offset), by group, topic and partition,
+    /// for the partitions this member owns now (an owned series: see [`super::SeriesOwner`]).
     pub const LAG: &str = "orderpipe_consumer_lag_records";
+    /// Broker-side lag of a configured group (log-end minus committed offset), by group,
+    /// topic and partition; exported by the DLQ persister, so it is there with every member down.
+    pub const GROUP_LAG: &str = "orderpipe_group_lag_records";
+    /// Age of the oldest record a group has not consumed yet (0 when caught up), by group,
+    /// topic and partition (persister).
+    pub const GROUP_OLDEST_AGE: &str = "orderpipe_group_oldest_unconsumed_age_seconds";
+    /// Live members of a configured group as the broker describes it (persister).
+    pub const GROUP_MEMBERS: &str = "orderpipe_group_members";
+    /// Failed measurements of the broker-side group lag (persister).
+    pub const GROUP_LAG_FAILURES: &str = "orderpipe_group_lag_measure_failures_total";
     /// Handler time per record, by group.
     pub const HANDLER_SECONDS: &str = "orderpipe_handler_duration_seconds";
     /// Apply time minus event time, by group.
@@ -70,10 +83,23 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+static HANDLE: OnceLock<MetricsHandle> = OnceLock::new();
+
+/// Renders `/metrics`: the recorder's metrics, then the owned series.
+#[derive(Clone)]
+pub struct MetricsHandle(PrometheusHandle);
+
+impl MetricsHandle {
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut text = self.0.render();
+        render_owned(&mut text);
+        text
+    }
+}
 
 /// Installs the global recorder once and returns the handle that renders it.
-pub fn install() -> PrometheusHandle {
+pub fn install() -> MetricsHandle {
     HANDLE
         .get_or_init(|| {
             let handle = PrometheusBuilder::new()
@@ -88,7 +114,7 @@ pub fn install() -> PrometheusHandle {
                     upkeep.run_upkeep();
                 }
             });
-            handle
+            MetricsHandle(handle)
         })
         .clone()
 }
@@ -258,10 +284,151 @@ pub fn consumed(group: &str, topic: &str) {
     counter!(name::CONSUMED, "group" => group.to_string(), "topic" => topic.to_string()).increment(1);
 }
 
-/// A partition's lag.
-pub fn lag(group: &str, topic: &str, partition: i32, lag: i64) {
-    gauge!(name::LAG, "group" => group.to_string(), "topic" => topic.to_string(), "partition" => partition.to_string())
-        .set(lag as f64);
+/// Labels of one owned series, in the order they are printed.
+pub type Labels = Vec<(&'static str, String)>;
+
+/// Owned series by metric name, then labels: (owner, value).
+type OwnedSeries = BTreeMap<&'static str, BTreeMap<Labels, (u64, f64)>>;
+
+static OWNED: Mutex<OwnedSeries> = Mutex::new(BTreeMap::new());
+
+/// Owner ids; 0 is the group lag exporter ([`GroupLagMeasured`]).
+static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+const EXPORTER_OWNER: u64 = 0;
+
+/// Gauge series that belong to something that can go away: a partition a
+/// member owns, a group the exporter measures. The `metrics` crate cannot
+/// remove a series (and the exporter's only way, a global idle timeout,
+/// would also drop every gauge that is set once and left alone), so these
+/// are kept here and printed after the recorder's metrics. A series goes
+/// from `/metrics` when its owner replaces or removes it, or is dropped.
+pub struct SeriesOwner(u64);
+
+impl Default for SeriesOwner {
+    fn default() -> Self {
+        Self(NEXT_OWNER.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl SeriesOwner {
+    /// Replaces every series of `name` this owner holds with `series`.
+    pub fn replace(&self, name: &'static str, series: impl IntoIterator<Item = (Labels, f64)>) {
+        replace_owned(self.0, name, series);
+    }
+
+    /// Removes this owner's series of `name` whose labels include every pair of `matching`.
+    pub fn remove(&self, name: &'static str, matching: &[(&str, &str)]) {
+        let mut owned = OWNED.lock().expect("owned series lock");
+        if let Some(by_labels) = owned.get_mut(name) {
+            by_labels.retain(|labels, (owner, _)| {
+                *owner != self.0 || !matching.iter().all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
+            });
+        }
+    }
+}
+
+impl Drop for SeriesOwner {
+    fn drop(&mut self) {
+        let mut owned = OWNED.lock().expect("owned series lock");
+        for by_labels in owned.values_mut() {
+            by_labels.retain(|_, (owner, _)| *owner != self.0);
+        }
+    }
+}
+
+fn replace_owned(owner: u64, name: &'static str, series: impl IntoIterator<Item = (Labels, f64)>) {
+    let mut owned = OWNED.lock().expect("owned series lock");
+    let by_labels = owned.entry(name).or_default();
+    by_labels.retain(|_, (o, _)| *o != owner);
+    for (labels, value) in series {
+        by_labels.insert(labels, (owner, value));
+    }
+}
+
+/// Appends the owned series in the text exposition format.
+fn render_owned(text: &mut String) {
+    use std::fmt::Write;
+    let owned = OWNED.lock().expect("owned series lock");
+    for (name, by_labels) in owned.iter().filter(|(_, s)| !s.is_empty()) {
+        let _ = writeln!(text, "# TYPE {name} gauge");
+        for (labels, (_, value)) in by_labels {
+            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape_label(v))).collect();
+            let _ = writeln!(text, "{name}{{{}}} {value}", labels.join(","));
+        }
+        text.push('\n');
+    }
+}
+
+fn escape_label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// A consumer member's per-partition lag gauges ([`name::LAG`]): only the
+/// partitions it owns now, so nothing stale remains after a rebalance.
+pub struct PartitionLagGauges {
+    group: String,
+    owner: SeriesOwner,
+}
+
+impl PartitionLagGauges {
+    /// The gauges of one member of `group`; its series go when it is dropped.
+    pub fn new(group: &str) -> Self {
+        Self { group: group.to_string(), owner: SeriesOwner::default() }
+    }
+
+    /// The lag (records) of each (topic, partition) the member owns now;
+    /// series of partitions not listed go.
+    pub fn report(&self, lags: &[(String, i32, i64)]) {
+        let series = lags.iter().map(|(topic, partition, lag)| {
+            (vec![("group", self.group.clone()), ("topic", topic.clone()), ("partition", partition.to_string())], *lag as f64)
+        });
+        self.owner.replace(name::LAG, series);
+    }
+
+    /// A partition was revoked: its series goes now.
+    pub fn revoked(&self, topic: &str, partition: i32) {
+        self.owner.remove(name::LAG, &[("topic", topic), ("partition", &partition.to_string())]);
+    }
+}
+
+/// The broker-side lag of the configured groups was measured (see [`crate::lag`]).
+pub struct GroupLagMeasured<'a> {
+    /// Every measured group.
+    pub groups: &'a [crate::lag::GroupLag],
+}
+
+impl InternalEvent for GroupLagMeasured<'_> {
+    fn emit(self) {
+        let mut lags = Vec::new();
+        let mut ages = Vec::new();
+        let mut members = Vec::new();
+        for group in self.groups {
+            tracing::debug!(group = group.group, members = group.members, lag = group.total_lag, status = ?group.status, "group lag measured");
+            members.push((vec![("group", group.group.clone())], group.members as f64));
+            for p in &group.partitions {
+                let labels = vec![("group", group.group.clone()), ("topic", p.topic.clone()), ("partition", p.partition.to_string())];
+                lags.push((labels.clone(), p.lag as f64));
+                ages.push((labels, p.oldest_unconsumed_age_seconds.unwrap_or(0.0)));
+            }
+        }
+        // Groups or partitions no longer measured lose their series.
+        replace_owned(EXPORTER_OWNER, name::GROUP_MEMBERS, members);
+        replace_owned(EXPORTER_OWNER, name::GROUP_LAG, lags);
+        replace_owned(EXPORTER_OWNER, name::GROUP_OLDEST_AGE, ages);
+    }
+}
+
+/// The broker-side group lag could not be measured; the last values stay.
+pub struct GroupLagFailed<'a> {
+    /// What happened.
+    pub error: &'a str,
+}
+
+impl InternalEvent for GroupLagFailed<'_> {
+    fn emit(self) {
+        tracing::warn!(error = self.error, "group lag not measured; the last values stay exported");
+        counter!(name::GROUP_LAG_FAILURES).increment(1);
+    }
 }
 
 /// The outbox backlog.

@@ -23,7 +23,8 @@ use crate::schema::SchemaCatalog;
 /// `orderpipe dlq` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
-    /// Consume the dead-letter topic into the `dead_letters` table.
+    /// Consume the dead-letter topic into the `dead_letters` table; export
+    /// the broker-side lag of the `lag.groups` consumer groups on /metrics.
     Persist {
         /// Exit after this many seconds without new dead letters.
         #[arg(long, value_name = "SECS")]
@@ -159,7 +160,11 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             if let Ok(pending) = store::pending(&db).await {
                 crate::metrics::dead_letters_pending(pending);
             }
-            let summary = persist::run(settings, &db, until_idle.map(Duration::from_secs), shutdown_signal()).await?;
+            // Runs anyway, so it watches the groups: their lag is exported with every member down.
+            let lag_export = tokio::spawn(crate::lag::export(settings.clone()));
+            let summary = persist::run(settings, &db, until_idle.map(Duration::from_secs), shutdown_signal()).await;
+            lag_export.abort();
+            let summary = summary?;
             match output.output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
                 Output::Table => println!(

@@ -9,6 +9,7 @@
 
 pub mod consume;
 pub mod dlq;
+pub mod lag;
 pub mod output;
 pub mod produce;
 pub mod relay;
@@ -100,6 +101,9 @@ enum Command {
     /// Event dedup table maintenance.
     #[command(subcommand)]
     Dedup(DedupCommand),
+    /// Consumer group lag from the broker: committed and log-end offsets,
+    /// lag and the oldest unconsumed record's age, members or none.
+    Lag(lag::LagArgs),
     /// Print the effective configuration (secrets redacted).
     Config,
     /// Benchmark driver: order lifecycles through the order service in-process,
@@ -362,6 +366,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let settings = cli.global.settings()?;
             consume::run(&settings, args).await
         }
+        Command::Lag(args) => lag::run(&cli.global.settings()?, args).await,
         Command::Dlq(command) => {
             let settings = cli.global.settings()?;
             dlq::run(&settings, command).await

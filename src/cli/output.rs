@@ -18,11 +18,13 @@ pub enum Output {
     Json,
 }
 
-fn json(value: &impl Serialize) {
+/// Prints `value` as pretty JSON on stdout.
+pub(crate) fn json(value: &impl Serialize) {
     println!("{}", serde_json::to_string_pretty(value).expect("reports serialize"));
 }
 
-fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> Table {
+/// A table with `header` and `rows` in the commands' style.
+pub(crate) fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> Table {
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header(header.to_vec());
     for row in rows {

@@ -35,6 +35,9 @@ pub struct Settings {
     pub chaos: ChaosSettings,
     /// Dead letters.
     pub dlq: DlqSettings,
+    /// Broker-side group lag (`orderpipe lag`, the persister's exporter).
+    #[serde(default)]
+    pub lag: crate::lag::LagSettings,
     /// Downstream HTTP subscriptions.
     pub http: crate::delivery::HttpSettings,
     /// Schema registry.

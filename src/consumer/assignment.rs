@@ -82,12 +82,14 @@ impl Assignment {
 /// The librdkafka context that keeps [`Assignment`] up to date.
 pub struct AssignmentContext {
     assignment: Arc<Assignment>,
+    /// This member's per-partition lag gauges; a revoked partition's goes at once.
+    pub lag_gauges: crate::metrics::PartitionLagGauges,
 }
 
 impl AssignmentContext {
-    /// A context updating `assignment`.
-    pub fn new(assignment: Arc<Assignment>) -> Self {
-        Self { assignment }
+    /// A context updating `assignment` for a member of `group`.
+    pub fn new(assignment: Arc<Assignment>, group: &str) -> Self {
+        Self { assignment, lag_gauges: crate::metrics::PartitionLagGauges::new(group) }
     }
 }
 
@@ -107,6 +109,9 @@ impl ConsumerContext for AssignmentContext {
             Rebalance::Revoke(list) => {
                 tracing::info!(partitions = list.count(), "partitions revoked");
                 self.assignment.revoke(keys(list));
+                for (topic, partition) in keys(list) {
+                    self.lag_gauges.revoked(&topic, partition);
+                }
             }
             Rebalance::Assign(_) => {}
             Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),

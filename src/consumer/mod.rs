@@ -264,7 +264,7 @@ pub async fn run(
         config.set(k, v);
     }
     let consumer: StreamConsumer<AssignmentContext> =
-        config.create_with_context(AssignmentContext::new(assignment.clone()))?;
+        config.create_with_context(AssignmentContext::new(assignment.clone(), &options.group))?;
     // Read-only rights: check the topics with metadata, never create or alter them.
     crate::topics::require(
         consumer.client(),
@@ -359,7 +359,9 @@ fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forwarder,
 }
 
 /// Every 5 s: lag per assigned partition (high watermark minus committed
-/// offset) into the gauges and, summed, into `/health/mq`.
+/// offset) into the gauges and, summed, into `/health/mq`. The gauges hold
+/// only the partitions owned now: a revoked partition's series goes at the
+/// revoke (see [`crate::metrics::PartitionLagGauges`]).
 ///
 /// A transactional producer leaves a commit marker after each transaction;
 /// it takes an offset but is never delivered, so a caught-up partition
@@ -399,11 +401,11 @@ async fn report_lag(shared: Arc<Shared>) {
         .await
         .ok()
         .flatten();
-        if let Some(lags) = lags {
-            for (topic, partition, lag) in &lags {
-                crate::metrics::lag(&shared.options.group, topic, *partition, *lag);
-            }
+        if let Some(mut lags) = lags {
             shared.health.set_lag(lags.iter().map(|l| l.2).sum());
+            // A partition revoked while this was measured gets no series back.
+            lags.retain(|(topic, partition, _)| shared.assignment.generation(&(topic.clone(), *partition)).is_some());
+            shared.consumer.context().lag_gauges.report(&lags);
         }
     }
 }

@@ -1,0 +1,376 @@
+//! Consumer group lag as the broker sees it: committed offsets, log-end
+//! offsets and the age of the oldest record a group has not consumed.
+//!
+//! A consumer reports only its own partitions' lag, so a group with no live
+//! member reports nothing. This module asks the broker instead; `orderpipe
+//! lag` prints what [`measure`] returns and the DLQ persister exports it
+//! every `lag.export_interval_secs` ([`export`]), so the lag alert fires
+//! with every member of a group down.
+//!
+//! Offsets are read with `read_committed`: the log end is the last stable
+//! offset (records of open transactions are not counted yet). Lag counts
+//! offsets, as Kafka's own tools do, so a transaction marker after the
+//! committed offset counts one; when only markers or aborted records
+//! follow the committed offset, the record probe finds nothing to consume
+//! and the lag is 0.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Settings;
+use crate::metrics::InternalEvent;
+use crate::producer::config::client_config;
+use crate::retry::retry_topic;
+
+/// How long one broker request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `[lag]` settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LagSettings {
+    /// Groups `orderpipe lag` shows and the persister exports; empty: every
+    /// group the broker lists that has committed offsets on the order topic.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Seconds between two exports of the broker-side lag by the persister.
+    #[serde(default = "default_export_interval_secs")]
+    pub export_interval_secs: u64,
+}
+
+fn default_export_interval_secs() -> u64 {
+    15
+}
+
+impl Default for LagSettings {
+    fn default() -> Self {
+        Self { groups: Vec::new(), export_interval_secs: default_export_interval_secs() }
+    }
+}
+
+/// Why lag could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum LagError {
+    /// A Kafka request failed.
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    /// The topic the groups read does not exist.
+    #[error("topic {0} does not exist (run `orderpipe topics ensure`)")]
+    NoTopic(String),
+    /// The blocking measurement task died.
+    #[error("lag measurement task failed: {0}")]
+    Task(String),
+}
+
+/// What the broker knows about a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupStatus {
+    /// Committed offsets and at least one live member.
+    Consuming,
+    /// Committed offsets, no live member: nobody consumes it.
+    NoMembers,
+    /// The broker knows the group, but it has committed nothing on these topics.
+    NoCommittedOffsets,
+    /// The broker does not know the group (never ran, or its offsets expired).
+    Unknown,
+}
+
+/// One partition of a group.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionLag {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// The group's committed offset; None when it never committed on this
+    /// partition (it then starts at the log start, so lag counts from there).
+    pub committed_offset: Option<i64>,
+    /// First retained offset.
+    pub log_start_offset: i64,
+    /// Log-end offset for `read_committed` (the last stable offset).
+    pub log_end_offset: i64,
+    /// Offsets between the committed (or start) offset and the log end.
+    pub lag: i64,
+    /// Timestamp (ms since the epoch) of the first record not consumed yet.
+    pub oldest_unconsumed_timestamp_ms: Option<i64>,
+    /// Its age in seconds at measurement time; None when the lag is 0.
+    pub oldest_unconsumed_age_seconds: Option<f64>,
+}
+
+/// One group.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupLag {
+    /// Group id.
+    pub group: String,
+    /// What the broker knows.
+    pub status: GroupStatus,
+    /// The broker's group state (`Stable`, `Empty`, `Dead`, ...).
+    pub state: String,
+    /// Live members.
+    pub members: usize,
+    /// Sum of the partitions' lag.
+    pub total_lag: i64,
+    /// Partitions of the order topic and of the group's retry topic; empty
+    /// when the group has no committed offsets there.
+    pub partitions: Vec<PartitionLag>,
+}
+
+/// The groups to measure: `wanted` if given, else `lag.groups`, else the
+/// groups the broker lists (only those with committed offsets on the
+/// order topic are kept by [`measure`] then).
+pub async fn groups_to_measure(settings: &Settings, wanted: &[String]) -> Result<(Vec<String>, bool), LagError> {
+    if !wanted.is_empty() {
+        return Ok((wanted.to_vec(), true));
+    }
+    if !settings.lag.groups.is_empty() {
+        return Ok((settings.lag.groups.clone(), true));
+    }
+    let settings = settings.clone();
+    let listed = tokio::task::spawn_blocking(move || -> Result<Vec<String>, LagError> {
+        let probe = probe(&settings)?;
+        let list = probe.fetch_group_list(None, REQUEST_TIMEOUT)?;
+        let mut names: Vec<String> = list
+            .groups()
+            .iter()
+            .filter(|g| g.protocol_type() == "consumer" || g.protocol_type().is_empty())
+            .map(|g| g.name().to_string())
+            .filter(|name| *name != settings.dlq.persister_group)
+            .collect();
+        names.sort();
+        Ok(names)
+    })
+    .await
+    .map_err(|e| LagError::Task(e.to_string()))??;
+    Ok((listed, false))
+}
+
+/// Measures `groups` on `topic` and each group's retry topic. With
+/// `keep_empty` false, groups without committed offsets are left out
+/// (used for groups listed by the broker, most of which read other topics).
+pub async fn measure(settings: &Settings, topic: &str, groups: &[String], keep_empty: bool) -> Result<Vec<GroupLag>, LagError> {
+    let settings = settings.clone();
+    let topic = topic.to_string();
+    let groups = groups.to_vec();
+    tokio::task::spawn_blocking(move || measure_blocking(&settings, &topic, &groups, keep_empty))
+        .await
+        .map_err(|e| LagError::Task(e.to_string()))?
+}
+
+/// A consumer that never joins a group: metadata, watermarks, group list,
+/// and reading the first unconsumed records.
+fn probe(settings: &Settings) -> Result<BaseConsumer, KafkaError> {
+    client_config(&settings.kafka_client_options())
+        .set("group.id", "orderpipe.lag.probe")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        // Only the first record of each partition is wanted.
+        .set("max.partition.fetch.bytes", "65536")
+        .set("queued.min.messages", "1")
+        .create()
+}
+
+/// Partition count of `topic`, None if it does not exist.
+fn partitions(probe: &BaseConsumer, topic: &str) -> Result<Option<i32>, KafkaError> {
+    let metadata = probe.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+        .map(|t| t.partitions().len() as i32)
+        .filter(|n| *n > 0))
+}
+
+fn measure_blocking(settings: &Settings, topic: &str, groups: &[String], keep_empty: bool) -> Result<Vec<GroupLag>, LagError> {
+    let probe = probe(settings)?;
+    let Some(topic_partitions) = partitions(&probe, topic)? else {
+        return Err(LagError::NoTopic(topic.to_string()));
+    };
+    let mut watermarks: BTreeMap<(String, i32), (i64, i64)> = BTreeMap::new();
+    let mut result = Vec::new();
+    for group in groups {
+        let described = retry_coordinator(|| probe.fetch_group_list(Some(group), REQUEST_TIMEOUT))?;
+        let (state, members) = described
+            .groups()
+            .iter()
+            .find(|g| g.name() == group)
+            .map_or(("Dead".to_string(), 0), |g| (g.state().to_string(), g.members().len()));
+        let mut wanted = TopicPartitionList::new();
+        for p in 0..topic_partitions {
+            wanted.add_partition(topic, p);
+        }
+        let retry = retry_topic(topic, group);
+        if let Some(n) = partitions(&probe, &retry)? {
+            for p in 0..n {
+                wanted.add_partition(&retry, p);
+            }
+        }
+        let committed = committed_offsets(settings, group, &wanted)?;
+        let any_committed = committed.values().any(Option::is_some);
+        let mut partitions = Vec::new();
+        if any_committed {
+            for ((t, p), committed_offset) in &committed {
+                let key = (t.clone(), *p);
+                let (low, high) = match watermarks.get(&key) {
+                    Some(w) => *w,
+                    None => {
+                        let w = probe.fetch_watermarks(t, *p, REQUEST_TIMEOUT)?;
+                        watermarks.insert(key, w);
+                        w
+                    }
+                };
+                let from = committed_offset.unwrap_or(low).max(low);
+                partitions.push(PartitionLag {
+                    topic: t.clone(),
+                    partition: *p,
+                    committed_offset: *committed_offset,
+                    log_start_offset: low,
+                    log_end_offset: high,
+                    lag: (high - from).max(0),
+                    oldest_unconsumed_timestamp_ms: None,
+                    oldest_unconsumed_age_seconds: None,
+                });
+            }
+            oldest_unconsumed(&probe, &mut partitions)?;
+        }
+        let status = match (any_committed, members) {
+            (true, 0) => GroupStatus::NoMembers,
+            (true, _) => GroupStatus::Consuming,
+            (false, 0) if state == "Dead" => GroupStatus::Unknown,
+            (false, _) => GroupStatus::NoCommittedOffsets,
+        };
+        if !keep_empty && !any_committed {
+            continue;
+        }
+        result.push(GroupLag {
+            group: group.clone(),
+            status,
+            state,
+            members,
+            total_lag: partitions.iter().map(|p| p.lag).sum(),
+            partitions,
+        });
+    }
+    Ok(result)
+}
+
+/// Runs a group request again while the group's coordinator is moving or
+/// loading (a group seen for the first time, a broker restart): up to 5 s.
+fn retry_coordinator<T>(mut request: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+    use rdkafka::types::RDKafkaErrorCode::{CoordinatorLoadInProgress, CoordinatorNotAvailable, NotCoordinator};
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match request() {
+            Err(e) if Instant::now() < deadline && matches!(e.rdkafka_error_code(), Some(NotCoordinator | CoordinatorLoadInProgress | CoordinatorNotAvailable)) => {
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The group's committed offsets (None: nothing committed on that partition).
+/// A consumer with the group's id asks without joining, so it never
+/// disturbs the group's members.
+fn committed_offsets(settings: &Settings, group: &str, wanted: &TopicPartitionList) -> Result<BTreeMap<(String, i32), Option<i64>>, KafkaError> {
+    let reader: BaseConsumer = client_config(&settings.kafka_client_options())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let committed = retry_coordinator(|| reader.committed_offsets(wanted.clone(), REQUEST_TIMEOUT))?;
+    Ok(committed
+        .elements()
+        .iter()
+        .map(|e| {
+            let offset = match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            };
+            ((e.topic().to_string(), e.partition()), offset)
+        })
+        .collect())
+}
+
+/// Reads the first record at each lagging partition's committed offset
+/// for its timestamp. A partition whose probe reaches the log end without a
+/// record holds only transaction markers or aborted records there: lag 0.
+fn oldest_unconsumed(probe: &BaseConsumer, partitions: &mut [PartitionLag]) -> Result<(), KafkaError> {
+    let topics: Vec<String> = partitions.iter().map(|p| p.topic.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    // One topic at a time: librdkafka's end-of-partition event names only the partition.
+    for topic in topics {
+        let mut assignment = TopicPartitionList::new();
+        for p in partitions.iter().filter(|p| p.lag > 0 && p.topic == topic) {
+            let from = p.committed_offset.unwrap_or(p.log_start_offset).max(p.log_start_offset);
+            assignment.add_partition_offset(&p.topic, p.partition, Offset::Offset(from))?;
+        }
+        if assignment.count() == 0 {
+            continue;
+        }
+        let first = first_records(probe, &assignment)?;
+        let now = crate::retry::now_ms();
+        for p in partitions.iter_mut().filter(|p| p.lag > 0 && p.topic == topic) {
+            match first.get(&p.partition) {
+                Some(Some(timestamp)) => {
+                    p.oldest_unconsumed_timestamp_ms = Some(*timestamp);
+                    p.oldest_unconsumed_age_seconds = Some(((now - timestamp).max(0) as f64) / 1000.0);
+                }
+                // Only markers or aborted records until the log end.
+                Some(None) => p.lag = 0,
+                None => tracing::warn!(topic = p.topic, partition = p.partition, "no record read at the committed offset in time; age unknown"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The timestamp of the first record from each assigned position of one
+/// topic, by partition; None for a partition that reached its end first.
+fn first_records(probe: &BaseConsumer, assignment: &TopicPartitionList) -> Result<BTreeMap<i32, Option<i64>>, KafkaError> {
+    probe.assign(assignment)?;
+    let mut first: BTreeMap<i32, Option<i64>> = BTreeMap::new();
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    while first.len() < assignment.count() && Instant::now() < deadline {
+        match probe.poll(Duration::from_millis(200)) {
+            Some(Ok(message)) => {
+                let timestamp = message.timestamp().to_millis().unwrap_or_else(crate::retry::now_ms);
+                first.entry(message.partition()).or_insert(Some(timestamp));
+            }
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                first.entry(partition).or_insert(None);
+            }
+            Some(Err(e)) => tracing::debug!(error = %e, "lag probe"),
+            None => {}
+        }
+    }
+    probe.unassign()?;
+    Ok(first)
+}
+
+/// The persister's exporter: every `lag.export_interval_secs`, measures
+/// the groups of `lag.groups` and exports [`crate::metrics::GroupLagMeasured`].
+/// Without configured groups it exports nothing: listing every group of a
+/// shared cluster each time would be heavy and would alert on groups that
+/// are gone for good.
+pub async fn export(settings: Settings) {
+    if settings.lag.groups.is_empty() {
+        tracing::warn!("lag.groups is empty: no broker-side group lag exported (list the consumer groups to watch)");
+        return;
+    }
+    let every = Duration::from_secs(settings.lag.export_interval_secs.max(1));
+    let topic = settings.topics.order_events.name.clone();
+    loop {
+        match measure(&settings, &topic, &settings.lag.groups, true).await {
+            Ok(groups) => crate::metrics::GroupLagMeasured { groups: &groups }.emit(),
+            Err(e) => crate::metrics::GroupLagFailed { error: &e.to_string() }.emit(),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
