@@ -34,6 +34,9 @@ pub mod name {
     pub const RETRIES: &str = "orderpipe_retries_total";
     /// Records sent to the dead-letter topic, by group, event name and error class.
     pub const DEAD_LETTERED: &str = "orderpipe_dead_lettered_records_total";
+    /// Duplicates whose content differs from the event first applied under
+    /// the same id (a producer reused an id), by group.
+    pub const CONFLICTING_DUPLICATES: &str = "orderpipe_conflicting_duplicates_total";
     /// Records held behind a parked key, by group and event name.
     pub const HELD: &str = "orderpipe_held_records_total";
     /// Held records applied on release, by group and event name.
@@ -167,6 +170,25 @@ impl InternalEvent for DuplicateSkipped<'_> {
 pub struct ProcessingFailed<'a> {
     /// Group.
     pub group: &'a str,
+/// A duplicate was skipped whose content differs from the event applied
+/// under its id first: a producer reused an event id.
+pub struct ConflictingDuplicate<'a> {
+    /// The conflict, with both positions.
+    pub conflict: &'a crate::dedup::Conflict,
+}
+
+impl InternalEvent for ConflictingDuplicate<'_> {
+    fn emit(self) {
+        let c = self.conflict;
+        tracing::error!(group = %c.consumer_group, event_id = %c.event_id, event_name = %c.event_name,
+            first = %format_args!("{}/{}@{}", c.first_topic, c.first_partition, c.first_offset),
+            this = %format_args!("{}/{}@{}", c.topic, c.partition, c.offset),
+            first_digest = %c.first_digest, digest = %c.digest,
+            "event id reused with different content: skipped as a duplicate, never applied (orderpipe dlq conflicts)");
+        counter!(name::CONFLICTING_DUPLICATES, "group" => c.consumer_group.clone()).increment(1);
+    }
+}
+
     /// Event name (`unknown` for undecodable records).
     pub event_name: &'a str,
     /// Error class.

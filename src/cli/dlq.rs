@@ -61,6 +61,18 @@ pub enum DlqCommand {
         #[command(flatten)]
         output: OutputArg,
     },
+    /// Duplicates skipped whose content differed from the event first
+    /// applied under the same id (a producer reused an event id), newest first.
+    Conflicts {
+        /// Only this consumer group.
+        #[arg(long)]
+        group: Option<String>,
+        /// At most this many rows.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[command(flatten)]
+        output: OutputArg,
+    },
     /// Counts by group, event name, error class and status.
     Stats {
         #[command(flatten)]
@@ -203,6 +215,9 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             };
             let heads = ignore::heading(&db, &record).await?;
             output::dead_letter(&record, &decoded, heads.as_ref(), output.output);
+        }
+        DlqCommand::Conflicts { group, limit, output } => {
+            output::conflicts(&crate::dedup::conflicts(&db, group.as_deref(), limit).await?, output.output);
         }
         DlqCommand::Stats { filter, output } => output::dlq_stats(&store::stats(&db, &filter).await?, output.output),
         DlqCommand::Replay(args) => {

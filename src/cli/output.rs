@@ -285,6 +285,12 @@ pub fn consume(summary: &crate::consumer::ConsumeSummary, format: Output) {
         summary.held,
         summary.released
     );
+    if summary.unsupported_versions + summary.conflicting_duplicates > 0 {
+        println!(
+            "unsupported event_version (dead-lettered) {}, conflicting duplicates (event id reused, see `orderpipe dlq conflicts`) {}",
+            summary.unsupported_versions, summary.conflicting_duplicates
+        );
+    }
     let rows = summary.handlers.iter().map(|(name, c)| {
         vec![name.clone(), c.applied.to_string(), c.already_done.to_string(), c.ignored.to_string()]
     });
@@ -411,6 +417,26 @@ pub fn held_records(views: &[crate::ordering::HeldView], format: Output) {
     });
     println!("{}", table(&["id", "group", "key", "event", "source", "held since (UTC)", "waiting behind"], rows));
     println!("{} held records", views.len());
+}
+
+/// `orderpipe dlq conflicts`.
+pub fn conflicts(conflicts: &[crate::dedup::Conflict], format: Output) {
+    if format == Output::Json {
+        return json(&conflicts);
+    }
+    let rows = conflicts.iter().map(|c| {
+        vec![
+            c.id.to_string(),
+            c.consumer_group.clone(),
+            c.event_id.clone(),
+            c.event_name.clone(),
+            format!("{}/{}@{} ({})", c.first_topic, c.first_partition, c.first_offset, &c.first_digest[..12.min(c.first_digest.len())]),
+            format!("{}/{}@{} ({})", c.topic, c.partition, c.offset, &c.digest[..12.min(c.digest.len())]),
+            time_ms(c.detected_ms),
+        ]
+    });
+    println!("{}", table(&["id", "group", "event id", "event", "applied (digest)", "skipped (digest)", "detected (UTC)"], rows));
+    println!("{} conflicting duplicates: an event id reused with different content; only the applied one took effect", conflicts.len());
 }
 
 /// `orderpipe dlq show --held`.

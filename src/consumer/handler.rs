@@ -9,7 +9,7 @@
 use async_trait::async_trait;
 
 use crate::db::{DbError, Dialect, Tx};
-use crate::envelope::Envelope;
+use crate::envelope::{Envelope, EventName};
 
 /// What a handler did with an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +72,17 @@ impl From<sqlx::Error> for HandlerError {
 pub trait Handler: Send + Sync {
     /// Stable name, used by `--handler` and in summaries.
     fn name(&self) -> &'static str;
+
+    /// The major `event_version`s of `event_name` this handler understands;
+    /// empty when it does not act on that event name. A record of a major
+    /// that a handler acting on it does not list goes to the dead-letter
+    /// topic as `unsupported_version`, before any handler runs (see
+    /// [`super::version`]). Default: major 1 of every event name. Add a
+    /// major here only once `apply` handles that major's payload.
+    fn supported_majors(&self, event_name: &EventName) -> &[u32] {
+        let _ = event_name;
+        super::version::MAJOR_1
+    }
 
     /// Applies the event's effect inside `tx`.
     async fn apply(&self, tx: &mut Tx, dialect: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError>;

@@ -9,9 +9,10 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::handler::{Effect, Handler, HandlerError};
+use super::version::MAJOR_1;
 use crate::config::{ChaosSettings, Settings};
 use crate::db::{Dialect, Tx};
-use crate::envelope::{Envelope, EventData};
+use crate::envelope::{Envelope, EventData, EventName};
 
 /// Names accepted by `--handler`.
 pub const BUILT_IN: [&str; 6] = ["inventory", "payment", "logistics", "notification", "points", "chaos"];
@@ -32,6 +33,12 @@ pub fn by_name(name: &str, settings: &Settings) -> Result<Arc<dyn Handler>, Stri
             ));
         }
     })
+}
+
+/// Major 1 of the event names a built-in handler acts on (`handled`),
+/// nothing of the others: a new major of an event it ignores does not stop it.
+fn major_1_of(event_name: &EventName, handled: &[&str]) -> &'static [u32] {
+    if handled.contains(&event_name.as_str()) { MAJOR_1 } else { &[] }
 }
 
 /// `Applied` when a row was written, `AlreadyDone` when a unique key or
@@ -68,6 +75,10 @@ pub struct Inventory;
 impl Handler for Inventory {
     fn name(&self) -> &'static str {
         "inventory"
+    }
+
+    fn supported_majors(&self, event_name: &EventName) -> &[u32] {
+        major_1_of(event_name, &["order.created", "order.canceled"])
     }
 
     async fn apply(&self, tx: &mut Tx, dialect: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
@@ -110,6 +121,10 @@ impl Handler for Payment {
         "payment"
     }
 
+    fn supported_majors(&self, event_name: &EventName) -> &[u32] {
+        major_1_of(event_name, &["order.payment.succeeded", "order.refunded"])
+    }
+
     async fn apply(&self, tx: &mut Tx, dialect: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
         match &envelope.data {
             EventData::PaymentSucceeded(d) => {
@@ -148,6 +163,10 @@ pub struct Logistics;
 impl Handler for Logistics {
     fn name(&self) -> &'static str {
         "logistics"
+    }
+
+    fn supported_majors(&self, event_name: &EventName) -> &[u32] {
+        major_1_of(event_name, &["order.shipped"])
     }
 
     async fn apply(&self, tx: &mut Tx, dialect: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
@@ -199,6 +218,10 @@ pub fn points_for(amount_cents: i64) -> i64 {
 impl Handler for Points {
     fn name(&self) -> &'static str {
         "points"
+    }
+
+    fn supported_majors(&self, event_name: &EventName) -> &[u32] {
+        major_1_of(event_name, &["order.payment.succeeded", "order.refunded"])
     }
 
     async fn apply(&self, tx: &mut Tx, dialect: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {

@@ -19,12 +19,14 @@
 //!   retries database failures with backoff without committing past them;
 //! * [`assignment`] tracks which partitions this member owns, so a worker
 //!   never commits work for a partition that was revoked;
-//! * [`handler`] is the trait for effects, [`handlers`] the built-in ones.
+//! * [`handler`] is the trait for effects, [`handlers`] the built-in ones;
+//! * [`version`] checks `event_version` against the majors the handlers declare.
 
 pub mod assignment;
 pub mod handler;
 pub mod handlers;
 pub mod verify;
+pub mod version;
 pub mod worker;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -116,6 +118,12 @@ pub struct ConsumeSummary {
     pub duplicates: u64,
     /// Records that could not be decoded or validated (poison).
     pub decode_failures: u64,
+    /// Of those, records of an `event_version` the handlers do not understand
+    /// (dead-lettered as `unsupported_version`).
+    pub unsupported_versions: u64,
+    /// Duplicates whose content differs from the event first applied under
+    /// the same id (a producer reused an id; see `orderpipe dlq conflicts`).
+    pub conflicting_duplicates: u64,
     /// Failed attempts to apply (batch or record; none committed past).
     pub apply_failures: u64,
     /// Records that failed, then succeeded on a local retry.
@@ -139,6 +147,7 @@ impl ConsumeSummary {
     fn merge(&mut self, delta: ConsumeSummary) {
         self.applied += delta.applied;
         self.duplicates += delta.duplicates;
+        self.conflicting_duplicates += delta.conflicting_duplicates;
         self.held += delta.held;
         for (name, counts) in delta.handlers {
             let total = self.handlers.entry(name).or_default();

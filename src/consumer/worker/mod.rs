@@ -6,7 +6,9 @@
 //! Failures:
 //!
 //! * a record that cannot be decoded or validated is poison: straight to
-//!   the dead-letter topic with its reason (no retries can fix it);
+//!   the dead-letter topic with its reason (no retries can fix it); so is
+//!   a record of an `event_version` major the handlers do not declare
+//!   (`unsupported_version`, see [`super::version`]);
 //! * the infrastructure being down (database unavailable, lock timeout,
 //!   registry unreachable) rolls back and retries the same batch in place
 //!   with exponential backoff; the offset does not move, health reports it,
@@ -38,10 +40,11 @@ use tracing::Instrument;
 
 use super::assignment::PartitionKey;
 use super::handler::{Effect, HandlerError};
+use super::version::{self, UNSUPPORTED_VERSION};
 use super::{ConsumeSummary, Shared};
 use crate::dedup::{self, RecordOrigin};
 use crate::envelope::Envelope;
-use crate::metrics::{Applied, DeadLettered, DuplicateSkipped, Held, InternalEvent, ProcessingFailed, SentToRetry};
+use crate::metrics::{Applied, ConflictingDuplicate, DeadLettered, DuplicateSkipped, Held, InternalEvent, ProcessingFailed, SentToRetry};
 use crate::ordering::{self, Gate, ParkState};
 use crate::retry::{Failure, Routed, header, header_text, now_ms};
 
@@ -408,7 +411,11 @@ impl PartitionWorker {
                 ));
             }
             match self.shared.codec.decode(payload).await {
-                Ok(envelope) => break check_key(message, envelope),
+                Ok(envelope) => {
+                    break check_key(message, envelope).and_then(|envelope| {
+                        version::check(&envelope, &self.shared.options.handlers).map(|()| envelope).map_err(|why| (UNSUPPORTED_VERSION, why))
+                    });
+                }
                 Err(e) if e.is_retryable() => {
                     tracing::warn!(partition = self.key.1, offset = message.offset(), error = %e, "registry unavailable; retrying");
                     backoff.wait().await;
@@ -421,7 +428,10 @@ impl PartitionWorker {
         };
         Some(result.map_err(|(class, reason)| {
             let _in_record = self.span(message, None).entered();
-            self.count(|s| s.decode_failures += 1);
+            self.count(|s| {
+                s.decode_failures += 1;
+                s.unsupported_versions += u64::from(class == UNSUPPORTED_VERSION);
+            });
             ProcessingFailed { group: &self.shared.options.group, event_name: "unknown", class, error: &reason }.emit();
             tracing::error!(topic = %self.key.0, partition = self.key.1, offset = message.offset(), class, error = %reason,
                 "poison record: sending to the dead-letter topic");
@@ -447,6 +457,7 @@ impl PartitionWorker {
         let mut duplicates = Vec::new();
         let mut held = Vec::new();
         let mut open = Vec::new();
+        let mut conflicts = Vec::new();
         for (index, item) in items.iter().enumerate() {
             let Some(envelope) = &item.envelope else { continue };
             let fail = |error: HandlerError| match error {
@@ -471,7 +482,10 @@ impl PartitionWorker {
                         Gate::Open if !self.is_retry_partition() => open.push(origin.key.clone()),
                         Gate::Open => {}
                         Gate::Head => committed.heads.push(origin.key.clone()),
-                        Gate::Duplicate => return Ok(Gate::Duplicate),
+                        Gate::Duplicate => {
+                            conflicts.extend(dedup::check_duplicate(&mut tx, dialect, group, envelope, &origin).await.map_err(|e| fail(e.into()))?);
+                            return Ok(Gate::Duplicate);
+                        }
                         Gate::Hold => {
                             ordering::hold(&mut tx, dialect, group, &origin.key, &item.message, Some(envelope)).await.map_err(|e| fail(e.into()))?;
                             return Ok(Gate::Hold);
@@ -483,6 +497,7 @@ impl PartitionWorker {
                     .map_err(|e| fail(e.into()))?;
                 if !fresh {
                     tracing::debug!("duplicate: already applied by this group");
+                    conflicts.extend(dedup::check_duplicate(&mut tx, dialect, group, envelope, &origin).await.map_err(|e| fail(e.into()))?);
                     return Ok(Gate::Duplicate);
                 }
                 for handler in &shared.options.handlers {
@@ -513,6 +528,7 @@ impl PartitionWorker {
             let _ = tx.rollback().await;
             return Err(BatchError::Revoked);
         }
+        delta.conflicting_duplicates = conflicts.len() as u64;
         tx.commit().await.map_err(|e| BatchError::Unavailable(e.to_string()))?;
         if let Some((_, last)) = shared.active.lock().expect("active lock").as_mut() {
             *last = std::time::Instant::now();
@@ -540,6 +556,9 @@ impl PartitionWorker {
         for (item, envelope) in duplicates {
             let _in_record = self.span(&item.message, Some(envelope)).entered();
             DuplicateSkipped { group, event_name: envelope.event_name.as_str() }.emit();
+        }
+        for conflict in &conflicts {
+            ConflictingDuplicate { conflict }.emit();
         }
         for (item, envelope) in held {
             let _in_record = self.span(&item.message, Some(envelope)).entered();
