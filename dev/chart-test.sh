@@ -155,7 +155,22 @@ if "$ROOT/dev/stack.sh" status > /dev/null 2>&1; then
   hook_values "$run.ok." > "$OUT/hooks-ok.yaml"
   render -f "$OUT/hooks-ok.yaml" > "$OUT/hooks-ok-rendered.yaml"
   "${hooks[@]}" "$OUT/hooks-ok-rendered.yaml" --event pre-install
+  # Consumers only check their topics: the hook must have declared every group's retry topic.
+  "$ROOT/dev/stack.sh" kafka-topics --list 2>/dev/null | grep "^$run\.ok\." > "$OUT/hook-topics.txt" || true
+  for group in inventory-service.order.consumer payment-service.order.consumer; do
+    grep -qx "$run.ok.order.events.v1.retry.$group" "$OUT/hook-topics.txt" \
+      || { echo "the topics hook did not create the retry topic of $group:" >&2; cat "$OUT/hook-topics.txt" >&2; exit 1; }
+  done
+  echo "  topics after install: $(tr '\n' ' ' < "$OUT/hook-topics.txt")"
   "${hooks[@]}" "$OUT/hooks-ok-rendered.yaml" --event pre-upgrade
+  # An upgrade declaring more partitions fails the release unless topicReconcile.allowRepartition.
+  render -f "$OUT/hooks-ok.yaml" --set config.topics.order_events.partitions=4 > "$OUT/hooks-grow.yaml"
+  expect_fail "growing a keyed topic without topicReconcile.allowRepartition" \
+    "hook Job orderpipe-orderpipe-topics (weight -5) failed" "${hooks[@]}" "$OUT/hooks-grow.yaml" --event pre-upgrade
+  grep -A8 "topics ensure" "$OUT/neg.txt" | cut -c1-220
+  render -f "$OUT/hooks-ok.yaml" --set config.topics.order_events.partitions=4 --set topicReconcile.allowRepartition=true \
+    > "$OUT/hooks-grow.yaml"
+  "${hooks[@]}" "$OUT/hooks-grow.yaml" --event pre-upgrade | grep -- "--allow-repartition -> exit 0"
   # A registered envelope the built-in one cannot read (BACKWARD): the schema hook must fail the release.
   hook_values "$run.bad." > "$OUT/hooks-bad.yaml"
   curl -fsS -X POST -H 'Content-Type: application/vnd.schemaregistry.v1+json' \
