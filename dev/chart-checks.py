@@ -24,8 +24,9 @@
   chart-checks.py roles MANIFEST --values values.yaml [--values FILE ...]
       Each consumers[] group and subscriptions[] entry of the values has its
       Deployment (consume --group G / deliver --subscription NAME, declared
-      in the config its pods read), and the schema hook runs `schema check`
-      before `schema register`.
+      in the config its pods read), the DLQ persister exports broker-side
+      lag for every one of those groups (lag.groups), and the schema hook
+      runs `schema check` before `schema register`.
 
   chart-checks.py args MANIFEST --bin ORDERPIPE
       Every container's args parse in the binary (ORDERPIPE ARGS --help): the
@@ -299,6 +300,16 @@ def check_roles(docs, values):
         names = [x["name"] for x in (config or {}).get("http", {}).get("subscriptions", [])]
         if s["name"] not in names:
             problems.append(f"subscriptions[] {s['name']}: not in the http.subscriptions of the config its pods read ({names})")
+    groups = [c["group"] for c in values.get("consumers") or []] + \
+        [s.get("group") or f"http.{s['name']}" for s in values.get("subscriptions") or []]
+    persisters = [d for d in deployments if args_of(d)[:2] == ["dlq", "persist"]]
+    for d in persisters:
+        spec = d["spec"]["template"]["spec"]
+        config = pods_config(spec, spec["containers"][0], {m["metadata"]["name"]: m for m in docs if m["kind"] == "ConfigMap"})
+        missing = [g for g in groups if g not in ((config or {}).get("lag") or {}).get("groups", [])]
+        if missing:
+            problems.append(f"the DLQ persister exports no broker-side lag for {missing} (config lag.groups): "
+                            f"with every member down no lag alert would fire")
     if (values.get("schemaRegistration") or {}).get("enabled"):
         jobs = [d for d in docs if d["kind"] == "Job" and "pre-install" in hook_events(d)]
         steps = [[c["args"][:2] for c in (pod_spec(j).get("initContainers") or []) + pod_spec(j)["containers"]] for j in jobs]

@@ -116,7 +116,8 @@ volumeMounts:
 {{/* The config file every role and hook reads (JSON keeps integers exact;
      Helm's toToml writes every number as a float): values.config, plus one
      http.subscriptions entry per subscriptions[] item (without the chart's own
-     keys) and ssl.ca.location when secretKeys.kafkaCa is set. Fails the render
+     keys), ssl.ca.location when secretKeys.kafkaCa is set, and lag.groups
+     (unless set) naming every consumer and subscription group. Fails the render
      on values that cannot work, naming them. */}}
 {{- define "orderpipe.configJson" -}}
 {{- $config := deepCopy .Values.config -}}
@@ -155,6 +156,20 @@ volumeMounts:
 {{- $subscriptions = append $subscriptions (omit . "replicas" "resources" "group" "ordering") -}}
 {{- end -}}
 {{- $_ := set $config "http" (merge (dict "subscriptions" $subscriptions) (get $config "http" | default (dict))) -}}
+{{- end -}}
+{{- /* The DLQ persister exports broker-side lag (so alerts fire with every member
+     down) for lag.groups: by default every group the chart runs. */ -}}
+{{- if not (dig "lag" "groups" (list) $config) -}}
+{{- $groups := list -}}
+{{- range .Values.consumers -}}
+{{- $groups = append $groups .group -}}
+{{- end -}}
+{{- range .Values.subscriptions -}}
+{{- $groups = append $groups (.group | default (printf "http.%s" .name)) -}}
+{{- end -}}
+{{- if $groups -}}
+{{- $_ := set $config "lag" (merge (dict "groups" $groups) (get $config "lag" | default (dict))) -}}
+{{- end -}}
 {{- end -}}
 {{- toPrettyJson $config -}}
 {{- end -}}
