@@ -19,6 +19,26 @@ static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("sql/mysql");
 /// SQLite migrations.
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("sql/sqlite");
 
+/// Strict mode on top of whatever the server sets: a value too long for its
+/// column is an error, never silently cut to fit (servers and managed
+/// databases configured with `sql_mode = ''` otherwise truncate).
+/// `INSERT IGNORE` still turns such errors into warnings, so values written
+/// that way are checked before they get there ([`fits_column`]).
+pub const STRICT_SESSION: &str = "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',STRICT_TRANS_TABLES')";
+
+/// Characters of the `consumer_group` columns (`event_dedup`,
+/// `dead_letters`, `parked_keys`, `held_records`: `sql/mysql/*.sql`).
+pub const CONSUMER_GROUP_CHARS: usize = 255;
+
+/// Characters of the `record_key` columns of `event_dedup`, `parked_keys`
+/// and `held_records`.
+pub const RECORD_KEY_CHARS: usize = 255;
+
+/// Whether `value` fits a `VARCHAR(max_chars)` column as it is.
+pub fn fits_column(value: &str, max_chars: usize) -> bool {
+    value.chars().count() <= max_chars
+}
+
 /// A transaction handed to handlers: their effect commits or rolls back with
 /// the dedup row.
 pub type Tx = Transaction<'static, sqlx::Any>;
@@ -139,6 +159,7 @@ impl Db {
                         sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                             .execute(&mut *conn)
                             .await?;
+                        sqlx::query(STRICT_SESSION).execute(&mut *conn).await?;
                     }
                     Ok(())
                 })

@@ -67,14 +67,24 @@ impl GroupArgs {
         handlers: Vec<Arc<dyn Handler>>,
         error_tier: bool,
     ) -> anyhow::Result<ExitCode> {
-        let db = Db::connect(&settings.database, settings.database.max_connections)?;
+        let topic = self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
+        let needed = consumer::connections_needed(settings, &topic, error_tier);
+        let configured = settings.database.max_connections;
+        if configured < needed {
+            tracing::warn!(
+                configured,
+                needed,
+                "database.max_connections is below what this consumer's partition workers use at once; the pool is raised to {needed}"
+            );
+        }
+        let db = Db::connect(&settings.database, configured.max(needed))?;
         if self.migrate {
             db.migrate().await?;
         }
         let options = ConsumeOptions {
             group,
             handlers,
-            topic: self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone()),
+            topic,
             start_from: self.start_from,
             until_idle: self.until_idle.map(Duration::from_secs),
             health_addr: self.health_addr,

@@ -104,8 +104,13 @@ enum Command {
     /// Consumer group lag from the broker: committed and log-end offsets,
     /// lag and the oldest unconsumed record's age, members or none.
     Lag(lag::LagArgs),
-    /// Print the effective configuration (secrets redacted).
-    Config,
+    /// Print the effective configuration as a file `--config` accepts back
+    /// (secrets replaced by __REDACTED__; supply them in the file or the environment).
+    Config {
+        /// File format.
+        #[arg(long, value_enum, default_value = "toml")]
+        output: ConfigFormat,
+    },
     /// Benchmark driver: order lifecycles through the order service in-process,
     /// at a steady rate. Used by `make bench-relay`.
     #[command(hide = true)]
@@ -234,6 +239,15 @@ struct GroupsArg {
     groups: Vec<String>,
 }
 
+/// `orderpipe config --output toml|json`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ConfigFormat {
+    /// TOML, like `orderpipe.toml`.
+    Toml,
+    /// JSON (read back from a file named `*.json`).
+    Json,
+}
+
 /// `--output table|json`.
 #[derive(Debug, Args, Clone, Copy)]
 pub struct OutputArg {
@@ -251,17 +265,23 @@ fn parse_key_value(text: &str) -> Result<(String, String), String> {
 
 impl GlobalArgs {
     fn settings(&self) -> anyhow::Result<Settings> {
-        let mut settings = Settings::load(self.config.as_deref())?;
+        Ok(Settings::load_with(self.config.as_deref(), &self.overrides())?)
+    }
+
+    /// The flags that override config values, shaped like the config file.
+    fn overrides(&self) -> serde_json::Value {
+        let mut overrides = serde_json::json!({});
         if let Some(servers) = &self.bootstrap_servers {
-            settings.kafka.bootstrap_servers = servers.clone();
+            overrides["kafka"]["bootstrap_servers"] = servers.clone().into();
         }
         if let Some(url) = &self.registry_url {
-            settings.registry.url = url.clone();
+            overrides["registry"]["url"] = url.clone().into();
         }
-        let overrides: BTreeMap<String, String> = self.producer_options.iter().cloned().collect();
-        settings.producer.options.extend(overrides);
-        settings.validate()?;
-        Ok(settings)
+        if !self.producer_options.is_empty() {
+            let options: BTreeMap<String, String> = self.producer_options.iter().cloned().collect();
+            overrides["producer"]["options"] = serde_json::json!(options);
+        }
+        overrides
     }
 }
 
@@ -424,9 +444,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Config => {
-            let settings = cli.global.settings()?;
-            println!("{settings:#?}");
+        Command::Config { output } => {
+            let document = Settings::redacted_document(cli.global.config.as_deref(), &cli.global.overrides())?;
+            match output {
+                ConfigFormat::Json => println!("{}", serde_json::to_string_pretty(&document)?),
+                ConfigFormat::Toml => print!("{}", toml::to_string_pretty(&document)?),
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

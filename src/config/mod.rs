@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use figment::Figment;
-use figment::providers::{Env, Format, Json, Toml};
+use figment::providers::{Env, Format, Json, Serialized, Toml};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
@@ -201,10 +201,67 @@ impl Default for Settings {
 #[error("configuration: {0}")]
 pub struct ConfigError(String);
 
+/// What `orderpipe config` prints in place of a secret. Loading it back as
+/// a value is refused ([`Settings::validate`]): the real secret must come
+/// from the file or the environment, never the placeholder.
+pub const REDACTED: &str = "__REDACTED__";
+
+/// Secret fields, by their path in the config file.
+const SECRET_FIELDS: [&str; 3] = ["kafka.sasl_password", "registry.password", "database.url"];
+
+/// Tables of pass-through librdkafka options, by their path.
+const OPTION_TABLES: [&str; 3] = ["kafka.options", "producer.options", "consumer.options"];
+
+/// A librdkafka option that holds a secret (`sasl.password`,
+/// `ssl.key.password`, `sasl.oauthbearer.client.secret`, ...).
+fn is_secret_option(name: &str) -> bool {
+    name.contains("password") || name.contains("secret")
+}
+
 impl Settings {
     /// Loads defaults, then `file` (or `./orderpipe.toml` if present), then
     /// the environment.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with(file, &serde_json::json!({}))
+    }
+
+    /// [`Settings::load`] with `overrides` (command-line flags, as a
+    /// document shaped like the config file) as the last layer.
+    pub fn load_with(file: Option<&Path>, overrides: &serde_json::Value) -> Result<Self, ConfigError> {
+        let settings: Settings = Self::layers(file, overrides)?.extract().map_err(|e| ConfigError(e.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// The configuration these layers make, as a document `--config` accepts
+    /// back (TOML or JSON), with every secret replaced by [`REDACTED`]: the
+    /// password of `database.url`, `kafka.sasl_password`,
+    /// `registry.password`, and librdkafka options named like a password
+    /// or secret.
+    pub fn redacted_document(file: Option<&Path>, overrides: &serde_json::Value) -> Result<serde_json::Value, ConfigError> {
+        Self::load_with(file, overrides)?;
+        let mut document: serde_json::Value = Self::layers(file, overrides)?.extract().map_err(|e| ConfigError(e.to_string()))?;
+        for path in SECRET_FIELDS {
+            let Some(value) = document.pointer_mut(&format!("/{}", path.replace('.', "/"))) else { continue };
+            let redacted = match value.as_str() {
+                Some(url) if path == "database.url" => redact_url_password(url),
+                _ => REDACTED.to_string(),
+            };
+            *value = redacted.into();
+        }
+        for path in OPTION_TABLES {
+            if let Some(serde_json::Value::Object(options)) = document.pointer_mut(&format!("/{}", path.replace('.', "/"))) {
+                for (_, value) in options.iter_mut().filter(|(name, _)| is_secret_option(name)) {
+                    *value = REDACTED.into();
+                }
+            }
+        }
+        drop_nulls(&mut document);
+        Ok(document)
+    }
+
+    /// Defaults, the file, the environment, then `overrides`.
+    fn layers(file: Option<&Path>, overrides: &serde_json::Value) -> Result<Figment, ConfigError> {
         let mut figment = Figment::from(Toml::string(DEFAULTS_TOML));
         let default_file = PathBuf::from(DEFAULT_CONFIG_FILE);
         match file {
@@ -218,16 +275,46 @@ impl Settings {
             None if default_file.exists() => figment = figment.merge(Toml::file(default_file)),
             None => {}
         }
-        let settings: Settings = figment
+        Ok(figment
             .merge(Env::prefixed("ORDERPIPE_").split("__").ignore(&["config"]))
-            .extract()
-            .map_err(|e| ConfigError(e.to_string()))?;
-        settings.validate()?;
-        Ok(settings)
+            .merge(Serialized::defaults(overrides)))
+    }
+
+    /// Secret values with their field names (see [`SECRET_FIELDS`]).
+    fn secrets(&self) -> Vec<(String, &str)> {
+        let mut secrets = Vec::new();
+        for path in SECRET_FIELDS {
+            let value = match path {
+                "kafka.sasl_password" => self.kafka.sasl_password.as_ref(),
+                "registry.password" => self.registry.password.as_ref(),
+                _ => Some(&self.database.url),
+            };
+            if let Some(value) = value {
+                secrets.push((path.to_string(), value.expose_secret()));
+            }
+        }
+        for (path, options) in OPTION_TABLES.into_iter().zip([&self.kafka.options, &self.producer.options, &self.consumer.options]) {
+            for (name, value) in options.iter().filter(|(name, _)| is_secret_option(name)) {
+                secrets.push((format!("{path}.\"{name}\""), value.as_str()));
+            }
+        }
+        secrets
     }
 
     /// Rejects values that would only fail later and less clearly.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, value) in self.secrets() {
+            if value.contains(REDACTED) {
+                let env = match field.contains('"') {
+                    true => String::new(),
+                    false => format!(" or with ORDERPIPE_{}", field.replace('.', "__").to_uppercase()),
+                };
+                return Err(ConfigError(format!(
+                    "{field} holds {REDACTED}, the placeholder `orderpipe config` prints instead of a secret: \
+                     set the real value in the config file{env}"
+                )));
+            }
+        }
         if self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(ConfigError("kafka.bootstrap_servers must not be empty".into()));
         }
@@ -308,6 +395,33 @@ impl Settings {
     }
 }
 
+/// Removes `null`s (a JSON file may hold them; TOML has none, and an
+/// absent optional field reads the same).
+fn drop_nulls(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
+}
+
+/// `url` with its password (if any) replaced by [`REDACTED`]; user, host
+/// and database stay, so the printed file still says where to connect.
+fn redact_url_password(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some(REDACTED));
+            parsed.to_string()
+        }
+        Ok(_) => url.to_string(),
+        // Unparsable: print none of it rather than risk a secret.
+        Err(_) => REDACTED.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,8 +477,6 @@ mod tests {
         let mut s = Settings::default();
         s.topics.order_events.retention_ms = DAY_MS;
         assert!(s.validate().unwrap_err().to_string().contains("retention_ms"));
-    }
-}
         for key in ["inventory_events", "dead_letter"] {
             let with_retention = |ms: i64| {
                 let mut s = Settings::default();
@@ -378,3 +490,5 @@ mod tests {
             assert!(err.contains(&format!("topics.{key}.retention_ms must be >= 30 days")), "{err}");
             with_retention(-1).unwrap();
         }
+    }
+}

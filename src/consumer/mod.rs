@@ -239,6 +239,7 @@ pub async fn run(
     options: ConsumeOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<ConsumeSummary, ConsumerError> {
+    check_group_length(&options.group)?;
     crate::metrics::install();
     let health = HealthState::consumer(
         settings.consumer.lag_threshold,
@@ -509,4 +510,38 @@ async fn dispatch(shared: &Arc<Shared>, shutdown: impl std::future::Future<Outpu
     for handle in handles {
         let _ = handle.await;
     }
+}
+
+/// Refuses a group name longer than the `consumer_group` columns: writing it
+/// with `INSERT IGNORE` would cut it to fit, into another group's dedup rows.
+fn check_group_length(group: &str) -> Result<(), ConsumerError> {
+    let chars = group.chars().count();
+    if crate::db::fits_column(group, crate::db::CONSUMER_GROUP_CHARS) {
+        return Ok(());
+    }
+    Err(ConsumerError::Config(format!(
+        "consumer group `{}...` is {chars} characters long; the limit is {} (the consumer_group column of event_dedup, \
+         dead_letters, parked_keys and held_records): choose a shorter group name",
+        group.chars().take(40).collect::<String>(),
+        crate::db::CONSUMER_GROUP_CHARS
+    )))
+}
+
+/// Connections beyond one per partition worker: the parked-key release task
+/// and the health check's ping.
+const POOL_MARGIN: u32 = 2;
+
+/// Database connections a member of `group` reading `topic` can use at
+/// once: one per partition worker (every partition of the topic and, with
+/// the error tier, of its retry topic, declared alike) plus a margin. With
+/// a smaller pool workers queue for a connection, and a wait past the
+/// acquire timeout reads as the database being down.
+pub fn connections_needed(settings: &Settings, topic: &str, error_tier: bool) -> u32 {
+    let partitions = [&settings.topics.order_events, &settings.topics.inventory_events, &settings.topics.dead_letter]
+        .into_iter()
+        .find(|spec| spec.name == topic)
+        .unwrap_or(&settings.topics.order_events)
+        .partitions
+        .max(1) as u32;
+    partitions * if error_tier { 2 } else { 1 } + POOL_MARGIN
 }

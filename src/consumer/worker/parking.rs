@@ -157,6 +157,13 @@ impl PartitionWorker {
         if !self.ordered() {
             return true;
         }
+        if !crate::db::fits_column(&key, crate::db::RECORD_KEY_CHARS) {
+            // Not an order id (the record failed its key check): no record
+            // of this key can be applied, so there is no order to keep, and
+            // parking it would cut the key to fit the column.
+            tracing::warn!(chars = key.chars().count(), limit = crate::db::RECORD_KEY_CHARS, "record key too long to park; not parked");
+            return true;
+        }
         let (db, group, key_ref) = (&self.shared.db, self.shared.options.group.as_str(), key.as_str());
         let rehead = item.held_id.is_some();
         let parked = self.until_db_ok("cannot park the key", move || async move {
