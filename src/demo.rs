@@ -40,7 +40,7 @@ use crate::config::Settings;
 use crate::db::Db;
 use crate::codec::embedded_registry::EmbeddedRegistry;
 use crate::producer::EventProducer;
-use crate::producer::config::client_config;
+use crate::producer::config::{client_config, producer_options};
 use crate::schema::SchemaCatalog;
 
 /// Knobs of a demo run.
@@ -214,7 +214,9 @@ async fn parked_story(db: &Db, group: &str, order: i64) -> anyhow::Result<(Vec<S
 /// Writes records that are not order events: random bytes, a wrong magic
 /// byte, an unknown schema id. Returns how many.
 async fn inject_poison(settings: &Settings, topic: &str, events: &[Envelope]) -> anyhow::Result<usize> {
-    let producer: FutureProducer = client_config(&settings.kafka_client_options()).create()?;
+    // orderpipe's producer options, so each poison shares its order's partition.
+    let options = producer_options(&settings.kafka_client_options(), &settings.producer.options)?;
+    let producer: FutureProducer = client_config(&options).create()?;
     let poison: [&[u8]; 3] = [&[0xde, 0xad, 0xbe, 0xef], &[7, 0, 0, 0, 1, 2], &[0, 0x7f, 0xff, 0xff, 0x01, 2]];
     // Keyed like three different orders (each poison parks its order's key).
     let mut keys: Vec<String> = Vec::new();

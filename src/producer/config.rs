@@ -1,6 +1,7 @@
 //! Producer options: safe defaults, a pass-through map of librdkafka
 //! options layered on top, and a conflict check so an override cannot
-//! quietly turn the idempotent producer into a lossy one.
+//! quietly turn the idempotent producer into a lossy one, or quietly send
+//! a key to another partition than Kafka's Java clients do.
 
 use std::collections::BTreeMap;
 
@@ -17,6 +18,28 @@ pub const PRODUCER_DEFAULTS: &[(&str, &str)] = &[
     // Same as Java's delivery.timeout.ms: a record not acknowledged by then is
     // reported as failed instead of waiting forever.
     ("message.timeout.ms", "120000"),
+    // Kafka's Java clients place a keyed record by murmur2 of the key;
+    // librdkafka's default (consistent_random) uses CRC32, so an order
+    // produced by a Java service and by orderpipe would land in two
+    // partitions. murmur2_random is murmur2 for keys, random for null keys.
+    (PARTITIONER, JAVA_COMPATIBLE_PARTITIONER),
+];
+
+/// The librdkafka option that maps a key to a partition.
+pub const PARTITIONER: &str = "partitioner";
+
+/// The partitioner that places keyed records as Kafka's Java clients do.
+pub const JAVA_COMPATIBLE_PARTITIONER: &str = "murmur2_random";
+
+/// The values librdkafka accepts for [`PARTITIONER`].
+pub const PARTITIONERS: &[&str] = &[
+    "murmur2_random",
+    "murmur2",
+    "consistent_random",
+    "consistent",
+    "fnv1a_random",
+    "fnv1a",
+    "random",
 ];
 
 /// Keys the map may not set because orderpipe owns them.
@@ -40,6 +63,28 @@ pub fn producer_options(
     for (key, why) in RESERVED {
         if overrides.contains_key(*key) {
             return Err(OptionConflict(format!("`{key}` cannot be overridden here: {why}")));
+        }
+    }
+    // The shared client options also reach consumers and admin clients; a
+    // partitioner there is a copied librdkafka setting, not a decision.
+    if client.contains_key(PARTITIONER) {
+        return Err(OptionConflict(format!(
+            "`{PARTITIONER}` in kafka.options: set producer.options.{PARTITIONER} (or -X {PARTITIONER}=...) \
+             if you mean to leave the Java-compatible {JAVA_COMPATIBLE_PARTITIONER}"
+        )));
+    }
+    if let Some(value) = overrides.get(PARTITIONER) {
+        if !PARTITIONERS.contains(&value.as_str()) {
+            return Err(OptionConflict(format!(
+                "{PARTITIONER}={value} is not a librdkafka partitioner; accepted: {}",
+                PARTITIONERS.join(", ")
+            )));
+        }
+        if !value.starts_with("murmur2") {
+            tracing::warn!(
+                partitioner = %value,
+                "producer partitioner is not murmur2: keys may land in other partitions than Kafka's Java clients put them"
+            );
         }
     }
     let mut options: BTreeMap<String, String> = PRODUCER_DEFAULTS
@@ -125,5 +170,16 @@ mod tests {
         assert!(with(&[("transactional.id", "x")]).unwrap_err().to_string().contains("relay"));
         // Turning idempotence off makes acks=1 a legitimate (documented) choice.
         with(&[("enable.idempotence", "false"), ("acks", "1")]).unwrap();
+    }
+
+    #[test]
+    fn partitioner_is_java_compatible_unless_overridden_explicitly() {
+        assert_eq!(with(&[]).unwrap()[PARTITIONER], "murmur2_random");
+        assert_eq!(with(&[("partitioner", "consistent_random")]).unwrap()[PARTITIONER], "consistent_random");
+        let e = with(&[("partitioner", "crc32")]).unwrap_err().to_string();
+        assert!(e.contains("partitioner=crc32") && e.contains("murmur2_random, murmur2"), "{e}");
+        let shared = BTreeMap::from([("partitioner".to_string(), "consistent".to_string())]);
+        let e = producer_options(&shared, &BTreeMap::new()).unwrap_err().to_string();
+        assert!(e.contains("kafka.options") && e.contains("producer.options.partitioner"), "{e}");
     }
 }

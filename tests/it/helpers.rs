@@ -207,10 +207,12 @@ pub fn header(message: &OwnedMessage, name: &str) -> Option<String> {
     })
 }
 
+/// The dev stack's control script.
+pub const STACK_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/stack.sh");
+
 /// Runs `dev/stack.sh ARGS` (stop/start a service of the dev stack).
 pub fn stack(args: &[&str]) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/stack.sh");
-    let status = Command::new(script).args(args).status().expect("dev/stack.sh runs");
+    let status = Command::new(STACK_SCRIPT).args(args).status().expect("dev/stack.sh runs");
     assert!(status.success(), "dev/stack.sh {args:?} failed");
 }
 

@@ -16,6 +16,7 @@ mod observability;
 mod operator;
 mod ordering;
 mod outbox;
+mod partitioner;
 mod producer;
 mod schema;
 mod topics;
