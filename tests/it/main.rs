@@ -18,5 +18,6 @@ mod ordering;
 mod outbox;
 mod partitioner;
 mod producer;
+mod readme;
 mod schema;
 mod topics;

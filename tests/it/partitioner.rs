@@ -23,14 +23,26 @@ fn each_key_lands_in_the_partition_the_java_producer_picks() {
     // orderpipe's own producer path: `orderpipe produce`, keyed by order id.
     let count = 6_000;
     let out = env
-        .cli(&["produce", "--count", &count.to_string(), "--orders", "3000", "--first-order-id", "500000"])
+        .cli(&[
+            "produce",
+            "--count",
+            &count.to_string(),
+            "--orders",
+            "3000",
+            "--first-order-id",
+            "500000",
+        ])
         .success();
     assert!(out.contains(&format!("acknowledged {count}")), "{out}");
     let mut orderpipe_partition: BTreeMap<Vec<u8>, i32> = BTreeMap::new();
     for m in env.read(&topic, count, Duration::from_secs(120)) {
         let key = m.key().expect("keyed record").to_vec();
         let first = *orderpipe_partition.entry(key).or_insert(m.partition());
-        assert_eq!(first, m.partition(), "orderpipe split a key over two partitions");
+        assert_eq!(
+            first,
+            m.partition(),
+            "orderpipe split a key over two partitions"
+        );
     }
     let keys: Vec<String> = orderpipe_partition
         .keys()
@@ -44,12 +56,18 @@ fn each_key_lands_in_the_partition_the_java_producer_picks() {
     // one JVM for all of them.
     let mut java = Command::new(STACK_SCRIPT)
         .args([
-            "kafka-class", "org.apache.kafka.tools.ConsoleProducer",
-            "--bootstrap-server", &env.settings.kafka.bootstrap_servers,
-            "--topic", &topic,
-            "--reader-property", "parse.key=true",
-            "--reader-property", "key.separator=:",
-            "--command-property", "acks=all",
+            "kafka-class",
+            "org.apache.kafka.tools.ConsoleProducer",
+            "--bootstrap-server",
+            &env.settings.kafka.bootstrap_servers,
+            "--topic",
+            &topic,
+            "--reader-property",
+            "parse.key=true",
+            "--reader-property",
+            "key.separator=:",
+            "--command-property",
+            "acks=all",
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -80,7 +98,11 @@ fn each_key_lands_in_the_partition_the_java_producer_picks() {
         .iter()
         .filter(|(key, p)| java_partition.get(*key) != Some(*p))
         .map(|(key, p)| {
-            format!("{}: orderpipe {p}, java {:?}", String::from_utf8_lossy(key), java_partition.get(key))
+            format!(
+                "{}: orderpipe {p}, java {:?}",
+                String::from_utf8_lossy(key),
+                java_partition.get(key)
+            )
         })
         .collect();
     assert!(
