@@ -31,6 +31,10 @@ pub struct PersistSummary {
     pub write_failures: u64,
 }
 
+/// Characters of `dead_letters.event_id` and `.event_name`.
+const EVENT_ID_CHARS: usize = 64;
+const EVENT_NAME_CHARS: usize = 128;
+
 /// The table row for one DLQ record.
 pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
     let history = FailureHistory::of(message);
@@ -45,8 +49,10 @@ pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
         key: message.key().map(<[u8]>::to_vec),
         payload: message.payload().map(<[u8]>::to_vec),
         headers: headers_json(message),
-        event_id: header_text(message, "event_id"),
-        event_name: header_text(message, "event_name"),
+        // Copies of headers for filtering; a value longer than its column
+        // is not a valid id or name, and `headers` keeps it whole.
+        event_id: header_text(message, "event_id").filter(|v| crate::db::fits_column(v, EVENT_ID_CHARS)),
+        event_name: header_text(message, "event_name").filter(|v| crate::db::fits_column(v, EVENT_NAME_CHARS)),
         error_class: header_text(message, header::ERROR_CLASS).unwrap_or_else(|| "unknown".into()),
         error_message: header_text(message, header::ERROR_MESSAGE).unwrap_or_default(),
         attempts: num(header::ATTEMPTS).unwrap_or(0) as i32,

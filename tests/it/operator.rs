@@ -2,6 +2,8 @@
 //! terminal, `config --output` round trips, the database pool against the
 //! partition workers, and names longer than their columns.
 
+use std::time::Duration;
+
 use orderpipe::dlq::store::{self, NewDeadLetter};
 
 use crate::helpers::TestEnv;
@@ -357,9 +359,10 @@ async fn a_pool_configured_below_the_partition_workers_is_raised_and_the_databas
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_key_longer_than_its_column_is_dead_lettered_whole_and_never_parked_cut_to_fit() {
+async fn a_key_longer_than_its_columns_is_dead_lettered_and_persisted_whole_and_never_parked() {
     use orderpipe::codec::Codec;
     use orderpipe::schema::SchemaCatalog;
+    use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{FutureProducer, FutureRecord};
     let env = TestEnv::new().with_database().await;
     let group = "operator.longkey";
@@ -376,15 +379,26 @@ async fn a_key_longer_than_its_column_is_dead_lettered_whole_and_never_parked_cu
         .next()
         .unwrap();
     let value = codec.encode(&event).await.unwrap();
-    let key = "7".repeat(orderpipe::db::RECORD_KEY_CHARS + 45);
+    // Longer than record_key (255 characters) and dead_letters.record_key
+    // before migration 0006 (1,024 bytes); an event_name header longer than
+    // its 128-character column.
+    let key = "7".repeat(2_000);
+    let long_name = "n".repeat(200);
+    let headers = OwnedHeaders::new().insert(Header {
+        key: "event_name",
+        value: Some(&long_name),
+    });
     let producer: FutureProducer =
         orderpipe::producer::config::client_config(&env.settings.kafka_client_options())
             .create()
             .unwrap();
     producer
         .send(
-            FutureRecord::to(&topic).key(&key).payload(&value),
-            std::time::Duration::from_secs(10),
+            FutureRecord::to(&topic)
+                .key(&key)
+                .payload(&value)
+                .headers(headers),
+            Duration::from_secs(10),
         )
         .await
         .unwrap();
@@ -408,7 +422,7 @@ async fn a_key_longer_than_its_column_is_dead_lettered_whole_and_never_parked_cu
     let dead = env.read(
         &env.settings.topics.dead_letter.name,
         1,
-        std::time::Duration::from_secs(20),
+        Duration::from_secs(20),
     );
     assert_eq!(
         rdkafka::Message::key(&dead[0]),
@@ -423,4 +437,32 @@ async fn a_key_longer_than_its_column_is_dead_lettered_whole_and_never_parked_cu
         parked, 0,
         "a key cut to the column's 255 characters was parked"
     );
+
+    // The persister stores it whole (under strict mode a too-long value
+    // would fail the batch, retried forever).
+    let mut persister = env.spawn(&["dlq", "persist", "--until-idle", "3", "--output", "json"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while persister.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the persister did not finish within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(persister.wait().unwrap().success());
+    let (stored, name, class): (Vec<u8>, Option<String>, String) =
+        sqlx::query_as("SELECT record_key, event_name, error_class FROM dead_letters")
+            .fetch_one(&env.db().pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        stored,
+        key.as_bytes(),
+        "dead_letters.record_key is not the whole key"
+    );
+    assert_eq!(
+        name, None,
+        "an event_name longer than its column is not a valid name"
+    );
+    assert_eq!(class, "invalid_key");
 }
