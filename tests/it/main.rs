@@ -12,6 +12,7 @@ mod delivery;
 mod dlq;
 mod exactly_once;
 mod helpers;
+mod integrity;
 mod observability;
 mod operator;
 mod ordering;

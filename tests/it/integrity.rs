@@ -1,0 +1,248 @@
+//! Event integrity at the consumer against Kafka + Apicurio + MariaDB:
+//! `event_version` majors the handlers do not declare go to the DLQ as
+//! `unsupported_version` with no effect, compatible minors are applied, and
+//! a reused `event_id` with other content is skipped but counted, logged and
+//! listed (a true duplicate is not).
+
+use std::io::BufRead;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use apache_avro::types::Value as Avro;
+use orderpipe::codec::Codec;
+use orderpipe::codec::avro::to_avro;
+use orderpipe::db::Db;
+use orderpipe::envelope::{Envelope, EventData};
+use orderpipe::producer::config::client_config;
+use orderpipe::producer::record_headers;
+use orderpipe::schema::{SchemaCatalog, TopicSchema};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::Value;
+
+use crate::consumer::consume;
+use crate::helpers::{TestEnv, http_get};
+
+/// Sends one framed value keyed by its order, with the usual headers.
+async fn send(env: &TestEnv, envelope: &Envelope, value: &[u8]) {
+    let producer: FutureProducer = client_config(&env.settings.kafka_client_options()).create().unwrap();
+    let key = envelope.key();
+    let record = FutureRecord::to(&env.settings.topics.order_events.name)
+        .key(&key)
+        .payload(value)
+        .headers(record_headers(envelope));
+    producer.send(record, Duration::from_secs(10)).await.unwrap();
+}
+
+fn created(order_id: i64, version: &str) -> Envelope {
+    let mut e = Envelope::new("checkout", EventData::sample_created(order_id));
+    e.event_version = version.to_string();
+    e
+}
+
+/// Rows of `table` for `order_id`.
+async fn rows_for(db: &Db, table: &str, order_id: i64) -> i64 {
+    let sql = format!("SELECT COUNT(*) FROM {table} WHERE order_id = ?");
+    let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(order_id).fetch_one(&db.pool).await.unwrap();
+    n
+}
+
+async fn dedup_rows(db: &Db, event_id: &str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup WHERE event_id = ?")
+        .bind(event_id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    n
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_major_is_dead_lettered_with_no_effect_and_a_newer_compatible_minor_is_applied() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure", "--group", "integrity"]).success();
+    let topic = env.settings.topics.order_events.name.clone();
+    let catalog = SchemaCatalog::embedded();
+    let v1 = Codec::new(&env.settings.registry, &topic, catalog.order_events(), true).unwrap();
+
+    // A newer BACKWARD-compatible writer schema of the same subject:
+    // order.created gains an optional field with a default.
+    let anchor = r#"{"name": "created_at", "type": "string", "doc": "ISO 8601 UTC"}"#;
+    let raw = catalog.order_events().raw.replacen(
+        anchor,
+        &format!(r#"{anchor}, {{"name": "coupon_code", "type": ["null", "string"], "default": null}}"#),
+        1,
+    );
+    assert_ne!(raw, catalog.order_events().raw, "schema anchor moved");
+    let newer = TopicSchema { topic: topic.clone(), parsed: apache_avro::Schema::parse_str(&raw).unwrap(), raw };
+    let v1_7 = Codec::new(&env.settings.registry, &topic, &newer, true).unwrap();
+
+    let major_99 = created(1, "99.0");
+    let minor_7 = created(2, "1.7");
+    let current = created(3, "1.0");
+    let unreadable = created(4, "one");
+    send(&env, &major_99, &v1.encode(&major_99).await.unwrap()).await;
+    let mut value = to_avro(&minor_7, &catalog.order_events().parsed).unwrap();
+    if let Avro::Record(fields) = &mut value
+        && let Avro::Union(_, data) = &mut fields[6].1
+        && let Avro::Record(data) = data.as_mut()
+    {
+        data.push(("coupon_code".into(), Avro::Union(1, Box::new(Avro::String("SPRING".into())))));
+    }
+    let framed = v1_7.encode_value(value).await.unwrap();
+    let (v1_id, v1_7_id) = (v1.warm_up().await.unwrap(), v1_7.warm_up().await.unwrap());
+    assert_ne!(v1_id, v1_7_id, "the 1.7 record is written with the newer schema");
+    send(&env, &minor_7, &framed).await;
+    send(&env, &current, &v1.encode(&current).await.unwrap()).await;
+    send(&env, &unreadable, &v1.encode(&unreadable).await.unwrap()).await;
+
+    let summary = consume(&env, "integrity", "inventory,notification");
+    assert_eq!(summary["applied"], 2, "{summary}");
+    assert_eq!(summary["dead_lettered"], 2, "{summary}");
+    assert_eq!(summary["unsupported_versions"], 2, "{summary}");
+    assert_eq!(summary["sent_to_retry"], 0, "not transient, never retried: {summary}");
+
+    let db = env.db();
+    for (order, applied) in [(1, false), (2, true), (3, true), (4, false)] {
+        let want = i64::from(applied);
+        assert_eq!(rows_for(&db, "inventory_reservations", order).await, want, "order {order}");
+        assert_eq!(rows_for(&db, "notifications", order).await, want, "order {order}");
+    }
+    // Not claimed either, so a replay after the consumer learns the major applies it.
+    assert_eq!(dedup_rows(&db, &major_99.event_id.to_string()).await, 0);
+    assert_eq!(dedup_rows(&db, &unreadable.event_id.to_string()).await, 0);
+
+    let persisted: Value = serde_json::from_str(&env.cli(&["dlq", "persist", "--until-idle", "3", "--output", "json"]).success()).unwrap();
+    assert_eq!(persisted["read"], 2, "{persisted}");
+    let listed: Value = serde_json::from_str(&env.cli(&["dlq", "list", "--error", "unsupported_version", "--output", "json"]).success()).unwrap();
+    let rows = listed.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{listed:#}");
+    let by_id = |e: &Envelope| rows.iter().find(|r| r["event_id"] == e.event_id.to_string()).unwrap_or_else(|| panic!("{listed:#}"));
+    let r99 = by_id(&major_99);
+    assert_eq!(r99["error_class"], "unsupported_version");
+    assert_eq!(r99["attempts"], 0, "{r99}");
+    let why = r99["error_message"].as_str().unwrap();
+    assert!(why.contains("major 99") && why.contains("`inventory`"), "{why}");
+    let r_one = by_id(&unreadable);
+    assert_eq!(r_one["error_class"], "unsupported_version");
+    assert!(r_one["error_message"].as_str().unwrap().contains("MAJOR.MINOR"), "{r_one}");
+}
+
+/// Starts `consume` with a health address and keeps every stderr line.
+fn spawn_consumer(env: &TestEnv, group: &str) -> (crate::helpers::Spawned, String, Arc<Mutex<Vec<String>>>) {
+    let mut child = env.spawn(&[
+        "consume", "--group", group, "--handler", "inventory,notification", "--until-idle", "4",
+        "--health-addr", "127.0.0.1:0", "--output", "json", "--log-format", "json",
+    ]);
+    let stderr = child.stderr.take().unwrap();
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let kept = lines.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("health endpoints on http://") {
+                let _ = tx.send(rest.trim_end_matches("/health/ready").to_string());
+            }
+            kept.lock().unwrap().push(line);
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(30)).expect("health endpoint announced");
+    (child, addr, lines)
+}
+
+/// The value of `series` (an exact `name{labels}`) on `/metrics`, if exported.
+fn metric(addr: &str, series: &str) -> Option<f64> {
+    let (_, body) = http_get(addr, "/metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reused_event_id_with_other_content_is_skipped_counted_logged_and_listed() {
+    let group = "integrity-dup";
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    let first = created(10, "1.0");
+    // A true redelivery: the same event again, even from a producer that
+    // bumped the minor version and started a new trace.
+    let mut redelivered = first.clone();
+    redelivered.event_version = "1.3".into();
+    redelivered.trace_id = orderpipe::envelope::new_trace_id();
+    // A producer reusing the id for another event.
+    let mut reused = first.clone();
+    if let EventData::Created(d) = &mut reused.data {
+        d.quantity += 5;
+    }
+    let after = created(10, "1.0");
+    let codec = Codec::new(&env.settings.registry, &env.settings.topics.order_events.name, SchemaCatalog::embedded().order_events(), true).unwrap();
+    for e in [&first, &redelivered, &reused, &after] {
+        send(&env, e, &codec.encode(e).await.unwrap()).await;
+    }
+
+    let (mut child, addr, lines) = spawn_consumer(&env, group);
+    let series = format!(r#"orderpipe_conflicting_duplicates_total{{group="{group}"}}"#);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&addr, &series).is_none() {
+        assert!(Instant::now() < deadline, "{series} not exported:\n{}", lines.lock().unwrap().join("\n"));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The true duplicate is not a conflict: exactly one.
+    assert_eq!(metric(&addr, &series), Some(1.0));
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let summary: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(summary["applied"], 2, "{summary}");
+    assert_eq!(summary["duplicates"], 2, "{summary}");
+    assert_eq!(summary["conflicting_duplicates"], 1, "{summary}");
+
+    // Only the first event took effect.
+    let db = env.db();
+    let (quantity,): (i32,) = sqlx::query_as("SELECT quantity FROM inventory_reservations WHERE order_id = 10")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let EventData::Created(d) = &first.data else { unreachable!() };
+    assert_eq!(quantity, d.quantity);
+
+    // Logged at error with both positions (the records share a partition: offsets 0 and 2).
+    let topic = &env.settings.topics.order_events.name;
+    let logged = lines.lock().unwrap().join("\n");
+    let line: Value = logged
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["message"].as_str().is_some_and(|m| m.contains("event id reused")))
+        .unwrap_or_else(|| panic!("no conflict logged:\n{logged}"));
+    assert_eq!(line["level"], "ERROR", "{line}");
+    assert_eq!(line["event_id"], first.event_id.to_string(), "{line}");
+    let (partition,): (i32,) = sqlx::query_as("SELECT kafka_partition FROM event_dedup WHERE event_id = ?")
+        .bind(first.event_id.to_string())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(line["first"], format!("{topic}/{partition}@0"), "{line}");
+    assert_eq!(line["this"], format!("{topic}/{partition}@2"), "{line}");
+
+    // Listed, once, for this group only.
+    let listed: Value = serde_json::from_str(&env.cli(&["dlq", "conflicts", "--group", group, "--output", "json"]).success()).unwrap();
+    let rows = listed.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{listed:#}");
+    let c = &rows[0];
+    assert_eq!(c["event_id"], first.event_id.to_string());
+    assert_eq!((c["first_offset"].as_i64(), c["offset"].as_i64()), (Some(0), Some(2)), "{c}");
+    assert_ne!(c["first_digest"], c["digest"]);
+    let table = env.cli(&["dlq", "conflicts"]).success();
+    assert!(table.contains(&first.event_id.to_string()) && table.contains("1 conflicting duplicates"), "{table}");
+    let other: Value = serde_json::from_str(&env.cli(&["dlq", "conflicts", "--group", "nobody", "--output", "json"]).success()).unwrap();
+    assert_eq!(other, Value::Array(vec![]));
+
+    // Dedup rows from before the digest existed are unknown, not conflicting.
+    sqlx::query("UPDATE event_dedup SET payload_digest = NULL").execute(&db.pool).await.unwrap();
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        client_config(&env.settings.kafka_client_options()).create().unwrap();
+    for r in admin.delete_groups(&[group], &rdkafka::admin::AdminOptions::new()).await.unwrap() {
+        r.unwrap();
+    }
+    let again = consume(&env, group, "inventory,notification");
+    assert_eq!(again["duplicates"], 4, "{again}");
+    assert_eq!(again["conflicting_duplicates"], 0, "{again}");
+}
