@@ -69,6 +69,8 @@ pub struct ProducerSettings {
     pub options: BTreeMap<String, String>,
     /// Name written into `producer` of envelopes this process creates.
     pub service_name: String,
+    /// Prefix of the relay's per-shard `transactional.id`s (`<prefix>-shard-<n>`).
+    pub transactional_id_prefix: String,
 }
 
 /// Consumer tuning.
@@ -490,5 +492,37 @@ mod tests {
             assert!(err.contains(&format!("topics.{key}.retention_ms must be >= 30 days")), "{err}");
             with_retention(-1).unwrap();
         }
+    }
+    #[test]
+    fn the_redacted_document_hides_every_secret_and_its_placeholder_is_refused_on_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[kafka]\nsasl_password = \"hunter2\"\n[kafka.options]\n\"ssl.key.password\" = \"keypass\"\n\"security.protocol\" = \"SASL_SSL\"\n\
+             [database]\nurl = \"mysql://app:dbpass@db:3306/orders\"\n",
+        )
+        .unwrap();
+        // In a Jail: no other test's ORDERPIPE_* variables meanwhile.
+        figment::Jail::expect_with(|_| {
+            redacted_round_trip(&path);
+            Ok(())
+        });
+    }
+
+    fn redacted_round_trip(path: &Path) {
+        let document = Settings::redacted_document(Some(path), &serde_json::json!({})).unwrap();
+        let text = document.to_string();
+        for secret in ["hunter2", "keypass", "dbpass"] {
+            assert!(!text.contains(secret), "{secret} printed: {text}");
+        }
+        assert_eq!(document["database"]["url"], "mysql://app:__REDACTED__@db:3306/orders");
+        assert_eq!(document["kafka"]["options"]["security.protocol"], "SASL_SSL");
+
+        std::fs::write(path, toml::to_string(&document).unwrap()).unwrap();
+        let err = Settings::load(Some(path)).unwrap_err().to_string();
+        assert!(err.contains("__REDACTED__") && err.contains("ORDERPIPE_"), "{err}");
+        assert_eq!(redact_url_password("sqlite::memory:"), "sqlite::memory:");
+        assert_eq!(redact_url_password("mysql://app@db/orders"), "mysql://app@db/orders");
     }
 }
