@@ -69,8 +69,6 @@ pub struct ProducerSettings {
     pub options: BTreeMap<String, String>,
     /// Name written into `producer` of envelopes this process creates.
     pub service_name: String,
-    /// Prefix of the relay's per-shard `transactional.id`s (`<prefix>-shard-<n>`).
-    pub transactional_id_prefix: String,
 }
 
 /// Consumer tuning.
