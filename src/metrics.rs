@@ -30,13 +30,13 @@ pub mod name {
     pub const DUPLICATES: &str = "orderpipe_duplicate_records_total";
     /// Failed processing attempts, by group, event name and error class.
     pub const FAILURES: &str = "orderpipe_processing_failures_total";
+    /// Duplicates whose content differs from the event first applied under
+    /// the same id (a producer reused an id), by group.
+    pub const CONFLICTING_DUPLICATES: &str = "orderpipe_conflicting_duplicates_total";
     /// Records sent to the retry topic, by group and attempt.
     pub const RETRIES: &str = "orderpipe_retries_total";
     /// Records sent to the dead-letter topic, by group, event name and error class.
     pub const DEAD_LETTERED: &str = "orderpipe_dead_lettered_records_total";
-    /// Duplicates whose content differs from the event first applied under
-    /// the same id (a producer reused an id), by group.
-    pub const CONFLICTING_DUPLICATES: &str = "orderpipe_conflicting_duplicates_total";
     /// Records held behind a parked key, by group and event name.
     pub const HELD: &str = "orderpipe_held_records_total";
     /// Held records applied on release, by group and event name.
@@ -166,10 +166,6 @@ impl InternalEvent for DuplicateSkipped<'_> {
     }
 }
 
-/// An attempt to process a record failed.
-pub struct ProcessingFailed<'a> {
-    /// Group.
-    pub group: &'a str,
 /// A duplicate was skipped whose content differs from the event applied
 /// under its id first: a producer reused an event id.
 pub struct ConflictingDuplicate<'a> {
@@ -189,6 +185,10 @@ impl InternalEvent for ConflictingDuplicate<'_> {
     }
 }
 
+/// An attempt to process a record failed.
+pub struct ProcessingFailed<'a> {
+    /// Group.
+    pub group: &'a str,
     /// Event name (`unknown` for undecodable records).
     pub event_name: &'a str,
     /// Error class.
@@ -512,4 +512,41 @@ pub fn measured_producer(
     let mut config = crate::producer::config::client_config(options);
     config.set("statistics.interval.ms", "5000");
     config.create_with_context(StatsContext)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rendered(name: &str) -> Vec<String> {
+        let mut text = String::new();
+        render_owned(&mut text);
+        text.lines().filter(|l| l.starts_with(&format!("{name}{{"))).map(str::to_string).collect()
+    }
+
+    #[test]
+    fn owned_series_go_when_revoked_replaced_or_dropped() {
+        let gauges = PartitionLagGauges::new("g-owned");
+        gauges.report(&[("t".into(), 0, 5), ("t".into(), 1, 7)]);
+        let other = PartitionLagGauges::new("g-other");
+        other.report(&[("t".into(), 2, 1)]);
+        let mine = |lines: Vec<String>| lines.into_iter().filter(|l| l.contains("g-owned")).collect::<Vec<_>>();
+        assert_eq!(
+            mine(rendered(name::LAG)),
+            [r#"orderpipe_consumer_lag_records{group="g-owned",topic="t",partition="0"} 5"#,
+             r#"orderpipe_consumer_lag_records{group="g-owned",topic="t",partition="1"} 7"#]
+        );
+        gauges.revoked("t", 0);
+        assert_eq!(mine(rendered(name::LAG)).len(), 1);
+        gauges.report(&[("t".into(), 3, 2)]);
+        assert_eq!(mine(rendered(name::LAG)), [r#"orderpipe_consumer_lag_records{group="g-owned",topic="t",partition="3"} 2"#]);
+        drop(gauges);
+        assert!(mine(rendered(name::LAG)).is_empty());
+        assert!(rendered(name::LAG).iter().any(|l| l.contains("g-other")), "another owner's series stay");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("a\"b\\c\nd"), r#"a\"b\\c\nd"#);
+    }
 }

@@ -2,16 +2,18 @@
 //! scrapes the roles; `/health/mq` and `/health/ready` follow lag, polling
 //! and the database; every log line of a record carries its trace id.
 
+use std::collections::BTreeSet;
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use orderpipe::envelope::Envelope;
 use orderpipe::generator::LifecycleGenerator;
+use rdkafka::Message;
 use serde_json::Value;
 
 use crate::consumer::{count_rows, produce_lifecycles, sigterm, write_ndjson};
-use crate::helpers::{TestEnv, http_get, stack};
+use crate::helpers::{TestEnv, health_addr, http_get, stack};
 use crate::outbox::{drive_orders, start_api};
 
 fn free_port() -> u16 {
@@ -27,9 +29,18 @@ struct Prometheus {
 
 impl Prometheus {
     fn start(targets: &[String]) -> Self {
+        Self::start_with_rules(targets, None)
+    }
+
+    /// Also evaluates `rules` (a rule file's text) every second.
+    fn start_with_rules(targets: &[String], rules: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let list = targets.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
-        let config = format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: orderpipe\n    static_configs:\n      - targets: [{list}]\n");
+        let mut config = format!("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: orderpipe\n    static_configs:\n      - targets: [{list}]\n");
+        if let Some(rules) = rules {
+            std::fs::write(dir.path().join("rules.yml"), rules).unwrap();
+            config.push_str(&format!("rule_files: ['{}']\n", dir.path().join("rules.yml").display()));
+        }
         std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
         let port = free_port();
         let child = Command::new("prometheus")
@@ -52,6 +63,29 @@ impl Prometheus {
         }
         let v: Value = serde_json::from_str(&body).ok()?;
         v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+    }
+
+    /// Waits until the alert `name` with label `group` is in state `firing`.
+    async fn expect_firing(&self, name: &str, group: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            let (status, body) = http_get(&self.url, "/api/v1/alerts");
+            if status == 200 {
+                let v: Value = serde_json::from_str(&body).unwrap();
+                let alerts = v["data"]["alerts"].as_array().cloned().unwrap_or_default();
+                let state = alerts
+                    .iter()
+                    .find(|a| a["labels"]["alertname"] == name && a["labels"]["group"] == group)
+                    .map(|a| a["state"].as_str().unwrap_or_default().to_string());
+                if state.as_deref() == Some("firing") {
+                    return;
+                }
+                last = format!("{state:?} in {body}");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        panic!("{name} for group {group} never fired; last: {last}");
     }
 
     /// Waits until `promql` returns `want`.
@@ -224,4 +258,137 @@ async fn every_log_line_of_a_record_carries_its_trace_id() {
     for needle in ["processing failed", "record sent to the retry topic", "effects written", "applied"] {
         assert!(messages.contains(&needle), "no `{needle}` line: {messages:?}");
     }
+}
+
+/// The chart's alert rules as Prometheus loads them: the Helm values filled
+/// in (the lag threshold is `lag_threshold`) and every `for:` cut to 5 s.
+fn chart_alert_rules(lag_threshold: u64) -> String {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/helm/orderpipe/files/alerts.yaml")).unwrap();
+    let values = regex::Regex::new(r"\{\{ (mulf )?\.Values\.alerts\.(\w+)( [0-9.]+)? \}\}").unwrap();
+    let text = values.replace_all(&text, |c: &regex::Captures| {
+        let value = match &c[2] {
+            "lagThreshold" => lag_threshold as f64,
+            "failureRate" => 0.01,
+            "slaSeconds" => 0.5,
+            "parkedKeyMaxAgeSeconds" => 900.0,
+            other => panic!("alerts.yaml uses .Values.alerts.{other}: give it a test value here"),
+        };
+        let factor: f64 = c.get(3).map_or(1.0, |f| f.as_str().trim().parse().unwrap());
+        (value * factor).to_string()
+    });
+    assert!(!text.contains(".Values"), "a Helm expression left in the rules:\n{text}");
+    text.replace(r#"{{"{{"}}"#, "{{").replace(r#"{{"}}"}}"#, "}}").replace("for: 5m", "for: 5s").replace("for: 1m", "for: 5s")
+}
+
+/// With every member of a group stopped: `orderpipe lag` shows what is left
+/// and how old it is, the DLQ persister exports it, and the chart's lag and
+/// absent-consumer alerts fire in a real Prometheus.
+#[tokio::test(flavor = "multi_thread")]
+async fn lag_and_its_alerts_with_every_member_of_a_group_stopped() {
+    let mut env = TestEnv::new().with_database().await;
+    let group = "stopped";
+    let topic = env.settings.topics.order_events.name.clone();
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    produce_lifecycles(&env, 200, 40, 21);
+    env.cli(&["consume", "--group", group, "--handler", "notification", "--until-idle", "2"]).success();
+    // Every member is gone; 150 more records arrive.
+    env.cli(&["produce", "--count", "150", "--orders", "30", "--seed", "22", "--first-order-id", "5000"]).success();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let out = env.cli(&["lag", "--group", group, "--group", "never-ran", "--output", "json"]).success();
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let stopped = &report["groups"][0];
+    assert_eq!(stopped["group"], group, "{out}");
+    assert_eq!(stopped["status"], "no_members", "{out}");
+    assert_eq!(stopped["members"], 0, "{out}");
+    assert_eq!(stopped["total_lag"], 150, "{out}");
+    let never = &report["groups"][1];
+    assert_eq!((never["group"].as_str(), never["status"].as_str()), (Some("never-ran"), Some("unknown")), "{out}");
+    assert_eq!(never["partitions"].as_array().map(Vec::len), Some(0), "{out}");
+    // Each partition: lag = log end - committed, and the oldest unconsumed
+    // record is the one at the committed offset, read back independently.
+    let records = env.read(&topic, 350, Duration::from_secs(30));
+    let main: Vec<&Value> = stopped["partitions"].as_array().unwrap().iter().filter(|p| p["topic"] == topic.as_str()).collect();
+    assert_eq!(main.len(), 12, "{out}");
+    for p in main {
+        let committed = p["committed_offset"].as_i64().unwrap_or(0);
+        let lag = p["lag"].as_i64().unwrap();
+        assert_eq!(lag, p["log_end_offset"].as_i64().unwrap() - committed, "{p}");
+        if lag == 0 {
+            assert!(p["oldest_unconsumed_age_seconds"].is_null(), "{p}");
+            continue;
+        }
+        let partition = p["partition"].as_i64().unwrap() as i32;
+        let oldest = records.iter().find(|r| r.partition() == partition && r.offset() == committed).expect("the record at the committed offset");
+        assert_eq!(p["oldest_unconsumed_timestamp_ms"].as_i64(), oldest.timestamp().to_millis(), "{p}");
+        assert!(p["oldest_unconsumed_age_seconds"].as_f64().unwrap() >= 1.0, "{p}");
+    }
+    let table = env.cli(&["lag", "--group", group]).success();
+    assert!(table.contains("NO MEMBERS") && table.contains("150"), "{table}");
+
+    // The persister exports the group's broker-side lag; Prometheus fires both alerts.
+    env.set_env("ORDERPIPE_LAG__GROUPS", &format!("[\"{group}\"]"));
+    env.set_env("ORDERPIPE_LAG__EXPORT_INTERVAL_SECS", "1");
+    let port = free_port();
+    let mut persister = env.spawn(&["dlq", "persist", "--health-addr", &format!("127.0.0.1:{port}")]);
+    let prometheus = Prometheus::start_with_rules(&[format!("127.0.0.1:{port}")], Some(&chart_alert_rules(100)));
+    prometheus.expect(&format!(r#"sum(orderpipe_group_lag_records{{group="{group}"}})"#), 150.0).await;
+    prometheus.expect(&format!(r#"orderpipe_group_members{{group="{group}"}}"#), 0.0).await;
+    prometheus.expect(&format!(r#"max(orderpipe_group_oldest_unconsumed_age_seconds{{group="{group}"}}) > bool 1"#), 1.0).await;
+    prometheus.expect_firing("OrderpipeConsumerLagHigh", group).await;
+    prometheus.expect_firing("OrderpipeConsumerGroupAbsent", group).await;
+    sigterm(&mut persister);
+}
+
+/// The `orderpipe_consumer_lag_records` series a member's /metrics shows (their labels).
+fn lag_series(addr: &str) -> BTreeSet<String> {
+    let (_, body) = http_get(addr, "/metrics");
+    body.lines()
+        .filter_map(|l| l.strip_prefix("orderpipe_consumer_lag_records{"))
+        .filter_map(|l| l.split_once('}').map(|(labels, _)| labels.to_string()))
+        .collect()
+}
+
+/// Waits until `done` holds for the lag series of the two members.
+async fn wait_for_series(what: &str, addrs: &[&str], done: impl Fn(&[BTreeSet<String>]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let series: Vec<BTreeSet<String>> = addrs.iter().map(|a| lag_series(a)).collect();
+        if done(&series) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {series:#?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A member's per-partition lag series are the partitions it owns now:
+/// after a rebalance, the revoked ones are gone from its /metrics.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_partition_loses_its_lag_series() {
+    let env = TestEnv::new().with_database().await;
+    let started = Instant::now();
+    let group = "handover";
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    produce_lifecycles(&env, 100, 20, 23);
+    let consume = ["consume", "--group", group, "--handler", "notification", "--health-addr", "127.0.0.1:0"];
+    let mut first = env.spawn(&consume);
+    let first_addr = health_addr(&mut first);
+    // The topic's and the retry topic's 12 partitions each.
+    wait_for_series("the only member shows every partition", &[&first_addr], |s| s[0].len() == 24).await;
+    eprintln!("one member, 24 series: {:?}", started.elapsed());
+
+    let mut second = env.spawn(&consume);
+    let second_addr = health_addr(&mut second);
+    wait_for_series("after the rebalance each member shows only its own partitions", &[&first_addr, &second_addr], |s| {
+        !s[0].is_empty() && !s[1].is_empty() && s[0].len() + s[1].len() == 24 && s[0].is_disjoint(&s[1])
+    })
+    .await;
+    eprintln!("two members, disjoint series: {:?}", started.elapsed());
+
+    sigterm(&mut second);
+    eprintln!("second member stopped: {:?}", started.elapsed());
+    wait_for_series("the remaining member owns every partition again", &[&first_addr], |s| s[0].len() == 24).await;
+    eprintln!("one member again, 24 series: {:?}", started.elapsed());
+    sigterm(&mut first);
 }
