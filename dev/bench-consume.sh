@@ -15,7 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 
 
 echo "== backlog: $COUNT events in $TOPIC"
-"$BIN" topics ensure >/dev/null
+"$BIN" topics ensure --group "$RUN_ID-orderpipe" >/dev/null
 "$BIN" produce --count "$COUNT" --orders 10000 --seed 1 --output json >/dev/null
 
 echo "== (a) kafka-consumer-perf-test"

@@ -17,7 +17,7 @@ rate() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["a
 now() { date +%s.%N; }
 
 echo "== backlog: $COUNT events"
-"$BIN" topics ensure >/dev/null
+"$BIN" topics ensure --group "$RUN_ID-tier,$RUN_ID-replay" >/dev/null
 "$BIN" produce --count "$COUNT" --orders 10000 --seed 1 --output json >/dev/null
 
 echo "== happy path with the error tier"

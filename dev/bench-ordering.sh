@@ -29,6 +29,7 @@ for rate in 0 0.01 0.05; do
   for mode in key none none key; do
     name="${RUN_ID}_${mode}_${rate/./}_$((++RUN))"
     mkdb "$name"
+    "$BIN" topics ensure --group "$name" >/dev/null
     echo "== mode $mode, ${rate} of the events failing once"
     before=$(statements)
     ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$name" ORDERPIPE_CHAOS__TRANSIENT_RATE="$rate" ORDERPIPE_CHAOS__TRANSIENT_FAILURES=1 \

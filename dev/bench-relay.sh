@@ -15,7 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 export ORDERPIPE_DATABASE__URL="mysql://orderpipe:orderpipe@127.0.0.1:3306/${RUN_ID}"
 SQL -e "CREATE DATABASE ${RUN_ID}"
 "$BIN" migrate >/dev/null
-"$BIN" topics ensure >/dev/null
+"$BIN" topics ensure --group "$RUN_ID-e2e" >/dev/null
 
 echo "== filling the outbox: 2000 orders through the service, copied up to $ROWS rows"
 "$BIN" bench-drive-orders --orders 2000 >/dev/null

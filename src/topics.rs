@@ -27,7 +27,7 @@ use rdkafka::admin::{
 };
 use rdkafka::ClientContext;
 use rdkafka::client::{Client, DefaultClientContext};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use serde::Serialize;
 
 use crate::config::{Settings, TopicSpec};
@@ -35,6 +35,18 @@ use crate::producer::config::client_config;
 
 /// How long admin calls may take before they are reported as failed.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A broker lists a topic in its metadata a moment after creating it, so a
+/// topic created just before (by a previous run, or by the hook right
+/// before a role starts) may look missing. `ensure` then plans again
+/// (a create answers TopicAlreadyExists) and [`require`] checks again.
+const METADATA_SETTLE: Duration = Duration::from_millis(500);
+/// Attempts of `ensure` on metadata found stale.
+const STALE_METADATA_ATTEMPTS: u32 = 10;
+/// How long `ensure` waits for its new topics and partitions to show.
+const LAYOUT_WAIT: Duration = Duration::from_secs(15);
+/// How long [`require`] waits for missing or different topics to settle.
+const REQUIRE_SETTLE: Duration = Duration::from_secs(3);
 
 /// Reconcile failures.
 #[derive(Debug, thiserror::Error)]
@@ -254,20 +266,87 @@ impl TopicAdmin {
     /// Reconciles the cluster to `specs`. Plans first; applies nothing when
     /// `dry_run`, or when the plan holds a refused repartition.
     pub async fn ensure(&self, specs: &[&TopicSpec], options: EnsureOptions) -> Result<Vec<Change>, TopicsError> {
-        let layout = self.layout().await?;
-        let mut plans = Vec::new();
-        for spec in specs {
-            plans.push(self.plan(spec, layout.get(&spec.name).copied(), options.allow_repartition).await?);
-        }
-        let refused = plans.iter().flat_map(|p| &p.changes).any(Change::is_refused);
-        if !options.dry_run && !refused {
-            for plan in &plans {
-                self.apply(plan).await?;
+        // Mutations done so far, over all attempts.
+        let mut applied = Vec::new();
+        let mut attempt = 1;
+        loop {
+            let layout = self.layout().await?;
+            let mut plans = Vec::new();
+            for spec in specs {
+                plans.push(self.plan(spec, layout.get(&spec.name).copied(), options.allow_repartition).await?);
             }
+            let refused = plans.iter().flat_map(|p| &p.changes).any(Change::is_refused);
+            let mut stale = false;
+            if !options.dry_run && !refused {
+                for plan in &plans {
+                    stale |= self.apply(plan, &mut applied).await?;
+                }
+            }
+            if stale && attempt < STALE_METADATA_ATTEMPTS {
+                attempt += 1;
+                tokio::time::sleep(METADATA_SETTLE).await;
+                continue;
+            }
+            if !options.dry_run && !refused {
+                applied.extend(self.await_layout(&applied).await?);
+            }
+            let planned = plans.into_iter().flat_map(|p| p.changes);
+            let mut changes: Vec<Change> = if options.dry_run || refused {
+                planned.collect()
+            } else {
+                applied.into_iter().chain(planned.filter(|c| !c.is_mutation())).collect()
+            };
+            changes.extend(undeclared(layout.keys(), specs));
+            return Ok(changes);
         }
-        let mut changes: Vec<Change> = plans.into_iter().flat_map(|p| p.changes).collect();
-        changes.extend(undeclared(layout.keys(), specs));
-        Ok(changes)
+    }
+
+    /// Waits until the broker's metadata shows the topics, partitions and
+    /// configs changed in `applied`, so a role started right after `ensure`
+    /// finds them and a second run changes nothing. A warning for what is
+    /// still not shown after [`LAYOUT_WAIT`].
+    async fn await_layout(&self, applied: &[Change]) -> Result<Vec<Change>, TopicsError> {
+        let expected: Vec<(&String, i32)> = applied
+            .iter()
+            .filter_map(|c| match c {
+                Change::Created { topic, partitions } => Some((topic, *partitions)),
+                Change::GrewPartitions { topic, to, .. } => Some((topic, *to)),
+                _ => None,
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + LAYOUT_WAIT;
+        loop {
+            let layout = self.layout().await?;
+            let mut pending: Vec<_> = expected
+                .iter()
+                .filter(|(topic, partitions)| layout.get(*topic).is_none_or(|(p, _)| p != partitions))
+                .map(|(topic, partitions)| (topic.to_string(), format!("{partitions} partitions")))
+                .collect();
+            for change in applied {
+                if let Change::ConfigSet { topic, key, to, .. } = change {
+                    let shown = self.configs(topic).await?;
+                    if shown.get(key).map(|(v, _)| v) != Some(to) {
+                        pending.push((topic.clone(), format!("{key}={to}")));
+                    }
+                }
+            }
+            if pending.is_empty() {
+                return Ok(Vec::new());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(pending
+                    .into_iter()
+                    .map(|(topic, what)| Change::Warning {
+                        topic,
+                        message: format!(
+                            "the broker's metadata does not show {what} yet ({}s after the change)",
+                            LAYOUT_WAIT.as_secs()
+                        ),
+                    })
+                    .collect());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// What `ensure` would do to one topic (`layout`: its partitions and
@@ -302,24 +381,33 @@ impl TopicAdmin {
         })
     }
 
-    /// Carries out the mutations of a plan.
-    async fn apply(&self, plan: &TopicPlan<'_>) -> Result<(), TopicsError> {
+    /// Carries out the mutations of a plan, adding each done to `applied`.
+    /// True when the plan was made on stale metadata (a topic it would
+    /// create exists already): the rest of the plan is left undone.
+    async fn apply(&self, plan: &TopicPlan<'_>, applied: &mut Vec<Change>) -> Result<bool, TopicsError> {
         let spec = plan.spec;
         // Keep every dynamic config already set, then apply ours on top.
         let mut merged = plan.dynamic.clone();
         let mut alter = false;
         for change in &plan.changes {
             match change {
-                Change::Created { .. } => self.create(spec).await?,
+                Change::Created { .. } => {
+                    if !self.create(spec).await? {
+                        return Ok(true);
+                    }
+                    applied.push(change.clone());
+                }
                 Change::GrewPartitions { to, .. } => {
                     let grow = NewPartitions::new(&spec.name, *to as usize);
                     for r in self.admin.create_partitions([&grow], &Self::options()).await? {
                         r.map_err(|(_, e)| admin_error(&spec.name, "add partitions", e))?;
                     }
+                    applied.push(change.clone());
                 }
                 Change::ConfigSet { key, to, .. } => {
                     merged.insert(key.clone(), to.clone());
                     alter = true;
+                    applied.push(change.clone());
                 }
                 _ => {}
             }
@@ -334,10 +422,11 @@ impl TopicAdmin {
                 r.map_err(|(_, e)| admin_error(&spec.name, "alter configs", e))?;
             }
         }
-        Ok(())
+        Ok(false)
     }
 
-    async fn create(&self, spec: &TopicSpec) -> Result<(), TopicsError> {
+    /// Creates the topic; false when it exists already.
+    async fn create(&self, spec: &TopicSpec) -> Result<bool, TopicsError> {
         let configs = spec.desired_configs();
         let topic = configs.iter().fold(
             NewTopic::new(
@@ -349,9 +438,12 @@ impl TopicAdmin {
         );
         let result = self.admin.create_topics([&topic], &Self::options()).await?;
         for r in result {
-            r.map_err(|(_, e)| admin_error(&spec.name, "create", e))?;
+            match r {
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => return Ok(false),
+                r => r.map_err(|(_, e)| admin_error(&spec.name, "create", e))?,
+            };
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The state of each declared topic, with drift from its spec.
@@ -539,25 +631,31 @@ pub fn require<C: ClientContext>(
     required: &[Required],
     fix: &str,
 ) -> Result<(), TopicsError> {
-    let layout = layout(client, servers)?;
-    let problems: Vec<String> = required
-        .iter()
-        .filter_map(|r| match (layout.get(&r.topic), r.partitions) {
-            (None, _) => Some(format!("topic {} is missing", r.topic)),
-            (Some(&(have, _)), Some(want)) if have != want => Some(format!(
-                "topic {} has {have} partitions, declared {want}",
-                r.topic
-            )),
-            _ => None,
-        })
-        .collect();
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(TopicsError::NotReady {
-            problems,
-            fix: fix.to_string(),
-        })
+    let deadline = std::time::Instant::now() + REQUIRE_SETTLE;
+    loop {
+        let layout = layout(client, servers)?;
+        let problems: Vec<String> = required
+            .iter()
+            .filter_map(|r| match (layout.get(&r.topic), r.partitions) {
+                (None, _) => Some(format!("topic {} is missing", r.topic)),
+                (Some(&(have, _)), Some(want)) if have != want => Some(format!(
+                    "topic {} has {have} partitions, declared {want}",
+                    r.topic
+                )),
+                _ => None,
+            })
+            .collect();
+        if problems.is_empty() {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(TopicsError::NotReady {
+                problems,
+                fix: fix.to_string(),
+            });
+        }
+        // Start-up only: a short blocking wait keeps this usable from any caller.
+        std::thread::sleep(METADATA_SETTLE);
     }
 }
 

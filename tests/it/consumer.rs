@@ -77,7 +77,7 @@ pub fn sigterm(child: &mut Child) {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_same_event_delivered_twice_is_applied_once() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "dup-group"]).success();
     let events: Vec<Envelope> = LifecycleGenerator::new("checkout", 5, 1, 11).take(20).collect();
     // Different offsets: the first five events are produced a second time.
     let mut twice = events.clone();
@@ -108,7 +108,7 @@ async fn the_same_event_delivered_twice_is_applied_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn two_groups_sharing_the_dedup_table_each_apply_every_event() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "inventory-service.order.consumer,notification-service.order.consumer"]).success();
     let events = produce_lifecycles(&env, 2_000, 200, 21);
     let a = consume(&env, "inventory-service.order.consumer", "inventory,payment");
     let b = consume(&env, "notification-service.order.consumer", "logistics,notification,points");
@@ -124,7 +124,7 @@ async fn two_groups_sharing_the_dedup_table_each_apply_every_event() {
 #[tokio::test(flavor = "multi_thread")]
 async fn poison_records_are_reported_and_do_not_stop_the_consumer() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "g"]).success();
     let topic = env.settings.topics.order_events.name.clone();
     let codec = Codec::new(&env.settings.registry, &topic, SchemaCatalog::embedded().order_events(), true).unwrap();
     let good: Vec<Envelope> = LifecycleGenerator::new("checkout", 3, 1, 5).take(6).collect();
@@ -181,7 +181,7 @@ fn unknown_handler_names_the_flag_and_the_choices() {
 #[ignore = "serial: heavy; run by `make test` in the serial phase"]
 async fn crash_safety_sigkill_during_a_100k_run() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "crash.order.consumer"]).success();
     let total = 100_000;
     let events = produce_lifecycles(&env, total, 5_000, 31);
     let pool = env.db();
@@ -218,7 +218,7 @@ async fn crash_safety_sigkill_during_a_100k_run() {
 #[ignore = "serial: heavy; run by `make test` in the serial phase"]
 async fn rebalance_safety_members_join_and_leave() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "rebalance.order.consumer"]).success();
     let total = 60_000;
     let events = produce_lifecycles(&env, total, 3_000, 41);
     let pool = env.db();
@@ -260,7 +260,7 @@ async fn database_down_for_60s_loses_nothing() {
 
 async fn database_outage(outage: Duration) {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "outage.order.consumer"]).success();
     let total = 20_000;
     let group = "outage.order.consumer";
     let pool = env.db();

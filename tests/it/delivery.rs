@@ -67,9 +67,10 @@ async fn deliveries_succeed_or_are_retried_per_profile_then_dead_lettered_with_o
     // Every record's own route is under test; with per-key ordering the later
     // records of a failing order would be held behind it instead.
     env.set_env("ORDERPIPE_CONSUMER__ORDERING", "none");
-    env.cli(&["topics", "ensure"]).success();
     let (base, seen) = downstream().await;
     let file = config(&env, &base);
+    // The subscriptions' retry topics (groups http.<name>) come from the config.
+    env.cli(&["--config", file.path().to_str().unwrap(), "topics", "ensure"]).success();
     let events: Vec<Envelope> = LifecycleGenerator::new("checkout", 3, 1, 3).take(12).collect();
     let created: Vec<&Envelope> = events.iter().filter(|e| e.event_name.as_str() == "order.created").collect();
     let ndjson = write_ndjson(&events);
@@ -124,7 +125,7 @@ fn unknown_subscription_names_the_declared_ones() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_changed_subscription_is_reloaded_without_a_restart() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "http.crm"]).success();
     let (base, seen) = downstream().await;
     let write = |path: &std::path::Path, mode: &str| {
         let text = format!(

@@ -55,7 +55,7 @@ async fn bad_input_matrix_each_ends_as_one_dead_letter_with_its_reason() {
     // Every record's own route is under test; with per-key ordering the later
     // records of a failing order would be held behind it instead.
     env.set_env("ORDERPIPE_CONSUMER__ORDERING", "none");
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "matrix"]).success();
     let topic = env.settings.topics.order_events.name.clone();
     let catalog = SchemaCatalog::embedded();
     let codec = Codec::new(&env.settings.registry, &topic, catalog.order_events(), true).unwrap();
@@ -149,7 +149,7 @@ async fn bad_input_matrix_each_ends_as_one_dead_letter_with_its_reason() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transient_failure_that_heals_on_attempt_3_is_applied_once_and_never_dead_lettered() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "heal"]).success();
     let events = produce_lifecycles(&env, 200, 20, 61);
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", "[3, 7]");
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "2");
@@ -165,7 +165,7 @@ async fn a_transient_failure_that_heals_on_attempt_3_is_applied_once_and_never_d
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failure_that_never_heals_is_dead_lettered_after_exactly_the_configured_attempts() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "never"]).success();
     let event = LifecycleGenerator::new("checkout", 1, 42, 1).next().unwrap();
     let file = write_ndjson(std::slice::from_ref(&event));
     env.cli(&["produce", "--file", file.path().to_str().unwrap()]).success();
@@ -206,7 +206,7 @@ async fn a_failure_that_never_heals_is_dead_lettered_after_exactly_the_configure
 #[tokio::test(flavor = "multi_thread")]
 async fn while_one_key_waits_in_retry_the_main_partition_keeps_flowing() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "flow"]).success();
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", "[1]");
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1000");
     env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "20000");
@@ -229,7 +229,7 @@ async fn while_one_key_waits_in_retry_the_main_partition_keeps_flowing() {
 }
 
 async fn dead_letter_everything(env: &mut TestEnv, group: &str, count: usize) -> Vec<Envelope> {
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", group]).success();
     let events = produce_lifecycles(env, count, 500, 81);
     env.set_env("ORDERPIPE_CHAOS__PERMANENT_ALL", "true");
     // Bulk replay is under test: every event its own dead letter, so no

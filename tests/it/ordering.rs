@@ -75,7 +75,7 @@ fn json(out: &str) -> Value {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refund_waits_behind_its_retried_payment_while_other_orders_flow() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "refunds"]).success();
     let events = produce_lifecycles(&env, 600, 60, 71);
     let order = order_with_path(&events, &["order.created", "order.payment.succeeded", "order.refunded"]);
     // The payment fails twice (no local retries): two trips through the
@@ -131,7 +131,7 @@ async fn a_refund_waits_behind_its_retried_payment_while_other_orders_flow() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dead_lettered_payment_holds_its_followers_until_replayed() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "held"]).success();
     let events = produce_lifecycles(&env, 900, 60, 73);
     let path = ["order.created", "order.payment.succeeded", "order.shipped", "order.refunded"];
     let order = order_with_path(&events, &path);
@@ -183,7 +183,7 @@ async fn a_dead_lettered_payment_holds_its_followers_until_replayed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn ignoring_a_head_releases_or_keeps_its_followers_as_asked() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "ignore"]).success();
     let events = produce_lifecycles(&env, 300, 30, 79);
     let shipped = ["order.created", "order.payment.succeeded", "order.shipped"];
     let (a, b) = {
@@ -236,7 +236,7 @@ async fn ignoring_a_head_releases_or_keeps_its_followers_as_asked() {
 #[ignore = "serial: kills consumers; run by `make test` in the serial phase"]
 async fn parked_keys_and_held_records_survive_sigkill_and_rebalance() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "survive"]).success();
     let events = produce_lifecycles(&env, 6_000, 300, 83);
     let path = ["order.created", "order.payment.succeeded", "order.shipped", "order.refunded"];
     let dead = order_with_path(&events, &path);
@@ -299,7 +299,7 @@ async fn parked_keys_and_held_records_survive_sigkill_and_rebalance() {
 #[ignore = "serial: heavy; run by `make test` in the serial phase"]
 async fn randomized_failures_and_replay_keep_every_orders_sequence() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "random"]).success();
     let total = 50_000;
     let events = produce_lifecycles(&env, total, 2_000, 89);
     let permanent: Vec<i64> = (1..=20).map(|i| i * 97).collect();
@@ -336,7 +336,7 @@ async fn randomized_failures_and_replay_keep_every_orders_sequence() {
 #[tokio::test(flavor = "multi_thread")]
 async fn mode_none_lets_later_events_pass_a_retried_one() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "keyed,unordered"]).success();
     let events = produce_lifecycles(&env, 300, 30, 97);
     let order = order_with_path(&events, &["order.created", "order.payment.succeeded", "order.shipped"]);
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", &format!("[{order}]"));

@@ -193,7 +193,7 @@ async fn bad_api_requests_get_a_clear_4xx_and_write_no_outbox_row() {
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_killed_after_the_kafka_commit_republishes_and_consumers_apply_once() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "after-crash"]).success();
     let api = start_api(&env).await;
     drive_orders(&api, 300, 16).await;
     let events = outbox_events(&env).await;
@@ -226,7 +226,7 @@ async fn relay_killed_after_the_kafka_commit_republishes_and_consumers_apply_onc
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_killed_inside_the_kafka_transaction_is_never_applied_and_topics_stay_atomic() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "after-abort"]).success();
     let api = start_api(&env).await;
     drive_orders(&api, 100, 16).await;
     let events = outbox_events(&env).await;
@@ -321,7 +321,7 @@ impl WaitOutput for std::process::Child {
 #[ignore = "serial: heavy; run by `make test` in the serial phase"]
 async fn a_100k_event_api_run_with_relay_kills_ends_exactly_once() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "soak.order.consumer"]).success();
     let api = start_api(&env).await;
     let driver = {
         let api = api.clone();
