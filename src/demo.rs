@@ -261,6 +261,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     api::orders::drive(&service, options.orders, options.seed).await?;
     let relay_options = RelayOptions {
         instance: "demo".into(),
+        transactional_id_prefix: settings.producer.transactional_id_prefix.clone(),
         batch_size: 500,
         poll_interval: Duration::from_millis(50),
         lease_ttl: Duration::from_secs(10),
@@ -268,7 +269,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         until_idle: Some(Duration::from_secs(1)),
         crash_at: None,
     };
-    let relayed = Relay::new(&settings, db.clone(), relay_options).await?.run(std::future::pending()).await;
+    let relayed = Relay::new(&settings, db.clone(), relay_options).await?.run(std::future::pending()).await?;
     let events = crate::outbox::recorded_events(&db, &spec.name).await?;
 
     let catalog = SchemaCatalog::embedded();

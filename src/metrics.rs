@@ -22,6 +22,10 @@ pub mod name {
     pub const PRODUCER_ERRORS: &str = "orderpipe_producer_errors_total";
     /// Relay Kafka transactions, by outcome (committed, aborted).
     pub const TRANSACTIONS: &str = "orderpipe_relay_transactions_total";
+    /// Relay shard producers dropped after a fatal error, by reason (fenced, fatal).
+    pub const RELAY_PRODUCER_FATAL: &str = "orderpipe_relay_producer_fatal_total";
+    /// Shards this relay leases with a ready (fenced-in) producer.
+    pub const RELAY_SHARDS: &str = "orderpipe_relay_shards";
     /// Records received, by group and topic.
     pub const CONSUMED: &str = "orderpipe_consumed_records_total";
     /// Events applied (effect committed), by group and event name.
@@ -299,6 +303,16 @@ pub fn producer_error(topic: &str) {
 /// A relay transaction ended.
 pub fn transaction(outcome: &'static str) {
     counter!(name::TRANSACTIONS, "outcome" => outcome).increment(1);
+}
+
+/// A relay shard producer failed fatally and was dropped.
+pub fn relay_producer_fatal(reason: &'static str) {
+    counter!(name::RELAY_PRODUCER_FATAL, "reason" => reason).increment(1);
+}
+
+/// The shards a relay publishes now.
+pub fn relay_shards(n: usize) {
+    gauge!(name::RELAY_SHARDS).set(n as f64);
 }
 
 /// Records received.

@@ -28,9 +28,13 @@ pub struct ApiArgs {
 /// Flags of `orderpipe relay`.
 #[derive(Debug, Args)]
 pub struct RelayArgs {
-    /// Stable instance name (pod name); `transactional.id` = orderpipe-relay-<instance>.
+    /// Name of this instance in the shard leases (the pod name); unique among running relays.
     #[arg(long, env = "HOSTNAME", default_value = "relay-0")]
     instance: String,
+    /// Prefix of the per-shard `transactional.id`s (<prefix>-shard-<n>): whoever takes a shard fences
+    /// its previous owner. Default: producer.transactional_id_prefix (orderpipe-relay).
+    #[arg(long)]
+    transactional_id_prefix: Option<String>,
     /// Outbox rows per Kafka transaction.
     #[arg(long, default_value_t = 500)]
     batch_size: i64,
@@ -81,6 +85,9 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
     }
     let options = RelayOptions {
         instance: args.instance,
+        transactional_id_prefix: args
+            .transactional_id_prefix
+            .unwrap_or_else(|| settings.producer.transactional_id_prefix.clone()),
         batch_size: args.batch_size.max(1),
         poll_interval: Duration::from_millis(args.poll_ms),
         lease_ttl: Duration::from_secs(args.lease_ttl.max(1)),
@@ -89,14 +96,15 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
         crash_at: args.crash_at,
     };
     serve_health(args.health_addr, &db).await?;
-    let relay = Relay::new(settings, db, options).await?;
-    let summary = relay.run(shutdown_signal()).await;
-    match args.output.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
-        Output::Table => output::relay(&summary),
     // Read-only rights on topics: check them, never create or alter them.
     let required = [&settings.topics.order_events, &settings.topics.inventory_events].map(crate::topics::Required::declared);
     crate::topics::require_with(settings, &required, &crate::topics::ensure_command(None))?;
+    let relay = Relay::new(settings, db, options).await?;
+    // A shard producer that keeps failing fatally ends the process non-zero.
+    let summary = relay.run(shutdown_signal()).await?;
+    match args.output.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
+        Output::Table => output::relay(&summary),
     }
     Ok(ExitCode::SUCCESS)
 }

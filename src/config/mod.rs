@@ -69,6 +69,8 @@ pub struct ProducerSettings {
     pub options: BTreeMap<String, String>,
     /// Name written into `producer` of envelopes this process creates.
     pub service_name: String,
+    /// Prefix of the relay's per-shard `transactional.id`s (`<prefix>-shard-<n>`).
+    pub transactional_id_prefix: String,
 }
 
 /// Consumer tuning.

@@ -1,18 +1,32 @@
-//! `orderpipe relay`: publishes outbox rows with a transactional producer.
+//! `orderpipe relay`: publishes outbox rows with transactional producers,
+//! one per shard it leases.
 //!
 //! One cycle:
 //!
 //! 1. claim: in a DB transaction, `SELECT ... FOR UPDATE` the oldest unsent
 //!    rows of the shards this instance leases, in id order (completed to
 //!    whole business transactions, `tx_id`);
-//! 2. publish them in **one Kafka transaction** (`order.events.v1` and, for
-//!    events that move stock, `inventory.events.v1` together), commit it;
-//! 3. mark the rows sent and commit the DB transaction.
+//! 2. publish each shard's rows in **one Kafka transaction** of that shard's
+//!    producer (`order.events.v1` and, for events that move stock,
+//!    `inventory.events.v1` together); the shards' transactions run side by
+//!    side;
+//! 3. mark the rows of the shards whose Kafka transaction committed as sent,
+//!    and commit the DB transaction.
 //!
 //! A crash between 2 and 3 publishes the rows again on the next cycle (same
 //! event ids): consumers skip them as duplicates. A crash before 2's commit
-//! leaves an open Kafka transaction that the restarted instance (same
-//! `transactional.id`) aborts; read-committed consumers never see it.
+//! leaves open Kafka transactions that the next owner of the shard aborts
+//! (or the broker, after `transaction.timeout.ms`); read-committed consumers
+//! never see them.
+//!
+//! Identity and fencing: a `transactional.id` belongs to a shard, not to a
+//! pod: `<prefix>-shard-<n>` ([`transactional_id`]). Whoever takes a shard's
+//! lease builds that shard's producer and calls `init_transactions`, which
+//! fences the previous owner's producer (its next send or commit fails with
+//! a fatal error) and aborts the transaction it left open at once. A fenced
+//! or otherwise fatally failed producer is dropped; the relay rebuilds it if
+//! it still holds the shard's lease, and exits with an error after
+//! [`MAX_FATAL_IN_A_ROW`] fatal errors on one shard without a commit between.
 //!
 //! Several relays: shards are leased (`relay_leases`, renewed every few
 //! seconds, expiring after `lease_ttl`), each instance taking about an equal
@@ -20,12 +34,15 @@
 //! instance in order. The claim uses a blocking `FOR UPDATE`, not `SKIP
 //! LOCKED`: during a lease handover the new owner waits for the old one's
 //! batch instead of skipping past a locked row, which could publish a later
-//! event of the same order first.
+//! event of the same order first. It waits at most a third of the lease
+//! lifetime, so a relay blocked behind a stalled one keeps renewing its
+//! leases.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{FutureRecord, Producer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer};
 
 use crate::metrics::{MeasuredProducer, measured_producer};
 use serde::Serialize;
@@ -36,10 +53,26 @@ use crate::codec::Codec;
 use crate::config::Settings;
 use crate::db::{Db, DbError, Dialect};
 use crate::envelope::Envelope;
-use crate::producer::config::producer_options;
+use crate::producer::config::{OptionConflict, producer_options};
 use crate::producer::record_headers;
 use crate::retry::now_ms;
 use crate::schema::SchemaCatalog;
+
+/// Default `transaction.timeout.ms` of the relay's producers. The broker
+/// aborts a transaction left open this long, checking every
+/// `transaction.abort.timed.out.transaction.cleanup.interval.ms` (10 s by
+/// default), so a relay that dies inside a transaction blocks read-committed
+/// consumers for at most 5 + 10 s even when no relay takes over its shards.
+pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 5_000;
+
+/// Fatal producer errors on one shard, without a commit between them, after
+/// which the relay exits (non-zero) instead of rebuilding the producer again.
+pub const MAX_FATAL_IN_A_ROW: u32 = 3;
+
+/// The `transactional.id` of a shard's producer.
+pub fn transactional_id(prefix: &str, shard: i64) -> String {
+    format!("{prefix}-shard-{shard}")
+}
 
 /// Where the relay may be told to crash (tests of the crash guarantees).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, serde::Deserialize)]
@@ -49,13 +82,25 @@ pub enum CrashPoint {
     BeforeKafkaCommit,
     /// After committing the Kafka transaction, before marking rows sent.
     AfterKafkaCommit,
+    /// After producing a batch, stop the process (SIGSTOP) before committing
+    /// the Kafka transaction; it goes on when continued (SIGCONT) or dies
+    /// there when killed. Tests use it to kill a relay, or to freeze a
+    /// zombie, inside a transaction.
+    StallBeforeKafkaCommit,
 }
+
+/// What the relay prints on stderr when it stalls at
+/// [`CrashPoint::StallBeforeKafkaCommit`].
+pub const STALL_MARKER: &str = "relay stalled inside the Kafka transaction";
 
 /// How the relay runs.
 #[derive(Debug, Clone)]
 pub struct RelayOptions {
-    /// Stable name of this instance; `transactional.id` is `orderpipe-relay-<instance>`.
+    /// Name of this instance in the shard leases (the pod name); unique
+    /// among running relays.
     pub instance: String,
+    /// Prefix of the per-shard `transactional.id`s (see [`transactional_id`]).
+    pub transactional_id_prefix: String,
     /// Rows per Kafka transaction (completed to whole business transactions).
     pub batch_size: i64,
     /// Wait between polls of an empty outbox.
@@ -79,6 +124,12 @@ pub struct RelaySummary {
     pub transactions: u64,
     /// Kafka transactions aborted.
     pub aborted: u64,
+    /// Shard producers dropped after a fatal error (fenced by a newer owner
+    /// of the shard, or failed fatally).
+    pub fatal: u64,
+    /// Shard producers built (`init_transactions`) after the first build of
+    /// each shard: rebuilt after a fatal error or re-leased.
+    pub rebuilt: u64,
     /// Records per topic.
     pub by_topic: BTreeMap<String, u64>,
     /// Sent rows purged.
@@ -102,43 +153,162 @@ pub enum RelayError {
     /// Schema missing.
     #[error(transparent)]
     Schema(#[from] crate::schema::SchemaError),
+    /// A shard's producer kept failing fatally; the orchestrator restarts us.
+    #[error(
+        "shard {shard} (transactional.id {transactional_id}): {MAX_FATAL_IN_A_ROW} fatal producer errors without a commit, \
+         last: {last}; is another deployment using the same --transactional-id-prefix, or are the TransactionalId ACLs missing?"
+    )]
+    Fatal {
+        /// The shard.
+        shard: i64,
+        /// Its producer's transactional id.
+        transactional_id: String,
+        /// The last error.
+        last: String,
+    },
 }
 
 struct Row_ {
     id: i64,
+    shard: i64,
     topic: String,
     key: String,
     envelope: String,
 }
 
+/// A row ready to send.
+struct Encoded<'a> {
+    row: &'a Row_,
+    envelope: Envelope,
+    payload: Vec<u8>,
+}
+
+/// The relay's producer options: the settings' producer options with a
+/// transaction timeout ([`DEFAULT_TRANSACTION_TIMEOUT_MS`] unless
+/// `producer.options` sets `transaction.timeout.ms`) and a message timeout
+/// no longer than it (librdkafka refuses a longer one).
+pub fn relay_producer_options(settings: &Settings) -> Result<BTreeMap<String, String>, OptionConflict> {
+    let mut options = producer_options(&settings.kafka_client_options(), &settings.producer.options)?;
+    let millis = |key: &str, value: &str| {
+        value.trim().parse::<u64>().map_err(|_| {
+            OptionConflict(format!("`{key}` = {value:?} is not a whole number of milliseconds"))
+        })
+    };
+    let transaction_timeout = match options.get("transaction.timeout.ms") {
+        Some(v) => millis("transaction.timeout.ms", v)?,
+        None => DEFAULT_TRANSACTION_TIMEOUT_MS,
+    };
+    options.insert("transaction.timeout.ms".into(), transaction_timeout.to_string());
+    match settings.producer.options.get("message.timeout.ms") {
+        Some(v) if millis("message.timeout.ms", v)? > transaction_timeout => {
+            return Err(OptionConflict(format!(
+                "message.timeout.ms={v} is longer than the relay's transaction.timeout.ms={transaction_timeout}: \
+                 it must be at most that (or set a longer transaction.timeout.ms, which lets a dead relay block \
+                 read-committed consumers longer)"
+            )));
+        }
+        Some(_) => {}
+        None => {
+            options.insert("message.timeout.ms".into(), transaction_timeout.to_string());
+        }
+    }
+    Ok(options)
+}
+
+/// Builds the transactional producer of `shard` and fences every earlier
+/// producer of it: `init_transactions` aborts the transaction a previous
+/// owner left open and makes that owner's next send or commit fail.
+async fn fenced_shard_producer(
+    options: &BTreeMap<String, String>,
+    prefix: &str,
+    shard: i64,
+) -> Result<MeasuredProducer, KafkaError> {
+    let id = transactional_id(prefix, shard);
+    let mut options = options.clone();
+    options.insert("transactional.id".into(), id.clone());
+    // The statistics and the broker's logs then name the shard.
+    options.entry("client.id".into()).or_insert(id);
+    let producer = measured_producer(&options)?;
+    let p = producer.clone();
+    tokio::task::spawn_blocking(move || p.init_transactions(Duration::from_secs(30)))
+        .await
+        .expect("init task does not panic")?;
+    Ok(producer)
+}
+
+/// Whether a producer error leaves the producer unusable: fenced by a newer
+/// producer with the same `transactional.id`, or in librdkafka's fatal state.
+fn is_fatal(error: &KafkaError, producer: &MeasuredProducer) -> bool {
+    let fatal_code = matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+        )
+    );
+    fatal_code
+        || matches!(error, KafkaError::Transaction(e) if e.is_fatal())
+        || producer.client().fatal_error().is_some()
+}
+
+/// The metric and log label of a fatal error.
+fn fatal_reason(error: &KafkaError) -> &'static str {
+    match error.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced) => "fenced",
+        _ => "fatal",
+    }
+}
+
+/// How one shard's Kafka transaction of a cycle ended.
+enum ShardOutcome {
+    Committed,
+    /// Aborted; the producer stays usable.
+    Aborted(KafkaError),
+    /// The producer is unusable and must be dropped.
+    Fatal(KafkaError),
+}
+
 /// The relay's state.
 pub struct Relay {
     db: Db,
-    producer: MeasuredProducer,
+    producer_options: BTreeMap<String, String>,
+    /// The producer of each leased shard, fenced in on taking the lease.
+    producers: BTreeMap<i64, MeasuredProducer>,
+    /// Shards that had a producer once (a later build is a rebuild).
+    built: BTreeSet<i64>,
+    /// Fatal errors per shard since its last commit.
+    fatal_in_a_row: BTreeMap<i64, u32>,
+    /// Set when a shard's producer failed fatally too often.
+    give_up: Option<RelayError>,
     codecs: BTreeMap<String, Codec>,
     options: RelayOptions,
     owned: Vec<i64>,
+    /// Fewer shards than our share, or a leased shard without a producer:
+    /// the leases are checked every second instead of every `lease_ttl/3`.
+    short: bool,
     renewed_at: Option<Instant>,
     /// What the relay did so far.
     pub summary: RelaySummary,
 }
 
 impl Relay {
-    /// Builds the transactional producer (fencing any previous incarnation
-    /// of this instance) and the codecs of the topics it writes.
+    /// Checks the producer options and builds the codecs of the topics it
+    /// writes. Shard producers are built (fencing their previous owners) as
+    /// the relay takes the shards' leases.
     pub async fn new(settings: &Settings, db: Db, options: RelayOptions) -> Result<Self, RelayError> {
-        let mut producer_settings = producer_options(&settings.kafka_client_options(), &settings.producer.options)?;
-        producer_settings.insert("transactional.id".into(), format!("orderpipe-relay-{}", options.instance));
-        // librdkafka requires message.timeout.ms <= transaction.timeout.ms.
-        if !producer_settings.contains_key("transaction.timeout.ms") {
-            let message_timeout = producer_settings.get("message.timeout.ms").cloned().unwrap_or_else(|| "120000".into());
-            producer_settings.insert("transaction.timeout.ms".into(), message_timeout);
+        let prefix = &options.transactional_id_prefix;
+        if prefix.is_empty() || prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(OptionConflict(format!(
+                "--transactional-id-prefix {prefix:?}: must be non-empty, without spaces (ids are <prefix>-shard-<0..{}>)",
+                SHARDS - 1
+            ))
+            .into());
         }
-        let producer = measured_producer(&producer_settings)?;
-        let p = producer.clone();
-        tokio::task::spawn_blocking(move || p.init_transactions(Duration::from_secs(30)))
-            .await
-            .expect("init task does not panic")?;
+        let producer_options = relay_producer_options(settings)?;
+        // A bad option fails here, at start, not at the first lease.
+        let _ = measured_producer(&producer_options)?;
         let catalog = SchemaCatalog::embedded();
         let mut codecs = BTreeMap::new();
         for (topic, schema) in [
@@ -151,30 +321,44 @@ impl Relay {
         }
         Ok(Self {
             db,
-            producer,
+            producer_options,
+            producers: BTreeMap::new(),
+            built: BTreeSet::new(),
+            fatal_in_a_row: BTreeMap::new(),
+            give_up: None,
             codecs,
             options,
             owned: Vec::new(),
+            short: true,
             renewed_at: None,
             summary: RelaySummary::default(),
         })
     }
 
     /// Runs until `shutdown` or, with `until_idle`, until nothing was
-    /// published for that long.
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> RelaySummary {
+    /// published for that long. Fails when a shard's producer keeps failing
+    /// fatally ([`RelayError::Fatal`]), after giving its leases back.
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<RelaySummary, RelayError> {
         tokio::pin!(shutdown);
         let mut last_work = Instant::now();
         let mut first_publish = None;
         let mut last_purge = Instant::now();
         let mut last_backlog = Instant::now() - Duration::from_secs(10);
         let mut backoff = Duration::from_millis(100);
+        // Backing off longer than a third of the lease lifetime would let our
+        // leases lapse while we sleep.
+        let max_backoff = (self.options.lease_ttl / 3).clamp(Duration::from_millis(100), Duration::from_secs(30));
         loop {
             if futures::FutureExt::now_or_never(&mut shutdown).is_some() {
                 break;
             }
             if let Err(e) = self.balance_leases().await {
                 tracing::warn!(error = %e, "relay leases not renewed; retrying");
+            }
+            if let Some(fatal) = self.give_up.take() {
+                tracing::error!(error = %fatal, "relay gives up");
+                self.release_leases().await;
+                return Err(fatal);
             }
             match self.cycle().await {
                 Ok(0) => {
@@ -197,7 +381,7 @@ impl Relay {
                 Err(e) => {
                     tracing::warn!(error = %e, "relay cycle failed; retrying with backoff");
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    backoff = (backoff * 2).min(max_backoff);
                 }
             }
             if last_backlog.elapsed() > Duration::from_secs(5) {
@@ -215,37 +399,74 @@ impl Relay {
             }
         }
         self.release_leases().await;
-        self.summary
+        Ok(self.summary)
     }
 
-    /// Claims, publishes and marks one batch; returns how many rows.
+    /// Claims a batch of the shards with a producer, publishes each shard's
+    /// rows in its own Kafka transaction and marks the committed ones sent;
+    /// returns how many rows.
     async fn cycle(&mut self) -> Result<u64, CycleError> {
-        if self.owned.is_empty() {
+        let shards: Vec<i64> = self.producers.keys().copied().collect();
+        if shards.is_empty() {
             return Ok(0);
         }
         let mut tx = self.db.begin().await?;
-        let rows = claim(&mut tx, self.db.dialect, &self.owned, self.options.batch_size).await?;
+        if self.db.dialect == Dialect::MySql {
+            // Rows locked by a stalled relay: give up after a third of the
+            // lease lifetime (and retry) rather than let our leases lapse.
+            let wait = (self.options.lease_ttl.as_secs() / 3).max(1);
+            sqlx::query(sqlx::AssertSqlSafe(format!("SET SESSION innodb_lock_wait_timeout = {wait}")))
+                .execute(&mut *tx)
+                .await?;
+        }
+        let rows = claim(&mut tx, self.db.dialect, &shards, self.options.batch_size).await?;
         if rows.is_empty() {
             tx.rollback().await?;
             return Ok(0);
         }
-        self.publish(&rows).await?;
-        let mut update = sqlx::QueryBuilder::<sqlx::Any>::new("UPDATE outbox_messages SET sent_ms = ");
-        update.push_bind(now_ms()).push(" WHERE id IN (");
-        let mut ids = update.separated(", ");
-        for row in &rows {
-            ids.push_bind(row.id);
+        let encoded = self.encode(&rows).await?;
+        let outcomes = self.publish(&encoded).await;
+        let committed: Vec<i64> = encoded
+            .iter()
+            .filter(|e| matches!(outcomes.get(&e.row.shard), Some(ShardOutcome::Committed)))
+            .map(|e| e.row.id)
+            .collect();
+        if !committed.is_empty() {
+            let mut update = sqlx::QueryBuilder::<sqlx::Any>::new("UPDATE outbox_messages SET sent_ms = ");
+            update.push_bind(now_ms()).push(" WHERE id IN (");
+            let mut ids = update.separated(", ");
+            for id in &committed {
+                ids.push_bind(*id);
+            }
+            update.push(")");
+            update.build().execute(&mut *tx).await?;
         }
-        update.push(")");
-        update.build().execute(&mut *tx).await?;
         tx.commit().await?;
-        Ok(rows.len() as u64)
+        let mut failure = None;
+        for (shard, outcome) in outcomes {
+            match outcome {
+                ShardOutcome::Committed => {
+                    self.fatal_in_a_row.remove(&shard);
+                }
+                ShardOutcome::Aborted(e) => {
+                    tracing::warn!(shard, error = %e, "Kafka transaction aborted; its rows stay unsent and are retried");
+                    failure = Some(e);
+                }
+                ShardOutcome::Fatal(e) => {
+                    self.drop_fatal_producer(shard, &e);
+                    failure = Some(e);
+                }
+            }
+        }
+        match failure {
+            Some(e) if committed.is_empty() => Err(CycleError::Kafka(e)),
+            _ => Ok(committed.len() as u64),
+        }
     }
 
-    /// One Kafka transaction for the rows.
-    async fn publish(&mut self, rows: &[Row_]) -> Result<(), CycleError> {
-        // Encode first: a row that cannot be encoded fails the cycle before
-        // any transaction is opened.
+    /// Encodes every row first: a row that cannot be encoded fails the cycle
+    /// before any transaction is opened.
+    async fn encode<'a>(&self, rows: &'a [Row_]) -> Result<Vec<Encoded<'a>>, CycleError> {
         let mut encoded = Vec::with_capacity(rows.len());
         for row in rows {
             let envelope = Envelope::from_json(&row.envelope).map_err(|e| CycleError::Row(row.id, e.to_string()))?;
@@ -254,71 +475,162 @@ impl Relay {
                 .get(&row.topic)
                 .ok_or_else(|| CycleError::Row(row.id, format!("no schema for topic {}", row.topic)))?;
             let payload = codec.encode(&envelope).await.map_err(|e| CycleError::Row(row.id, e.to_string()))?;
-            encoded.push((row, envelope, payload));
+            encoded.push(Encoded { row, envelope, payload });
         }
-        self.producer.begin_transaction()?;
-        let mut deliveries = Vec::with_capacity(rows.len());
-        for (row, envelope, payload) in &encoded {
-            let record = FutureRecord::to(&row.topic)
-                .key(&row.key)
-                .payload(&payload)
-                .headers(record_headers(envelope));
-            match self.producer.send_result(record) {
-                Ok(delivery) => deliveries.push(delivery),
-                Err((e, _)) => {
-                    self.abort().await;
-                    return Err(e.into());
+        Ok(encoded)
+    }
+
+    /// One Kafka transaction per shard for the rows, all shards side by side.
+    async fn publish(&mut self, encoded: &[Encoded<'_>]) -> BTreeMap<i64, ShardOutcome> {
+        let mut by_shard: BTreeMap<i64, Vec<&Encoded<'_>>> = BTreeMap::new();
+        for e in encoded {
+            by_shard.entry(e.row.shard).or_default().push(e);
+        }
+        let mut outcomes = BTreeMap::new();
+        // Produce: open each shard's transaction and queue its records.
+        let mut open: Vec<(i64, MeasuredProducer, Vec<DeliveryFuture>)> = Vec::new();
+        for (&shard, batch) in &by_shard {
+            let producer = self.producers[&shard].clone();
+            match produce(&producer, batch) {
+                Ok(deliveries) => open.push((shard, producer, deliveries)),
+                Err(e) => {
+                    outcomes.insert(shard, abort_or_fatal(&producer, e).await);
                 }
             }
-            *self.summary.by_topic.entry(row.topic.clone()).or_default() += 1;
         }
-        if self.options.crash_at == Some(CrashPoint::BeforeKafkaCommit) {
-            let _ = self.producer.flush(Duration::from_secs(10));
-            tracing::error!("crash point before_kafka_commit: aborting the process");
-            std::process::abort();
-        }
-        let p = self.producer.clone();
-        let committed = tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(60)))
-            .await
-            .expect("commit task does not panic");
-        if let Err(e) = committed {
-            self.abort().await;
-            return Err(e.into());
-        }
-        for d in deliveries {
-            if let Ok(Err((e, _))) = d.await {
-                return Err(CycleError::Kafka(e));
+        if matches!(
+            self.options.crash_at,
+            Some(CrashPoint::BeforeKafkaCommit | CrashPoint::StallBeforeKafkaCommit)
+        ) && !open.is_empty()
+        {
+            for (_, producer, _) in &open {
+                let _ = producer.flush(Duration::from_secs(10));
             }
+            if self.options.crash_at == Some(CrashPoint::BeforeKafkaCommit) {
+                tracing::error!("crash point before_kafka_commit: aborting the process");
+                std::process::abort();
+            }
+            self.options.crash_at = None;
+            eprintln!("{STALL_MARKER} (pid {})", std::process::id());
+            // SAFETY: raise only sends a signal to this process.
+            unsafe { libc::raise(libc::SIGSTOP) };
         }
-        self.summary.transactions += 1;
-        crate::metrics::transaction("committed");
-        for (row, envelope, _) in &encoded {
-            crate::metrics::produced(&row.topic, envelope.event_name.as_str(), 1);
+        // Commit: each shard's transaction in its own blocking call, together.
+        let commits = open.into_iter().map(|(shard, producer, deliveries)| async move {
+            let p = producer.clone();
+            let committed = tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(60)))
+                .await
+                .expect("commit task does not panic");
+            let outcome = match committed {
+                Ok(()) => {
+                    // Committed means every record was acknowledged.
+                    futures::future::join_all(deliveries).await;
+                    ShardOutcome::Committed
+                }
+                Err(e) => abort_or_fatal(&producer, e).await,
+            };
+            (shard, outcome)
+        });
+        for (shard, outcome) in futures::future::join_all(commits).await {
+            outcomes.insert(shard, outcome);
+        }
+        for (shard, outcome) in &outcomes {
+            match outcome {
+                ShardOutcome::Committed => {
+                    self.summary.transactions += 1;
+                    crate::metrics::transaction("committed");
+                    for e in &by_shard[shard] {
+                        *self.summary.by_topic.entry(e.row.topic.clone()).or_default() += 1;
+                        crate::metrics::produced(&e.row.topic, e.envelope.event_name.as_str(), 1);
+                    }
+                }
+                ShardOutcome::Aborted(_) | ShardOutcome::Fatal(_) => {
+                    self.summary.aborted += 1;
+                    crate::metrics::transaction("aborted");
+                }
+            }
         }
         if self.options.crash_at == Some(CrashPoint::AfterKafkaCommit) {
             tracing::error!("crash point after_kafka_commit: aborting the process");
             std::process::abort();
         }
-        Ok(())
+        outcomes
     }
 
-    async fn abort(&mut self) {
-        let p = self.producer.clone();
-        let aborted = tokio::task::spawn_blocking(move || p.abort_transaction(Duration::from_secs(30)))
-            .await
-            .expect("abort task does not panic");
-        if let Err(e) = aborted {
-            tracing::warn!(error = %e, "aborting the Kafka transaction failed");
+    /// Drops a shard's producer after a fatal error; the next lease check
+    /// rebuilds it if the shard is still ours.
+    fn drop_fatal_producer(&mut self, shard: i64, error: &KafkaError) {
+        self.producers.remove(&shard);
+        let reason = fatal_reason(error);
+        tracing::error!(
+            shard,
+            transactional_id = %transactional_id(&self.options.transactional_id_prefix, shard),
+            reason,
+            error = %error,
+            "shard producer failed fatally: dropped; rebuilt if the shard's lease is still ours"
+        );
+        crate::metrics::relay_producer_fatal(reason);
+        self.summary.fatal += 1;
+        let n = self.fatal_in_a_row.entry(shard).or_default();
+        *n += 1;
+        if *n >= MAX_FATAL_IN_A_ROW && self.give_up.is_none() {
+            self.give_up = Some(RelayError::Fatal {
+                shard,
+                transactional_id: transactional_id(&self.options.transactional_id_prefix, shard),
+                last: error.to_string(),
+            });
         }
-        self.summary.aborted += 1;
-        crate::metrics::transaction("aborted");
+        // Check the lease now rather than at the next renewal.
+        self.renewed_at = None;
+    }
+
+    /// Builds (fencing in) the producers of the shards we lease and have none
+    /// for, and of `fresh` shards (leased again after a lapse: whoever held
+    /// them meanwhile fenced our old producer); drops those of shards we no
+    /// longer lease.
+    async fn sync_producers(&mut self, fresh: &BTreeSet<i64>) {
+        let owned: BTreeSet<i64> = self.owned.iter().copied().collect();
+        self.producers.retain(|shard, _| owned.contains(shard) && !fresh.contains(shard));
+        let missing: Vec<i64> = owned.iter().filter(|s| !self.producers.contains_key(s)).copied().collect();
+        let options = &self.producer_options;
+        let prefix = &self.options.transactional_id_prefix;
+        let built = futures::future::join_all(
+            missing.iter().map(|&shard| async move { (shard, fenced_shard_producer(options, prefix, shard).await) }),
+        )
+        .await;
+        for (shard, result) in built {
+            match result {
+                Ok(producer) => {
+                    if !self.built.insert(shard) {
+                        self.summary.rebuilt += 1;
+                    }
+                    self.producers.insert(shard, producer);
+                }
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "shard producer not built; retrying at the next lease check");
+                    if matches!(&e, KafkaError::Transaction(t) if t.is_fatal()) {
+                        let n = self.fatal_in_a_row.entry(shard).or_default();
+                        *n += 1;
+                        if *n >= MAX_FATAL_IN_A_ROW && self.give_up.is_none() {
+                            self.give_up = Some(RelayError::Fatal {
+                                shard,
+                                transactional_id: transactional_id(prefix, shard),
+                                last: e.to_string(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        crate::metrics::relay_shards(self.producers.len());
     }
 
     /// Renews this instance's leases and moves toward an equal share of the
     /// shards among live instances.
     async fn balance_leases(&mut self) -> Result<(), DbError> {
         let ttl = self.options.lease_ttl;
-        if self.renewed_at.is_some_and(|t| t.elapsed() < ttl / 3) {
+        let every = if self.short { (ttl / 3).min(Duration::from_secs(1)) } else { ttl / 3 };
+        if self.renewed_at.is_some_and(|t| t.elapsed() < every) {
             return Ok(());
         }
         let me = &self.options.instance;
@@ -365,6 +677,7 @@ impl Relay {
             .bind(now)
             .execute(&self.db.pool)
             .await?;
+        let mut fresh = BTreeSet::new();
         for (shard, _, exp) in &leases {
             if mine.len() >= target {
                 break;
@@ -379,6 +692,7 @@ impl Relay {
                     .await?;
                 if r.rows_affected() == 1 {
                     mine.push(*shard);
+                    fresh.insert(*shard);
                 }
             }
         }
@@ -388,10 +702,14 @@ impl Relay {
         }
         self.owned = mine;
         self.renewed_at = Some(Instant::now());
+        self.sync_producers(&fresh).await;
+        self.short = self.owned.len() < target || self.producers.len() < self.owned.len();
         Ok(())
     }
 
-    async fn release_leases(&self) {
+    async fn release_leases(&mut self) {
+        // No transaction is open between cycles: the producers just close.
+        self.producers.clear();
         let _ = sqlx::query("UPDATE relay_leases SET owner = '', expires_ms = 0 WHERE owner = ?")
             .bind(&self.options.instance)
             .execute(&self.db.pool)
@@ -400,6 +718,41 @@ impl Relay {
             .bind(&self.options.instance)
             .execute(&self.db.pool)
             .await;
+    }
+}
+
+/// Opens a transaction on `producer` and queues `batch` in it.
+fn produce(producer: &MeasuredProducer, batch: &[&Encoded<'_>]) -> Result<Vec<DeliveryFuture>, KafkaError> {
+    producer.begin_transaction()?;
+    let mut deliveries = Vec::with_capacity(batch.len());
+    for e in batch {
+        let record = FutureRecord::to(&e.row.topic)
+            .key(&e.row.key)
+            .payload(&e.payload)
+            .headers(record_headers(&e.envelope));
+        deliveries.push(producer.send_result(record).map_err(|(e, _)| e)?);
+    }
+    Ok(deliveries)
+}
+
+/// After a failed send or commit: a fatal error leaves the producer to be
+/// dropped; otherwise the transaction is aborted, and a producer that cannot
+/// even abort is treated as fatally failed too (rebuilding it aborts the
+/// transaction on the broker).
+async fn abort_or_fatal(producer: &MeasuredProducer, error: KafkaError) -> ShardOutcome {
+    if is_fatal(&error, producer) {
+        return ShardOutcome::Fatal(error);
+    }
+    let p = producer.clone();
+    let aborted = tokio::task::spawn_blocking(move || p.abort_transaction(Duration::from_secs(30)))
+        .await
+        .expect("abort task does not panic");
+    match aborted {
+        Ok(()) => ShardOutcome::Aborted(error),
+        Err(abort_error) => {
+            tracing::warn!(error = %abort_error, "aborting the Kafka transaction failed");
+            ShardOutcome::Fatal(abort_error)
+        }
     }
 }
 
@@ -428,7 +781,7 @@ async fn claim(tx: &mut crate::db::Tx, dialect: Dialect, shards: &[i64], limit: 
         Dialect::Sqlite => "", // one writer at a time
     };
     let mut q = sqlx::QueryBuilder::<sqlx::Any>::new(
-        "SELECT id, tx_id, topic, message_key, envelope FROM outbox_messages WHERE sent_ms IS NULL AND shard IN (",
+        "SELECT id, tx_id, topic, message_key, envelope, shard FROM outbox_messages WHERE sent_ms IS NULL AND shard IN (",
     );
     let mut list = q.separated(", ");
     for s in shards {
@@ -444,11 +797,12 @@ async fn claim(tx: &mut crate::db::Tx, dialect: Dialect, shards: &[i64], limit: 
             topic: r.try_get(2)?,
             key: r.try_get(3)?,
             envelope: r.try_get(4)?,
+            shard: r.try_get(5)?,
         });
     }
     if let (Some(tx_id), Some(last)) = (last_tx, rows.last().map(|r| r.id)) {
         let sql = sqlx::AssertSqlSafe(format!(
-            "SELECT id, topic, message_key, envelope FROM outbox_messages \
+            "SELECT id, topic, message_key, envelope, shard FROM outbox_messages \
              WHERE tx_id = ? AND id > ? AND sent_ms IS NULL ORDER BY id{lock}"
         ));
         for r in sqlx::query(sql).bind(tx_id).bind(last).fetch_all(&mut **tx).await? {
@@ -457,8 +811,41 @@ async fn claim(tx: &mut crate::db::Tx, dialect: Dialect, shards: &[i64], limit: 
                 topic: r.try_get(1)?,
                 key: r.try_get(2)?,
                 envelope: r.try_get(3)?,
+                shard: r.try_get(4)?,
             });
         }
     }
     Ok(rows)
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options_with(pairs: &[(&str, &str)]) -> Result<BTreeMap<String, String>, OptionConflict> {
+        let mut settings = Settings::default();
+        settings.producer.options = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        relay_producer_options(&settings)
+    }
+
+    #[test]
+    fn the_transaction_timeout_bounds_the_message_timeout() {
+        let o = options_with(&[]).unwrap();
+        assert_eq!(o["transaction.timeout.ms"], DEFAULT_TRANSACTION_TIMEOUT_MS.to_string());
+        assert_eq!(o["message.timeout.ms"], DEFAULT_TRANSACTION_TIMEOUT_MS.to_string());
+        let o = options_with(&[("transaction.timeout.ms", "20000")]).unwrap();
+        assert_eq!(o["message.timeout.ms"], "20000");
+        let o = options_with(&[("message.timeout.ms", "3000")]).unwrap();
+        assert_eq!((o["transaction.timeout.ms"].as_str(), o["message.timeout.ms"].as_str()), ("5000", "3000"));
+        let e = options_with(&[("message.timeout.ms", "120000")]).unwrap_err().to_string();
+        assert!(e.contains("message.timeout.ms=120000") && e.contains("transaction.timeout.ms=5000"), "{e}");
+        let e = options_with(&[("transaction.timeout.ms", "10s")]).unwrap_err().to_string();
+        assert!(e.contains("transaction.timeout.ms") && e.contains("milliseconds"), "{e}");
+    }
+
+    #[test]
+    fn transactional_ids_belong_to_shards() {
+        assert_eq!(transactional_id("orderpipe-relay", 7), "orderpipe-relay-shard-7");
+    }
 }

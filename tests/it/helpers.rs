@@ -35,6 +35,8 @@ impl TestEnv {
             spec.name = format!("{prefix}.{}", spec.name);
             env.insert(format!("ORDERPIPE_TOPICS__{key}__NAME"), spec.name.clone());
         }
+        // Relays of parallel tests share the broker: their shards' transactional ids must differ.
+        env.insert("ORDERPIPE_PRODUCER__TRANSACTIONAL_ID_PREFIX".into(), format!("{prefix}-relay"));
         Self {
             prefix,
             settings,

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use orderpipe::codec::Codec;
 use orderpipe::envelope::Envelope;
@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::consumer::{consume, sigterm};
 use crate::exactly_once::{ALL_HANDLERS, assert_exactly_once};
-use crate::helpers::{TestEnv, header};
+use crate::helpers::{Spawned, TestEnv, header};
 
 /// The order API of this test, served in-process on a free port.
 pub async fn start_api(env: &TestEnv) -> String {
@@ -372,4 +372,270 @@ async fn the_codec_reads_what_the_relay_wrote() {
         assert_eq!(&decoded, by_id[&decoded.event_id.to_string()]);
         assert_eq!(header(m, "trace_id").as_deref(), Some(decoded.trace_id.as_str()));
     }
+}
+
+/// Starts a relay that stops itself (SIGSTOP) inside its first Kafka
+/// transaction (`--crash-at stall-before-kafka-commit`) and returns once it
+/// is stopped there: records in the log, transaction open, rows locked.
+fn stalled_relay(env: &TestEnv, instance: &str, extra: &[&str]) -> Spawned {
+    let mut args = vec!["relay", "--instance", instance, "--crash-at", "stall-before-kafka-commit", "--output", "json"];
+    args.extend_from_slice(extra);
+    let mut relay = env.spawn(&args);
+    let (tx, rx) = std::sync::mpsc::channel();
+    forward_stderr(&mut relay, instance, move |line| {
+        if line.contains(orderpipe::outbox::relay::STALL_MARKER) {
+            let _ = tx.send(());
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60)).expect("the relay reached its stall point");
+    let stat = format!("/proc/{}/stat", relay.id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Field 3 of /proc/PID/stat is the state; T = stopped.
+    while std::fs::read_to_string(&stat).unwrap().split_whitespace().nth(2) != Some("T") {
+        assert!(Instant::now() < deadline, "the relay did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    relay
+}
+
+/// Copies a child's stderr to the test's, each line prefixed with `label`
+/// and shown to `watch` (the child never blocks on a full pipe).
+fn forward_stderr(child: &mut Spawned, label: &str, mut watch: impl FnMut(&str) + Send + 'static) {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().unwrap();
+    let label = label.to_string();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            watch(&line);
+            eprintln!("[{label}] {line}");
+        }
+    });
+}
+
+/// A read-committed consumer of whole topics, and what it has read: its lag
+/// is the log-end offset (as a read-uncommitted client sees it) minus its
+/// position, summed over the partitions.
+struct CommittedReader {
+    consumer: rdkafka::consumer::BaseConsumer,
+    log_ends: rdkafka::consumer::BaseConsumer,
+    partitions: Vec<(String, i32)>,
+    event_ids: Vec<String>,
+}
+
+impl CommittedReader {
+    fn new(env: &TestEnv, topics: &[&str]) -> Self {
+        use rdkafka::consumer::Consumer;
+        let client = |isolation: &str| -> rdkafka::consumer::BaseConsumer {
+            orderpipe::producer::config::client_config(&env.settings.kafka_client_options())
+                .set("group.id", format!("{}-lag-{isolation}", env.prefix))
+                .set("enable.auto.commit", "false")
+                .set("isolation.level", isolation)
+                .create()
+                .unwrap()
+        };
+        let consumer = client("read_committed");
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        let mut partitions = Vec::new();
+        for topic in topics {
+            let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+            for p in metadata.topics()[0].partitions() {
+                assignment.add_partition_offset(topic, p.id(), rdkafka::Offset::Beginning).unwrap();
+                partitions.push((topic.to_string(), p.id()));
+            }
+        }
+        consumer.assign(&assignment).unwrap();
+        Self {
+            consumer,
+            log_ends: client("read_uncommitted"),
+            partitions,
+            event_ids: Vec::new(),
+        }
+    }
+
+    /// Reads whatever is visible for `period`.
+    fn read_for(&mut self, period: Duration) {
+        let until = Instant::now() + period;
+        while Instant::now() < until {
+            if let Some(m) = self.consumer.poll(Duration::from_millis(50)) {
+                self.event_ids.extend(header(&m.unwrap().detach(), "event_id"));
+            }
+        }
+    }
+
+    fn lag(&self) -> i64 {
+        use rdkafka::consumer::Consumer;
+        let positions = self.consumer.position().unwrap();
+        self.partitions
+            .iter()
+            .map(|(topic, p)| {
+                let (_, end) = self.log_ends.fetch_watermarks(topic, *p, Duration::from_secs(5)).unwrap();
+                let position = match positions.find_partition(topic, *p).map(|e| e.offset()) {
+                    Some(rdkafka::Offset::Offset(o)) => o,
+                    _ => 0,
+                };
+                end - position
+            })
+            .sum()
+    }
+
+    /// Reads until the lag is 0 and `expected` events were read; returns how
+    /// long that took, or panics after `limit`.
+    fn caught_up(&mut self, expected: usize, limit: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            self.read_for(Duration::from_millis(200));
+            let lag = self.lag();
+            if lag == 0 && self.event_ids.len() >= expected {
+                return started.elapsed();
+            }
+            assert!(started.elapsed() < limit, "lag {lag}, {} of {expected} events read after {limit:?}", self.event_ids.len());
+        }
+    }
+}
+
+/// Drives a few orders, stalls a relay inside its first transaction, checks
+/// the open transaction blocks a read-committed consumer, kills the relay
+/// (SIGKILL) and starts `replacement` (if any) under another pod name; returns
+/// the time from the kill to the consumer's lag being 0, and the events.
+async fn kill_inside_transaction(env: &TestEnv, config: &[&str], replacement: Option<&str>) -> (Duration, Vec<Envelope>) {
+    env.cli(&["topics", "ensure"]).success();
+    let api = start_api(env).await;
+    drive_orders(&api, 60, 16).await;
+    let events = outbox_events(env).await;
+    let order_topic = env.settings.topics.order_events.name.clone();
+    let inventory_topic = env.settings.topics.inventory_events.name.clone();
+    let mut args = config.to_vec();
+    args.extend(["--batch-size", "100000"]);
+    let mut stalled = stalled_relay(env, "relay-7f9c-old", &args);
+    let mut reader = CommittedReader::new(env, &[&order_topic, &inventory_topic]);
+    reader.read_for(Duration::from_secs(1));
+    let blocked = reader.lag();
+    assert!(blocked > 0 && reader.event_ids.is_empty(), "the open transaction blocks the consumer (lag {blocked})");
+
+    stalled.kill().unwrap(); // SIGKILL
+    stalled.wait().unwrap();
+    let killed = Instant::now();
+    let mut successor = replacement.map(|pod| {
+        let mut args = config.to_vec();
+        args.extend(["relay", "--instance", pod, "--output", "json"]);
+        let mut relay = env.spawn(&args);
+        forward_stderr(&mut relay, pod, |_| {});
+        relay
+    });
+    let expected = if successor.is_some() { records_of(&events) } else { 0 };
+    reader.caught_up(expected, Duration::from_secs(60));
+    let elapsed = killed.elapsed();
+    eprintln!("killed relay: read-committed lag back to 0 {:.1} s after the kill (lag {blocked} before)", elapsed.as_secs_f64());
+    if let Some(successor) = successor.as_mut() {
+        let summary = stop(successor);
+        assert_eq!(summary["published"].as_i64().unwrap(), outbox_rows(env).await, "{summary}");
+        let ids = reader.event_ids.iter().collect::<BTreeSet<_>>();
+        assert_eq!(ids.len(), reader.event_ids.len(), "no event visible twice");
+    }
+    (elapsed, events)
+}
+
+/// Stops a relay (SIGTERM) and returns its JSON summary.
+fn stop(relay: &mut Spawned) -> Value {
+    use std::io::Read;
+    sigterm(relay);
+    assert!(relay.try_wait().unwrap().is_some_and(|s| s.success()), "the relay failed");
+    let mut out = String::new();
+    relay.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("summary is JSON ({e}): {out}"))
+}
+
+/// How many records the outbox holds for `events`: the order events and
+/// the inventory events of creations and cancellations.
+fn records_of(events: &[Envelope]) -> usize {
+    let created = events.iter().filter(|e| e.event_name.as_str() == "order.created").count();
+    let canceled = events.iter().filter(|e| e.event_name.as_str() == "order.canceled").count();
+    events.len() + created + canceled
+}
+
+/// The bound of issue 11: a dead relay blocks read-committed consumers for 15 s at most.
+const BLOCK_BOUND: Duration = Duration::from_secs(15);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_killed_inside_a_transaction_and_replaced_under_another_pod_name_blocks_consumers_15s_at_most() {
+    let env = TestEnv::new().with_database().await;
+    let (elapsed, _) = kill_inside_transaction(&env, &[], Some("relay-2b41-new")).await;
+    assert!(elapsed <= BLOCK_BOUND, "consumers blocked {elapsed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_new_owner_of_a_shard_fences_the_killed_relay_and_aborts_its_transaction_at_once() {
+    // A 60 s transaction timeout: only fencing by the replacement can end the
+    // open transaction within the bound.
+    let env = TestEnv::new().with_database().await;
+    let config = long_transaction_timeout_config();
+    let config_path = config.path().to_str().unwrap().to_string();
+    let (elapsed, _) = kill_inside_transaction(&env, &["--config", &config_path], Some("relay-2b41-new")).await;
+    assert!(elapsed <= BLOCK_BOUND, "consumers blocked {elapsed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_killed_inside_a_transaction_with_no_replacement_blocks_consumers_15s_at_most() {
+    // Nobody takes the shards over: the broker aborts the transaction after
+    // transaction.timeout.ms (5 s) at its next timeout check (every 10 s).
+    let env = TestEnv::new().with_database().await;
+    let (elapsed, _) = kill_inside_transaction(&env, &[], None).await;
+    assert!(elapsed <= BLOCK_BOUND, "consumers blocked {elapsed:?}");
+}
+
+fn long_transaction_timeout_config() -> tempfile::NamedTempFile {
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::io::Write::write_all(&mut file, b"[producer.options]\n\"transaction.timeout.ms\" = \"60000\"\n").unwrap();
+    file
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zombie_relay_continued_after_its_replacement_took_its_shards_is_fenced_and_publishes_nothing() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let api = start_api(&env).await;
+    drive_orders(&api, 60, 16).await;
+    let events = outbox_events(&env).await;
+    let rows = outbox_rows(&env).await;
+    // Frozen inside its transactions, its rows locked: a zombie.
+    let mut zombie = stalled_relay(&env, "relay-zombie", &["--until-idle", "2", "--batch-size", "100000"]);
+    let mut replacement = env.spawn(&["relay", "--instance", "relay-new", "--batch-size", "50", "--output", "json"]);
+    forward_stderr(&mut replacement, "relay-new", |_| {});
+    let db = env.db();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let (held,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM relay_leases WHERE owner = 'relay-new' AND expires_ms > ?")
+            .bind(orderpipe::retry::now_ms())
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if held == orderpipe::outbox::SHARDS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replacement took {held} shards");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Give it time to build the shard producers (fencing the zombie's).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = std::process::Command::new("kill").arg("-CONT").arg(zombie.id().to_string()).status();
+    let out = zombie.wait_with_output_ref();
+    let summary: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(summary["published"], 0, "the zombie published nothing: {summary}");
+    assert_eq!(summary["transactions"], 0, "the zombie committed no transaction: {summary}");
+    assert!(summary["fatal"].as_u64().unwrap() >= 1, "the zombie's producers were fenced: {summary}");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (unsent,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM outbox_messages WHERE sent_ms IS NULL").fetch_one(&db.pool).await.unwrap();
+        if unsent == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{unsent} rows still unsent");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let summary = stop(&mut replacement);
+    assert_eq!(summary["published"].as_i64().unwrap(), rows, "{summary}");
+    let ids = event_ids(&read_all(&env, &env.settings.topics.order_events.name, "read_committed"));
+    assert_eq!(ids.len(), events.len(), "each event committed once: none by the zombie");
+    assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), events.len());
 }
