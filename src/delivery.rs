@@ -37,7 +37,8 @@ use serde_json::json;
 use crate::config::Settings;
 use crate::consumer::handler::{Effect, Handler, HandlerError};
 use crate::db::{Dialect, Tx};
-use crate::envelope::Envelope;
+use crate::consumer::version::MAJOR_1;
+use crate::envelope::{Envelope, EventName};
 
 /// One downstream subscription.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -179,6 +180,13 @@ impl Handler for HttpDelivery {
         "http"
     }
 
+    /// Major 1 of the events it delivers; a new major of an event outside
+    /// the subscription does not stop it.
+    fn supported_majors(&self, event_name: &EventName) -> &[u32] {
+        let sub = self.subscription.read().expect("subscription lock");
+        if sub.enabled && sub.matches(event_name.as_str()) { MAJOR_1 } else { &[] }
+    }
+
     async fn apply(&self, _: &mut Tx, _: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
         // A snapshot: a reload during this delivery does not change it.
         let sub = self.subscription.read().expect("subscription lock").clone();
@@ -287,5 +295,15 @@ mod tests {
         assert!(glob("*.refunded", "order.refunded"));
         assert!(glob("order.*.succeeded", "order.payment.succeeded"));
         assert!(!glob("inventory.*", "order.created"));
+    }
+
+    #[test]
+    fn declares_major_1_of_the_events_it_delivers_only() {
+        let subscription: Subscription =
+            serde_json::from_str(r#"{"name": "crm", "events": ["order.payment.*"], "url": "http://127.0.0.1:1/"}"#).unwrap();
+        let (handler, _) = HttpDelivery::new(subscription);
+        let name = |n: &str| EventName::parse(n).unwrap();
+        assert_eq!(handler.supported_majors(&name("order.payment.succeeded")), MAJOR_1);
+        assert!(handler.supported_majors(&name("order.created")).is_empty());
     }
 }
