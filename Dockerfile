@@ -1,5 +1,14 @@
 # The image the Helm chart runs: build with the bundled librdkafka, run as a
 # non-root user on a slim base with a read-only root filesystem.
+#
+# Two ways to build this same file (README, "Building the image"):
+#   docker build -t orderpipe .      with a registry: both stages as written;
+#   make image                       no daemon, no registry: dev/image.sh runs it with
+#                                    buildah, the `build` stage replaced by the host's
+#                                    release binary and debian:bookworm-slim by an
+#                                    mmdebstrap bookworm rootfs. The runtime stage runs
+#                                    unchanged, so keep it to one FROM debian:bookworm*
+#                                    and one COPY --from=build (dev/image.sh checks).
 FROM rust:1.95-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends \
       cmake libcurl4-openssl-dev libssl-dev libsasl2-dev zlib1g-dev libzstd-dev pkg-config \

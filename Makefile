@@ -30,6 +30,11 @@ run: build-deps ## the pipeline on an embedded stack (mock Kafka, in-process reg
 test: ## install and start Kafka, Apicurio and MariaDB, run every test, stop what was started
 	$(REPO_ROOT)/dev/test.sh
 
+.PHONY: image
+image: ## the Dockerfile's image without a daemon (buildah, mmdebstrap base), run as UID 10001 against the dev stack
+	$(STACK) up
+	$(REPO_ROOT)/dev/image.sh
+
 bench-produce: build-deps ## orderpipe produce vs kafka-producer-perf-test, 1M records, same broker
 	cargo build --release --bin orderpipe
 	$(STACK) up
