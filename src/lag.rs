@@ -49,7 +49,10 @@ fn default_export_interval_secs() -> u64 {
 
 impl Default for LagSettings {
     fn default() -> Self {
-        Self { groups: Vec::new(), export_interval_secs: default_export_interval_secs() }
+        Self {
+            groups: Vec::new(),
+            export_interval_secs: default_export_interval_secs(),
+        }
     }
 }
 
@@ -124,7 +127,10 @@ pub struct GroupLag {
 /// The groups to measure: `wanted` if given, else `lag.groups`, else the
 /// groups the broker lists (only those with committed offsets on the
 /// order topic are kept by [`measure`] then).
-pub async fn groups_to_measure(settings: &Settings, wanted: &[String]) -> Result<(Vec<String>, bool), LagError> {
+pub async fn groups_to_measure(
+    settings: &Settings,
+    wanted: &[String],
+) -> Result<(Vec<String>, bool), LagError> {
     if !wanted.is_empty() {
         return Ok((wanted.to_vec(), true));
     }
@@ -153,7 +159,12 @@ pub async fn groups_to_measure(settings: &Settings, wanted: &[String]) -> Result
 /// Measures `groups` on `topic` and each group's retry topic. With
 /// `keep_empty` false, groups without committed offsets are left out
 /// (used for groups listed by the broker, most of which read other topics).
-pub async fn measure(settings: &Settings, topic: &str, groups: &[String], keep_empty: bool) -> Result<Vec<GroupLag>, LagError> {
+pub async fn measure(
+    settings: &Settings,
+    topic: &str,
+    groups: &[String],
+    keep_empty: bool,
+) -> Result<Vec<GroupLag>, LagError> {
     let settings = settings.clone();
     let topic = topic.to_string();
     let groups = groups.to_vec();
@@ -189,7 +200,12 @@ fn partitions(probe: &BaseConsumer, topic: &str) -> Result<Option<i32>, KafkaErr
         .filter(|n| *n > 0))
 }
 
-fn measure_blocking(settings: &Settings, topic: &str, groups: &[String], keep_empty: bool) -> Result<Vec<GroupLag>, LagError> {
+fn measure_blocking(
+    settings: &Settings,
+    topic: &str,
+    groups: &[String],
+    keep_empty: bool,
+) -> Result<Vec<GroupLag>, LagError> {
     let probe = probe(settings)?;
     let Some(topic_partitions) = partitions(&probe, topic)? else {
         return Err(LagError::NoTopic(topic.to_string()));
@@ -202,7 +218,9 @@ fn measure_blocking(settings: &Settings, topic: &str, groups: &[String], keep_em
             .groups()
             .iter()
             .find(|g| g.name() == group)
-            .map_or(("Dead".to_string(), 0), |g| (g.state().to_string(), g.members().len()));
+            .map_or(("Dead".to_string(), 0), |g| {
+                (g.state().to_string(), g.members().len())
+            });
         let mut wanted = TopicPartitionList::new();
         for p in 0..topic_partitions {
             wanted.add_partition(topic, p);
@@ -264,12 +282,22 @@ fn measure_blocking(settings: &Settings, topic: &str, groups: &[String], keep_em
 
 /// Runs a group request again while the group's coordinator is moving or
 /// loading (a group seen for the first time, a broker restart): up to 5 s.
-fn retry_coordinator<T>(mut request: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
-    use rdkafka::types::RDKafkaErrorCode::{CoordinatorLoadInProgress, CoordinatorNotAvailable, NotCoordinator};
+fn retry_coordinator<T>(
+    mut request: impl FnMut() -> Result<T, KafkaError>,
+) -> Result<T, KafkaError> {
+    use rdkafka::types::RDKafkaErrorCode::{
+        CoordinatorLoadInProgress, CoordinatorNotAvailable, NotCoordinator,
+    };
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match request() {
-            Err(e) if Instant::now() < deadline && matches!(e.rdkafka_error_code(), Some(NotCoordinator | CoordinatorLoadInProgress | CoordinatorNotAvailable)) => {
+            Err(e)
+                if Instant::now() < deadline
+                    && matches!(
+                        e.rdkafka_error_code(),
+                        Some(NotCoordinator | CoordinatorLoadInProgress | CoordinatorNotAvailable)
+                    ) =>
+            {
                 std::thread::sleep(Duration::from_millis(250));
             }
             other => return other,
@@ -280,12 +308,17 @@ fn retry_coordinator<T>(mut request: impl FnMut() -> Result<T, KafkaError>) -> R
 /// The group's committed offsets (None: nothing committed on that partition).
 /// A consumer with the group's id asks without joining, so it never
 /// disturbs the group's members.
-fn committed_offsets(settings: &Settings, group: &str, wanted: &TopicPartitionList) -> Result<BTreeMap<(String, i32), Option<i64>>, KafkaError> {
+fn committed_offsets(
+    settings: &Settings,
+    group: &str,
+    wanted: &TopicPartitionList,
+) -> Result<BTreeMap<(String, i32), Option<i64>>, KafkaError> {
     let reader: BaseConsumer = client_config(&settings.kafka_client_options())
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()?;
-    let committed = retry_coordinator(|| reader.committed_offsets(wanted.clone(), REQUEST_TIMEOUT))?;
+    let committed =
+        retry_coordinator(|| reader.committed_offsets(wanted.clone(), REQUEST_TIMEOUT))?;
     Ok(committed
         .elements()
         .iter()
@@ -302,13 +335,24 @@ fn committed_offsets(settings: &Settings, group: &str, wanted: &TopicPartitionLi
 /// Reads the first record at each lagging partition's committed offset
 /// for its timestamp. A partition whose probe reaches the log end without a
 /// record holds only transaction markers or aborted records there: lag 0.
-fn oldest_unconsumed(probe: &BaseConsumer, partitions: &mut [PartitionLag]) -> Result<(), KafkaError> {
-    let topics: Vec<String> = partitions.iter().map(|p| p.topic.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+fn oldest_unconsumed(
+    probe: &BaseConsumer,
+    partitions: &mut [PartitionLag],
+) -> Result<(), KafkaError> {
+    let topics: Vec<String> = partitions
+        .iter()
+        .map(|p| p.topic.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     // One topic at a time: librdkafka's end-of-partition event names only the partition.
     for topic in topics {
         let mut assignment = TopicPartitionList::new();
         for p in partitions.iter().filter(|p| p.lag > 0 && p.topic == topic) {
-            let from = p.committed_offset.unwrap_or(p.log_start_offset).max(p.log_start_offset);
+            let from = p
+                .committed_offset
+                .unwrap_or(p.log_start_offset)
+                .max(p.log_start_offset);
             assignment.add_partition_offset(&p.topic, p.partition, Offset::Offset(from))?;
         }
         if assignment.count() == 0 {
@@ -316,15 +360,23 @@ fn oldest_unconsumed(probe: &BaseConsumer, partitions: &mut [PartitionLag]) -> R
         }
         let first = first_records(probe, &assignment)?;
         let now = crate::retry::now_ms();
-        for p in partitions.iter_mut().filter(|p| p.lag > 0 && p.topic == topic) {
+        for p in partitions
+            .iter_mut()
+            .filter(|p| p.lag > 0 && p.topic == topic)
+        {
             match first.get(&p.partition) {
                 Some(Some(timestamp)) => {
                     p.oldest_unconsumed_timestamp_ms = Some(*timestamp);
-                    p.oldest_unconsumed_age_seconds = Some(((now - timestamp).max(0) as f64) / 1000.0);
+                    p.oldest_unconsumed_age_seconds =
+                        Some(((now - timestamp).max(0) as f64) / 1000.0);
                 }
                 // Only markers or aborted records until the log end.
                 Some(None) => p.lag = 0,
-                None => tracing::warn!(topic = p.topic, partition = p.partition, "no record read at the committed offset in time; age unknown"),
+                None => tracing::warn!(
+                    topic = p.topic,
+                    partition = p.partition,
+                    "no record read at the committed offset in time; age unknown"
+                ),
             }
         }
     }
@@ -333,14 +385,20 @@ fn oldest_unconsumed(probe: &BaseConsumer, partitions: &mut [PartitionLag]) -> R
 
 /// The timestamp of the first record from each assigned position of one
 /// topic, by partition; None for a partition that reached its end first.
-fn first_records(probe: &BaseConsumer, assignment: &TopicPartitionList) -> Result<BTreeMap<i32, Option<i64>>, KafkaError> {
+fn first_records(
+    probe: &BaseConsumer,
+    assignment: &TopicPartitionList,
+) -> Result<BTreeMap<i32, Option<i64>>, KafkaError> {
     probe.assign(assignment)?;
     let mut first: BTreeMap<i32, Option<i64>> = BTreeMap::new();
     let deadline = Instant::now() + REQUEST_TIMEOUT;
     while first.len() < assignment.count() && Instant::now() < deadline {
         match probe.poll(Duration::from_millis(200)) {
             Some(Ok(message)) => {
-                let timestamp = message.timestamp().to_millis().unwrap_or_else(crate::retry::now_ms);
+                let timestamp = message
+                    .timestamp()
+                    .to_millis()
+                    .unwrap_or_else(crate::retry::now_ms);
                 first.entry(message.partition()).or_insert(Some(timestamp));
             }
             Some(Err(KafkaError::PartitionEOF(partition))) => {
@@ -361,7 +419,9 @@ fn first_records(probe: &BaseConsumer, assignment: &TopicPartitionList) -> Resul
 /// are gone for good.
 pub async fn export(settings: Settings) {
     if settings.lag.groups.is_empty() {
-        tracing::warn!("lag.groups is empty: no broker-side group lag exported (list the consumer groups to watch)");
+        tracing::warn!(
+            "lag.groups is empty: no broker-side group lag exported (list the consumer groups to watch)"
+        );
         return;
     }
     let every = Duration::from_secs(settings.lag.export_interval_secs.max(1));
@@ -369,7 +429,10 @@ pub async fn export(settings: Settings) {
     loop {
         match measure(&settings, &topic, &settings.lag.groups, true).await {
             Ok(groups) => crate::metrics::GroupLagMeasured { groups: &groups }.emit(),
-            Err(e) => crate::metrics::GroupLagFailed { error: &e.to_string() }.emit(),
+            Err(e) => crate::metrics::GroupLagFailed {
+                error: &e.to_string(),
+            }
+            .emit(),
         }
         tokio::time::sleep(every).await;
     }

@@ -27,7 +27,9 @@ pub struct LagArgs {
 
 /// Runs `orderpipe lag`.
 pub async fn run(settings: &Settings, args: LagArgs) -> anyhow::Result<ExitCode> {
-    let topic = args.topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
+    let topic = args
+        .topic
+        .unwrap_or_else(|| settings.topics.order_events.name.clone());
     let (groups, named) = lag::groups_to_measure(settings, &args.groups).await?;
     let measured = lag::measure(settings, &topic, &groups, named).await?;
     print(&measured, args.output.output);
@@ -35,7 +37,12 @@ pub async fn run(settings: &Settings, args: LagArgs) -> anyhow::Result<ExitCode>
 }
 
 fn age(seconds: Option<f64>) -> String {
-    seconds.map_or_else(|| "-".into(), |s| humantime::format_duration(std::time::Duration::from_secs(s.round() as u64)).to_string())
+    seconds.map_or_else(
+        || "-".into(),
+        |s| {
+            humantime::format_duration(std::time::Duration::from_secs(s.round() as u64)).to_string()
+        },
+    )
 }
 
 fn print(groups: &[GroupLag], format: Output) {
@@ -56,26 +63,61 @@ fn print(groups: &[GroupLag], format: Output) {
                 g.group.clone(),
                 p.topic.clone(),
                 p.partition.to_string(),
-                p.committed_offset.map_or_else(|| "none".into(), |o| o.to_string()),
+                p.committed_offset
+                    .map_or_else(|| "none".into(), |o| o.to_string()),
                 p.log_end_offset.to_string(),
                 p.lag.to_string(),
                 age(p.oldest_unconsumed_age_seconds),
             ]
         })
     });
-    let header = ["group", "topic", "partition", "committed", "log end", "lag", "oldest unconsumed"];
+    let header = [
+        "group",
+        "topic",
+        "partition",
+        "committed",
+        "log end",
+        "lag",
+        "oldest unconsumed",
+    ];
     if groups.iter().any(|g| !g.partitions.is_empty()) {
         println!("{}", output::table(&header, rows));
     }
     let rows = groups.iter().map(|g| {
-        let oldest = g.partitions.iter().filter_map(|p| p.oldest_unconsumed_age_seconds).reduce(f64::max);
+        let oldest = g
+            .partitions
+            .iter()
+            .filter_map(|p| p.oldest_unconsumed_age_seconds)
+            .reduce(f64::max);
         let status = match g.status {
             lag::GroupStatus::Consuming => "consuming",
             lag::GroupStatus::NoMembers => "NO MEMBERS (nobody consumes it)",
             lag::GroupStatus::NoCommittedOffsets => "no committed offsets on this topic",
-            lag::GroupStatus::Unknown => "UNKNOWN to the broker (never ran, or its offsets expired)",
+            lag::GroupStatus::Unknown => {
+                "UNKNOWN to the broker (never ran, or its offsets expired)"
+            }
         };
-        vec![g.group.clone(), status.into(), g.state.clone(), g.members.to_string(), g.total_lag.to_string(), age(oldest)]
+        vec![
+            g.group.clone(),
+            status.into(),
+            g.state.clone(),
+            g.members.to_string(),
+            g.total_lag.to_string(),
+            age(oldest),
+        ]
     });
-    println!("{}", output::table(&["group", "status", "broker state", "members", "total lag", "oldest unconsumed"], rows));
+    println!(
+        "{}",
+        output::table(
+            &[
+                "group",
+                "status",
+                "broker state",
+                "members",
+                "total lag",
+                "oldest unconsumed"
+            ],
+            rows
+        )
+    );
 }

@@ -122,7 +122,7 @@ fn urlencode(text: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "obs"]).success();
+    env.cli(&["topics", "ensure"]).success();
     // Producer side: orders through the API, published by a relay.
     let api = start_api(&env).await;
     drive_orders(&api, 60, 10).await;
@@ -176,7 +176,7 @@ async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
 #[ignore = "serial: stops the shared MariaDB; run by `make test` in the serial phase"]
 async fn health_mq_and_ready_follow_lag_polling_and_the_database() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "mq"]).success();
+    env.cli(&["topics", "ensure"]).success();
     env.set_env("ORDERPIPE_CONSUMER__LAG_THRESHOLD", "2000");
     env.set_env("ORDERPIPE_CONSUMER__MAX_POLL_GAP_SECS", "5");
     let mut consumer = env.spawn(&["consume", "--group", "mq", "--handler", "notification", "--health-addr", "127.0.0.1:0"]);
@@ -227,7 +227,7 @@ async fn health_mq_and_ready_follow_lag_polling_and_the_database() {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_log_line_of_a_record_carries_its_trace_id() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "traced"]).success();
+    env.cli(&["topics", "ensure"]).success();
     let event: Envelope = LifecycleGenerator::new("checkout", 1, 4242, 8).next().unwrap();
     let file = write_ndjson(std::slice::from_ref(&event));
     env.cli(&["produce", "--file", file.path().to_str().unwrap()]).success();
@@ -391,4 +391,29 @@ async fn a_revoked_partition_loses_its_lag_series() {
     wait_for_series("the remaining member owns every partition again", &[&first_addr], |s| s[0].len() == 24).await;
     eprintln!("one member again, 24 series: {:?}", started.elapsed());
     sigterm(&mut first);
+}
+
+/// On a transactional topic a caught-up group's committed offset stops at
+/// the last commit marker, one short of the log end: `orderpipe lag` reads
+/// past the marker, finds nothing to consume and reports 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn lag_is_zero_for_a_caught_up_group_past_transaction_markers() {
+    let env = TestEnv::new().with_database().await;
+    let group = "caught-up";
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    let api = start_api(&env).await;
+    drive_orders(&api, 20, 5).await;
+    env.cli(&["relay", "--instance", "lag-txn", "--until-idle", "3"]).success();
+    env.cli(&["consume", "--group", group, "--handler", "notification", "--until-idle", "2"]).success();
+    let out = env.cli(&["lag", "--group", group, "--output", "json"]).success();
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let caught_up = &report["groups"][0];
+    assert_eq!(caught_up["total_lag"], 0, "{out}");
+    let behind_a_marker = caught_up["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["committed_offset"].as_i64().is_some_and(|c| p["log_end_offset"].as_i64().unwrap() > c))
+        .count();
+    assert!(behind_a_marker > 0, "no committed offset stops before a marker, nothing was tested: {out}");
 }
