@@ -122,7 +122,7 @@ fn urlencode(text: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "obs"]).success();
     // Producer side: orders through the API, published by a relay.
     let api = start_api(&env).await;
     drive_orders(&api, 60, 10).await;
@@ -176,7 +176,7 @@ async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
 #[ignore = "serial: stops the shared MariaDB; run by `make test` in the serial phase"]
 async fn health_mq_and_ready_follow_lag_polling_and_the_database() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "mq"]).success();
     env.set_env("ORDERPIPE_CONSUMER__LAG_THRESHOLD", "2000");
     env.set_env("ORDERPIPE_CONSUMER__MAX_POLL_GAP_SECS", "5");
     let mut consumer = env.spawn(&["consume", "--group", "mq", "--handler", "notification", "--health-addr", "127.0.0.1:0"]);
@@ -227,7 +227,7 @@ async fn health_mq_and_ready_follow_lag_polling_and_the_database() {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_log_line_of_a_record_carries_its_trace_id() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure"]).success();
+    env.cli(&["topics", "ensure", "--group", "traced"]).success();
     let event: Envelope = LifecycleGenerator::new("checkout", 1, 4242, 8).next().unwrap();
     let file = write_ndjson(std::slice::from_ref(&event));
     env.cli(&["produce", "--file", file.path().to_str().unwrap()]).success();
