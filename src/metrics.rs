@@ -315,6 +315,12 @@ pub fn relay_shards(n: usize) {
     gauge!(name::RELAY_SHARDS).set(n as f64);
 }
 
+/// Exports a group's conflicting-duplicates counter at 0 from the start, so
+/// `increase()` sees its first conflict (a series born at 1 shows no increase).
+pub fn conflicting_duplicates_start(group: &str) {
+    counter!(name::CONFLICTING_DUPLICATES, "group" => group.to_string()).increment(0);
+}
+
 /// Records received.
 pub fn consumed(group: &str, topic: &str) {
     counter!(name::CONSUMED, "group" => group.to_string(), "topic" => topic.to_string()).increment(1);

@@ -241,6 +241,7 @@ pub async fn run(
 ) -> Result<ConsumeSummary, ConsumerError> {
     check_group_length(&options.group)?;
     crate::metrics::install();
+    crate::metrics::conflicting_duplicates_start(&options.group);
     let health = HealthState::consumer(
         settings.consumer.lag_threshold,
         Duration::from_secs(settings.consumer.max_poll_gap_secs.max(1)),

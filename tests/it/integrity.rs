@@ -178,16 +178,25 @@ async fn a_reused_event_id_with_other_content_is_skipped_counted_logged_and_list
     }
 
     let (mut child, addr, lines) = spawn_consumer(&env, group);
+    // Exported from the start (at 0, so `increase()` sees the first
+    // conflict), then counted; read until the member exits when idle.
     let series = format!(r#"orderpipe_conflicting_duplicates_total{{group="{group}"}}"#);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while metric(&addr, &series).is_none() {
-        assert!(Instant::now() < deadline, "{series} not exported:\n{}", lines.lock().unwrap().join("\n"));
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    // The true duplicate is not a conflict: exactly one.
-    assert_eq!(metric(&addr, &series), Some(1.0));
-    let status = child.wait().unwrap();
+    let mut seen = Vec::new();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "consumer did not go idle:\n{}", lines.lock().unwrap().join("\n"));
+        if let Some(value) = metric(&addr, &series) {
+            seen.push(value);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(status.success());
+    // The true duplicate is not a conflict: exactly one.
+    assert_eq!(seen.last(), Some(&1.0), "{series} over time: {seen:?}");
+    assert!(seen.iter().all(|v| *v == 0.0 || *v == 1.0), "{seen:?}");
     let mut out = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
     let summary: Value = serde_json::from_str(&out).unwrap();
