@@ -200,7 +200,39 @@ fn partitions(probe: &BaseConsumer, topic: &str) -> Result<Option<i32>, KafkaErr
         .filter(|n| *n > 0))
 }
 
+/// Groups measured at once: each asks the broker a few round trips, and a
+/// cluster may list hundreds of groups.
+const PARALLEL_GROUPS: usize = 8;
+
 fn measure_blocking(
+    settings: &Settings,
+    topic: &str,
+    groups: &[String],
+    keep_empty: bool,
+) -> Result<Vec<GroupLag>, LagError> {
+    if groups.is_empty() {
+        return Ok(Vec::new());
+    }
+    let chunk = groups.len().div_ceil(PARALLEL_GROUPS);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = groups
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || measure_groups(settings, topic, part, keep_empty)))
+            .collect();
+        let mut result = Vec::new();
+        for worker in workers {
+            result.extend(
+                worker
+                    .join()
+                    .map_err(|_| LagError::Task("a lag worker panicked".into()))??,
+            );
+        }
+        Ok(result)
+    })
+}
+
+/// Measures `groups` one after the other with one probe consumer.
+fn measure_groups(
     settings: &Settings,
     topic: &str,
     groups: &[String],

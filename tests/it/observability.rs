@@ -416,4 +416,9 @@ async fn lag_is_zero_for_a_caught_up_group_past_transaction_markers() {
         .filter(|p| p["committed_offset"].as_i64().is_some_and(|c| p["log_end_offset"].as_i64().unwrap() > c))
         .count();
     assert!(behind_a_marker > 0, "no committed offset stops before a marker, nothing was tested: {out}");
+    // Without --group and lag.groups: the groups the broker lists with offsets on this topic.
+    let out = env.cli(&["lag", "--output", "json"]).success();
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = listed["groups"].as_array().unwrap().iter().filter_map(|g| g["group"].as_str()).collect();
+    assert_eq!(names, [group], "{out}");
 }
