@@ -496,16 +496,29 @@ impl CommittedReader {
 /// Drives a few orders, stalls a relay inside its first transaction, checks
 /// the open transaction blocks a read-committed consumer, kills the relay
 /// (SIGKILL) and starts `replacement` (if any) under another pod name; returns
-/// the time from the kill to the consumer's lag being 0, and the events.
-async fn kill_inside_transaction(env: &TestEnv, config: &[&str], replacement: Option<&str>) -> (Duration, Vec<Envelope>) {
+/// the time from the kill to the consumer's lag being 0 (waiting up to
+/// `limit`). `per_pod_ids` gives each relay its own transactional ids, as
+/// before issue 11 (`orderpipe-relay-<HOSTNAME>`).
+async fn kill_inside_transaction(
+    env: &TestEnv,
+    config: &[&str],
+    replacement: Option<&str>,
+    per_pod_ids: bool,
+    limit: Duration,
+) -> Duration {
     env.cli(&["topics", "ensure"]).success();
     let api = start_api(env).await;
     drive_orders(&api, 60, 16).await;
     let events = outbox_events(env).await;
     let order_topic = env.settings.topics.order_events.name.clone();
     let inventory_topic = env.settings.topics.inventory_events.name.clone();
+    let pod_prefix = |pod: &str| format!("{}-{pod}", env.prefix);
+    let (old_prefix, new_prefix) = (pod_prefix("relay-7f9c-old"), pod_prefix("relay-new"));
     let mut args = config.to_vec();
     args.extend(["--batch-size", "100000"]);
+    if per_pod_ids {
+        args.extend(["--transactional-id-prefix", &old_prefix]);
+    }
     let mut stalled = stalled_relay(env, "relay-7f9c-old", &args);
     let mut reader = CommittedReader::new(env, &[&order_topic, &inventory_topic]);
     reader.read_for(Duration::from_secs(1));
@@ -518,12 +531,15 @@ async fn kill_inside_transaction(env: &TestEnv, config: &[&str], replacement: Op
     let mut successor = replacement.map(|pod| {
         let mut args = config.to_vec();
         args.extend(["relay", "--instance", pod, "--output", "json"]);
+        if per_pod_ids {
+            args.extend(["--transactional-id-prefix", &new_prefix]);
+        }
         let mut relay = env.spawn(&args);
         forward_stderr(&mut relay, pod, |_| {});
         relay
     });
     let expected = if successor.is_some() { records_of(&events) } else { 0 };
-    reader.caught_up(expected, Duration::from_secs(60));
+    reader.caught_up(expected, limit);
     let elapsed = killed.elapsed();
     eprintln!("killed relay: read-committed lag back to 0 {:.1} s after the kill (lag {blocked} before)", elapsed.as_secs_f64());
     if let Some(successor) = successor.as_mut() {
@@ -532,7 +548,7 @@ async fn kill_inside_transaction(env: &TestEnv, config: &[&str], replacement: Op
         let ids = reader.event_ids.iter().collect::<BTreeSet<_>>();
         assert_eq!(ids.len(), reader.event_ids.len(), "no event visible twice");
     }
-    (elapsed, events)
+    elapsed
 }
 
 /// Stops a relay (SIGTERM) and returns its JSON summary.
@@ -559,7 +575,7 @@ const BLOCK_BOUND: Duration = Duration::from_secs(15);
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relay_killed_inside_a_transaction_and_replaced_under_another_pod_name_blocks_consumers_15s_at_most() {
     let env = TestEnv::new().with_database().await;
-    let (elapsed, _) = kill_inside_transaction(&env, &[], Some("relay-2b41-new")).await;
+    let elapsed = kill_inside_transaction(&env, &[], Some("relay-new"), false, Duration::from_secs(60)).await;
     assert!(elapsed <= BLOCK_BOUND, "consumers blocked {elapsed:?}");
 }
 
@@ -568,9 +584,9 @@ async fn the_new_owner_of_a_shard_fences_the_killed_relay_and_aborts_its_transac
     // A 60 s transaction timeout: only fencing by the replacement can end the
     // open transaction within the bound.
     let env = TestEnv::new().with_database().await;
-    let config = long_transaction_timeout_config();
+    let config = transaction_timeout_config(60_000);
     let config_path = config.path().to_str().unwrap().to_string();
-    let (elapsed, _) = kill_inside_transaction(&env, &["--config", &config_path], Some("relay-2b41-new")).await;
+    let elapsed = kill_inside_transaction(&env, &["--config", &config_path], Some("relay-new"), false, Duration::from_secs(60)).await;
     assert!(elapsed <= BLOCK_BOUND, "consumers blocked {elapsed:?}");
 }
 
@@ -579,14 +595,35 @@ async fn a_relay_killed_inside_a_transaction_with_no_replacement_blocks_consumer
     // Nobody takes the shards over: the broker aborts the transaction after
     // transaction.timeout.ms (5 s) at its next timeout check (every 10 s).
     let env = TestEnv::new().with_database().await;
-    let (elapsed, _) = kill_inside_transaction(&env, &[], None).await;
+    let elapsed = kill_inside_transaction(&env, &[], None, false, Duration::from_secs(60)).await;
     assert!(elapsed <= BLOCK_BOUND, "consumers blocked {elapsed:?}");
 }
 
-fn long_transaction_timeout_config() -> tempfile::NamedTempFile {
+/// A config file setting the relay's `transaction.timeout.ms`.
+fn transaction_timeout_config(millis: u64) -> tempfile::NamedTempFile {
     let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
-    std::io::Write::write_all(&mut file, b"[producer.options]\n\"transaction.timeout.ms\" = \"60000\"\n").unwrap();
+    let toml = format!("[producer.options]\n\"transaction.timeout.ms\" = \"{millis}\"\n");
+    std::io::Write::write_all(&mut file, toml.as_bytes()).unwrap();
     file
+}
+
+/// Before issue 11 every relay had its own transactional id (per pod), so a
+/// replacement could not fence a killed relay: consumers waited for the
+/// broker to time the transaction out. Measured here with a 20 s timeout
+/// (RELAY_BEFORE_TIMEOUT_MS=120000 measures the old 120 s default).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: waits for a broker transaction timeout (~30 s)"]
+async fn with_per_pod_transactional_ids_a_killed_relay_blocks_consumers_until_the_broker_times_it_out() {
+    let env = TestEnv::new().with_database().await;
+    let timeout_ms: u64 = std::env::var("RELAY_BEFORE_TIMEOUT_MS").map_or(20_000, |v| v.parse().unwrap());
+    let timeout = Duration::from_millis(timeout_ms);
+    let config = transaction_timeout_config(timeout_ms);
+    let config_path = config.path().to_str().unwrap().to_string();
+    let elapsed =
+        kill_inside_transaction(&env, &["--config", &config_path], Some("relay-new"), true, timeout + Duration::from_secs(40)).await;
+    // The transaction started ~1 s before the kill; the broker checks for
+    // timed-out transactions every 10 s.
+    assert!(elapsed + Duration::from_secs(2) >= timeout, "blocked {elapsed:?}, shorter than the {timeout:?} timeout: was it fenced?");
 }
 
 #[tokio::test(flavor = "multi_thread")]
