@@ -56,6 +56,23 @@ impl Default for LagSettings {
     }
 }
 
+impl LagSettings {
+    /// Rejects an interval of 0 and empty group names, naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.export_interval_secs == 0 {
+            return Err(
+                "lag.export_interval_secs must be at least 1 (seconds between two exports)".into(),
+            );
+        }
+        if let Some(i) = self.groups.iter().position(|g| g.trim().is_empty()) {
+            return Err(format!(
+                "lag.groups[{i}] is empty: name a consumer group id"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Why lag could not be measured.
 #[derive(Debug, thiserror::Error)]
 pub enum LagError {
@@ -456,7 +473,7 @@ pub async fn export(settings: Settings) {
         );
         return;
     }
-    let every = Duration::from_secs(settings.lag.export_interval_secs.max(1));
+    let every = Duration::from_secs(settings.lag.export_interval_secs);
     let topic = settings.topics.order_events.name.clone();
     loop {
         match measure(&settings, &topic, &settings.lag.groups, true).await {
@@ -467,5 +484,25 @@ pub async fn export(settings: Settings) {
             .emit(),
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_lag_settings_are_named() {
+        let mut lag = LagSettings::default();
+        lag.validate().unwrap();
+        lag.export_interval_secs = 0;
+        assert!(
+            lag.validate()
+                .unwrap_err()
+                .contains("lag.export_interval_secs")
+        );
+        lag.export_interval_secs = 15;
+        lag.groups = vec!["a".into(), " ".into()];
+        assert!(lag.validate().unwrap_err().contains("lag.groups[1]"));
     }
 }

@@ -350,6 +350,7 @@ impl Settings {
         for subscription in &self.http.subscriptions {
             subscription.validate().map_err(ConfigError)?;
         }
+        self.lag.validate().map_err(ConfigError)?;
         // Every declared topic holds key messages (retry topics inherit the
         // order topic's spec): at least 30 days.
         for (key, spec, why) in [
