@@ -40,3 +40,8 @@ cargo test --test it -- --ignored --test-threads=1
 # Last: building with the feature changes the binary the tests above use.
 echo "== OTLP export (built with --features otlp)"
 cargo test --features otlp --test otlp
+
+# The chart's image: the Dockerfile built with buildah (no daemon) and run as
+# UID 10001 against the stack; most of its time is the release build.
+echo "== image (dev/image.sh): Dockerfile built with buildah, consume as UID 10001"
+"$ROOT/dev/image.sh"
