@@ -676,3 +676,59 @@ async fn a_zombie_relay_continued_after_its_replacement_took_its_shards_is_fence
     assert_eq!(ids.len(), events.len(), "each event committed once: none by the zombie");
     assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), events.len());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_fenced_while_it_still_holds_the_lease_rebuilds_its_producers_and_publishes_once() {
+    use rdkafka::producer::{BaseProducer, Producer};
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let api = start_api(&env).await;
+    drive_orders(&api, 30, 16).await;
+    let events = outbox_events(&env).await;
+    let rows = outbox_rows(&env).await;
+    let mut relay = stalled_relay(&env, "relay-0", &["--until-idle", "2", "--batch-size", "100000"]);
+    // Something else initializes every shard's transactional id while the
+    // relay is stopped inside its transactions (its leases still valid).
+    let prefix = format!("{}-relay", env.prefix);
+    let fencers: Vec<BaseProducer> = (0..orderpipe::outbox::SHARDS)
+        .map(|shard| {
+            let p: BaseProducer = orderpipe::producer::config::client_config(&env.settings.kafka_client_options())
+                .set("transactional.id", orderpipe::outbox::relay::transactional_id(&prefix, shard))
+                .create()
+                .unwrap();
+            p.init_transactions(Duration::from_secs(30)).unwrap();
+            p
+        })
+        .collect();
+    let _ = std::process::Command::new("kill").arg("-CONT").arg(relay.id().to_string()).status();
+    let out = relay.wait_with_output_ref();
+    drop(fencers);
+    let summary: Value = serde_json::from_str(&out).unwrap();
+    assert!(summary["fatal"].as_u64().unwrap() >= 1, "fenced: {summary}");
+    assert_eq!(summary["rebuilt"], summary["fatal"], "each fenced producer rebuilt: {summary}");
+    assert_eq!(summary["published"].as_i64().unwrap(), rows, "{summary}");
+    let ids = event_ids(&read_all(&env, &env.settings.topics.order_events.name, "read_committed"));
+    assert_eq!(ids.len(), events.len(), "each event committed once");
+    assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), events.len());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_whose_producers_keep_failing_fatally_exits_non_zero_and_bad_prefixes_are_refused() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let api = start_api(&env).await;
+    drive_orders(&api, 5, 5).await;
+    for bad in ["", "orderpipe relay"] {
+        let text = env.cli(&["relay", "--transactional-id-prefix", bad, "--until-idle", "1"]).failure();
+        assert!(text.contains("--transactional-id-prefix") && text.contains("<prefix>-shard-"), "{text}");
+    }
+    // Above the broker's transaction.max.timeout.ms (15 min): every
+    // init_transactions fails fatally, so the relay must give up, not loop.
+    let config = transaction_timeout_config(3_600_000);
+    let run = env.cli(&["--config", config.path().to_str().unwrap(), "relay", "--until-idle", "30"]);
+    let text = run.failure();
+    assert!(text.contains("fatal producer errors without a commit") && text.contains("-shard-"), "{text}");
+    assert!(run.elapsed < Duration::from_secs(25), "gave up after {:?}", run.elapsed);
+    let (unsent,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM outbox_messages WHERE sent_ms IS NULL").fetch_one(&env.db().pool).await.unwrap();
+    assert_eq!(unsent, outbox_rows(&env).await, "nothing marked sent");
+}
