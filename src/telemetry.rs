@@ -47,6 +47,18 @@ pub fn init(format: LogFormat, default_level: &str, otlp_endpoint: Option<&str>)
     }
 }
 
+/// Makes `span` a child of the W3C `traceparent` a record carries, so one
+/// trace shows the API call, the relay and the consumer. A no-op without
+/// OTLP export or without a valid header (the span keeps a trace of its own);
+/// `traceparent` is only read when spans are exported.
+pub fn continue_trace(span: &tracing::Span, traceparent: impl FnOnce() -> Option<String>) {
+    if otlp::exporting() {
+        if let Some(traceparent) = traceparent() {
+            otlp::continue_trace(span, &traceparent);
+        }
+    }
+}
+
 /// Flushes exported spans; call before the process exits.
 pub fn shutdown() {
     otlp::shutdown();
@@ -69,6 +81,24 @@ mod otlp {
             if let Err(e) = provider.shutdown() {
                 eprintln!("telemetry: flushing spans failed: {e}");
             }
+        }
+    }
+
+    /// Whether spans are exported (OTLP set up in this process).
+    pub fn exporting() -> bool {
+        PROVIDER.get().is_some()
+    }
+
+    pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
+        use opentelemetry::propagation::TextMapPropagator;
+        use opentelemetry::trace::TraceContextExt;
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+        let carrier = std::collections::HashMap::from([("traceparent".to_string(), traceparent.to_string())]);
+        let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+        if parent.span().span_context().is_valid() {
+            // Err only when the span is disabled by the log filter.
+            let _ = span.set_parent(parent);
         }
     }
 
@@ -98,6 +128,12 @@ mod otlp {
     use super::TelemetryError;
 
     pub fn shutdown() {}
+
+    pub fn exporting() -> bool {
+        false
+    }
+
+    pub fn continue_trace(_: &tracing::Span, _: &str) {}
 
     pub fn init<S>(_: S, endpoint: &str) -> Result<(), TelemetryError> {
         Err(TelemetryError(format!(

@@ -568,11 +568,12 @@ impl PartitionWorker {
     }
 
     /// The span of one record: trace id (from the envelope, else the
-    /// `trace_id` header), event id and where the record sits.
+    /// `trace_id` header), event id and where the record sits. Exported over
+    /// OTLP as a child of the record's `traceparent`.
     fn span(&self, message: &OwnedMessage, envelope: Option<&Envelope>) -> tracing::Span {
         let trace_id = envelope.map(|e| e.trace_id.clone()).or_else(|| header_text(message, "trace_id")).unwrap_or_default();
         let event_id = envelope.map(|e| e.event_id.to_string()).or_else(|| header_text(message, "event_id")).unwrap_or_default();
-        tracing::info_span!(
+        let span = tracing::info_span!(
             "record",
             trace_id = %trace_id,
             event_id = %event_id,
@@ -580,7 +581,9 @@ impl PartitionWorker {
             topic = %self.key.0,
             partition = self.key.1,
             offset = message.offset()
-        )
+        );
+        crate::telemetry::continue_trace(&span, || header_text(message, crate::producer::headers::TRACEPARENT));
+        span
     }
 
     /// Stores `offset + 1` as the next offset to commit for this partition.
