@@ -198,13 +198,13 @@ pub fn changes(changes: &[Change], dry_run: bool, format: Output) {
     // A refused repartition stops the whole run: nothing else was applied.
     let refused = changes.iter().any(Change::is_refused);
     for change in changes {
-        println!("{prefix}{change}");
-    }
         let prefix = match (dry_run, refused && change.is_mutation()) {
             (true, _) => "(dry run) ",
             (false, true) => "(not done) ",
             (false, false) => "",
         };
+        println!("{prefix}{change}");
+    }
 }
 
 /// `orderpipe topics describe`.
