@@ -67,6 +67,16 @@ cleanup() {
   for c in "${CONTAINERS[@]}"; do bah rm "$c" >/dev/null 2>&1 || true; done
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# One run at a time on this storage; containers left by a run that was
+# killed are removed (nothing else uses this storage).
+take_storage() {
+  mkdir -p "$WORK"
+  exec 9>"$WORK/.lock"
+  flock 9
+  if [[ -d "$WORK/storage" ]]; then bah rm --all >/dev/null 2>&1 || true; fi
+}
 
 # ----------------------------------------------------------------------------- tools
 install_tools() {
@@ -291,9 +301,9 @@ cmd_clean() {
 }
 
 case "${1:-all}" in
-  all) cmd_build; cmd_check ;;
-  build) cmd_build ;;
-  check) cmd_check ;;
-  clean) cmd_clean ;;
+  all) take_storage; cmd_build; cmd_check ;;
+  build) take_storage; cmd_build ;;
+  check) take_storage; cmd_check ;;
+  clean) take_storage; cmd_clean ;;
   *) die "unknown command '${1}' (all|build|check|clean)" ;;
 esac
