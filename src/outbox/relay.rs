@@ -490,7 +490,9 @@ impl Relay {
         // Produce: open each shard's transaction and queue its records.
         let mut open: Vec<(i64, MeasuredProducer, Vec<DeliveryFuture>)> = Vec::new();
         for (&shard, batch) in &by_shard {
-            let producer = self.producers[&shard].clone();
+            // A business transaction spanning orders of several shards can
+            // pull in a row of a shard we do not publish: its owner will.
+            let Some(producer) = self.producers.get(&shard).cloned() else { continue };
             match produce(&producer, batch) {
                 Ok(deliveries) => open.push((shard, producer, deliveries)),
                 Err(e) => {

@@ -341,15 +341,7 @@ async fn a_100k_event_api_run_with_relay_kills_ends_exactly_once() {
     assert_eq!(events.len(), recorded);
     assert!(events.len() >= 100_000, "{} events", events.len());
     let db = env.db();
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    loop {
-        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM outbox_messages WHERE sent_ms IS NULL").fetch_one(&db.pool).await.unwrap();
-        if n == 0 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{n} rows still unsent");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    wait_until_sent(&db, Duration::from_secs(300)).await;
     sigterm(&mut relay);
     let summary = consume(&env, "soak.order.consumer", ALL_HANDLERS);
     eprintln!("{summary}");
@@ -561,6 +553,27 @@ fn stop(relay: &mut Spawned) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("summary is JSON ({e}): {out}"))
 }
 
+/// Waits until every outbox row is marked sent, failing after `limit`.
+async fn wait_until_sent(db: &orderpipe::db::Db, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (unsent,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM outbox_messages WHERE sent_ms IS NULL").fetch_one(&db.pool).await.unwrap();
+        if unsent == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{unsent} rows still unsent after {limit:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every order event is committed exactly once in the order topic.
+fn assert_committed_once(env: &TestEnv, events: &[Envelope]) {
+    let ids = event_ids(&read_all(env, &env.settings.topics.order_events.name, "read_committed"));
+    assert_eq!(ids.len(), events.len(), "each event committed once");
+    assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), events.len(), "no duplicates");
+}
+
 /// How many records the outbox holds for `events`: the order events and
 /// the inventory events of creations and cancellations.
 fn records_of(events: &[Envelope]) -> usize {
@@ -661,20 +674,10 @@ async fn a_zombie_relay_continued_after_its_replacement_took_its_shards_is_fence
     assert_eq!(summary["transactions"], 0, "the zombie committed no transaction: {summary}");
     assert!(summary["fatal"].as_u64().unwrap() >= 1, "the zombie's producers were fenced: {summary}");
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (unsent,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM outbox_messages WHERE sent_ms IS NULL").fetch_one(&db.pool).await.unwrap();
-        if unsent == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{unsent} rows still unsent");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until_sent(&db, Duration::from_secs(30)).await;
     let summary = stop(&mut replacement);
     assert_eq!(summary["published"].as_i64().unwrap(), rows, "{summary}");
-    let ids = event_ids(&read_all(&env, &env.settings.topics.order_events.name, "read_committed"));
-    assert_eq!(ids.len(), events.len(), "each event committed once: none by the zombie");
-    assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), events.len());
+    assert_committed_once(&env, &events);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -707,9 +710,7 @@ async fn a_relay_fenced_while_it_still_holds_the_lease_rebuilds_its_producers_an
     assert!(summary["fatal"].as_u64().unwrap() >= 1, "fenced: {summary}");
     assert_eq!(summary["rebuilt"], summary["fatal"], "each fenced producer rebuilt: {summary}");
     assert_eq!(summary["published"].as_i64().unwrap(), rows, "{summary}");
-    let ids = event_ids(&read_all(&env, &env.settings.topics.order_events.name, "read_committed"));
-    assert_eq!(ids.len(), events.len(), "each event committed once");
-    assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), events.len());
+    assert_committed_once(&env, &events);
 }
 
 #[tokio::test(flavor = "multi_thread")]
