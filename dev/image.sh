@@ -155,10 +155,11 @@ ensure_base() {
 }
 
 # ----------------------------------------------------------------------------- build
+os_release() { awk -F= -v key="$1" '$1 == key { gsub(/"/, "", $2); print $2 }' /etc/os-release; }
+
 cmd_build() {
-  install_tools
-  [[ "$(. /etc/os-release && echo "${VERSION_CODENAME:-}")" == "$SUITE" ]] \
-    || die "the host binary goes into a Debian $SUITE image, so build it on Debian $SUITE (this is $(. /etc/os-release && echo "$PRETTY_NAME"))"
+  [[ "$(os_release VERSION_CODENAME)" == "$SUITE" ]] \
+    || die "the host binary goes into a Debian $SUITE image, so build it on Debian $SUITE (this is $(os_release PRETTY_NAME))"
   read_dockerfile
   step "release binary: cargo build --release --bin orderpipe"
   (cd "$ROOT" && cargo build --release --bin orderpipe)
@@ -186,20 +187,19 @@ sql() { mariadb --protocol=tcp -h 127.0.0.1 -P "${ORDERPIPE_MARIADB_PORT:-3306}"
 
 # Every descendant pid of $1.
 descendants() {
-  local pids=("$1") out=() p
+  local pids=("$1") found=() p
   while (( ${#pids[@]} )); do
     local next=()
     for p in "${pids[@]}"; do
       while read -r child; do [[ -n "$child" ]] && next+=("$child"); done < <(ps -o pid= --ppid "$p" 2>/dev/null | tr -d ' ')
     done
-    out+=("${next[@]}")
+    found+=("${next[@]}")
     pids=("${next[@]}")
   done
-  echo "${out[@]}"
+  echo "${found[@]}"
 }
 
 cmd_check() {
-  install_tools
   bah inspect --type image "$IMAGE" >/dev/null 2>&1 || die "no image $IMAGE: run dev/image.sh build first"
   [[ -x "$HOST_BINARY" ]] || die "no host binary $HOST_BINARY: run dev/image.sh build first"
   "$STACK" status >/dev/null 2>&1 || die "the dev stack is not up: make dev-up"
@@ -250,9 +250,9 @@ cmd_check() {
   env "${host_env[@]}" "$HOST_BINARY" produce --count "$CHECK_EVENTS" --orders 20 >/dev/null
   log "host: produced $CHECK_EVENTS events"
 
-  local out="$WORK/consume.json" err="$WORK/consume.log"
+  local summary="$WORK/consume.json" err="$WORK/consume.log"
   run_image consume --group "$CHECK_GROUP" --handler inventory,payment,logistics,notification,points \
-    --migrate --until-idle 3 --output json >"$out" 2>"$err" &
+    --migrate --until-idle 3 --output json >"$summary" 2>"$err" &
   BACKGROUND_PID=$!
   # The consumer as the kernel sees it: its real, effective, saved and
   # filesystem ids (the Uid:/Gid: lines of /proc/PID/status).
@@ -277,11 +277,11 @@ cmd_check() {
   log "consumer process ran as uid $uid gid $gid (real, effective, saved, fs)"
 
   local consumed applied rows
-  consumed="$(jq -r '.consumed' "$out")"
-  applied="$(jq -r '.applied' "$out")"
+  consumed="$(jq -r '.consumed' "$summary")"
+  applied="$(jq -r '.applied' "$summary")"
   rows="$(sql "SELECT COUNT(*) FROM \`$db\`.event_dedup WHERE consumer_group = '$CHECK_GROUP'")"
   [[ "$consumed" == "$CHECK_EVENTS" && "$applied" == "$CHECK_EVENTS" ]] \
-    || die "consume summary: consumed $consumed, applied $applied, expected $CHECK_EVENTS: $(cat "$out")"
+    || die "consume summary: consumed $consumed, applied $applied, expected $CHECK_EVENTS: $(cat "$summary")"
   [[ "$rows" == "$CHECK_EVENTS" ]] \
     || die "event_dedup holds $rows rows for $CHECK_GROUP in $db, expected $CHECK_EVENTS"
   log "consumed $consumed, applied $applied; event_dedup rows for $CHECK_GROUP (read on the host): $rows"
@@ -301,9 +301,9 @@ cmd_clean() {
 }
 
 case "${1:-all}" in
-  all) take_storage; cmd_build; cmd_check ;;
-  build) take_storage; cmd_build ;;
-  check) take_storage; cmd_check ;;
+  all) take_storage; install_tools; cmd_build; cmd_check ;;
+  build) take_storage; install_tools; cmd_build ;;
+  check) take_storage; install_tools; cmd_check ;;
   clean) take_storage; cmd_clean ;;
   *) die "unknown command '${1}' (all|build|check|clean)" ;;
 esac
