@@ -161,8 +161,10 @@ cmd_build() {
   [[ "$(os_release VERSION_CODENAME)" == "$SUITE" ]] \
     || die "the host binary goes into a Debian $SUITE image, so build it on Debian $SUITE (this is $(os_release PRETTY_NAME))"
   read_dockerfile
-  step "release binary: cargo build --release --bin orderpipe"
-  (cd "$ROOT" && cargo build --release --bin orderpipe)
+  # --locked as in the Dockerfile: a Cargo.lock that docker build would
+  # refuse fails here too.
+  step "release binary: cargo build --release --locked --bin orderpipe"
+  (cd "$ROOT" && cargo build --release --locked --bin orderpipe)
   ensure_base
 
   # The build stage's output, as a directory: the binary at the path the
