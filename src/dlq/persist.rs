@@ -93,7 +93,11 @@ pub async fn run(
         let first = tokio::select! {
             _ = &mut shutdown => break,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                if until_idle.is_some_and(|idle| last_record.elapsed() >= idle) && consumer.assignment().is_ok_and(|a| a.count() > 0) {
+                // Idle time counts from the assignment on: joining the group
+                // can take longer than the idle window, and must not end the run.
+                if !consumer.assignment().is_ok_and(|a| a.count() > 0) {
+                    last_record = Instant::now();
+                } else if until_idle.is_some_and(|idle| last_record.elapsed() >= idle) {
                     break;
                 }
                 continue;
