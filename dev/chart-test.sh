@@ -185,6 +185,13 @@ else
   echo "SKIPPED: the dev stack is not running (make test starts it before this script)"
 fi
 
+echo "== relay transactional ids: a prefix per release, so two releases never fence each other"
+for release in alpha beta; do
+  "$HELM" template "$release" "$CHART" --kube-version "$KUBE_VERSION" > "$OUT/$release.yaml"
+  grep -q "\"transactional_id_prefix\": \"$release-orderpipe-relay\"" "$OUT/$release.yaml" \
+    || { echo "release $release: producer.transactional_id_prefix is not $release-orderpipe-relay" >&2; exit 1; }
+done
+
 echo "== promtool: alert rules"
 cp "$OUT/production-rules.yaml" "$OUT/rules.yaml"
 cp "$ROOT/tests/alerts/alerts_test.yaml" "$OUT/"

@@ -117,7 +117,8 @@ volumeMounts:
      Helm's toToml writes every number as a float): values.config, plus one
      http.subscriptions entry per subscriptions[] item (without the chart's own
      keys), ssl.ca.location when secretKeys.kafkaCa is set, and lag.groups
-     (unless set) naming every consumer and subscription group. Fails the render
+     (unless set) naming every consumer and subscription group, and
+     producer.transactional_id_prefix (unless set) per release. Fails the render
      on values that cannot work, naming them. */}}
 {{- define "orderpipe.configJson" -}}
 {{- $config := deepCopy .Values.config -}}
@@ -138,6 +139,13 @@ volumeMounts:
 {{- end -}}
 {{- $_ := set $options "ssl.ca.location" (printf "%s/ca.crt" (include "orderpipe.kafkaCaDir" .)) -}}
 {{- $_ := set $kafka "options" $options -}}
+{{- end -}}
+{{- /* Relay transactional ids are per shard (<prefix>-shard-<n>): a prefix per
+     release, so two releases on one cluster never fence each other. */ -}}
+{{- $producer := get $config "producer" | default (dict) -}}
+{{- if not (hasKey $producer "transactional_id_prefix") -}}
+{{- $_ := set $producer "transactional_id_prefix" (printf "%s-relay" (include "orderpipe.fullname" .)) -}}
+{{- $_ := set $config "producer" $producer -}}
 {{- end -}}
 {{- if .Values.subscriptions -}}
 {{- if dig "http" "subscriptions" (list) $config -}}
