@@ -47,7 +47,7 @@ use crate::db::Db;
 use crate::health::HealthState;
 use crate::ordering::OrderingMode;
 use crate::producer::config::client_config;
-use crate::retry::{Forwarder, RetryPolicy, retry_topic};
+use crate::retry::{Forwarder, RetryPolicy, TierTopics, retry_topic};
 use crate::schema::SchemaCatalog;
 use assignment::{Assignment, AssignmentContext, PartitionKey};
 use handler::{Effect, Handler};
@@ -285,7 +285,7 @@ pub async fn run(
     )?;
     let forwarder = forwarder(settings, &options)?;
     if options.error_tier {
-        consumer.subscribe(&[&options.topic, &forwarder.retry_topic])?;
+        consumer.subscribe(&[&options.topic, &forwarder.topics.retry])?;
     } else {
         consumer.subscribe(&[&options.topic])?;
     }
@@ -362,8 +362,7 @@ fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forwarder,
     let producer = crate::metrics::measured_producer(&producer_options)?;
     Ok(Forwarder::new(
         producer,
-        retry_topic(&options.topic, &options.group),
-        settings.topics.dead_letter.name.clone(),
+        TierTopics::of(&options.topic, &options.group, &settings.topics.dead_letter.name),
         &options.group,
         policy,
     ))

@@ -1,12 +1,17 @@
 //! `orderpipe dlq replay`: republish dead letters and mark them replayed.
 //!
 //! By default a dead letter goes back to the failing group's retry topic,
-//! due now, with a fresh retry budget, so only that group re-runs it. Its
-//! original key, value and headers are kept byte for byte, and so is its
-//! origin (the `orderpipe.original-*` headers): if it fails again, the
-//! persister turns the same row back to pending instead of adding one.
-//! `--to-original` republishes to the original topic instead (every group
-//! sees it; groups that applied it skip it as a duplicate).
+//! due now, with a fresh retry budget, so only that group re-runs it. That
+//! is the retry topic of the topic the group reads (the row's original
+//! topic), not of the configured order topic: a group run with
+//! `consume --topic X` gets its replays on `X.retry.<group>`. Its original
+//! key, value and headers are kept byte for byte, and it carries the
+//! failure headers a forwarded record does (the one writer is
+//! [`crate::retry::tier_record`]), its origin (`orderpipe.original-*`)
+//! included: if it fails again, the persister turns the same row back to
+//! pending instead of adding one. `--to-original` republishes to the
+//! original topic instead (every group sees it; groups that applied it
+//! skip it as a duplicate).
 //!
 //! Replaying twice applies nothing twice: the event id is unchanged, so the
 //! group's `event_dedup` row skips it.
@@ -16,15 +21,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureProducer;
 use serde::Serialize;
 
 use super::store::{self, DeadLetterRecord};
 use crate::config::Settings;
 use crate::db::Db;
 use crate::producer::config::{client_config, producer_options};
-use crate::retry::{header, now_ms, retry_topic};
+use crate::retry::{FailureHistory, Hop, LastFailure, TierRecord, TierTopics, now_ms, tier_record, topic_read_by};
 
 /// How to replay.
 #[derive(Debug, Clone, Copy)]
@@ -46,13 +50,36 @@ pub struct ReplaySummary {
     pub by_topic: BTreeMap<String, u64>,
 }
 
+/// A row's record as `dlq replay` republishes it: to the retry topic of
+/// the topic its group reads (or to that topic, `--to-original`), with the
+/// headers a forwarded record carries (see [`crate::retry::tier_record`]).
+pub fn replayed_record(settings: &Settings, dead: &DeadLetterRecord, options: ReplayOptions, now_ms: i64) -> TierRecord {
+    let row = &dead.row;
+    let history = FailureHistory {
+        original_topic: row.original_topic.clone(),
+        original_partition: row.original_partition,
+        original_offset: row.original_offset,
+        original_timestamp: dead.original_timestamp,
+        attempt: 0,
+        executions: 0,
+        first_failure_ms: Some(row.first_failure_ms),
+    };
+    let hop = if options.to_original {
+        Hop::ReplayToOriginal { row_id: row.id }
+    } else {
+        Hop::Replay { row_id: row.id, due_ms: now_ms }
+    };
+    let last = LastFailure { class: &row.error_class, message: &row.error_message, at_ms: row.last_failure_ms };
+    let read = topic_read_by(&row.original_topic, &row.consumer_group);
+    let topics = TierTopics::of(read, &row.consumer_group, &settings.topics.dead_letter.name);
+    let original: BTreeMap<String, String> = serde_json::from_str(&dead.headers).unwrap_or_default();
+    let original = original.iter().map(|(k, v)| (k.as_str(), Some(v.as_bytes())));
+    tier_record(original, &history, &row.consumer_group, hop, last, &topics)
+}
+
 /// Where a row would go.
 pub fn destination(settings: &Settings, row: &DeadLetterRecord, options: ReplayOptions) -> String {
-    if options.to_original {
-        row.row.original_topic.clone()
-    } else {
-        retry_topic(&settings.topics.order_events.name, &row.row.consumer_group)
-    }
+    replayed_record(settings, row, options, 0).topic
 }
 
 /// Rows republished before their statuses are updated together.
@@ -76,18 +103,19 @@ pub async fn replay(
     // at one-second granularity.
     let chunk_size = options.rate.map_or(CHUNK, |r| (r as usize).clamp(1, CHUNK));
     for (c, chunk) in rows.chunks(chunk_size).enumerate() {
-        let topics: Vec<String> = chunk.iter().map(|d| destination(settings, d, options)).collect();
+        let now = now_ms();
+        let records: Vec<TierRecord> = chunk.iter().map(|d| replayed_record(settings, d, options, now)).collect();
         // FuturesOrdered polls every pushed send on its first poll, so the
         // whole chunk is enqueued before the first acknowledgement is awaited.
         let mut in_flight = FuturesOrdered::new();
-        for (i, (dead, topic)) in chunk.iter().zip(&topics).enumerate() {
+        for (i, (dead, record)) in chunk.iter().zip(&records).enumerate() {
             if let Some(rate) = options.rate.filter(|r| *r > 0) {
                 let n = c * chunk_size + i;
                 tokio::time::sleep_until(started + Duration::from_secs_f64(n as f64 / f64::from(rate))).await;
             }
             // Enqueue now (all of the chunk in flight together), await below.
-            let send = producer.send(record_for(dead, topic, options), Duration::from_secs(30));
-            let id = dead.row.id;
+            let send = producer.send(record.to_send(dead.key.as_deref(), dead.payload.as_deref()), Duration::from_secs(30));
+            let (id, topic) = (dead.row.id, &record.topic);
             in_flight.push_back(async move { (id, topic, send.await) });
         }
         let mut done = Vec::with_capacity(chunk.len());
@@ -105,37 +133,4 @@ pub async fn replay(
         summary.replayed += done.len() as u64;
     }
     Ok(summary)
-}
-
-/// The record to republish for a dead letter: original key, value and
-/// headers, plus where it came from so a new failure updates the same row.
-fn record_for<'a>(dead: &'a DeadLetterRecord, topic: &'a str, options: ReplayOptions) -> FutureRecord<'a, [u8], [u8]> {
-    let original: BTreeMap<String, String> = serde_json::from_str(&dead.headers).unwrap_or_default();
-    let mut ours: Vec<(&str, String)> = vec![(header::REPLAYED_FROM, dead.row.id.to_string())];
-    if !options.to_original {
-        ours.extend([
-            (header::ORIGINAL_TOPIC, dead.row.original_topic.clone()),
-            (header::ORIGINAL_PARTITION, dead.row.original_partition.to_string()),
-            (header::ORIGINAL_OFFSET, dead.row.original_offset.to_string()),
-            (header::GROUP, dead.row.consumer_group.clone()),
-            (header::ATTEMPT, "0".into()),
-            (header::ATTEMPTS, "0".into()),
-            (header::DUE, now_ms().to_string()),
-        ]);
-    }
-    let mut headers = OwnedHeaders::new();
-    for (k, v) in original.iter().filter(|(k, _)| !k.starts_with(header::PREFIX)) {
-        headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
-    }
-    for (k, v) in &ours {
-        headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
-    }
-    let mut record = FutureRecord::to(topic).headers(headers);
-    if let Some(key) = &dead.key {
-        record = record.key(key.as_slice());
-    }
-    if let Some(value) = &dead.payload {
-        record = record.payload(value.as_slice());
-    }
-    record
 }

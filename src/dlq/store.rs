@@ -196,11 +196,13 @@ pub struct DeadLetterRecord {
     pub payload: Option<Vec<u8>>,
     /// Original headers (JSON object of name -> text).
     pub headers: String,
+    /// Timestamp of the record where it was first consumed (ms).
+    pub original_timestamp: Option<i64>,
 }
 
 /// Rows with their record bytes.
 pub async fn records(db: &Db, filter: &Filter, limit: i64) -> Result<Vec<DeadLetterRecord>, DbError> {
-    let mut q = QueryBuilder::<Any>::new(format!("SELECT {COLUMNS}, record_key, payload, headers FROM dead_letters"));
+    let mut q = QueryBuilder::<Any>::new(format!("SELECT {COLUMNS}, record_key, payload, headers, original_timestamp FROM dead_letters"));
     filter.push_where(&mut q);
     q.push(" ORDER BY id LIMIT ").push_bind(limit);
     let rows = q.build().fetch_all(&db.pool).await?;
@@ -211,6 +213,7 @@ pub async fn records(db: &Db, filter: &Filter, limit: i64) -> Result<Vec<DeadLet
                 key: r.try_get(16)?,
                 payload: r.try_get(17)?,
                 headers: r.try_get(18)?,
+                original_timestamp: r.try_get(19)?,
             })
         })
         .collect::<Result<_, sqlx::Error>>()

@@ -162,15 +162,26 @@ async fn a_transient_failure_that_heals_on_attempt_3_is_applied_once_and_never_d
     assert_exactly_once(&env.db(), "heal", &events).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_failure_that_never_heals_is_dead_lettered_after_exactly_the_configured_attempts() {
-    let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "never"]).success();
+/// Ensures GROUP's topics and produces one event, of order 42; returns it.
+fn produce_order_42(env: &TestEnv, group: &str) -> Envelope {
+    env.cli(&["topics", "ensure", "--group", group]).success();
     let event = LifecycleGenerator::new("checkout", 1, 42, 1).next().unwrap();
     let file = write_ndjson(std::slice::from_ref(&event));
     env.cli(&["produce", "--file", file.path().to_str().unwrap()]).success();
+    event
+}
+
+/// Every attempt at order 42 fails, retryably: it is never applied.
+fn fail_order_42_forever(env: &mut TestEnv) {
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", "[42]");
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1000");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failure_that_never_heals_is_dead_lettered_after_exactly_the_configured_attempts() {
+    let mut env = TestEnv::new().with_database().await;
+    let event = produce_order_42(&env, "never");
+    fail_order_42_forever(&mut env);
     env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "500");
     env.set_env("ORDERPIPE_RETRY__MULTIPLIER", "2");
     env.set_env("ORDERPIPE_RETRY__ATTEMPTS", "3");
@@ -336,4 +347,76 @@ fn dlq_commands_refuse_unclear_requests() {
     assert!(out.contains("RFC 3339"), "{out}");
     let out = env.cli(&["dlq", "ignore", "--id", "1"]).failure();
     assert!(out.contains("--reason"), "{out}");
+}
+
+/// `consume --topic TOPIC --group GROUP` to idleness; its JSON summary.
+fn consume_topic(env: &TestEnv, topic: &str, group: &str, handlers: &str) -> Value {
+    let out = env
+        .cli(&["consume", "--topic", topic, "--group", group, "--handler", handlers, "--until-idle", "3", "--output", "json"])
+        .success();
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("summary is JSON ({e}): {out}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_after_consume_topic_x_reaches_the_group_that_reads_x() {
+    let mut env = TestEnv::new().with_database().await;
+    let group = "other-topic.order.consumer";
+    let order_topic = env.settings.topics.order_events.name.clone();
+    let topic_x = format!("{}.orders.elsewhere", env.prefix);
+    // The group's retry topic on the configured order topic exists too, so a
+    // replay sent there is acknowledged: the group just never reads it.
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    // X and X's retry topic of the group, by naming X as the order topic;
+    // the event is produced to X the same way.
+    env.set_env("ORDERPIPE_TOPICS__ORDER_EVENTS__NAME", &topic_x);
+    produce_order_42(&env, group);
+    env.set_env("ORDERPIPE_TOPICS__ORDER_EVENTS__NAME", &order_topic);
+
+    env.set_env("ORDERPIPE_CHAOS__PERMANENT_ALL", "true");
+    let failed = consume_topic(&env, &topic_x, group, "chaos,notification");
+    assert_eq!(failed["dead_lettered"], 1, "{failed}");
+    env.set_env("ORDERPIPE_CHAOS__PERMANENT_ALL", "false");
+    assert_eq!(persist(&env)["read"], 1);
+
+    let out = env.cli(&["dlq", "replay", "--group", group, "--yes", "--output", "json"]).success();
+    let replayed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(replayed["replayed"], 1, "{replayed}");
+    let after = consume_topic(&env, &topic_x, group, "notification");
+    assert_eq!(after["applied"], 1, "the replayed event reached the group reading {topic_x}: {after}; replay: {replayed}");
+    assert_eq!(replayed["by_topic"][retry_topic(&topic_x, group)], 1, "{replayed}");
+    let (notifications,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM notifications").fetch_one(&env.db().pool).await.unwrap();
+    assert_eq!(notifications, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replayed_record_carries_every_header_a_forwarded_one_does() {
+    let mut env = TestEnv::new().with_database().await;
+    let group = "headers.order.consumer";
+    let event = produce_order_42(&env, group);
+    // One delayed attempt on the retry topic, then the DLQ.
+    fail_order_42_forever(&mut env);
+    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "200");
+    env.set_env("ORDERPIPE_RETRY__ATTEMPTS", "1");
+    let summary = consume(&env, group, "chaos,notification");
+    assert_eq!((summary["sent_to_retry"].as_u64(), summary["dead_lettered"].as_u64()), (Some(1), Some(1)), "{summary}");
+    assert_eq!(persist(&env)["read"], 1);
+    let out = env.cli(&["dlq", "replay", "--group", group, "--yes", "--output", "json"]).success();
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["replayed"], 1, "{out}");
+
+    let retried = env.read(&retry_topic(&env.settings.topics.order_events.name, group), 2, Duration::from_secs(10));
+    let (replayed, forwarded): (Vec<_>, Vec<_>) = retried.iter().partition(|m| header_of(m, header::REPLAYED_FROM).is_some());
+    let (replayed, forwarded) = (replayed[0], forwarded[0]);
+    let names = |m: &rdkafka::message::OwnedMessage| -> std::collections::BTreeSet<String> {
+        use rdkafka::message::Headers;
+        m.headers().map(|h| h.iter().map(|x| x.key.to_string()).collect()).unwrap_or_default()
+    };
+    let mut want = names(forwarded);
+    want.insert(header::REPLAYED_FROM.to_string());
+    assert_eq!(names(replayed), want, "a replayed record carries every header of a forwarded one");
+    for name in [header::ORIGINAL_TOPIC, header::ORIGINAL_PARTITION, header::ORIGINAL_OFFSET, header::ORIGINAL_TIMESTAMP, header::FIRST_FAILURE, header::GROUP] {
+        assert!(header_of(forwarded, name).is_some(), "forwarded record lacks {name}");
+        assert_eq!(header_of(replayed, name), header_of(forwarded, name), "{name}");
+    }
+    assert_eq!(replayed.key(), Some(event.key().as_bytes()), "original key kept");
+    assert_eq!(header_of(replayed, "event_id"), Some(event.event_id.to_string()), "original headers kept");
 }

@@ -107,7 +107,7 @@ impl PartitionWorker {
     }
 
     fn is_retry_partition(&self) -> bool {
-        self.key.0 == self.shared.forwarder.retry_topic
+        self.key.0 == self.shared.forwarder.topics.retry
     }
 
     fn count(&self, f: impl FnOnce(&mut ConsumeSummary)) {
