@@ -51,8 +51,8 @@ pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
         headers: headers_json(message),
         // Copies of headers for filtering; a value longer than its column
         // is not a valid id or name, and `headers` keeps it whole.
-        event_id: header_text(message, "event_id").filter(|v| crate::db::fits_column(v, EVENT_ID_CHARS)),
-        event_name: header_text(message, "event_name").filter(|v| crate::db::fits_column(v, EVENT_NAME_CHARS)),
+        event_id: header_text(message, crate::producer::headers::EVENT_ID).filter(|v| crate::db::fits_column(v, EVENT_ID_CHARS)),
+        event_name: header_text(message, crate::producer::headers::EVENT_NAME).filter(|v| crate::db::fits_column(v, EVENT_NAME_CHARS)),
         error_class: header_text(message, header::ERROR_CLASS).unwrap_or_else(|| "unknown".into()),
         error_message: header_text(message, header::ERROR_MESSAGE).unwrap_or_default(),
         attempts: num(header::ATTEMPTS).unwrap_or(0) as i32,

@@ -379,7 +379,7 @@ impl PartitionWorker {
         {
             let _in_record = self.span(message, None).entered();
             let group = self.shared.options.group.as_str();
-            let event_name = header_text(message, "event_name").unwrap_or_else(|| "unknown".into());
+            let event_name = header_text(message, crate::producer::headers::EVENT_NAME).unwrap_or_else(|| "unknown".into());
             match routed {
                 Routed::Retry { attempt, delay } => {
                     self.count(|s| s.sent_to_retry += 1);
@@ -571,8 +571,8 @@ impl PartitionWorker {
     /// `trace_id` header), event id and where the record sits. Exported over
     /// OTLP as a child of the record's `traceparent`.
     fn span(&self, message: &OwnedMessage, envelope: Option<&Envelope>) -> tracing::Span {
-        let trace_id = envelope.map(|e| e.trace_id.clone()).or_else(|| header_text(message, "trace_id")).unwrap_or_default();
-        let event_id = envelope.map(|e| e.event_id.to_string()).or_else(|| header_text(message, "event_id")).unwrap_or_default();
+        let trace_id = envelope.map(|e| e.trace_id.clone()).or_else(|| header_text(message, crate::producer::headers::TRACE_ID)).unwrap_or_default();
+        let event_id = envelope.map(|e| e.event_id.to_string()).or_else(|| header_text(message, crate::producer::headers::EVENT_ID)).unwrap_or_default();
         let span = tracing::info_span!(
             "record",
             trace_id = %trace_id,
