@@ -197,4 +197,4 @@ cp "$OUT/production-rules.yaml" "$OUT/rules.yaml"
 cp "$ROOT/tests/alerts/alerts_test.yaml" "$OUT/"
 promtool check rules "$OUT/rules.yaml"
 (cd "$OUT" && promtool test rules alerts_test.yaml)
-echo "chart checks: 2 values files rendered and validated, 6 alerts tested firing and silent"
+echo "chart checks: 2 values files rendered and validated, 7 alerts tested firing and silent"
