@@ -172,7 +172,7 @@ pub async fn check_duplicate(
         partition: origin.partition,
         offset: origin.offset,
         digest,
-        detected_ms: crate::retry::now_ms(),
+        detected_ms: crate::clock::now_ms(),
     };
     let sql = dialect.insert_ignore(
         "INTO event_conflicts (consumer_group, event_id, event_name, first_topic, first_partition, first_offset, \

@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use crate::retry::now_ms;
+use crate::clock::now_ms;
 
 /// What a role reports about itself; updated by the role, read by the endpoints.
 #[derive(Debug)]

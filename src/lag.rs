@@ -408,7 +408,7 @@ fn oldest_unconsumed(
             continue;
         }
         let first = first_records(probe, &assignment)?;
-        let now = crate::retry::now_ms();
+        let now = crate::clock::now_ms();
         for p in partitions
             .iter_mut()
             .filter(|p| p.lag > 0 && p.topic == topic)
@@ -447,7 +447,7 @@ fn first_records(
                 let timestamp = message
                     .timestamp()
                     .to_millis()
-                    .unwrap_or_else(crate::retry::now_ms);
+                    .unwrap_or_else(crate::clock::now_ms);
                 first.entry(message.partition()).or_insert(Some(timestamp));
             }
             Some(Err(KafkaError::PartitionEOF(partition))) => {

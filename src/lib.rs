@@ -9,6 +9,7 @@
 //!
 //! | module | what it is |
 //! |---|---|
+//! | [`clock`] | the one time source: `now_ms()` |
 //! | [`envelope`] | the event envelope, event names and payloads (seed 000) |
 //! | [`schema`] | the Avro schemas in `schemas/`, registering and compatibility checks |
 //! | [`codec`] | Confluent wire format through the schema registry |
@@ -36,6 +37,7 @@
 pub mod api;
 pub mod bench;
 pub mod cli;
+pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod consumer;

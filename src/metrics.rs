@@ -286,7 +286,7 @@ impl InternalEvent for Released<'_> {
 pub fn ordering(group: &str, gauges: &crate::ordering::OrderingGauges) {
     gauge!(name::PARKED_KEYS, "group" => group.to_string()).set(gauges.parked_keys as f64);
     gauge!(name::HELD_NOW, "group" => group.to_string()).set(gauges.held_records as f64);
-    let age = gauges.oldest_parked_ms.map_or(0.0, |t| ((crate::retry::now_ms() - t).max(0) as f64) / 1000.0);
+    let age = gauges.oldest_parked_ms.map_or(0.0, |t| ((crate::clock::now_ms() - t).max(0) as f64) / 1000.0);
     gauge!(name::PARKED_OLDEST_AGE, "group" => group.to_string()).set(age);
 }
 

@@ -35,7 +35,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::db::{Db, DbError, Dialect, Tx};
 use crate::envelope::Envelope;
-use crate::retry::{FailureHistory, headers_from_json, headers_json, now_ms};
+use crate::clock::now_ms;
+use crate::retry::{FailureHistory, headers_from_json, headers_json};
 
 /// Whether a group keeps per-key order under failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]

@@ -113,7 +113,7 @@ pub async fn run(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitC
             let seed = args.seed.unwrap_or_else(rand::random);
             let first = args
                 .first_order_id
-                .unwrap_or_else(|| chrono::Utc::now().timestamp_millis() * 1000);
+                .unwrap_or_else(|| crate::clock::now_ms() * 1000);
             Box::new(
                 LifecycleGenerator::new(&settings.producer.service_name, args.orders, first, seed)
                     .take(count as usize),

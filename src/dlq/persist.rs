@@ -18,7 +18,8 @@ use super::store::{self, NewDeadLetter};
 use crate::config::Settings;
 use crate::db::Db;
 use crate::producer::config::client_config;
-use crate::retry::{FailureHistory, header, header_text, headers_json, now_ms};
+use crate::clock::now_ms;
+use crate::retry::{FailureHistory, header, header_text, headers_json};
 
 /// Counts of a persister run.
 #[derive(Debug, Default, Clone, Serialize)]

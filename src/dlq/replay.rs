@@ -28,7 +28,8 @@ use super::store::{self, DeadLetterRecord};
 use crate::config::Settings;
 use crate::db::Db;
 use crate::producer::config::{client_config, producer_options};
-use crate::retry::{FailureHistory, Hop, LastFailure, TierRecord, TierTopics, now_ms, tier_record, topic_read_by};
+use crate::clock::now_ms;
+use crate::retry::{FailureHistory, Hop, LastFailure, TierRecord, TierTopics, tier_record, topic_read_by};
 
 /// How to replay.
 #[derive(Debug, Clone, Copy)]

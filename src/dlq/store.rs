@@ -65,7 +65,7 @@ pub fn parse_time(text: &str) -> Result<i64, String> {
         return Ok(t.timestamp_millis());
     }
     humantime::parse_duration(text)
-        .map(|age| crate::retry::now_ms() - age.as_millis() as i64)
+        .map(|age| crate::clock::now_ms() - age.as_millis() as i64)
         .map_err(|_| format!("`{text}` is neither an RFC 3339 time (2026-11-30T08:00:00Z) nor an age (30m, 2h, 7d)"))
 }
 
@@ -267,7 +267,7 @@ pub async fn mark_replayed(db: &Db, ids: &[i64]) -> Result<(), DbError> {
     if ids.is_empty() {
         return Ok(());
     }
-    let now = crate::retry::now_ms();
+    let now = crate::clock::now_ms();
     let mut q = QueryBuilder::<Any>::new("UPDATE dead_letters SET status = 'replayed', replay_count = replay_count + 1, last_replayed_ms = ");
     q.push_bind(now).push(", updated_ms = ").push_bind(now).push(" WHERE id IN (");
     let mut list = q.separated(", ");
@@ -283,7 +283,7 @@ pub async fn mark_replayed(db: &Db, ids: &[i64]) -> Result<(), DbError> {
 pub async fn mark_ignored(db: &Db, id: i64, reason: &str) -> Result<(), DbError> {
     sqlx::query("UPDATE dead_letters SET status = 'ignored', ignored_reason = ?, updated_ms = ? WHERE id = ?")
         .bind(reason)
-        .bind(crate::retry::now_ms())
+        .bind(crate::clock::now_ms())
         .bind(id)
         .execute(&db.pool)
         .await?;
@@ -361,7 +361,7 @@ pub async fn upsert(tx: &mut crate::db::Tx, dialect: Dialect, d: &NewDeadLetter)
              WHERE excluded.dlq_offset > dead_letters.dlq_offset OR excluded.dlq_partition <> dead_letters.dlq_partition"
         }
     };
-    let now = crate::retry::now_ms();
+    let now = crate::clock::now_ms();
     sqlx::query(sql)
         .bind(&d.consumer_group)
         .bind(&d.original_topic)

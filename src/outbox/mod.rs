@@ -41,7 +41,7 @@ pub async fn record(tx: &mut Tx, tx_id: Uuid, topic: &str, envelope: &Envelope) 
     .bind(envelope.key())
     .bind(envelope.event_name.as_str())
     .bind(json)
-    .bind(crate::retry::now_ms())
+    .bind(crate::clock::now_ms())
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -75,13 +75,13 @@ pub async fn backlog(db: &crate::db::Db) -> Result<Backlog, DbError> {
             .await?;
     Ok(Backlog {
         unsent,
-        oldest_age_ms: oldest.map_or(0, |t| (crate::retry::now_ms() - t).max(0)),
+        oldest_age_ms: oldest.map_or(0, |t| (crate::clock::now_ms() - t).max(0)),
     })
 }
 
 /// Deletes sent rows older than `older_than_ms`, `batch` at a time; returns how many.
 pub async fn purge_sent(db: &crate::db::Db, older_than_ms: i64, batch: i64) -> Result<u64, DbError> {
-    let cutoff = crate::retry::now_ms() - older_than_ms;
+    let cutoff = crate::clock::now_ms() - older_than_ms;
     let sql = match db.dialect {
         Dialect::MySql => "DELETE FROM outbox_messages WHERE sent_ms IS NOT NULL AND sent_ms < ? LIMIT ?",
         Dialect::Sqlite => {

@@ -55,7 +55,7 @@ use crate::db::{Db, DbError, Dialect};
 use crate::envelope::Envelope;
 use crate::producer::config::{OptionConflict, producer_options};
 use crate::producer::record_headers;
-use crate::retry::now_ms;
+use crate::clock::now_ms;
 use crate::schema::SchemaCatalog;
 
 /// Default `transaction.timeout.ms` of the relay's producers. The broker

@@ -25,12 +25,14 @@
 pub mod policy;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
+
+use crate::clock::now_ms;
 
 pub use policy::{RetryPolicy, RetrySettings};
 
@@ -64,13 +66,6 @@ pub mod header {
     pub const LAST_FAILURE: &str = "orderpipe.last-failure-ms";
     /// Dead-letter row id a replayed record came from.
     pub const REPLAYED_FROM: &str = "orderpipe.replayed-from";
-}
-
-/// Milliseconds since the epoch, now.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// A header's value as text.

@@ -655,7 +655,7 @@ async fn a_zombie_relay_continued_after_its_replacement_took_its_shards_is_fence
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
         let (held,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM relay_leases WHERE owner = 'relay-new' AND expires_ms > ?")
-            .bind(orderpipe::retry::now_ms())
+            .bind(orderpipe::clock::now_ms())
             .fetch_one(&db.pool)
             .await
             .unwrap();

@@ -46,7 +46,8 @@ use crate::dedup::{self, RecordOrigin};
 use crate::envelope::Envelope;
 use crate::metrics::{Applied, ConflictingDuplicate, DeadLettered, DuplicateSkipped, Held, InternalEvent, ProcessingFailed, SentToRetry};
 use crate::ordering::{self, Gate, ParkState};
-use crate::retry::{Failure, Routed, header, header_text, now_ms};
+use crate::clock::now_ms;
+use crate::retry::{Failure, Routed, header, header_text};
 
 /// Largest record value accepted (order events are small by rule).
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
