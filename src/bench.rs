@@ -16,7 +16,7 @@ use crate::config::Settings;
 use crate::consumer::handler::Handler;
 use crate::db::Db;
 use crate::dedup::{self, RecordOrigin};
-use crate::producer::config::client_config;
+use crate::kafka::client::client_config;
 use crate::schema::SchemaCatalog;
 
 /// Result of a naive run.
@@ -40,7 +40,7 @@ pub async fn naive_consume(
     handler: &dyn Handler,
     limit: u64,
 ) -> anyhow::Result<NaiveReport> {
-    let consumer: BaseConsumer = client_config(&settings.kafka_client_options())
+    let consumer: BaseConsumer = client_config(&settings.kafka.client_options())
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")

@@ -40,7 +40,7 @@ use crate::config::Settings;
 use crate::db::Db;
 use crate::codec::embedded_registry::EmbeddedRegistry;
 use crate::producer::EventProducer;
-use crate::producer::config::{client_config, producer_options};
+use crate::kafka::client::{client_config, producer_options};
 use crate::schema::SchemaCatalog;
 
 /// Knobs of a demo run.
@@ -215,7 +215,7 @@ async fn parked_story(db: &Db, group: &str, order: i64) -> anyhow::Result<(Vec<S
 /// byte, an unknown schema id. Returns how many.
 async fn inject_poison(settings: &Settings, topic: &str, events: &[Envelope]) -> anyhow::Result<usize> {
     // orderpipe's producer options, so each poison shares its order's partition.
-    let options = producer_options(&settings.kafka_client_options(), &settings.producer.options)?;
+    let options = producer_options(&settings.kafka.client_options(), &settings.producer.options)?;
     let producer: FutureProducer = client_config(&options).create()?;
     let poison: [&[u8]; 3] = [&[0xde, 0xad, 0xbe, 0xef], &[7, 0, 0, 0, 1, 2], &[0, 0x7f, 0xff, 0xff, 0x01, 2]];
     // Keyed like three different orders (each poison parks its order's key).
@@ -284,7 +284,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         expected.entry(e.data.order_id()).or_default().push(e.event_id);
     }
 
-    let consumer: BaseConsumer = client_config(&settings.kafka_client_options())
+    let consumer: BaseConsumer = client_config(&settings.kafka.client_options())
         .set("group.id", "orderpipe-demo-reader")
         .set("enable.auto.commit", "false")
         .create()?;

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
 use crate::metrics::InternalEvent;
-use crate::producer::config::client_config;
+use crate::kafka::client::client_config;
 use crate::retry::retry_topic;
 
 /// How long one broker request may take.
@@ -193,7 +193,7 @@ pub async fn measure(
 /// A consumer that never joins a group: metadata, watermarks, group list,
 /// and reading the first unconsumed records.
 fn probe(settings: &Settings) -> Result<BaseConsumer, KafkaError> {
-    client_config(&settings.kafka_client_options())
+    client_config(&settings.kafka.client_options())
         .set("group.id", "orderpipe.lag.probe")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -362,7 +362,7 @@ fn committed_offsets(
     group: &str,
     wanted: &TopicPartitionList,
 ) -> Result<BTreeMap<(String, i32), Option<i64>>, KafkaError> {
-    let reader: BaseConsumer = client_config(&settings.kafka_client_options())
+    let reader: BaseConsumer = client_config(&settings.kafka.client_options())
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()?;

@@ -10,12 +10,13 @@
 //! | module | what it is |
 //! |---|---|
 //! | [`clock`] | the one time source: `now_ms()` |
+//! | [`kafka`] | the Kafka floor: client settings and options, the measured producer, record headers |
 //! | [`envelope`] | the event envelope, event names and payloads (seed 000) |
 //! | [`schema`] | the Avro schemas in `schemas/`, registering and compatibility checks |
 //! | [`codec`] | Confluent wire format through the schema registry |
 //! | [`api`] | the reference order service: state machine + outbox in one transaction |
 //! | [`outbox`] | the transactional outbox and its relay (transactional producer) |
-//! | [`producer`] | the idempotent keyed producer and its option checks |
+//! | [`producer`] | the idempotent keyed producer |
 //! | [`consumer`] | consumer groups applying events exactly once in effect |
 //! | [`ordering`] | per-order ordering through retries, the DLQ and replay: parked keys, held records |
 //! | [`retry`] | the error tier: local retries, retry topic, dead-letter topic |
@@ -49,6 +50,7 @@ pub mod demo;
 pub mod envelope;
 pub mod generator;
 pub mod health;
+pub mod kafka;
 pub mod lag;
 pub mod metrics;
 pub mod ordering;

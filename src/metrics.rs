@@ -494,46 +494,6 @@ pub fn api_request(route: &'static str, status: u16) {
     counter!(name::API_REQUESTS, "route" => route, "status" => status.to_string()).increment(1);
 }
 
-/// librdkafka statistics that matter: queue depth and broker round trips.
-pub fn kafka_statistics(stats: &rdkafka::Statistics) {
-    let client = stats.client_id.clone();
-    gauge!(name::KAFKA_QUEUE, "client" => client.clone()).set(stats.msg_cnt as f64);
-    for broker in stats.brokers.values() {
-        if let Some(rtt) = &broker.rtt {
-            gauge!(name::KAFKA_RTT, "client" => client.clone(), "broker" => broker.nodename.clone())
-                .set(rtt.avg as f64 / 1_000_000.0);
-        }
-    }
-}
-
-/// A librdkafka client context that turns the statistics callback into
-/// metrics (enable it with `statistics.interval.ms`).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct StatsContext;
-
-impl rdkafka::ClientContext for StatsContext {
-    fn stats(&self, statistics: rdkafka::Statistics) {
-        kafka_statistics(&statistics);
-    }
-}
-
-impl rdkafka::producer::ProducerContext for StatsContext {
-    type DeliveryOpaque = ();
-    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
-}
-
-/// A producer with statistics reported as metrics every 5 s.
-pub type MeasuredProducer = rdkafka::producer::FutureProducer<StatsContext>;
-
-/// Creates a [`MeasuredProducer`] from librdkafka options.
-pub fn measured_producer(
-    options: &std::collections::BTreeMap<String, String>,
-) -> rdkafka::error::KafkaResult<MeasuredProducer> {
-    let mut config = crate::producer::config::client_config(options);
-    config.set("statistics.interval.ms", "5000");
-    config.create_with_context(StatsContext)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use serde::Serialize;
 
 use crate::config::{Settings, TopicSpec};
-use crate::producer::config::client_config;
+use crate::kafka::client::client_config;
 
 /// How long admin calls may take before they are reported as failed.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -222,7 +222,7 @@ pub struct TopicAdmin {
 impl TopicAdmin {
     /// An admin client with the settings' Kafka options.
     pub fn new(settings: &Settings) -> Result<Self, TopicsError> {
-        let admin = client_config(&settings.kafka_client_options()).create()?;
+        let admin = client_config(&settings.kafka.client_options()).create()?;
         Ok(Self {
             admin,
             servers: settings.kafka.bootstrap_servers.clone(),
@@ -663,7 +663,7 @@ pub fn require<C: ClientContext>(
 /// Kafka clients are built elsewhere (the relay).
 pub fn require_with(settings: &Settings, required: &[Required], fix: &str) -> Result<(), TopicsError> {
     use rdkafka::producer::Producer;
-    let client: rdkafka::producer::BaseProducer = client_config(&settings.kafka_client_options()).create()?;
+    let client: rdkafka::producer::BaseProducer = client_config(&settings.kafka.client_options()).create()?;
     require(client.client(), &settings.kafka.bootstrap_servers, required, fix)
 }
 

@@ -24,7 +24,7 @@ pub const DEFAULT_CONFIG_FILE: &str = "orderpipe.toml";
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     /// Kafka connection, shared by every client.
-    pub kafka: KafkaSettings,
+    pub kafka: crate::kafka::client::KafkaSettings,
     /// Producer tuning.
     pub producer: ProducerSettings,
     /// Consumer tuning.
@@ -46,19 +46,6 @@ pub struct Settings {
     pub database: DatabaseSettings,
     /// Declared topics.
     pub topics: TopicsSettings,
-}
-
-/// Kafka connection.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaSettings {
-    /// `bootstrap.servers`.
-    pub bootstrap_servers: String,
-    /// librdkafka options for every client (security.protocol, sasl.mechanism, ...).
-    pub options: BTreeMap<String, String>,
-    /// `sasl.password`, kept out of `options` so it never prints.
-    #[serde(default)]
-    pub sasl_password: Option<SecretString>,
 }
 
 /// Producer tuning.
@@ -386,16 +373,6 @@ impl Settings {
             .map_or_else(|| schema_topic.to_string(), |(spec, _)| spec.name.clone())
     }
 
-    /// The librdkafka options every client gets: bootstrap servers, the
-    /// shared pass-through map and the SASL password.
-    pub fn kafka_client_options(&self) -> BTreeMap<String, String> {
-        let mut options = self.kafka.options.clone();
-        options.insert("bootstrap.servers".into(), self.kafka.bootstrap_servers.clone());
-        if let Some(password) = &self.kafka.sasl_password {
-            options.insert("sasl.password".into(), password.expose_secret().to_string());
-        }
-        options
-    }
 }
 
 /// Removes `null`s (a JSON file may hold them; TOML has none, and an

@@ -95,7 +95,7 @@ impl AssignmentContext {
 
 impl ClientContext for AssignmentContext {
     fn stats(&self, statistics: rdkafka::Statistics) {
-        crate::metrics::kafka_statistics(&statistics);
+        crate::kafka::client::kafka_statistics(&statistics);
     }
 }
 

@@ -46,7 +46,7 @@ use crate::config::Settings;
 use crate::db::Db;
 use crate::health::HealthState;
 use crate::ordering::OrderingMode;
-use crate::producer::config::client_config;
+use crate::kafka::client::client_config;
 use crate::retry::{Forwarder, RetryPolicy, TierTopics, retry_topic};
 use crate::schema::SchemaCatalog;
 use assignment::{Assignment, AssignmentContext, PartitionKey};
@@ -252,7 +252,7 @@ pub async fn run(
         eprintln!("health endpoints on http://{bound}/health/ready");
     }
     let assignment = Arc::new(Assignment::new(health.clone()));
-    let mut config = client_config(&settings.kafka_client_options());
+    let mut config = client_config(&settings.kafka.client_options());
     config
         .set("group.id", &options.group)
         // Offsets are stored by workers after the DB commit; librdkafka commits
@@ -354,12 +354,12 @@ pub fn required_topics(settings: &Settings, options: &ConsumeOptions) -> Vec<cra
 /// its retry topic and the DLQ topic (both checked by [`required_topics`]).
 fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forwarder, ConsumerError> {
     let policy = RetryPolicy::from_settings(&settings.retry).map_err(|e| ConsumerError::Config(e.to_string()))?;
-    let producer_options = crate::producer::config::producer_options(
-        &settings.kafka_client_options(),
+    let producer_options = crate::kafka::client::producer_options(
+        &settings.kafka.client_options(),
         &settings.producer.options,
     )
     .map_err(|e| ConsumerError::Config(e.to_string()))?;
-    let producer = crate::metrics::measured_producer(&producer_options)?;
+    let producer = crate::kafka::client::measured_producer(&producer_options)?;
     Ok(Forwarder::new(
         producer,
         TierTopics::of(&options.topic, &options.group, &settings.topics.dead_letter.name),

@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::store::{self, NewDeadLetter};
 use crate::config::Settings;
 use crate::db::Db;
-use crate::producer::config::client_config;
+use crate::kafka::client::client_config;
 use crate::clock::now_ms;
 use crate::retry::{FailureHistory, header, header_text, headers_json};
 
@@ -71,7 +71,7 @@ pub async fn run(
     until_idle: Option<Duration>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<PersistSummary> {
-    let consumer: StreamConsumer = client_config(&settings.kafka_client_options())
+    let consumer: StreamConsumer = client_config(&settings.kafka.client_options())
         .set("group.id", &settings.dlq.persister_group)
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")

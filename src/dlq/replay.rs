@@ -27,7 +27,7 @@ use serde::Serialize;
 use super::store::{self, DeadLetterRecord};
 use crate::config::Settings;
 use crate::db::Db;
-use crate::producer::config::{client_config, producer_options};
+use crate::kafka::client::{client_config, producer_options};
 use crate::clock::now_ms;
 use crate::retry::{FailureHistory, Hop, LastFailure, TierRecord, TierTopics, tier_record, topic_read_by};
 
@@ -97,7 +97,7 @@ pub async fn replay(
     mut progress: impl FnMut(),
 ) -> anyhow::Result<ReplaySummary> {
     let producer: FutureProducer =
-        client_config(&producer_options(&settings.kafka_client_options(), &settings.producer.options)?).create()?;
+        client_config(&producer_options(&settings.kafka.client_options(), &settings.producer.options)?).create()?;
     let mut summary = ReplaySummary::default();
     let started = tokio::time::Instant::now();
     // With --rate, a chunk is about one second of records, so the pace holds

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer};
 
-use crate::metrics::{MeasuredProducer, measured_producer};
+use crate::kafka::client::{MeasuredProducer, measured_producer};
 use serde::Serialize;
 use sqlx::Row;
 
@@ -53,7 +53,7 @@ use crate::codec::Codec;
 use crate::config::Settings;
 use crate::db::{Db, DbError, Dialect};
 use crate::envelope::Envelope;
-use crate::producer::config::{OptionConflict, producer_options};
+use crate::kafka::client::{OptionConflict, producer_options};
 use crate::producer::record_headers;
 use crate::clock::now_ms;
 use crate::schema::SchemaCatalog;
@@ -146,7 +146,7 @@ pub enum RelayError {
     Kafka(#[from] rdkafka::error::KafkaError),
     /// Producer options conflict.
     #[error(transparent)]
-    Options(#[from] crate::producer::config::OptionConflict),
+    Options(#[from] crate::kafka::client::OptionConflict),
     /// Codec setup failed.
     #[error(transparent)]
     Codec(#[from] crate::codec::CodecError),
@@ -188,7 +188,7 @@ struct Encoded<'a> {
 /// `producer.options` sets `transaction.timeout.ms`) and a message timeout
 /// no longer than it (librdkafka refuses a longer one).
 pub fn relay_producer_options(settings: &Settings) -> Result<BTreeMap<String, String>, OptionConflict> {
-    let mut options = producer_options(&settings.kafka_client_options(), &settings.producer.options)?;
+    let mut options = producer_options(&settings.kafka.client_options(), &settings.producer.options)?;
     let millis = |key: &str, value: &str| {
         value.trim().parse::<u64>().map_err(|_| {
             OptionConflict(format!("`{key}` = {value:?} is not a whole number of milliseconds"))

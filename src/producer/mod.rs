@@ -5,10 +5,6 @@
 //! and attaches the headers every record carries. [`EventProducer::send_all`]
 //! keeps a bounded window of records in flight and waits for every delivery
 //! report, so a run ends with an exact count of what the broker acknowledged.
-//!
-//! * [`config`] builds the librdkafka options and rejects conflicting overrides.
-
-pub mod config;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -50,7 +46,7 @@ pub mod headers {
 pub enum ProducerError {
     /// The producer options are inconsistent.
     #[error(transparent)]
-    Options(#[from] config::OptionConflict),
+    Options(#[from] crate::kafka::client::OptionConflict),
     /// librdkafka refused the configuration or the send.
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
@@ -102,7 +98,7 @@ pub struct SendReport {
 
 /// Produces envelopes to one topic.
 pub struct EventProducer {
-    producer: crate::metrics::MeasuredProducer,
+    producer: crate::kafka::client::MeasuredProducer,
     codec: Arc<Codec>,
     topic: String,
     servers: String,
@@ -115,8 +111,8 @@ impl EventProducer {
     /// A producer for `topic` with the settings' options.
     pub fn new(settings: &Settings, codec: Arc<Codec>, topic: &str) -> Result<Self, ProducerError> {
         let options =
-            config::producer_options(&settings.kafka_client_options(), &settings.producer.options)?;
-        let producer = crate::metrics::measured_producer(&options)?;
+            crate::kafka::client::producer_options(&settings.kafka.client_options(), &settings.producer.options)?;
+        let producer = crate::kafka::client::measured_producer(&options)?;
         Ok(Self {
             producer,
             codec,

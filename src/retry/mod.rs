@@ -318,7 +318,7 @@ pub fn tier_record<'h>(
 
 /// Forwards failed records of one group to its retry topic or the DLQ.
 pub struct Forwarder {
-    producer: crate::metrics::MeasuredProducer,
+    producer: crate::kafka::client::MeasuredProducer,
     /// The group's retry topic and the dead-letter topic.
     pub topics: TierTopics,
     group: String,
@@ -327,7 +327,7 @@ pub struct Forwarder {
 
 impl Forwarder {
     /// A forwarder using `producer` (idempotent; see [`crate::producer::config`]).
-    pub fn new(producer: crate::metrics::MeasuredProducer, topics: TierTopics, group: &str, policy: RetryPolicy) -> Self {
+    pub fn new(producer: crate::kafka::client::MeasuredProducer, topics: TierTopics, group: &str, policy: RetryPolicy) -> Self {
         Self {
             producer,
             topics,

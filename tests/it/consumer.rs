@@ -10,7 +10,7 @@ use orderpipe::codec::Codec;
 use orderpipe::db::Db;
 use orderpipe::envelope::Envelope;
 use orderpipe::generator::LifecycleGenerator;
-use orderpipe::producer::config::client_config;
+use orderpipe::kafka::client::client_config;
 use orderpipe::schema::SchemaCatalog;
 use rand::Rng;
 use rdkafka::admin::{AdminClient, AdminOptions};
@@ -95,7 +95,7 @@ async fn the_same_event_delivered_twice_is_applied_once() {
     // Same offsets: drop the group's committed offsets so every record is
     // delivered again; nothing is applied twice.
     let admin: AdminClient<DefaultClientContext> =
-        client_config(&env.settings.kafka_client_options()).create().unwrap();
+        client_config(&env.settings.kafka.client_options()).create().unwrap();
     for r in admin.delete_groups(&["dup-group"], &AdminOptions::new()).await.unwrap() {
         r.unwrap();
     }
@@ -142,7 +142,7 @@ async fn poison_records_are_reported_and_do_not_stop_the_consumer() {
         ("invalid event name", invalid),
         ("truncated Avro", truncated),
     ];
-    let producer: FutureProducer = client_config(&env.settings.kafka_client_options()).create().unwrap();
+    let producer: FutureProducer = client_config(&env.settings.kafka.client_options()).create().unwrap();
     for (i, (_, value)) in poison.iter().enumerate() {
         let key = good[i % good.len()].key();
         producer

@@ -9,7 +9,7 @@ use orderpipe::codec::Codec;
 use orderpipe::codec::avro::to_avro;
 use orderpipe::envelope::{Envelope, EventData};
 use orderpipe::generator::LifecycleGenerator;
-use orderpipe::producer::config::client_config;
+use orderpipe::kafka::client::client_config;
 use orderpipe::producer::record_headers;
 use orderpipe::retry::{header, retry_topic};
 use orderpipe::schema::{SchemaCatalog, TopicSchema};
@@ -37,7 +37,7 @@ async fn dead_letters(env: &TestEnv) -> Vec<(String, String, i64, String)> {
 }
 
 async fn send(env: &TestEnv, key: Option<&str>, value: &[u8], headers: Option<OwnedHeaders>) {
-    let producer: FutureProducer = client_config(&env.settings.kafka_client_options()).create().unwrap();
+    let producer: FutureProducer = client_config(&env.settings.kafka.client_options()).create().unwrap();
     let topic = &env.settings.topics.order_events.name;
     let mut record = FutureRecord::to(topic).payload(value);
     if let Some(k) = key {
@@ -291,7 +291,7 @@ async fn the_persister_killed_mid_stream_writes_no_duplicates_and_misses_none() 
     let env = TestEnv::new().with_database().await;
     env.cli(&["topics", "ensure"]).success();
     let total = 30_000;
-    let producer: FutureProducer = client_config(&env.settings.kafka_client_options()).create().unwrap();
+    let producer: FutureProducer = client_config(&env.settings.kafka.client_options()).create().unwrap();
     let dlq = env.settings.topics.dead_letter.name.clone();
     let sample = LifecycleGenerator::new("checkout", 1, 1, 1).next().unwrap();
     let mut sends = Vec::with_capacity(total);

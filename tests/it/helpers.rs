@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use orderpipe::config::Settings;
-use orderpipe::producer::config::client_config;
+use orderpipe::kafka::client::client_config;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -103,7 +103,7 @@ impl TestEnv {
     /// Reads `count` records of `topic` from the beginning (all partitions),
     /// failing the test if they do not arrive within `timeout`.
     pub fn read(&self, topic: &str, count: usize, timeout: Duration) -> Vec<OwnedMessage> {
-        let consumer: BaseConsumer = client_config(&self.settings.kafka_client_options())
+        let consumer: BaseConsumer = client_config(&self.settings.kafka.client_options())
             .set("group.id", format!("{}-reader", self.prefix))
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")

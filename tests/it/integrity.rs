@@ -13,7 +13,7 @@ use orderpipe::codec::Codec;
 use orderpipe::codec::avro::to_avro;
 use orderpipe::db::Db;
 use orderpipe::envelope::{Envelope, EventData};
-use orderpipe::producer::config::client_config;
+use orderpipe::kafka::client::client_config;
 use orderpipe::producer::record_headers;
 use orderpipe::schema::{SchemaCatalog, TopicSchema};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -24,7 +24,7 @@ use crate::helpers::{TestEnv, http_get};
 
 /// Sends one framed value keyed by its order, with the usual headers.
 async fn send(env: &TestEnv, envelope: &Envelope, value: &[u8]) {
-    let producer: FutureProducer = client_config(&env.settings.kafka_client_options()).create().unwrap();
+    let producer: FutureProducer = client_config(&env.settings.kafka.client_options()).create().unwrap();
     let key = envelope.key();
     let record = FutureRecord::to(&env.settings.topics.order_events.name)
         .key(&key)
@@ -247,7 +247,7 @@ async fn a_reused_event_id_with_other_content_is_skipped_counted_logged_and_list
     // Dedup rows from before the digest existed are unknown, not conflicting.
     sqlx::query("UPDATE event_dedup SET payload_digest = NULL").execute(&db.pool).await.unwrap();
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-        client_config(&env.settings.kafka_client_options()).create().unwrap();
+        client_config(&env.settings.kafka.client_options()).create().unwrap();
     for r in admin.delete_groups(&[group], &rdkafka::admin::AdminOptions::new()).await.unwrap() {
         r.unwrap();
     }

@@ -389,7 +389,7 @@ async fn a_key_longer_than_its_columns_is_dead_lettered_and_persisted_whole_and_
         value: Some(&long_name),
     });
     let producer: FutureProducer =
-        orderpipe::producer::config::client_config(&env.settings.kafka_client_options())
+        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
             .create()
             .unwrap();
     producer

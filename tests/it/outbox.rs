@@ -110,7 +110,7 @@ fn relay(env: &TestEnv, instance: &str, extra: &[&str]) -> std::process::Output 
 /// Reads a whole topic with the given isolation level.
 fn read_all(env: &TestEnv, topic: &str, isolation: &str) -> Vec<OwnedMessage> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = orderpipe::producer::config::client_config(&env.settings.kafka_client_options())
+    let consumer: BaseConsumer = orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
         .set("group.id", format!("{}-{isolation}-reader", env.prefix))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
@@ -418,7 +418,7 @@ impl CommittedReader {
     fn new(env: &TestEnv, topics: &[&str]) -> Self {
         use rdkafka::consumer::Consumer;
         let client = |isolation: &str| -> rdkafka::consumer::BaseConsumer {
-            orderpipe::producer::config::client_config(&env.settings.kafka_client_options())
+            orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
                 .set("group.id", format!("{}-lag-{isolation}", env.prefix))
                 .set("enable.auto.commit", "false")
                 .set("isolation.level", isolation)
@@ -695,7 +695,7 @@ async fn a_relay_fenced_while_it_still_holds_the_lease_rebuilds_its_producers_an
     let prefix = format!("{}-relay", env.prefix);
     let fencers: Vec<BaseProducer> = (0..orderpipe::outbox::SHARDS)
         .map(|shard| {
-            let p: BaseProducer = orderpipe::producer::config::client_config(&env.settings.kafka_client_options())
+            let p: BaseProducer = orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
                 .set("transactional.id", orderpipe::outbox::relay::transactional_id(&prefix, shard))
                 .create()
                 .unwrap();

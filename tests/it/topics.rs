@@ -8,7 +8,7 @@ use rdkafka::client::DefaultClientContext;
 use serde_json::Value;
 
 use crate::helpers::TestEnv;
-use orderpipe::producer::config::client_config;
+use orderpipe::kafka::client::client_config;
 
 fn ensure(env: &TestEnv, extra: &[&str]) -> Vec<Value> {
     let mut args = vec!["topics", "ensure", "--output", "json"];
@@ -36,7 +36,7 @@ fn describe(env: &TestEnv, extra: &[&str]) -> std::collections::BTreeMap<String,
 /// Sets topic configs by hand, as an operator with kafka-configs would.
 fn alter_by_hand(env: &TestEnv, topic: &str, configs: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> =
-        client_config(&env.settings.kafka_client_options()).create().unwrap();
+        client_config(&env.settings.kafka.client_options()).create().unwrap();
     let alter = configs
         .iter()
         .fold(AlterConfig::new(ResourceSpecifier::Topic(topic)), |a, (k, v)| a.set(k, v));
@@ -170,7 +170,7 @@ fn shrinking_is_reported_not_done() {
 /// Names of topics on the cluster with this test's prefix.
 fn topics_of(env: &TestEnv) -> BTreeSet<String> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let client: BaseConsumer = client_config(&env.settings.kafka_client_options()).create().unwrap();
+    let client: BaseConsumer = client_config(&env.settings.kafka.client_options()).create().unwrap();
     let metadata = client.fetch_metadata(None, std::time::Duration::from_secs(10)).unwrap();
     metadata.topics().iter().map(|t| t.name().to_string()).filter(|n| n.starts_with(&env.prefix)).collect()
 }

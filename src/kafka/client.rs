@@ -1,11 +1,50 @@
-//! Producer options: safe defaults, a pass-through map of librdkafka
-//! options layered on top, and a conflict check so an override cannot
-//! quietly turn the idempotent producer into a lossy one, or quietly send
-//! a key to another partition than Kafka's Java clients do.
+//! The librdkafka client plumbing every role shares.
+//!
+//! * [`KafkaSettings`] is the `[kafka]` section of the configuration; its
+//!   [`KafkaSettings::client_options`] are the options every client gets.
+//! * [`client_config`] turns an option map into a librdkafka `ClientConfig`.
+//! * [`producer_options`] is the checked pass-through for producers: safe
+//!   defaults, a map of librdkafka options layered on top, and a conflict
+//!   check so an override cannot quietly turn the idempotent producer into
+//!   a lossy one, or quietly send a key to another partition than Kafka's
+//!   Java clients do.
+//! * [`MeasuredProducer`] is a producer whose librdkafka statistics become
+//!   metrics ([`StatsContext`]).
 
 use std::collections::BTreeMap;
 
+use metrics::gauge;
 use rdkafka::ClientConfig;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+use crate::metrics::name;
+
+/// The `[kafka]` section of the configuration: the connection every client shares.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    /// `bootstrap.servers`.
+    pub bootstrap_servers: String,
+    /// librdkafka options for every client (security.protocol, sasl.mechanism, ...).
+    pub options: BTreeMap<String, String>,
+    /// `sasl.password`, kept out of `options` so it never prints.
+    #[serde(default)]
+    pub sasl_password: Option<SecretString>,
+}
+
+impl KafkaSettings {
+    /// The librdkafka options every client gets: bootstrap servers, the
+    /// shared pass-through map and the SASL password.
+    pub fn client_options(&self) -> BTreeMap<String, String> {
+        let mut options = self.options.clone();
+        options.insert("bootstrap.servers".into(), self.bootstrap_servers.clone());
+        if let Some(password) = &self.sasl_password {
+            options.insert("sasl.password".into(), password.expose_secret().to_string());
+        }
+        options
+    }
+}
 
 /// Defaults for an idempotent, ordered, compressed producer.
 pub const PRODUCER_DEFAULTS: &[(&str, &str)] = &[
@@ -141,6 +180,44 @@ pub fn client_config(options: &BTreeMap<String, String>) -> ClientConfig {
         config.set(k, v);
     }
     config
+}
+
+/// librdkafka statistics that matter: queue depth and broker round trips.
+pub fn kafka_statistics(stats: &rdkafka::Statistics) {
+    let client = stats.client_id.clone();
+    gauge!(name::KAFKA_QUEUE, "client" => client.clone()).set(stats.msg_cnt as f64);
+    for broker in stats.brokers.values() {
+        if let Some(rtt) = &broker.rtt {
+            gauge!(name::KAFKA_RTT, "client" => client.clone(), "broker" => broker.nodename.clone())
+                .set(rtt.avg as f64 / 1_000_000.0);
+        }
+    }
+}
+
+/// A librdkafka client context that turns the statistics callback into
+/// metrics (enable it with `statistics.interval.ms`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StatsContext;
+
+impl rdkafka::ClientContext for StatsContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        kafka_statistics(&statistics);
+    }
+}
+
+impl rdkafka::producer::ProducerContext for StatsContext {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+}
+
+/// A producer with statistics reported as metrics every 5 s.
+pub type MeasuredProducer = rdkafka::producer::FutureProducer<StatsContext>;
+
+/// Creates a [`MeasuredProducer`] from librdkafka options.
+pub fn measured_producer(options: &BTreeMap<String, String>) -> rdkafka::error::KafkaResult<MeasuredProducer> {
+    let mut config = client_config(options);
+    config.set("statistics.interval.ms", "5000");
+    config.create_with_context(StatsContext)
 }
 
 #[cfg(test)]
