@@ -1,18 +1,48 @@
 //! The database: one pool for MariaDB/MySQL (production) or SQLite (the
 //! embedded demo), the SQL dialect differences, and migrations from `sql/`.
 //!
-//! orderpipe writes portable SQL through `sqlx::Any`; where the dialects
-//! differ (`INSERT IGNORE` vs `INSERT OR IGNORE`, `DELETE ... LIMIT`) the
-//! statement is chosen by [`Dialect`].
+//! orderpipe writes portable SQL through `sqlx::Any`. Where the dialects
+//! differ (`INSERT IGNORE` vs `INSERT OR IGNORE`, `FOR UPDATE`, `DELETE ...
+//! LIMIT`, upserts) the text comes from [`statements`], the one place that
+//! knows both: stores and handlers ask their [`Tx`] ([`Tx::sql`]) or
+//! [`Db::sql`] for a statement and never branch on the backend.
+//!
+//! [`DatabaseSettings`] is the `[database]` section of the configuration.
 
 use std::time::Duration;
 
-use secrecy::ExposeSecret;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::migrate::Migrator;
-use sqlx::{AnyPool, AssertSqlSafe, Transaction};
+use sqlx::AnyPool;
 
-use crate::config::DatabaseSettings;
+pub mod statements;
+mod tx;
+
+pub use statements::Upsert;
+pub use tx::Tx;
+
+/// The `[database]` section of the configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// `mysql://user:pass@host:port/db` or `sqlite://path`.
+    pub url: SecretString,
+    /// Pool size.
+    pub max_connections: u32,
+}
+
+impl DatabaseSettings {
+    /// Rejects a URL of a database orderpipe does not speak.
+    pub fn validate(&self) -> Result<(), String> {
+        let url = self.url.expose_secret();
+        if !url.starts_with("mysql://") && !url.starts_with("mariadb://") && !url.starts_with("sqlite:") {
+            return Err("database.url must start with mysql://, mariadb:// or sqlite:".into());
+        }
+        Ok(())
+    }
+}
 
 /// MariaDB/MySQL migrations.
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("sql/mysql");
@@ -39,10 +69,6 @@ pub fn fits_column(value: &str, max_chars: usize) -> bool {
     value.chars().count() <= max_chars
 }
 
-/// A transaction handed to handlers: their effect commits or rolls back with
-/// the dedup row.
-pub type Tx = Transaction<'static, sqlx::Any>;
-
 /// Which SQL dialect the pool speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
@@ -50,18 +76,6 @@ pub enum Dialect {
     MySql,
     /// SQLite.
     Sqlite,
-}
-
-impl Dialect {
-    /// `INSERT IGNORE <rest>` / `INSERT OR IGNORE <rest>`; `rest` is a
-    /// constant (`INTO table (...) VALUES (?, ...)`), never user input.
-    pub fn insert_ignore(self, rest: &'static str) -> AssertSqlSafe<String> {
-        let verb = match self {
-            Self::MySql => "INSERT IGNORE",
-            Self::Sqlite => "INSERT OR IGNORE",
-        };
-        AssertSqlSafe(format!("{verb} {rest}"))
-    }
 }
 
 /// Database errors, split by whether waiting helps.
@@ -181,9 +195,14 @@ impl Db {
             .map_err(|e| DbError::Other(format!("migration failed: {e}")))
     }
 
+    /// The backend's statements, for statements run on the pool (see [`statements`]).
+    pub fn sql(&self) -> Dialect {
+        self.dialect
+    }
+
     /// Begins a transaction.
     pub async fn begin(&self) -> Result<Tx, DbError> {
-        Ok(self.pool.begin().await?)
+        Ok(Tx::new(self.pool.begin().await?, self.dialect))
     }
 
     /// A cheap round trip, for health checks.

@@ -20,7 +20,7 @@ use chrono::Utc;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::db::{Db, DbError, Dialect, Tx};
+use crate::db::{Db, DbError, Tx};
 use crate::envelope::{Envelope, EventData};
 
 /// Where a record came from, stored with its dedup row.
@@ -66,27 +66,14 @@ pub fn content_digest(envelope: &Envelope) -> String {
 }
 
 /// Inserts the dedup row; `true` when this group sees the event for the first time.
-pub async fn claim(
-    tx: &mut Tx,
-    dialect: Dialect,
-    group: &str,
-    envelope: &Envelope,
-    origin: &RecordOrigin,
-) -> Result<bool, DbError> {
-    let sql = match dialect {
-        Dialect::MySql => {
-            "INSERT IGNORE INTO event_dedup \
-             (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-        }
-        // SQLite has no AUTO_INCREMENT on a non-key column; one writer at a
-        // time makes MAX()+1 safe.
-        Dialect::Sqlite => {
-            "INSERT OR IGNORE INTO event_dedup \
-             (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest, apply_seq) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, (SELECT COALESCE(MAX(apply_seq), 0) + 1 FROM event_dedup))"
-        }
-    };
+pub async fn claim(tx: &mut Tx, group: &str, envelope: &Envelope, origin: &RecordOrigin) -> Result<bool, DbError> {
+    // apply_seq numbers the rows in the order their effects were applied.
+    let sql = tx.sql().insert_ignore_numbered(
+        "event_dedup",
+        "consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest",
+        "?, ?, ?, ?, ?, ?, ?, ?",
+        "apply_seq",
+    );
     let result = sqlx::query(sql)
         .bind(group)
         .bind(envelope.event_id.to_string())
@@ -137,13 +124,7 @@ pub struct Conflict {
 /// digest with its dedup row's. A differing digest is stored in
 /// `event_conflicts` (once per record) and returned; a true duplicate, or a
 /// row written before digests existed (no digest: unknown), gives None.
-pub async fn check_duplicate(
-    tx: &mut Tx,
-    dialect: Dialect,
-    group: &str,
-    envelope: &Envelope,
-    origin: &RecordOrigin,
-) -> Result<Option<Conflict>, DbError> {
+pub async fn check_duplicate(tx: &mut Tx, group: &str, envelope: &Envelope, origin: &RecordOrigin) -> Result<Option<Conflict>, DbError> {
     let event_id = envelope.event_id.to_string();
     let first: Option<(String, i32, i64, Option<String>)> = sqlx::query_as(
         "SELECT topic, kafka_partition, kafka_offset, payload_digest FROM event_dedup WHERE consumer_group = ? AND event_id = ?",
@@ -174,7 +155,7 @@ pub async fn check_duplicate(
         digest,
         detected_ms: crate::clock::now_ms(),
     };
-    let sql = dialect.insert_ignore(
+    let sql = tx.sql().insert_ignore(
         "INTO event_conflicts (consumer_group, event_id, event_name, first_topic, first_partition, first_offset, \
          first_digest, topic, kafka_partition, kafka_offset, digest, detected_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     );
@@ -248,16 +229,10 @@ pub const CLEANUP_BATCH: u32 = 1000;
 pub async fn cleanup(db: &Db, older_than: Duration, batch: u32) -> Result<u64, DbError> {
     let cutoff = Utc::now() - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
     let cutoff = cutoff.format("%Y-%m-%d %H:%M:%S%.3f").to_string();
-    let sql = match db.dialect {
-        Dialect::MySql => "DELETE FROM event_dedup WHERE created_at < ? LIMIT ?",
-        Dialect::Sqlite => {
-            "DELETE FROM event_dedup WHERE rowid IN \
-             (SELECT rowid FROM event_dedup WHERE created_at < ? LIMIT ?)"
-        }
-    };
+    let sql = db.sql().delete_limited("event_dedup", "rowid", "created_at < ?");
     let mut removed = 0;
     loop {
-        let result = sqlx::query(sql)
+        let result = sqlx::query(sql.clone())
             .bind(&cutoff)
             .bind(i64::from(batch))
             .execute(&db.pool)
@@ -274,7 +249,7 @@ pub async fn cleanup(db: &Db, older_than: Duration, batch: u32) -> Result<u64, D
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::DatabaseSettings;
+    use crate::db::DatabaseSettings;
 
     fn created() -> Envelope {
         Envelope::new("order-service", EventData::sample_created(42))
@@ -322,17 +297,17 @@ mod tests {
             d.quantity += 1;
         }
         let mut tx = db.begin().await.unwrap();
-        assert!(claim(&mut tx, db.dialect, "g", &first, &origin(10)).await.unwrap());
-        assert!(!claim(&mut tx, db.dialect, "g", &first, &origin(11)).await.unwrap());
-        assert!(check_duplicate(&mut tx, db.dialect, "g", &first, &origin(11)).await.unwrap().is_none());
-        assert!(!claim(&mut tx, db.dialect, "g", &reused, &origin(12)).await.unwrap());
-        let conflict = check_duplicate(&mut tx, db.dialect, "g", &reused, &origin(12)).await.unwrap().unwrap();
+        assert!(claim(&mut tx, "g", &first, &origin(10)).await.unwrap());
+        assert!(!claim(&mut tx, "g", &first, &origin(11)).await.unwrap());
+        assert!(check_duplicate(&mut tx, "g", &first, &origin(11)).await.unwrap().is_none());
+        assert!(!claim(&mut tx, "g", &reused, &origin(12)).await.unwrap());
+        let conflict = check_duplicate(&mut tx, "g", &reused, &origin(12)).await.unwrap().unwrap();
         assert_eq!((conflict.first_offset, conflict.offset), (10, 12));
         // The same conflicting record redelivered is listed once.
-        check_duplicate(&mut tx, db.dialect, "g", &reused, &origin(12)).await.unwrap().unwrap();
+        check_duplicate(&mut tx, "g", &reused, &origin(12)).await.unwrap().unwrap();
         // A row from before the migration has no digest: unknown, not a conflict.
         sqlx::query("UPDATE event_dedup SET payload_digest = NULL").execute(&mut *tx).await.unwrap();
-        assert!(check_duplicate(&mut tx, db.dialect, "g", &reused, &origin(13)).await.unwrap().is_none());
+        assert!(check_duplicate(&mut tx, "g", &reused, &origin(13)).await.unwrap().is_none());
         tx.commit().await.unwrap();
         let listed = conflicts(&db, Some("g"), 10).await.unwrap();
         assert_eq!(listed.len(), 1, "{listed:?}");

@@ -34,9 +34,8 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::Settings;
 use crate::consumer::handler::{Effect, Handler, HandlerError};
-use crate::db::{Dialect, Tx};
+use crate::db::Tx;
 use crate::consumer::version::MAJOR_1;
 use crate::envelope::{Envelope, EventName};
 
@@ -148,10 +147,10 @@ pub fn default_group(subscription: &str) -> String {
     format!("http.{subscription}")
 }
 
-/// The subscription `name` of the settings.
-pub fn find(settings: &Settings, name: &str) -> Result<Subscription, String> {
-    let found = settings.http.subscriptions.iter().find(|s| s.name == name).cloned();
-    let known: Vec<&str> = settings.http.subscriptions.iter().map(|s| s.name.as_str()).collect();
+/// The subscription `name` of the `[http]` settings.
+pub fn find(http: &HttpSettings, name: &str) -> Result<Subscription, String> {
+    let found = http.subscriptions.iter().find(|s| s.name == name).cloned();
+    let known: Vec<&str> = http.subscriptions.iter().map(|s| s.name.as_str()).collect();
     let subscription = found.ok_or_else(|| {
         format!("--subscription: no subscription `{name}` in [[http.subscriptions]]; declared: {}", if known.is_empty() { "none".to_string() } else { known.join(", ") })
     })?;
@@ -187,7 +186,7 @@ impl Handler for HttpDelivery {
         if sub.enabled && sub.matches(event_name.as_str()) { MAJOR_1 } else { &[] }
     }
 
-    async fn apply(&self, _: &mut Tx, _: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
+    async fn apply(&self, _: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError> {
         // A snapshot: a reload during this delivery does not change it.
         let sub = self.subscription.read().expect("subscription lock").clone();
         if !sub.enabled || !sub.matches(envelope.event_name.as_str()) {
@@ -237,11 +236,15 @@ impl Handler for HttpDelivery {
     }
 }
 
-/// Reloads `subscription` from the config file on SIGHUP and whenever the
-/// file changes (checked every 2 s). Runs until the process ends.
-pub fn watch(config: Option<PathBuf>, subscription: Arc<RwLock<Subscription>>) {
+/// Reloads `subscription` with `reload` (which reads the config file
+/// `path`) on SIGHUP and whenever that file changes (checked every 2 s).
+/// Runs until the process ends.
+pub fn watch(
+    path: PathBuf,
+    subscription: Arc<RwLock<Subscription>>,
+    reload: impl Fn() -> Result<Subscription, String> + Send + 'static,
+) {
     let name = subscription.read().expect("subscription lock").name.clone();
-    let path = config.unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_CONFIG_FILE));
     tokio::spawn(async move {
         let modified = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
         let mut seen = modified(&path);
@@ -269,7 +272,7 @@ pub fn watch(config: Option<PathBuf>, subscription: Arc<RwLock<Subscription>>) {
                     seen = now;
                 }
             }
-            match Settings::load(Some(&path)).map_err(|e| e.to_string()).and_then(|s| find(&s, &name)) {
+            match reload() {
                 Ok(fresh) => {
                     let mut current = subscription.write().expect("subscription lock");
                     if *current != fresh {

@@ -22,9 +22,8 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
-use crate::config::Settings;
 use crate::metrics::InternalEvent;
-use crate::kafka::client::client_config;
+use crate::kafka::client::{KafkaSettings, client_config};
 use crate::retry::retry_topic;
 
 /// How long one broker request may take.
@@ -142,28 +141,31 @@ pub struct GroupLag {
 }
 
 /// The groups to measure: `wanted` if given, else `lag.groups`, else the
-/// groups the broker lists (only those with committed offsets on the
-/// order topic are kept by [`measure`] then).
+/// groups the broker lists but `persister_group` (only those with committed
+/// offsets on the order topic are kept by [`measure`] then).
 pub async fn groups_to_measure(
-    settings: &Settings,
+    kafka: &KafkaSettings,
+    lag: &LagSettings,
+    persister_group: &str,
     wanted: &[String],
 ) -> Result<(Vec<String>, bool), LagError> {
     if !wanted.is_empty() {
         return Ok((wanted.to_vec(), true));
     }
-    if !settings.lag.groups.is_empty() {
-        return Ok((settings.lag.groups.clone(), true));
+    if !lag.groups.is_empty() {
+        return Ok((lag.groups.clone(), true));
     }
-    let settings = settings.clone();
+    let kafka = kafka.clone();
+    let persister_group = persister_group.to_string();
     let listed = tokio::task::spawn_blocking(move || -> Result<Vec<String>, LagError> {
-        let probe = probe(&settings)?;
+        let probe = probe(&kafka)?;
         let list = probe.fetch_group_list(None, REQUEST_TIMEOUT)?;
         let mut names: Vec<String> = list
             .groups()
             .iter()
             .filter(|g| g.protocol_type() == "consumer" || g.protocol_type().is_empty())
             .map(|g| g.name().to_string())
-            .filter(|name| *name != settings.dlq.persister_group)
+            .filter(|name| *name != persister_group)
             .collect();
         names.sort();
         Ok(names)
@@ -177,23 +179,23 @@ pub async fn groups_to_measure(
 /// `keep_empty` false, groups without committed offsets are left out
 /// (used for groups listed by the broker, most of which read other topics).
 pub async fn measure(
-    settings: &Settings,
+    kafka: &KafkaSettings,
     topic: &str,
     groups: &[String],
     keep_empty: bool,
 ) -> Result<Vec<GroupLag>, LagError> {
-    let settings = settings.clone();
+    let kafka = kafka.clone();
     let topic = topic.to_string();
     let groups = groups.to_vec();
-    tokio::task::spawn_blocking(move || measure_blocking(&settings, &topic, &groups, keep_empty))
+    tokio::task::spawn_blocking(move || measure_blocking(&kafka, &topic, &groups, keep_empty))
         .await
         .map_err(|e| LagError::Task(e.to_string()))?
 }
 
 /// A consumer that never joins a group: metadata, watermarks, group list,
 /// and reading the first unconsumed records.
-fn probe(settings: &Settings) -> Result<BaseConsumer, KafkaError> {
-    client_config(&settings.kafka.client_options())
+fn probe(kafka: &KafkaSettings) -> Result<BaseConsumer, KafkaError> {
+    client_config(&kafka.client_options())
         .set("group.id", "orderpipe.lag.probe")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -222,7 +224,7 @@ fn partitions(probe: &BaseConsumer, topic: &str) -> Result<Option<i32>, KafkaErr
 const PARALLEL_GROUPS: usize = 8;
 
 fn measure_blocking(
-    settings: &Settings,
+    kafka: &KafkaSettings,
     topic: &str,
     groups: &[String],
     keep_empty: bool,
@@ -234,7 +236,7 @@ fn measure_blocking(
     std::thread::scope(|scope| {
         let workers: Vec<_> = groups
             .chunks(chunk)
-            .map(|part| scope.spawn(move || measure_groups(settings, topic, part, keep_empty)))
+            .map(|part| scope.spawn(move || measure_groups(kafka, topic, part, keep_empty)))
             .collect();
         let mut result = Vec::new();
         for worker in workers {
@@ -250,12 +252,12 @@ fn measure_blocking(
 
 /// Measures `groups` one after the other with one probe consumer.
 fn measure_groups(
-    settings: &Settings,
+    kafka: &KafkaSettings,
     topic: &str,
     groups: &[String],
     keep_empty: bool,
 ) -> Result<Vec<GroupLag>, LagError> {
-    let probe = probe(settings)?;
+    let probe = probe(kafka)?;
     let Some(topic_partitions) = partitions(&probe, topic)? else {
         return Err(LagError::NoTopic(topic.to_string()));
     };
@@ -280,7 +282,7 @@ fn measure_groups(
                 wanted.add_partition(&retry, p);
             }
         }
-        let committed = committed_offsets(settings, group, &wanted)?;
+        let committed = committed_offsets(kafka, group, &wanted)?;
         let any_committed = committed.values().any(Option::is_some);
         let mut partitions = Vec::new();
         if any_committed {
@@ -358,11 +360,11 @@ fn retry_coordinator<T>(
 /// A consumer with the group's id asks without joining, so it never
 /// disturbs the group's members.
 fn committed_offsets(
-    settings: &Settings,
+    kafka: &KafkaSettings,
     group: &str,
     wanted: &TopicPartitionList,
 ) -> Result<BTreeMap<(String, i32), Option<i64>>, KafkaError> {
-    let reader: BaseConsumer = client_config(&settings.kafka.client_options())
+    let reader: BaseConsumer = client_config(&kafka.client_options())
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()?;
@@ -462,21 +464,21 @@ fn first_records(
 }
 
 /// The persister's exporter: every `lag.export_interval_secs`, measures
-/// the groups of `lag.groups` and exports [`crate::metrics::GroupLagMeasured`].
+/// the groups of `lag.groups` on `topic` (the order topic) and exports
+/// [`crate::metrics::GroupLagMeasured`].
 /// Without configured groups it exports nothing: listing every group of a
 /// shared cluster each time would be heavy and would alert on groups that
 /// are gone for good.
-pub async fn export(settings: Settings) {
-    if settings.lag.groups.is_empty() {
+pub async fn export(kafka: KafkaSettings, lag: LagSettings, topic: String) {
+    if lag.groups.is_empty() {
         tracing::warn!(
             "lag.groups is empty: no broker-side group lag exported (list the consumer groups to watch)"
         );
         return;
     }
-    let every = Duration::from_secs(settings.lag.export_interval_secs);
-    let topic = settings.topics.order_events.name.clone();
+    let every = Duration::from_secs(lag.export_interval_secs);
     loop {
-        match measure(&settings, &topic, &settings.lag.groups, true).await {
+        match measure(&kafka, &topic, &lag.groups, true).await {
             Ok(groups) => crate::metrics::GroupLagMeasured { groups: &groups }.emit(),
             Err(e) => crate::metrics::GroupLagFailed {
                 error: &e.to_string(),

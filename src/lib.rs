@@ -10,6 +10,7 @@
 //! | module | what it is |
 //! |---|---|
 //! | [`clock`] | the one time source: `now_ms()` |
+//! | [`backoff`] | the one retry-until-available helper: capped exponential backoff, a stop condition |
 //! | [`kafka`] | the Kafka floor: client settings and options, the measured producer, record headers |
 //! | [`envelope`] | the event envelope, event names and payloads (seed 000) |
 //! | [`schema`] | the Avro schemas in `schemas/`, registering and compatibility checks |
@@ -24,19 +25,18 @@
 //! | [`delivery`] | config-driven HTTP delivery to downstream services |
 //! | [`dedup`] | the `event_dedup` guard and its retention cleanup |
 //! | [`lag`] | consumer group lag as the broker sees it (`orderpipe lag`, the persister's exporter) |
-//! | [`db`] | database pool, dialects, migrations from `sql/` |
+//! | [`db`] | database pool, the one place for MySQL/SQLite statement differences, migrations from `sql/` |
 //! | [`health`] | `/metrics` and `/health/*` endpoints |
 //! | [`metrics`] | Prometheus metrics and the typed events that emit them |
 //! | [`topics`] | topic reconcile (`topics ensure` / `describe`) |
-//! | [`generator`] | synthetic order lifecycles |
-//! | [`demo`] | the embedded end-to-end run behind `make run` |
-//! | [`config`] | layered settings: defaults, file, environment, flags |
+//! | [`config`] | layered settings: defaults, file, environment, flags; composes the components' sections |
+//! | [`startup`] | builds the roles from the settings: the sections each one reads |
 //! | [`telemetry`] | logging setup |
-//! | [`bench`] | benchmark peers (the naive consumer baseline) |
+//! | `harness` | demo, benchmarks, generator, exactly-once verification, the `chaos` handler: only with the cargo feature `harness` |
 //! | [`cli`] | the `orderpipe` command line; `src/bin/orderpipe.rs` only calls it |
 
 pub mod api;
-pub mod bench;
+pub mod backoff;
 pub mod cli;
 pub mod clock;
 pub mod codec;
@@ -46,9 +46,9 @@ pub mod db;
 pub mod dedup;
 pub mod delivery;
 pub mod dlq;
-pub mod demo;
 pub mod envelope;
-pub mod generator;
+#[cfg(feature = "harness")]
+pub mod harness;
 pub mod health;
 pub mod kafka;
 pub mod lag;
@@ -58,5 +58,6 @@ pub mod outbox;
 pub mod producer;
 pub mod retry;
 pub mod schema;
+pub mod startup;
 pub mod telemetry;
 pub mod topics;

@@ -20,8 +20,8 @@ use schema_registry_converter::avro_common::get_supplied_schema;
 use schema_registry_converter::schema_registry_common::SubjectNameStrategy;
 use serde::Serialize;
 
-use crate::codec::{CodecError, sr_settings};
-use crate::config::Settings;
+use crate::codec::{CodecError, RegistrySettings, sr_settings};
+use crate::topics::TopicsSettings;
 
 /// The topic whose schema describes [`crate::envelope::Envelope`].
 pub const ORDER_EVENTS_TOPIC: &str = "order.events.v1";
@@ -160,13 +160,14 @@ pub struct Registered {
 /// Registers every schema under its subject (an already registered schema
 /// returns its existing id; an incompatible one is refused by the registry).
 pub async fn register(
-    settings: &Settings,
+    registry: &RegistrySettings,
+    topics: &TopicsSettings,
     catalog: &SchemaCatalog,
 ) -> Result<Vec<Registered>, CodecError> {
-    let client = sr_settings(&settings.registry)?;
+    let client = sr_settings(registry)?;
     let mut out = Vec::new();
     for schema in catalog.iter() {
-        let subject = subject(settings, schema);
+        let subject = subject(topics, schema);
         let registered = post_schema(&client, subject.clone(), get_supplied_schema(&schema.parsed))
             .await
             .map_err(|e| registry_error(&subject, e))?;
@@ -179,8 +180,8 @@ pub async fn register(
 }
 
 /// `<configured topic>-value` (Confluent's TopicNameStrategy).
-pub fn subject(settings: &Settings, schema: &TopicSchema) -> String {
-    format!("{}-value", settings.topic_name_for_schema(&schema.topic))
+pub fn subject(topics: &TopicsSettings, schema: &TopicSchema) -> String {
+    format!("{}-value", topics.name_for_schema(&schema.topic))
 }
 
 fn registry_error(
@@ -307,15 +308,16 @@ fn branch_name(schema: &Schema) -> String {
 
 /// Compares every local schema with the latest registered version.
 pub async fn check(
-    settings: &Settings,
+    registry: &RegistrySettings,
+    topics: &TopicsSettings,
     catalog: &SchemaCatalog,
     level: CompatLevel,
 ) -> Result<Vec<CompatReport>, CodecError> {
-    let client = sr_settings(&settings.registry)?;
+    let client = sr_settings(registry)?;
     let mut out = Vec::new();
     for schema in catalog.iter() {
-        let subject = subject(settings, schema);
-        let topic = settings.topic_name_for_schema(&schema.topic);
+        let subject = subject(topics, schema);
+        let topic = topics.name_for_schema(&schema.topic);
         let strategy = SubjectNameStrategy::TopicNameStrategy(topic, false);
         let latest = match get_schema_by_subject(&client, &strategy).await {
             Ok(latest) => latest,

@@ -17,6 +17,8 @@
 //! alter topics: they call [`require`], which reads cluster metadata only
 //! (Describe rights), and refuse to start when a topic they need is missing
 //! or has another partition count than declared.
+//!
+//! [`TopicsSettings`] is the `[topics]` section of the configuration.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -28,10 +30,114 @@ use rdkafka::admin::{
 use rdkafka::ClientContext;
 use rdkafka::client::{Client, DefaultClientContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::config::{Settings, TopicSpec};
-use crate::kafka::client::client_config;
+use crate::kafka::client::{KafkaSettings, client_config};
+
+/// The `[topics]` section of the configuration: the declared topics;
+/// `topics ensure` reconciles the cluster to these.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicsSettings {
+    /// `order.events.v1`.
+    pub order_events: TopicSpec,
+    /// `inventory.events.v1`.
+    pub inventory_events: TopicSpec,
+    /// `order.events.v1.dlq`.
+    pub dead_letter: TopicSpec,
+}
+
+/// One topic's declared shape.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TopicSpec {
+    /// Topic name.
+    pub name: String,
+    /// Partition count (only ever grown).
+    pub partitions: i32,
+    /// Replication factor at creation.
+    pub replication_factor: i32,
+    /// `min.insync.replicas`.
+    pub min_insync_replicas: i32,
+    /// `retention.ms`.
+    pub retention_ms: i64,
+    /// Other topic configs to enforce.
+    #[serde(default)]
+    pub configs: BTreeMap<String, String>,
+}
+
+const DAY_MS: i64 = 24 * 60 * 60 * 1000;
+
+impl TopicSpec {
+    /// Every config `topics ensure` enforces, including min ISR and retention.
+    pub fn desired_configs(&self) -> BTreeMap<String, String> {
+        let mut configs = self.configs.clone();
+        configs.insert("min.insync.replicas".into(), self.min_insync_replicas.to_string());
+        configs.insert("retention.ms".into(), self.retention_ms.to_string());
+        configs
+    }
+}
+
+impl TopicsSettings {
+    /// The three declared topics, in the order of the config file.
+    fn specs(&self) -> [&TopicSpec; 3] {
+        [&self.order_events, &self.inventory_events, &self.dead_letter]
+    }
+
+    /// The declared topic named `name`, if one is.
+    pub fn find(&self, name: &str) -> Option<&TopicSpec> {
+        self.specs().into_iter().find(|spec| spec.name == name)
+    }
+
+    /// Rejects partition, replica and min ISR counts no cluster accepts.
+    pub fn validate_layout(&self) -> Result<(), String> {
+        for spec in self.specs() {
+            let field = |f: &str| format!("topics.{}.{f}", spec.name);
+            if spec.partitions < 1 {
+                return Err(format!("{} must be >= 1", field("partitions")));
+            }
+            if spec.replication_factor < 1 {
+                return Err(format!("{} must be >= 1", field("replication_factor")));
+            }
+            if spec.min_insync_replicas < 1 || spec.min_insync_replicas > spec.replication_factor {
+                return Err(format!(
+                    "{} must be between 1 and replication_factor ({})",
+                    field("min_insync_replicas"),
+                    spec.replication_factor
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every declared topic holds key messages (retry topics inherit the
+    /// order topic's spec): at least 30 days, or forever.
+    pub fn validate_retention(&self) -> Result<(), String> {
+        for (key, spec, why) in [
+            ("order_events", &self.order_events, "order events are kept for audit"),
+            ("inventory_events", &self.inventory_events, "inventory events are audited with the order events"),
+            ("dead_letter", &self.dead_letter, "dead letters must outlive a persister outage and stay replayable"),
+        ] {
+            if spec.retention_ms >= 0 && spec.retention_ms < 30 * DAY_MS {
+                return Err(format!(
+                    "topics.{key}.retention_ms must be >= 30 days (2592000000) or -1 (forever), got {}: {why}",
+                    spec.retention_ms
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The configured name of the topic a schema file (named after the
+    /// default topic name) describes; tests and staging rename topics.
+    pub fn name_for_schema(&self, schema_topic: &str) -> String {
+        self.specs()
+            .into_iter()
+            .zip(["order.events.v1", "inventory.events.v1", "order.events.v1.dlq"])
+            .find(|(_, default)| *default == schema_topic)
+            .map_or_else(|| schema_topic.to_string(), |(spec, _)| spec.name.clone())
+    }
+}
 
 /// How long admin calls may take before they are reported as failed.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -220,12 +326,12 @@ pub struct TopicAdmin {
 }
 
 impl TopicAdmin {
-    /// An admin client with the settings' Kafka options.
-    pub fn new(settings: &Settings) -> Result<Self, TopicsError> {
-        let admin = client_config(&settings.kafka.client_options()).create()?;
+    /// An admin client with the Kafka connection settings.
+    pub fn new(kafka: &KafkaSettings) -> Result<Self, TopicsError> {
+        let admin = client_config(&kafka.client_options()).create()?;
         Ok(Self {
             admin,
-            servers: settings.kafka.bootstrap_servers.clone(),
+            servers: kafka.bootstrap_servers.clone(),
         })
     }
 
@@ -661,10 +767,10 @@ pub fn require<C: ClientContext>(
 
 /// [`require`] with a metadata-only client of its own, for roles whose
 /// Kafka clients are built elsewhere (the relay).
-pub fn require_with(settings: &Settings, required: &[Required], fix: &str) -> Result<(), TopicsError> {
+pub fn require_with(kafka: &KafkaSettings, required: &[Required], fix: &str) -> Result<(), TopicsError> {
     use rdkafka::producer::Producer;
-    let client: rdkafka::producer::BaseProducer = client_config(&settings.kafka.client_options()).create()?;
-    require(client.client(), &settings.kafka.bootstrap_servers, required, fix)
+    let client: rdkafka::producer::BaseProducer = client_config(&kafka.client_options()).create()?;
+    require(client.client(), &kafka.bootstrap_servers, required, fix)
 }
 
 fn admin_error(topic: &str, action: &'static str, e: impl std::fmt::Display) -> TopicsError {
@@ -688,21 +794,13 @@ fn undeclared<'a>(
         .collect()
 }
 
-/// The topics a settings file declares, plus the retry topics of `groups`
-/// and of every `[[http.subscriptions]]` entry's default group.
-pub fn declared(settings: &Settings, groups: &[String]) -> Vec<TopicSpec> {
-    let mut specs = vec![
-        settings.topics.order_events.clone(),
-        settings.topics.inventory_events.clone(),
-        settings.topics.dead_letter.clone(),
-    ];
-    let subscription_groups = settings
-        .http
-        .subscriptions
-        .iter()
-        .map(|s| crate::delivery::default_group(&s.name));
-    for group in groups.iter().cloned().chain(subscription_groups) {
-        let spec = retry_spec(settings, &group);
+/// The declared topics plus the retry topics of `groups` (each once).
+/// [`crate::startup::declared_topics`] adds the groups of the HTTP
+/// subscriptions.
+pub fn declared(topics: &TopicsSettings, groups: impl IntoIterator<Item = String>) -> Vec<TopicSpec> {
+    let mut specs: Vec<TopicSpec> = topics.specs().into_iter().cloned().collect();
+    for group in groups {
+        let spec = retry_spec(topics, &group);
         if !specs.contains(&spec) {
             specs.push(spec);
         }
@@ -712,9 +810,9 @@ pub fn declared(settings: &Settings, groups: &[String]) -> Vec<TopicSpec> {
 
 /// The retry topic of `group` on the order topic: declared like the order
 /// topic (same partitions, so keys spread alike; same retention).
-pub fn retry_spec(settings: &Settings, group: &str) -> TopicSpec {
-    let mut spec = settings.topics.order_events.clone();
-    spec.name = crate::retry::retry_topic(&settings.topics.order_events.name, group);
+pub fn retry_spec(topics: &TopicsSettings, group: &str) -> TopicSpec {
+    let mut spec = topics.order_events.clone();
+    spec.name = crate::retry::retry_topic(&topics.order_events.name, group);
     spec
 }
 
@@ -729,11 +827,12 @@ pub fn ensure_command(group: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Settings;
 
     #[test]
     fn undeclared_lists_only_the_family() {
         let settings = Settings::default();
-        let owned = declared(&settings, &[]);
+        let owned = crate::startup::declared_topics(&settings, &[]);
         let specs: Vec<&TopicSpec> = owned.iter().collect();
         let existing = [
             "order.events.v1".to_string(),
@@ -800,7 +899,7 @@ mod tests {
     fn declared_topics_include_the_retry_topics_of_named_and_subscription_groups() {
         let mut settings = Settings::default();
         settings.http.subscriptions = toml_subscriptions("crm");
-        let specs = declared(&settings, &["payments".to_string(), "payments".to_string()]);
+        let specs = crate::startup::declared_topics(&settings, &["payments".to_string(), "payments".to_string()]);
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
             names,

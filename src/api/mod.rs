@@ -135,7 +135,11 @@ async fn act(
     Ok(Json(service.act(id, action, trace_id(&headers)).await?))
 }
 
-/// A service on `db` writing events for the settings' topics.
-pub fn service(settings: &crate::config::Settings, db: Db) -> OrderService {
-    OrderService::new(db, settings)
+/// A service on `db` writing events for the declared `topics`.
+pub fn service(
+    producer: &crate::producer::ProducerSettings,
+    topics: &crate::topics::TopicsSettings,
+    db: Db,
+) -> OrderService {
+    OrderService::new(db, producer, topics)
 }

@@ -5,8 +5,9 @@ use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use uuid::Uuid;
 
-use crate::config::Settings;
-use crate::db::{Db, DbError, Dialect, Tx};
+use crate::producer::ProducerSettings;
+use crate::topics::TopicsSettings;
+use crate::db::{Db, DbError, Tx};
 use crate::envelope::{
     Envelope, EventData, InventoryStockReleased, InventoryStockReserved, OrderCanceled, OrderCreated,
     OrderPaymentSucceeded, OrderRefunded, OrderShipped, format_utc, new_trace_id,
@@ -259,13 +260,14 @@ pub struct OrderService {
 }
 
 impl OrderService {
-    /// A service writing events for the settings' topics.
-    pub fn new(db: Db, settings: &Settings) -> Self {
+    /// A service writing events for the declared `topics`, as the
+    /// producer's `service_name`.
+    pub fn new(db: Db, producer: &ProducerSettings, topics: &TopicsSettings) -> Self {
         Self {
             db,
-            producer: settings.producer.service_name.clone(),
-            order_topic: settings.topics.order_events.name.clone(),
-            inventory_topic: settings.topics.inventory_events.name.clone(),
+            producer: producer.service_name.clone(),
+            order_topic: topics.order_events.name.clone(),
+            inventory_topic: topics.inventory_events.name.clone(),
         }
     }
 
@@ -355,13 +357,7 @@ impl OrderService {
 
     async fn act_once(&self, id: i64, action: Action, trace_id: &str) -> Result<Order, ApiError> {
         let mut tx = self.db.begin().await?;
-        let lock = match self.db.dialect {
-            Dialect::MySql => " FOR UPDATE",
-            Dialect::Sqlite => "",
-        };
-        let sql = sqlx::AssertSqlSafe(format!(
-            "SELECT order_id, user_id, sku, quantity, amount, currency, status FROM orders WHERE order_id = ?{lock}"
-        ));
+        let sql = tx.sql().locking("SELECT order_id, user_id, sku, quantity, amount, currency, status FROM orders WHERE order_id = ?");
         let row = sqlx::query(sql).bind(id).fetch_optional(&mut *tx).await?.ok_or(ApiError::NotFound(id))?;
         let mut order = order_of(&row)?;
         let (from, to) = action.transition();
@@ -438,52 +434,4 @@ fn order_of(row: &sqlx::any::AnyRow) -> Result<Order, ApiError> {
         currency: row.try_get(5)?,
         status: row.try_get(6)?,
     })
-}
-
-/// Drives `orders` lifecycles through the service in-process (the demo and
-/// benchmarks), with the shares of [`crate::generator`]; returns how many
-/// order events were recorded.
-pub async fn drive(service: &OrderService, orders: usize, seed: u64) -> Result<usize, ApiError> {
-    drive_at(service, orders, seed, None).await
-}
-
-/// Like [`drive`], starting at most `rate` orders per second.
-pub async fn drive_at(service: &OrderService, orders: usize, seed: u64, rate: Option<u32>) -> Result<usize, ApiError> {
-    let started = tokio::time::Instant::now();
-    use crate::generator::{Step, choose_path};
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut events = 0;
-    for i in 0..orders {
-        if let Some(rate) = rate.filter(|r| *r > 0) {
-            tokio::time::sleep_until(started + std::time::Duration::from_secs_f64(i as f64 / f64::from(rate))).await;
-        }
-        let amount = rng.random_range(100..500_000);
-        let order = service
-            .create(
-                NewOrder {
-                    user_id: rng.random_range(1..1_000_000),
-                    sku: format!("SKU-{}", rng.random_range(1..500)),
-                    quantity: rng.random_range(1..5),
-                    amount,
-                    currency: None,
-                },
-                None,
-            )
-            .await?;
-        events += 1;
-        let id = order.order_id;
-        for step in &choose_path(&mut rng)[1..] {
-            let action = match step {
-                Step::Paid => Action::Pay { payment_id: format!("pay-{id}"), amount },
-                Step::Shipped => Action::Ship { shipment_id: format!("shp-{id}"), carrier: "sf-express".into() },
-                Step::Canceled => Action::Cancel { reason: "customer_request".into() },
-                Step::Refunded => Action::Refund { refund_id: format!("rfd-{id}"), amount },
-                Step::Created => continue,
-            };
-            service.act(id, action, None).await?;
-            events += 1;
-        }
-    }
-    Ok(events)
 }

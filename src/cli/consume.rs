@@ -11,7 +11,7 @@ use super::OutputArg;
 use super::output;
 use crate::config::Settings;
 use crate::consumer::handler::Handler;
-use crate::consumer::{self, ConsumeOptions, StartFrom, handlers};
+use crate::consumer::{self, ConsumeOptions, StartFrom};
 use crate::db::Db;
 
 /// Flags of `orderpipe consume`.
@@ -68,7 +68,7 @@ impl GroupArgs {
         error_tier: bool,
     ) -> anyhow::Result<ExitCode> {
         let topic = self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
-        let needed = consumer::connections_needed(settings, &topic, error_tier);
+        let needed = consumer::connections_needed(&settings.topics, &topic, error_tier);
         let configured = settings.database.max_connections;
         if configured < needed {
             tracing::warn!(
@@ -91,10 +91,24 @@ impl GroupArgs {
             error_tier,
             ordering: self.ordering.unwrap_or(settings.consumer.ordering),
         };
-        let summary = consumer::run(settings, db, options, shutdown_signal()).await?;
+        let summary = consumer::run(crate::startup::consumer_sections(settings), db, options, shutdown_signal()).await?;
         output::consume(&summary, self.output.output);
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// The handler `--handler NAME` names: a built-in one, or in a `harness`
+/// build also `chaos`.
+#[cfg(feature = "harness")]
+fn handler_by_name(name: &str, settings: &Settings) -> Result<Arc<dyn Handler>, String> {
+    crate::harness::chaos::handler_by_name(name, settings)
+}
+
+/// The built-in handler `--handler NAME` names.
+#[cfg(not(feature = "harness"))]
+fn handler_by_name(name: &str, _settings: &Settings) -> Result<Arc<dyn Handler>, String> {
+    use crate::consumer::handlers;
+    handlers::by_name(name).ok_or_else(|| handlers::unknown(name, &[]))
 }
 
 /// Runs the command.
@@ -102,7 +116,7 @@ pub async fn run(settings: &Settings, args: ConsumeArgs) -> anyhow::Result<ExitC
     let handlers = args
         .handlers
         .iter()
-        .map(|name| handlers::by_name(name.trim(), settings))
+        .map(|name| handler_by_name(name.trim(), settings))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| anyhow::anyhow!("--handler: {e}"))?;
     args.run.run(settings, args.group, handlers, !args.without_error_tier).await
@@ -123,12 +137,16 @@ pub struct DeliverArgs {
 
 /// Runs `orderpipe deliver`: a consumer group delivering one subscription.
 pub async fn deliver(settings: &Settings, config: Option<std::path::PathBuf>, args: DeliverArgs) -> anyhow::Result<ExitCode> {
-    let subscription = crate::delivery::find(settings, &args.subscription).map_err(anyhow::Error::msg)?;
+    let subscription = crate::delivery::find(&settings.http, &args.subscription).map_err(anyhow::Error::msg)?;
     let mut settings = settings.clone();
     // The subscription's retry profile is its group's schedule.
     settings.retry.profile = subscription.retry_profile.clone();
     let (handler, shared) = crate::delivery::HttpDelivery::new(subscription);
-    crate::delivery::watch(config, shared);
+    let path = config.unwrap_or_else(|| std::path::PathBuf::from(crate::config::DEFAULT_CONFIG_FILE));
+    let (reload_path, name) = (path.clone(), args.subscription.clone());
+    crate::delivery::watch(path, shared, move || {
+        Settings::load(Some(&reload_path)).map_err(|e| e.to_string()).and_then(|s| crate::delivery::find(&s.http, &name))
+    });
     let group = args.group.unwrap_or_else(|| crate::delivery::default_group(&args.subscription));
     args.run.run(&settings, group, vec![Arc::new(handler)], true).await
 }

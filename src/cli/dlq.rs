@@ -17,7 +17,6 @@ use crate::dlq::replay::{self, ReplayOptions};
 use crate::dlq::store::{self, Filter};
 use crate::dlq::ignore::{self, Followers, IgnoreError};
 use crate::dlq::persist;
-use crate::ordering;
 use crate::schema::SchemaCatalog;
 
 /// `orderpipe dlq` subcommands.
@@ -173,8 +172,20 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 crate::metrics::dead_letters_pending(pending);
             }
             // Runs anyway, so it watches the groups: their lag is exported with every member down.
-            let lag_export = tokio::spawn(crate::lag::export(settings.clone()));
-            let summary = persist::run(settings, &db, until_idle.map(Duration::from_secs), shutdown_signal()).await;
+            let lag_export = tokio::spawn(crate::lag::export(
+                settings.kafka.clone(),
+                settings.lag.clone(),
+                settings.topics.order_events.name.clone(),
+            ));
+            let summary = persist::run(
+                &settings.kafka,
+                &settings.dlq,
+                &settings.topics.dead_letter,
+                &db,
+                until_idle.map(Duration::from_secs),
+                shutdown_signal(),
+            )
+            .await;
             lag_export.abort();
             let summary = summary?;
             match output.output {
@@ -185,15 +196,15 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 ),
             }
         }
-        DlqCommand::List { filter, limit, output } if filter.status == Some(store::Status::Held) => {
-            let views = ordering::held_views(&db, filter.group.as_deref(), limit).await?;
+        DlqCommand::List { filter, limit, output } if filter.status == Some(store::Selection::Held) => {
+            let views = crate::dlq::held::held_views(&db, filter.group.as_deref(), limit).await?;
             output::held_records(&views, output.output);
         }
         DlqCommand::List { filter, limit, output } => {
             output::dead_letters(&store::list(&db, &filter, limit).await?, output.output);
         }
         DlqCommand::Show { id, held: true, output } => {
-            let Some(view) = ordering::held_view(&db, id).await? else {
+            let Some(view) = crate::dlq::held::held_view(&db, id).await? else {
                 anyhow::bail!("no held record with id {id} (released already, or see `orderpipe dlq list --status held`)");
             };
             output::held_record(&view, output.output);
@@ -222,12 +233,12 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
         DlqCommand::Stats { filter, output } => output::dlq_stats(&store::stats(&db, &filter).await?, output.output),
         DlqCommand::Replay(args) => {
             let mut filter = args.filter;
-            if filter.status == Some(store::Status::Held) {
+            if filter.status == Some(store::Selection::Held) {
                 anyhow::bail!(HELD_NOT_DEAD);
             }
             if filter.ids.is_empty() && filter.status.is_none() {
                 // Without ids, replay what is waiting, not what was already handled.
-                filter.status = Some(store::Status::Pending);
+                filter.status = Some(store::Status::Pending.into());
             }
             let rows = store::records(&db, &filter, args.limit).await?;
             let options = ReplayOptions {
@@ -235,7 +246,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 rate: args.rate,
             };
             if args.dry_run {
-                output::replay_plan(settings, &rows, options, args.output.output);
+                output::replay_plan(&settings.topics.dead_letter.name, &rows, options, args.output.output);
                 return Ok(ExitCode::SUCCESS);
             }
             if !confirm("Replay", &filter, rows.len(), args.yes)? {
@@ -243,7 +254,16 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 return Ok(ExitCode::FAILURE);
             }
             let bar = output::progress_bar(Some(rows.len() as u64), "replayed");
-            let summary = replay::replay(settings, &db, &rows, options, || bar.inc(1)).await?;
+            let summary = replay::replay(
+                &settings.kafka,
+                &settings.producer,
+                &settings.topics.dead_letter.name,
+                &db,
+                &rows,
+                options,
+                || bar.inc(1),
+            )
+            .await?;
             bar.finish_and_clear();
             output::replayed(&summary, args.output.output);
             if !summary.failed.is_empty() {
@@ -251,7 +271,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             }
         }
         DlqCommand::Ignore { filter, reason, release_followers, keep_held, yes, output } => {
-            if filter.status == Some(store::Status::Held) {
+            if filter.status == Some(store::Selection::Held) {
                 anyhow::bail!(HELD_NOT_DEAD);
             }
             if reason.trim().is_empty() {

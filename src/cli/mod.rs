@@ -4,11 +4,14 @@
 //! library, print a table (or JSON with `--output json`) and pick the exit
 //! code. Errors are `anyhow` here and typed below.
 //!
-//! * [`produce`] is `orderpipe produce` (NDJSON file or synthetic lifecycles).
+//! * [`produce`] is `orderpipe produce` (NDJSON file, or synthetic lifecycles in a `harness` build).
 //! * [`output`] holds the table/JSON printing shared by the commands.
+//! * `harness` (cargo feature `harness` only): `demo` and the hidden `bench-*` commands.
 
 pub mod consume;
 pub mod dlq;
+#[cfg(feature = "harness")]
+pub mod harness;
 pub mod lag;
 pub mod output;
 pub mod produce;
@@ -25,7 +28,7 @@ use crate::db::Db;
 use crate::schema::{CompatLevel, SchemaCatalog};
 use crate::telemetry::{self, LogFormat};
 use crate::topics::{self, TopicAdmin};
-use crate::{demo, schema};
+use crate::schema;
 use output::Output;
 
 /// Kafka-native order event pipeline.
@@ -66,17 +69,10 @@ struct GlobalArgs {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the pipeline on an embedded stack (mock Kafka, in-process registry): no servers needed.
-    Demo {
-        /// Orders driven through the order API.
-        #[arg(long, default_value_t = 1000)]
-        orders: usize,
-        /// Seed of their lifecycles.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        #[command(flatten)]
-        output: OutputArg,
-    },
+    /// `demo` and the hidden `bench-*` commands (cargo feature `harness`).
+    #[cfg(feature = "harness")]
+    #[command(flatten)]
+    Harness(harness::HarnessCommand),
     /// Register or check the Avro schemas in the schema registry.
     #[command(subcommand)]
     Schema(SchemaCommand),
@@ -110,58 +106,6 @@ enum Command {
         /// File format.
         #[arg(long, value_enum, default_value = "toml")]
         output: ConfigFormat,
-    },
-    /// Benchmark driver: order lifecycles through the order service in-process,
-    /// at a steady rate. Used by `make bench-relay`.
-    #[command(hide = true)]
-    BenchDriveOrders {
-        /// Orders.
-        #[arg(long)]
-        orders: usize,
-        /// Orders started per second (0 = as fast as possible).
-        #[arg(long, default_value_t = 0)]
-        rate: u32,
-        /// Seed.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-    },
-    /// Benchmark check: regenerates `produce --count --orders --seed
-    /// --first-order-id`'s events and reports how many orders GROUP applied
-    /// out of production order (from `event_dedup`). Used by `make bench-ordering`.
-    #[command(hide = true)]
-    BenchOrderCheck {
-        /// Consumer group id.
-        #[arg(long)]
-        group: String,
-        /// As given to `produce`.
-        #[arg(long)]
-        count: usize,
-        /// As given to `produce`.
-        #[arg(long)]
-        orders: usize,
-        /// As given to `produce`.
-        #[arg(long)]
-        seed: u64,
-        /// As given to `produce`.
-        #[arg(long)]
-        first_order_id: i64,
-    },
-    /// Benchmark peer: seed 004's consumer taken literally (one transaction
-    /// and one synchronous offset commit per record). Used by `make bench-consume`.
-    #[command(hide = true)]
-    BenchNaiveConsume {
-        /// Consumer group id.
-        #[arg(long)]
-        group: String,
-        /// The one handler to apply.
-        #[arg(long)]
-        handler: String,
-        /// Records to process, then stop.
-        #[arg(long)]
-        limit: u64,
-        /// Topic (default: topics.order_events.name).
-        #[arg(long)]
-        topic: Option<String>,
     },
 }
 
@@ -265,7 +209,12 @@ fn parse_key_value(text: &str) -> Result<(String, String), String> {
 
 impl GlobalArgs {
     fn settings(&self) -> anyhow::Result<Settings> {
-        Ok(Settings::load_with(self.config.as_deref(), &self.overrides())?)
+        let settings = Settings::load_with(self.config.as_deref(), &self.overrides())?;
+        // A harness build reads [chaos]: a bad section fails every command
+        // at load, like any other section.
+        #[cfg(feature = "harness")]
+        crate::harness::chaos::ChaosSettings::from_settings(&settings).map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
+        Ok(settings)
     }
 
     /// The flags that override config values, shaped like the config file.
@@ -320,20 +269,12 @@ pub fn main() -> ExitCode {
 /// Runs one parsed command; `Ok` carries the exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Demo { orders, seed, output } => {
-            let report = demo::run(&demo::DemoOptions { orders, seed }).await?;
-            output::demo(&report, output.output);
-            let failed = !report.ordering_violations.is_empty()
-                || report.consumed != report.produced
-                || !report.verification.is_exact()
-                || report.group_order_violations.values().any(|n| *n > 0)
-                || report.http.requests != report.http.matching;
-            Ok(exit_if(failed))
-        }
+        #[cfg(feature = "harness")]
+        Command::Harness(command) => harness::run(&cli.global, command).await,
         Command::Schema(SchemaCommand::Register { schemas, output }) => {
             let settings = cli.global.settings()?;
             let catalog = SchemaCatalog::load(schemas.as_deref())?;
-            let registered = schema::register(&settings, &catalog).await?;
+            let registered = schema::register(&settings.registry, &settings.topics, &catalog).await?;
             output::registered(&registered, output.output);
             Ok(ExitCode::SUCCESS)
         }
@@ -344,14 +285,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }) => {
             let settings = cli.global.settings()?;
             let catalog = SchemaCatalog::load(schemas.as_deref())?;
-            let reports = schema::check(&settings, &catalog, level).await?;
+            let reports = schema::check(&settings.registry, &settings.topics, &catalog, level).await?;
             output::compat(&reports, output.output);
             Ok(exit_if(reports.iter().any(|r| !r.is_compatible())))
         }
         Command::Topics(TopicsCommand::Ensure { dry_run, allow_repartition, groups, output }) => {
             let settings = cli.global.settings()?;
-            let admin = TopicAdmin::new(&settings)?;
-            let specs = topics::declared(&settings, &groups.groups);
+            let admin = TopicAdmin::new(&settings.kafka)?;
+            let specs = crate::startup::declared_topics(&settings, &groups.groups);
             let options = topics::EnsureOptions { dry_run, allow_repartition };
             let changes = admin.ensure(&specs.iter().collect::<Vec<_>>(), options).await?;
             output::changes(&changes, dry_run, output.output);
@@ -359,8 +300,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Topics(TopicsCommand::Describe { groups, output }) => {
             let settings = cli.global.settings()?;
-            let admin = TopicAdmin::new(&settings)?;
-            let specs = topics::declared(&settings, &groups.groups);
+            let admin = TopicAdmin::new(&settings.kafka)?;
+            let specs = crate::startup::declared_topics(&settings, &groups.groups);
             let states = admin.describe(&specs.iter().collect::<Vec<_>>()).await?;
             output::topic_states(&states, output.output);
             Ok(ExitCode::SUCCESS)
@@ -407,41 +348,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     humantime::format_duration(older_than)
                 ),
             }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::BenchDriveOrders { orders, rate, seed } => {
-            let settings = cli.global.settings()?;
-            let db = Db::connect(&settings.database, 2)?;
-            let service = crate::api::service(&settings, db);
-            let started = std::time::Instant::now();
-            let events = crate::api::orders::drive_at(&service, orders, seed, Some(rate)).await?;
-            println!("{}", serde_json::json!({"orders": orders, "events": events, "secs": started.elapsed().as_secs_f64()}));
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::BenchOrderCheck { group, count, orders, seed, first_order_id } => {
-            let settings = cli.global.settings()?;
-            let db = Db::connect(&settings.database, 2)?;
-            let events: Vec<_> =
-                crate::generator::LifecycleGenerator::new(&settings.producer.service_name, orders, first_order_id, seed)
-                    .take(count)
-                    .collect();
-            let (rows, out_of_order) = crate::consumer::verify::applied_order(&db, &group, &events).await?;
-            let report = serde_json::json!({"applied": rows.actual, "produced": rows.expected, "orders_out_of_order": out_of_order.len()});
-            println!("{report}");
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::BenchNaiveConsume {
-            group,
-            handler,
-            limit,
-            topic,
-        } => {
-            let settings = cli.global.settings()?;
-            let handler = crate::consumer::handlers::by_name(&handler, &settings).map_err(anyhow::Error::msg)?;
-            let db = Db::connect(&settings.database, 2)?;
-            let topic = topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
-            let report = crate::bench::naive_consume(&settings, &db, &topic, &group, handler.as_ref(), limit).await?;
-            println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { output } => {

@@ -5,7 +5,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use super::produce::ProduceSummary;
-use crate::demo::DemoReport;
 use crate::schema::{CompatReport, Registered};
 use crate::topics::{Change, TopicState};
 
@@ -46,106 +45,6 @@ pub fn progress_bar(len: Option<u64>, what: &str) -> ProgressBar {
             .progress_chars("=> "),
     );
     bar
-}
-
-/// `orderpipe demo`.
-pub fn demo(report: &DemoReport, format: Output) {
-    if format == Output::Json {
-        return json(report);
-    }
-    println!(
-        "orderpipe demo: embedded stack (librdkafka mock cluster + in-process schema registry + SQLite)\n"
-    );
-    let r = &report.relayed;
-    println!(
-        "order API -> outbox -> relay: {} outbox rows published in {} Kafka transactions",
-        r.published, r.transactions
-    );
-    for (topic, n) in &r.by_topic {
-        println!("  {topic}: {n} records");
-    }
-    println!();
-    let rows = report.by_event.iter().map(|(k, v)| vec![k.clone(), v.to_string()]);
-    println!("{}", table(&["event", "count"], rows));
-    let rows = report.by_partition.iter().map(|(k, v)| vec![k.to_string(), v.to_string()]);
-    println!("{}", table(&["partition", "events"], rows));
-    println!(
-        "produced {} events for {} orders, read back and decoded {}",
-        report.produced, report.orders, report.consumed
-    );
-    if report.ordering_violations.is_empty() {
-        println!(
-            "per-order ordering: OK — every order's events are in one partition, in the order produced"
-        );
-    } else {
-        println!("per-order ordering: {} VIOLATIONS", report.ordering_violations.len());
-        for v in report.ordering_violations.iter().take(20) {
-            println!("  {v}");
-        }
-    }
-    println!(
-        "\ninjected {} duplicate deliveries (every 10th event produced again); two consumer groups on SQLite:\n",
-        report.injected_duplicates
-    );
-    let rows = report.groups.iter().map(|g| {
-        let handlers: Vec<&str> = g.handlers.keys().map(String::as_str).collect();
-        vec![
-            g.group.clone(),
-            handlers.join(", "),
-            g.consumed.to_string(),
-            g.applied.to_string(),
-            g.duplicates.to_string(),
-            report.group_order_violations.get(&g.group).copied().unwrap_or(0).to_string(),
-        ]
-    });
-    println!(
-        "{}",
-        table(&["group", "handlers", "consumed", "applied", "duplicates skipped", "orders out of order"], rows)
-    );
-    let t = &report.tier;
-    let first = &report.groups[0];
-    println!(
-        "error tier: {} poison records injected; order {}'s payment fails 4 times, order {} fails permanently",
-        t.poison_injected, t.transient_order, t.permanent_order
-    );
-    println!(
-        "  {}: recovered by local retry {}, sent to the retry topic {}, dead-lettered {}, held behind a parked order {}, released {}",
-        first.group, first.recovered_locally, first.sent_to_retry, first.dead_lettered, first.held, first.released
-    );
-    println!(
-        "per-order ordering through retries: order {} was parked while its payment was retried; its later events waited.\n  \
-         applied in this order: {}\n  meanwhile {} events of other orders were applied",
-        t.transient_order,
-        t.transient_applied.join(" -> "),
-        t.applied_meanwhile
-    );
-    println!("\ndead letters persisted from the DLQ topic (orderpipe dlq list):");
-    dead_letters(&t.dead_letters, Output::Table);
-    println!(
-        "replayed {} dead letters of order {} after the fix (orderpipe dlq replay); ignored {} poison rows (orderpipe dlq ignore)",
-        t.replayed, t.permanent_order, t.ignored
-    );
-    println!(
-        "  after the replay {} applied {} more, duplicates {}, dead-lettered {}\n",
-        t.after_replay.group, t.after_replay.applied, t.after_replay.duplicates, t.after_replay.dead_lettered
-    );
-    let v = &report.verification;
-    let rows = v.facts.iter().map(|f| {
-        let ok = if f.expected == f.actual { "ok" } else { "MISMATCH" };
-        vec![f.what.to_string(), f.expected.to_string(), f.actual.to_string(), ok.to_string()]
-    });
-    println!("{}", table(&["business table check", "expected", "actual", ""], rows));
-    if v.is_exact() && report.group_order_violations.values().all(|n| *n == 0) {
-        println!("exactly-once check: OK — every table matches the events applied exactly once, in order");
-    } else {
-        println!("exactly-once check: FAILED");
-    }
-    let h = &report.http;
-    println!(
-        "HTTP subscription crm (order.payment.succeeded -> local endpoint): {} requests for {} matching events, dead-lettered {}",
-        h.requests, h.matching, h.group.dead_lettered
-    );
-    println!("demo took {:.1} s", report.elapsed_ms as f64 / 1000.0);
 }
 
 /// `orderpipe schema register`.
@@ -390,7 +289,7 @@ pub fn dead_letter(
 }
 
 /// Where a parked key's head is: its dead-letter row, or the retry topic.
-fn head_place(view: &crate::ordering::HeldView) -> String {
+fn head_place(view: &crate::dlq::held::HeldView) -> String {
     match (&view.head, view.head_dead_letter) {
         (None, _) => "- (unparked; being released)".into(),
         (Some(h), Some(id)) => format!("dead letter {id} ({}, {})", h.head_event_name.as_deref().unwrap_or("undecodable"), h.state),
@@ -399,7 +298,7 @@ fn head_place(view: &crate::ordering::HeldView) -> String {
 }
 
 /// `orderpipe dlq list --status held`.
-pub fn held_records(views: &[crate::ordering::HeldView], format: Output) {
+pub fn held_records(views: &[crate::dlq::held::HeldView], format: Output) {
     if format == Output::Json {
         return json(&views);
     }
@@ -440,7 +339,7 @@ pub fn conflicts(conflicts: &[crate::dedup::Conflict], format: Output) {
 }
 
 /// `orderpipe dlq show --held`.
-pub fn held_record(view: &crate::ordering::HeldView, format: Output) {
+pub fn held_record(view: &crate::dlq::held::HeldView, format: Output) {
     if format == Output::Json {
         return json(view);
     }
@@ -482,7 +381,7 @@ pub fn dlq_stats(counts: &[crate::dlq::store::Count], format: Output) {
 
 /// `orderpipe dlq replay --dry-run`.
 pub fn replay_plan(
-    settings: &crate::config::Settings,
+    dead_letter_topic: &str,
     rows: &[crate::dlq::store::DeadLetterRecord],
     options: crate::dlq::replay::ReplayOptions,
     format: Output,
@@ -495,7 +394,7 @@ pub fn replay_plan(
                 "group": r.row.consumer_group,
                 "event_id": r.row.event_id,
                 "event_name": r.row.event_name,
-                "to": crate::dlq::replay::destination(settings, r, options),
+                "to": crate::dlq::replay::destination(dead_letter_topic, r, options),
             })
         })
         .collect();

@@ -1,5 +1,6 @@
 //! `orderpipe produce`: events from an NDJSON file (one envelope per line)
-//! or from the synthetic lifecycle generator.
+//! or, in a `harness` build, from the synthetic lifecycle generator
+//! (`--count`, see [`super::harness::SyntheticArgs`]).
 //!
 //! A bad line is reported with its number and reason and the rest still go.
 //! The command waits for every delivery report and exits non-zero if any
@@ -21,32 +22,24 @@ use super::output;
 use crate::codec::Codec;
 use crate::config::Settings;
 use crate::envelope::Envelope;
-use crate::generator::LifecycleGenerator;
 use crate::producer::{EventProducer, SendReport};
 use crate::schema::SchemaCatalog;
 
 /// Flags of `orderpipe produce`.
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("source").required(true).args(["file", "count"])))]
+#[cfg_attr(feature = "harness", command(group(clap::ArgGroup::new("source").required(true).args(["file", "count"]))))]
 pub struct ProduceArgs {
     /// NDJSON file of envelopes (`-` for stdin).
-    #[arg(long)]
+    #[cfg_attr(feature = "harness", arg(long))]
+    #[cfg_attr(not(feature = "harness"), arg(long, required = true))]
     file: Option<PathBuf>,
-    /// Generate this many synthetic lifecycle events.
-    #[arg(long)]
-    count: Option<u64>,
-    /// Orders open at once in the generator.
-    #[arg(long, default_value_t = 1000)]
-    orders: usize,
+    /// Synthetic lifecycle events instead of a file.
+    #[cfg(feature = "harness")]
+    #[command(flatten)]
+    synthetic: super::harness::SyntheticArgs,
     /// Events per second at most (0 = as fast as possible).
     #[arg(long, default_value_t = 0)]
     rate: u64,
-    /// Generator seed (default: random).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// First order id of the generator (default: derived from the clock, so runs do not collide).
-    #[arg(long)]
-    first_order_id: Option<i64>,
     /// Target topic (default: topics.order_events.name).
     #[arg(long)]
     topic: Option<String>,
@@ -98,7 +91,7 @@ pub async fn run(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitC
     let catalog = SchemaCatalog::embedded();
     let codec = Codec::new(&settings.registry, &topic, catalog.order_events(), settings.registry.auto_register)?;
     let codec = Arc::new(codec);
-    let producer = EventProducer::new(settings, codec.clone(), &topic)?;
+    let producer = EventProducer::new(&settings.kafka, &settings.producer, codec.clone(), &topic)?;
     // Broker first, then registry: each failure names the service that failed.
     producer.check_ready(Duration::from_secs(10)).await?;
     codec
@@ -107,22 +100,17 @@ pub async fn run(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitC
         .with_context(|| format!("schema registry at {}", settings.registry.url))?;
 
     let mut invalid_lines = Vec::new();
-    let source: Box<dyn Iterator<Item = Envelope> + '_> = match (&args.file, args.count) {
+    #[cfg(feature = "harness")]
+    let (synthetic, count) = (args.synthetic.events(&settings.producer.service_name), args.synthetic.count);
+    #[cfg(not(feature = "harness"))]
+    let (synthetic, count) = (None::<std::iter::Empty<Envelope>>, None);
+    let source: Box<dyn Iterator<Item = Envelope> + '_> = match (&args.file, synthetic) {
         (Some(path), _) => Box::new(ndjson(path, &mut invalid_lines)?),
-        (None, Some(count)) => {
-            let seed = args.seed.unwrap_or_else(rand::random);
-            let first = args
-                .first_order_id
-                .unwrap_or_else(|| crate::clock::now_ms() * 1000);
-            Box::new(
-                LifecycleGenerator::new(&settings.producer.service_name, args.orders, first, seed)
-                    .take(count as usize),
-            )
-        }
+        (None, Some(events)) => Box::new(events),
         (None, None) => unreachable!("clap requires --file or --count"),
     };
 
-    let progress = output::progress_bar(args.count, "produced");
+    let progress = output::progress_bar(count, "produced");
     let mut pacer = Pacer {
         start: tokio::time::Instant::now(),
         rate: args.rate,

@@ -71,7 +71,7 @@ pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode>
     }
     let health = HealthState::service();
     crate::health::watch_db(db.clone(), health.clone());
-    let service = crate::api::service(settings, db);
+    let service = crate::api::service(&settings.producer, &settings.topics, db);
     crate::api::serve(args.addr, service, health, |bound| eprintln!("order API listening on http://{bound}"), shutdown_signal())
         .await?;
     Ok(ExitCode::SUCCESS)
@@ -98,8 +98,8 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
     serve_health(args.health_addr, &db).await?;
     // Read-only rights on topics: check them, never create or alter them.
     let required = [&settings.topics.order_events, &settings.topics.inventory_events].map(crate::topics::Required::declared);
-    crate::topics::require_with(settings, &required, &crate::topics::ensure_command(None))?;
-    let relay = Relay::new(settings, db, options).await?;
+    crate::topics::require_with(&settings.kafka, &required, &crate::topics::ensure_command(None))?;
+    let relay = Relay::new(crate::startup::relay_sections(settings), db, options).await?;
     // A shard producer that keeps failing fatally ends the process non-zero.
     let summary = relay.run(shutdown_signal()).await?;
     match args.output.output {

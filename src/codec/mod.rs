@@ -9,6 +9,8 @@
 //! * [`embedded_registry`] is an in-process Confluent-compatible registry used
 //!   by `orderpipe demo` (no servers) and unit tests; the codec talks to it
 //!   over HTTP exactly as it talks to Apicurio.
+//!
+//! [`RegistrySettings`] is the `[registry]` section of the configuration.
 
 pub mod avro;
 pub mod embedded_registry;
@@ -21,11 +23,30 @@ use schema_registry_converter::async_impl::schema_registry::SrSettings;
 use schema_registry_converter::avro_common::get_supplied_schema;
 use schema_registry_converter::error::SRCError;
 use schema_registry_converter::schema_registry_common::SubjectNameStrategy;
-use secrecy::ExposeSecret;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
 
-use crate::config::RegistrySettings;
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::schema::TopicSchema;
+
+/// The `[registry]` section of the configuration: the schema registry
+/// (Confluent-compatible API).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrySettings {
+    /// Base URL, e.g. Apicurio's `http://host:8081/apis/ccompat/v7`.
+    pub url: String,
+    /// Basic-auth user.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Basic-auth password.
+    #[serde(default)]
+    pub password: Option<SecretString>,
+    /// Per-request timeout.
+    pub timeout_ms: u64,
+    /// Register the local schema on first use (otherwise use the latest registered).
+    pub auto_register: bool,
+}
 
 /// Why a record could not be encoded or decoded.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -5,15 +5,22 @@
 //! `ORDERPIPE_DATABASE__URL=mysql://...`.
 //!
 //! Secrets (database URL, registry password, SASL password) are
-//! [`SecretString`]s: `Debug` prints `[REDACTED]`, so logging a config never
-//! leaks them.
+//! [`SecretString`](secrecy::SecretString)s: `Debug` prints `[REDACTED]`, so
+//! logging a config never leaks them.
+//!
+//! Each section's type lives with the component that reads it
+//! (`[kafka]`: [`crate::kafka::client::KafkaSettings`], `[database]`:
+//! [`crate::db::DatabaseSettings`], `[topics]`: [`crate::topics::TopicsSettings`],
+//! ...), with the checks that concern that section alone. This module
+//! composes them into [`Settings`], layers and validates them, and redacts
+//! secrets; components never import it ([`crate::startup`] hands each role
+//! its sections).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Json, Serialized, Toml};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::ExposeSecret;
 use serde::Deserialize;
 
 /// The default config file, read when it exists and no other is named.
@@ -26,153 +33,37 @@ pub struct Settings {
     /// Kafka connection, shared by every client.
     pub kafka: crate::kafka::client::KafkaSettings,
     /// Producer tuning.
-    pub producer: ProducerSettings,
+    pub producer: crate::producer::ProducerSettings,
     /// Consumer tuning.
-    pub consumer: ConsumerSettings,
+    pub consumer: crate::consumer::ConsumerSettings,
     /// The error tier.
     pub retry: crate::retry::RetrySettings,
-    /// Fault injection of the `chaos` handler.
-    pub chaos: ChaosSettings,
+    /// `[chaos]`, fault injection for demos and tests, kept raw: only a
+    /// build with the cargo feature `harness` has the `chaos` handler that
+    /// reads it (`harness::chaos::ChaosSettings`); [`Settings::validate`]
+    /// refuses the section in any other build.
+    #[serde(default)]
+    pub chaos: Option<figment::value::Value>,
     /// Dead letters.
-    pub dlq: DlqSettings,
+    pub dlq: crate::dlq::DlqSettings,
     /// Broker-side group lag (`orderpipe lag`, the persister's exporter).
     #[serde(default)]
     pub lag: crate::lag::LagSettings,
     /// Downstream HTTP subscriptions.
     pub http: crate::delivery::HttpSettings,
     /// Schema registry.
-    pub registry: RegistrySettings,
+    pub registry: crate::codec::RegistrySettings,
     /// Database.
-    pub database: DatabaseSettings,
+    pub database: crate::db::DatabaseSettings,
     /// Declared topics.
-    pub topics: TopicsSettings,
+    pub topics: crate::topics::TopicsSettings,
 }
 
-/// Producer tuning.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProducerSettings {
-    /// librdkafka producer options layered over the safe defaults; checked for conflicts.
-    pub options: BTreeMap<String, String>,
-    /// Name written into `producer` of envelopes this process creates.
-    pub service_name: String,
-    /// Prefix of the relay's per-shard `transactional.id`s (`<prefix>-shard-<n>`).
-    pub transactional_id_prefix: String,
-}
-
-/// Consumer tuning.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConsumerSettings {
-    /// librdkafka consumer options layered over orderpipe's.
-    pub options: BTreeMap<String, String>,
-    /// Records of one partition applied in one DB transaction, at most.
-    pub batch_size: usize,
-    /// `/health/mq` fails past this total lag.
-    pub lag_threshold: i64,
-    /// `/health/mq` fails when the loop has not polled for this long.
-    pub max_poll_gap_secs: u64,
-    /// Per-key order through retries and dead letters (`key`) or not (`none`).
-    pub ordering: crate::ordering::OrderingMode,
-}
-
-/// Fault injection of the built-in `chaos` handler (demos and tests).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChaosSettings {
-    /// Orders whose events fail transiently.
-    pub transient_orders: Vec<i64>,
-    /// How many executions of each such event fail before it succeeds.
-    pub transient_failures: u32,
-    /// Only these event names fail transiently (empty: every event).
-    pub transient_events: Vec<String>,
-    /// Orders whose events always fail (fatal).
-    pub permanent_orders: Vec<i64>,
-    /// Every event fails (fatal).
-    pub permanent_all: bool,
-    /// Fraction of all events (0.0 to 1.0, picked by event id) that fail
-    /// transiently like `transient_orders`.
-    pub transient_rate: f64,
-}
-
-/// Dead letters.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DlqSettings {
-    /// Consumer group of the persister.
-    pub persister_group: String,
-}
-
-/// Schema registry (Confluent-compatible API).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RegistrySettings {
-    /// Base URL, e.g. Apicurio's `http://host:8081/apis/ccompat/v7`.
-    pub url: String,
-    /// Basic-auth user.
-    #[serde(default)]
-    pub username: Option<String>,
-    /// Basic-auth password.
-    #[serde(default)]
-    pub password: Option<SecretString>,
-    /// Per-request timeout.
-    pub timeout_ms: u64,
-    /// Register the local schema on first use (otherwise use the latest registered).
-    pub auto_register: bool,
-}
-
-/// Database.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DatabaseSettings {
-    /// `mysql://user:pass@host:port/db` or `sqlite://path`.
-    pub url: SecretString,
-    /// Pool size.
-    pub max_connections: u32,
-}
-
-/// Declared topics; `topics ensure` reconciles the cluster to these.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TopicsSettings {
-    /// `order.events.v1`.
-    pub order_events: TopicSpec,
-    /// `inventory.events.v1`.
-    pub inventory_events: TopicSpec,
-    /// `order.events.v1.dlq`.
-    pub dead_letter: TopicSpec,
-}
-
-/// One topic's declared shape.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct TopicSpec {
-    /// Topic name.
-    pub name: String,
-    /// Partition count (only ever grown).
-    pub partitions: i32,
-    /// Replication factor at creation.
-    pub replication_factor: i32,
-    /// `min.insync.replicas`.
-    pub min_insync_replicas: i32,
-    /// `retention.ms`.
-    pub retention_ms: i64,
-    /// Other topic configs to enforce.
-    #[serde(default)]
-    pub configs: BTreeMap<String, String>,
-}
-
-const DAY_MS: i64 = 24 * 60 * 60 * 1000;
-
-impl TopicSpec {
-    /// Every config `topics ensure` enforces, including min ISR and retention.
-    pub fn desired_configs(&self) -> BTreeMap<String, String> {
-        let mut configs = self.configs.clone();
-        configs.insert("min.insync.replicas".into(), self.min_insync_replicas.to_string());
-        configs.insert("retention.ms".into(), self.retention_ms.to_string());
-        configs
-    }
-}
+/// Why a build without the `harness` feature refuses `[chaos]`.
+#[cfg(not(feature = "harness"))]
+const NO_CHAOS: &str = "chaos: fault injection (the `chaos` handler) exists only in a build with the cargo feature \
+    `harness` (make run, make test); this build has no chaos handler: remove the [chaos] section from the config \
+    file and unset the ORDERPIPE_CHAOS__* variables";
 
 /// The built-in defaults, one documented file.
 pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
@@ -307,72 +198,20 @@ impl Settings {
         if self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(ConfigError("kafka.bootstrap_servers must not be empty".into()));
         }
-        for spec in [
-            &self.topics.order_events,
-            &self.topics.inventory_events,
-            &self.topics.dead_letter,
-        ] {
-            let field = |f: &str| format!("topics.{}.{f}", spec.name);
-            if spec.partitions < 1 {
-                return Err(ConfigError(format!("{} must be >= 1", field("partitions"))));
-            }
-            if spec.replication_factor < 1 {
-                return Err(ConfigError(format!("{} must be >= 1", field("replication_factor"))));
-            }
-            if spec.min_insync_replicas < 1 || spec.min_insync_replicas > spec.replication_factor {
-                return Err(ConfigError(format!(
-                    "{} must be between 1 and replication_factor ({})",
-                    field("min_insync_replicas"),
-                    spec.replication_factor
-                )));
-            }
-        }
+        self.topics.validate_layout().map_err(ConfigError)?;
         crate::retry::RetryPolicy::from_settings(&self.retry).map_err(|e| ConfigError(e.to_string()))?;
-        if !(0.0..=1.0).contains(&self.chaos.transient_rate) {
-            return Err(ConfigError(format!(
-                "chaos.transient_rate must be between 0.0 and 1.0, got {}",
-                self.chaos.transient_rate
-            )));
+        #[cfg(not(feature = "harness"))]
+        if self.chaos.is_some() {
+            return Err(ConfigError(NO_CHAOS.into()));
         }
         for subscription in &self.http.subscriptions {
             subscription.validate().map_err(ConfigError)?;
         }
         self.lag.validate().map_err(ConfigError)?;
-        // Every declared topic holds key messages (retry topics inherit the
-        // order topic's spec): at least 30 days.
-        for (key, spec, why) in [
-            ("order_events", &self.topics.order_events, "order events are kept for audit"),
-            ("inventory_events", &self.topics.inventory_events, "inventory events are audited with the order events"),
-            ("dead_letter", &self.topics.dead_letter, "dead letters must outlive a persister outage and stay replayable"),
-        ] {
-            if spec.retention_ms >= 0 && spec.retention_ms < 30 * DAY_MS {
-                return Err(ConfigError(format!(
-                    "topics.{key}.retention_ms must be >= 30 days (2592000000) or -1 (forever), got {}: {why}",
-                    spec.retention_ms
-                )));
-            }
-        }
-        if !self.database.url.expose_secret().starts_with("mysql://")
-            && !self.database.url.expose_secret().starts_with("mariadb://")
-            && !self.database.url.expose_secret().starts_with("sqlite:")
-        {
-            return Err(ConfigError(
-                "database.url must start with mysql://, mariadb:// or sqlite:".into(),
-            ));
-        }
+        self.topics.validate_retention().map_err(ConfigError)?;
+        self.database.validate().map_err(ConfigError)?;
         Ok(())
     }
-
-    /// The configured name of the topic a schema file (named after the
-    /// default topic name) describes; tests and staging rename topics.
-    pub fn topic_name_for_schema(&self, schema_topic: &str) -> String {
-        [&self.topics.order_events, &self.topics.inventory_events, &self.topics.dead_letter]
-            .into_iter()
-            .zip(["order.events.v1", "inventory.events.v1", "order.events.v1.dlq"])
-            .find(|(_, default)| *default == schema_topic)
-            .map_or_else(|| schema_topic.to_string(), |(spec, _)| spec.name.clone())
-    }
-
 }
 
 /// Removes `null`s (a JSON file may hold them; TOML has none, and an
@@ -405,6 +244,9 @@ fn redact_url_password(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use secrecy::SecretString;
+
+    const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 
     #[test]
     fn defaults_point_at_the_dev_stack_and_validate() {
@@ -442,7 +284,7 @@ mod tests {
             // A nested override keeps the other defaults of that table.
             assert_eq!(s.topics.order_events.name, "t1.order.events.v1");
             assert_eq!(s.topics.order_events.partitions, 12);
-            assert_eq!(s.topic_name_for_schema("order.events.v1"), "t1.order.events.v1");
+            assert_eq!(s.topics.name_for_schema("order.events.v1"), "t1.order.events.v1");
             Ok(())
         });
     }

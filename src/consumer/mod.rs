@@ -21,11 +21,12 @@
 //!   never commits work for a partition that was revoked;
 //! * [`handler`] is the trait for effects, [`handlers`] the built-in ones;
 //! * [`version`] checks `event_version` against the majors the handlers declare.
+//!
+//! [`ConsumerSettings`] is the `[consumer]` section of the configuration.
 
 pub mod assignment;
 pub mod handler;
 pub mod handlers;
-pub mod verify;
 pub mod version;
 pub mod worker;
 
@@ -38,20 +39,55 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
 use rdkafka::Message;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::codec::Codec;
-use crate::config::Settings;
+use crate::codec::{Codec, RegistrySettings};
 use crate::db::Db;
 use crate::health::HealthState;
 use crate::ordering::OrderingMode;
-use crate::kafka::client::client_config;
-use crate::retry::{Forwarder, RetryPolicy, TierTopics, retry_topic};
+use crate::kafka::client::{KafkaSettings, client_config};
+use crate::producer::ProducerSettings;
+use crate::retry::{Forwarder, RetryPolicy, RetrySettings, TierTopics, retry_topic};
 use crate::schema::SchemaCatalog;
+use crate::topics::TopicsSettings;
 use assignment::{Assignment, AssignmentContext, PartitionKey};
 use handler::{Effect, Handler};
 use worker::PartitionWorker;
+
+/// The `[consumer]` section of the configuration: consumer tuning.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerSettings {
+    /// librdkafka consumer options layered over orderpipe's.
+    pub options: BTreeMap<String, String>,
+    /// Records of one partition applied in one DB transaction, at most.
+    pub batch_size: usize,
+    /// `/health/mq` fails past this total lag.
+    pub lag_threshold: i64,
+    /// `/health/mq` fails when the loop has not polled for this long.
+    pub max_poll_gap_secs: u64,
+    /// Per-key order through retries and dead letters (`key`) or not (`none`).
+    pub ordering: OrderingMode,
+}
+
+/// The configuration sections a consumer group member reads
+/// ([`crate::startup::consumer_sections`] picks them out of the settings).
+#[derive(Debug, Clone, Copy)]
+pub struct ConsumerSections<'a> {
+    /// The Kafka connection.
+    pub kafka: &'a KafkaSettings,
+    /// Consumer tuning.
+    pub consumer: &'a ConsumerSettings,
+    /// Options of the error tier's producer.
+    pub producer: &'a ProducerSettings,
+    /// The error tier's schedule.
+    pub retry: &'a RetrySettings,
+    /// The registry the codec uses.
+    pub registry: &'a RegistrySettings,
+    /// The declared topics (partition counts, the dead-letter topic).
+    pub topics: &'a TopicsSettings,
+}
 
 /// Where a new group starts reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -234,7 +270,7 @@ impl Shared {
 /// Runs a consumer until `shutdown` resolves or, with `until_idle`, until
 /// the topic has been idle that long. Returns what was done.
 pub async fn run(
-    settings: &Settings,
+    settings: ConsumerSections<'_>,
     db: Db,
     options: ConsumeOptions,
     shutdown: impl std::future::Future<Output = ()>,
@@ -280,7 +316,7 @@ pub async fn run(
     crate::topics::require(
         consumer.client(),
         &settings.kafka.bootstrap_servers,
-        &required_topics(settings, &options),
+        &required_topics(settings.topics, &options),
         &crate::topics::ensure_command(Some(&options.group)),
     )?;
     let forwarder = forwarder(settings, &options)?;
@@ -291,7 +327,7 @@ pub async fn run(
     }
 
     let catalog = SchemaCatalog::embedded();
-    let codec = Codec::new(&settings.registry, &options.topic, catalog.order_events(), false)?;
+    let codec = Codec::new(settings.registry, &options.topic, catalog.order_events(), false)?;
     let shared = Arc::new(Shared {
         consumer,
         codec,
@@ -336,24 +372,21 @@ pub async fn run(
 /// The topics the group reads and writes, with their declared partition
 /// counts: the main topic, and with the error tier its retry topic (declared
 /// like the main topic) and the dead-letter topic.
-pub fn required_topics(settings: &Settings, options: &ConsumeOptions) -> Vec<crate::topics::Required> {
+pub fn required_topics(topics: &TopicsSettings, options: &ConsumeOptions) -> Vec<crate::topics::Required> {
     use crate::topics::Required;
-    let declared = [&settings.topics.order_events, &settings.topics.inventory_events, &settings.topics.dead_letter]
-        .into_iter()
-        .find(|spec| spec.name == options.topic)
-        .map(|spec| spec.partitions);
+    let declared = topics.find(&options.topic).map(|spec| spec.partitions);
     let mut required = vec![Required { topic: options.topic.clone(), partitions: declared }];
     if options.error_tier {
         required.push(Required { topic: retry_topic(&options.topic, &options.group), partitions: declared });
-        required.push(Required::declared(&settings.topics.dead_letter));
+        required.push(Required::declared(&topics.dead_letter));
     }
     required
 }
 
 /// The group's error tier: an idempotent producer to forward failures to
 /// its retry topic and the DLQ topic (both checked by [`required_topics`]).
-fn forwarder(settings: &Settings, options: &ConsumeOptions) -> Result<Forwarder, ConsumerError> {
-    let policy = RetryPolicy::from_settings(&settings.retry).map_err(|e| ConsumerError::Config(e.to_string()))?;
+fn forwarder(settings: ConsumerSections<'_>, options: &ConsumeOptions) -> Result<Forwarder, ConsumerError> {
+    let policy = RetryPolicy::from_settings(settings.retry).map_err(|e| ConsumerError::Config(e.to_string()))?;
     let producer_options = crate::kafka::client::producer_options(
         &settings.kafka.client_options(),
         &settings.producer.options,
@@ -441,7 +474,8 @@ async fn release_parked(shared: Arc<Shared>) {
             let pk = (shared.options.topic.clone(), partition);
             // Only the owner of the key's partition releases it.
             if let Some(generation) = shared.assignment.generation(&pk) {
-                PartitionWorker::new(shared.clone(), pk, generation).release(&key).await;
+                // Revoked meanwhile: the partition's next owner releases it.
+                let _ = PartitionWorker::new(shared.clone(), pk, generation).release([key]).await;
             }
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -536,11 +570,10 @@ const POOL_MARGIN: u32 = 2;
 /// the error tier, of its retry topic, declared alike) plus a margin. With
 /// a smaller pool workers queue for a connection, and a wait past the
 /// acquire timeout reads as the database being down.
-pub fn connections_needed(settings: &Settings, topic: &str, error_tier: bool) -> u32 {
-    let partitions = [&settings.topics.order_events, &settings.topics.inventory_events, &settings.topics.dead_letter]
-        .into_iter()
-        .find(|spec| spec.name == topic)
-        .unwrap_or(&settings.topics.order_events)
+pub fn connections_needed(topics: &TopicsSettings, topic: &str, error_tier: bool) -> u32 {
+    let partitions = topics
+        .find(topic)
+        .unwrap_or(&topics.order_events)
         .partitions
         .max(1) as u32;
     partitions * if error_tier { 2 } else { 1 } + POOL_MARGIN

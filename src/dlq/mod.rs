@@ -9,8 +9,23 @@
 //! * [`replay`] is `orderpipe dlq replay`;
 //! * [`ignore`] is `orderpipe dlq ignore`, which asks what happens to the
 //!   records held behind a head of a parked key.
+//! * [`held`] is the operators' view of the records held behind parked
+//!   keys (not dead letters: they have their own table and type).
+//!
+//! [`DlqSettings`] is the `[dlq]` section of the configuration.
 
+pub mod held;
 pub mod ignore;
 pub mod persist;
 pub mod replay;
 pub mod store;
+
+use serde::Deserialize;
+
+/// The `[dlq]` section of the configuration: dead letters.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DlqSettings {
+    /// Consumer group of the persister.
+    pub persister_group: String,
+}

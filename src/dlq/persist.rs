@@ -15,11 +15,10 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
 
 use super::store::{self, NewDeadLetter};
-use crate::config::Settings;
 use crate::db::Db;
-use crate::kafka::client::client_config;
+use crate::kafka::client::{KafkaSettings, client_config};
 use crate::clock::now_ms;
-use crate::retry::{FailureHistory, header, header_text, headers_json};
+use crate::kafka::record::{FailureHistory, header, header_text, headers_json};
 
 /// Counts of a persister run.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -52,8 +51,8 @@ pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
         headers: headers_json(message),
         // Copies of headers for filtering; a value longer than its column
         // is not a valid id or name, and `headers` keeps it whole.
-        event_id: header_text(message, crate::producer::headers::EVENT_ID).filter(|v| crate::db::fits_column(v, EVENT_ID_CHARS)),
-        event_name: header_text(message, crate::producer::headers::EVENT_NAME).filter(|v| crate::db::fits_column(v, EVENT_NAME_CHARS)),
+        event_id: header_text(message, header::EVENT_ID).filter(|v| crate::db::fits_column(v, EVENT_ID_CHARS)),
+        event_name: header_text(message, header::EVENT_NAME).filter(|v| crate::db::fits_column(v, EVENT_NAME_CHARS)),
         error_class: header_text(message, header::ERROR_CLASS).unwrap_or_else(|| "unknown".into()),
         error_message: header_text(message, header::ERROR_MESSAGE).unwrap_or_default(),
         attempts: num(header::ATTEMPTS).unwrap_or(0) as i32,
@@ -64,15 +63,18 @@ pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
     }
 }
 
-/// Runs the persister until `shutdown`, or until the topic was idle `until_idle`.
+/// Runs the persister until `shutdown`, or until the topic was idle
+/// `until_idle`: group `dlq.persister_group`, reading `dead_letter`.
 pub async fn run(
-    settings: &Settings,
+    kafka: &KafkaSettings,
+    dlq: &super::DlqSettings,
+    dead_letter: &crate::topics::TopicSpec,
     db: &Db,
     until_idle: Option<Duration>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<PersistSummary> {
-    let consumer: StreamConsumer = client_config(&settings.kafka.client_options())
-        .set("group.id", &settings.dlq.persister_group)
+    let consumer: StreamConsumer = client_config(&kafka.client_options())
+        .set("group.id", &dlq.persister_group)
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
         .set("auto.commit.interval.ms", "1000")
@@ -82,11 +84,11 @@ pub async fn run(
     // Read-only rights on topics: check the DLQ topic, never create it.
     crate::topics::require(
         consumer.client(),
-        &settings.kafka.bootstrap_servers,
-        &[crate::topics::Required::declared(&settings.topics.dead_letter)],
+        &kafka.bootstrap_servers,
+        &[crate::topics::Required::declared(dead_letter)],
         &crate::topics::ensure_command(None),
     )?;
-    consumer.subscribe(&[&settings.topics.dead_letter.name])?;
+    consumer.subscribe(&[&dead_letter.name])?;
     let mut summary = PersistSummary::default();
     let mut last_record = Instant::now();
     tokio::pin!(shutdown);
@@ -149,7 +151,7 @@ pub async fn run(
 async fn write(db: &Db, rows: &[NewDeadLetter]) -> Result<(), crate::db::DbError> {
     let mut tx = db.begin().await?;
     for row in rows {
-        store::upsert(&mut tx, db.dialect, row).await?;
+        store::upsert(&mut tx, row).await?;
     }
     tx.commit().await?;
     Ok(())

@@ -25,11 +25,12 @@ use rdkafka::producer::FutureProducer;
 use serde::Serialize;
 
 use super::store::{self, DeadLetterRecord};
-use crate::config::Settings;
 use crate::db::Db;
-use crate::kafka::client::{client_config, producer_options};
+use crate::kafka::client::{KafkaSettings, client_config, producer_options};
+use crate::producer::ProducerSettings;
 use crate::clock::now_ms;
-use crate::retry::{FailureHistory, Hop, LastFailure, TierRecord, TierTopics, tier_record, topic_read_by};
+use crate::kafka::record::FailureHistory;
+use crate::retry::{Hop, LastFailure, TierRecord, TierTopics, tier_record, topic_read_by};
 
 /// How to replay.
 #[derive(Debug, Clone, Copy)]
@@ -53,8 +54,9 @@ pub struct ReplaySummary {
 
 /// A row's record as `dlq replay` republishes it: to the retry topic of
 /// the topic its group reads (or to that topic, `--to-original`), with the
-/// headers a forwarded record carries (see [`crate::retry::tier_record`]).
-pub fn replayed_record(settings: &Settings, dead: &DeadLetterRecord, options: ReplayOptions, now_ms: i64) -> TierRecord {
+/// headers a forwarded record carries (see [`crate::retry::tier_record`]);
+/// `dead_letter_topic` is where it goes if it fails again.
+pub fn replayed_record(dead_letter_topic: &str, dead: &DeadLetterRecord, options: ReplayOptions, now_ms: i64) -> TierRecord {
     let row = &dead.row;
     let history = FailureHistory {
         original_topic: row.original_topic.clone(),
@@ -72,15 +74,15 @@ pub fn replayed_record(settings: &Settings, dead: &DeadLetterRecord, options: Re
     };
     let last = LastFailure { class: &row.error_class, message: &row.error_message, at_ms: row.last_failure_ms };
     let read = topic_read_by(&row.original_topic, &row.consumer_group);
-    let topics = TierTopics::of(read, &row.consumer_group, &settings.topics.dead_letter.name);
+    let topics = TierTopics::of(read, &row.consumer_group, dead_letter_topic);
     let original: BTreeMap<String, String> = serde_json::from_str(&dead.headers).unwrap_or_default();
     let original = original.iter().map(|(k, v)| (k.as_str(), Some(v.as_bytes())));
     tier_record(original, &history, &row.consumer_group, hop, last, &topics)
 }
 
 /// Where a row would go.
-pub fn destination(settings: &Settings, row: &DeadLetterRecord, options: ReplayOptions) -> String {
-    replayed_record(settings, row, options, 0).topic
+pub fn destination(dead_letter_topic: &str, row: &DeadLetterRecord, options: ReplayOptions) -> String {
+    replayed_record(dead_letter_topic, row, options, 0).topic
 }
 
 /// Rows republished before their statuses are updated together.
@@ -88,16 +90,19 @@ const CHUNK: usize = 500;
 
 /// Republishes `rows`, marking them replayed once the broker acknowledged
 /// them (a chunk at a time: sends in flight together, one UPDATE per chunk);
-/// `progress` is called after each row.
+/// `progress` is called after each row. The producer is built from `kafka`
+/// and `producer`; `dead_letter_topic` is the `topics.dead_letter` name.
 pub async fn replay(
-    settings: &Settings,
+    kafka: &KafkaSettings,
+    producer: &ProducerSettings,
+    dead_letter_topic: &str,
     db: &Db,
     rows: &[DeadLetterRecord],
     options: ReplayOptions,
     mut progress: impl FnMut(),
 ) -> anyhow::Result<ReplaySummary> {
     let producer: FutureProducer =
-        client_config(&producer_options(&settings.kafka.client_options(), &settings.producer.options)?).create()?;
+        client_config(&producer_options(&kafka.client_options(), &producer.options)?).create()?;
     let mut summary = ReplaySummary::default();
     let started = tokio::time::Instant::now();
     // With --rate, a chunk is about one second of records, so the pace holds
@@ -105,7 +110,7 @@ pub async fn replay(
     let chunk_size = options.rate.map_or(CHUNK, |r| (r as usize).clamp(1, CHUNK));
     for (c, chunk) in rows.chunks(chunk_size).enumerate() {
         let now = now_ms();
-        let records: Vec<TierRecord> = chunk.iter().map(|d| replayed_record(settings, d, options, now)).collect();
+        let records: Vec<TierRecord> = chunk.iter().map(|d| replayed_record(dead_letter_topic, d, options, now)).collect();
         // FuturesOrdered polls every pushed send on its first poll, so the
         // whole chunk is enqueued before the first acknowledgement is awaited.
         let mut in_flight = FuturesOrdered::new();

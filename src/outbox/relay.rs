@@ -49,14 +49,14 @@ use serde::Serialize;
 use sqlx::Row;
 
 use super::SHARDS;
-use crate::codec::Codec;
-use crate::config::Settings;
-use crate::db::{Db, DbError, Dialect};
+use crate::codec::{Codec, RegistrySettings};
+use crate::db::{Db, DbError};
 use crate::envelope::Envelope;
-use crate::kafka::client::{OptionConflict, producer_options};
-use crate::producer::record_headers;
+use crate::kafka::client::{KafkaSettings, OptionConflict, producer_options};
+use crate::producer::{ProducerSettings, record_headers};
 use crate::clock::now_ms;
 use crate::schema::SchemaCatalog;
+use crate::topics::TopicsSettings;
 
 /// Default `transaction.timeout.ms` of the relay's producers. The broker
 /// aborts a transaction left open this long, checking every
@@ -92,6 +92,20 @@ pub enum CrashPoint {
 /// What the relay prints on stderr when it stalls at
 /// [`CrashPoint::StallBeforeKafkaCommit`].
 pub const STALL_MARKER: &str = "relay stalled inside the Kafka transaction";
+
+/// The configuration sections the relay reads
+/// ([`crate::startup::relay_sections`] picks them out of the settings).
+#[derive(Debug, Clone, Copy)]
+pub struct RelaySections<'a> {
+    /// The Kafka connection.
+    pub kafka: &'a KafkaSettings,
+    /// Producer options, checked and layered with the relay's timeouts.
+    pub producer: &'a ProducerSettings,
+    /// The registry the codecs use.
+    pub registry: &'a RegistrySettings,
+    /// The order and inventory topics it writes.
+    pub topics: &'a TopicsSettings,
+}
 
 /// How the relay runs.
 #[derive(Debug, Clone)]
@@ -183,12 +197,15 @@ struct Encoded<'a> {
     payload: Vec<u8>,
 }
 
-/// The relay's producer options: the settings' producer options with a
+/// The relay's producer options: the producer options with a
 /// transaction timeout ([`DEFAULT_TRANSACTION_TIMEOUT_MS`] unless
 /// `producer.options` sets `transaction.timeout.ms`) and a message timeout
 /// no longer than it (librdkafka refuses a longer one).
-pub fn relay_producer_options(settings: &Settings) -> Result<BTreeMap<String, String>, OptionConflict> {
-    let mut options = producer_options(&settings.kafka.client_options(), &settings.producer.options)?;
+pub fn relay_producer_options(
+    kafka: &KafkaSettings,
+    producer: &ProducerSettings,
+) -> Result<BTreeMap<String, String>, OptionConflict> {
+    let mut options = producer_options(&kafka.client_options(), &producer.options)?;
     let millis = |key: &str, value: &str| {
         value.trim().parse::<u64>().map_err(|_| {
             OptionConflict(format!("`{key}` = {value:?} is not a whole number of milliseconds"))
@@ -199,7 +216,7 @@ pub fn relay_producer_options(settings: &Settings) -> Result<BTreeMap<String, St
         None => DEFAULT_TRANSACTION_TIMEOUT_MS,
     };
     options.insert("transaction.timeout.ms".into(), transaction_timeout.to_string());
-    match settings.producer.options.get("message.timeout.ms") {
+    match producer.options.get("message.timeout.ms") {
         Some(v) if millis("message.timeout.ms", v)? > transaction_timeout => {
             return Err(OptionConflict(format!(
                 "message.timeout.ms={v} is longer than the relay's transaction.timeout.ms={transaction_timeout}: \
@@ -297,7 +314,7 @@ impl Relay {
     /// Checks the producer options and builds the codecs of the topics it
     /// writes. Shard producers are built (fencing their previous owners) as
     /// the relay takes the shards' leases.
-    pub async fn new(settings: &Settings, db: Db, options: RelayOptions) -> Result<Self, RelayError> {
+    pub async fn new(settings: RelaySections<'_>, db: Db, options: RelayOptions) -> Result<Self, RelayError> {
         let prefix = &options.transactional_id_prefix;
         if prefix.is_empty() || prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(OptionConflict(format!(
@@ -306,7 +323,7 @@ impl Relay {
             ))
             .into());
         }
-        let producer_options = relay_producer_options(settings)?;
+        let producer_options = relay_producer_options(settings.kafka, settings.producer)?;
         // A bad option fails here, at start, not at the first lease.
         let _ = measured_producer(&producer_options)?;
         let catalog = SchemaCatalog::embedded();
@@ -315,7 +332,7 @@ impl Relay {
             (&settings.topics.order_events.name, catalog.order_events()),
             (&settings.topics.inventory_events.name, catalog.inventory_events()?),
         ] {
-            let codec = Codec::new(&settings.registry, topic, schema, settings.registry.auto_register)?;
+            let codec = Codec::new(settings.registry, topic, schema, settings.registry.auto_register)?;
             codec.warm_up().await?;
             codecs.insert(topic.clone(), codec);
         }
@@ -411,15 +428,10 @@ impl Relay {
             return Ok(0);
         }
         let mut tx = self.db.begin().await?;
-        if self.db.dialect == Dialect::MySql {
-            // Rows locked by a stalled relay: give up after a third of the
-            // lease lifetime (and retry) rather than let our leases lapse.
-            let wait = (self.options.lease_ttl.as_secs() / 3).max(1);
-            sqlx::query(sqlx::AssertSqlSafe(format!("SET SESSION innodb_lock_wait_timeout = {wait}")))
-                .execute(&mut *tx)
-                .await?;
-        }
-        let rows = claim(&mut tx, self.db.dialect, &shards, self.options.batch_size).await?;
+        // Rows locked by a stalled relay: give up after a third of the
+        // lease lifetime (and retry) rather than let our leases lapse.
+        tx.lock_wait_timeout((self.options.lease_ttl.as_secs() / 3).max(1)).await?;
+        let rows = claim(&mut tx, &shards, self.options.batch_size).await?;
         if rows.is_empty() {
             tx.rollback().await?;
             return Ok(0);
@@ -639,16 +651,7 @@ impl Relay {
         let now = now_ms();
         let expires = now + ttl.as_millis() as i64;
         // Presence first: an instance without leases still counts as live.
-        let heartbeat = match self.db.dialect {
-            Dialect::MySql => {
-                "INSERT INTO relay_instances (owner, heartbeat_ms) VALUES (?, ?) \
-                 ON DUPLICATE KEY UPDATE heartbeat_ms = VALUES(heartbeat_ms)"
-            }
-            Dialect::Sqlite => {
-                "INSERT INTO relay_instances (owner, heartbeat_ms) VALUES (?, ?) \
-                 ON CONFLICT (owner) DO UPDATE SET heartbeat_ms = excluded.heartbeat_ms"
-            }
-        };
+        let heartbeat = self.db.sql().upsert("relay_instances", "owner, heartbeat_ms", "owner", &["heartbeat_ms"]);
         sqlx::query(heartbeat).bind(me).bind(now).execute(&self.db.pool).await?;
         let live: Vec<(String,)> = sqlx::query_as("SELECT owner FROM relay_instances WHERE heartbeat_ms > ?")
             .bind(now - ttl.as_millis() as i64)
@@ -777,11 +780,7 @@ impl From<sqlx::Error> for CycleError {
 
 /// The oldest unsent rows of `shards` (locked), completed to whole business
 /// transactions.
-async fn claim(tx: &mut crate::db::Tx, dialect: Dialect, shards: &[i64], limit: i64) -> Result<Vec<Row_>, DbError> {
-    let lock = match dialect {
-        Dialect::MySql => " FOR UPDATE",
-        Dialect::Sqlite => "", // one writer at a time
-    };
+async fn claim(tx: &mut crate::db::Tx, shards: &[i64], limit: i64) -> Result<Vec<Row_>, DbError> {
     let mut q = sqlx::QueryBuilder::<sqlx::Any>::new(
         "SELECT id, tx_id, topic, message_key, envelope, shard FROM outbox_messages WHERE sent_ms IS NULL AND shard IN (",
     );
@@ -789,7 +788,7 @@ async fn claim(tx: &mut crate::db::Tx, dialect: Dialect, shards: &[i64], limit: 
     for s in shards {
         list.push_bind(*s);
     }
-    q.push(") ORDER BY id LIMIT ").push_bind(limit).push(lock);
+    q.push(") ORDER BY id LIMIT ").push_bind(limit).push(tx.sql().row_lock());
     let mut rows = Vec::new();
     let mut last_tx = None;
     for r in q.build().fetch_all(&mut **tx).await? {
@@ -803,10 +802,10 @@ async fn claim(tx: &mut crate::db::Tx, dialect: Dialect, shards: &[i64], limit: 
         });
     }
     if let (Some(tx_id), Some(last)) = (last_tx, rows.last().map(|r| r.id)) {
-        let sql = sqlx::AssertSqlSafe(format!(
+        let sql = tx.sql().locking(
             "SELECT id, topic, message_key, envelope, shard FROM outbox_messages \
-             WHERE tx_id = ? AND id > ? AND sent_ms IS NULL ORDER BY id{lock}"
-        ));
+             WHERE tx_id = ? AND id > ? AND sent_ms IS NULL ORDER BY id",
+        );
         for r in sqlx::query(sql).bind(tx_id).bind(last).fetch_all(&mut **tx).await? {
             rows.push(Row_ {
                 id: r.try_get(0)?,
@@ -824,11 +823,12 @@ async fn claim(tx: &mut crate::db::Tx, dialect: Dialect, shards: &[i64], limit: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Settings;
 
     fn options_with(pairs: &[(&str, &str)]) -> Result<BTreeMap<String, String>, OptionConflict> {
         let mut settings = Settings::default();
         settings.producer.options = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        relay_producer_options(&settings)
+        relay_producer_options(&settings.kafka, &settings.producer)
     }
 
     #[test]

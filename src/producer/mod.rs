@@ -5,6 +5,8 @@
 //! and attaches the headers every record carries. [`EventProducer::send_all`]
 //! keeps a bounded window of records in flight and waits for every delivery
 //! report, so a run ends with an exact count of what the broker acknowledged.
+//!
+//! [`ProducerSettings`] is the `[producer]` section of the configuration.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,30 +17,22 @@ use futures::stream::FuturesUnordered;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureRecord, Producer};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::codec::{Codec, CodecError};
-use crate::config::Settings;
 use crate::envelope::Envelope;
+use crate::kafka::record::header;
 
-/// Header names carried by every record.
-pub mod headers {
-    /// The envelope's event id (idempotency key).
-    pub const EVENT_ID: &str = "event_id";
-    /// The event name.
-    pub const EVENT_NAME: &str = "event_name";
-    /// The event (schema) version.
-    pub const EVENT_VERSION: &str = "event_version";
-    /// The envelope's trace id.
-    pub const TRACE_ID: &str = "trace_id";
-    /// W3C trace context.
-    pub const TRACEPARENT: &str = "traceparent";
-    /// The producing service.
-    pub const PRODUCER: &str = "producer";
-    /// How the value is encoded.
-    pub const CONTENT_TYPE: &str = "content-type";
-    /// Value of [`CONTENT_TYPE`]: Avro in the Confluent wire format.
-    pub const AVRO_CONFLUENT: &str = "application/vnd.confluent.avro";
+/// The `[producer]` section of the configuration: producer tuning.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProducerSettings {
+    /// librdkafka producer options layered over the safe defaults; checked for conflicts.
+    pub options: BTreeMap<String, String>,
+    /// Name written into `producer` of envelopes this process creates.
+    pub service_name: String,
+    /// Prefix of the relay's per-shard `transactional.id`s (`<prefix>-shard-<n>`).
+    pub transactional_id_prefix: String,
 }
 
 /// Why a record was not produced.
@@ -108,16 +102,20 @@ pub struct EventProducer {
 const SEND_WINDOW: usize = 50_000;
 
 impl EventProducer {
-    /// A producer for `topic` with the settings' options.
-    pub fn new(settings: &Settings, codec: Arc<Codec>, topic: &str) -> Result<Self, ProducerError> {
-        let options =
-            crate::kafka::client::producer_options(&settings.kafka.client_options(), &settings.producer.options)?;
+    /// A producer for `topic` with the Kafka connection and the producer's options.
+    pub fn new(
+        kafka: &crate::kafka::client::KafkaSettings,
+        settings: &ProducerSettings,
+        codec: Arc<Codec>,
+        topic: &str,
+    ) -> Result<Self, ProducerError> {
+        let options = crate::kafka::client::producer_options(&kafka.client_options(), &settings.options)?;
         let producer = crate::kafka::client::measured_producer(&options)?;
         Ok(Self {
             producer,
             codec,
             topic: topic.to_string(),
-            servers: settings.kafka.bootstrap_servers.clone(),
+            servers: kafka.bootstrap_servers.clone(),
         })
     }
 
@@ -223,13 +221,13 @@ pub fn record_headers(envelope: &Envelope) -> OwnedHeaders {
     let event_id = envelope.event_id.to_string();
     let traceparent = envelope.traceparent();
     let pairs: [(&str, &str); 7] = [
-        (headers::EVENT_ID, &event_id),
-        (headers::EVENT_NAME, envelope.event_name.as_str()),
-        (headers::EVENT_VERSION, &envelope.event_version),
-        (headers::TRACE_ID, &envelope.trace_id),
-        (headers::TRACEPARENT, &traceparent),
-        (headers::PRODUCER, &envelope.producer),
-        (headers::CONTENT_TYPE, headers::AVRO_CONFLUENT),
+        (header::EVENT_ID, &event_id),
+        (header::EVENT_NAME, envelope.event_name.as_str()),
+        (header::EVENT_VERSION, &envelope.event_version),
+        (header::TRACE_ID, &envelope.trace_id),
+        (header::TRACEPARENT, &traceparent),
+        (header::PRODUCER, &envelope.producer),
+        (header::CONTENT_TYPE, header::AVRO_CONFLUENT),
     ];
     pairs.iter().fold(OwnedHeaders::new_with_capacity(pairs.len()), |h, (key, value)| {
         h.insert(Header {
