@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::db::{Db, DbError, Dialect, Tx};
 use crate::envelope::Envelope;
 use crate::clock::now_ms;
-use crate::retry::{FailureHistory, headers_from_json, headers_json};
+use crate::kafka::record::{FailureHistory, headers_from_json, headers_json};
 
 /// Whether a group keeps per-key order under failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
@@ -506,7 +506,7 @@ pub async fn held_view(db: &Db, id: i64) -> Result<Option<HeldView>, DbError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retry::{header, with_headers};
+    use crate::kafka::record::{header, with_headers};
     use rdkafka::message::{Header, OwnedHeaders};
 
     fn record(topic: &str, offset: i64, headers: OwnedHeaders) -> OwnedMessage {
@@ -530,6 +530,6 @@ mod tests {
         let message = record("t", 1, OwnedHeaders::new().insert(Header { key: "event_id", value: Some("e-1") }));
         let back = headers_from_json(&headers_json(&message));
         let restored = record("t", 1, back);
-        assert_eq!(crate::retry::header_text(&restored, "event_id").as_deref(), Some("e-1"));
+        assert_eq!(crate::kafka::record::header_text(&restored, "event_id").as_deref(), Some("e-1"));
     }
 }

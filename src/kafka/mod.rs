@@ -8,3 +8,4 @@
 //!   failure history.
 
 pub mod client;
+pub mod record;

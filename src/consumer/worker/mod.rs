@@ -47,7 +47,8 @@ use crate::envelope::Envelope;
 use crate::metrics::{Applied, ConflictingDuplicate, DeadLettered, DuplicateSkipped, Held, InternalEvent, ProcessingFailed, SentToRetry};
 use crate::ordering::{self, Gate, ParkState};
 use crate::clock::now_ms;
-use crate::retry::{Failure, Routed, header, header_text};
+use crate::kafka::record::{Failure, header, header_text};
+use crate::retry::Routed;
 
 /// Largest record value accepted (order events are small by rule).
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
@@ -380,7 +381,7 @@ impl PartitionWorker {
         {
             let _in_record = self.span(message, None).entered();
             let group = self.shared.options.group.as_str();
-            let event_name = header_text(message, crate::producer::headers::EVENT_NAME).unwrap_or_else(|| "unknown".into());
+            let event_name = header_text(message, header::EVENT_NAME).unwrap_or_else(|| "unknown".into());
             match routed {
                 Routed::Retry { attempt, delay } => {
                     self.count(|s| s.sent_to_retry += 1);
@@ -572,8 +573,8 @@ impl PartitionWorker {
     /// `trace_id` header), event id and where the record sits. Exported over
     /// OTLP as a child of the record's `traceparent`.
     fn span(&self, message: &OwnedMessage, envelope: Option<&Envelope>) -> tracing::Span {
-        let trace_id = envelope.map(|e| e.trace_id.clone()).or_else(|| header_text(message, crate::producer::headers::TRACE_ID)).unwrap_or_default();
-        let event_id = envelope.map(|e| e.event_id.to_string()).or_else(|| header_text(message, crate::producer::headers::EVENT_ID)).unwrap_or_default();
+        let trace_id = envelope.map(|e| e.trace_id.clone()).or_else(|| header_text(message, header::TRACE_ID)).unwrap_or_default();
+        let event_id = envelope.map(|e| e.event_id.to_string()).or_else(|| header_text(message, header::EVENT_ID)).unwrap_or_default();
         let span = tracing::info_span!(
             "record",
             trace_id = %trace_id,
@@ -583,7 +584,7 @@ impl PartitionWorker {
             partition = self.key.1,
             offset = message.offset()
         );
-        crate::telemetry::continue_trace(&span, || header_text(message, crate::producer::headers::TRACEPARENT));
+        crate::telemetry::continue_trace(&span, || header_text(message, header::TRACEPARENT));
         span
     }
 
