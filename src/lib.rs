@@ -3,7 +3,8 @@
 //! Order services record business changes and an outbox row in one
 //! transaction; a relay publishes them as Avro envelopes to
 //! `order.events.v1`, keyed by `order_id`; consumer groups apply each event
-//! exactly once in effect. See `README.md` for the whole picture.
+//! exactly once in effect. See `README.md` and `docs/architecture.md` for
+//! the whole picture.
 //!
 //! Layout, one module per concept of the design:
 //!

@@ -8,7 +8,7 @@
 
 use async_trait::async_trait;
 
-use crate::db::{DbError, Dialect, Tx};
+use crate::db::{DbError, Tx};
 use crate::envelope::{Envelope, EventName};
 
 /// What a handler did with an event.
@@ -84,6 +84,8 @@ pub trait Handler: Send + Sync {
         super::version::MAJOR_1
     }
 
-    /// Applies the event's effect inside `tx`.
-    async fn apply(&self, tx: &mut Tx, dialect: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError>;
+    /// Applies the event's effect inside `tx`. Statements whose text
+    /// differs between MariaDB and SQLite come from `tx.sql()` (e.g.
+    /// `tx.sql().insert_ignore("INTO t (a) VALUES (?)")`).
+    async fn apply(&self, tx: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError>;
 }

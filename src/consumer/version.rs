@@ -92,7 +92,7 @@ mod tests {
     use super::*;
     use crate::consumer::handler::{Effect, HandlerError};
     use crate::consumer::handlers::{Inventory, Logistics, Notification};
-    use crate::db::{Dialect, Tx};
+    use crate::db::Tx;
     use crate::envelope::{EventData, EventName};
 
     #[test]
@@ -120,7 +120,7 @@ mod tests {
     }
 
     fn shipped() -> EventData {
-        crate::generator::sample_lifecycle(5).into_iter().find(|e| e.event_name.as_str() == "order.shipped").unwrap().data
+        EventData::sample_lifecycle(5).into_iter().find(|d| matches!(d, EventData::Shipped(_))).unwrap()
     }
 
     #[test]
@@ -152,7 +152,7 @@ mod tests {
                 _ => MAJOR_1,
             }
         }
-        async fn apply(&self, _: &mut Tx, _: Dialect, _: &Envelope) -> Result<Effect, HandlerError> {
+        async fn apply(&self, _: &mut Tx, _: &Envelope) -> Result<Effect, HandlerError> {
             Ok(Effect::Ignored)
         }
     }

@@ -13,9 +13,10 @@
 
 use serde::Serialize;
 
+use super::held;
 use super::store::{self, DeadLetterRecord};
 use crate::db::{Db, DbError};
-use crate::ordering;
+use crate::ordering::{self, Origin};
 
 /// What happens to the records held behind an ignored head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,11 +57,11 @@ pub async fn heading(db: &Db, row: &DeadLetterRecord) -> Result<Option<(ordering
         return Ok(None);
     };
     let r = &row.row;
-    let origin = ordering::origin(&r.original_topic, r.original_partition, r.original_offset);
-    let Some(parked) = ordering::headed_by(db, &r.consumer_group, &key, &origin, r.event_id.as_deref()).await? else {
+    let origin = Origin { topic: r.original_topic.clone(), partition: r.original_partition, offset: r.original_offset };
+    let Some(parked) = held::headed_by(db, &r.consumer_group, &key, &origin, r.event_id.as_deref()).await? else {
         return Ok(None);
     };
-    let held = ordering::held_count(db, &r.consumer_group, &key).await?;
+    let held = held::held_count(db, &r.consumer_group, &key).await?;
     Ok(Some((parked, held)))
 }
 

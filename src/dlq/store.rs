@@ -4,10 +4,10 @@
 use serde::Serialize;
 use sqlx::{Any, QueryBuilder, Row};
 
-use crate::db::{Db, DbError, Dialect};
+use crate::db::{Db, DbError, Tx, Upsert};
 
 /// Status of a dead letter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     /// Waiting for an operator.
@@ -16,9 +16,6 @@ pub enum Status {
     Replayed,
     /// Closed by `dlq ignore`.
     Ignored,
-    /// Not a dead letter: a record held behind a parked key's head
-    /// (`held_records`); `dlq list --status held` lists them.
-    Held,
 }
 
 impl Status {
@@ -28,8 +25,40 @@ impl Status {
             Self::Pending => "pending",
             Self::Replayed => "replayed",
             Self::Ignored => "ignored",
-            Self::Held => "held",
         }
+    }
+}
+
+/// What `--status` selects: the dead letters in one [`Status`], or `held`,
+/// the records held behind parked keys' heads. Those are not dead letters
+/// (they have their own table and view, [`super::held`]): a dead-letter
+/// query asked for them selects no row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selection {
+    /// Dead letters in this status.
+    Status(Status),
+    /// Records held behind parked keys.
+    Held,
+}
+
+impl From<Status> for Selection {
+    fn from(status: Status) -> Self {
+        Self::Status(status)
+    }
+}
+
+impl clap::ValueEnum for Selection {
+    fn value_variants<'a>() -> &'a [Self] {
+        const ALL: [Selection; 4] =
+            [Selection::Status(Status::Pending), Selection::Status(Status::Replayed), Selection::Status(Status::Ignored), Selection::Held];
+        &ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            Self::Status(s) => clap::builder::PossibleValue::new(s.as_str()),
+            Self::Held => clap::builder::PossibleValue::new("held").help("records held behind parked keys (not dead letters)"),
+        })
     }
 }
 
@@ -45,9 +74,9 @@ pub struct Filter {
     /// Event name, e.g. order.payment.succeeded.
     #[arg(long = "event")]
     pub event_name: Option<String>,
-    /// Status.
+    /// Status (`held`: the records held behind parked keys instead).
     #[arg(long, value_enum)]
-    pub status: Option<Status>,
+    pub status: Option<Selection>,
     /// Last failure at or after this time (RFC 3339, or an age like 2h).
     #[arg(long, value_parser = parse_time)]
     pub since: Option<i64>,
@@ -97,8 +126,15 @@ impl Filter {
         if let Some(e) = &self.event_name {
             q.push(" AND event_name = ").push_bind(e.clone());
         }
-        if let Some(s) = self.status {
-            q.push(" AND status = ").push_bind(s.as_str());
+        match self.status {
+            Some(Selection::Status(s)) => {
+                q.push(" AND status = ").push_bind(s.as_str());
+            }
+            // Held records are no dead letters.
+            Some(Selection::Held) => {
+                q.push(" AND 1 = 0");
+            }
+            None => {}
         }
         if let Some(t) = self.since {
             q.push(" AND last_failure_ms >= ").push_bind(t);
@@ -329,38 +365,24 @@ pub struct NewDeadLetter {
     pub dlq_offset: i64,
 }
 
+/// A dead letter keyed by where it was first consumed; a later DLQ record
+/// of the same origin (`dlq_partition`, `dlq_offset`) turns it back to pending.
+const DEAD_LETTER_UPSERT: Upsert = Upsert {
+    table: "dead_letters",
+    columns: "consumer_group, original_topic, original_partition, original_offset, original_timestamp, record_key, \
+              payload, headers, event_id, event_name, error_class, error_message, attempts, first_failure_ms, \
+              last_failure_ms, dlq_partition, dlq_offset, created_ms, updated_ms",
+    key: "consumer_group, original_topic, original_partition, original_offset",
+    reset: &[("status", "'pending'")],
+    take: &["error_class", "error_message", "attempts", "last_failure_ms", "updated_ms"],
+    position: ("dlq_partition", "dlq_offset"),
+};
+
 /// Inserts a dead letter. Re-reading the same DLQ record changes nothing; a
 /// newer DLQ record of the same origin (it failed again after a replay)
 /// turns the row back to pending with the new failure.
-pub async fn upsert(tx: &mut crate::db::Tx, dialect: Dialect, d: &NewDeadLetter) -> Result<(), DbError> {
-    let sql = match dialect {
-        Dialect::MySql => {
-            "INSERT INTO dead_letters (consumer_group, original_topic, original_partition, original_offset, \
-             original_timestamp, record_key, payload, headers, event_id, event_name, error_class, error_message, \
-             attempts, first_failure_ms, last_failure_ms, dlq_partition, dlq_offset, created_ms, updated_ms) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON DUPLICATE KEY UPDATE \
-             status = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, 'pending', status), \
-             error_class = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, VALUES(error_class), error_class), \
-             error_message = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, VALUES(error_message), error_message), \
-             attempts = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, VALUES(attempts), attempts), \
-             last_failure_ms = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, VALUES(last_failure_ms), last_failure_ms), \
-             updated_ms = IF(VALUES(dlq_offset) > dlq_offset OR VALUES(dlq_partition) <> dlq_partition, VALUES(updated_ms), updated_ms), \
-             dlq_partition = VALUES(dlq_partition), \
-             dlq_offset = GREATEST(dlq_offset, VALUES(dlq_offset))"
-        }
-        Dialect::Sqlite => {
-            "INSERT INTO dead_letters (consumer_group, original_topic, original_partition, original_offset, \
-             original_timestamp, record_key, payload, headers, event_id, event_name, error_class, error_message, \
-             attempts, first_failure_ms, last_failure_ms, dlq_partition, dlq_offset, created_ms, updated_ms) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (consumer_group, original_topic, original_partition, original_offset) DO UPDATE SET \
-             status = 'pending', error_class = excluded.error_class, error_message = excluded.error_message, \
-             attempts = excluded.attempts, last_failure_ms = excluded.last_failure_ms, \
-             dlq_partition = excluded.dlq_partition, dlq_offset = excluded.dlq_offset, updated_ms = excluded.updated_ms \
-             WHERE excluded.dlq_offset > dead_letters.dlq_offset OR excluded.dlq_partition <> dead_letters.dlq_partition"
-        }
-    };
+pub async fn upsert(tx: &mut Tx, d: &NewDeadLetter) -> Result<(), DbError> {
+    let sql = tx.sql().upsert_newer(&DEAD_LETTER_UPSERT);
     let now = crate::clock::now_ms();
     sqlx::query(sql)
         .bind(&d.consumer_group)

@@ -15,7 +15,7 @@ pub mod relay;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::db::{Dialect, DbError, Tx};
+use crate::db::{DbError, Tx};
 use crate::envelope::Envelope;
 
 /// Shards of the outbox; a relay owns whole shards.
@@ -82,16 +82,10 @@ pub async fn backlog(db: &crate::db::Db) -> Result<Backlog, DbError> {
 /// Deletes sent rows older than `older_than_ms`, `batch` at a time; returns how many.
 pub async fn purge_sent(db: &crate::db::Db, older_than_ms: i64, batch: i64) -> Result<u64, DbError> {
     let cutoff = crate::clock::now_ms() - older_than_ms;
-    let sql = match db.dialect {
-        Dialect::MySql => "DELETE FROM outbox_messages WHERE sent_ms IS NOT NULL AND sent_ms < ? LIMIT ?",
-        Dialect::Sqlite => {
-            "DELETE FROM outbox_messages WHERE id IN \
-             (SELECT id FROM outbox_messages WHERE sent_ms IS NOT NULL AND sent_ms < ? LIMIT ?)"
-        }
-    };
+    let sql = db.sql().delete_limited("outbox_messages", "id", "sent_ms IS NOT NULL AND sent_ms < ?");
     let mut removed = 0;
     loop {
-        let r = sqlx::query(sql).bind(cutoff).bind(batch).execute(&db.pool).await?;
+        let r = sqlx::query(sql.clone()).bind(cutoff).bind(batch).execute(&db.pool).await?;
         removed += r.rows_affected();
         if r.rows_affected() < batch as u64 {
             return Ok(removed);

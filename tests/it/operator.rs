@@ -32,7 +32,7 @@ async fn seed_dead_letters(env: &TestEnv, group: &str, count: i64) {
             dlq_partition: 0,
             dlq_offset: offset,
         };
-        store::upsert(&mut tx, db.dialect, &row).await.unwrap();
+        store::upsert(&mut tx, &row).await.unwrap();
     }
     tx.commit().await.unwrap();
 }
@@ -375,7 +375,7 @@ async fn a_key_longer_than_its_columns_is_dead_lettered_and_persisted_whole_and_
         true,
     )
     .unwrap();
-    let event = orderpipe::generator::LifecycleGenerator::new("checkout", 1, 1, 5)
+    let event = orderpipe::harness::generator::LifecycleGenerator::new("checkout", 1, 1, 5)
         .next()
         .unwrap();
     let value = codec.encode(&event).await.unwrap();

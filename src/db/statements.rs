@@ -1,0 +1,218 @@
+//! Every statement whose text differs between MariaDB/MySQL and SQLite.
+//!
+//! Stores and handlers ask a [`Dialect`] (usually through their
+//! [`Tx`](super::Tx) or [`Db`](super::Db)) for the statement they need and
+//! never branch on the backend themselves. The shapes:
+//!
+//! | method | MariaDB/MySQL | SQLite |
+//! | --- | --- | --- |
+//! | [`Dialect::insert_ignore`] | `INSERT IGNORE` | `INSERT OR IGNORE` |
+//! | [`Dialect::insert_ignore_numbered`] | the column is `AUTO_INCREMENT` | `MAX() + 1` (one writer at a time) |
+//! | [`Dialect::locking`], [`Dialect::row_lock`] | `... FOR UPDATE` | as is (a writer locks the whole database) |
+//! | [`Dialect::delete_limited`] | `DELETE ... LIMIT ?` | `DELETE ... WHERE key IN (SELECT key ... LIMIT ?)` |
+//! | [`Dialect::upsert`] | `ON DUPLICATE KEY UPDATE` | `ON CONFLICT (...) DO UPDATE` |
+//! | [`Dialect::upsert_newer`] | `IF(newer, VALUES(c), c)` per column | `DO UPDATE ... WHERE newer` |
+//! | [`Dialect::integer`] | `CAST(... AS SIGNED)` | `CAST(... AS INTEGER)` |
+//! | [`Tx::lock_wait_timeout`](super::Tx::lock_wait_timeout) | `innodb_lock_wait_timeout` | nothing (no row locks) |
+//!
+//! Every argument is a constant of the calling store (table and column
+//! names, conditions with `?` placeholders), never user input.
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use super::Dialect;
+
+/// An insert that, on a duplicate key, takes the new row's values when the
+/// new row comes later in a log (`position`) than the stored one: see
+/// [`Dialect::upsert_newer`].
+#[derive(Debug, Clone, Copy)]
+pub struct Upsert {
+    /// The table.
+    pub table: &'static str,
+    /// Inserted columns, comma-separated; one `?` each is bound in this order.
+    pub columns: &'static str,
+    /// The unique key a duplicate collides on, comma-separated.
+    pub key: &'static str,
+    /// Columns set to a constant when the new row is later (`status`, `'pending'`).
+    pub reset: &'static [(&'static str, &'static str)],
+    /// Columns that take the new row's value when it is later.
+    pub take: &'static [&'static str],
+    /// The log position: (partition column, offset column). A row is later
+    /// when its partition differs or its offset is greater.
+    pub position: (&'static str, &'static str),
+}
+
+impl Dialect {
+    /// `INSERT IGNORE <rest>` / `INSERT OR IGNORE <rest>`; `rest` is
+    /// `INTO table (...) VALUES (?, ...)`.
+    pub fn insert_ignore(self, rest: &str) -> SqlStr {
+        let verb = match self {
+            Self::MySql => "INSERT IGNORE",
+            Self::Sqlite => "INSERT OR IGNORE",
+        };
+        text(format!("{verb} {rest}"))
+    }
+
+    /// `INSERT IGNORE INTO table (columns) VALUES (values)` where `sequence`
+    /// numbers the rows in insertion order: an `AUTO_INCREMENT` column on
+    /// MySQL (left out of the insert), `MAX(sequence) + 1` on SQLite, which
+    /// has no auto-increment on a non-key column (safe: one writer at a time).
+    pub fn insert_ignore_numbered(self, table: &str, columns: &str, values: &str, sequence: &str) -> SqlStr {
+        match self {
+            Self::MySql => self.insert_ignore(&format!("INTO {table} ({columns}) VALUES ({values})")),
+            Self::Sqlite => self.insert_ignore(&format!(
+                "INTO {table} ({columns}, {sequence}) VALUES ({values}, (SELECT COALESCE(MAX({sequence}), 0) + 1 FROM {table}))"
+            )),
+        }
+    }
+
+    /// `select` with its rows locked until the transaction ends (`FOR
+    /// UPDATE`); SQLite needs no row lock: a writer locks the whole database.
+    pub fn locking(self, select: &str) -> SqlStr {
+        text(format!("{select}{}", self.row_lock()))
+    }
+
+    /// The clause that ends a locking `SELECT` (see [`Dialect::locking`]),
+    /// for statements put together with a `QueryBuilder`.
+    pub fn row_lock(self) -> &'static str {
+        match self {
+            Self::MySql => " FOR UPDATE",
+            Self::Sqlite => "",
+        }
+    }
+
+    /// Deletes at most `?` rows of `table` matching `condition` (its
+    /// placeholders are bound first, then the limit). SQLite has no
+    /// `DELETE ... LIMIT`: it deletes by `key` (a unique column, or `rowid`).
+    pub fn delete_limited(self, table: &str, key: &str, condition: &str) -> SqlStr {
+        match self {
+            Self::MySql => text(format!("DELETE FROM {table} WHERE {condition} LIMIT ?")),
+            Self::Sqlite => {
+                text(format!("DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE {condition} LIMIT ?)"))
+            }
+        }
+    }
+
+    /// Inserts a row (`columns`, one `?` each) or, on a duplicate `key`,
+    /// sets `update` to the new row's values.
+    pub fn upsert(self, table: &str, columns: &str, key: &str, update: &[&str]) -> SqlStr {
+        let insert = format!("INSERT INTO {table} ({columns}) VALUES ({})", placeholders(columns));
+        let set = |new: &dyn Fn(&str) -> String| update.iter().map(|c| format!("{c} = {}", new(c))).collect::<Vec<_>>().join(", ");
+        match self {
+            Self::MySql => text(format!("{insert} ON DUPLICATE KEY UPDATE {}", set(&|c| format!("VALUES({c})")))),
+            Self::Sqlite => text(format!("{insert} ON CONFLICT ({key}) DO UPDATE SET {}", set(&|c| format!("excluded.{c}")))),
+        }
+    }
+
+    /// The statement of an [`Upsert`]: a duplicate that comes later in the
+    /// log than the stored row (another partition, or a greater offset)
+    /// replaces the `reset` and `take` columns and the position; an earlier
+    /// or equal one (a re-read) changes nothing.
+    pub fn upsert_newer(self, u: &Upsert) -> SqlStr {
+        let insert = format!("INSERT INTO {} ({}) VALUES ({})", u.table, u.columns, placeholders(u.columns));
+        let (partition, offset) = u.position;
+        match self {
+            Self::MySql => {
+                // Assignments run left to right on the updated row: the
+                // position columns come last, so every condition sees the old one.
+                let newer = format!("VALUES({offset}) > {offset} OR VALUES({partition}) <> {partition}");
+                let reset = u.reset.iter().map(|(c, v)| format!("{c} = IF({newer}, {v}, {c})"));
+                let take = u.take.iter().map(|c| format!("{c} = IF({newer}, VALUES({c}), {c})"));
+                let set: Vec<String> = reset.chain(take).collect();
+                text(format!(
+                    "{insert} ON DUPLICATE KEY UPDATE {}, {partition} = VALUES({partition}), \
+                     {offset} = GREATEST({offset}, VALUES({offset}))",
+                    set.join(", ")
+                ))
+            }
+            Self::Sqlite => {
+                let reset = u.reset.iter().map(|(c, v)| format!("{c} = {v}"));
+                let take = u.take.iter().chain([&partition, &offset]).map(|c| format!("{c} = excluded.{c}"));
+                let set: Vec<String> = reset.chain(take).collect();
+                text(format!(
+                    "{insert} ON CONFLICT ({}) DO UPDATE SET {} WHERE excluded.{offset} > {table}.{offset} \
+                     OR excluded.{partition} <> {table}.{partition}",
+                    u.key,
+                    set.join(", "),
+                    table = u.table
+                ))
+            }
+        }
+    }
+
+    /// `expr` as a 64-bit integer (MySQL's `SUM` is a DECIMAL).
+    pub fn integer(self, expr: &str) -> String {
+        match self {
+            Self::MySql => format!("CAST({expr} AS SIGNED)"),
+            Self::Sqlite => format!("CAST({expr} AS INTEGER)"),
+        }
+    }
+}
+
+/// A statement built from constants (see the module doc).
+fn text(sql: String) -> SqlStr {
+    AssertSqlSafe(sql).into_sql_str()
+}
+
+/// `?, ?, ...`, one per comma-separated column.
+fn placeholders(columns: &str) -> String {
+    vec!["?"; columns.split(',').count()].join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEAD_LETTER: Upsert = Upsert {
+        table: "t",
+        columns: "k, p, o, e",
+        key: "k",
+        reset: &[("status", "'pending'")],
+        take: &["e"],
+        position: ("p", "o"),
+    };
+
+    #[test]
+    fn each_backend_gets_its_own_text() {
+        let sql = |s: SqlStr| s.as_str().to_owned();
+        assert_eq!(sql(Dialect::MySql.insert_ignore("INTO t (a) VALUES (?)")), "INSERT IGNORE INTO t (a) VALUES (?)");
+        assert_eq!(sql(Dialect::Sqlite.insert_ignore("INTO t (a) VALUES (?)")), "INSERT OR IGNORE INTO t (a) VALUES (?)");
+        assert_eq!(sql(Dialect::MySql.locking("SELECT a FROM t")), "SELECT a FROM t FOR UPDATE");
+        assert_eq!(sql(Dialect::Sqlite.locking("SELECT a FROM t")), "SELECT a FROM t");
+        assert_eq!(sql(Dialect::MySql.delete_limited("t", "id", "a < ?")), "DELETE FROM t WHERE a < ? LIMIT ?");
+        assert_eq!(
+            sql(Dialect::Sqlite.delete_limited("t", "id", "a < ?")),
+            "DELETE FROM t WHERE id IN (SELECT id FROM t WHERE a < ? LIMIT ?)"
+        );
+        assert_eq!(
+            sql(Dialect::Sqlite.insert_ignore_numbered("t", "a, b", "?, ?", "n")),
+            "INSERT OR IGNORE INTO t (a, b, n) VALUES (?, ?, (SELECT COALESCE(MAX(n), 0) + 1 FROM t))"
+        );
+        assert_eq!(sql(Dialect::MySql.insert_ignore_numbered("t", "a, b", "?, ?", "n")), "INSERT IGNORE INTO t (a, b) VALUES (?, ?)");
+        assert_eq!(
+            sql(Dialect::MySql.upsert("t", "k, v", "k", &["v"])),
+            "INSERT INTO t (k, v) VALUES (?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v)"
+        );
+        assert_eq!(
+            sql(Dialect::Sqlite.upsert("t", "k, v", "k", &["v"])),
+            "INSERT INTO t (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v"
+        );
+    }
+
+    #[test]
+    fn an_upsert_of_a_later_row_sets_the_position_last_on_mysql() {
+        let newer = "VALUES(o) > o OR VALUES(p) <> p";
+        assert_eq!(
+            Dialect::MySql.upsert_newer(&DEAD_LETTER).as_str(),
+            format!(
+                "INSERT INTO t (k, p, o, e) VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE status = IF({newer}, 'pending', status), \
+                 e = IF({newer}, VALUES(e), e), p = VALUES(p), o = GREATEST(o, VALUES(o))"
+            )
+        );
+        assert_eq!(
+            Dialect::Sqlite.upsert_newer(&DEAD_LETTER).as_str(),
+            "INSERT INTO t (k, p, o, e) VALUES (?, ?, ?, ?) ON CONFLICT (k) DO UPDATE SET status = 'pending', \
+             e = excluded.e, p = excluded.p, o = excluded.o WHERE excluded.o > t.o OR excluded.p <> t.p"
+        );
+    }
+}

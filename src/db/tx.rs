@@ -1,0 +1,64 @@
+//! [`Tx`]: a transaction that knows its backend, so whoever writes in it
+//! asks it for a statement ([`Tx::sql`]) instead of being handed a dialect.
+
+use std::ops::{Deref, DerefMut};
+
+use sqlx::{AnyConnection, Transaction};
+
+use super::Dialect;
+
+/// A transaction handed to stores and handlers: their writes commit or roll
+/// back together (a handler's effect with the event's dedup row). It
+/// dereferences to the connection, so `query.execute(&mut **tx)` runs in it.
+#[derive(Debug)]
+pub struct Tx {
+    inner: Transaction<'static, sqlx::Any>,
+    dialect: Dialect,
+}
+
+impl Tx {
+    /// Wraps a transaction begun on a pool of `dialect`.
+    pub fn new(inner: Transaction<'static, sqlx::Any>, dialect: Dialect) -> Self {
+        Self { inner, dialect }
+    }
+
+    /// The backend's statements (see [`super::statements`]).
+    pub fn sql(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// Gives up waiting for a row lock after `seconds` (the session's
+    /// `innodb_lock_wait_timeout`, until the connection sets it again);
+    /// nothing on SQLite, which has no row locks.
+    pub async fn lock_wait_timeout(&mut self, seconds: u64) -> Result<(), sqlx::Error> {
+        if self.dialect == Dialect::MySql {
+            let sql = sqlx::AssertSqlSafe(format!("SET SESSION innodb_lock_wait_timeout = {seconds}"));
+            sqlx::query(sql).execute(&mut *self.inner).await?;
+        }
+        Ok(())
+    }
+
+    /// Commits.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.inner.commit().await
+    }
+
+    /// Rolls back.
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.inner.rollback().await
+    }
+}
+
+impl Deref for Tx {
+    type Target = AnyConnection;
+
+    fn deref(&self) -> &AnyConnection {
+        &self.inner
+    }
+}
+
+impl DerefMut for Tx {
+    fn deref_mut(&mut self) -> &mut AnyConnection {
+        &mut self.inner
+    }
+}

@@ -1,0 +1,133 @@
+//! The operators' view of per-key ordering (see [`crate::ordering`]):
+//! records held behind parked keys, the head each waits behind and the
+//! head's dead-letter row. Held records are not dead letters: they have no
+//! dead-letter status and cannot be replayed or ignored themselves; they are
+//! applied when their head is (`dlq list --status held`, `dlq show --held`).
+//!
+//! A head is matched to its dead letter on columns: the parked key's
+//! `head_topic`, `head_partition`, `head_offset` against the dead letter's
+//! `original_*` (both say where the record was first consumed).
+
+use serde::Serialize;
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use crate::db::{Db, DbError};
+use crate::ordering::store::{HELD_COLUMNS, PARKED_COLUMNS};
+use crate::ordering::{HeldRecord, Origin, Parked};
+
+/// A held record with the head it waits behind.
+#[derive(Debug, Clone, Serialize)]
+pub struct HeldView {
+    /// The held record.
+    #[serde(flatten)]
+    pub held: HeldRecord,
+    /// The parked key's head (None if the key was unparked meanwhile).
+    pub head: Option<Parked>,
+    /// The head's dead-letter row, when it was dead-lettered and persisted.
+    pub head_dead_letter: Option<i64>,
+}
+
+/// Held records and their heads: `held_records` joined to its parked key
+/// and the head's dead letter, `h.*`, `p.*` and `d.id` (prefixed names, as
+/// the two tables share some).
+fn select_views(condition: &str) -> sqlx::AssertSqlSafe<String> {
+    let held = prefixed("h", HELD_COLUMNS);
+    let parked = prefixed("p", PARKED_COLUMNS);
+    sqlx::AssertSqlSafe(format!(
+        "SELECT {held}, {parked}, d.id AS d_id FROM held_records h \
+         LEFT JOIN parked_keys p ON p.consumer_group = h.consumer_group AND p.record_key = h.record_key \
+         LEFT JOIN dead_letters d ON d.consumer_group = p.consumer_group AND d.original_topic = p.head_topic \
+         AND d.original_partition = p.head_partition AND d.original_offset = p.head_offset \
+         WHERE {condition} ORDER BY h.id LIMIT ?"
+    ))
+}
+
+/// `t.column AS t_column, ...` for each column of `columns`.
+fn prefixed(table: &str, columns: &str) -> String {
+    columns.split(',').map(|c| format!("{table}.{c} AS {table}_{c}", c = c.trim())).collect::<Vec<_>>().join(", ")
+}
+
+fn view_of(r: &AnyRow) -> Result<HeldView, sqlx::Error> {
+    let held = HeldRecord {
+        id: r.try_get("h_id")?,
+        consumer_group: r.try_get("h_consumer_group")?,
+        key: r.try_get("h_record_key")?,
+        source_topic: r.try_get("h_source_topic")?,
+        source_partition: r.try_get("h_source_partition")?,
+        source_offset: r.try_get("h_source_offset")?,
+        source_timestamp: r.try_get("h_source_timestamp")?,
+        event_id: r.try_get("h_event_id")?,
+        event_name: r.try_get("h_event_name")?,
+        payload: r.try_get("h_payload")?,
+        headers: r.try_get("h_headers")?,
+        held_ms: r.try_get("h_held_ms")?,
+    };
+    let head = match r.try_get::<Option<String>, _>("p_record_key")? {
+        None => None,
+        Some(key) => {
+            let state: String = r.try_get("p_state")?;
+            Some(Parked {
+                key,
+                partition: r.try_get("p_kafka_partition")?,
+                head_origin: r.try_get("p_head_origin")?,
+                head_topic: r.try_get("p_head_topic")?,
+                head_partition: r.try_get("p_head_partition")?,
+                head_offset: r.try_get("p_head_offset")?,
+                head_event_id: r.try_get("p_head_event_id")?,
+                head_event_name: r.try_get("p_head_event_name")?,
+                state: state
+                    .try_into()
+                    .map_err(|e| sqlx::Error::ColumnDecode { index: "p_state".into(), source: Box::new(e) })?,
+                parked_ms: r.try_get("p_parked_ms")?,
+            })
+        }
+    };
+    Ok(HeldView { held, head, head_dead_letter: r.try_get("d_id")? })
+}
+
+/// Held records (oldest first), optionally of one group, with the head
+/// each waits behind.
+pub async fn held_views(db: &Db, group: Option<&str>, limit: i64) -> Result<Vec<HeldView>, DbError> {
+    let rows = sqlx::query(select_views("(? IS NULL OR h.consumer_group = ?)"))
+        .bind(group)
+        .bind(group)
+        .bind(limit)
+        .fetch_all(&db.pool)
+        .await?;
+    Ok(rows.iter().map(view_of).collect::<Result<_, _>>()?)
+}
+
+/// One held record with its head, by id.
+pub async fn held_view(db: &Db, id: i64) -> Result<Option<HeldView>, DbError> {
+    let row = sqlx::query(select_views("h.id = ?")).bind(id).bind(1_i64).fetch_optional(&db.pool).await?;
+    Ok(row.as_ref().map(view_of).transpose()?)
+}
+
+/// The key a dead letter heads, if it does: the group's parked row of
+/// `key` whose head was first consumed at `origin`, or is `event_id`.
+pub async fn headed_by(db: &Db, group: &str, key: &str, origin: &Origin, event_id: Option<&str>) -> Result<Option<Parked>, DbError> {
+    let sql = sqlx::AssertSqlSafe(format!(
+        "SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ? AND record_key = ? \
+         AND ((head_topic = ? AND head_partition = ? AND head_offset = ?) OR head_event_id = ?)"
+    ));
+    Ok(sqlx::query_as(sql)
+        .bind(group)
+        .bind(key)
+        .bind(&origin.topic)
+        .bind(origin.partition)
+        .bind(origin.offset)
+        .bind(event_id)
+        .fetch_optional(&db.pool)
+        .await?)
+}
+
+/// Records held behind `key` for `group`.
+pub async fn held_count(db: &Db, group: &str, key: &str) -> Result<i64, DbError> {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM held_records WHERE consumer_group = ? AND record_key = ?")
+        .bind(group)
+        .bind(key)
+        .fetch_one(&db.pool)
+        .await?;
+    Ok(n)
+}

@@ -1,0 +1,96 @@
+//! The partition worker's ordering decisions: what happens to a record of
+//! a key that may be parked ([`gate`]), whether a record is its key's head
+//! ([`is_head`]), whether a head is done with ([`head_done`]), and parking
+//! or re-heading a key when a record leaves the main path ([`park`]). The
+//! statements they run are in [`super::store`].
+
+use rdkafka::Message;
+use rdkafka::message::OwnedMessage;
+
+use super::store::{self, Head, Parked};
+use super::{Origin, ParkState};
+use crate::db::{DbError, Tx};
+use crate::envelope::Envelope;
+
+/// What to do with a record of a key that may be parked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// The key is not parked: apply as usual.
+    Open,
+    /// The record is the parked key's head: apply it, then release.
+    Head,
+    /// The record waits behind the head.
+    Hold,
+    /// The record was applied already (a redelivery): skip it.
+    Duplicate,
+}
+
+/// Decides what happens to a record of `key` (`event` is None when it could
+/// not be decoded) if the key may be parked; locks the parked row until `tx` ends.
+pub async fn gate(
+    tx: &mut Tx,
+    group: &str,
+    key: &str,
+    message: &OwnedMessage,
+    event: Option<&Envelope>,
+) -> Result<Gate, DbError> {
+    let Some(parked) = store::lock(tx, group, key).await? else {
+        return Ok(Gate::Open);
+    };
+    let event_id = event.map(|e| e.event_id.to_string());
+    if is_head(&parked, &Origin::of(message), event_id.as_deref()) {
+        return Ok(Gate::Head);
+    }
+    match event_id {
+        Some(id) if crate::dedup::applied(tx, group, &id).await? => Ok(Gate::Duplicate),
+        _ => Ok(Gate::Hold),
+    }
+}
+
+/// Whether the record first consumed at `origin` (with `event_id`) is the
+/// head of `parked`: same origin, or same event (a replay to the original
+/// topic has new coordinates).
+pub fn is_head(parked: &Parked, origin: &Origin, event_id: Option<&str>) -> bool {
+    parked.head() == *origin || (event_id.is_some() && parked.head_event_id.as_deref() == event_id)
+}
+
+/// Whether the parked key's head is done with: applied, or released by an operator.
+pub async fn head_done(tx: &mut Tx, group: &str, parked: &Parked) -> Result<bool, DbError> {
+    if parked.state == ParkState::Release {
+        return Ok(true);
+    }
+    match &parked.head_event_id {
+        Some(id) => crate::dedup::applied(tx, group, id).await,
+        None => Ok(false),
+    }
+}
+
+/// Parks `key` with `message` as its head, once the record was forwarded
+/// to the retry topic or the DLQ. If the key is parked already, only its
+/// head's state is updated, unless `rehead` (a released record failed and
+/// takes the head's place): a forwarded record that is not the head comes
+/// back from the retry topic to be held behind the head.
+pub async fn park(
+    tx: &mut Tx,
+    group: &str,
+    key: &str,
+    message: &OwnedMessage,
+    event: Option<&Envelope>,
+    state: ParkState,
+    rehead: bool,
+) -> Result<(), DbError> {
+    let head = Head {
+        origin: Origin::of(message),
+        event_id: event.map(|e| e.event_id.to_string()),
+        event_name: event.map(|e| e.event_name.to_string()),
+        state,
+    };
+    if store::insert_parked(tx, group, key, message.partition(), &head).await? {
+        return Ok(());
+    }
+    let current = store::lock(tx, group, key).await?;
+    if !rehead && current.is_some_and(|p| !is_head(&p, &head.origin, head.event_id.as_deref())) {
+        return Ok(());
+    }
+    store::set_head(tx, group, key, &head).await
+}

@@ -1,0 +1,279 @@
+//! The `parked_keys` and `held_records` statements: what the partition
+//! worker runs inside its transactions (lock, hold, park, unpark, release
+//! one held record) and what the consumer's background task reads (the
+//! parked keys of a partition, the releasable keys, the gauges). The
+//! decisions around them are in [`super::gate`]; the operators' views in
+//! [`crate::dlq::held`].
+
+use rdkafka::Message;
+use rdkafka::message::OwnedMessage;
+use serde::Serialize;
+
+use super::{Origin, ParkState};
+use crate::clock::now_ms;
+use crate::db::{Db, DbError, Tx};
+use crate::envelope::Envelope;
+use crate::kafka::record::headers_json;
+
+/// A parked key (a `parked_keys` row).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Parked {
+    /// The record key (order id).
+    #[sqlx(rename = "record_key")]
+    pub key: String,
+    /// Partition of the key.
+    #[sqlx(rename = "kafka_partition")]
+    pub partition: i32,
+    /// Where the head was first consumed, as text: `topic/partition/offset`
+    /// (the columns below are what queries use).
+    pub head_origin: String,
+    /// Topic where the head was first consumed.
+    pub head_topic: String,
+    /// Its partition there.
+    pub head_partition: i32,
+    /// Its offset there.
+    pub head_offset: i64,
+    /// The head's event id (none for an undecodable head).
+    pub head_event_id: Option<String>,
+    /// The head's event name.
+    pub head_event_name: Option<String>,
+    /// Why the key is parked.
+    #[sqlx(try_from = "String")]
+    pub state: ParkState,
+    /// Parked since (ms since the epoch).
+    pub parked_ms: i64,
+}
+
+impl Parked {
+    /// Where the head was first consumed.
+    pub fn head(&self) -> Origin {
+        Origin { topic: self.head_topic.clone(), partition: self.head_partition, offset: self.head_offset }
+    }
+}
+
+/// The columns of [`Parked`].
+pub(crate) const PARKED_COLUMNS: &str = "record_key, kafka_partition, head_origin, head_topic, head_partition, head_offset, \
+                                         head_event_id, head_event_name, state, parked_ms";
+
+/// The parked row of a group and key.
+fn select_parked() -> String {
+    format!("SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ? AND record_key = ?")
+}
+
+/// The parked row of `key`, locked until `tx` ends (SQLite locks the whole
+/// database for a writer, so it needs no row lock).
+pub async fn lock(tx: &mut Tx, group: &str, key: &str) -> Result<Option<Parked>, DbError> {
+    let sql = tx.sql().locking(&select_parked());
+    Ok(sqlx::query_as(sql).bind(group).bind(key).fetch_optional(&mut **tx).await?)
+}
+
+/// The parked row of `key`, if parked (no lock).
+pub async fn parked(db: &Db, group: &str, key: &str) -> Result<Option<Parked>, DbError> {
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(select_parked())).bind(group).bind(key).fetch_optional(&db.pool).await?)
+}
+
+/// A new head of a parked key: where it was first consumed and what it is.
+#[derive(Debug, Clone)]
+pub struct Head {
+    /// Where it was first consumed.
+    pub origin: Origin,
+    /// Its event id (none when undecodable).
+    pub event_id: Option<String>,
+    /// Its event name.
+    pub event_name: Option<String>,
+    /// Why the key is parked.
+    pub state: ParkState,
+}
+
+/// Parks `key` (partition `partition`) behind `head`; false if it was parked already.
+pub async fn insert_parked(tx: &mut Tx, group: &str, key: &str, partition: i32, head: &Head) -> Result<bool, DbError> {
+    let now = now_ms();
+    let sql = tx.sql().insert_ignore(
+        "INTO parked_keys (consumer_group, record_key, kafka_partition, head_origin, head_topic, head_partition, head_offset, \
+         head_event_id, head_event_name, state, parked_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    );
+    let inserted = sqlx::query(sql)
+        .bind(group)
+        .bind(key)
+        .bind(partition)
+        .bind(head.origin.to_string())
+        .bind(&head.origin.topic)
+        .bind(head.origin.partition)
+        .bind(head.origin.offset)
+        .bind(&head.event_id)
+        .bind(&head.event_name)
+        .bind(head.state.as_str())
+        .bind(now)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    Ok(inserted.rows_affected() > 0)
+}
+
+/// Makes `head` the head of the parked `key` (or updates its state).
+pub async fn set_head(tx: &mut Tx, group: &str, key: &str, head: &Head) -> Result<(), DbError> {
+    sqlx::query(
+        "UPDATE parked_keys SET head_origin = ?, head_topic = ?, head_partition = ?, head_offset = ?, head_event_id = ?, \
+         head_event_name = ?, state = ?, updated_ms = ? WHERE consumer_group = ? AND record_key = ?",
+    )
+    .bind(head.origin.to_string())
+    .bind(&head.origin.topic)
+    .bind(head.origin.partition)
+    .bind(head.origin.offset)
+    .bind(&head.event_id)
+    .bind(&head.event_name)
+    .bind(head.state.as_str())
+    .bind(now_ms())
+    .bind(group)
+    .bind(key)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Unparks `key` (its head is done and nothing is held behind it).
+pub async fn unpark(tx: &mut Tx, group: &str, key: &str) -> Result<(), DbError> {
+    sqlx::query("DELETE FROM parked_keys WHERE consumer_group = ? AND record_key = ?")
+        .bind(group)
+        .bind(key)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Releases the followers of a parked key whose head an operator ignored:
+/// the consumer applies them in order and then unparks the key.
+pub async fn mark_release(db: &Db, group: &str, key: &str) -> Result<(), DbError> {
+    sqlx::query("UPDATE parked_keys SET state = ?, updated_ms = ? WHERE consumer_group = ? AND record_key = ?")
+        .bind(ParkState::Release.as_str())
+        .bind(now_ms())
+        .bind(group)
+        .bind(key)
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
+
+/// Holds `message` behind its parked key (idempotent per source record).
+pub async fn hold(tx: &mut Tx, group: &str, key: &str, message: &OwnedMessage, event: Option<&Envelope>) -> Result<(), DbError> {
+    let sql = tx.sql().insert_ignore(
+        "INTO held_records (consumer_group, record_key, source_topic, source_partition, source_offset, \
+         source_timestamp, event_id, event_name, payload, headers, held_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    );
+    sqlx::query(sql)
+        .bind(group)
+        .bind(key)
+        .bind(message.topic())
+        .bind(message.partition())
+        .bind(message.offset())
+        .bind(message.timestamp().to_millis())
+        .bind(event.map(|e| e.event_id.to_string()))
+        .bind(event.map(|e| e.event_name.to_string()))
+        .bind(message.payload().unwrap_or_default().to_vec())
+        .bind(headers_json(message))
+        .bind(now_ms())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// A record held behind a parked key (a `held_records` row).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct HeldRecord {
+    /// Row id (arrival order).
+    pub id: i64,
+    /// Consumer group.
+    pub consumer_group: String,
+    /// The record key (order id).
+    #[sqlx(rename = "record_key")]
+    pub key: String,
+    /// Where it was consumed.
+    pub source_topic: String,
+    /// Partition there.
+    pub source_partition: i32,
+    /// Offset there.
+    pub source_offset: i64,
+    /// Its timestamp there (ms).
+    pub source_timestamp: Option<i64>,
+    /// Event id (none for an undecodable record).
+    pub event_id: Option<String>,
+    /// Event name.
+    pub event_name: Option<String>,
+    /// The record value as consumed.
+    #[serde(skip)]
+    pub payload: Vec<u8>,
+    /// Its headers as consumed (JSON object).
+    #[serde(skip)]
+    pub headers: String,
+    /// Held since (ms).
+    pub held_ms: i64,
+}
+
+/// The columns of [`HeldRecord`].
+pub(crate) const HELD_COLUMNS: &str = "id, consumer_group, record_key, source_topic, source_partition, source_offset, \
+                                       source_timestamp, event_id, event_name, payload, headers, held_ms";
+
+/// The oldest record held behind `key`.
+pub async fn first_held(tx: &mut Tx, group: &str, key: &str) -> Result<Option<HeldRecord>, DbError> {
+    let sql = sqlx::AssertSqlSafe(format!(
+        "SELECT {HELD_COLUMNS} FROM held_records WHERE consumer_group = ? AND record_key = ? ORDER BY id LIMIT 1"
+    ));
+    Ok(sqlx::query_as(sql).bind(group).bind(key).fetch_optional(&mut **tx).await?)
+}
+
+/// Deletes a held record (applied, or made the new head); false if it was gone.
+pub async fn delete_held(tx: &mut Tx, id: i64) -> Result<bool, DbError> {
+    let r = sqlx::query("DELETE FROM held_records WHERE id = ?").bind(id).execute(&mut **tx).await?;
+    Ok(r.rows_affected() > 0)
+}
+
+/// Parked keys of one partition, to load a consumer's in-memory set when
+/// the partition is assigned.
+pub async fn keys_of_partition(db: &Db, group: &str, partition: i32) -> Result<Vec<String>, DbError> {
+    let rows: Vec<(String,)> = sqlx::query_as("SELECT record_key FROM parked_keys WHERE consumer_group = ? AND kafka_partition = ?")
+        .bind(group)
+        .bind(partition)
+        .fetch_all(&db.pool)
+        .await?;
+    Ok(rows.into_iter().map(|(k,)| k).collect())
+}
+
+/// Parked keys whose followers can be released now: the head was applied
+/// (a crash came between its commit and the release) or an operator
+/// released them. With their partition.
+pub async fn releasable(db: &Db, group: &str) -> Result<Vec<(String, i32)>, DbError> {
+    let rows: Vec<(String, i32)> = sqlx::query_as(
+        "SELECT p.record_key, p.kafka_partition FROM parked_keys p WHERE p.consumer_group = ? AND (p.state = ? \
+         OR EXISTS (SELECT 1 FROM event_dedup d WHERE d.consumer_group = p.consumer_group AND d.event_id = p.head_event_id))",
+    )
+    .bind(group)
+    .bind(ParkState::Release.as_str())
+    .fetch_all(&db.pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Parked keys, held records and the oldest parked time of one group.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct OrderingGauges {
+    /// Keys parked.
+    pub parked_keys: i64,
+    /// Records held behind them.
+    pub held_records: i64,
+    /// The oldest parked key's `parked_ms` (None when none is parked).
+    pub oldest_parked_ms: Option<i64>,
+}
+
+/// Current gauges of `group`.
+pub async fn gauges(db: &Db, group: &str) -> Result<OrderingGauges, DbError> {
+    let (parked_keys, oldest_parked_ms): (i64, Option<i64>) =
+        sqlx::query_as("SELECT COUNT(*), MIN(parked_ms) FROM parked_keys WHERE consumer_group = ?")
+            .bind(group)
+            .fetch_one(&db.pool)
+            .await?;
+    let (held_records,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM held_records WHERE consumer_group = ?")
+        .bind(group)
+        .fetch_one(&db.pool)
+        .await?;
+    Ok(OrderingGauges { parked_keys, held_records, oldest_parked_ms })
+}
