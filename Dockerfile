@@ -1,7 +1,7 @@
 # The image the Helm chart runs: build with the bundled librdkafka, run as a
 # non-root user on a slim base with a read-only root filesystem.
 #
-# Two ways to build this same file (README, "Building the image"):
+# Two ways to build this same file (docs/helm.md, "Building the image"):
 #   docker build -t orderpipe .      with a registry: both stages as written;
 #   make image                       no daemon, no registry: dev/image.sh runs it with
 #                                    buildah, the `build` stage replaced by the host's

@@ -1,6 +1,8 @@
-//! Every command line the README (and `docs/*.md`) shows exists: each
-//! `orderpipe ...` line in a `sh` block or in inline code, `cargo run ...
-//! -- ARGS` lines, and `make TARGET` lines. No stack needed.
+//! Every command line the README and `docs/*.md` show exists: each
+//! `orderpipe ...` line in a `sh` block, in a `console` block (after its
+//! `$ ` prompt) or in inline code, `cargo run ... -- ARGS` lines, and
+//! `make TARGET` lines; leading `NAME=value` assignments and trailing
+//! redirections are the shell's, not the command's. No stack needed.
 //!
 //! A concrete line (`orderpipe dlq replay --id 42 --dry-run`) runs through
 //! clap as written, plus `--help`: an unknown subcommand, flag or bad value
@@ -8,6 +10,11 @@
 //! `--handler H[,H...]`, `key\|none`) cannot run as written, so its
 //! subcommand's `--help` must succeed and list every `--flag` shown.
 //! `README_CHECK_DEBUG=1` prints every line found and how it is checked.
+//!
+//! Also: every relative link of those pages reaches an existing file and,
+//! for a `#fragment` into markdown, a heading of that page (GitHub's anchor
+//! rules); and `docs/configuration.md` names every key of
+//! `src/config/defaults.toml` and every top-level value of the chart.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -45,12 +52,24 @@ fn documents() -> Vec<PathBuf> {
     files
 }
 
-/// Shell command lines of `markdown`: the lines of ```sh/bash/shell/console
-/// blocks (continuations joined, `$ ` prompts and `#` comments removed,
-/// split at `;`, `&&`, `||` and pipes) and every inline code span.
+/// What a fenced block holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    /// ```sh, bash, shell: every line is a command.
+    Shell,
+    /// ```console: lines after a `$ ` prompt are commands, the rest output.
+    Console,
+    /// Anything else (output, TOML, Mermaid): no commands.
+    Other,
+}
+
+/// Shell command lines of `markdown`: the lines of ```sh/bash/shell blocks
+/// and the `$ ` lines of ```console blocks (continuations joined, prompts
+/// and `#` comments removed, split at `;`, `&&`, `||` and pipes) and every
+/// inline code span.
 fn command_lines(name: &str, markdown: &str) -> Vec<Shown> {
     let mut shown = Vec::new();
-    let mut fence: Option<bool> = None; // Some(is_shell) inside a block
+    let mut fence: Option<Block> = None; // inside a fenced block
     let mut pending = String::new();
     let mut prose: Vec<(usize, &str)> = Vec::new();
     let lines: Vec<&str> = markdown.lines().collect();
@@ -83,16 +102,21 @@ fn command_lines(name: &str, markdown: &str) -> Vec<Shown> {
             } else {
                 flush_prose(&mut prose, &mut shown);
                 let language = info.trim().to_ascii_lowercase();
-                fence = Some(matches!(
-                    language.as_str(),
-                    "sh" | "bash" | "shell" | "console"
-                ));
+                fence = Some(match language.as_str() {
+                    "sh" | "bash" | "shell" => Block::Shell,
+                    "console" => Block::Console,
+                    _ => Block::Other,
+                });
             }
             continue;
         }
         match fence {
-            Some(true) => {
-                let line = trimmed.strip_prefix("$ ").unwrap_or(trimmed);
+            Some(Block::Console) if pending.is_empty() && !trimmed.starts_with("$ ") => {}
+            Some(shell @ (Block::Shell | Block::Console)) => {
+                let line = match shell {
+                    Block::Console if pending.is_empty() => &trimmed[2..],
+                    _ => trimmed.strip_prefix("$ ").unwrap_or(trimmed),
+                };
                 if let Some(head) = line.strip_suffix('\\') {
                     pending.push_str(head);
                     pending.push(' ');
@@ -106,7 +130,7 @@ fn command_lines(name: &str, markdown: &str) -> Vec<Shown> {
                     });
                 }
             }
-            Some(false) => {}
+            Some(Block::Other) => {}
             None if trimmed.is_empty() => flush_prose(&mut prose, &mut shown),
             None => prose.push((number, line)),
         }
@@ -223,8 +247,33 @@ enum Check {
     Make(Vec<String>),
 }
 
+/// The words of a command as the program sees them: without leading
+/// `NAME=value` assignments, and without a redirection (`> file`, `2>&1`,
+/// `< file`) or a trailing `&` and what follows it.
+fn program_words(words: Vec<Token>) -> Vec<Token> {
+    let assignment = |t: &Token| {
+        t.text.split_once('=').is_some_and(|(name, _)| {
+            name.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+    };
+    let shell = |t: &Token| {
+        let s = t.text.trim_start_matches(|c: char| c.is_ascii_digit());
+        // `<ID>` is a placeholder, not an input redirection.
+        let input = s.starts_with('<') && !s.ends_with('>');
+        !t.quoted && (s.starts_with('>') || input || s.starts_with("&>") || t.text == "&")
+    };
+    words
+        .into_iter()
+        .skip_while(assignment)
+        .take_while(|t| !shell(t))
+        .collect()
+}
+
 fn check_of(text: &str) -> Option<Check> {
-    let words = tokens(text);
+    let words = program_words(tokens(text));
     let program = words.first()?.text.clone();
     if program == "make" {
         // `make TARGET` in prose names no target; `VAR=value` and flags are not targets.
@@ -422,10 +471,183 @@ fn all_problems(documents: &[(String, String)], makefile: &str) -> (usize, Vec<S
     (checked, found)
 }
 
-#[test]
-fn every_command_line_the_readme_shows_exists() {
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces
+/// as `-` (`` `orderpipe api`: the reference `` -> `orderpipe-api-the-reference`).
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of `markdown`'s headings (outside code blocks); a repeated
+/// heading gets `-1`, `-2`, ... as on GitHub.
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut in_block = false;
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+            continue;
+        }
+        let Some(text) = line.strip_prefix('#') else {
+            continue;
+        };
+        let text = text.trim_start_matches('#');
+        if in_block || !text.starts_with(' ') {
+            continue;
+        }
+        let base = slug(text);
+        let mut anchor = base.clone();
+        let mut n = 0;
+        while found.contains(&anchor) {
+            n += 1;
+            anchor = format!("{base}-{n}");
+        }
+        found.insert(anchor);
+    }
+    found
+}
+
+/// Every link target `[text](target)` of `markdown` outside code, with its
+/// line number.
+fn link_targets(markdown: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    let mut in_block = false;
+    let mut in_code = false; // an inline code span may wrap across lines
+    for (index, line) in markdown.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+            in_code = false;
+            continue;
+        }
+        if in_block {
+            continue;
+        }
+        if line.trim().is_empty() {
+            in_code = false;
+        }
+        let mut prose = String::new();
+        for c in line.chars() {
+            if c == '`' {
+                in_code = !in_code;
+                prose.push(' ');
+            } else {
+                prose.push(if in_code { ' ' } else { c });
+            }
+        }
+        let mut rest = prose.as_str();
+        while let Some(at) = rest.find("](") {
+            let tail = &rest[at + 2..];
+            let Some(end) = tail.find(')') else { break };
+            found.push((index + 1, tail[..end].trim().to_string()));
+            rest = &tail[end..];
+        }
+    }
+    found
+}
+
+/// What is wrong with the relative links of `documents` (name relative to
+/// `root`, text): a file that does not exist, or a `#fragment` that is no
+/// heading of the markdown page it points into.
+fn link_problems(root: &Path, documents: &[(String, String)]) -> (usize, Vec<String>) {
+    let mut checked = 0;
+    let mut found = Vec::new();
+    for (name, text) in documents {
+        let dir = root
+            .join(name)
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        for (line, target) in link_targets(text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, fragment) = target.split_once('#').unwrap_or((&target, ""));
+            let file = if path.is_empty() {
+                root.join(name)
+            } else {
+                dir.join(path)
+            };
+            let at = format!("{name}:{line} ({target})");
+            let page = if path.is_empty() {
+                Some(text.clone())
+            } else if !file.exists() {
+                found.push(format!("{at}: no file {}", file.display()));
+                continue;
+            } else if file.extension().is_some_and(|x| x == "md") {
+                std::fs::read_to_string(&file).ok()
+            } else {
+                None
+            };
+            if let (false, Some(page)) = (fragment.is_empty(), page) {
+                if !anchors(&page).contains(fragment) {
+                    found.push(format!("{at}: no heading with the anchor #{fragment}"));
+                }
+            }
+        }
+    }
+    (checked, found)
+}
+
+/// The dotted keys of a TOML table's leaves (an empty table is a leaf).
+fn setting_keys(table: &toml::Table, prefix: &str, keys: &mut Vec<String>) {
+    for (key, value) in table {
+        let path = format!("{prefix}{key}");
+        match value {
+            toml::Value::Table(inner) if !inner.is_empty() => {
+                setting_keys(inner, &format!("{path}."), keys)
+            }
+            _ => keys.push(path),
+        }
+    }
+}
+
+/// The settings of `defaults` (TOML) and the top-level chart values of
+/// `values` (YAML) that `reference` does not name in code: a setting as
+/// `` `a.b.c` `` (or `` `a.*.c` `` for one of several same-shaped sections),
+/// a chart value as `` `name`` followed by `` ` ``, `.` or `[`.
+fn unnamed_settings(defaults: &str, values: &str, reference: &str) -> Vec<String> {
+    let table: toml::Table = defaults.parse().expect("defaults.toml parses");
+    let mut keys = Vec::new();
+    setting_keys(&table, "", &mut keys);
+    let mut missing: Vec<String> = keys
+        .into_iter()
+        .filter(|key| {
+            let parts: Vec<&str> = key.split('.').collect();
+            let starred =
+                (parts.len() > 2).then(|| [&[parts[0], "*"][..], &parts[2..]].concat().join("."));
+            !reference.contains(&format!("`{key}`"))
+                && !starred.is_some_and(|s| reference.contains(&format!("`{s}`")))
+        })
+        .map(|key| format!("setting `{key}` (src/config/defaults.toml)"))
+        .collect();
+    let top_level = values.lines().filter_map(|l| {
+        let (name, _) = l.split_once(':')?;
+        (!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric())).then_some(name)
+    });
+    for name in top_level {
+        if !["`", ".", "["]
+            .iter()
+            .any(|after| reference.contains(&format!("`{name}{after}")))
+        {
+            missing.push(format!("chart value `{name}` (helm/orderpipe/values.yaml)"));
+        }
+    }
+    missing
+}
+
+/// README.md and `docs/*.md` as (path relative to the repository, text).
+fn read_documents() -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let documents: Vec<(String, String)> = documents()
+    documents()
         .into_iter()
         .map(|p| {
             let name = p.strip_prefix(root).unwrap_or(&p).display().to_string();
@@ -434,7 +656,87 @@ fn every_command_line_the_readme_shows_exists() {
                 std::fs::read_to_string(&p).expect("readable markdown"),
             )
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn every_relative_link_of_the_readme_and_docs_reaches_its_file_and_heading() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let documents = read_documents();
+    let (checked, found) = link_problems(root, &documents);
+    // The README links to every docs page, and the pages to each other.
+    assert!(checked >= 10, "only {checked} relative links found");
+    assert!(
+        found.is_empty(),
+        "{} of {checked} links lead nowhere:\n{}",
+        found.len(),
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_link_check_catches_a_missing_file_and_a_missing_heading() {
+    let dir = std::env::temp_dir().join(format!("readme-links-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("docs")).unwrap();
+    let page =
+        "# Page\n\n## `orderpipe api`: the reference order service\n\n## Twice\n\n## Twice\n";
+    std::fs::write(dir.join("docs/page.md"), page).unwrap();
+    let readme = "See [api](docs/page.md#orderpipe-api-the-reference-order-service),\n\
+                  [second](docs/page.md#twice-1), [top](#readme) and [web](https://example.com).\n\
+                  `[not a link](nowhere.md)`\n\n\
+                  [gone](docs/gone.md) and [no heading](docs/page.md#twice-2)\n\n\
+                  ```\n[in a block](nowhere.md)\n```\n\n# Readme\n";
+    let (checked, found) = link_problems(&dir, &[("README.md".into(), readme.into())]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(checked, 5, "{found:#?}");
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found[0].starts_with("README.md:5 (docs/gone.md): no file"),
+        "{found:#?}"
+    );
+    assert!(
+        found[1].starts_with("README.md:5 (docs/page.md#twice-2): no heading"),
+        "{found:#?}"
+    );
+}
+
+#[test]
+fn the_configuration_reference_names_every_setting_and_chart_value() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);
+    let missing = unnamed_settings(
+        &read("src/config/defaults.toml"),
+        &read("helm/orderpipe/values.yaml"),
+        &read("docs/configuration.md"),
+    );
+    assert!(
+        missing.is_empty(),
+        "docs/configuration.md does not name:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_settings_check_catches_an_unnamed_setting_and_chart_value() {
+    let defaults = "[consumer]\nbatch_size = 500\noptions = {}\n\
+                    [topics.a]\nname = \"a\"\n[topics.b]\nname = \"b\"\npartitions = 1\n";
+    let values = "image:\n  tag: x\nkeda:\n  enabled: false\n";
+    let reference =
+        "| `consumer.batch_size` | `topics.*.name` | `topics.b.partitions` | `image.tag` |";
+    let missing = unnamed_settings(defaults, values, reference);
+    assert_eq!(
+        missing,
+        [
+            "setting `consumer.options` (src/config/defaults.toml)",
+            "chart value `keda` (helm/orderpipe/values.yaml)"
+        ],
+    );
+}
+
+#[test]
+fn every_command_line_the_readme_shows_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let documents = read_documents();
     let makefile = std::fs::read_to_string(root.join("Makefile")).unwrap();
     let (checked, found) = all_problems(&documents, &makefile);
     // The README shows dozens; finding few means the extraction broke.
@@ -477,4 +779,22 @@ fn the_check_catches_an_unknown_subcommand_flag_value_and_target() {
             "{problem}\n  should start with {start}"
         );
     }
+}
+
+#[test]
+fn console_output_shell_assignments_and_redirections_are_not_the_command() {
+    let markdown = "```console\n\
+                    $ ORDERPIPE_CHAOS__PERMANENT_ORDERS='[3]' orderpipe lag --no-such-flag > out.txt 2>&1\n\
+                    orderpipe frobnicate: output, not a command\n\
+                    $ ORDERPIPE_X=1 orderpipe config --output toml > orderpipe.toml\n\
+                    ```\n\n`orderpipe dlq show <ID>`\n";
+    let (checked, found) = all_problems(&[("X.md".into(), markdown.into())], "");
+    assert_eq!(checked, 3, "{found:#?}");
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].starts_with(
+            "X.md:2 `ORDERPIPE_CHAOS__PERMANENT_ORDERS='[3]' orderpipe lag --no-such-flag > out.txt 2>&1`"
+        ),
+        "{found:#?}"
+    );
 }

@@ -217,7 +217,7 @@ async fn roles_without_topic_rights_refuse_missing_or_different_topics_and_creat
 }
 
 /// librdkafka's request names (`debug=protocol`) that need more than the
-/// read/write rights README's ACL table gives a consumer.
+/// read/write rights the ACL table of docs/operations.md gives a consumer.
 const ADMIN_REQUESTS: [&str; 7] = [
     "CreateTopics",
     "CreatePartitions",
@@ -231,7 +231,7 @@ const ADMIN_REQUESTS: [&str; 7] = [
 /// A consumer never sends an admin request: every request it makes is
 /// logged by librdkafka (`debug=protocol`), and none of them creates,
 /// alters or even describes the config of a topic, so the consumer runs
-/// with the read-only rights of README's ACL table.
+/// with the read-only rights of the ACL table in docs/operations.md.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_consumer_without_rights_to_alter_topics_still_consumes() {
     let mut env = TestEnv::new().with_database().await;
