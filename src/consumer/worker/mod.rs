@@ -1,18 +1,37 @@
 //! One partition's worker: applies its records in offset order, in batches,
 //! and sends failures through the error tier.
 //!
-//! A batch is every record already waiting (up to `consumer.batch_size`),
-//! applied in one DB transaction: one commit instead of one per record.
-//! Failures:
+//! # States
 //!
-//! * a record that cannot be decoded or validated is poison: straight to
-//!   the dead-letter topic with its reason (no retries can fix it); so is
-//!   a record of an `event_version` major the handlers do not declare
-//!   (`unsupported_version`, see [`super::version`]);
-//! * the infrastructure being down (database unavailable, lock timeout,
-//!   registry unreachable) rolls back and retries the same batch in place
-//!   with exponential backoff; the offset does not move, health reports it,
-//!   and the records keep their retry budget;
+//! A worker serves its partition until the channel closes or the partition
+//! is revoked. Revocation is the one way out of every step: each step that
+//! can notice it returns `Result<_, Revoked>`, and `?` carries it up to
+//! [`PartitionWorker::run`], which hands what is still queued back (the next
+//! owner re-reads every record whose offset was not stored). A step that
+//! waits for the database, the registry or the broker does so through
+//! [`crate::backoff::until_available`], which checks ownership after each wait.
+//!
+//! # A batch
+//!
+//! A batch is every record already waiting (up to `consumer.batch_size`):
+//!
+//! 1. decode: a record that cannot be decoded or validated is poison, sent
+//!    straight to the dead-letter topic with its reason (no retries can fix
+//!    it); so is a record of an `event_version` major the handlers do not
+//!    declare (`unsupported_version`, see [`super::version`]); the registry
+//!    being down is waited out in place;
+//! 2. apply, in one DB transaction ([`apply`](self::apply)), each record
+//!    through the stages *gate* (per-key ordering), *dedup*, *handlers*,
+//!    then *commit* and *bookkeeping* (counts, the parked set, metrics);
+//! 3. store the offset of the last record, and release what waited behind
+//!    the heads the batch applied ([`PartitionWorker::release`]).
+//!
+//! Failures while applying:
+//!
+//! * the infrastructure being down (database unavailable, lock timeout)
+//!   rolls back and retries the same batch in place with exponential
+//!   backoff; the offset does not move, health reports it, and the records
+//!   keep their retry budget;
 //! * a handler failure rolls back; the records before the failing one are
 //!   applied on their own; the failing one gets `retry.local_retries`
 //!   immediate retries (if retryable), then goes to the group's retry topic
@@ -24,11 +43,13 @@
 //!
 //! With `consumer.ordering = key` (see [`crate::ordering`]) a forwarded
 //! record parks its key; later records of a parked key are held in the
-//! batch's transaction instead of applied, and released in order, by
-//! `PartitionWorker::release`, once the head is applied (`worker/parking.rs`).
+//! batch's transaction instead of applied, and released in order once the
+//! head is applied (`worker/parking.rs`).
 
+mod apply;
 mod parking;
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,19 +60,25 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::assignment::PartitionKey;
-use super::handler::{Effect, HandlerError};
+use super::handler::HandlerError;
 use super::version::{self, UNSUPPORTED_VERSION};
 use super::{ConsumeSummary, Shared};
-use crate::dedup::{self, RecordOrigin};
+use crate::backoff::{Backoff, retry, until_available};
 use crate::envelope::Envelope;
-use crate::metrics::{Applied, ConflictingDuplicate, DeadLettered, DuplicateSkipped, Held, InternalEvent, ProcessingFailed, SentToRetry};
-use crate::ordering::{self, Gate, ParkState};
+use crate::consumer::events::{DeadLettered, ProcessingFailed, SentToRetry};
+use crate::metrics::InternalEvent;
+use crate::ordering::ParkState;
 use crate::clock::now_ms;
 use crate::kafka::record::{Failure, header, header_text};
 use crate::retry::Routed;
 
 /// Largest record value accepted (order events are small by rule).
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+
+/// The partition is no longer this worker's: stop. Its next owner re-reads
+/// the records whose offsets were not stored and redoes their work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Revoked;
 
 /// A record and its decoded envelope (None = poison, already dead-lettered).
 struct Item {
@@ -62,6 +89,14 @@ struct Item {
     held_id: Option<i64>,
 }
 
+/// What decoding a record gave.
+enum Decoded {
+    /// The envelope, checked.
+    Envelope(Envelope),
+    /// Poison: the failure to dead-letter it with.
+    Poison(Failure),
+}
+
 /// What a committed batch leaves to do.
 #[derive(Default)]
 struct Committed {
@@ -69,26 +104,67 @@ struct Committed {
     heads: Vec<String>,
 }
 
-/// Why a batch was not committed.
+/// A handler failed the record at `index` of the batch (the batch rolled back).
+struct RecordFailed {
+    index: usize,
+    error: HandlerError,
+}
+
+/// Why a batch's transaction was not committed.
 enum BatchError {
     /// Infrastructure down: retry the whole batch later, in place.
     Unavailable(String),
-    /// The record at this index failed in a handler.
-    Record { index: usize, error: HandlerError },
+    /// A record failed in a handler.
+    Record(RecordFailed),
+    /// The partition is no longer ours.
+    Revoked(Revoked),
+}
+
+impl From<Revoked> for BatchError {
+    fn from(revoked: Revoked) -> Self {
+        Self::Revoked(revoked)
+    }
+}
+
+impl fmt::Display for BatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unavailable(reason) => f.write_str(reason),
+            Self::Record(RecordFailed { error, .. }) => error.fmt(f),
+            Self::Revoked(_) => f.write_str("partition revoked"),
+        }
+    }
+}
+
+/// Why applying stopped without a commit, once the infrastructure answered.
+enum NotApplied {
+    /// A record failed in a handler.
+    Failed(RecordFailed),
     /// The partition is no longer ours.
     Revoked,
 }
 
-/// Exponential backoff: 100 ms doubling to 30 s.
-struct Backoff(Duration);
-
-impl Backoff {
-    fn new() -> Self {
-        Self(Duration::from_millis(100))
+impl From<Revoked> for NotApplied {
+    fn from(_: Revoked) -> Self {
+        Self::Revoked
     }
-    async fn wait(&mut self) {
-        tokio::time::sleep(self.0).await;
-        self.0 = (self.0 * 2).min(Duration::from_secs(30));
+}
+
+/// Names a retried step and where it runs, for its log line:
+/// `cannot park the key (order.events.v1/3)`; formatted only when logged.
+struct At<'a> {
+    what: &'a str,
+    partition: &'a PartitionKey,
+    offset: Option<i64>,
+}
+
+impl fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}/{}", self.what, self.partition.0, self.partition.1)?;
+        if let Some(offset) = self.offset {
+            write!(f, " at offset {offset}")?;
+        }
+        f.write_str(")")
     }
 }
 
@@ -104,8 +180,9 @@ impl PartitionWorker {
         Self { shared, key, generation }
     }
 
-    fn owned(&self) -> bool {
-        self.shared.assignment.is_current(&self.key, self.generation)
+    /// Ok while the partition is still this worker's.
+    fn still_owned(&self) -> Result<(), Revoked> {
+        if self.shared.assignment.is_current(&self.key, self.generation) { Ok(()) } else { Err(Revoked) }
     }
 
     fn is_retry_partition(&self) -> bool {
@@ -120,10 +197,25 @@ impl PartitionWorker {
         self.shared.options.keeps_key_order()
     }
 
+    fn at<'a>(&'a self, what: &'a str) -> At<'a> {
+        At { what, partition: &self.key, offset: None }
+    }
+
     /// Processes records until the channel closes or the partition is revoked.
     pub async fn run(self, mut rx: mpsc::Receiver<OwnedMessage>) {
-        if self.ordered() && !self.is_retry_partition() && !self.load_parked_keys().await {
-            return;
+        if let Err(Revoked) = self.serve(&mut rx).await {
+            // Whatever is queued belongs to the partition's next owner.
+            rx.close();
+            while rx.recv().await.is_some() {
+                self.shared.in_flight_change(&self.key, -1);
+            }
+        }
+    }
+
+    /// Loads the parked keys, then processes batch after batch.
+    async fn serve(&self, rx: &mut mpsc::Receiver<OwnedMessage>) -> Result<(), Revoked> {
+        if self.ordered() && !self.is_retry_partition() {
+            self.load_parked_keys().await?;
         }
         while let Some(first) = rx.recv().await {
             let mut batch = vec![first];
@@ -134,180 +226,161 @@ impl PartitionWorker {
                 }
             }
             let n = batch.len();
-            let still_owned = if self.is_retry_partition() {
+            let processed = if self.is_retry_partition() {
                 self.process_when_due(batch).await
             } else {
                 self.process(batch).await
             };
             self.shared.in_flight_change(&self.key, -(n as isize));
-            if !still_owned {
-                // Whatever is queued belongs to the partition's next owner.
-                rx.close();
-                while rx.recv().await.is_some() {
-                    self.shared.in_flight_change(&self.key, -1);
-                }
-                return;
-            }
+            processed?;
         }
+        Ok(())
     }
 
     /// Runs a database step until it succeeds, waiting with backoff and
-    /// reporting the database down meanwhile; None if the partition was
-    /// revoked first (its next owner re-reads the records and redoes it).
-    async fn until_db_ok<T, F: Future<Output = Result<T, crate::db::DbError>>>(&self, what: &str, mut step: impl FnMut() -> F) -> Option<T> {
-        let mut backoff = Backoff::new();
-        loop {
-            match step().await {
-                Ok(value) => return Some(value),
-                Err(e) => {
-                    tracing::warn!(partition = self.key.1, error = %e, "{what}; retrying");
-                    self.shared.health.db_down(&e.to_string()).await;
-                    backoff.wait().await;
-                    if !self.owned() {
-                        return None;
-                    }
-                }
-            }
-        }
+    /// reporting the database down meanwhile (its next owner re-reads the
+    /// records and redoes the step if the partition is revoked first).
+    async fn until_db_ok<T, F: Future<Output = Result<T, crate::db::DbError>>>(&self, what: &str, step: impl FnMut() -> F) -> Result<T, Revoked> {
+        let health = &self.shared.health;
+        let report = |e: crate::db::DbError| async move {
+            health.db_down(&e.to_string()).await;
+            Ok(e)
+        };
+        until_available(self.at(what), step, report, || self.still_owned()).await
     }
 
     /// Retry-topic records: each waits for its due time; records already
     /// due are processed together as one batch (a replay is all due at once).
-    async fn process_when_due(&self, batch: Vec<OwnedMessage>) -> bool {
+    async fn process_when_due(&self, batch: Vec<OwnedMessage>) -> Result<(), Revoked> {
         let mut due = Vec::with_capacity(batch.len());
         for message in batch {
             if due_ms(&message) > now_ms() {
-                if !due.is_empty() && !self.process(std::mem::take(&mut due)).await {
-                    return false;
+                if !due.is_empty() {
+                    self.process(std::mem::take(&mut due)).await?;
                 }
-                if !self.wait_until_due(&message).await {
-                    return false;
-                }
+                self.wait_until_due(&message).await?;
             }
             due.push(message);
         }
-        due.is_empty() || self.process(due).await
+        if due.is_empty() { Ok(()) } else { self.process(due).await }
     }
 
     /// Sleeps until the record's due time with the partition paused, so the
-    /// consumer fetches nothing for it meanwhile; false if revoked.
-    async fn wait_until_due(&self, message: &OwnedMessage) -> bool {
+    /// consumer fetches nothing for it meanwhile.
+    async fn wait_until_due(&self, message: &OwnedMessage) -> Result<(), Revoked> {
         let wait = due_ms(message) - now_ms();
         if wait <= 0 {
-            return true;
+            return Ok(());
         }
         let mut list = TopicPartitionList::new();
         list.add_partition(&self.key.0, self.key.1);
         let _ = self.shared.consumer.pause(&list);
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait as u64);
         while tokio::time::Instant::now() < deadline {
-            if !self.owned() {
-                return false;
-            }
+            self.still_owned()?;
             let step = deadline.saturating_duration_since(tokio::time::Instant::now()).min(Duration::from_secs(1));
             tokio::time::sleep(step).await;
         }
         let _ = self.shared.consumer.resume(&list);
-        self.owned()
+        self.still_owned()
     }
 
-    /// Decodes and applies a batch; false if the partition was revoked meanwhile.
+    /// Decodes and applies a batch.
     ///
     /// Poison splits the batch: the records before it are applied first, so
     /// that it parks its key only after them.
-    async fn process(&self, batch: Vec<OwnedMessage>) -> bool {
+    async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(), Revoked> {
         let mut items = Vec::with_capacity(batch.len());
         let mut poison = Vec::with_capacity(batch.len());
         for message in batch {
             let mut item = Item { message, envelope: None, held_id: None };
-            match self.decode(&item.message).await {
-                None => return false,
-                Some(Ok(envelope)) => {
+            match self.decode(&item.message).await? {
+                Decoded::Envelope(envelope) => {
                     item.envelope = Some(envelope);
                     poison.push(None);
                 }
-                Some(Err(failure)) => poison.push(Some(failure)),
+                Decoded::Poison(failure) => poison.push(Some(failure)),
             }
             items.push(item);
         }
         let mut start = 0;
         while start < items.len() {
             let end = poison[start..].iter().position(Option::is_some).map_or(items.len(), |p| start + p);
-            if end > start && !self.apply_in_order(&items[start..end]).await {
-                return false;
+            if end > start {
+                self.apply_in_order(&items[start..end]).await?;
             }
             if let Some(failure) = poison.get_mut(end).and_then(Option::take) {
-                let settled = match self.held_poison(&items[end]).await {
-                    None => return false,
-                    Some(true) => true,
-                    Some(false) => !self.shared.options.error_tier || self.is_owned_after_forward(&items[end], failure).await,
-                };
-                if !settled {
-                    return false;
+                let held = self.held_poison(&items[end]).await?;
+                if !held && self.shared.options.error_tier {
+                    self.forward_and_park(&items[end], failure).await?;
                 }
                 self.store_offset(items[end].message.offset());
             }
             start = end + 1;
         }
-        true
+        Ok(())
     }
 
     /// Applies decoded records in order: as one batch, or, when one fails,
     /// the ones before it, then the failing one through the error tier, then
-    /// the rest. False if the partition was revoked meanwhile.
-    async fn apply_in_order(&self, items: &[Item]) -> bool {
+    /// the rest.
+    async fn apply_in_order(&self, items: &[Item]) -> Result<(), Revoked> {
         let mut start = 0;
         let mut backoff = Backoff::new();
         while start < items.len() {
-            if !self.owned() {
-                return false;
-            }
-            match self.apply(&items[start..]).await {
+            self.still_owned()?;
+            let rest = &items[start..];
+            let RecordFailed { index, error } = match self.apply_until_available(rest).await {
                 Ok(committed) => {
                     self.shared.health.db_up().await;
                     self.store_offset(items.last().expect("non-empty").message.offset());
-                    return self.release_all(committed).await;
+                    return self.release(committed.heads).await;
                 }
-                Err(BatchError::Revoked) => return false,
-                Err(BatchError::Unavailable(reason)) => {
-                    self.count(|s| s.apply_failures += 1);
-                    self.shared.health.db_down(&reason).await;
-                    tracing::warn!(partition = self.key.1, %reason, "batch not applied; retrying in place with backoff");
-                    backoff.wait().await;
-                }
-                Err(BatchError::Record { index, error }) => {
-                    self.failed(&items[start + index], &error);
-                    if index > 0 {
-                        // Apply what precedes the failing record on its own first.
-                        match self.apply(&items[start..start + index]).await {
-                            Ok(committed) => {
-                                self.store_offset(items[start + index - 1].message.offset());
-                                if !self.release_all(committed).await {
-                                    return false;
-                                }
-                            }
-                            Err(BatchError::Revoked) => return false,
-                            Err(_) => {
-                                backoff.wait().await;
-                                continue;
-                            }
-                        }
+                Err(NotApplied::Revoked) => return Err(Revoked),
+                Err(NotApplied::Failed(failed)) => failed,
+            };
+            self.failed(&rest[index], &error);
+            if index > 0 {
+                // Apply what precedes the failing record on its own first.
+                match self.apply(&rest[..index]).await {
+                    Ok(committed) => {
+                        self.store_offset(rest[index - 1].message.offset());
+                        self.release(committed.heads).await?;
                     }
-                    let failing = start + index;
-                    let span = self.span(&items[failing].message, items[failing].envelope.as_ref());
-                    let Some(committed) = self.settle(&items[failing], error).instrument(span).await else {
-                        return false;
-                    };
-                    if !self.release_all(committed).await {
-                        return false;
+                    Err(BatchError::Revoked(revoked)) => return Err(revoked),
+                    Err(_) => {
+                        backoff.wait().await;
+                        continue;
                     }
-                    self.store_offset(items[failing].message.offset());
-                    start = failing + 1;
-                    backoff = Backoff::new();
                 }
             }
+            let failing = &rest[index];
+            let span = self.span(&failing.message, failing.envelope.as_ref());
+            let committed = self.settle(failing, error).instrument(span).await?;
+            self.release(committed.heads).await?;
+            self.store_offset(failing.message.offset());
+            start += index + 1;
+            backoff.reset();
         }
-        true
+        Ok(())
+    }
+
+    /// Applies `items` in one transaction, retrying in place with backoff
+    /// while the database is unavailable (counted, and reported to health).
+    async fn apply_until_available(&self, items: &[Item]) -> Result<Committed, NotApplied> {
+        let failed = |error: BatchError| async move {
+            match error {
+                BatchError::Unavailable(reason) => {
+                    self.count(|s| s.apply_failures += 1);
+                    self.shared.health.db_down(&reason).await;
+                    Ok(BatchError::Unavailable(reason))
+                }
+                BatchError::Record(failed) => Err(NotApplied::Failed(failed)),
+                BatchError::Revoked(_) => Err(NotApplied::Revoked),
+            }
+        };
+        let owned = || self.still_owned().map_err(NotApplied::from);
+        until_available(self.at("batch not applied"), || self.apply(items), failed, owned).await
     }
 
     /// Logs and counts a record's handler failure.
@@ -324,30 +397,33 @@ impl PartitionWorker {
     }
 
     /// Local retries for a retryable failure, then forward to the retry
-    /// topic or the DLQ. What a local retry committed (heads to release);
-    /// None if the partition was revoked meanwhile.
-    async fn settle(&self, item: &Item, mut error: HandlerError) -> Option<Committed> {
+    /// topic or the DLQ. What a local retry committed (heads to release).
+    ///
+    /// This is the error tier's policy, not a wait for availability: local
+    /// retries run at once and use up attempts, the database being down is
+    /// waited out in place and does not, and without the error tier
+    /// (`consumer.error_tier = false`) every failure is retried in place.
+    async fn settle(&self, item: &Item, mut error: HandlerError) -> Result<Committed, Revoked> {
         let mut executions = 1;
         let mut backoff = Backoff::new();
         let local_retries = self.shared.forwarder.policy().local_retries;
         let tier = self.shared.options.error_tier;
-        while !tier || matches!(error, HandlerError::Retryable(_) | HandlerError::Unavailable(_)) {
-            if !tier || matches!(error, HandlerError::Unavailable(_)) {
+        loop {
+            match error {
+                _ if !tier => backoff.wait().await,
                 // Infrastructure: wait in place; it does not use up attempts.
-                backoff.wait().await;
-            } else if executions > local_retries {
-                break;
-            } else {
-                executions += 1;
+                HandlerError::Unavailable(_) => backoff.wait().await,
+                HandlerError::Retryable(_) if executions <= local_retries => executions += 1,
+                HandlerError::Retryable(_) | HandlerError::Fatal(_) => break,
             }
             match self.apply(std::slice::from_ref(item)).await {
                 Ok(committed) => {
                     self.count(|s| s.recovered_locally += 1);
-                    return Some(committed);
+                    return Ok(committed);
                 }
-                Err(BatchError::Revoked) => return None,
+                Err(BatchError::Revoked(revoked)) => return Err(revoked),
                 Err(BatchError::Unavailable(reason)) => error = HandlerError::Unavailable(reason),
-                Err(BatchError::Record { error: e, .. }) => error = e,
+                Err(BatchError::Record(failed)) => error = failed.error,
             }
         }
         let failure = Failure {
@@ -356,28 +432,18 @@ impl PartitionWorker {
             retryable: matches!(error, HandlerError::Retryable(_)),
             executions,
         };
-        self.is_owned_after_forward(item, failure).await.then(Committed::default)
+        self.forward_and_park(item, failure).await?;
+        Ok(Committed::default())
     }
 
     /// Forwards a failed record and waits for the broker; retries with
     /// backoff while Kafka refuses. Then, with per-key ordering, parks its
-    /// key with it as the head. False if the partition was revoked meanwhile.
-    async fn is_owned_after_forward(&self, item: &Item, failure: Failure) -> bool {
+    /// key with it as the head.
+    async fn forward_and_park(&self, item: &Item, failure: Failure) -> Result<(), Revoked> {
         let message = &item.message;
-        let mut backoff = Backoff::new();
-        let routed = loop {
-            if !self.owned() {
-                return false;
-            }
-            let forwarded = self.shared.forwarder.forward(message, &failure).instrument(self.span(message, None)).await;
-            match forwarded {
-                Ok(routed) => break routed,
-                Err(e) => {
-                    tracing::warn!(error = %e, "forwarding a failed record failed; retrying");
-                    backoff.wait().await;
-                }
-            }
-        };
+        self.still_owned()?;
+        let forward = || self.shared.forwarder.forward(message, &failure).instrument(self.span(message, None));
+        let routed = until_available(self.at("forwarding a failed record failed"), forward, retry, || self.still_owned()).await?;
         {
             let _in_record = self.span(message, None).entered();
             let group = self.shared.options.group.as_str();
@@ -400,173 +466,50 @@ impl PartitionWorker {
         self.park(item, state).await
     }
 
-    /// Decodes and checks one record: the envelope, or the poison failure to
-    /// dead-letter; `None` if revoked while waiting for the registry.
-    async fn decode(&self, message: &OwnedMessage) -> Option<Result<Envelope, Failure>> {
-        let mut backoff = Backoff::new();
-        let result = loop {
-            let payload = message.payload();
-            if payload.is_some_and(|p| p.len() > MAX_VALUE_BYTES) {
-                break Err((
-                    "oversized",
-                    format!("value of {} bytes exceeds the {MAX_VALUE_BYTES}-byte limit for an order event", payload.map_or(0, <[u8]>::len)),
-                ));
-            }
-            match self.shared.codec.decode(payload).await {
-                Ok(envelope) => {
-                    break check_key(message, envelope).and_then(|envelope| {
+    /// Decodes and checks one record, waiting in place while the registry
+    /// is unavailable.
+    async fn decode(&self, message: &OwnedMessage) -> Result<Decoded, Revoked> {
+        let payload = message.payload();
+        let checked = if payload.is_some_and(|p| p.len() > MAX_VALUE_BYTES) {
+            Err((
+                "oversized",
+                format!("value of {} bytes exceeds the {MAX_VALUE_BYTES}-byte limit for an order event", payload.map_or(0, <[u8]>::len)),
+            ))
+        } else {
+            let decode = || async {
+                match self.shared.codec.decode(payload).await {
+                    Ok(envelope) => Ok(check_key(message, envelope).and_then(|envelope| {
                         version::check(&envelope, &self.shared.options.handlers).map(|()| envelope).map_err(|why| (UNSUPPORTED_VERSION, why))
-                    });
+                    })),
+                    Err(e) if e.is_retryable() => Err(e),
+                    Err(e) => Ok(Err((e.class(), e.to_string()))),
                 }
-                Err(e) if e.is_retryable() => {
-                    tracing::warn!(partition = self.key.1, offset = message.offset(), error = %e, "registry unavailable; retrying");
-                    backoff.wait().await;
-                    if !self.owned() {
-                        return None;
-                    }
-                }
-                Err(e) => break Err((e.class(), e.to_string())),
-            }
+            };
+            let what = At { offset: Some(message.offset()), ..self.at("registry unavailable") };
+            until_available(what, decode, retry, || self.still_owned()).await?
         };
-        Some(result.map_err(|(class, reason)| {
-            let _in_record = self.span(message, None).entered();
-            self.count(|s| {
-                s.decode_failures += 1;
-                s.unsupported_versions += u64::from(class == UNSUPPORTED_VERSION);
-            });
-            ProcessingFailed { group: &self.shared.options.group, event_name: "unknown", class, error: &reason }.emit();
-            tracing::error!(topic = %self.key.0, partition = self.key.1, offset = message.offset(), class, error = %reason,
-                "poison record: sending to the dead-letter topic");
-            Failure {
-                class: class.to_string(),
-                message: reason,
-                retryable: false,
-                executions: 0,
-            }
-        }))
+        Ok(match checked {
+            Ok(envelope) => Decoded::Envelope(envelope),
+            Err((class, reason)) => Decoded::Poison(self.poison(message, class, reason)),
+        })
     }
 
-    /// One transaction for `items`: dedup rows and effects (or holds behind
-    /// parked keys), committed together.
-    async fn apply(&self, items: &[Item]) -> Result<Committed, BatchError> {
-        let shared = &self.shared;
-        let dialect = shared.db.dialect;
-        let group = shared.options.group.as_str();
-        let mut tx = shared.db.begin().await.map_err(|e| BatchError::Unavailable(e.to_string()))?;
-        let mut delta = ConsumeSummary::default();
-        let mut committed = Committed::default();
-        let mut applied = Vec::new();
-        let mut duplicates = Vec::new();
-        let mut held = Vec::new();
-        let mut open = Vec::new();
-        let mut conflicts = Vec::new();
-        for (index, item) in items.iter().enumerate() {
-            let Some(envelope) = &item.envelope else { continue };
-            let fail = |error: HandlerError| match error {
-                HandlerError::Unavailable(r) => BatchError::Unavailable(r),
-                error => BatchError::Record { index, error },
-            };
-            let origin = RecordOrigin {
-                topic: item.message.topic().to_string(),
-                partition: item.message.partition(),
-                offset: item.message.offset(),
-                key: envelope.key(),
-            };
-            // Every log line about this record carries its trace id.
-            let span = self.span(&item.message, Some(envelope));
-            let started = std::time::Instant::now();
-            let outcome = async {
-                if let Some(id) = item.held_id {
-                    ordering::delete_held(&mut tx, id).await.map_err(|e| fail(e.into()))?;
-                } else if self.ordered() && (self.is_retry_partition() || shared.is_parked(&origin.key)) {
-                    match ordering::gate(&mut tx, dialect, group, &origin.key, &item.message, Some(envelope)).await.map_err(|e| fail(e.into()))? {
-                        // Parked in this consumer's set but released elsewhere.
-                        Gate::Open if !self.is_retry_partition() => open.push(origin.key.clone()),
-                        Gate::Open => {}
-                        Gate::Head => committed.heads.push(origin.key.clone()),
-                        Gate::Duplicate => {
-                            conflicts.extend(dedup::check_duplicate(&mut tx, dialect, group, envelope, &origin).await.map_err(|e| fail(e.into()))?);
-                            return Ok(Gate::Duplicate);
-                        }
-                        Gate::Hold => {
-                            ordering::hold(&mut tx, dialect, group, &origin.key, &item.message, Some(envelope)).await.map_err(|e| fail(e.into()))?;
-                            return Ok(Gate::Hold);
-                        }
-                    }
-                }
-                let fresh = dedup::claim(&mut tx, dialect, group, envelope, &origin)
-                    .await
-                    .map_err(|e| fail(e.into()))?;
-                if !fresh {
-                    tracing::debug!("duplicate: already applied by this group");
-                    conflicts.extend(dedup::check_duplicate(&mut tx, dialect, group, envelope, &origin).await.map_err(|e| fail(e.into()))?);
-                    return Ok(Gate::Duplicate);
-                }
-                for handler in &shared.options.handlers {
-                    let effect: Effect = handler.apply(&mut tx, dialect, envelope).await.map_err(fail)?;
-                    delta.record_effect(handler.name(), effect);
-                }
-                tracing::debug!("effects written");
-                Ok::<Gate, BatchError>(Gate::Open)
-            }
-            .instrument(span)
-            .await?;
-            match outcome {
-                Gate::Duplicate => {
-                    delta.duplicates += 1;
-                    duplicates.push((item, envelope));
-                }
-                Gate::Hold => {
-                    delta.held += 1;
-                    held.push((item, envelope));
-                }
-                Gate::Open | Gate::Head => {
-                    applied.push((item, envelope, started.elapsed()));
-                    delta.applied += 1;
-                }
-            }
+    /// Logs and counts a poison record; the failure to dead-letter it with.
+    fn poison(&self, message: &OwnedMessage, class: &'static str, reason: String) -> Failure {
+        let _in_record = self.span(message, None).entered();
+        self.count(|s| {
+            s.decode_failures += 1;
+            s.unsupported_versions += u64::from(class == UNSUPPORTED_VERSION);
+        });
+        ProcessingFailed { group: &self.shared.options.group, event_name: "unknown", class, error: &reason }.emit();
+        tracing::error!(topic = %self.key.0, partition = self.key.1, offset = message.offset(), class, error = %reason,
+            "poison record: sending to the dead-letter topic");
+        Failure {
+            class: class.to_string(),
+            message: reason,
+            retryable: false,
+            executions: 0,
         }
-        if !self.owned() {
-            let _ = tx.rollback().await;
-            return Err(BatchError::Revoked);
-        }
-        delta.conflicting_duplicates = conflicts.len() as u64;
-        tx.commit().await.map_err(|e| BatchError::Unavailable(e.to_string()))?;
-        if let Some((_, last)) = shared.active.lock().expect("active lock").as_mut() {
-            *last = std::time::Instant::now();
-        }
-        shared.summary.lock().expect("summary lock").merge(delta);
-        if !open.is_empty() {
-            // Forget them. Only this main-partition worker parks its keys'
-            // main-path failures, so none of them was parked again since.
-            let mut parked = shared.parked.lock().expect("parked lock");
-            for key in &open {
-                parked.remove(key);
-            }
-        }
-        let now = chrono::Utc::now();
-        for (item, envelope, handler_time) in applied {
-            let _in_record = self.span(&item.message, Some(envelope)).entered();
-            Applied {
-                group,
-                event_name: envelope.event_name.as_str(),
-                handler_time,
-                end_to_end: (now - envelope.event_time).to_std().ok(),
-            }
-            .emit();
-        }
-        for (item, envelope) in duplicates {
-            let _in_record = self.span(&item.message, Some(envelope)).entered();
-            DuplicateSkipped { group, event_name: envelope.event_name.as_str() }.emit();
-        }
-        for conflict in &conflicts {
-            ConflictingDuplicate { conflict }.emit();
-        }
-        for (item, envelope) in held {
-            let _in_record = self.span(&item.message, Some(envelope)).entered();
-            Held { group, event_name: envelope.event_name.as_str() }.emit();
-        }
-        Ok(committed)
     }
 
     /// The span of one record: trace id (from the envelope, else the

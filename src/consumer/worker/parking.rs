@@ -5,47 +5,50 @@
 //! * a forwarded record parks its key ([`PartitionWorker::park`]);
 //! * an undecodable record behind a parked key is held, not forwarded;
 //! * once a head is applied, [`PartitionWorker::release`] applies what was
-//!   held behind it, in order.
+//!   held behind it, in order. It is the one entry point of release: the
+//!   worker calls it after each commit that applied heads, and the
+//!   consumer's background task for heads no worker will meet (ignored with
+//!   `--release-followers`, or applied just before a crash).
 //!
-//! Holding a decoded record happens inside the batch's transaction, in
-//! [`PartitionWorker::apply`](super::PartitionWorker).
+//! Holding a decoded record happens inside the batch's transaction, in the
+//! gate stage of [`PartitionWorker::apply`](super::PartitionWorker) (`worker/apply.rs`).
 
 use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 use tracing::Instrument;
 
-use super::{Backoff, BatchError, Committed, Item, PartitionWorker};
-use crate::metrics::{InternalEvent, Released};
+use super::{Backoff, BatchError, Decoded, Item, PartitionWorker, Revoked};
+use crate::backoff::{retry, until_available};
+use crate::consumer::events::Released;
+use crate::metrics::InternalEvent;
 use crate::ordering::{self, Gate, ParkState};
 
 impl PartitionWorker {
     /// Loads the parked keys of this partition into the consumer's set before
     /// its first record (they may have been parked by its previous owner).
-    pub(super) async fn load_parked_keys(&self) -> bool {
+    pub(super) async fn load_parked_keys(&self) -> Result<(), Revoked> {
         let (db, group, partition) = (&self.shared.db, self.shared.options.group.as_str(), self.key.1);
-        let loaded = self.until_db_ok("cannot load parked keys", || ordering::keys_of_partition(db, group, partition));
-        let Some(keys) = loaded.await else { return false };
+        let keys = self.until_db_ok("cannot load parked keys", || ordering::keys_of_partition(db, group, partition)).await?;
         self.shared.parked.lock().expect("parked lock").extend(keys);
-        true
+        Ok(())
     }
 
     /// Holds an undecodable record behind its key if the key is parked by
     /// another record (it fails again when released, and only then becomes
-    /// the head). Some(true) if held; None if revoked meanwhile.
-    pub(super) async fn held_poison(&self, item: &Item) -> Option<bool> {
+    /// the head). True if held.
+    pub(super) async fn held_poison(&self, item: &Item) -> Result<bool, Revoked> {
         let Some(key) = record_key(&item.message) else {
-            return Some(false);
+            return Ok(false);
         };
         if !self.ordered() || !(self.is_retry_partition() || self.shared.is_parked(&key)) {
-            return Some(false);
+            return Ok(false);
         }
         let (db, group, key) = (&self.shared.db, self.shared.options.group.as_str(), key.as_str());
         self.until_db_ok("cannot check the parked key of a poison record", move || async move {
-            let dialect = db.dialect;
             let mut tx = db.begin().await?;
-            let gate = ordering::gate(&mut tx, dialect, group, key, &item.message, None).await?;
+            let gate = ordering::gate(&mut tx, group, key, &item.message, None).await?;
             if gate == Gate::Hold {
-                ordering::hold(&mut tx, dialect, group, key, &item.message, None).await?;
+                ordering::hold(&mut tx, group, key, &item.message, None).await?;
             }
             tx.commit().await?;
             Ok(gate == Gate::Hold)
@@ -53,48 +56,38 @@ impl PartitionWorker {
         .await
     }
 
-    /// Releases the followers of every head the batch applied.
-    pub(super) async fn release_all(&self, committed: Committed) -> bool {
-        for key in committed.heads {
-            if !self.release(&key).await {
-                return false;
-            }
+    /// Release, the one entry point: for each key whose head is done, applies
+    /// the records held behind it, oldest first; each is deleted from
+    /// `held_records` in the transaction that applies it. A held record that
+    /// fails becomes the new head (it goes through the error tier like any
+    /// failure) and the rest stay held. Unparks a key when none remain.
+    pub(crate) async fn release(&self, heads: impl IntoIterator<Item = String>) -> Result<(), Revoked> {
+        for key in heads {
+            self.release_key(&key).await?;
         }
-        true
+        Ok(())
     }
 
-    /// Applies the records held behind `key`, oldest first, once its head is
-    /// done; each is deleted from `held_records` in the transaction that
-    /// applies it. A held record that fails becomes the new head (it goes
-    /// through the error tier like any failure) and the rest stay held.
-    /// Unparks the key when none remain. False if the partition was revoked.
-    pub(crate) async fn release(&self, key: &str) -> bool {
+    async fn release_key(&self, key: &str) -> Result<(), Revoked> {
         let mut backoff = Backoff::new();
         loop {
-            if !self.owned() {
-                return false;
-            }
-            let held = match self.next_held(key).await {
-                Ok(Some(held)) => held,
-                Ok(None) => return true,
-                Err(e) => {
-                    tracing::warn!(key, error = %e, "cannot read held records; retrying");
-                    backoff.wait().await;
-                    continue;
-                }
+            self.still_owned()?;
+            let what = format!("cannot read the records held behind key {key}");
+            let next_held = until_available(self.at(&what), || self.next_held(key), retry, || self.still_owned());
+            let Some(held) = next_held.await? else {
+                return Ok(());
             };
             let mut next = Item { message: held.to_message(), envelope: None, held_id: Some(held.id) };
-            match self.decode(&next.message).await {
-                None => return false,
-                Some(Ok(envelope)) => next.envelope = Some(envelope),
-                Some(Err(failure)) => {
+            match self.decode(&next.message).await? {
+                Decoded::Envelope(envelope) => next.envelope = Some(envelope),
+                Decoded::Poison(failure) => {
                     // Undecodable: it becomes the head, dead-lettered.
-                    if !self.is_owned_after_forward(&next, failure).await {
-                        return false;
-                    }
+                    self.forward_and_park(&next, failure).await?;
                     continue;
                 }
             }
+            // Not retried in place: after a wait, the next held record is
+            // read again (another release of the key may have applied it).
             match self.apply(std::slice::from_ref(&next)).await {
                 Ok(_) => {
                     self.count(|s| s.released += 1);
@@ -102,18 +95,16 @@ impl PartitionWorker {
                     let event_name = next.envelope.as_ref().map_or("unknown", |e| e.event_name.as_str());
                     Released { group: &self.shared.options.group, event_name }.emit();
                 }
-                Err(BatchError::Revoked) => return false,
+                Err(BatchError::Revoked(revoked)) => return Err(revoked),
                 Err(BatchError::Unavailable(reason)) => {
                     tracing::warn!(key, %reason, "held record not applied; retrying with backoff");
                     backoff.wait().await;
                 }
-                Err(BatchError::Record { error, .. }) => {
-                    self.failed(&next, &error);
+                Err(BatchError::Record(failed)) => {
+                    self.failed(&next, &failed.error);
                     // A held record is never a head, so a local retry has nothing to release.
                     let span = self.span(&next.message, next.envelope.as_ref());
-                    if self.settle(&next, error).instrument(span).await.is_none() {
-                        return false;
-                    }
+                    self.settle(&next, failed.error).instrument(span).await?;
                 }
             }
         }
@@ -125,7 +116,7 @@ impl PartitionWorker {
         let shared = &self.shared;
         let group = shared.options.group.as_str();
         let mut tx = shared.db.begin().await?;
-        let Some(parked) = ordering::lock(&mut tx, shared.db.dialect, group, key).await? else {
+        let Some(parked) = ordering::lock(&mut tx, group, key).await? else {
             tx.commit().await?;
             return Ok(None);
         };
@@ -149,38 +140,36 @@ impl PartitionWorker {
 
     /// Makes a forwarded record the head of its parked key (mode `key`;
     /// records without a key have no order to keep). A released record that
-    /// failed leaves `held_records` in the same transaction. False if revoked.
-    pub(super) async fn park(&self, item: &Item, state: ParkState) -> bool {
+    /// failed leaves `held_records` in the same transaction.
+    pub(super) async fn park(&self, item: &Item, state: ParkState) -> Result<(), Revoked> {
         let Some(key) = record_key(&item.message) else {
-            return true;
+            return Ok(());
         };
         if !self.ordered() {
-            return true;
+            return Ok(());
         }
         if !crate::db::fits_column(&key, crate::db::RECORD_KEY_CHARS) {
             // Not an order id (the record failed its key check): no record
             // of this key can be applied, so there is no order to keep, and
             // parking it would cut the key to fit the column.
             tracing::warn!(chars = key.chars().count(), limit = crate::db::RECORD_KEY_CHARS, "record key too long to park; not parked");
-            return true;
+            return Ok(());
         }
         let (db, group, key_ref) = (&self.shared.db, self.shared.options.group.as_str(), key.as_str());
         let rehead = item.held_id.is_some();
-        let parked = self.until_db_ok("cannot park the key", move || async move {
+        self.until_db_ok("cannot park the key", move || async move {
             let mut tx = db.begin().await?;
-            ordering::park(&mut tx, db.dialect, group, key_ref, &item.message, item.envelope.as_ref(), state, rehead).await?;
+            ordering::park(&mut tx, group, key_ref, &item.message, item.envelope.as_ref(), state, rehead).await?;
             if let Some(id) = item.held_id {
                 ordering::delete_held(&mut tx, id).await?;
             }
             Ok(tx.commit().await?)
-        });
-        if parked.await.is_none() {
-            return false;
-        }
+        })
+        .await?;
         self.shared.parked.lock().expect("parked lock").insert(key.clone());
         let _in_record = self.span(&item.message, item.envelope.as_ref()).entered();
         tracing::info!(key, state = state.as_str(), "key parked: its later records wait behind this one");
-        true
+        Ok(())
     }
 }
 
