@@ -408,3 +408,58 @@ pub async fn upsert(tx: &mut Tx, d: &NewDeadLetter) -> Result<(), DbError> {
         .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::DatabaseSettings;
+
+    fn dead_letter(dlq_offset: i64, error: &str) -> NewDeadLetter {
+        NewDeadLetter {
+            consumer_group: "g".into(),
+            original_topic: "order.events.v1".into(),
+            original_partition: 0,
+            original_offset: 7,
+            original_timestamp: None,
+            key: Some(b"42".to_vec()),
+            payload: None,
+            headers: "{}".into(),
+            event_id: None,
+            event_name: Some("order.created".into()),
+            error_class: "handler_fatal".into(),
+            error_message: error.into(),
+            attempts: 1,
+            first_failure_ms: 1,
+            last_failure_ms: dlq_offset,
+            dlq_partition: 0,
+            dlq_offset,
+        }
+    }
+
+    async fn upsert_one(db: &Db, row: &NewDeadLetter) {
+        let mut tx = db.begin().await.unwrap();
+        upsert(&mut tx, row).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    /// The SQLite upsert end to end (MariaDB's is covered by tests/it/dlq.rs
+    /// and tests/it/operator.rs): a re-read changes nothing, a later DLQ
+    /// record of the same origin turns an ignored row back to pending.
+    #[tokio::test]
+    async fn sqlite_upsert_keeps_a_reread_and_takes_a_later_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = DatabaseSettings { url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(), max_connections: 1 };
+        let db = Db::connect(&settings, 1).unwrap();
+        db.migrate().await.unwrap();
+        upsert_one(&db, &dead_letter(10, "first")).await;
+        mark_ignored(&db, 1, "known").await.unwrap();
+        upsert_one(&db, &dead_letter(10, "re-read")).await;
+        let rows = list(&db, &Filter::default(), 10).await.unwrap();
+        assert_eq!((rows.len(), rows[0].status.as_str(), rows[0].error_message.as_str()), (1, "ignored", "first"));
+        upsert_one(&db, &dead_letter(11, "again")).await;
+        let rows = list(&db, &Filter::default(), 10).await.unwrap();
+        assert_eq!((rows.len(), rows[0].status.as_str(), rows[0].error_message.as_str()), (1, "pending", "again"));
+        let held = Filter { status: Some(Selection::Held), ..Default::default() };
+        assert!(list(&db, &held, 10).await.unwrap().is_empty(), "held records are no dead letters");
+    }
+}
