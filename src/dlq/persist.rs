@@ -15,6 +15,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
 
 use super::store::{self, NewDeadLetter};
+use crate::backoff::{never, until_available};
 use crate::db::Db;
 use crate::kafka::client::{KafkaSettings, client_config};
 use crate::clock::now_ms;
@@ -116,18 +117,11 @@ pub async fn run(
         }
         last_record = Instant::now();
         let rows: Vec<NewDeadLetter> = batch.iter().map(dead_letter_of).collect();
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match write(db, &rows).await {
-                Ok(()) => break,
-                Err(e) => {
-                    summary.write_failures += 1;
-                    tracing::warn!(error = %e, "dead letters not written; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
-                }
-            }
-        }
+        let failed = |e| {
+            summary.write_failures += 1;
+            async { Ok(e) }
+        };
+        let Ok(()) = until_available("dead letters not written", || write(db, &rows), failed, never).await;
         let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
         for m in &batch {
             let slot = next.entry((m.topic().to_string(), m.partition())).or_default();

@@ -49,6 +49,7 @@ use serde::Serialize;
 use sqlx::Row;
 
 use super::SHARDS;
+use crate::backoff::Backoff;
 use crate::codec::{Codec, RegistrySettings};
 use crate::db::{Db, DbError};
 use crate::envelope::Envelope;
@@ -361,10 +362,10 @@ impl Relay {
         let mut first_publish = None;
         let mut last_purge = Instant::now();
         let mut last_backlog = Instant::now() - Duration::from_secs(10);
-        let mut backoff = Duration::from_millis(100);
         // Backing off longer than a third of the lease lifetime would let our
-        // leases lapse while we sleep.
-        let max_backoff = (self.options.lease_ttl / 3).clamp(Duration::from_millis(100), Duration::from_secs(30));
+        // leases lapse while we sleep. Not `backoff::until_available`: the
+        // leases are renewed between two attempts.
+        let mut backoff = Backoff::capped((self.options.lease_ttl / 3).min(Duration::from_secs(30)));
         loop {
             if futures::FutureExt::now_or_never(&mut shutdown).is_some() {
                 break;
@@ -379,7 +380,7 @@ impl Relay {
             }
             match self.cycle().await {
                 Ok(0) => {
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                     if self.options.until_idle.is_some_and(|idle| last_work.elapsed() >= idle) {
                         break;
                     }
@@ -389,7 +390,7 @@ impl Relay {
                     }
                 }
                 Ok(n) => {
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                     last_work = Instant::now();
                     let first = *first_publish.get_or_insert(last_work);
                     self.summary.published += n;
@@ -397,8 +398,7 @@ impl Relay {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "relay cycle failed; retrying with backoff");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(max_backoff);
+                    backoff.wait().await;
                 }
             }
             if last_backlog.elapsed() > Duration::from_secs(5) {
