@@ -17,11 +17,13 @@
 use std::time::Duration;
 
 use chrono::Utc;
+use metrics::counter;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::db::{Db, DbError, Tx};
 use crate::envelope::{Envelope, EventData};
+use crate::metrics::name;
 
 /// Where a record came from, stored with its dedup row.
 #[derive(Debug, Clone)]
@@ -244,6 +246,11 @@ pub async fn cleanup(db: &Db, older_than: Duration, batch: u32) -> Result<u64, D
         // Let other writers in between batches.
         tokio::task::yield_now().await;
     }
+}
+
+/// Dedup rows removed by cleanup (counted).
+pub fn cleanup_deleted(n: u64) {
+    counter!(name::DEDUP_CLEANUP_DELETED).increment(n);
 }
 
 #[cfg(test)]

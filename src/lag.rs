@@ -15,14 +15,16 @@
 //! and the lag is 0.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
+use metrics::counter;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::InternalEvent;
+use crate::metrics::{InternalEvent, SeriesOwner, name};
 use crate::kafka::client::{KafkaSettings, client_config};
 use crate::retry::retry_topic;
 
@@ -465,7 +467,7 @@ fn first_records(
 
 /// The persister's exporter: every `lag.export_interval_secs`, measures
 /// the groups of `lag.groups` on `topic` (the order topic) and exports
-/// [`crate::metrics::GroupLagMeasured`].
+/// [`GroupLagMeasured`].
 /// Without configured groups it exports nothing: listing every group of a
 /// shared cluster each time would be heavy and would alert on groups that
 /// are gone for good.
@@ -479,13 +481,85 @@ pub async fn export(kafka: KafkaSettings, lag: LagSettings, topic: String) {
     let every = Duration::from_secs(lag.export_interval_secs);
     loop {
         match measure(&kafka, &topic, &lag.groups, true).await {
-            Ok(groups) => crate::metrics::GroupLagMeasured { groups: &groups }.emit(),
-            Err(e) => crate::metrics::GroupLagFailed {
+            Ok(groups) => GroupLagMeasured { groups: &groups }.emit(),
+            Err(e) => GroupLagFailed {
                 error: &e.to_string(),
             }
             .emit(),
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+/// The group lag exporter's series ([`GroupLagMeasured`]): they live as
+/// long as the process.
+static EXPORTED: LazyLock<SeriesOwner> = LazyLock::new(SeriesOwner::default);
+
+/// A consumer member's per-partition lag gauges ([`name::LAG`]): only the
+/// partitions it owns now, so nothing stale remains after a rebalance.
+pub struct PartitionLagGauges {
+    group: String,
+    owner: SeriesOwner,
+}
+
+impl PartitionLagGauges {
+    /// The gauges of one member of `group`; its series go when it is dropped.
+    pub fn new(group: &str) -> Self {
+        Self { group: group.to_string(), owner: SeriesOwner::default() }
+    }
+
+    /// The lag (records) of each (topic, partition) the member owns now;
+    /// series of partitions not listed go.
+    pub fn report(&self, lags: &[(String, i32, i64)]) {
+        let series = lags.iter().map(|(topic, partition, lag)| {
+            (vec![("group", self.group.clone()), ("topic", topic.clone()), ("partition", partition.to_string())], *lag as f64)
+        });
+        self.owner.replace(name::LAG, series);
+    }
+
+    /// A partition was revoked: its series goes now.
+    pub fn revoked(&self, topic: &str, partition: i32) {
+        self.owner.remove(name::LAG, &[("topic", topic), ("partition", &partition.to_string())]);
+    }
+}
+
+/// The broker-side lag of the configured groups was measured.
+pub struct GroupLagMeasured<'a> {
+    /// Every measured group.
+    pub groups: &'a [GroupLag],
+}
+
+impl InternalEvent for GroupLagMeasured<'_> {
+    fn emit(self) {
+        let mut lags = Vec::new();
+        let mut ages = Vec::new();
+        let mut members = Vec::new();
+        for group in self.groups {
+            tracing::debug!(group = group.group, members = group.members, lag = group.total_lag, status = ?group.status, "group lag measured");
+            members.push((vec![("group", group.group.clone())], group.members as f64));
+            for p in &group.partitions {
+                let labels = vec![("group", group.group.clone()), ("topic", p.topic.clone()), ("partition", p.partition.to_string())];
+                lags.push((labels.clone(), p.lag as f64));
+                ages.push((labels, p.oldest_unconsumed_age_seconds.unwrap_or(0.0)));
+            }
+        }
+        // Groups or partitions no longer measured lose their series.
+        EXPORTED.replace(name::GROUP_MEMBERS, members);
+        EXPORTED.replace(name::GROUP_LAG, lags);
+        EXPORTED.replace(name::GROUP_OLDEST_AGE, ages);
+    }
+}
+
+/// The broker-side group lag could not be measured; the last values stay.
+pub struct GroupLagFailed<'a> {
+    /// What happened.
+    pub error: &'a str,
+}
+
+impl InternalEvent for GroupLagFailed<'_> {
+    fn emit(self) {
+        tracing::warn!(error = self.error, "group lag not measured; the last values stay exported");
+        counter!(name::GROUP_LAG_FAILURES).increment(1);
     }
 }
 

@@ -1,5 +1,11 @@
-//! Prometheus metrics: the recorder, the metric names, and the typed
-//! internal events that emit a log line and a metric together.
+//! Prometheus metrics: the recorder, the metric names, the internal-event
+//! pattern (a log line and a metric emitted together) and owned series.
+//!
+//! This module imports no domain module. Each typed event or emitter lives
+//! with the component that emits it: the consumer's in
+//! `crate::consumer::events`, the ordering gauges in `crate::ordering`, the
+//! outbox backlog and relay counters in `crate::outbox`, the lag gauges in
+//! `crate::lag`, and so on; they all use the names below.
 //!
 //! Every long-running role serves `/metrics` on its health address (see
 //! [`crate::health`]). Names follow Prometheus conventions (`_total` for
@@ -11,7 +17,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Metric names.
@@ -132,200 +137,6 @@ pub trait InternalEvent {
     fn emit(self);
 }
 
-/// A batch of a partition was committed.
-pub struct Applied<'a> {
-    /// Group.
-    pub group: &'a str,
-    /// Event name.
-    pub event_name: &'a str,
-    /// Handlers' time for this record.
-    pub handler_time: Duration,
-    /// Now minus the event time.
-    pub end_to_end: Option<Duration>,
-}
-
-impl InternalEvent for Applied<'_> {
-    fn emit(self) {
-        tracing::debug!(group = self.group, event_name = self.event_name, "applied");
-        counter!(name::APPLIED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
-        histogram!(name::HANDLER_SECONDS, "group" => self.group.to_string()).record(self.handler_time.as_secs_f64());
-        if let Some(e2e) = self.end_to_end {
-            histogram!(name::END_TO_END_SECONDS, "group" => self.group.to_string()).record(e2e.as_secs_f64());
-        }
-    }
-}
-
-/// A record was skipped because its group applied it before.
-pub struct DuplicateSkipped<'a> {
-    /// Group.
-    pub group: &'a str,
-    /// Event name.
-    pub event_name: &'a str,
-}
-
-impl InternalEvent for DuplicateSkipped<'_> {
-    fn emit(self) {
-        tracing::debug!(group = self.group, event_name = self.event_name, "duplicate skipped");
-        counter!(name::DUPLICATES, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
-    }
-}
-
-/// A duplicate was skipped whose content differs from the event applied
-/// under its id first: a producer reused an event id.
-pub struct ConflictingDuplicate<'a> {
-    /// The conflict, with both positions.
-    pub conflict: &'a crate::dedup::Conflict,
-}
-
-impl InternalEvent for ConflictingDuplicate<'_> {
-    fn emit(self) {
-        let c = self.conflict;
-        tracing::error!(group = %c.consumer_group, event_id = %c.event_id, event_name = %c.event_name,
-            first = %format_args!("{}/{}@{}", c.first_topic, c.first_partition, c.first_offset),
-            this = %format_args!("{}/{}@{}", c.topic, c.partition, c.offset),
-            first_digest = %c.first_digest, digest = %c.digest,
-            "event id reused with different content: skipped as a duplicate, never applied (orderpipe dlq conflicts)");
-        counter!(name::CONFLICTING_DUPLICATES, "group" => c.consumer_group.clone()).increment(1);
-    }
-}
-
-/// An attempt to process a record failed.
-pub struct ProcessingFailed<'a> {
-    /// Group.
-    pub group: &'a str,
-    /// Event name (`unknown` for undecodable records).
-    pub event_name: &'a str,
-    /// Error class.
-    pub class: &'a str,
-    /// What happened.
-    pub error: &'a str,
-}
-
-impl InternalEvent for ProcessingFailed<'_> {
-    fn emit(self) {
-        tracing::warn!(group = self.group, event_name = self.event_name, class = self.class, error = self.error, "processing failed");
-        counter!(name::FAILURES, "group" => self.group.to_string(), "event_name" => self.event_name.to_string(),
-            "error_class" => self.class.to_string()).increment(1);
-    }
-}
-
-/// A record was sent to the group's retry topic.
-pub struct SentToRetry<'a> {
-    /// Group.
-    pub group: &'a str,
-    /// Delayed attempt number.
-    pub attempt: u32,
-    /// Wait before it.
-    pub delay: Duration,
-    /// Error class.
-    pub class: &'a str,
-    /// What happened.
-    pub error: &'a str,
-}
-
-impl InternalEvent for SentToRetry<'_> {
-    fn emit(self) {
-        tracing::warn!(group = self.group, attempt = self.attempt, delay_ms = self.delay.as_millis() as u64,
-            class = self.class, error = self.error, "record sent to the retry topic");
-        counter!(name::RETRIES, "group" => self.group.to_string(), "attempt" => self.attempt.to_string()).increment(1);
-    }
-}
-
-/// A record was sent to the dead-letter topic.
-pub struct DeadLettered<'a> {
-    /// Group.
-    pub group: &'a str,
-    /// Event name (`unknown` for undecodable records).
-    pub event_name: &'a str,
-    /// Error class.
-    pub class: &'a str,
-    /// What happened.
-    pub error: &'a str,
-}
-
-impl InternalEvent for DeadLettered<'_> {
-    fn emit(self) {
-        tracing::error!(group = self.group, event_name = self.event_name, class = self.class, error = self.error,
-            "record sent to the dead-letter topic");
-        counter!(name::DEAD_LETTERED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string(),
-            "error_class" => self.class.to_string()).increment(1);
-    }
-}
-
-/// A record was held behind its parked key.
-pub struct Held<'a> {
-    /// Group.
-    pub group: &'a str,
-    /// Event name.
-    pub event_name: &'a str,
-}
-
-impl InternalEvent for Held<'_> {
-    fn emit(self) {
-        tracing::info!(group = self.group, event_name = self.event_name, "held behind its parked key (an earlier event of the order is being retried)");
-        counter!(name::HELD, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
-    }
-}
-
-/// A held record was applied after its head.
-pub struct Released<'a> {
-    /// Group.
-    pub group: &'a str,
-    /// Event name.
-    pub event_name: &'a str,
-}
-
-impl InternalEvent for Released<'_> {
-    fn emit(self) {
-        tracing::info!(group = self.group, event_name = self.event_name, "released: applied after the event it waited behind");
-        counter!(name::RELEASED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
-    }
-}
-
-/// Parked keys, held records and the oldest parked age of a group.
-pub fn ordering(group: &str, gauges: &crate::ordering::OrderingGauges) {
-    gauge!(name::PARKED_KEYS, "group" => group.to_string()).set(gauges.parked_keys as f64);
-    gauge!(name::HELD_NOW, "group" => group.to_string()).set(gauges.held_records as f64);
-    let age = gauges.oldest_parked_ms.map_or(0.0, |t| ((crate::clock::now_ms() - t).max(0) as f64) / 1000.0);
-    gauge!(name::PARKED_OLDEST_AGE, "group" => group.to_string()).set(age);
-}
-
-/// Records were produced and acknowledged.
-pub fn produced(topic: &str, event_name: &str, n: u64) {
-    counter!(name::PRODUCED, "topic" => topic.to_string(), "event_name" => event_name.to_string()).increment(n);
-}
-
-/// A record could not be produced.
-pub fn producer_error(topic: &str) {
-    counter!(name::PRODUCER_ERRORS, "topic" => topic.to_string()).increment(1);
-}
-
-/// A relay transaction ended.
-pub fn transaction(outcome: &'static str) {
-    counter!(name::TRANSACTIONS, "outcome" => outcome).increment(1);
-}
-
-/// A relay shard producer failed fatally and was dropped.
-pub fn relay_producer_fatal(reason: &'static str) {
-    counter!(name::RELAY_PRODUCER_FATAL, "reason" => reason).increment(1);
-}
-
-/// The shards a relay publishes now.
-pub fn relay_shards(n: usize) {
-    gauge!(name::RELAY_SHARDS).set(n as f64);
-}
-
-/// Exports a group's conflicting-duplicates counter at 0 from the start, so
-/// `increase()` sees its first conflict (a series born at 1 shows no increase).
-pub fn conflicting_duplicates_start(group: &str) {
-    counter!(name::CONFLICTING_DUPLICATES, "group" => group.to_string()).increment(0);
-}
-
-/// Records received.
-pub fn consumed(group: &str, topic: &str) {
-    counter!(name::CONSUMED, "group" => group.to_string(), "topic" => topic.to_string()).increment(1);
-}
-
 /// Labels of one owned series, in the order they are printed.
 pub type Labels = Vec<(&'static str, String)>;
 
@@ -334,9 +145,8 @@ type OwnedSeries = BTreeMap<&'static str, BTreeMap<Labels, (u64, f64)>>;
 
 static OWNED: Mutex<OwnedSeries> = Mutex::new(BTreeMap::new());
 
-/// Owner ids; 0 is the group lag exporter ([`GroupLagMeasured`]).
+/// The next owner id.
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
-const EXPORTER_OWNER: u64 = 0;
 
 /// Gauge series that belong to something that can go away: a partition a
 /// member owns, a group the exporter measures. The `metrics` crate cannot
@@ -355,7 +165,12 @@ impl Default for SeriesOwner {
 impl SeriesOwner {
     /// Replaces every series of `name` this owner holds with `series`.
     pub fn replace(&self, name: &'static str, series: impl IntoIterator<Item = (Labels, f64)>) {
-        replace_owned(self.0, name, series);
+        let mut owned = OWNED.lock().expect("owned series lock");
+        let by_labels = owned.entry(name).or_default();
+        by_labels.retain(|_, (o, _)| *o != self.0);
+        for (labels, value) in series {
+            by_labels.insert(labels, (self.0, value));
+        }
     }
 
     /// Removes this owner's series of `name` whose labels include every pair of `matching`.
@@ -378,15 +193,6 @@ impl Drop for SeriesOwner {
     }
 }
 
-fn replace_owned(owner: u64, name: &'static str, series: impl IntoIterator<Item = (Labels, f64)>) {
-    let mut owned = OWNED.lock().expect("owned series lock");
-    let by_labels = owned.entry(name).or_default();
-    by_labels.retain(|_, (o, _)| *o != owner);
-    for (labels, value) in series {
-        by_labels.insert(labels, (owner, value));
-    }
-}
-
 /// Appends the owned series in the text exposition format.
 fn render_owned(text: &mut String) {
     use std::fmt::Write;
@@ -405,98 +211,10 @@ fn escape_label(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// A consumer member's per-partition lag gauges ([`name::LAG`]): only the
-/// partitions it owns now, so nothing stale remains after a rebalance.
-pub struct PartitionLagGauges {
-    group: String,
-    owner: SeriesOwner,
-}
-
-impl PartitionLagGauges {
-    /// The gauges of one member of `group`; its series go when it is dropped.
-    pub fn new(group: &str) -> Self {
-        Self { group: group.to_string(), owner: SeriesOwner::default() }
-    }
-
-    /// The lag (records) of each (topic, partition) the member owns now;
-    /// series of partitions not listed go.
-    pub fn report(&self, lags: &[(String, i32, i64)]) {
-        let series = lags.iter().map(|(topic, partition, lag)| {
-            (vec![("group", self.group.clone()), ("topic", topic.clone()), ("partition", partition.to_string())], *lag as f64)
-        });
-        self.owner.replace(name::LAG, series);
-    }
-
-    /// A partition was revoked: its series goes now.
-    pub fn revoked(&self, topic: &str, partition: i32) {
-        self.owner.remove(name::LAG, &[("topic", topic), ("partition", &partition.to_string())]);
-    }
-}
-
-/// The broker-side lag of the configured groups was measured (see [`crate::lag`]).
-pub struct GroupLagMeasured<'a> {
-    /// Every measured group.
-    pub groups: &'a [crate::lag::GroupLag],
-}
-
-impl InternalEvent for GroupLagMeasured<'_> {
-    fn emit(self) {
-        let mut lags = Vec::new();
-        let mut ages = Vec::new();
-        let mut members = Vec::new();
-        for group in self.groups {
-            tracing::debug!(group = group.group, members = group.members, lag = group.total_lag, status = ?group.status, "group lag measured");
-            members.push((vec![("group", group.group.clone())], group.members as f64));
-            for p in &group.partitions {
-                let labels = vec![("group", group.group.clone()), ("topic", p.topic.clone()), ("partition", p.partition.to_string())];
-                lags.push((labels.clone(), p.lag as f64));
-                ages.push((labels, p.oldest_unconsumed_age_seconds.unwrap_or(0.0)));
-            }
-        }
-        // Groups or partitions no longer measured lose their series.
-        replace_owned(EXPORTER_OWNER, name::GROUP_MEMBERS, members);
-        replace_owned(EXPORTER_OWNER, name::GROUP_LAG, lags);
-        replace_owned(EXPORTER_OWNER, name::GROUP_OLDEST_AGE, ages);
-    }
-}
-
-/// The broker-side group lag could not be measured; the last values stay.
-pub struct GroupLagFailed<'a> {
-    /// What happened.
-    pub error: &'a str,
-}
-
-impl InternalEvent for GroupLagFailed<'_> {
-    fn emit(self) {
-        tracing::warn!(error = self.error, "group lag not measured; the last values stay exported");
-        counter!(name::GROUP_LAG_FAILURES).increment(1);
-    }
-}
-
-/// The outbox backlog.
-pub fn outbox(backlog: &crate::outbox::Backlog) {
-    gauge!(name::OUTBOX_BACKLOG).set(backlog.unsent as f64);
-    gauge!(name::OUTBOX_OLDEST_AGE).set(backlog.oldest_age_ms as f64 / 1000.0);
-}
-
-/// Pending dead letters.
-pub fn dead_letters_pending(n: i64) {
-    gauge!(name::DEAD_LETTERS_PENDING).set(n as f64);
-}
-
-/// Dedup rows removed.
-pub fn dedup_cleanup(n: u64) {
-    counter!(name::DEDUP_CLEANUP_DELETED).increment(n);
-}
-
-/// An API request finished.
-pub fn api_request(route: &'static str, status: u16) {
-    counter!(name::API_REQUESTS, "route" => route, "status" => status.to_string()).increment(1);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lag::PartitionLagGauges;
 
     fn rendered(name: &str) -> Vec<String> {
         let mut text = String::new();

@@ -35,9 +35,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use metrics::counter;
 use serde_json::json;
 
 use crate::db::Db;
+use crate::metrics::name;
 use orders::{Action, ApiError, NewOrder, OrderService};
 
 /// Serves the API on `addr` until `shutdown`; returns the bound address
@@ -76,8 +78,13 @@ async fn count_requests(request: axum::extract::Request, next: axum::middleware:
         _ => "other",
     };
     let response = next.run(request).await;
-    crate::metrics::api_request(route, response.status().as_u16());
+    count_request(route, response.status().as_u16());
     response
+}
+
+/// An API request finished.
+fn count_request(route: &'static str, status: u16) {
+    counter!(name::API_REQUESTS, "route" => route, "status" => status.to_string()).increment(1);
 }
 
 impl IntoResponse for ApiError {

@@ -169,7 +169,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             }
             super::relay::serve_health(health_addr, &db).await?;
             if let Ok(pending) = store::pending(&db).await {
-                crate::metrics::dead_letters_pending(pending);
+                crate::dlq::persist::dead_letters_pending(pending);
             }
             // Runs anyway, so it watches the groups: their lag is exported with every member down.
             let lag_export = tokio::spawn(crate::lag::export(

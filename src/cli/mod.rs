@@ -340,7 +340,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let settings = cli.global.settings()?;
             let db = Db::connect(&settings.database, 2)?;
             let removed = crate::dedup::cleanup(&db, older_than, batch.max(1)).await?;
-            crate::metrics::dedup_cleanup(removed);
+            crate::dedup::cleanup_deleted(removed);
             match output.output {
                 Output::Json => println!("{}", serde_json::json!({"removed": removed})),
                 Output::Table => println!(

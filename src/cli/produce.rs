@@ -129,7 +129,7 @@ pub async fn run(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitC
         .await;
     progress.finish_and_clear();
     for (event, n) in &report.by_event {
-        crate::metrics::produced(&topic, event, *n);
+        crate::producer::produced(&topic, event, *n);
     }
     let elapsed = started.elapsed().as_secs_f64();
     let summary = ProduceSummary {

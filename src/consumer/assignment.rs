@@ -83,13 +83,13 @@ impl Assignment {
 pub struct AssignmentContext {
     assignment: Arc<Assignment>,
     /// This member's per-partition lag gauges; a revoked partition's goes at once.
-    pub lag_gauges: crate::metrics::PartitionLagGauges,
+    pub lag_gauges: crate::lag::PartitionLagGauges,
 }
 
 impl AssignmentContext {
     /// A context updating `assignment` for a member of `group`.
     pub fn new(assignment: Arc<Assignment>, group: &str) -> Self {
-        Self { assignment, lag_gauges: crate::metrics::PartitionLagGauges::new(group) }
+        Self { assignment, lag_gauges: crate::lag::PartitionLagGauges::new(group) }
     }
 }
 

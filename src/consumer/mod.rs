@@ -25,6 +25,7 @@
 //! [`ConsumerSettings`] is the `[consumer]` section of the configuration.
 
 pub mod assignment;
+pub mod events;
 pub mod handler;
 pub mod handlers;
 pub mod version;
@@ -277,7 +278,7 @@ pub async fn run(
 ) -> Result<ConsumeSummary, ConsumerError> {
     check_group_length(&options.group)?;
     crate::metrics::install();
-    crate::metrics::conflicting_duplicates_start(&options.group);
+    events::conflicting_duplicates_start(&options.group);
     let health = HealthState::consumer(
         settings.consumer.lag_threshold,
         Duration::from_secs(settings.consumer.max_poll_gap_secs.max(1)),
@@ -404,7 +405,7 @@ fn forwarder(settings: ConsumerSections<'_>, options: &ConsumeOptions) -> Result
 /// Every 5 s: lag per assigned partition (high watermark minus committed
 /// offset) into the gauges and, summed, into `/health/mq`. The gauges hold
 /// only the partitions owned now: a revoked partition's series goes at the
-/// revoke (see [`crate::metrics::PartitionLagGauges`]).
+/// revoke (see [`crate::lag::PartitionLagGauges`]).
 ///
 /// A transactional producer leaves a commit marker after each transaction;
 /// it takes an offset but is never delivered, so a caught-up partition
@@ -463,7 +464,7 @@ async fn release_parked(shared: Arc<Shared>) {
     let group = shared.options.group.clone();
     loop {
         match crate::ordering::gauges(&shared.db, &group).await {
-            Ok(gauges) => crate::metrics::ordering(&group, &gauges),
+            Ok(gauges) => gauges.report(&group),
             Err(e) => tracing::debug!(error = %e, "parked-key gauges not read"),
         }
         let keys = crate::ordering::releasable(&shared.db, &group).await.unwrap_or_else(|e| {
@@ -530,7 +531,7 @@ async fn dispatch(shared: &Arc<Shared>, shutdown: impl std::future::Future<Outpu
                     workers.insert(key.clone(), (generation, tx));
                 }
                 shared.summary.lock().expect("summary lock").consumed += 1;
-                crate::metrics::consumed(&shared.options.group, message.topic());
+                events::consumed(&shared.options.group, message.topic());
                 shared.in_flight_change(&key, 1);
                 let (_, tx) = &workers[&key];
                 if tx.send(message).await.is_err() {

@@ -5,6 +5,7 @@
 //! decisions around them are in [`super::gate`]; the operators' views in
 //! [`crate::dlq::held`].
 
+use metrics::gauge;
 use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 use serde::Serialize;
@@ -14,6 +15,7 @@ use crate::clock::now_ms;
 use crate::db::{Db, DbError, Tx};
 use crate::envelope::Envelope;
 use crate::kafka::record::headers_json;
+use crate::metrics::name;
 
 /// A parked key (a `parked_keys` row).
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -262,6 +264,16 @@ pub struct OrderingGauges {
     pub held_records: i64,
     /// The oldest parked key's `parked_ms` (None when none is parked).
     pub oldest_parked_ms: Option<i64>,
+}
+
+impl OrderingGauges {
+    /// Exports these gauges of `group`.
+    pub fn report(&self, group: &str) {
+        gauge!(name::PARKED_KEYS, "group" => group.to_string()).set(self.parked_keys as f64);
+        gauge!(name::HELD_NOW, "group" => group.to_string()).set(self.held_records as f64);
+        let age = self.oldest_parked_ms.map_or(0.0, |t| ((crate::clock::now_ms() - t).max(0) as f64) / 1000.0);
+        gauge!(name::PARKED_OLDEST_AGE, "group" => group.to_string()).set(age);
+    }
 }
 
 /// Current gauges of `group`.

@@ -12,11 +12,13 @@
 
 pub mod relay;
 
+use metrics::gauge;
 use serde::Serialize;
 use uuid::Uuid;
 
 use crate::db::{DbError, Tx};
 use crate::envelope::Envelope;
+use crate::metrics::name;
 
 /// Shards of the outbox; a relay owns whole shards.
 pub const SHARDS: i64 = 16;
@@ -65,6 +67,14 @@ pub struct Backlog {
     pub unsent: i64,
     /// Age of the oldest unsent row in milliseconds (0 when none).
     pub oldest_age_ms: i64,
+}
+
+impl Backlog {
+    /// Exports the backlog gauges.
+    pub fn report(&self) {
+        gauge!(name::OUTBOX_BACKLOG).set(self.unsent as f64);
+        gauge!(name::OUTBOX_OLDEST_AGE).set(self.oldest_age_ms as f64 / 1000.0);
+    }
 }
 
 /// The outbox backlog now.

@@ -41,10 +41,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use metrics::{counter, gauge};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer};
-
-use crate::kafka::client::{MeasuredProducer, measured_producer};
 use serde::Serialize;
 use sqlx::Row;
 
@@ -53,7 +52,8 @@ use crate::backoff::Backoff;
 use crate::codec::{Codec, RegistrySettings};
 use crate::db::{Db, DbError};
 use crate::envelope::Envelope;
-use crate::kafka::client::{KafkaSettings, OptionConflict, producer_options};
+use crate::kafka::client::{KafkaSettings, MeasuredProducer, OptionConflict, measured_producer, producer_options};
+use crate::metrics::name;
 use crate::producer::{ProducerSettings, record_headers};
 use crate::clock::now_ms;
 use crate::schema::SchemaCatalog;
@@ -404,7 +404,7 @@ impl Relay {
             if last_backlog.elapsed() > Duration::from_secs(5) {
                 last_backlog = Instant::now();
                 if let Ok(backlog) = super::backlog(&self.db).await {
-                    crate::metrics::outbox(&backlog);
+                    backlog.report();
                 }
             }
             if last_purge.elapsed() > Duration::from_secs(60) {
@@ -552,15 +552,15 @@ impl Relay {
             match outcome {
                 ShardOutcome::Committed => {
                     self.summary.transactions += 1;
-                    crate::metrics::transaction("committed");
+                    transaction("committed");
                     for e in &by_shard[shard] {
                         *self.summary.by_topic.entry(e.row.topic.clone()).or_default() += 1;
-                        crate::metrics::produced(&e.row.topic, e.envelope.event_name.as_str(), 1);
+                        crate::producer::produced(&e.row.topic, e.envelope.event_name.as_str(), 1);
                     }
                 }
                 ShardOutcome::Aborted(_) | ShardOutcome::Fatal(_) => {
                     self.summary.aborted += 1;
-                    crate::metrics::transaction("aborted");
+                    transaction("aborted");
                 }
             }
         }
@@ -583,7 +583,7 @@ impl Relay {
             error = %error,
             "shard producer failed fatally: dropped; rebuilt if the shard's lease is still ours"
         );
-        crate::metrics::relay_producer_fatal(reason);
+        relay_producer_fatal(reason);
         self.summary.fatal += 1;
         let n = self.fatal_in_a_row.entry(shard).or_default();
         *n += 1;
@@ -636,7 +636,7 @@ impl Relay {
                 }
             }
         }
-        crate::metrics::relay_shards(self.producers.len());
+        relay_shards(self.producers.len());
     }
 
     /// Renews this instance's leases and moves toward an equal share of the
@@ -819,6 +819,21 @@ async fn claim(tx: &mut crate::db::Tx, shards: &[i64], limit: i64) -> Result<Vec
     Ok(rows)
 }
 
+
+/// A relay transaction ended.
+fn transaction(outcome: &'static str) {
+    counter!(name::TRANSACTIONS, "outcome" => outcome).increment(1);
+}
+
+/// A relay shard producer failed fatally and was dropped.
+fn relay_producer_fatal(reason: &'static str) {
+    counter!(name::RELAY_PRODUCER_FATAL, "reason" => reason).increment(1);
+}
+
+/// The shards a relay publishes now.
+fn relay_shards(n: usize) {
+    gauge!(name::RELAY_SHARDS).set(n as f64);
+}
 
 #[cfg(test)]
 mod tests {

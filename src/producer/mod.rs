@@ -17,11 +17,13 @@ use futures::stream::FuturesUnordered;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureRecord, Producer};
+use metrics::counter;
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{Codec, CodecError};
 use crate::envelope::Envelope;
 use crate::kafka::record::header;
+use crate::metrics::name;
 
 /// The `[producer]` section of the configuration: producer tuning.
 #[derive(Debug, Clone, Deserialize)]
@@ -235,4 +237,14 @@ pub fn record_headers(envelope: &Envelope) -> OwnedHeaders {
             value: Some(value.as_bytes()),
         })
     })
+}
+
+/// Records were produced and acknowledged.
+pub fn produced(topic: &str, event_name: &str, n: u64) {
+    counter!(name::PRODUCED, "topic" => topic.to_string(), "event_name" => event_name.to_string()).increment(n);
+}
+
+/// A record could not be produced.
+pub fn producer_error(topic: &str) {
+    counter!(name::PRODUCER_ERRORS, "topic" => topic.to_string()).increment(1);
 }

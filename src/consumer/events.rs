@@ -1,0 +1,170 @@
+//! The consumer's internal events: each emits its log line and its metric
+//! together (see [`crate::metrics::InternalEvent`]). The metric names and
+//! labels are [`crate::metrics::name`]'s.
+
+use std::time::Duration;
+
+use metrics::{counter, histogram};
+
+use crate::metrics::{InternalEvent, name};
+
+/// A batch of a partition was committed.
+pub struct Applied<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name.
+    pub event_name: &'a str,
+    /// Handlers' time for this record.
+    pub handler_time: Duration,
+    /// Now minus the event time.
+    pub end_to_end: Option<Duration>,
+}
+
+impl InternalEvent for Applied<'_> {
+    fn emit(self) {
+        tracing::debug!(group = self.group, event_name = self.event_name, "applied");
+        counter!(name::APPLIED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
+        histogram!(name::HANDLER_SECONDS, "group" => self.group.to_string()).record(self.handler_time.as_secs_f64());
+        if let Some(e2e) = self.end_to_end {
+            histogram!(name::END_TO_END_SECONDS, "group" => self.group.to_string()).record(e2e.as_secs_f64());
+        }
+    }
+}
+
+/// A record was skipped because its group applied it before.
+pub struct DuplicateSkipped<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name.
+    pub event_name: &'a str,
+}
+
+impl InternalEvent for DuplicateSkipped<'_> {
+    fn emit(self) {
+        tracing::debug!(group = self.group, event_name = self.event_name, "duplicate skipped");
+        counter!(name::DUPLICATES, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
+    }
+}
+
+/// A duplicate was skipped whose content differs from the event applied
+/// under its id first: a producer reused an event id.
+pub struct ConflictingDuplicate<'a> {
+    /// The conflict, with both positions.
+    pub conflict: &'a crate::dedup::Conflict,
+}
+
+impl InternalEvent for ConflictingDuplicate<'_> {
+    fn emit(self) {
+        let c = self.conflict;
+        tracing::error!(group = %c.consumer_group, event_id = %c.event_id, event_name = %c.event_name,
+            first = %format_args!("{}/{}@{}", c.first_topic, c.first_partition, c.first_offset),
+            this = %format_args!("{}/{}@{}", c.topic, c.partition, c.offset),
+            first_digest = %c.first_digest, digest = %c.digest,
+            "event id reused with different content: skipped as a duplicate, never applied (orderpipe dlq conflicts)");
+        counter!(name::CONFLICTING_DUPLICATES, "group" => c.consumer_group.clone()).increment(1);
+    }
+}
+
+/// An attempt to process a record failed.
+pub struct ProcessingFailed<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name (`unknown` for undecodable records).
+    pub event_name: &'a str,
+    /// Error class.
+    pub class: &'a str,
+    /// What happened.
+    pub error: &'a str,
+}
+
+impl InternalEvent for ProcessingFailed<'_> {
+    fn emit(self) {
+        tracing::warn!(group = self.group, event_name = self.event_name, class = self.class, error = self.error, "processing failed");
+        counter!(name::FAILURES, "group" => self.group.to_string(), "event_name" => self.event_name.to_string(),
+            "error_class" => self.class.to_string()).increment(1);
+    }
+}
+
+/// A record was sent to the group's retry topic.
+pub struct SentToRetry<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Delayed attempt number.
+    pub attempt: u32,
+    /// Wait before it.
+    pub delay: Duration,
+    /// Error class.
+    pub class: &'a str,
+    /// What happened.
+    pub error: &'a str,
+}
+
+impl InternalEvent for SentToRetry<'_> {
+    fn emit(self) {
+        tracing::warn!(group = self.group, attempt = self.attempt, delay_ms = self.delay.as_millis() as u64,
+            class = self.class, error = self.error, "record sent to the retry topic");
+        counter!(name::RETRIES, "group" => self.group.to_string(), "attempt" => self.attempt.to_string()).increment(1);
+    }
+}
+
+/// A record was sent to the dead-letter topic.
+pub struct DeadLettered<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name (`unknown` for undecodable records).
+    pub event_name: &'a str,
+    /// Error class.
+    pub class: &'a str,
+    /// What happened.
+    pub error: &'a str,
+}
+
+impl InternalEvent for DeadLettered<'_> {
+    fn emit(self) {
+        tracing::error!(group = self.group, event_name = self.event_name, class = self.class, error = self.error,
+            "record sent to the dead-letter topic");
+        counter!(name::DEAD_LETTERED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string(),
+            "error_class" => self.class.to_string()).increment(1);
+    }
+}
+
+/// A record was held behind its parked key.
+pub struct Held<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name.
+    pub event_name: &'a str,
+}
+
+impl InternalEvent for Held<'_> {
+    fn emit(self) {
+        tracing::info!(group = self.group, event_name = self.event_name, "held behind its parked key (an earlier event of the order is being retried)");
+        counter!(name::HELD, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
+    }
+}
+
+/// A held record was applied after its head.
+pub struct Released<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Event name.
+    pub event_name: &'a str,
+}
+
+impl InternalEvent for Released<'_> {
+    fn emit(self) {
+        tracing::info!(group = self.group, event_name = self.event_name, "released: applied after the event it waited behind");
+        counter!(name::RELEASED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
+    }
+}
+
+/// Exports a group's conflicting-duplicates counter at 0 from the start, so
+/// `increase()` sees its first conflict (a series born at 1 shows no increase).
+pub fn conflicting_duplicates_start(group: &str) {
+    counter!(name::CONFLICTING_DUPLICATES, "group" => group.to_string()).increment(0);
+}
+
+/// Records received.
+pub fn consumed(group: &str, topic: &str) {
+    counter!(name::CONSUMED, "group" => group.to_string(), "topic" => topic.to_string()).increment(1);
+}
