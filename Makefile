@@ -24,8 +24,10 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
 
+# `demo`, the bench-* commands and `produce --count` are the test harness
+# (cargo feature `harness`); the release image is built without it.
 run: build-deps ## the pipeline on an embedded stack (mock Kafka, in-process registry): no servers
-	cargo run --bin orderpipe -- --log-level off demo
+	cargo run --features harness --bin orderpipe -- --log-level off demo
 
 test: ## install and start Kafka, Apicurio and MariaDB, run every test, stop what was started
 	$(REPO_ROOT)/dev/test.sh
@@ -36,26 +38,26 @@ image: ## the Dockerfile's image without a daemon (buildah, mmdebstrap base), ru
 	$(REPO_ROOT)/dev/image.sh
 
 bench-produce: build-deps ## orderpipe produce vs kafka-producer-perf-test, 1M records, same broker
-	cargo build --release --bin orderpipe
+	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-produce.sh $(or $(COUNT),1000000)
 
 bench-consume: build-deps ## 1M backlog: perf-test vs orderpipe consume vs naive per-record consumer
-	cargo build --release --bin orderpipe
+	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-consume.sh $(or $(COUNT),1000000) $(or $(NAIVE),50000)
 
 bench-dlq: build-deps ## error tier: happy-path overhead and replay throughput (100k dead letters)
-	cargo build --release --bin orderpipe
+	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-dlq.sh $(or $(COUNT),100000)
 
 bench-relay: build-deps ## relay throughput per batch size, vs the plain producer, and API-to-apply latency
-	cargo build --release --bin orderpipe
+	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-relay.sh $(or $(ROWS),100000) $(or $(RATE),100)
 
 bench-ordering: build-deps ## per-key ordering: mode key vs none at 0/1/5 % failing events, DB statements per event
-	cargo build --release --bin orderpipe
+	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-ordering.sh $(or $(COUNT),100000)

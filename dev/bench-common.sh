@@ -8,7 +8,11 @@ OUT_DIR="$ROOT/bench-results"
 BOOTSTRAP="${ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:9092}"
 DB_URL_BASE="mysql://orderpipe:orderpipe@127.0.0.1:3306"
 mkdir -p "$OUT_DIR"
-[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "build first: cargo build --release --features harness" >&2; exit 1; }
+# The bench-* commands and `produce --count` are the harness (make image
+# builds the same path without it).
+"$BIN" bench-naive-consume --help >/dev/null 2>&1 \
+  || { echo "$BIN was built without the harness: cargo build --release --features harness" >&2; exit 1; }
 export ORDERPIPE_TOPICS__ORDER_EVENTS__NAME="$RUN_ID.order.events.v1"
 export ORDERPIPE_TOPICS__INVENTORY_EVENTS__NAME="$RUN_ID.inventory.events.v1"
 export ORDERPIPE_TOPICS__DEAD_LETTER__NAME="$RUN_ID.order.events.v1.dlq"

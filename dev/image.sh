@@ -26,6 +26,10 @@ VALUES="$ROOT/helm/orderpipe/values.yaml"
 WORK="${ORDERPIPE_STACK_DIR:-$ROOT/.stack}/image"
 IMAGE="${ORDERPIPE_IMAGE:-localhost/orderpipe:dev}"
 HOST_BINARY="$ROOT/target/release/orderpipe"
+# The check's synthetic events come from `produce --count`, a harness command
+# the release binary (like the image) is built without: a debug build with
+# the cargo feature `harness` (make test has built it already).
+LOAD_BINARY="$ROOT/target/debug/orderpipe"
 SUITE=bookworm
 # Like the official -slim images: no docs, man pages or locales; apt keeps no
 # binary caches, downloaded .debs or translations in the image.
@@ -249,7 +253,8 @@ cmd_check() {
   sql "CREATE DATABASE \`$db\`"
   log "database $db, topics $id.*"
   env "${host_env[@]}" "$HOST_BINARY" topics ensure --group "$CHECK_GROUP" >/dev/null
-  env "${host_env[@]}" "$HOST_BINARY" produce --count "$CHECK_EVENTS" --orders 20 >/dev/null
+  (cd "$ROOT" && cargo build --quiet --features harness --bin orderpipe)
+  env "${host_env[@]}" "$LOAD_BINARY" produce --count "$CHECK_EVENTS" --orders 20 >/dev/null
   log "host: produced $CHECK_EVENTS events"
 
   local summary="$WORK/consume.json" err="$WORK/consume.log"

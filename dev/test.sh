@@ -5,6 +5,9 @@
 #
 # Phases: unit tests and parallel integration tests, then the serial tests
 # (`#[ignore]`d: they stop shared services or load the machine) one at a time.
+# The tests drive the test harness (demo, produce --count, the chaos handler):
+# everything is built with the cargo feature `harness`, except the release
+# image, which is then checked to have none of it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK="$ROOT/dev/stack.sh"
@@ -12,7 +15,7 @@ cd "$ROOT"
 
 "$STACK" deps
 echo "== building tests"
-cargo build --tests --bins
+cargo build --features harness --tests --bins
 
 if "$STACK" status >/dev/null 2>&1; then
   echo "== stack already running: reusing it, leaving it running afterwards"
@@ -33,16 +36,26 @@ echo "== Helm chart and alert rules"
 "$ROOT/dev/chart-test.sh"
 
 echo "== unit and integration tests"
-cargo test --all-targets
+cargo test --features harness --all-targets
 echo "== serial integration tests (one at a time)"
-cargo test --test it -- --ignored --test-threads=1
+cargo test --features harness --test it -- --ignored --test-threads=1
 
 # The chart's image: the Dockerfile built with buildah (no daemon) and run as
 # UID 10001 against the stack; most of its time is the release build.
 echo "== image (dev/image.sh): Dockerfile built with buildah, consume as UID 10001"
 "$ROOT/dev/image.sh"
 
+# The image's binary (target/release/orderpipe, built without features) has
+# no demo, bench-* commands, produce --count or chaos handler; the same check
+# fails on the harness build, so it can fail.
+echo "== no harness in the release build (dev/no-harness-check.sh)"
+"$ROOT/dev/no-harness-check.sh" "$ROOT/target/release/orderpipe"
+if "$ROOT/dev/no-harness-check.sh" "$ROOT/target/debug/orderpipe" >/dev/null 2>&1; then
+  echo "dev/no-harness-check.sh passed on the harness build target/debug/orderpipe" >&2
+  exit 1
+fi
+
 # Last: building with the feature changes target/debug/orderpipe, which the
 # tests above use (a target dir of its own would cost a full second build).
 echo "== OTLP export (built with --features otlp)"
-cargo test --features otlp --test otlp
+cargo test --features otlp,harness --test otlp

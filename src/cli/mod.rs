@@ -80,6 +80,7 @@ enum Command {
     #[command(subcommand)]
     Topics(TopicsCommand),
     /// Produce events from an NDJSON file or a synthetic generator.
+    #[cfg_attr(not(feature = "harness"), command(about = "Produce events from an NDJSON file."))]
     Produce(produce::ProduceArgs),
     /// Apply the database migrations in `sql/` (MariaDB/MySQL or SQLite).
     Migrate,

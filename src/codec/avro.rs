@@ -122,7 +122,7 @@ mod tests {
     fn round_trips_every_event_through_the_schema() {
         let catalog = SchemaCatalog::embedded();
         let schema = &catalog.order_events().parsed;
-        for envelope in crate::generator::sample_lifecycle(77) {
+        for envelope in EventData::sample_lifecycle(77).into_iter().map(|data| Envelope::new("sample", data)) {
             let value = to_avro(&envelope, schema).unwrap();
             let bytes = apache_avro::to_avro_datum(schema, value).unwrap();
             let back = apache_avro::from_avro_datum(schema, &mut &bytes[..], None).unwrap();

@@ -289,6 +289,19 @@ mod tests {
         });
     }
 
+    #[cfg(not(feature = "harness"))]
+    #[test]
+    fn a_chaos_section_is_refused_without_the_harness() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[chaos]\npermanent_all = true\n").unwrap();
+        figment::Jail::expect_with(|_| {
+            let err = Settings::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains("chaos: fault injection") && err.contains("cargo feature `harness`"), "{err}");
+            Ok(())
+        });
+    }
+
     #[test]
     fn unknown_keys_and_short_retention_are_named() {
         let dir = tempfile::tempdir().unwrap();

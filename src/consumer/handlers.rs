@@ -3,36 +3,33 @@
 
 use std::sync::Arc;
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use async_trait::async_trait;
 
 use super::handler::{Effect, Handler, HandlerError};
 use super::version::MAJOR_1;
-use crate::config::{ChaosSettings, Settings};
-use crate::db::{Dialect, Tx};
+use crate::db::Tx;
 use crate::envelope::{Envelope, EventData, EventName};
 
-/// Names accepted by `--handler`.
-pub const BUILT_IN: [&str; 6] = ["inventory", "payment", "logistics", "notification", "points", "chaos"];
+/// Names accepted by `--handler` (a `harness` build adds `chaos`).
+pub const BUILT_IN: [&str; 5] = ["inventory", "payment", "logistics", "notification", "points"];
 
-/// The built-in handler called `name`.
-pub fn by_name(name: &str, settings: &Settings) -> Result<Arc<dyn Handler>, String> {
-    Ok(match name {
+/// The built-in handler called `name`, if there is one.
+pub fn by_name(name: &str) -> Option<Arc<dyn Handler>> {
+    Some(match name {
         "inventory" => Arc::new(Inventory),
         "payment" => Arc::new(Payment),
         "logistics" => Arc::new(Logistics),
         "notification" => Arc::new(Notification),
         "points" => Arc::new(Points),
-        "chaos" => Arc::new(Chaos::new(settings.chaos.clone())),
-        other => {
-            return Err(format!(
-                "unknown handler `{other}`; built-in handlers: {}",
-                BUILT_IN.join(", ")
-            ));
-        }
+        _ => return None,
     })
+}
+
+/// The error for a `--handler` that names no handler: the built-in ones
+/// and `more` (handlers this build adds) are listed.
+pub fn unknown(name: &str, more: &[&str]) -> String {
+    let known: Vec<&str> = BUILT_IN.iter().chain(more).copied().collect();
+    format!("unknown handler `{name}`; built-in handlers: {}", known.join(", "))
 }
 
 /// Major 1 of the event names a built-in handler acts on (`handled`),
@@ -81,10 +78,10 @@ impl Handler for Inventory {
         major_1_of(event_name, &["order.created", "order.canceled"])
     }
 
-    async fn apply(&self, tx: &mut Tx, dialect: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
+    async fn apply(&self, tx: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError> {
         match &envelope.data {
             EventData::Created(d) => {
-                let sql = dialect.insert_ignore("INTO inventory_reservations (order_id, sku, quantity, status, reserved_at) \
+                let sql = tx.sql().insert_ignore("INTO inventory_reservations (order_id, sku, quantity, status, reserved_at) \
                      VALUES (?, ?, ?, 'reserved', ?)");
                 let r = sqlx::query(sql)
                     .bind(d.order_id)
@@ -125,10 +122,10 @@ impl Handler for Payment {
         major_1_of(event_name, &["order.payment.succeeded", "order.refunded"])
     }
 
-    async fn apply(&self, tx: &mut Tx, dialect: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
+    async fn apply(&self, tx: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError> {
         match &envelope.data {
             EventData::PaymentSucceeded(d) => {
-                let sql = dialect.insert_ignore("INTO payments (order_id, payment_id, amount, status, paid_at) VALUES (?, ?, ?, 'paid', ?)");
+                let sql = tx.sql().insert_ignore("INTO payments (order_id, payment_id, amount, status, paid_at) VALUES (?, ?, ?, 'paid', ?)");
                 let r = sqlx::query(sql)
                     .bind(d.order_id)
                     .bind(&d.payment_id)
@@ -169,11 +166,11 @@ impl Handler for Logistics {
         major_1_of(event_name, &["order.shipped"])
     }
 
-    async fn apply(&self, tx: &mut Tx, dialect: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
+    async fn apply(&self, tx: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError> {
         let EventData::Shipped(d) = &envelope.data else {
             return Ok(Effect::Ignored);
         };
-        let sql = dialect.insert_ignore("INTO shipments (order_id, shipment_id, carrier, shipped_at) VALUES (?, ?, ?, ?)");
+        let sql = tx.sql().insert_ignore("INTO shipments (order_id, shipment_id, carrier, shipped_at) VALUES (?, ?, ?, ?)");
         let r = sqlx::query(sql)
             .bind(d.order_id)
             .bind(&d.shipment_id)
@@ -194,8 +191,8 @@ impl Handler for Notification {
         "notification"
     }
 
-    async fn apply(&self, tx: &mut Tx, dialect: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
-        let sql = dialect.insert_ignore("INTO notifications (event_id, order_id, kind) VALUES (?, ?, ?)");
+    async fn apply(&self, tx: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError> {
+        let sql = tx.sql().insert_ignore("INTO notifications (event_id, order_id, kind) VALUES (?, ?, ?)");
         let r = sqlx::query(sql)
             .bind(envelope.event_id.to_string())
             .bind(envelope.data.order_id())
@@ -224,7 +221,7 @@ impl Handler for Points {
         major_1_of(event_name, &["order.payment.succeeded", "order.refunded"])
     }
 
-    async fn apply(&self, tx: &mut Tx, dialect: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
+    async fn apply(&self, tx: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError> {
         let (order_id, entry, points) = match &envelope.data {
             EventData::PaymentSucceeded(d) => (d.order_id, "earn", points_for(d.amount)),
             EventData::Refunded(d) => {
@@ -244,7 +241,7 @@ impl Handler for Points {
             }
             _ => return Ok(Effect::Ignored),
         };
-        let sql = dialect.insert_ignore("INTO points_ledger (order_id, entry_type, points, event_id) VALUES (?, ?, ?, ?)");
+        let sql = tx.sql().insert_ignore("INTO points_ledger (order_id, entry_type, points, event_id) VALUES (?, ?, ?, ?)");
         let r = sqlx::query(sql)
             .bind(order_id)
             .bind(entry)
@@ -253,57 +250,5 @@ impl Handler for Points {
             .execute(&mut **tx)
             .await?;
         Ok(written(r.rows_affected()))
-    }
-}
-
-/// Whether `event_id` falls in the first `rate` of the id space: a stable
-/// pick (the same events in every process and every run of the same data).
-fn picked(event_id: uuid::Uuid, rate: f64) -> bool {
-    rate > 0.0 && (event_id.as_u128() % 1_000_000) < (rate * 1_000_000.0) as u128
-}
-
-/// Fault injection for demos and tests (`[chaos]` settings): fails the
-/// configured orders' events (or a fraction of all events), transiently (the first N executions of each
-/// event, counted in this process) or permanently. Writes nothing.
-pub struct Chaos {
-    settings: ChaosSettings,
-    executions: Mutex<HashMap<uuid::Uuid, u32>>,
-}
-
-impl Chaos {
-    /// A chaos handler with these rules.
-    pub fn new(settings: ChaosSettings) -> Self {
-        Self {
-            settings,
-            executions: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-#[async_trait]
-impl Handler for Chaos {
-    fn name(&self) -> &'static str {
-        "chaos"
-    }
-
-    async fn apply(&self, _: &mut Tx, _: Dialect, envelope: &Envelope) -> Result<Effect, HandlerError> {
-        let order = envelope.data.order_id();
-        if self.settings.permanent_all || self.settings.permanent_orders.contains(&order) {
-            return Err(HandlerError::Fatal(format!("chaos: order {order} is configured to fail permanently")));
-        }
-        let chosen = self.settings.transient_orders.contains(&order) || picked(envelope.event_id, self.settings.transient_rate);
-        let events = &self.settings.transient_events;
-        if chosen && (events.is_empty() || events.iter().any(|e| e == envelope.event_name.as_str())) {
-            let mut executions = self.executions.lock().expect("chaos lock");
-            let n = executions.entry(envelope.event_id).or_insert(0);
-            *n += 1;
-            if *n <= self.settings.transient_failures {
-                return Err(HandlerError::Retryable(format!(
-                    "chaos: transient failure {n} of {} for order {order}",
-                    self.settings.transient_failures
-                )));
-            }
-        }
-        Ok(Effect::Ignored)
     }
 }

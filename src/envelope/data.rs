@@ -274,6 +274,29 @@ impl EventData {
             created_at: super::format_utc(&chrono::Utc::now()),
         })
     }
+
+    /// One valid payload of every order event, in lifecycle order (created,
+    /// payment succeeded, shipped, canceled, refunded), for tests and examples.
+    pub fn sample_lifecycle(order_id: i64) -> Vec<Self> {
+        let at = super::format_utc(&chrono::Utc::now());
+        vec![
+            Self::sample_created(order_id),
+            Self::PaymentSucceeded(OrderPaymentSucceeded {
+                order_id,
+                payment_id: format!("pay-{order_id}"),
+                amount: 1999,
+                paid_at: at.clone(),
+            }),
+            Self::Shipped(OrderShipped {
+                order_id,
+                shipment_id: format!("shp-{order_id}"),
+                carrier: "sf-express".into(),
+                shipped_at: at.clone(),
+            }),
+            Self::Canceled(OrderCanceled { order_id, reason: "customer_request".into(), canceled_at: at.clone() }),
+            Self::Refunded(OrderRefunded { order_id, refund_id: format!("rfd-{order_id}"), amount: 1999, refunded_at: at }),
+        ]
+    }
 }
 
 fn positive(n: i32, field: &str) -> Result<(), EnvelopeError> {

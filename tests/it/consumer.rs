@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use orderpipe::codec::Codec;
 use orderpipe::db::Db;
 use orderpipe::envelope::Envelope;
-use orderpipe::generator::LifecycleGenerator;
+use orderpipe::harness::generator::LifecycleGenerator;
 use orderpipe::kafka::client::client_config;
 use orderpipe::schema::SchemaCatalog;
 use rand::Rng;

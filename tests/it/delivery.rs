@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use orderpipe::envelope::Envelope;
-use orderpipe::generator::LifecycleGenerator;
+use orderpipe::harness::generator::LifecycleGenerator;
 use serde_json::{Value, json};
 
 use crate::consumer::write_ndjson;

@@ -8,7 +8,7 @@ use apache_avro::types::Value as Avro;
 use orderpipe::codec::Codec;
 use orderpipe::codec::avro::to_avro;
 use orderpipe::envelope::{Envelope, EventData};
-use orderpipe::generator::LifecycleGenerator;
+use orderpipe::harness::generator::LifecycleGenerator;
 use orderpipe::kafka::client::client_config;
 use orderpipe::producer::record_headers;
 use orderpipe::kafka::record::header;

@@ -1,7 +1,7 @@
-//! Assertions over `orderpipe::consumer::verify`: the business tables and
+//! Assertions over `orderpipe::harness::verify`: the business tables and
 //! `event_dedup` against the events as produced.
 
-use orderpipe::consumer::verify::{applied_order, verify};
+use orderpipe::harness::verify::{applied_order, verify};
 use orderpipe::db::Db;
 use orderpipe::envelope::Envelope;
 

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use orderpipe::envelope::Envelope;
-use orderpipe::generator::LifecycleGenerator;
+use orderpipe::harness::generator::LifecycleGenerator;
 use rdkafka::Message;
 use serde_json::Value;
 

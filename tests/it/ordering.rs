@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use orderpipe::consumer::verify;
+use orderpipe::harness::verify;
 use orderpipe::db::Db;
 use orderpipe::envelope::Envelope;
 use serde_json::Value;
@@ -96,7 +96,7 @@ async fn a_refund_waits_behind_its_retried_payment_while_other_orders_flow() {
     // arrive: all of them must be applied before the payment.
     env.cli(&["produce", "--count", "300", "--orders", "30", "--seed", "72", "--first-order-id", "100000"]).success();
     let mut events = events;
-    events.extend(orderpipe::generator::LifecycleGenerator::new("x", 30, 100_000, 72).take(300));
+    events.extend(orderpipe::harness::generator::LifecycleGenerator::new("x", 30, 100_000, 72).take(300));
     let total = events.len() as i64;
     wait_until("every event applied", Duration::from_secs(90), async || count_rows(&db, group).await == total).await;
     sigterm(&mut consumer);
@@ -371,4 +371,50 @@ fn a_bad_ordering_mode_names_the_accepted_values() {
     env.set_env("ORDERPIPE_CONSUMER__ORDERING", "fifo");
     let out = env.cli(&["consume", "--group", "g", "--handler", "notification"]).failure();
     assert!(out.to_lowercase().contains("consumer.ordering") && out.contains("none"), "{out}");
+}
+
+/// A key parked before migration 0007 (head-origin columns) keeps its head:
+/// the migration fills `head_topic`, `head_partition`, `head_offset` from
+/// `head_origin`, on MariaDB and on SQLite, and the operators' lookup of a
+/// dead letter's parked key, which matches on those columns, finds it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_parked_before_the_head_columns_keeps_its_head_after_the_migration() {
+    let env = TestEnv::new();
+    let name = format!("op_{}_upgrade", env.prefix);
+    let admin = sqlx::MySqlPool::connect(crate::helpers::MYSQL_ADMIN_URL).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`"))).execute(&admin).await.unwrap();
+    upgrade_keeps_the_head(&format!("{}{name}", crate::helpers::MYSQL_ADMIN_URL), "sql/mysql").await;
+    let dir = tempfile::tempdir().unwrap();
+    upgrade_keeps_the_head(&format!("sqlite://{}/t.db?mode=rwc", dir.path().display()), "sql/sqlite").await;
+}
+
+/// Migrates `url` up to 0006 (copies of the shipped files), parks a key the
+/// old way, then applies every migration as `orderpipe migrate` does.
+async fn upgrade_keeps_the_head(url: &str, migrations: &str) {
+    let settings = orderpipe::db::DatabaseSettings { url: url.to_string().into(), max_connections: 2 };
+    let db = Db::connect(&settings, 2).unwrap();
+    let before = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(migrations).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_str().unwrap().to_string();
+        if file.as_str() < "0007" {
+            std::fs::copy(&path, before.path().join(file)).unwrap();
+        }
+    }
+    sqlx::migrate::Migrator::new(before.path()).await.unwrap().run(&db.pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO parked_keys (consumer_group, record_key, kafka_partition, head_origin, head_event_id, head_event_name, \
+         state, parked_ms, updated_ms) VALUES ('g', '42', 3, 'order.events.v1-eu_2/3/77', NULL, 'order.created', 'dead', 1, 1)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    db.migrate().await.unwrap();
+    let origin = orderpipe::ordering::Origin { topic: "order.events.v1-eu_2".into(), partition: 3, offset: 77 };
+    let parked = orderpipe::dlq::held::headed_by(&db, "g", "42", &origin, None).await.unwrap();
+    let parked = parked.unwrap_or_else(|| panic!("{migrations}: the head found by its columns"));
+    assert_eq!(parked.head(), origin, "{migrations}");
+    assert_eq!(parked.state, orderpipe::ordering::ParkState::Dead, "{migrations}");
+    let elsewhere = orderpipe::ordering::Origin { offset: 78, ..origin };
+    assert!(orderpipe::dlq::held::headed_by(&db, "g", "42", &elsewhere, None).await.unwrap().is_none(), "{migrations}");
 }

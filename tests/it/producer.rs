@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use orderpipe::codec::Codec;
 use orderpipe::envelope::Envelope;
-use orderpipe::generator::LifecycleGenerator;
+use orderpipe::harness::generator::LifecycleGenerator;
 use orderpipe::schema::SchemaCatalog;
 use rdkafka::Message;
 

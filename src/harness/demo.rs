@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use crate::api::{self, orders::OrderService};
+use crate::api::orders::OrderService;
 use crate::codec::Codec;
 use crate::delivery::{HttpDelivery, Subscription};
 use crate::outbox::relay::{Relay, RelayOptions, RelaySummary};
@@ -34,7 +34,7 @@ use crate::dlq::replay::{self, ReplayOptions};
 use crate::dlq::store::{self, DeadLetter, Filter};
 use crate::envelope::{Envelope, EventData};
 use crate::retry::retry_topic;
-use crate::consumer::verify::{Verification, applied_order, applied_sequence, others_applied_between, verify};
+use crate::consumer::handler::Handler;
 use crate::consumer::{self, ConsumeOptions, ConsumeSummary, StartFrom, handlers};
 use crate::config::Settings;
 use crate::db::Db;
@@ -42,6 +42,10 @@ use crate::codec::embedded_registry::EmbeddedRegistry;
 use crate::producer::EventProducer;
 use crate::kafka::client::{client_config, producer_options};
 use crate::schema::SchemaCatalog;
+
+use super::chaos::{self, Chaos, ChaosSettings};
+use super::generator;
+use super::verify::{Verification, applied_order, applied_sequence, others_applied_between, verify};
 
 /// Knobs of a demo run.
 #[derive(Debug, Clone)]
@@ -83,6 +87,19 @@ pub struct DemoReport {
     pub group_order_violations: BTreeMap<String, usize>,
     /// Wall time of the run in milliseconds.
     pub elapsed_ms: u128,
+}
+
+impl DemoReport {
+    /// Every check held: per-order partitioning and order, everything read
+    /// back, exactly once in the tables, applied in order by every group,
+    /// and every matching event delivered over HTTP.
+    pub fn passed(&self) -> bool {
+        self.ordering_violations.is_empty()
+            && self.consumed == self.produced
+            && self.verification.is_exact()
+            && self.group_order_violations.values().all(|n| *n == 0)
+            && self.http.requests == self.http.matching
+    }
 }
 
 /// The error tier part of the demo.
@@ -164,11 +181,22 @@ const GROUPS: [(&str, &[&str]); 2] = [
     ("customer-service.order.consumer", &["logistics", "notification"]),
 ];
 
-/// Runs one group of built-in handlers over the topic until it is idle.
-async fn run_built_in(settings: &Settings, db: &Db, group: &str, names: &[&str], topic: &str) -> anyhow::Result<ConsumeSummary> {
+/// Runs one group of built-in handlers (`chaos` with the rules of
+/// `chaos`) over the topic until it is idle.
+async fn run_built_in(
+    settings: &Settings,
+    db: &Db,
+    chaos: &ChaosSettings,
+    group: &str,
+    names: &[&str],
+    topic: &str,
+) -> anyhow::Result<ConsumeSummary> {
     let handlers = names
         .iter()
-        .map(|n| handlers::by_name(n, settings).map_err(anyhow::Error::msg))
+        .map(|n| match *n {
+            chaos::NAME => Ok(Arc::new(Chaos::new(chaos.clone())) as Arc<dyn Handler>),
+            n => handlers::by_name(n).ok_or_else(|| anyhow::anyhow!(handlers::unknown(n, &[chaos::NAME]))),
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     run_group(settings, db, group, handlers, topic).await
 }
@@ -178,7 +206,7 @@ async fn run_group(
     settings: &Settings,
     db: &Db,
     group: &str,
-    handlers: Vec<Arc<dyn crate::consumer::handler::Handler>>,
+    handlers: Vec<Arc<dyn Handler>>,
     topic: &str,
 ) -> anyhow::Result<ConsumeSummary> {
     let options = ConsumeOptions {
@@ -191,7 +219,7 @@ async fn run_group(
         error_tier: true,
         ordering: settings.consumer.ordering,
     };
-    Ok(consumer::run(settings, db.clone(), options, std::future::pending()).await?)
+    Ok(consumer::run(crate::startup::consumer_sections(settings), db.clone(), options, std::future::pending()).await?)
 }
 
 /// The first order that has an event matching `pick`.
@@ -257,8 +285,8 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
 
     // Producer side: the order API (in-process) writes orders and outbox rows
     // in one transaction; the relay publishes them in Kafka transactions.
-    let service = OrderService::new(db.clone(), &settings);
-    api::orders::drive(&service, options.orders, options.seed).await?;
+    let service = OrderService::new(db.clone(), &settings.producer, &settings.topics);
+    generator::drive(&service, options.orders, options.seed).await?;
     let relay_options = RelayOptions {
         instance: "demo".into(),
         transactional_id_prefix: settings.producer.transactional_id_prefix.clone(),
@@ -269,13 +297,13 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         until_idle: Some(Duration::from_secs(1)),
         crash_at: None,
     };
-    let relayed = Relay::new(&settings, db.clone(), relay_options).await?.run(std::future::pending()).await?;
+    let relayed = Relay::new(crate::startup::relay_sections(&settings), db.clone(), relay_options).await?.run(std::future::pending()).await?;
     let events = crate::outbox::recorded_events(&db, &spec.name).await?;
 
     let catalog = SchemaCatalog::embedded();
     let codec = Arc::new(Codec::new(&settings.registry, &spec.name, catalog.order_events(), true)?);
     codec.warm_up().await?;
-    let producer = EventProducer::new(&settings, codec.clone(), &spec.name)?;
+    let producer = EventProducer::new(&settings.kafka, &settings.producer, codec.clone(), &spec.name)?;
     producer.check_ready(Duration::from_secs(10)).await?;
 
     // What each order's sequence should be, in production order.
@@ -344,35 +372,53 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     let poison = inject_poison(&settings, &spec.name, &events).await?;
     let transient_order = first_order_with(&events, |e| matches!(e.data, EventData::Refunded(_)));
     let permanent_order = first_order_with(&events, |e| matches!(e.data, EventData::Canceled(_)));
-    settings.chaos.transient_orders = vec![transient_order];
-    settings.chaos.transient_events = vec!["order.payment.succeeded".into()];
-    settings.chaos.transient_failures = 4;
-    settings.chaos.permanent_orders = vec![permanent_order];
+    let mut chaos = ChaosSettings {
+        transient_orders: vec![transient_order],
+        transient_events: vec!["order.payment.succeeded".into()],
+        transient_failures: 4,
+        permanent_orders: vec![permanent_order],
+        ..ChaosSettings::default()
+    };
 
     let mut groups = Vec::new();
     for (group, names) in GROUPS {
-        groups.push(run_built_in(&settings, &db, group, names, &spec.name).await?);
+        groups.push(run_built_in(&settings, &db, &chaos, group, names, &spec.name).await?);
     }
 
     // Operators' side: persist the DLQ, look, replay what can succeed, ignore the rest.
-    crate::dlq::persist::run(&settings, &db, Some(Duration::from_secs(2)), std::future::pending()).await?;
+    crate::dlq::persist::run(
+        &settings.kafka,
+        &settings.dlq,
+        &settings.topics.dead_letter,
+        &db,
+        Some(Duration::from_secs(2)),
+        std::future::pending(),
+    ).await?;
     let dead_letters = store::list(&db, &Filter::default(), 100).await?;
     let replay_filter = Filter {
         group: Some(GROUPS[0].0.to_string()),
         error_text: Some("fail permanently".into()),
-        status: Some(store::Status::Pending),
+        status: Some(store::Status::Pending.into()),
         ..Default::default()
     };
-    settings.chaos.permanent_orders.clear(); // the "fix" was deployed
+    chaos.permanent_orders.clear(); // the "fix" was deployed
     let to_replay = store::records(&db, &replay_filter, 100).await?;
     let replay_options = ReplayOptions { to_original: false, rate: None };
-    let replayed = replay::replay(&settings, &db, &to_replay, replay_options, || {}).await?;
-    let poison_filter = Filter { status: Some(store::Status::Pending), ..Default::default() };
+    let replayed = replay::replay(
+        &settings.kafka,
+        &settings.producer,
+        &settings.topics.dead_letter.name,
+        &db,
+        &to_replay,
+        replay_options,
+        || {},
+    ).await?;
+    let poison_filter = Filter { status: Some(store::Status::Pending.into()), ..Default::default() };
     let poison_rows = store::records(&db, &poison_filter, 100).await?;
     // Poison parks its order's key too; nothing follows it here, so release.
     let reason = "not an order event (undecodable bytes)";
     crate::dlq::ignore::ignore(&db, &poison_rows, reason, Some(crate::dlq::ignore::Followers::Release)).await?;
-    let after_replay = run_built_in(&settings, &db, GROUPS[0].0, GROUPS[0].1, &spec.name).await?;
+    let after_replay = run_built_in(&settings, &db, &chaos, GROUPS[0].0, GROUPS[0].1, &spec.name).await?;
 
     let mut group_order_violations = BTreeMap::new();
     for (group, _) in GROUPS {

@@ -3,14 +3,14 @@
 //! hold, plus a per-order check that effects were applied in the order the
 //! events were produced (from `event_dedup.apply_seq`).
 //!
-//! The demo prints it; the integration tests assert on it.
+//! The demo prints it; the integration tests and `bench-order-check` assert on it.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::handlers::points_for;
-use crate::db::{Db, DbError, Dialect};
+use crate::consumer::handlers::points_for;
+use crate::db::{Db, DbError};
 use crate::envelope::{Envelope, EventData};
 
 /// One counted fact: expected vs found.
@@ -84,15 +84,12 @@ fn expected(events: &[Envelope]) -> [i64; 9] {
 
 async fn count(db: &Db, sql: &'static str) -> Result<i64, DbError> {
     let sql = if sql == "SUM" {
-        // SUM is DECIMAL on MySQL: cast it back to an integer per dialect.
-        match db.dialect {
-            Dialect::MySql => "SELECT CAST(COALESCE(SUM(points), 0) AS SIGNED) FROM points_ledger",
-            Dialect::Sqlite => "SELECT CAST(COALESCE(SUM(points), 0) AS INTEGER) FROM points_ledger",
-        }
+        // SUM is DECIMAL on MySQL: cast it back to an integer.
+        format!("SELECT {} FROM points_ledger", db.sql().integer("COALESCE(SUM(points), 0)"))
     } else {
-        sql
+        sql.to_owned()
     };
-    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(&db.pool).await?;
+    let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_one(&db.pool).await?;
     Ok(n)
 }
 

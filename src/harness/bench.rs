@@ -64,8 +64,8 @@ pub async fn naive_consume(
             offset: message.offset(),
             key: envelope.key(),
         };
-        if dedup::claim(&mut tx, db.dialect, group, &envelope, &origin).await? {
-            handler.apply(&mut tx, db.dialect, &envelope).await?;
+        if dedup::claim(&mut tx, group, &envelope, &origin).await? {
+            handler.apply(&mut tx, &envelope).await?;
         }
         tx.commit().await?;
         consumer.commit_message(&message, CommitMode::Sync)?;

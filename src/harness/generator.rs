@@ -1,4 +1,6 @@
-//! Synthetic order lifecycles for `orderpipe produce --count` and the demo.
+//! Synthetic order lifecycles: envelopes for `orderpipe produce --count`
+//! ([`LifecycleGenerator`]), or orders driven through the order service
+//! ([`drive`], the demo and `bench-drive-orders`).
 //!
 //! Orders follow realistic paths, interleaved across a pool of open orders
 //! the way a busy shop interleaves them:
@@ -16,6 +18,7 @@ use chrono::{DateTime, Duration, Utc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::api::orders::{Action, ApiError, NewOrder, OrderService};
 use crate::envelope::{
     Envelope, EventData, OrderCanceled, OrderCreated, OrderPaymentSucceeded, OrderRefunded,
     OrderShipped, format_utc,
@@ -170,13 +173,50 @@ impl Iterator for LifecycleGenerator {
     }
 }
 
-/// One full lifecycle of every kind for `order_id`, in order (tests, examples).
-pub fn sample_lifecycle(order_id: i64) -> Vec<Envelope> {
-    let mut generator = LifecycleGenerator::new("sample", 1, order_id, 7);
-    [Step::Created, Step::Paid, Step::Shipped, Step::Canceled, Step::Refunded]
-        .into_iter()
-        .map(|step| Envelope::new("sample", generator.data(step, order_id, 1234)))
-        .collect()
+/// Drives `orders` lifecycles through the order service in-process (the
+/// demo and `bench-drive-orders`), with the shares of the table above;
+/// returns how many order events were recorded.
+pub async fn drive(service: &OrderService, orders: usize, seed: u64) -> Result<usize, ApiError> {
+    drive_at(service, orders, seed, None).await
+}
+
+/// Like [`drive`], starting at most `rate` orders per second.
+pub async fn drive_at(service: &OrderService, orders: usize, seed: u64, rate: Option<u32>) -> Result<usize, ApiError> {
+    let started = tokio::time::Instant::now();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut events = 0;
+    for i in 0..orders {
+        if let Some(rate) = rate.filter(|r| *r > 0) {
+            tokio::time::sleep_until(started + std::time::Duration::from_secs_f64(i as f64 / f64::from(rate))).await;
+        }
+        let amount = rng.random_range(100..500_000);
+        let order = service
+            .create(
+                NewOrder {
+                    user_id: rng.random_range(1..1_000_000),
+                    sku: format!("SKU-{}", rng.random_range(1..500)),
+                    quantity: rng.random_range(1..5),
+                    amount,
+                    currency: None,
+                },
+                None,
+            )
+            .await?;
+        events += 1;
+        let id = order.order_id;
+        for step in &choose_path(&mut rng)[1..] {
+            let action = match step {
+                Step::Paid => Action::Pay { payment_id: format!("pay-{id}"), amount },
+                Step::Shipped => Action::Ship { shipment_id: format!("shp-{id}"), carrier: "sf-express".into() },
+                Step::Canceled => Action::Cancel { reason: "customer_request".into() },
+                Step::Refunded => Action::Refund { refund_id: format!("rfd-{id}"), amount },
+                Step::Created => continue,
+            };
+            service.act(id, action, None).await?;
+            events += 1;
+        }
+    }
+    Ok(events)
 }
 
 #[cfg(test)]
