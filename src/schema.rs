@@ -69,6 +69,12 @@ pub struct TopicSchema {
     pub parsed: Schema,
 }
 
+impl AsRef<Schema> for TopicSchema {
+    fn as_ref(&self) -> &Schema {
+        &self.parsed
+    }
+}
+
 /// All topic schemas orderpipe knows.
 #[derive(Debug, Clone)]
 pub struct SchemaCatalog {

@@ -1,5 +1,10 @@
 //! The Confluent wire format: magic byte `0`, a 4-byte big-endian schema id,
-//! then the Avro body.
+//! then the Avro body, and the registry client it needs.
+//!
+//! The codec sits below [`crate::schema`]: it takes any parsed Avro schema
+//! (a `TopicSchema` is one), while `schema` (the schema files, registering,
+//! compatibility checks) uses the codec's registry connection
+//! ([`RegistrySettings`], [`sr_settings`]) and errors.
 //!
 //! [`Codec`] wraps `schema_registry_converter`'s encoder and decoder, which
 //! cache schema ids and parsed schemas per process, so the registry is asked
@@ -27,7 +32,6 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use crate::envelope::{Envelope, EnvelopeError};
-use crate::schema::TopicSchema;
 
 /// The `[registry]` section of the configuration: the schema registry
 /// (Confluent-compatible API).
@@ -135,14 +139,15 @@ pub struct Codec {
 }
 
 impl Codec {
-    /// A codec for values of `topic` written with `schema`. With
+    /// A codec for values of `topic` written with `schema` (a
+    /// [`crate::schema::TopicSchema`], or any parsed Avro schema). With
     /// `auto_register` the schema is registered (or found) under
     /// `<topic>-value` on first use; without it, the subject's latest
     /// registered version is used and must exist.
     pub fn new(
         registry: &RegistrySettings,
         topic: &str,
-        schema: &TopicSchema,
+        schema: &impl AsRef<apache_avro::Schema>,
         auto_register: bool,
     ) -> Result<Self, CodecError> {
         let settings = sr_settings(registry)?;
@@ -150,7 +155,7 @@ impl Codec {
             SubjectNameStrategy::TopicNameStrategyWithSchema(
                 topic.to_string(),
                 false,
-                get_supplied_schema(&schema.parsed),
+                get_supplied_schema(schema.as_ref()),
             )
         } else {
             SubjectNameStrategy::TopicNameStrategy(topic.to_string(), false)
@@ -159,7 +164,7 @@ impl Codec {
             encoder: AvroEncoder::new(settings.clone()),
             decoder: AvroDecoder::new(settings),
             strategy,
-            schema: schema.parsed.clone(),
+            schema: schema.as_ref().clone(),
         })
     }
 
