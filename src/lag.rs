@@ -13,6 +13,10 @@
 //! committed offset counts one; when only markers or aborted records
 //! follow the committed offset, the record probe finds nothing to consume
 //! and the lag is 0.
+//!
+//! The lag gauges live here too: a member's own partitions
+//! ([`PartitionLagGauges`]) and the exporter's broker-side view
+//! ([`GroupLagMeasured`], [`GroupLagFailed`]).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;

@@ -15,7 +15,7 @@
 //! | [`kafka`] | the Kafka floor: client settings and options, the measured producer, record headers |
 //! | [`envelope`] | the event envelope, event names and payloads (seed 000) |
 //! | [`schema`] | the Avro schemas in `schemas/`, registering and compatibility checks |
-//! | [`codec`] | Confluent wire format through the schema registry |
+//! | [`codec`] | Confluent wire format and the registry client (below `schema`) |
 //! | [`api`] | the reference order service: state machine + outbox in one transaction |
 //! | [`outbox`] | the transactional outbox and its relay (transactional producer) |
 //! | [`producer`] | the idempotent keyed producer |
@@ -28,7 +28,7 @@
 //! | [`lag`] | consumer group lag as the broker sees it (`orderpipe lag`, the persister's exporter) |
 //! | [`db`] | database pool, the one place for MySQL/SQLite statement differences, migrations from `sql/` |
 //! | [`health`] | `/metrics` and `/health/*` endpoints |
-//! | [`metrics`] | Prometheus metrics and the typed events that emit them |
+//! | [`metrics`] | metric names, the recorder and `/metrics` rendering, the internal-event pattern, owned series (no domain imports) |
 //! | [`topics`] | topic reconcile (`topics ensure` / `describe`) |
 //! | [`config`] | layered settings: defaults, file, environment, flags; composes the components' sections |
 //! | [`startup`] | builds the roles from the settings: the sections each one reads |

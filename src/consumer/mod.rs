@@ -20,7 +20,8 @@
 //! * [`assignment`] tracks which partitions this member owns, so a worker
 //!   never commits work for a partition that was revoked;
 //! * [`handler`] is the trait for effects, [`handlers`] the built-in ones;
-//! * [`version`] checks `event_version` against the majors the handlers declare.
+//! * [`version`] checks `event_version` against the majors the handlers declare;
+//! * [`events`] are the consumer's internal events (a log line and a metric each).
 //!
 //! [`ConsumerSettings`] is the `[consumer]` section of the configuration.
 
