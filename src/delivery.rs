@@ -91,6 +91,13 @@ pub struct HttpSettings {
     pub subscriptions: Vec<Subscription>,
 }
 
+impl HttpSettings {
+    /// Checks every subscription ([`Subscription::validate`]).
+    pub fn validate(&self) -> Result<(), String> {
+        self.subscriptions.iter().try_for_each(Subscription::validate)
+    }
+}
+
 impl Subscription {
     /// Whether `event_name` matches one of the patterns.
     pub fn matches(&self, event_name: &str) -> bool {

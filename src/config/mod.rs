@@ -195,18 +195,14 @@ impl Settings {
                 )));
             }
         }
-        if self.kafka.bootstrap_servers.trim().is_empty() {
-            return Err(ConfigError("kafka.bootstrap_servers must not be empty".into()));
-        }
+        self.kafka.validate().map_err(ConfigError)?;
         self.topics.validate_layout().map_err(ConfigError)?;
         crate::retry::RetryPolicy::from_settings(&self.retry).map_err(|e| ConfigError(e.to_string()))?;
         #[cfg(not(feature = "harness"))]
         if self.chaos.is_some() {
             return Err(ConfigError(NO_CHAOS.into()));
         }
-        for subscription in &self.http.subscriptions {
-            subscription.validate().map_err(ConfigError)?;
-        }
+        self.http.validate().map_err(ConfigError)?;
         self.lag.validate().map_err(ConfigError)?;
         self.topics.validate_retention().map_err(ConfigError)?;
         self.database.validate().map_err(ConfigError)?;

@@ -44,6 +44,14 @@ impl KafkaSettings {
         }
         options
     }
+
+    /// Rejects a connection no client can make.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err("kafka.bootstrap_servers must not be empty".into());
+        }
+        Ok(())
+    }
 }
 
 /// Defaults for an idempotent, ordered, compressed producer.
