@@ -14,7 +14,7 @@ use crate::codec::Codec;
 use crate::config::Settings;
 use crate::db::Db;
 use crate::dlq::replay::{self, ReplayOptions};
-use crate::dlq::store::{self, Filter};
+use crate::dlq::store::{self, Filter, Selection, Status};
 use crate::dlq::ignore::{self, Followers, IgnoreError};
 use crate::dlq::persist;
 use crate::schema::SchemaCatalog;
@@ -41,7 +41,7 @@ pub enum DlqCommand {
     /// held behind parked keys instead, with the head each waits behind.
     List {
         #[command(flatten)]
-        filter: Filter,
+        filter: FilterArgs,
         /// At most this many rows.
         #[arg(long, default_value_t = 100)]
         limit: i64,
@@ -75,7 +75,7 @@ pub enum DlqCommand {
     /// Counts by group, event name, error class and status.
     Stats {
         #[command(flatten)]
-        filter: Filter,
+        filter: FilterArgs,
         #[command(flatten)]
         output: OutputArg,
     },
@@ -84,7 +84,7 @@ pub enum DlqCommand {
     /// Close dead letters without replaying them.
     Ignore {
         #[command(flatten)]
-        filter: Filter,
+        filter: FilterArgs,
         /// Why (kept with each row).
         #[arg(long)]
         reason: String,
@@ -103,11 +103,74 @@ pub enum DlqCommand {
     },
 }
 
+/// `--id --group --event --status --since --until --error`: which rows a
+/// command touches (the store's [`Filter`]).
+#[derive(Debug, Clone, Args)]
+pub struct FilterArgs {
+    /// Row ids (repeatable or comma-separated).
+    #[arg(long = "id", value_delimiter = ',')]
+    ids: Vec<i64>,
+    /// Consumer group that failed the record.
+    #[arg(long)]
+    group: Option<String>,
+    /// Event name, e.g. order.payment.succeeded.
+    #[arg(long = "event")]
+    event_name: Option<String>,
+    /// Status (`held`: the records held behind parked keys instead).
+    #[arg(long, value_enum)]
+    status: Option<StatusArg>,
+    /// Last failure at or after this time (RFC 3339, or an age like 2h).
+    #[arg(long, value_parser = store::parse_time)]
+    since: Option<i64>,
+    /// Last failure before this time (RFC 3339, or an age like 30m).
+    #[arg(long, value_parser = store::parse_time)]
+    until: Option<i64>,
+    /// Error class or message contains this text.
+    #[arg(long = "error")]
+    error_text: Option<String>,
+}
+
+/// `--status`: a dead-letter status, or `held`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum StatusArg {
+    // The dead-letter statuses, as stored.
+    Pending,
+    Replayed,
+    Ignored,
+    /// records held behind parked keys (not dead letters)
+    Held,
+}
+
+impl From<StatusArg> for Selection {
+    fn from(status: StatusArg) -> Self {
+        match status {
+            StatusArg::Pending => Status::Pending.into(),
+            StatusArg::Replayed => Status::Replayed.into(),
+            StatusArg::Ignored => Status::Ignored.into(),
+            StatusArg::Held => Selection::Held,
+        }
+    }
+}
+
+impl From<FilterArgs> for Filter {
+    fn from(args: FilterArgs) -> Self {
+        Filter {
+            ids: args.ids,
+            group: args.group,
+            event_name: args.event_name,
+            status: args.status.map(Selection::from),
+            since: args.since,
+            until: args.until,
+            error_text: args.error_text,
+        }
+    }
+}
+
 /// Flags of `dlq replay`.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
     #[command(flatten)]
-    filter: Filter,
+    filter: FilterArgs,
     /// Show what would be replayed; change nothing.
     #[arg(long)]
     dry_run: bool,
@@ -126,10 +189,6 @@ pub struct ReplayArgs {
     #[command(flatten)]
     output: OutputArg,
 }
-
-/// Why held records cannot be replayed or ignored themselves.
-const HELD_NOT_DEAD: &str = "held records are not dead letters: they are applied when the head they wait behind is \
-    (replay the head, or ignore it with --release-followers); `orderpipe dlq show --held ID` names the head";
 
 /// Whether to go ahead with `what` ("Replay", "Ignore") on `rows` dead letters.
 ///
@@ -196,12 +255,14 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 ),
             }
         }
-        DlqCommand::List { filter, limit, output } if filter.status == Some(store::Selection::Held) => {
-            let views = crate::dlq::held::held_views(&db, filter.group.as_deref(), limit).await?;
-            output::held_records(&views, output.output);
-        }
         DlqCommand::List { filter, limit, output } => {
-            output::dead_letters(&store::list(&db, &filter, limit).await?, output.output);
+            let filter = Filter::from(filter);
+            if filter.status == Some(Selection::Held) {
+                let views = crate::dlq::held::held_views(&db, filter.group.as_deref(), limit).await?;
+                output::held_records(&views, output.output);
+            } else {
+                output::dead_letters(&store::list(&db, &filter, limit).await?, output.output);
+            }
         }
         DlqCommand::Show { id, held: true, output } => {
             let Some(view) = crate::dlq::held::held_view(&db, id).await? else {
@@ -230,23 +291,18 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
         DlqCommand::Conflicts { group, limit, output } => {
             output::conflicts(&crate::dedup::conflicts(&db, group.as_deref(), limit).await?, output.output);
         }
-        DlqCommand::Stats { filter, output } => output::dlq_stats(&store::stats(&db, &filter).await?, output.output),
+        DlqCommand::Stats { filter, output } => {
+            output::dlq_stats(&store::stats(&db, &filter.into()).await?, output.output);
+        }
         DlqCommand::Replay(args) => {
-            let mut filter = args.filter;
-            if filter.status == Some(store::Selection::Held) {
-                anyhow::bail!(HELD_NOT_DEAD);
-            }
-            if filter.ids.is_empty() && filter.status.is_none() {
-                // Without ids, replay what is waiting, not what was already handled.
-                filter.status = Some(store::Status::Pending.into());
-            }
+            let filter = Filter::from(args.filter).for_replay()?;
             let rows = store::records(&db, &filter, args.limit).await?;
             let options = ReplayOptions {
                 to_original: args.to_original,
                 rate: args.rate,
             };
             if args.dry_run {
-                output::replay_plan(&settings.topics.dead_letter.name, &rows, options, args.output.output);
+                output::replay_plan(&replay::plan(&settings.topics.dead_letter.name, &rows, options), args.output.output);
                 return Ok(ExitCode::SUCCESS);
             }
             if !confirm("Replay", &filter, rows.len(), args.yes)? {
@@ -271,15 +327,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             }
         }
         DlqCommand::Ignore { filter, reason, release_followers, keep_held, yes, output } => {
-            if filter.status == Some(store::Selection::Held) {
-                anyhow::bail!(HELD_NOT_DEAD);
-            }
-            if reason.trim().is_empty() {
-                anyhow::bail!("--reason must say why the dead letters are ignored");
-            }
-            if filter.is_empty() {
-                anyhow::bail!("name the dead letters to ignore: --id, or a filter (--group, --event, --status, --since, --until, --error)");
-            }
+            let filter = Filter::from(filter).for_ignore(&reason)?;
             let rows = store::records(&db, &filter, i64::MAX).await?;
             if !confirm("Ignore", &filter, rows.len(), yes)? {
                 eprintln!("nothing ignored");

@@ -380,35 +380,17 @@ pub fn dlq_stats(counts: &[crate::dlq::store::Count], format: Output) {
 }
 
 /// `orderpipe dlq replay --dry-run`.
-pub fn replay_plan(
-    dead_letter_topic: &str,
-    rows: &[crate::dlq::store::DeadLetterRecord],
-    options: crate::dlq::replay::ReplayOptions,
-    format: Output,
-) {
-    let plan: Vec<serde_json::Value> = rows
-        .iter()
-        .map(|r| {
-            serde_json::json!({
-                "id": r.row.id,
-                "group": r.row.consumer_group,
-                "event_id": r.row.event_id,
-                "event_name": r.row.event_name,
-                "to": crate::dlq::replay::destination(dead_letter_topic, r, options),
-            })
-        })
-        .collect();
+pub fn replay_plan(plan: &[crate::dlq::replay::Planned], format: Output) {
     if format == Output::Json {
         return json(&plan);
     }
-    let table_rows = plan.iter().map(|p| {
-        ["id", "group", "event_name", "event_id", "to"]
-            .iter()
-            .map(|k| p[k].as_str().map(str::to_string).unwrap_or_else(|| p[k].to_string()))
-            .collect()
-    });
+    // An absent event name or id prints as JSON's null, as it always has.
+    let or_null = |v: &Option<String>| v.clone().unwrap_or_else(|| "null".into());
+    let table_rows = plan
+        .iter()
+        .map(|p| vec![p.id.to_string(), p.group.clone(), or_null(&p.event_name), or_null(&p.event_id), p.to.clone()]);
     println!("{}", table(&["id", "group", "event", "event id", "would go to"], table_rows));
-    println!("dry run: {} dead letters would be replayed; nothing changed", rows.len());
+    println!("dry run: {} dead letters would be replayed; nothing changed", plan.len());
 }
 
 /// `orderpipe dlq replay`.

@@ -81,8 +81,37 @@ pub fn replayed_record(dead_letter_topic: &str, dead: &DeadLetterRecord, options
 }
 
 /// Where a row would go.
-pub fn destination(dead_letter_topic: &str, row: &DeadLetterRecord, options: ReplayOptions) -> String {
+fn destination(dead_letter_topic: &str, row: &DeadLetterRecord, options: ReplayOptions) -> String {
     replayed_record(dead_letter_topic, row, options, 0).topic
+}
+
+/// A row of `dlq replay --dry-run`: a dead letter and where it would go.
+/// (Fields in name order: the order its JSON always printed.)
+#[derive(Debug, Clone, Serialize)]
+pub struct Planned {
+    /// Event id (from the headers).
+    pub event_id: Option<String>,
+    /// Event name (from the headers).
+    pub event_name: Option<String>,
+    /// Group that failed it.
+    pub group: String,
+    /// Row id.
+    pub id: i64,
+    /// The topic it would be republished to.
+    pub to: String,
+}
+
+/// What replaying `rows` would do, changing nothing.
+pub fn plan(dead_letter_topic: &str, rows: &[DeadLetterRecord], options: ReplayOptions) -> Vec<Planned> {
+    rows.iter()
+        .map(|r| Planned {
+            event_id: r.row.event_id.clone(),
+            event_name: r.row.event_name.clone(),
+            group: r.row.consumer_group.clone(),
+            id: r.row.id,
+            to: destination(dead_letter_topic, r, options),
+        })
+        .collect()
 }
 
 /// Rows republished before their statuses are updated together.

@@ -1,5 +1,8 @@
 //! The `dead_letters` table: insert from the DLQ topic, select by filter,
-//! count, and mark rows replayed or ignored.
+//! count, and mark rows replayed or ignored. A dead letter's [`Status`] is
+//! pending, replayed or ignored; the records held behind parked keys are no
+//! dead letters and have their own view ([`super::held`]), which
+//! `--status held` ([`Selection::Held`]) asks for.
 
 use serde::Serialize;
 use sqlx::{Any, QueryBuilder, Row};
@@ -47,45 +50,40 @@ impl From<Status> for Selection {
     }
 }
 
-impl clap::ValueEnum for Selection {
-    fn value_variants<'a>() -> &'a [Self] {
-        const ALL: [Selection; 4] =
-            [Selection::Status(Status::Pending), Selection::Status(Status::Replayed), Selection::Status(Status::Ignored), Selection::Held];
-        &ALL
-    }
-
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        Some(match self {
-            Self::Status(s) => clap::builder::PossibleValue::new(s.as_str()),
-            Self::Held => clap::builder::PossibleValue::new("held").help("records held behind parked keys (not dead letters)"),
-        })
-    }
-}
-
 /// Which rows a command touches. Empty filter = every row.
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, Default)]
 pub struct Filter {
-    /// Row ids (repeatable or comma-separated).
-    #[arg(long = "id", value_delimiter = ',')]
+    /// Row ids.
     pub ids: Vec<i64>,
     /// Consumer group that failed the record.
-    #[arg(long)]
     pub group: Option<String>,
     /// Event name, e.g. order.payment.succeeded.
-    #[arg(long = "event")]
     pub event_name: Option<String>,
-    /// Status (`held`: the records held behind parked keys instead).
-    #[arg(long, value_enum)]
+    /// Status, or the held records instead.
     pub status: Option<Selection>,
-    /// Last failure at or after this time (RFC 3339, or an age like 2h).
-    #[arg(long, value_parser = parse_time)]
+    /// Last failure at or after this time (epoch ms; see [`parse_time`]).
     pub since: Option<i64>,
-    /// Last failure before this time (RFC 3339, or an age like 30m).
-    #[arg(long, value_parser = parse_time)]
+    /// Last failure before this time (epoch ms).
     pub until: Option<i64>,
     /// Error class or message contains this text.
-    #[arg(long = "error")]
     pub error_text: Option<String>,
+}
+
+/// Why a selection cannot be replayed or ignored.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectionError {
+    /// `--status held`: held records are applied when their head is.
+    #[error(
+        "held records are not dead letters: they are applied when the head they wait behind is \
+         (replay the head, or ignore it with --release-followers); `orderpipe dlq show --held ID` names the head"
+    )]
+    HeldNotDead,
+    /// An ignore says why: the reason is kept with each row.
+    #[error("--reason must say why the dead letters are ignored")]
+    NoReason,
+    /// An ignore without any selection would close every dead letter.
+    #[error("name the dead letters to ignore: --id, or a filter (--group, --event, --status, --since, --until, --error)")]
+    IgnoreNeedsSelection,
 }
 
 /// Parses an RFC 3339 time or an age (`2h` = two hours ago) into epoch ms.
@@ -99,6 +97,35 @@ pub fn parse_time(text: &str) -> Result<i64, String> {
 }
 
 impl Filter {
+    /// The dead letters `dlq replay` takes for this filter: not held
+    /// records; without ids or a status, the pending ones (replay what is
+    /// waiting, not what was already handled).
+    pub fn for_replay(mut self) -> Result<Self, SelectionError> {
+        if self.status == Some(Selection::Held) {
+            return Err(SelectionError::HeldNotDead);
+        }
+        if self.ids.is_empty() && self.status.is_none() {
+            self.status = Some(Status::Pending.into());
+        }
+        Ok(self)
+    }
+
+    /// The dead letters `dlq ignore` takes for this filter, closed for
+    /// `reason`: not held records, a reason that says something, and never
+    /// every row for want of a filter.
+    pub fn for_ignore(self, reason: &str) -> Result<Self, SelectionError> {
+        if self.status == Some(Selection::Held) {
+            return Err(SelectionError::HeldNotDead);
+        }
+        if reason.trim().is_empty() {
+            return Err(SelectionError::NoReason);
+        }
+        if self.is_empty() {
+            return Err(SelectionError::IgnoreNeedsSelection);
+        }
+        Ok(self)
+    }
+
     /// True when the filter selects every row.
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
