@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::OutputArg;
-use super::output;
+use super::output::{self, Output};
 use crate::config::Settings;
 use crate::consumer::handler::Handler;
 use crate::consumer::{self, ConsumeOptions, StartFrom};
@@ -92,7 +92,7 @@ impl GroupArgs {
             ordering: self.ordering.unwrap_or(settings.consumer.ordering),
         };
         let summary = consumer::run(crate::startup::consumer_sections(settings), db, options, shutdown_signal()).await?;
-        output::consume(&summary, self.output.output);
+        consume(&summary, self.output.output);
         Ok(ExitCode::SUCCESS)
     }
 }
@@ -165,4 +165,37 @@ pub async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// `orderpipe consume` (at exit).
+fn consume(summary: &crate::consumer::ConsumeSummary, format: Output) {
+    if format == Output::Json {
+        return output::json(summary);
+    }
+    println!(
+        "group {}: consumed {}, applied {}, duplicates skipped {}, poison {}, failed attempts {}, \
+         recovered by local retry {}, sent to retry topic {}, dead-lettered {}, \
+         held behind a parked key {}, released in order {}",
+        summary.group,
+        summary.consumed,
+        summary.applied,
+        summary.duplicates,
+        summary.decode_failures,
+        summary.apply_failures,
+        summary.recovered_locally,
+        summary.sent_to_retry,
+        summary.dead_lettered,
+        summary.held,
+        summary.released
+    );
+    if summary.unsupported_versions + summary.conflicting_duplicates > 0 {
+        println!(
+            "unsupported event_version (dead-lettered) {}, conflicting duplicates (event id reused, see `orderpipe dlq conflicts`) {}",
+            summary.unsupported_versions, summary.conflicting_duplicates
+        );
+    }
+    let rows = summary.handlers.iter().map(|(name, c)| {
+        vec![name.clone(), c.applied.to_string(), c.already_done.to_string(), c.ignored.to_string()]
+    });
+    println!("{}", output::table(&["handler", "applied", "already done", "not its event"], rows));
 }

@@ -259,16 +259,16 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             let filter = Filter::from(filter);
             if filter.status == Some(Selection::Held) {
                 let views = crate::dlq::held::held_views(&db, filter.group.as_deref(), limit).await?;
-                output::held_records(&views, output.output);
+                held_records(&views, output.output);
             } else {
-                output::dead_letters(&store::list(&db, &filter, limit).await?, output.output);
+                dead_letters(&store::list(&db, &filter, limit).await?, output.output);
             }
         }
         DlqCommand::Show { id, held: true, output } => {
             let Some(view) = crate::dlq::held::held_view(&db, id).await? else {
                 anyhow::bail!("no held record with id {id} (released already, or see `orderpipe dlq list --status held`)");
             };
-            output::held_record(&view, output.output);
+            held_record(&view, output.output);
         }
         DlqCommand::Show { id, held: false, output } => {
             let filter = Filter { ids: vec![id], ..Default::default() };
@@ -286,13 +286,13 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 Err(e) => json!({"undecodable": e.to_string()}),
             };
             let heads = ignore::heading(&db, &record).await?;
-            output::dead_letter(&record, &decoded, heads.as_ref(), output.output);
+            dead_letter(&record, &decoded, heads.as_ref(), output.output);
         }
         DlqCommand::Conflicts { group, limit, output } => {
-            output::conflicts(&crate::dedup::conflicts(&db, group.as_deref(), limit).await?, output.output);
+            conflicts(&crate::dedup::conflicts(&db, group.as_deref(), limit).await?, output.output);
         }
         DlqCommand::Stats { filter, output } => {
-            output::dlq_stats(&store::stats(&db, &filter.into()).await?, output.output);
+            dlq_stats(&store::stats(&db, &filter.into()).await?, output.output);
         }
         DlqCommand::Replay(args) => {
             let filter = Filter::from(args.filter).for_replay()?;
@@ -302,7 +302,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 rate: args.rate,
             };
             if args.dry_run {
-                output::replay_plan(&replay::plan(&settings.topics.dead_letter.name, &rows, options), args.output.output);
+                replay_plan(&replay::plan(&settings.topics.dead_letter.name, &rows, options), args.output.output);
                 return Ok(ExitCode::SUCCESS);
             }
             if !confirm("Replay", &filter, rows.len(), args.yes)? {
@@ -321,7 +321,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             )
             .await?;
             bar.finish_and_clear();
-            output::replayed(&summary, args.output.output);
+            replayed(&summary, args.output.output);
             if !summary.failed.is_empty() {
                 return Ok(ExitCode::FAILURE);
             }
@@ -345,8 +345,219 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 }
                 other => other?,
             };
-            output::ignored(&summary, &reason, output.output);
+            ignored(&summary, &reason, output.output);
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn time_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_else(|| ms.to_string())
+}
+
+fn short(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        format!("{}…", text.chars().take(max).collect::<String>())
+    }
+}
+
+/// `orderpipe dlq list` (and the demo's dead letters).
+pub fn dead_letters(rows: &[crate::dlq::store::DeadLetter], format: Output) {
+    if format == Output::Json {
+        return output::json(&rows);
+    }
+    let table_rows = rows.iter().map(|r| {
+        vec![
+            r.id.to_string(),
+            r.status.clone(),
+            r.consumer_group.clone(),
+            r.event_name.clone().unwrap_or_else(|| "-".into()),
+            format!("{}/{}@{}", r.original_topic, r.original_partition, r.original_offset),
+            r.error_class.clone(),
+            short(&r.error_message, 60),
+            r.attempts.to_string(),
+            time_ms(r.last_failure_ms),
+            r.replay_count.to_string(),
+        ]
+    });
+    println!(
+        "{}",
+        output::table(
+            &["id", "status", "group", "event", "origin", "class", "error", "attempts", "last failure (UTC)", "replays"],
+            table_rows
+        )
+    );
+    println!("{} dead letters", rows.len());
+}
+
+/// `orderpipe dlq show`.
+fn dead_letter(
+    record: &crate::dlq::store::DeadLetterRecord,
+    decoded: &serde_json::Value,
+    heads: Option<&(crate::ordering::Parked, i64)>,
+    format: Output,
+) {
+    let r = &record.row;
+    let headers: serde_json::Value = serde_json::from_str(&record.headers).unwrap_or_default();
+    let doc = serde_json::json!({
+        "dead_letter": r,
+        "heads_parked_key": heads.map(|(p, held)| serde_json::json!({"parked": p, "held_records": held})),
+        "key": record.key.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()),
+        "value_bytes": record.payload.as_ref().map_or(0, Vec::len),
+        "headers": headers,
+        "envelope": decoded,
+    });
+    if format == Output::Json {
+        return output::json(&doc);
+    }
+    println!("dead letter {} — {} (group {})", r.id, r.status, r.consumer_group);
+    println!("origin:   {} partition {} offset {}", r.original_topic, r.original_partition, r.original_offset);
+    println!("event:    {} {}", r.event_name.as_deref().unwrap_or("-"), r.event_id.as_deref().unwrap_or("-"));
+    println!("error:    [{}] {}", r.error_class, r.error_message);
+    println!(
+        "history:  {} attempts, first failure {}, last failure {}, replayed {} times{}",
+        r.attempts,
+        time_ms(r.first_failure_ms),
+        time_ms(r.last_failure_ms),
+        r.replay_count,
+        r.last_replayed_ms.map(|t| format!(" (last {})", time_ms(t))).unwrap_or_default()
+    );
+    if let Some(reason) = &r.ignored_reason {
+        println!("ignored:  {reason}");
+    }
+    if let Some((parked, held)) = heads {
+        println!(
+            "parked:   heads key {} (parked {}, {}): {held} records held behind it (dlq list --status held --group {})",
+            parked.key,
+            time_ms(parked.parked_ms),
+            parked.state,
+            r.consumer_group
+        );
+    }
+    println!("key:      {}", doc["key"]);
+    println!("headers:\n{}", serde_json::to_string_pretty(&headers).unwrap_or_default());
+    println!("envelope:\n{}", serde_json::to_string_pretty(decoded).unwrap_or_default());
+}
+
+/// Where a parked key's head is: its dead-letter row, or the retry topic.
+fn head_place(view: &crate::dlq::held::HeldView) -> String {
+    match (&view.head, view.head_dead_letter) {
+        (None, _) => "- (unparked; being released)".into(),
+        (Some(h), Some(id)) => format!("dead letter {id} ({}, {})", h.head_event_name.as_deref().unwrap_or("undecodable"), h.state),
+        (Some(h), None) => format!("{} at {} ({})", h.head_event_name.as_deref().unwrap_or("undecodable"), h.head_origin, h.state),
+    }
+}
+
+/// `orderpipe dlq list --status held`.
+fn held_records(views: &[crate::dlq::held::HeldView], format: Output) {
+    if format == Output::Json {
+        return output::json(&views);
+    }
+    let rows = views.iter().map(|v| {
+        let h = &v.held;
+        vec![
+            h.id.to_string(),
+            h.consumer_group.clone(),
+            h.key.clone(),
+            h.event_name.clone().unwrap_or_else(|| "undecodable".into()),
+            format!("{}/{}@{}", h.source_topic, h.source_partition, h.source_offset),
+            time_ms(h.held_ms),
+            head_place(v),
+        ]
+    });
+    println!("{}", output::table(&["id", "group", "key", "event", "source", "held since (UTC)", "waiting behind"], rows));
+    println!("{} held records", views.len());
+}
+
+/// `orderpipe dlq conflicts`.
+fn conflicts(conflicts: &[crate::dedup::Conflict], format: Output) {
+    if format == Output::Json {
+        return output::json(&conflicts);
+    }
+    let rows = conflicts.iter().map(|c| {
+        vec![
+            c.id.to_string(),
+            c.consumer_group.clone(),
+            c.event_id.clone(),
+            c.event_name.clone(),
+            format!("{}/{}@{} ({})", c.first_topic, c.first_partition, c.first_offset, &c.first_digest[..12.min(c.first_digest.len())]),
+            format!("{}/{}@{} ({})", c.topic, c.partition, c.offset, &c.digest[..12.min(c.digest.len())]),
+            time_ms(c.detected_ms),
+        ]
+    });
+    println!("{}", output::table(&["id", "group", "event id", "event", "applied (digest)", "skipped (digest)", "detected (UTC)"], rows));
+    println!("{} conflicting duplicates: an event id reused with different content; only the applied one took effect", conflicts.len());
+}
+
+/// `orderpipe dlq show --held`.
+fn held_record(view: &crate::dlq::held::HeldView, format: Output) {
+    if format == Output::Json {
+        return output::json(view);
+    }
+    let h = &view.held;
+    println!("held record {} — group {}, key {}", h.id, h.consumer_group, h.key);
+    println!("event:    {} {}", h.event_name.as_deref().unwrap_or("undecodable"), h.event_id.as_deref().unwrap_or("-"));
+    println!("source:   {} partition {} offset {}", h.source_topic, h.source_partition, h.source_offset);
+    println!("held:     since {}", time_ms(h.held_ms));
+    println!("behind:   {}", head_place(view));
+    if let Some(id) = view.head_dead_letter {
+        println!(
+            "release:  orderpipe dlq replay --id {id}   (or: orderpipe dlq ignore --id {id} --reason ... --release-followers)"
+        );
+    }
+}
+
+/// `orderpipe dlq ignore`.
+fn ignored(summary: &crate::dlq::ignore::IgnoreSummary, reason: &str, format: Output) {
+    if format == Output::Json {
+        return output::json(summary);
+    }
+    println!("ignored {} dead letters: {reason}", summary.ignored);
+    for (group, key, held) in &summary.released {
+        println!("  key {key} of {group}: released, {held} held records will be applied in order by the group's consumer");
+    }
+    for (group, key, held) in &summary.kept_held {
+        println!("  key {key} of {group}: stays parked, {held} records kept held");
+    }
+}
+
+/// `orderpipe dlq stats`.
+fn dlq_stats(counts: &[crate::dlq::store::Count], format: Output) {
+    if format == Output::Json {
+        return output::json(&counts);
+    }
+    let rows = counts.iter().map(|c| vec![c.by.to_string(), c.value.clone(), c.rows.to_string()]);
+    println!("{}", output::table(&["by", "value", "dead letters"], rows));
+}
+
+/// `orderpipe dlq replay --dry-run`.
+fn replay_plan(plan: &[crate::dlq::replay::Planned], format: Output) {
+    if format == Output::Json {
+        return output::json(&plan);
+    }
+    // An absent event name or id prints as JSON's null, as it always has.
+    let or_null = |v: &Option<String>| v.clone().unwrap_or_else(|| "null".into());
+    let table_rows = plan
+        .iter()
+        .map(|p| vec![p.id.to_string(), p.group.clone(), or_null(&p.event_name), or_null(&p.event_id), p.to.clone()]);
+    println!("{}", output::table(&["id", "group", "event", "event id", "would go to"], table_rows));
+    println!("dry run: {} dead letters would be replayed; nothing changed", plan.len());
+}
+
+/// `orderpipe dlq replay`.
+fn replayed(summary: &crate::dlq::replay::ReplaySummary, format: Output) {
+    if format == Output::Json {
+        return output::json(summary);
+    }
+    for (topic, n) in &summary.by_topic {
+        println!("replayed {n} to {topic}");
+    }
+    println!("replayed {}, failed {}", summary.replayed, summary.failed.len());
+    for f in &summary.failed {
+        println!("  failed: {f}");
+    }
 }

@@ -193,7 +193,7 @@ fn print_demo(report: &DemoReport, format: Output) {
         t.applied_meanwhile
     );
     println!("\ndead letters persisted from the DLQ topic (orderpipe dlq list):");
-    output::dead_letters(&t.dead_letters, Output::Table);
+    super::dlq::dead_letters(&t.dead_letters, Output::Table);
     println!(
         "replayed {} dead letters of order {} after the fix (orderpipe dlq replay); ignored {} poison rows (orderpipe dlq ignore)",
         t.replayed, t.permanent_order, t.ignored

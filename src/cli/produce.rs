@@ -18,7 +18,7 @@ use futures::StreamExt;
 use serde::Serialize;
 
 use super::OutputArg;
-use super::output;
+use super::output::{self, Output};
 use crate::codec::Codec;
 use crate::config::Settings;
 use crate::envelope::Envelope;
@@ -139,7 +139,7 @@ pub async fn run(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitC
         report,
         elapsed_secs: elapsed,
     };
-    output::produce(&summary, args.output.output);
+    produce(&summary, args.output.output);
     let failed = summary.report.failed > 0 || !summary.invalid_lines.is_empty();
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
@@ -173,4 +173,30 @@ fn ndjson<'a>(
             }
         }
     }))
+}
+
+/// `orderpipe produce`.
+fn produce(summary: &ProduceSummary, format: Output) {
+    if format == Output::Json {
+        return output::json(summary);
+    }
+    let r = &summary.report;
+    let rows = r.by_event.iter().map(|(k, v)| vec![k.clone(), v.to_string()]);
+    println!("{}", output::table(&["event", "acknowledged"], rows));
+    println!(
+        "topic {}: sent {}, acknowledged {}, failed {}, invalid input lines {} — {:.0} events/s over {:.2}s",
+        summary.topic,
+        r.sent,
+        r.acknowledged,
+        r.failed,
+        summary.invalid_lines.len(),
+        summary.events_per_sec,
+        summary.elapsed_secs
+    );
+    for failure in &r.failures {
+        println!("  failed: {failure}");
+    }
+    for line in &summary.invalid_lines {
+        println!("  invalid: {line}");
+    }
 }

@@ -104,7 +104,7 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
     let summary = relay.run(shutdown_signal()).await?;
     match args.output.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
-        Output::Table => output::relay(&summary),
+        Output::Table => print_relay(&summary),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -118,4 +118,14 @@ pub async fn serve_health(addr: Option<SocketAddr>, db: &Db) -> anyhow::Result<(
     let bound = crate::health::serve(addr, health).await?;
     eprintln!("health endpoints on http://{bound}/health/ready");
     Ok(())
+}
+
+/// `orderpipe relay` (at exit).
+fn print_relay(summary: &crate::outbox::relay::RelaySummary) {
+    println!(
+        "relay: published {} outbox rows in {} Kafka transactions ({} aborted), purged {} sent rows",
+        summary.published, summary.transactions, summary.aborted, summary.purged
+    );
+    let rows = summary.by_topic.iter().map(|(t, n)| vec![t.clone(), n.to_string()]);
+    println!("{}", output::table(&["topic", "records"], rows));
 }
