@@ -186,12 +186,13 @@ pub fn headers_from_json(json: &str) -> OwnedHeaders {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rdkafka::Timestamp;
     use rdkafka::message::OwnedMessage;
 
-    fn message(headers: OwnedHeaders) -> OwnedMessage {
+    /// A record of `order.events.v1`, partition 3, offset 77, with `headers`.
+    pub(crate) fn message(headers: OwnedHeaders) -> OwnedMessage {
         OwnedMessage::new(
             Some(b"value".to_vec()),
             Some(b"42".to_vec()),

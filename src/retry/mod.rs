@@ -267,20 +267,8 @@ impl Forwarder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdkafka::Timestamp;
-    use rdkafka::message::{Header, OwnedMessage};
-
-    fn message(headers: OwnedHeaders) -> OwnedMessage {
-        OwnedMessage::new(
-            Some(b"value".to_vec()),
-            Some(b"42".to_vec()),
-            "order.events.v1".into(),
-            Timestamp::CreateTime(1_000),
-            3,
-            77,
-            Some(headers),
-        )
-    }
+    use crate::kafka::record::tests::message;
+    use rdkafka::message::Header;
 
     #[test]
     fn the_topic_a_group_reads_strips_only_its_own_retry_suffix() {
