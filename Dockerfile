@@ -18,6 +18,8 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY src src
 COPY schemas schemas
 COPY sql sql
+# No --features harness: the demo, bench-* commands, produce --count and the
+# chaos handler stay out of the image (make test checks: dev/no-harness-check.sh).
 RUN cargo build --release --locked --bin orderpipe
 
 FROM debian:bookworm-slim
