@@ -13,6 +13,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK="$ROOT/dev/stack.sh"
 cd "$ROOT"
 
+echo "== no import circle among src/ modules (dev/import-cycles.py)"
+python3 "$ROOT/dev/import-cycles.py" --self-test
+python3 "$ROOT/dev/import-cycles.py"
+
 "$STACK" deps
 echo "== building tests"
 cargo build --features harness --tests --bins
