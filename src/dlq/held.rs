@@ -131,3 +131,69 @@ pub async fn held_count(db: &Db, group: &str, key: &str) -> Result<i64, DbError>
         .await?;
     Ok(n)
 }
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::Timestamp;
+    use rdkafka::message::{OwnedHeaders, OwnedMessage};
+
+    use super::*;
+    use crate::db::DatabaseSettings;
+    use crate::dlq::store::{self, NewDeadLetter};
+    use crate::envelope::{Envelope, EventData};
+    use crate::ordering::{self, ParkState};
+
+    fn record(offset: i64) -> OwnedMessage {
+        OwnedMessage::new(Some(b"v".to_vec()), Some(b"42".to_vec()), "orders".into(), Timestamp::CreateTime(1), 3, offset, Some(OwnedHeaders::new()))
+    }
+
+    /// On SQLite (the MariaDB side is tests/it/ordering.rs): a dead-lettered
+    /// head parks its key, a later record is held behind it, and the view
+    /// finds the head's dead letter by the head columns, not by another
+    /// dead letter of the same group and key.
+    #[tokio::test]
+    async fn a_held_record_names_its_heads_dead_letter_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = DatabaseSettings { url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(), max_connections: 1 };
+        let db = Db::connect(&settings, 1).unwrap();
+        db.migrate().await.unwrap();
+        let head = Envelope::new("test", EventData::sample_created(42));
+        let mut tx = db.begin().await.unwrap();
+        ordering::park(&mut tx, "g", "42", &record(77), Some(&head), ParkState::Dead, false).await.unwrap();
+        ordering::hold(&mut tx, "g", "42", &record(78), None).await.unwrap();
+        for offset in [76, 77] {
+            let dead = NewDeadLetter {
+                consumer_group: "g".into(),
+                original_topic: "orders".into(),
+                original_partition: 3,
+                original_offset: offset,
+                original_timestamp: None,
+                key: Some(b"42".to_vec()),
+                payload: None,
+                headers: "{}".into(),
+                event_id: None,
+                event_name: None,
+                error_class: "handler_fatal".into(),
+                error_message: "test".into(),
+                attempts: 1,
+                first_failure_ms: 1,
+                last_failure_ms: 1,
+                dlq_partition: 0,
+                dlq_offset: offset,
+            };
+            store::upsert(&mut tx, &dead).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        let views = held_views(&db, Some("g"), 10).await.unwrap();
+        assert_eq!(views.len(), 1);
+        let view = &views[0];
+        assert_eq!(view.held.source_offset, 78);
+        let parked = view.head.as_ref().expect("the parked head");
+        assert_eq!((parked.head(), parked.state), (Origin { topic: "orders".into(), partition: 3, offset: 77 }, ParkState::Dead));
+        assert_eq!(parked.head_origin, "orders/3/77", "still written for readers of the text form");
+        assert_eq!(view.head_dead_letter, Some(2), "the dead letter of offset 77, not 76");
+        assert_eq!(held_view(&db, view.held.id).await.unwrap().unwrap().head_dead_letter, Some(2));
+        assert!(held_views(&db, Some("other"), 10).await.unwrap().is_empty());
+        assert_eq!(held_count(&db, "g", "42").await.unwrap(), 1);
+    }
+}
