@@ -20,7 +20,7 @@
 //!    it); so is a record of an `event_version` major the handlers do not
 //!    declare (`unsupported_version`, see [`super::version`]); the registry
 //!    being down is waited out in place;
-//! 2. apply, in one DB transaction ([`apply`](self::apply)), each record
+//! 2. apply, in one DB transaction (`worker/apply.rs`), each record
 //!    through the stages *gate* (per-key ordering), *dedup*, *handlers*,
 //!    then *commit* and *bookkeeping* (counts, the parked set, metrics);
 //! 3. store the offset of the last record, and release what waited behind
