@@ -10,7 +10,7 @@ use super::output::{self, Output};
 use super::{GlobalArgs, OutputArg, exit_if};
 use crate::db::Db;
 use crate::harness::demo::{self, DemoReport};
-use crate::harness::{bench, chaos, generator, verify};
+use crate::harness::{bench, bench_report, chaos, generator, verify};
 
 /// The harness's subcommands, flattened into the command line.
 #[derive(Debug, Subcommand)]
@@ -78,6 +78,17 @@ pub enum HarnessCommand {
         #[arg(long)]
         topic: Option<String>,
     },
+    /// Benchmark report: reads the measurements the `dev/bench-*.sh` scripts
+    /// append to RESULTS and writes report.md and SVG plots into OUT. Used by `make bench`.
+    #[command(hide = true)]
+    BenchReport {
+        /// The measurements (tab-separated, see `harness::bench_report`).
+        #[arg(long, default_value = "target/bench/results.tsv")]
+        results: std::path::PathBuf,
+        /// Where report.md and the plots go.
+        #[arg(long, default_value = "target/bench")]
+        out: std::path::PathBuf,
+    },
 }
 
 /// Runs a harness command.
@@ -116,6 +127,14 @@ pub(super) async fn run(global: &GlobalArgs, command: HarnessCommand) -> anyhow:
             let topic = topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
             let report = bench::naive_consume(&settings, &db, &topic, &group, handler.as_ref(), limit).await?;
             println!("{}", serde_json::to_string(&report)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        HarnessCommand::BenchReport { results, out } => {
+            let files = bench_report::write_report(&results, &out)?;
+            println!("{}", files.markdown.display());
+            for plot in &files.plots {
+                println!("{}", plot.display());
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -9,11 +9,13 @@
 //! | [`verify`] | the exactly-once and per-order apply-order checks over the handlers' tables |
 //! | [`chaos`] | the `chaos` fault-injection handler and its `[chaos]` settings |
 //! | [`bench`] | benchmark peers (the naive consumer baseline) |
+//! | [`bench_report`] | the `make bench` report: Markdown table and SVG plots from `target/bench/results.tsv` |
 //!
 //! It sits on top of the library: it may use every module, and no module
 //! below it uses it (only `cli`, for the harness commands).
 
 pub mod bench;
+pub mod bench_report;
 pub mod chaos;
 pub mod demo;
 pub mod generator;
