@@ -534,15 +534,12 @@ impl PartitionWorker {
     /// Stores `offset + 1` as the next offset to commit for this partition.
     fn store_offset(&self, offset: i64) {
         let mut list = TopicPartitionList::new();
-        if list
-            .add_partition_offset(&self.key.0, self.key.1, Offset::Offset(offset + 1))
-            .is_ok()
+        if list.add_partition_offset(&self.key.0, self.key.1, Offset::Offset(offset + 1)).is_ok()
+            && let Err(e) = self.shared.consumer.store_offsets(&list)
         {
-            if let Err(e) = self.shared.consumer.store_offsets(&list) {
-                // The partition was revoked after the commit: the next owner
-                // re-reads these records and skips them as duplicates.
-                tracing::debug!(partition = self.key.1, error = %e, "offset not stored");
-            }
+            // The partition was revoked after the commit: the next owner
+            // re-reads these records and skips them as duplicates.
+            tracing::debug!(partition = self.key.1, error = %e, "offset not stored");
         }
     }
 }
