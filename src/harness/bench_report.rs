@@ -291,7 +291,7 @@ pub fn write_report(results: &Path, out_dir: &Path) -> Result<ReportFiles, Repor
         path: out_dir.display().to_string(),
         source,
     })?;
-    let plots = write_plots(&parsed, out_dir)?;
+    let plots = write_plots(&parsed, &results.with_file_name(LATENCIES), out_dir)?;
     let mut md = String::from("# orderpipe benchmark report\n\n");
     for note in &parsed.notes {
         let _ = writeln!(md, "- {note}");
@@ -319,8 +319,13 @@ pub fn write_report(results: &Path, out_dir: &Path) -> Result<ReportFiles, Repor
 }
 
 /// Every plot the results allow: throughput bars per benchmark, throughput
-/// against failure rate (ordering), relay throughput per batch size.
-fn write_plots(results: &Results, out_dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
+/// against failure rate (ordering), relay throughput per batch size, and the
+/// API-to-apply latency CDF when `latency` ([`LATENCIES`]) exists.
+fn write_plots(
+    results: &Results,
+    latency: &Path,
+    out_dir: &Path,
+) -> Result<Vec<PathBuf>, ReportError> {
     let mut written = Vec::new();
     for benchmark in results.benchmarks() {
         let bars: Vec<(String, f64, String)> = results
@@ -351,31 +356,107 @@ fn write_plots(results: &Results, out_dir: &Path) -> Result<Vec<PathBuf>, Report
     let by_mode = failure_rate_series(results);
     if !by_mode.is_empty() {
         let path = out_dir.join("throughput-vs-failure-rate.svg");
-        lines(
-            &path,
-            "ordering: throughput against failing events",
-            "failing events (%)",
-            false,
-            &by_mode,
-        )
-        .map_err(plot_error(&path))?;
+        let plot = LinePlot {
+            title: "ordering: throughput against failing events".into(),
+            x_desc: "failing events (%)",
+            y_desc: "events per second",
+            log_x: false,
+            marks: true,
+        };
+        plot.draw(&path, &by_mode).map_err(plot_error(&path))?;
         written.push(path);
     }
     let relay = relay_batch_series(results);
     if !relay.is_empty() {
         let path = out_dir.join("relay-throughput-per-batch.svg");
         let series = BTreeMap::from([("relay".to_string(), relay)]);
-        lines(
-            &path,
-            "relay: throughput per batch size",
-            "rows per Kafka transaction (log scale)",
-            true,
-            &series,
-        )
-        .map_err(plot_error(&path))?;
+        let plot = LinePlot {
+            title: "relay: throughput per batch size".into(),
+            x_desc: "rows per Kafka transaction (log scale)",
+            y_desc: "rows per second",
+            log_x: true,
+            marks: true,
+        };
+        plot.draw(&path, &series).map_err(plot_error(&path))?;
         written.push(path);
     }
+    if latency.exists() {
+        let sorted = sorted_latencies(latency)?;
+        if !sorted.is_empty() {
+            let path = out_dir.join("latency-cdf.svg");
+            // The percentile as dev/bench-relay.sh computes its p50/p99 rows.
+            let at = |q: f64| sorted[((q * sorted.len() as f64) as usize).min(sorted.len() - 1)];
+            let plot = LinePlot {
+                title: format!(
+                    "API commit → consumer apply: p50 {} ms, p99 {} ms",
+                    format_value(at(0.5)),
+                    format_value(at(0.99))
+                ),
+                x_desc: "milliseconds",
+                y_desc: "fraction of events applied within",
+                log_x: false,
+                marks: false,
+            };
+            let series = BTreeMap::from([("latency".to_string(), cdf_points(&sorted))]);
+            plot.draw(&path, &series).map_err(plot_error(&path))?;
+            written.push(path);
+        }
+    }
     Ok(written)
+}
+
+/// The relay benchmark's API-to-apply latencies (ms, one a line), beside `results.tsv`.
+pub const LATENCIES: &str = "relay-latency-ms.txt";
+
+/// The latencies in `path`, sorted.
+fn sorted_latencies(path: &Path) -> Result<Vec<f64>, ReportError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ReportError::Io {
+        path: name.clone(),
+        source,
+    })?;
+    let mut values = Vec::new();
+    for (index, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let value = line
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| ReportError::Line {
+                path: name.clone(),
+                line: index + 1,
+                message: format!(
+                    "latency {:?}, expected milliseconds as a number",
+                    line.trim()
+                ),
+            })?;
+        values.push(value);
+    }
+    values.sort_by(f64::total_cmp);
+    Ok(values)
+}
+
+/// (latency, fraction of events at or below it) of sorted `values`, at most about 500 points.
+fn cdf_points(values: &[f64]) -> Vec<(f64, f64)> {
+    let n = values.len();
+    let step = n.div_ceil(500).max(1);
+    let mut points: Vec<(f64, f64)> = values
+        .iter()
+        .enumerate()
+        .step_by(step)
+        .map(|(i, v)| (*v, (i + 1) as f64 / n as f64))
+        .collect();
+    if let Some(last) = values
+        .last()
+        .filter(|_| points.last().is_some_and(|p| p.1 < 1.0))
+    {
+        points.push((*last, 1.0));
+    }
+    points
 }
 
 fn plot_error<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> ReportError + '_ {
@@ -439,7 +520,11 @@ fn throughput_bars(path: &Path, title: &str, bars: &[(String, f64, String)]) -> 
     let root = SVGBackend::new(path, (width, 440)).into_drawing_area();
     root.fill(&WHITE)?;
     let max = bars.iter().map(|b| b.1).fold(1.0, f64::max);
-    let unit = bars.first().map(|b| b.2.clone()).unwrap_or_default();
+    // One unit for the axis when the bars share it (rec/s, events/s), else "per second".
+    let unit = match bars.first() {
+        Some(first) if bars.iter().all(|b| b.2 == first.2) => first.2.clone(),
+        _ => "per second".to_string(),
+    };
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
         .margin(12)
@@ -483,50 +568,58 @@ fn throughput_bars(path: &Path, title: &str, bars: &[(String, f64, String)]) -> 
     Ok(())
 }
 
-/// One line with points per series; `log_x` for batch sizes.
-fn lines(
-    path: &Path,
-    title: &str,
-    x_desc: &str,
+/// A plot of one line per series.
+struct LinePlot {
+    title: String,
+    x_desc: &'static str,
+    y_desc: &'static str,
+    /// A logarithmic x axis (batch sizes).
     log_x: bool,
-    series: &BTreeMap<String, Vec<(f64, f64)>>,
-) -> PlotResult {
-    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let points = series.values().flatten();
-    let (x_min, x_max) = points.clone().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
-        (lo.min(p.0), hi.max(p.0))
-    });
-    let y_max = points.map(|p| p.1).fold(1.0, f64::max) * 1.15;
-    let mut builder = ChartBuilder::on(&root);
-    builder
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(45)
-        .y_label_area_size(80);
-    if log_x {
-        let mut chart = builder
-            .build_cartesian_2d((x_min.max(1.0) * 0.7..x_max * 1.4).log_scale(), 0f64..y_max)?;
-        chart
-            .configure_mesh()
-            .x_desc(x_desc)
-            .y_desc("per second")
-            .y_label_formatter(&|y| format_value(*y))
-            .draw()?;
-        draw_lines(&mut chart, series)?;
-    } else {
-        let pad = ((x_max - x_min) * 0.05).max(0.5);
-        let mut chart = builder.build_cartesian_2d(x_min - pad..x_max + pad, 0f64..y_max)?;
-        chart
-            .configure_mesh()
-            .x_desc(x_desc)
-            .y_desc("per second")
-            .y_label_formatter(&|y| format_value(*y))
-            .draw()?;
-        draw_lines(&mut chart, series)?;
+    /// A dot and the value at every point (few points); off for a CDF.
+    marks: bool,
+}
+
+impl LinePlot {
+    fn draw(&self, path: &Path, series: &BTreeMap<String, Vec<(f64, f64)>>) -> PlotResult {
+        let (title, x_desc, y_desc) = (self.title.as_str(), self.x_desc, self.y_desc);
+        let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let points = series.values().flatten();
+        let (x_min, x_max) = points.clone().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+            (lo.min(p.0), hi.max(p.0))
+        });
+        let y_max = points.map(|p| p.1).fold(1.0, f64::max) * 1.15;
+        let mut builder = ChartBuilder::on(&root);
+        builder
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(80);
+        if self.log_x {
+            let mut chart = builder
+                .build_cartesian_2d((x_min.max(1.0) * 0.7..x_max * 1.4).log_scale(), 0f64..y_max)?;
+            chart
+                .configure_mesh()
+                .x_desc(x_desc)
+                .y_desc(y_desc)
+                .y_label_formatter(&|y| format_value(*y))
+                .draw()?;
+            draw_lines(&mut chart, series, self.marks)?;
+        } else {
+            let pad = ((x_max - x_min) * 0.05).max(0.5);
+            let mut chart = builder.build_cartesian_2d(x_min - pad..x_max + pad, 0f64..y_max)?;
+            chart
+                .configure_mesh()
+                .x_desc(x_desc)
+                .x_label_formatter(&|x| format_value(*x))
+                .y_desc(y_desc)
+                .y_label_formatter(&|y| format_value(*y))
+                .draw()?;
+            draw_lines(&mut chart, series, self.marks)?;
+        }
+        root.present()?;
+        Ok(())
     }
-    root.present()?;
-    Ok(())
 }
 
 fn draw_lines<'a, X>(
@@ -536,6 +629,7 @@ fn draw_lines<'a, X>(
         Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
     >,
     series: &BTreeMap<String, Vec<(f64, f64)>>,
+    marks: bool,
 ) -> PlotResult
 where
     X: Ranged<ValueType = f64>,
@@ -551,6 +645,9 @@ where
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
+        if !marks {
+            continue;
+        }
         chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
         chart.draw_series(
             points
@@ -651,6 +748,25 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
     }
 
     #[test]
+    fn a_bad_latency_names_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LATENCIES);
+        std::fs::write(&path, "12.5\n\nslow\n").unwrap();
+        let err = sorted_latencies(&path).unwrap_err().to_string();
+        assert!(
+            err.ends_with("line 3: latency \"slow\", expected milliseconds as a number"),
+            "{err}"
+        );
+        std::fs::write(&path, "3\n1\n2\n").unwrap();
+        let sorted = sorted_latencies(&path).unwrap();
+        assert_eq!(sorted, [1.0, 2.0, 3.0]);
+        assert_eq!(
+            cdf_points(&sorted),
+            [(1.0, 1.0 / 3.0), (2.0, 2.0 / 3.0), (3.0, 1.0)]
+        );
+    }
+
+    #[test]
     fn numbers_are_formatted_for_reading() {
         assert_eq!(format_value(1234567.8), "1,234,568");
         assert_eq!(format_value(120.0), "120");
@@ -703,6 +819,8 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
         let dir = tempfile::tempdir().unwrap();
         let results = dir.path().join("results.tsv");
         std::fs::write(&results, SAMPLE).unwrap();
+        let latencies: String = (1..=1000).map(|i| format!("{}\n", 1000 - i)).collect();
+        std::fs::write(dir.path().join(LATENCIES), latencies).unwrap();
         let out = dir.path().join("out");
         let files = write_report(&results, &out).unwrap();
 
@@ -723,7 +841,8 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
                 "throughput-ordering.svg",
                 "throughput-relay.svg",
                 "throughput-vs-failure-rate.svg",
-                "relay-throughput-per-batch.svg"
+                "relay-throughput-per-batch.svg",
+                "latency-cdf.svg"
             ]
         );
         for (plot, name) in files.plots.iter().zip(&names) {
@@ -752,6 +871,12 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
         for label in ["mode key", "mode none", "8,000", "4,000", "3,990"] {
             assert!(rates.contains(&label.to_string()), "{label} in {rates:?}");
         }
+        // 0..=999 ms, percentiles as bench-relay.sh takes them (sorted[q * n])
+        let cdf = text_of("latency-cdf.svg");
+        assert!(
+            cdf.contains(&"API commit → consumer apply: p50 500 ms, p99 990 ms".to_string()),
+            "{cdf:?}"
+        );
         let relay = text_of("relay-throughput-per-batch.svg");
         for label in ["500", "7,756"] {
             assert!(relay.contains(&label.to_string()), "{label} in {relay:?}");
