@@ -37,6 +37,9 @@ enum Outcome {
     Duplicate,
     /// Held behind its parked key's head.
     Held,
+    /// A released record whose `held_records` row another release of the
+    /// key already deleted: that release applied it, so this one skips it.
+    AlreadyReleased,
 }
 
 /// What a batch's transaction did, for the bookkeeping after its commit.
@@ -54,6 +57,8 @@ struct Ledger<'a> {
     reopened: Vec<String>,
     /// Keys whose head was applied: release their followers.
     heads: Vec<String>,
+    /// Released records another release had applied first.
+    released_elsewhere: u64,
 }
 
 impl<'a> Ledger<'a> {
@@ -71,6 +76,7 @@ impl<'a> Ledger<'a> {
                 self.delta.held += 1;
                 self.held.push((item, envelope));
             }
+            Outcome::AlreadyReleased => self.released_elsewhere += 1,
         }
     }
 }
@@ -107,13 +113,22 @@ impl PartitionWorker {
             offset: item.message.offset(),
             key: envelope.key(),
         };
-        match self.gate(tx, item, envelope, &origin.key, ledger).await? {
-            Gate::Hold => return Ok(Outcome::Held),
-            Gate::Duplicate => {
-                self.note_conflict(tx, envelope, &origin, ledger).await?;
-                return Ok(Outcome::Duplicate);
+        if let Some(id) = item.held_id {
+            // Stage 1 for a released record: it leaves `held_records`, unless
+            // the worker's and the background task's releases raced and the
+            // other one took it first.
+            if !ordering::delete_held(tx, id).await? {
+                return Ok(Outcome::AlreadyReleased);
             }
-            Gate::Open | Gate::Head => {}
+        } else {
+            match self.gate(tx, item, envelope, &origin.key, ledger).await? {
+                Gate::Hold => return Ok(Outcome::Held),
+                Gate::Duplicate => {
+                    self.note_conflict(tx, envelope, &origin, ledger).await?;
+                    return Ok(Outcome::Duplicate);
+                }
+                Gate::Open | Gate::Head => {}
+            }
         }
         if !self.dedup(tx, envelope, &origin, ledger).await? {
             return Ok(Outcome::Duplicate);
@@ -122,15 +137,11 @@ impl PartitionWorker {
         Ok(Outcome::Applied)
     }
 
-    /// Stage 1, the ordering gate. A released record leaves `held_records`
-    /// and passes; a record of a key that may be parked asks the table: held
-    /// behind the head (the hold is written here), the head itself (noted
-    /// for release), a redelivery, or open.
+    /// Stage 1, the ordering gate (for a record read from Kafka; a released
+    /// one passes by leaving `held_records`): a record of a key that may be
+    /// parked asks the table: held behind the head (the hold is written
+    /// here), the head itself (noted for release), a redelivery, or open.
     async fn gate(&self, tx: &mut Tx, item: &Item, envelope: &Envelope, key: &str, ledger: &mut Ledger<'_>) -> Result<Gate, DbError> {
-        if let Some(id) = item.held_id {
-            ordering::delete_held(tx, id).await?;
-            return Ok(Gate::Open);
-        }
         if !(self.ordered() && (self.is_retry_partition() || self.shared.is_parked(key))) {
             return Ok(Gate::Open);
         }
@@ -225,6 +236,6 @@ impl PartitionWorker {
             let _in_record = self.span(&item.message, Some(envelope)).entered();
             Held { group, event_name: envelope.event_name.as_str() }.emit();
         }
-        Committed { heads: ledger.heads }
+        Committed { heads: ledger.heads, released_elsewhere: ledger.released_elsewhere }
     }
 }

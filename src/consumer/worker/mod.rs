@@ -102,6 +102,9 @@ enum Decoded {
 struct Committed {
     /// Keys whose head was applied in the batch: release their followers.
     heads: Vec<String>,
+    /// Released records that another release of their key had already
+    /// applied (both read the same held row; the first delete wins).
+    released_elsewhere: u64,
 }
 
 /// A handler failed the record at `index` of the batch (the batch rolled back).

@@ -17,7 +17,7 @@ use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 use tracing::Instrument;
 
-use super::{Backoff, BatchError, Decoded, Item, PartitionWorker, Revoked};
+use super::{Backoff, BatchError, Committed, Decoded, Item, PartitionWorker, Revoked};
 use crate::backoff::{retry, until_available};
 use crate::consumer::events::Released;
 use crate::metrics::InternalEvent;
@@ -89,6 +89,8 @@ impl PartitionWorker {
             // Not retried in place: after a wait, the next held record is
             // read again (another release of the key may have applied it).
             match self.apply(std::slice::from_ref(&next)).await {
+                // The other release of this key applied it first.
+                Ok(Committed { released_elsewhere: 1.., .. }) => {}
                 Ok(_) => {
                     self.count(|s| s.released += 1);
                     let _in_record = self.span(&next.message, next.envelope.as_ref()).entered();
