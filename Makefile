@@ -19,7 +19,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test bench-produce bench-consume bench-dlq bench-relay bench-ordering
+.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -36,6 +36,11 @@ test: ## install and start Kafka, Apicurio and MariaDB, run every test, stop wha
 image: ## the Dockerfile's image without a daemon (buildah, mmdebstrap base), run as UID 10001 against the dev stack
 	$(STACK) up
 	$(REPO_ROOT)/dev/image.sh
+
+bench: build-deps ## every benchmark below with its peers in one run; report in target/bench/report.md (SCALE=0.1: a tenth of the sizes)
+	cargo build --release --features harness --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-all.sh
 
 bench-produce: build-deps ## orderpipe produce vs kafka-producer-perf-test, 1M records, same broker
 	cargo build --release --features harness --bin orderpipe

@@ -20,3 +20,21 @@ TOPIC="$ORDERPIPE_TOPICS__ORDER_EVENTS__NAME"
 SQL() { mariadb -h127.0.0.1 -uorderpipe -porderpipe -N -B "$@"; }
 # A fresh database with the migrations applied.
 mkdb() { SQL -e "CREATE DATABASE $1"; ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$1" "$BIN" migrate >/dev/null; }
+# Machine-readable results, one line per measurement (columns and naming:
+# src/harness/bench_report.rs), appended to target/bench/results.tsv;
+# `make bench` starts the file afresh and `orderpipe bench-report` turns it
+# into target/bench/report.md and SVG plots. A later line for the same
+# benchmark, variant and metric replaces an earlier one in the report.
+RESULTS="${BENCH_RESULTS:-$ROOT/target/bench/results.tsv}"
+mkdir -p "$(dirname "$RESULTS")"
+[ -s "$RESULTS" ] || printf 'benchmark\tvariant\tmetric\tvalue\tunit\tpeer\tcommand\n' > "$RESULTS"
+# result BENCHMARK VARIANT METRIC VALUE UNIT PEER COMMAND
+result() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$RESULTS"; }
+# jget FILE EXPR: EXPR evaluated in Python over the JSON object `r` read from FILE.
+jget() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"; }
+# RSS in MB from a `/usr/bin/time -f %M` file (KB).
+rss_mb() { echo $(( $(cat "$1") / 1024 )); }
+# Every benchmark deletes its topics when it ends (a broker holding tens of
+# thousands of partitions runs out of file descriptors).
+drop_topics() { "$STACK" kafka-topics --delete --topic "$RUN_ID\\..*" >/dev/null 2>&1 || true; }
+trap drop_topics EXIT

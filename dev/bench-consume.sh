@@ -19,26 +19,28 @@ echo "== backlog: $COUNT events in $TOPIC"
 "$BIN" produce --count "$COUNT" --orders 10000 --seed 1 --output json >/dev/null
 
 echo "== (a) kafka-consumer-perf-test"
-/usr/bin/time -f '%M' -o "$OUT_DIR/.rss" "$STACK" kafka-class org.apache.kafka.tools.ConsumerPerformance \
-  --bootstrap-server "$BOOTSTRAP" --topic "$TOPIC" --num-records "$COUNT" --group "$RUN_ID-perf" \
-  --command-property isolation.level=read_committed 2>/dev/null | tee "$OUT_DIR/.perf.txt" | tail -1
+PERF_ARGS=(kafka-class org.apache.kafka.tools.ConsumerPerformance
+  --bootstrap-server "$BOOTSTRAP" --topic "$TOPIC" --num-records "$COUNT" --group "$RUN_ID-perf"
+  --command-property isolation.level=read_committed)
+/usr/bin/time -f '%M' -o "$OUT_DIR/.rss" "$STACK" "${PERF_ARGS[@]}" 2>/dev/null | tee "$OUT_DIR/.perf.txt" | tail -1
 PERF_RSS=$(cat "$OUT_DIR/.rss")
 PERF_RATE=$(tail -1 "$OUT_DIR/.perf.txt" | awk -F', *' '{print $NF}')
 
 echo "== (b) orderpipe consume --handler notification (MariaDB)"
 mkdb "${RUN_ID}_b"
+OP_ARGS=(consume --migrate --group "$RUN_ID-orderpipe" --handler notification --until-idle 5 --output json)
 ORDERPIPE_DATABASE__URL="$DB_URL_BASE/${RUN_ID}_b" /usr/bin/time -f '%M' -o "$OUT_DIR/.rss" \
-  "$BIN" consume --migrate --group "$RUN_ID-orderpipe" --handler notification --until-idle 5 --output json \
-  > "$OUT_DIR/.op.json"
+  "$BIN" "${OP_ARGS[@]}" > "$OUT_DIR/.op.json"
 OP_RSS=$(cat "$OUT_DIR/.rss")
-read -r OP_RATE OP_APPLIED <<<"$(python3 -c '
-import json,sys; r=json.load(open(sys.argv[1])); print(r["applied"]/r["active_secs"], r["applied"])' "$OUT_DIR/.op.json")"
+read -r OP_RATE OP_APPLIED OP_SECS <<<"$(python3 -c '
+import json,sys; r=json.load(open(sys.argv[1])); print(r["applied"]/r["active_secs"], r["applied"], r["active_secs"])' "$OUT_DIR/.op.json")"
 [ "$OP_APPLIED" = "$COUNT" ] || { echo "orderpipe applied $OP_APPLIED of $COUNT" >&2; exit 1; }
 
 echo "== (c) naive per-record consumer, first $NAIVE records"
 mkdb "${RUN_ID}_c"
+NAIVE_ARGS=(bench-naive-consume --group "$RUN_ID-naive" --handler notification --limit "$NAIVE")
 ORDERPIPE_DATABASE__URL="$DB_URL_BASE/${RUN_ID}_c" /usr/bin/time -f '%M' -o "$OUT_DIR/.rss" \
-  "$BIN" bench-naive-consume --group "$RUN_ID-naive" --handler notification --limit "$NAIVE" > "$OUT_DIR/.naive.json"
+  "$BIN" "${NAIVE_ARGS[@]}" > "$OUT_DIR/.naive.json"
 NAIVE_RSS=$(cat "$OUT_DIR/.rss")
 NAIVE_RATE=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["events_per_sec"])' "$OUT_DIR/.naive.json")
 
@@ -60,6 +62,17 @@ json.dump({"count": int(count), "naive_records": int(naive), "perftest_eps": a, 
            "naive_eps": c, "b_over_a": b/a, "b_over_c": b/c,
            "rss_kb": {"perftest": int(ra), "orderpipe": int(rb), "naive": int(rc)}}, open(out, "w"), indent=2)
 PY
+PERF=kafka-consumer-perf-test OURS="orderpipe consume (notification)" NAIVE_PEER="naive per-record"
+PERF_CMD="dev/stack.sh ${PERF_ARGS[*]}"
+OP_CMD="ORDERPIPE_DATABASE__URL=$DB_URL_BASE/${RUN_ID}_b orderpipe ${OP_ARGS[*]}"
+NAIVE_CMD="ORDERPIPE_DATABASE__URL=$DB_URL_BASE/${RUN_ID}_c orderpipe ${NAIVE_ARGS[*]}"
+result consume "$PERF" throughput "$PERF_RATE" events/s "" "$PERF_CMD"
+result consume "$OURS" throughput "$OP_RATE" events/s "$NAIVE_PEER" "$OP_CMD"
+result consume "$NAIVE_PEER" throughput "$NAIVE_RATE" events/s "$PERF" "$NAIVE_CMD"
+result consume "$OURS" "backlog drained in" "$OP_SECS" s "" "$OP_CMD"
+result consume "$PERF" "peak RSS" "$((PERF_RSS / 1024))" MB "" "$PERF_CMD"
+result consume "$OURS" "peak RSS" "$((OP_RSS / 1024))" MB "$PERF" "$OP_CMD"
+result consume "$NAIVE_PEER" "peak RSS" "$((NAIVE_RSS / 1024))" MB "$PERF" "$NAIVE_CMD"
 rm -f "$OUT_DIR"/.rss "$OUT_DIR"/.perf.txt "$OUT_DIR"/.op.json "$OUT_DIR"/.naive.json
 SQL -e "DROP DATABASE ${RUN_ID}_b; DROP DATABASE ${RUN_ID}_c" || true
 "$STACK" kafka-topics --delete --topic "$TOPIC" >/dev/null 2>&1 || true

@@ -22,25 +22,31 @@ echo "== backlog: $COUNT events"
 
 echo "== happy path with the error tier"
 mkdb "${RUN_ID}_tier"
-ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_tier" "$BIN" consume --group "$RUN_ID-tier" --handler notification \
-  --until-idle 5 --output json > "$OUT_DIR/.tier.json"
+TIER_ARGS=(consume --group "$RUN_ID-tier" --handler notification --until-idle 5 --output json)
+ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_tier" "$BIN" "${TIER_ARGS[@]}" > "$OUT_DIR/.tier.json"
 echo "== happy path without the error tier"
 mkdb "${RUN_ID}_plain"
-ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_plain" "$BIN" consume --group "$RUN_ID-plain" --handler notification \
-  --until-idle 5 --without-error-tier --output json > "$OUT_DIR/.plain.json"
+PLAIN_ARGS=(consume --group "$RUN_ID-plain" --handler notification --until-idle 5 --without-error-tier --output json)
+ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_plain" "$BIN" "${PLAIN_ARGS[@]}" > "$OUT_DIR/.plain.json"
 
 echo "== dead-lettering $COUNT events (chaos handler fails every event)"
 mkdb "${RUN_ID}_dlq"
 export ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_dlq"
 # Every event its own dead letter: bulk replay is measured, not parking.
-ORDERPIPE_CHAOS__PERMANENT_ALL=true "$BIN" consume --group "$RUN_ID-replay" --handler chaos,notification --ordering none \
-  --until-idle 5 --output json > "$OUT_DIR/.dead.json"
+DEAD_ARGS=(consume --group "$RUN_ID-replay" --handler chaos,notification --ordering none --until-idle 5 --output json)
+dead_t0=$(now)
+ORDERPIPE_CHAOS__PERMANENT_ALL=true "$BIN" "${DEAD_ARGS[@]}" > "$OUT_DIR/.dead.json"
+# Nothing is applied, so the summary's active_secs (first record to last
+# commit of an applied batch) is 0: the wall time less the idle wait instead.
+dead_secs=$(python3 -c 'import sys; print(float(sys.argv[2]) - float(sys.argv[1]) - 5)' "$dead_t0" "$(now)")
 "$BIN" dlq persist --until-idle 5 --output json > "$OUT_DIR/.persist.json"
 echo "== dlq replay --group $RUN_ID-replay"
 t0=$(now)
-"$BIN" dlq replay --group "$RUN_ID-replay" --yes --output json > "$OUT_DIR/.replay.json"
+REPLAY_ARGS=(dlq replay --group "$RUN_ID-replay" --yes --output json)
+"$BIN" "${REPLAY_ARGS[@]}" > "$OUT_DIR/.replay.json"
 t1=$(now)
-"$BIN" consume --group "$RUN_ID-replay" --handler chaos,notification --until-idle 5 --output json > "$OUT_DIR/.applied.json"
+APPLY_ARGS=(consume --group "$RUN_ID-replay" --handler chaos,notification --until-idle 5 --output json)
+"$BIN" "${APPLY_ARGS[@]}" > "$OUT_DIR/.applied.json"
 
 python3 - "$COUNT" "$OUT_DIR" "$t0" "$t1" "$(rate "$OUT_DIR/.tier.json")" "$(rate "$OUT_DIR/.plain.json")" "$OUT_DIR/dlq-$RUN_ID.json" <<'PY'
 import json, sys
@@ -62,5 +68,25 @@ print(f"  replayed and applied     {applied['applied']/(replay_secs+apply_secs):
 json.dump({"count": count, "tier_eps": tier, "plain_eps": plain, "replayed": replay["replayed"],
            "replay_secs": replay_secs, "applied": applied["applied"], "apply_secs": apply_secs}, open(result, "w"), indent=2)
 PY
+# Rows for target/bench/results.tsv (the report's table).
+read -r REPLAY_RATE APPLY_RATE E2E_RATE <<<"$(python3 -c '
+import json, sys
+replay, applied = (json.load(open(f"{sys.argv[1]}/.{n}.json")) for n in ("replay", "applied"))
+secs = float(sys.argv[3]) - float(sys.argv[2])
+print(replay["replayed"] / secs, applied["applied"] / max(applied["active_secs"], 1e-9),
+      applied["applied"] / (secs + applied["active_secs"]))' "$OUT_DIR" "$t0" "$t1")"
+DB_ENV="ORDERPIPE_DATABASE__URL=$DB/${RUN_ID}_dlq"
+TIER_CMD="ORDERPIPE_DATABASE__URL=$DB/${RUN_ID}_tier orderpipe ${TIER_ARGS[*]}"
+DEAD_CMD="$DB_ENV ORDERPIPE_CHAOS__PERMANENT_ALL=true orderpipe ${DEAD_ARGS[*]}"
+REPLAY_CMD="$DB_ENV orderpipe ${REPLAY_ARGS[*]}"
+APPLY_CMD="$DB_ENV orderpipe ${APPLY_ARGS[*]}"
+result dlq "consume with error tier" throughput "$(rate "$OUT_DIR/.tier.json")" events/s "consume without error tier" "$TIER_CMD"
+result dlq "consume without error tier" throughput "$(rate "$OUT_DIR/.plain.json")" events/s "" \
+  "ORDERPIPE_DATABASE__URL=$DB/${RUN_ID}_plain orderpipe ${PLAIN_ARGS[*]}"
+result dlq "every event dead-lettered (wall time less 5 s idle)" throughput \
+  "$(jget "$OUT_DIR/.dead.json" "r['dead_lettered'] / max($dead_secs, 1e-9)")" rec/s "consume with error tier" "$DEAD_CMD"
+result dlq "dlq replay" throughput "$REPLAY_RATE" rec/s "" "$REPLAY_CMD"
+result dlq "replayed records applied" throughput "$APPLY_RATE" rec/s "" "$APPLY_CMD"
+result dlq "replay, applied end to end" throughput "$E2E_RATE" rec/s "" "$REPLAY_CMD; $APPLY_CMD"
 rm -f "$OUT_DIR"/.tier.json "$OUT_DIR"/.plain.json "$OUT_DIR"/.dead.json "$OUT_DIR"/.persist.json "$OUT_DIR"/.replay.json "$OUT_DIR"/.applied.json
 SQL -e "DROP DATABASE ${RUN_ID}_tier; DROP DATABASE ${RUN_ID}_plain; DROP DATABASE ${RUN_ID}_dlq" || true

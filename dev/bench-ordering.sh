@@ -23,8 +23,8 @@ echo "== backlog: $COUNT events of $ORDERS orders at a time"
 "$BIN" topics ensure >/dev/null
 "$BIN" produce --count "$COUNT" --orders "$ORDERS" --seed 7 --first-order-id 1 --output json >/dev/null
 RUN=0
-RESULTS="$OUT_DIR/.ordering-runs.jsonl"
-: > "$RESULTS"
+RUNS="$OUT_DIR/.ordering-runs.jsonl"
+: > "$RUNS"
 for rate in 0 0.01 0.05; do
   for mode in key none none key; do
     name="${RUN_ID}_${mode}_${rate/./}_$((++RUN))"
@@ -38,7 +38,7 @@ for rate in 0 0.01 0.05; do
     after=$(statements)
     check=$(ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$name" "$BIN" bench-order-check --group "$name" \
       --count "$COUNT" --orders "$ORDERS" --seed 7 --first-order-id 1)
-    python3 - "$mode" "$rate" "$before" "$after" "$check" "$OUT_DIR/.run.json" >> "$RESULTS" <<'PY'
+    python3 - "$mode" "$rate" "$before" "$after" "$check" "$OUT_DIR/.run.json" >> "$RUNS" <<'PY'
 import json, sys
 mode, rate, before, after, check, run = sys.argv[1:]
 parse = lambda s: {k: int(v) for k, v in (kv.split("=") for kv in s.split())}
@@ -50,9 +50,14 @@ PY
     SQL -e "DROP DATABASE $name" || true
   done
 done
-python3 - "$COUNT" "$RESULTS" "$OUT_DIR/ordering-$RUN_ID.json" <<'PY'
+# The command behind each row of target/bench/results.tsv ({mode}, {rate}: the row's).
+COMMAND="ORDERPIPE_DATABASE__URL=$DB_URL_BASE/${RUN_ID}_{mode}_{rate}_N ORDERPIPE_CHAOS__TRANSIENT_RATE={rate} \
+ORDERPIPE_CHAOS__TRANSIENT_FAILURES=1 ORDERPIPE_RETRY__LOCAL_RETRIES=0 ORDERPIPE_RETRY__INITIAL_DELAY_MS=200 \
+orderpipe --log-level off consume --group ${RUN_ID}_{mode}_{rate}_N --handler $HANDLERS --ordering {mode} --until-idle 5 \
+--output json (mean of 2 runs, N = run number; backlog: orderpipe produce --count $COUNT --orders $ORDERS --seed 7 --first-order-id 1)"
+python3 - "$COUNT" "$RUNS" "$OUT_DIR/ordering-$RUN_ID.json" "$RESULTS" "$COMMAND" <<'PY'
 import json, sys
-count, results, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+count, results, out, tsv, command = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 runs = [json.loads(l) for l in open(results)]
 for r in runs:
     r["events_per_sec"] = r["summary"]["applied"] / max(r["summary"]["active_secs"], 1e-9)
@@ -88,6 +93,20 @@ for row in table:
           f"{row['retried']:>8.0f} {row['held']:>6.0f} {row['dead_lettered']:>5.0f} {row['out_of_order']:>13.0f} "
           f"{row['select_per_event']:>10.3f} {row['statements_per_event']:>9.3f}")
 json.dump({"table": table, "runs": runs}, open(out, "w"), indent=2)
+# Rows for the report: key at 1 and 5 % against key at 0 % (what failures
+# cost), key at 0 % against none at 0 % (what ordering costs).
+variant = lambda row: f"{row['mode']} {row['rate'] * 100:g}%"
+with open(tsv, "a") as f:
+    for row in table:
+        peer = f"{row['mode']} 0%" if row["rate"] else ("none 0%" if row["mode"] == "key" else "")
+        cmd = command.format(mode=row["mode"], rate=row["rate"])
+        for metric, value, unit, peer_of_metric in [
+            ("throughput", row["events_per_sec"], "events/s", peer),
+            ("MariaDB statements per event", row["statements_per_event"], "stmts/event",
+             f"none {row['rate'] * 100:g}%" if row["mode"] == "key" else ""),
+            ("orders applied out of order", row["out_of_order"], "orders", ""),
+        ]:
+            f.write("\t".join([ "ordering", variant(row), metric, repr(value), unit, peer_of_metric, cmd]) + "\n")
 print(f"\nresults: {out}")
 PY
-rm -f "$RESULTS" "$OUT_DIR/.run.json"
+rm -f "$RUNS" "$OUT_DIR/.run.json"

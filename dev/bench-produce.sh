@@ -5,7 +5,8 @@
 #
 #   dev/bench-produce.sh [COUNT]      (default 1000000; needs `make dev-up`)
 #
-# Prints a table and writes bench-results/produce-<time>.json.
+# Prints a table, writes bench-results/produce-<time>.json and appends its
+# rows to target/bench/results.tsv (bench-common.sh).
 set -euo pipefail
 COUNT="${1:-1000000}"
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
@@ -19,7 +20,8 @@ echo "== creating topics (12 partitions each)"
 "$STACK" kafka-topics --create --topic "$PERF_TOPIC" --partitions 12 --replication-factor 1 >/dev/null
 
 echo "== orderpipe produce --count $COUNT"
-/usr/bin/time -f '%M' -o "$OUT_DIR/.rss" "$BIN" produce --count "$COUNT" --orders 10000 --seed 1 --output json > "$OUT_DIR/.orderpipe.json"
+OP_ARGS=(produce --count "$COUNT" --orders 10000 --seed 1 --output json)
+/usr/bin/time -f '%M' -o "$OUT_DIR/.rss" "$BIN" "${OP_ARGS[@]}" > "$OUT_DIR/.orderpipe.json"
 OP_RSS_KB=$(cat "$OUT_DIR/.rss")
 read -r OP_RATE OP_BYTES OP_ACKED <<<"$(python3 -c '
 import json,sys; r=json.load(open(sys.argv[1]))
@@ -27,9 +29,10 @@ print(r["events_per_sec"], r["value_bytes"], r["acknowledged"])' "$OUT_DIR/.orde
 RECORD_SIZE=$(( OP_BYTES / OP_ACKED ))
 
 echo "== kafka-producer-perf-test --num-records $COUNT --record-size $RECORD_SIZE"
-/usr/bin/time -f '%M' -o "$OUT_DIR/.rss" "$STACK" kafka-class org.apache.kafka.tools.ProducerPerformance \
-  --topic "$PERF_TOPIC" --num-records "$COUNT" --record-size "$RECORD_SIZE" --throughput -1 \
-  --producer-props bootstrap.servers="$BOOTSTRAP" $PROPS | tee "$OUT_DIR/.perf.txt" | tail -1
+PERF_ARGS=(kafka-class org.apache.kafka.tools.ProducerPerformance
+  --topic "$PERF_TOPIC" --num-records "$COUNT" --record-size "$RECORD_SIZE" --throughput -1
+  --producer-props bootstrap.servers="$BOOTSTRAP" $PROPS)
+/usr/bin/time -f '%M' -o "$OUT_DIR/.rss" "$STACK" "${PERF_ARGS[@]}" | tee "$OUT_DIR/.perf.txt" | tail -1
 PERF_RSS_KB=$(cat "$OUT_DIR/.rss")
 PERF_RATE=$(tail -1 "$OUT_DIR/.perf.txt" | sed -E 's/.* ([0-9.]+) records\/sec.*/\1/')
 
@@ -51,6 +54,13 @@ json.dump({"count": int(count), "record_size": size, "orderpipe_rps": op,
            "perftest_rps": perf, "ratio": op/perf,
            "orderpipe_rss_kb": int(op_rss), "perftest_rss_kb": int(perf_rss)}, open(out, "w"), indent=2)
 PY
+OP_CMD="orderpipe ${OP_ARGS[*]}"
+PERF_CMD="dev/stack.sh ${PERF_ARGS[*]}"
+PERF=kafka-producer-perf-test
+result produce "orderpipe produce" throughput "$OP_RATE" rec/s "$PERF" "$OP_CMD"
+result produce "$PERF" throughput "$PERF_RATE" rec/s "" "$PERF_CMD"
+result produce "orderpipe produce" "peak RSS" "$((OP_RSS_KB / 1024))" MB "$PERF" "$OP_CMD"
+result produce "$PERF" "peak RSS" "$((PERF_RSS_KB / 1024))" MB "" "$PERF_CMD"
 rm -f "$OUT_DIR"/.rss "$OUT_DIR"/.orderpipe.json "$OUT_DIR"/.perf.txt
 "$STACK" kafka-topics --delete --topic "$PERF_TOPIC" >/dev/null 2>&1 || true
 for t in "$ORDERPIPE_TOPICS__ORDER_EVENTS__NAME" "$ORDERPIPE_TOPICS__INVENTORY_EVENTS__NAME" "$ORDERPIPE_TOPICS__DEAD_LETTER__NAME"; do

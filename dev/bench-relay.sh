@@ -29,13 +29,18 @@ SQL -e "DELETE FROM ${RUN_ID}.outbox_messages WHERE id > (SELECT id FROM (SELECT
 for batch in 50 200 1000; do
   echo "== relay, $batch rows per Kafka transaction"
   SQL -e "UPDATE ${RUN_ID}.outbox_messages SET sent_ms = NULL"
-  "$BIN" relay --instance "bench-$batch" --batch-size "$batch" --until-idle 2 --output json > "$OUT_DIR/.relay.json"
+  RELAY_ARGS=(relay --instance "bench-$batch" --batch-size "$batch" --until-idle 2 --output json)
+  "$BIN" "${RELAY_ARGS[@]}" > "$OUT_DIR/.relay.json"
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r["published"], r["active_secs"], r["transactions"])' \
     "$OUT_DIR/.relay.json" "$batch" >> "$OUT_DIR/.batches"
+  result relay "batch $batch" throughput "$(jget "$OUT_DIR/.relay.json" 'r["published"] / max(r["active_secs"], 1e-9)')" rec/s \
+    "plain producer" "ORDERPIPE_DATABASE__URL=$ORDERPIPE_DATABASE__URL orderpipe ${RELAY_ARGS[*]}"
 done
 
 echo "== plain idempotent producer, $ROWS events"
-"$BIN" produce --count "$ROWS" --orders 10000 --seed 1 --output json > "$OUT_DIR/.produce.json"
+PRODUCE_ARGS=(produce --count "$ROWS" --orders 10000 --seed 1 --output json)
+"$BIN" "${PRODUCE_ARGS[@]}" > "$OUT_DIR/.produce.json"
+result relay "plain producer" throughput "$(jget "$OUT_DIR/.produce.json" 'r["events_per_sec"]')" rec/s "" "orderpipe ${PRODUCE_ARGS[*]}"
 
 echo "== end to end at $RATE orders/s for 30 s: API commit -> relay -> consumer apply"
 SQL -e "UPDATE ${RUN_ID}.outbox_messages SET sent_ms = 0"
@@ -72,5 +77,13 @@ print(f"best relay / plain producer: {best / produce['events_per_sec']:.2f}")
 print(f"end to end, API commit -> consumer apply, {rate} orders/s, {len(lat)} events: p50 {pct(50):.0f} ms, p99 {pct(99):.0f} ms, max {lat[-1] if lat else float('nan'):.0f} ms")
 json.dump({"batches": batches, "produce_eps": produce["events_per_sec"], "latency_ms": {"p50": pct(50), "p99": pct(99), "n": len(lat)}}, open(result, "w"), indent=2)
 PY
+# The latencies themselves, one per line (ms), for a CDF.
+cp "$OUT_DIR/.latency" "$(dirname "$RESULTS")/relay-latency-ms.txt"
+E2E_CMD="orderpipe relay --instance bench-e2e --batch-size 200 --poll-ms 20 & orderpipe consume --group $RUN_ID-e2e --handler notification --start-from latest & orderpipe bench-drive-orders --orders $((RATE * 30)) --rate $RATE --seed 2"
+for p in 50 99; do
+  ms=$(python3 -c 'import sys; lat = sorted(float(x) for x in open(sys.argv[1]) if x.strip()); print(lat[min(len(lat) - 1, int(int(sys.argv[2]) / 100 * len(lat)))] if lat else "")' "$OUT_DIR/.latency" "$p")
+  # No event measured: no row (the table above says n = 0).
+  [ -z "$ms" ] || result relay "API commit → consumer apply, $RATE orders/s" "p$p latency" "$ms" ms "" "$E2E_CMD"
+done
 rm -f "$OUT_DIR"/.batches "$OUT_DIR"/.relay.json "$OUT_DIR"/.produce.json "$OUT_DIR"/.latency
 SQL -e "DROP DATABASE ${RUN_ID}" || true
