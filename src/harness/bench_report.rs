@@ -648,12 +648,21 @@ where
         if !marks {
             continue;
         }
-        chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
-        chart.draw_series(
-            points
-                .iter()
-                .map(|p| Text::new(format_value(p.1), (p.0, p.1), ("sans-serif", 13))),
-        )?;
+        // A value above its point when it is the highest at that x, else
+        // below, so close lines do not print over each other.
+        let highest = |p: &(f64, f64)| {
+            series
+                .values()
+                .flatten()
+                .filter(|q| q.0 == p.0)
+                .all(|q| q.1 <= p.1)
+        };
+        chart.draw_series(points.iter().map(|p| {
+            let dy = if highest(p) { -18 } else { 6 };
+            EmptyElement::at(*p)
+                + Circle::new((0, 0), 4, color.filled())
+                + Text::new(format_value(p.1), (6, dy), ("sans-serif", 13))
+        }))?;
     }
     chart
         .configure_series_labels()
