@@ -3,6 +3,8 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK="$ROOT/dev/stack.sh"
 BIN="${ORDERPIPE_BIN:-$ROOT/target/release/orderpipe}"
+# Not for orderpipe itself: it reads every ORDERPIPE_* variable as settings.
+unset ORDERPIPE_BIN
 RUN_ID="bench$(date +%s)"
 OUT_DIR="$ROOT/bench-results"
 BOOTSTRAP="${ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:9092}"
