@@ -323,6 +323,16 @@ fn is_synopsis(token: &Token) -> bool {
 /// The subcommand path(s) of a synopsis: its leading lower-case words
 /// (`list\|stats` is two alternatives).
 fn subcommand_paths(args: &[Token]) -> Vec<Vec<String>> {
+    // Options before the subcommand are global ones, each with its value
+    // (`orderpipe --log-level off consume ...`).
+    let mut args = args;
+    while let Some(first) = args
+        .first()
+        .filter(|t| !t.quoted && t.text.starts_with('-'))
+    {
+        let width = if first.text.contains('=') { 1 } else { 2 };
+        args = &args[width.min(args.len())..];
+    }
     let mut paths = vec![Vec::new()];
     for token in args {
         let words: Vec<&str> = token.text.split("\\|").collect();
@@ -417,7 +427,13 @@ fn problems(shown: &Shown, check: &Check, targets: &BTreeSet<String>) -> Vec<Str
     match check {
         Check::Make(names) => names
             .iter()
-            .filter(|n| !targets.contains(*n))
+            .filter(|n| match n.split_once('*') {
+                // `bench-*`: a pattern, which some target must match.
+                Some((head, tail)) => !targets.iter().any(|t| {
+                    t.len() >= head.len() + tail.len() && t.starts_with(head) && t.ends_with(tail)
+                }),
+                None => !targets.contains(*n),
+            })
             .map(|n| at(format!("no target `{n}` in the Makefile")))
             .collect(),
         Check::Cli(args) if !args.iter().any(is_synopsis) => {
@@ -795,6 +811,27 @@ fn console_output_shell_assignments_and_redirections_are_not_the_command() {
         found[0].starts_with(
             "X.md:2 `ORDERPIPE_CHAOS__PERMANENT_ORDERS='[3]' orderpipe lag --no-such-flag > out.txt 2>&1`"
         ),
+        "{found:#?}"
+    );
+}
+
+#[test]
+fn global_options_before_the_subcommand_and_target_patterns_are_understood() {
+    let markdown = "`orderpipe --log-level off consume --group G --handler H --ordering key`\n\n\
+                    `orderpipe --log-level off consume --group G --no-such-flag`\n\n\
+                    `make bench-*` and `make nope-*`\n";
+    let (checked, found) = all_problems(
+        &[("X.md".into(), markdown.into())],
+        "bench-produce: x\nbench-dlq:\n",
+    );
+    assert_eq!(checked, 4, "{found:#?}");
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found[0].starts_with("X.md:3 `orderpipe --log-level off consume --group G --no-such-flag`: `--no-such-flag` is not a flag of `orderpipe consume`"),
+        "{found:#?}"
+    );
+    assert!(
+        found[1].starts_with("X.md:5 `make nope-*`: no target `nope-*`"),
         "{found:#?}"
     );
 }
