@@ -603,10 +603,10 @@ fn link_problems(root: &Path, documents: &[(String, String)]) -> (usize, Vec<Str
             } else {
                 None
             };
-            if let (false, Some(page)) = (fragment.is_empty(), page) {
-                if !anchors(&page).contains(fragment) {
-                    found.push(format!("{at}: no heading with the anchor #{fragment}"));
-                }
+            if let (false, Some(page)) = (fragment.is_empty(), page)
+                && !anchors(&page).contains(fragment)
+            {
+                found.push(format!("{at}: no heading with the anchor #{fragment}"));
             }
         }
     }
@@ -675,6 +675,17 @@ fn read_documents() -> Vec<(String, String)> {
         .collect()
 }
 
+/// `found` holds exactly one problem per `expected` beginning, in order.
+fn assert_problems(found: &[String], expected: &[&str]) {
+    assert_eq!(found.len(), expected.len(), "{found:#?}");
+    for (problem, start) in found.iter().zip(expected) {
+        assert!(
+            problem.starts_with(start),
+            "{problem}\n  should start with {start}"
+        );
+    }
+}
+
 #[test]
 fn every_relative_link_of_the_readme_and_docs_reaches_its_file_and_heading() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -705,14 +716,12 @@ fn the_link_check_catches_a_missing_file_and_a_missing_heading() {
     let (checked, found) = link_problems(&dir, &[("README.md".into(), readme.into())]);
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(checked, 5, "{found:#?}");
-    assert_eq!(found.len(), 2, "{found:#?}");
-    assert!(
-        found[0].starts_with("README.md:5 (docs/gone.md): no file"),
-        "{found:#?}"
-    );
-    assert!(
-        found[1].starts_with("README.md:5 (docs/page.md#twice-2): no heading"),
-        "{found:#?}"
+    assert_problems(
+        &found,
+        &[
+            "README.md:5 (docs/gone.md): no file",
+            "README.md:5 (docs/page.md#twice-2): no heading",
+        ],
     );
 }
 
@@ -806,12 +815,11 @@ fn console_output_shell_assignments_and_redirections_are_not_the_command() {
                     ```\n\n`orderpipe dlq show <ID>`\n";
     let (checked, found) = all_problems(&[("X.md".into(), markdown.into())], "");
     assert_eq!(checked, 3, "{found:#?}");
-    assert_eq!(found.len(), 1, "{found:#?}");
-    assert!(
-        found[0].starts_with(
-            "X.md:2 `ORDERPIPE_CHAOS__PERMANENT_ORDERS='[3]' orderpipe lag --no-such-flag > out.txt 2>&1`"
-        ),
-        "{found:#?}"
+    assert_problems(
+        &found,
+        &[
+            "X.md:2 `ORDERPIPE_CHAOS__PERMANENT_ORDERS='[3]' orderpipe lag --no-such-flag > out.txt 2>&1`",
+        ],
     );
 }
 
@@ -825,13 +833,11 @@ fn global_options_before_the_subcommand_and_target_patterns_are_understood() {
         "bench-produce: x\nbench-dlq:\n",
     );
     assert_eq!(checked, 4, "{found:#?}");
-    assert_eq!(found.len(), 2, "{found:#?}");
-    assert!(
-        found[0].starts_with("X.md:3 `orderpipe --log-level off consume --group G --no-such-flag`: `--no-such-flag` is not a flag of `orderpipe consume`"),
-        "{found:#?}"
-    );
-    assert!(
-        found[1].starts_with("X.md:5 `make nope-*`: no target `nope-*`"),
-        "{found:#?}"
+    assert_problems(
+        &found,
+        &[
+            "X.md:3 `orderpipe --log-level off consume --group G --no-such-flag`: `--no-such-flag` is not a flag of `orderpipe consume`",
+            "X.md:5 `make nope-*`: no target `nope-*`",
+        ],
     );
 }
