@@ -100,7 +100,8 @@ done
 echo
 echo "######## all benchmarks: $(($(date +%s) - start)) s"
 echo "# the run took $(($(date +%s) - start)) s$([ ${#failed[@]} -eq 0 ] || echo "; FAILED: ${failed[*]}")" >> "$BENCH_RESULTS"
-"$BIN" bench-report --results "$BENCH_RESULTS" --out "$OUT" || exit 1
+# ORDERPIPE_BIN is not a setting: orderpipe refuses unknown ORDERPIPE_* variables.
+env -u ORDERPIPE_BIN "$BIN" bench-report --results "$BENCH_RESULTS" --out "$OUT" || exit 1
 echo
 cat "$OUT/report.md"
 [ ${#failed[@]} -eq 0 ] || { echo "failed: ${failed[*]}" >&2; exit 1; }
