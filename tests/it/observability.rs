@@ -164,6 +164,13 @@ async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
     prometheus.expect(r#"count(orderpipe_consumer_lag_records{group="obs",topic!~".*retry.*"})"#, 12.0).await;
     prometheus.expect(r#"sum(orderpipe_consumer_lag_records{group="obs"})"#, 0.0).await;
     prometheus.expect(r#"sum(orderpipe_relay_transactions_total{outcome="committed"}) > bool 0"#, 1.0).await;
+    // Every committed relay transaction has its commit time observed.
+    prometheus
+        .expect(
+            r#"sum(orderpipe_relay_commit_duration_seconds_count) == bool sum(orderpipe_relay_transactions_total{outcome="committed"})"#,
+            1.0,
+        )
+        .await;
     prometheus.expect("max(orderpipe_outbox_backlog_rows)", 0.0).await;
     prometheus.expect(r#"sum(orderpipe_produced_records_total{event_name="order.created"}) > bool 0"#, 1.0).await;
     for child in [&mut consumer, &mut relay, &mut persister] {
