@@ -56,6 +56,10 @@ pub mod name {
     pub const HELD_NOW: &str = "orderpipe_held_records";
     /// Age of the oldest parked key (0 when none), by group.
     pub const PARKED_OLDEST_AGE: &str = "orderpipe_parked_key_oldest_age_seconds";
+    /// Times a partition was paused because its worker's queue was full, by group.
+    pub const QUEUE_FULL_PAUSES: &str = "orderpipe_consumer_queue_full_pauses_total";
+    /// Partitions paused now (queue full or waiting for a retry due time), by group.
+    pub const PAUSED_PARTITIONS: &str = "orderpipe_consumer_paused_partitions";
     /// Pending rows in `dead_letters` (persister).
     pub const DEAD_LETTERS_PENDING: &str = "orderpipe_dead_letters_pending";
     /// Consumer lag (high watermark minus committed offset), by group, topic and partition,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use metrics::{counter, histogram};
+use metrics::{counter, gauge, histogram};
 
 use crate::metrics::{InternalEvent, name};
 
@@ -156,6 +156,31 @@ impl InternalEvent for Released<'_> {
         tracing::info!(group = self.group, event_name = self.event_name, "released: applied after the event it waited behind");
         counter!(name::RELEASED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
     }
+}
+
+/// A partition was paused because its worker's queue was full: the
+/// dispatcher keeps what did not fit and fetches nothing more for it until
+/// the worker catches up (see `consumer/dispatch.rs`).
+pub struct PartitionPaused<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition.
+    pub partition: i32,
+}
+
+impl InternalEvent for PartitionPaused<'_> {
+    fn emit(self) {
+        tracing::debug!(group = self.group, topic = self.topic, partition = self.partition,
+            "partition paused: its worker's queue is full");
+        counter!(name::QUEUE_FULL_PAUSES, "group" => self.group.to_string()).increment(1);
+    }
+}
+
+/// Partitions paused now (queue full or waiting for a retry due time).
+pub fn paused_partitions(group: &str, paused: usize) {
+    gauge!(name::PAUSED_PARTITIONS, "group" => group.to_string()).set(paused as f64);
 }
 
 /// Exports a group's conflicting-duplicates counter at 0 from the start, so

@@ -11,10 +11,12 @@
 //!
 //! Layout:
 //!
-//! * this module runs the dispatcher: one `StreamConsumer`, records routed
+//! * `dispatch` runs the dispatcher: one `StreamConsumer`, records routed
 //!   to one [`worker`] per assigned partition, so partitions run in
 //!   parallel and each partition's records are applied in offset order
-//!   (one order's events share a partition, so per-order order holds);
+//!   (one order's events share a partition, so per-order order holds); it
+//!   never waits on a worker: a partition whose worker's queue is full is
+//!   paused instead;
 //! * [`worker`] batches a partition's records into one DB transaction and
 //!   retries database failures with backoff without committing past them;
 //! * [`assignment`] tracks which partitions this member owns, so a worker
@@ -26,6 +28,7 @@
 //! [`ConsumerSettings`] is the `[consumer]` section of the configuration.
 
 pub mod assignment;
+mod dispatch;
 pub mod events;
 pub mod handler;
 pub mod handlers;
@@ -39,10 +42,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::OwnedMessage;
-use rdkafka::Message;
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
 use crate::codec::{Codec, RegistrySettings};
 use crate::db::Db;
@@ -174,6 +174,9 @@ pub struct ConsumeSummary {
     pub held: u64,
     /// Held records applied after their head.
     pub released: u64,
+    /// Times a partition was paused because its worker's queue was full
+    /// (the dispatcher never waits on a worker).
+    pub queue_full_pauses: u64,
     /// Per handler.
     pub handlers: BTreeMap<String, HandlerCounts>,
     /// Seconds from the first record received to the last batch committed.
@@ -245,6 +248,8 @@ pub(crate) struct Shared {
     /// Keys this consumer knows to be parked (mode `key`): only records of
     /// these keys, and retry-topic records, consult `parked_keys`.
     pub parked: Mutex<HashSet<String>>,
+    /// Partitions paused on the consumer, and why (see `dispatch`).
+    pub pauses: Mutex<dispatch::Pauses>,
 }
 
 impl Shared {
@@ -345,6 +350,7 @@ pub async fn run(
         in_flight: Mutex::new(HashMap::new()),
         active: Mutex::new(None),
         parked: Mutex::new(HashSet::new()),
+        pauses: Mutex::new(dispatch::Pauses::default()),
         batch_size: settings.consumer.batch_size.max(1),
     });
     // Report the database state from the start, not only after the first record.
@@ -355,7 +361,7 @@ pub async fn run(
 
     let lag_task = tokio::spawn(report_lag(shared.clone()));
     let release_task = tokio::spawn(release_parked(shared.clone()));
-    dispatch(&shared, shutdown).await;
+    dispatch::dispatch(&shared, shutdown).await;
     lag_task.abort();
     release_task.abort();
     // Workers have finished; commit what they stored before leaving.
@@ -481,70 +487,6 @@ async fn release_parked(shared: Arc<Shared>) {
             }
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-}
-
-/// Routes records to partition workers until shutdown or idle.
-async fn dispatch(shared: &Arc<Shared>, shutdown: impl std::future::Future<Output = ()>) {
-    let mut workers: HashMap<PartitionKey, (u64, mpsc::Sender<OwnedMessage>)> = HashMap::new();
-    let mut handles = Vec::new();
-    let mut last_record = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_millis(200));
-    tokio::pin!(shutdown);
-    loop {
-        shared.health.polled();
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = tick.tick() => {
-                if let Some(idle) = shared.options.until_idle {
-                    // Idle: nothing pending, and no record nor rebalance for `idle`
-                    // (a member that just joined has not been idle yet).
-                    let quiet = shared
-                        .assignment
-                        .since_change()
-                        .map(|since| since.min(last_record.elapsed()));
-                    if shared.in_flight_total() == 0 && quiet.is_some_and(|q| q >= idle) {
-                        break;
-                    }
-                }
-            }
-            received = shared.consumer.recv() => {
-                let message = match received {
-                    Ok(m) => m.detach(),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "consumer error; retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        continue;
-                    }
-                };
-                last_record = Instant::now();
-                shared.active.lock().expect("active lock").get_or_insert((last_record, last_record));
-                let key = (message.topic().to_string(), message.partition());
-                let Some(generation) = shared.assignment.generation(&key) else {
-                    // Delivered after its partition was revoked: the new owner reads it.
-                    continue;
-                };
-                let fresh = workers.get(&key).is_none_or(|(g, _)| *g != generation);
-                if fresh {
-                    let (tx, rx) = mpsc::channel(shared.batch_size * 2);
-                    let worker = PartitionWorker::new(shared.clone(), key.clone(), generation);
-                    handles.push(tokio::spawn(worker.run(rx)));
-                    workers.insert(key.clone(), (generation, tx));
-                }
-                shared.summary.lock().expect("summary lock").consumed += 1;
-                events::consumed(&shared.options.group, message.topic());
-                shared.in_flight_change(&key, 1);
-                let (_, tx) = &workers[&key];
-                if tx.send(message).await.is_err() {
-                    // The worker stopped because the partition was revoked.
-                    shared.in_flight_change(&key, -1);
-                }
-            }
-        }
-    }
-    drop(workers);
-    for handle in handles {
-        let _ = handle.await;
     }
 }
 

@@ -269,23 +269,25 @@ impl PartitionWorker {
     }
 
     /// Sleeps until the record's due time with the partition paused, so the
-    /// consumer fetches nothing for it meanwhile.
+    /// consumer fetches nothing for it meanwhile. The pause is one reason
+    /// among others (the dispatcher pauses a partition whose queue is full):
+    /// the partition is resumed only once no reason is left.
     async fn wait_until_due(&self, message: &OwnedMessage) -> Result<(), Revoked> {
         let wait = due_ms(message) - now_ms();
         if wait <= 0 {
             return Ok(());
         }
-        let mut list = TopicPartitionList::new();
-        list.add_partition(&self.key.0, self.key.1);
-        let _ = self.shared.consumer.pause(&list);
+        let reason = super::dispatch::PauseReason::DueWait;
+        self.shared.pause_partition(&self.key, self.generation, reason);
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait as u64);
-        while tokio::time::Instant::now() < deadline {
-            self.still_owned()?;
+        let mut owned = self.still_owned();
+        while owned.is_ok() && tokio::time::Instant::now() < deadline {
             let step = deadline.saturating_duration_since(tokio::time::Instant::now()).min(Duration::from_secs(1));
             tokio::time::sleep(step).await;
+            owned = self.still_owned();
         }
-        let _ = self.shared.consumer.resume(&list);
-        self.still_owned()
+        self.shared.resume_partition(&self.key, self.generation, reason);
+        owned
     }
 
     /// Decodes and applies a batch.

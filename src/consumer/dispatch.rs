@@ -1,0 +1,479 @@
+//! The dispatcher: one poll loop routing records to one worker per
+//! assigned partition, which never waits on a worker.
+//!
+//! Each worker reads from a bounded queue. When a partition's queue is
+//! full (its worker waits for a retry record's due time, for the database,
+//! or is just slower than the fetch), the record that did not fit and every
+//! later one of that partition go to the partition's *overflow*, in offset
+//! order, and the partition is paused on the consumer, so librdkafka fetches
+//! nothing more for it (records it had fetched already may still arrive:
+//! they join the overflow). As soon as the worker makes room, the overflow
+//! moves into its queue, and once it is empty the partition is resumed;
+//! librdkafka fetches again from the record after the last one delivered.
+//! Meanwhile the loop keeps polling: every other partition flows, the
+//! health poll stays fresh, and the member never exceeds
+//! `max.poll.interval.ms`.
+//!
+//! A worker pauses its partition too, while it waits for a retry-topic
+//! record's due time. Both go through [`Pauses`]: a partition is paused
+//! while any reason holds, for the generation of the assignment that set it,
+//! and resumed only when none is left.
+//!
+//! A revoked partition's overflow is dropped (its next owner re-reads those
+//! records: their offsets were never stored).
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use rdkafka::consumer::Consumer;
+use rdkafka::message::OwnedMessage;
+use rdkafka::{Message, TopicPartitionList};
+use tokio::sync::mpsc::error::{SendError, TrySendError};
+use tokio::sync::mpsc::{self, OwnedPermit};
+
+use super::assignment::PartitionKey;
+use super::events::{self, PartitionPaused};
+use super::worker::PartitionWorker;
+use super::Shared;
+use crate::metrics::InternalEvent;
+
+/// Why a partition is paused on the consumer. Several reasons can hold at
+/// once; the partition is resumed when none is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PauseReason {
+    /// Its worker's queue is full: the dispatcher holds records in the overflow.
+    QueueFull,
+    /// Its worker waits for a retry-topic record's due time.
+    DueWait,
+}
+
+impl PauseReason {
+    fn bit(self) -> u8 {
+        match self {
+            Self::QueueFull => 1,
+            Self::DueWait => 2,
+        }
+    }
+}
+
+/// What a change of pause reasons asks of the consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PauseChange {
+    /// The first reason: pause the partition.
+    Pause,
+    /// The last reason went: resume it.
+    Resume,
+    /// Nothing to do.
+    Keep,
+}
+
+/// The paused partitions: for each, the assignment generation that paused
+/// it and the reasons (a bit set of [`PauseReason`]).
+///
+/// A reason set by an older generation (a worker of a partition revoked
+/// and assigned again) never holds back the new one: a newer generation
+/// replaces the entry, an older one changes nothing.
+#[derive(Debug, Default)]
+pub(crate) struct Pauses {
+    paused: HashMap<PartitionKey, (u64, u8)>,
+}
+
+impl Pauses {
+    /// Adds `reason` for `key` under `generation`.
+    pub(crate) fn add(&mut self, key: &PartitionKey, generation: u64, reason: PauseReason) -> PauseChange {
+        match self.paused.get_mut(key) {
+            Some((held, _)) if *held > generation => PauseChange::Keep,
+            Some((held, reasons)) if *held == generation => {
+                *reasons |= reason.bit();
+                PauseChange::Keep
+            }
+            _ => {
+                self.paused.insert(key.clone(), (generation, reason.bit()));
+                PauseChange::Pause
+            }
+        }
+    }
+
+    /// Removes `reason` for `key` under `generation`.
+    pub(crate) fn remove(&mut self, key: &PartitionKey, generation: u64, reason: PauseReason) -> PauseChange {
+        let Some((held, reasons)) = self.paused.get_mut(key) else {
+            return PauseChange::Keep;
+        };
+        if *held != generation {
+            return PauseChange::Keep;
+        }
+        *reasons &= !reason.bit();
+        if *reasons != 0 {
+            return PauseChange::Keep;
+        }
+        self.paused.remove(key);
+        PauseChange::Resume
+    }
+
+    /// Forgets the entries of generations no longer current (`current`
+    /// gives a partition's generation if it is owned). Returns the
+    /// partitions owned now under another generation: resume them, so a
+    /// pause left by a revoked worker does not stop the new one.
+    pub(crate) fn forget_stale(&mut self, current: impl Fn(&PartitionKey) -> Option<u64>) -> Vec<PartitionKey> {
+        let mut resume = Vec::new();
+        self.paused.retain(|key, (held, _)| match current(key) {
+            Some(generation) if generation == *held => true,
+            Some(_) => {
+                resume.push(key.clone());
+                false
+            }
+            None => false,
+        });
+        resume
+    }
+
+    /// Partitions paused now.
+    pub(crate) fn len(&self) -> usize {
+        self.paused.len()
+    }
+}
+
+impl Shared {
+    /// Pauses `key` for `reason` (unless `generation` is no longer its owner).
+    pub(crate) fn pause_partition(&self, key: &PartitionKey, generation: u64, reason: PauseReason) {
+        let mut pauses = self.pauses.lock().expect("pauses lock");
+        if !self.assignment.is_current(key, generation) {
+            return;
+        }
+        let change = pauses.add(key, generation, reason);
+        self.apply_pause_change(key, change, pauses.len());
+    }
+
+    /// Drops `reason` for `key`; resumes it when no reason is left.
+    pub(crate) fn resume_partition(&self, key: &PartitionKey, generation: u64, reason: PauseReason) {
+        let mut pauses = self.pauses.lock().expect("pauses lock");
+        let change = pauses.remove(key, generation, reason);
+        self.apply_pause_change(key, change, pauses.len());
+    }
+
+    /// Resumes partitions a revoked generation left paused.
+    fn forget_stale_pauses(&self) {
+        let mut pauses = self.pauses.lock().expect("pauses lock");
+        for key in pauses.forget_stale(|key| self.assignment.generation(key)) {
+            self.apply_pause_change(&key, PauseChange::Resume, pauses.len());
+        }
+        events::paused_partitions(&self.options.group, pauses.len());
+    }
+
+    /// Pauses or resumes on the consumer (called with the pauses lock held,
+    /// so the consumer sees changes in the order they were decided).
+    fn apply_pause_change(&self, key: &PartitionKey, change: PauseChange, paused: usize) {
+        if change == PauseChange::Keep {
+            return;
+        }
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&key.0, key.1);
+        let done = if change == PauseChange::Pause { self.consumer.pause(&list) } else { self.consumer.resume(&list) };
+        if let Err(e) = done {
+            // Revoked meanwhile: the partition is no longer this consumer's.
+            tracing::debug!(topic = %key.0, partition = key.1, ?change, error = %e, "pause state not changed");
+        }
+        events::paused_partitions(&self.options.group, paused);
+    }
+}
+
+/// Records a worker's queue holds: two batches, so the worker finds its
+/// next batch waiting while it applies one.
+fn queue_capacity(batch_size: usize) -> usize {
+    batch_size * 2
+}
+
+/// One partition's way to its worker: the worker's queue and the records
+/// that did not fit, oldest first (not empty only while paused).
+struct Route {
+    generation: u64,
+    tx: mpsc::Sender<OwnedMessage>,
+    overflow: VecDeque<OwnedMessage>,
+}
+
+/// Where [`Route::offer`] put a record.
+#[derive(Debug, PartialEq, Eq)]
+enum Offered {
+    /// Into the worker's queue.
+    Queued,
+    /// Into the overflow; `first`: the overflow was empty (pause now).
+    Overflow { first: bool },
+    /// Nowhere: the worker stopped (its partition was revoked).
+    WorkerGone,
+}
+
+impl Route {
+    fn new(generation: u64, tx: mpsc::Sender<OwnedMessage>) -> Self {
+        Self { generation, tx, overflow: VecDeque::new() }
+    }
+
+    /// Queues `message` behind every record of the partition already
+    /// offered, without waiting.
+    fn offer(&mut self, message: OwnedMessage) -> Offered {
+        if !self.overflow.is_empty() {
+            self.overflow.push_back(message);
+            return Offered::Overflow { first: false };
+        }
+        match self.tx.try_send(message) {
+            Ok(()) => Offered::Queued,
+            Err(TrySendError::Full(message)) => {
+                self.overflow.push_back(message);
+                Offered::Overflow { first: true }
+            }
+            Err(TrySendError::Closed(_)) => Offered::WorkerGone,
+        }
+    }
+
+    /// Moves the overflow into the queue: the oldest record through
+    /// `permit` (room the worker made), then as many as fit. True when the
+    /// overflow is empty.
+    fn refill(&mut self, permit: OwnedPermit<OwnedMessage>) -> bool {
+        let Some(oldest) = self.overflow.pop_front() else {
+            return true;
+        };
+        permit.send(oldest);
+        while let Some(message) = self.overflow.pop_front() {
+            if let Err(TrySendError::Full(message) | TrySendError::Closed(message)) = self.tx.try_send(message) {
+                self.overflow.push_front(message);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Drops the overflow (the partition was revoked, or the consumer stops);
+    /// the number of records dropped.
+    fn drop_overflow(&mut self) -> usize {
+        let n = self.overflow.len();
+        self.overflow.clear();
+        n
+    }
+}
+
+/// Room in a partition's queue, or its worker gone: (partition, generation, permit).
+type Room = Pin<Box<dyn Future<Output = (PartitionKey, u64, Result<OwnedPermit<OwnedMessage>, SendError<()>>)> + Send>>;
+
+/// Waits for room in `route`'s queue.
+fn room(key: PartitionKey, route: &Route) -> Room {
+    let tx = route.tx.clone();
+    let generation = route.generation;
+    Box::pin(async move { (key, generation, tx.reserve_owned().await) })
+}
+
+/// Routes records to partition workers until shutdown or idle.
+pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output = ()>) {
+    let mut routes: HashMap<PartitionKey, Route> = HashMap::new();
+    let mut rooms: FuturesUnordered<Room> = FuturesUnordered::new();
+    let mut handles = Vec::new();
+    let mut last_record = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    // Drops a route's overflow: those records are no longer in flight here.
+    let retire = |key: &PartitionKey, route: &mut Route| {
+        let dropped = route.drop_overflow();
+        if dropped > 0 {
+            shared.in_flight_change(key, -(dropped as isize));
+            shared.resume_partition(key, route.generation, PauseReason::QueueFull);
+        }
+    };
+    tokio::pin!(shutdown);
+    loop {
+        shared.health.polled();
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some((key, generation, reserved)) = rooms.next(), if !rooms.is_empty() => {
+                let Some(route) = routes.get_mut(&key).filter(|r| r.generation == generation) else {
+                    // A route replaced since (the partition was assigned again).
+                    continue;
+                };
+                match reserved {
+                    Ok(permit) => {
+                        if route.refill(permit) {
+                            shared.resume_partition(&key, generation, PauseReason::QueueFull);
+                        } else {
+                            rooms.push(room(key, route));
+                        }
+                    }
+                    // The worker stopped: its partition was revoked.
+                    Err(_) => retire(&key, route),
+                }
+            }
+            _ = tick.tick() => {
+                // Revoked partitions: their overflow goes, their next owner re-reads it.
+                routes.retain(|key, route| {
+                    let current = shared.assignment.is_current(key, route.generation);
+                    if !current {
+                        retire(key, route);
+                    }
+                    current
+                });
+                shared.forget_stale_pauses();
+                if let Some(idle) = shared.options.until_idle {
+                    // Idle: nothing pending, and no record nor rebalance for `idle`
+                    // (a member that just joined has not been idle yet).
+                    let quiet = shared
+                        .assignment
+                        .since_change()
+                        .map(|since| since.min(last_record.elapsed()));
+                    if shared.in_flight_total() == 0 && quiet.is_some_and(|q| q >= idle) {
+                        break;
+                    }
+                }
+            }
+            received = shared.consumer.recv() => {
+                let message = match received {
+                    Ok(m) => m.detach(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "consumer error; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                };
+                last_record = Instant::now();
+                shared.active.lock().expect("active lock").get_or_insert((last_record, last_record));
+                let key = (message.topic().to_string(), message.partition());
+                let Some(generation) = shared.assignment.generation(&key) else {
+                    // Delivered after its partition was revoked: the new owner reads it.
+                    continue;
+                };
+                if routes.get(&key).is_none_or(|r| r.generation != generation) {
+                    if let Some(mut old) = routes.remove(&key) {
+                        retire(&key, &mut old);
+                    }
+                    let (tx, rx) = mpsc::channel(queue_capacity(shared.batch_size));
+                    let worker = PartitionWorker::new(shared.clone(), key.clone(), generation);
+                    handles.push(tokio::spawn(worker.run(rx)));
+                    routes.insert(key.clone(), Route::new(generation, tx));
+                }
+                shared.summary.lock().expect("summary lock").consumed += 1;
+                events::consumed(&shared.options.group, message.topic());
+                shared.in_flight_change(&key, 1);
+                let route = routes.get_mut(&key).expect("route just ensured");
+                match route.offer(message) {
+                    Offered::Queued | Offered::Overflow { first: false } => {}
+                    Offered::Overflow { first: true } => {
+                        shared.summary.lock().expect("summary lock").queue_full_pauses += 1;
+                        PartitionPaused { group: &shared.options.group, topic: &key.0, partition: key.1 }.emit();
+                        shared.pause_partition(&key, generation, PauseReason::QueueFull);
+                        rooms.push(room(key, route));
+                    }
+                    // The worker stopped because the partition was revoked.
+                    Offered::WorkerGone => shared.in_flight_change(&key, -1),
+                }
+            }
+        }
+    }
+    for (key, route) in routes.iter_mut() {
+        retire(key, route);
+    }
+    // Every sender goes (the routes' and the waits' for room), so each
+    // worker finishes what its queue holds and stops.
+    drop(rooms);
+    drop(routes);
+    for handle in handles {
+        let _ = handle.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::Timestamp;
+
+    use super::*;
+
+    fn record(offset: i64) -> OwnedMessage {
+        OwnedMessage::new(Some(b"v".to_vec()), Some(b"k".to_vec()), "orders".into(), Timestamp::CreateTime(1), 3, offset, None)
+    }
+
+    fn key() -> PartitionKey {
+        ("orders".into(), 3)
+    }
+
+    #[test]
+    fn a_partition_paused_for_two_reasons_is_resumed_only_when_both_are_gone() {
+        let mut pauses = Pauses::default();
+        assert_eq!(pauses.add(&key(), 1, PauseReason::DueWait), PauseChange::Pause);
+        assert_eq!(pauses.add(&key(), 1, PauseReason::QueueFull), PauseChange::Keep);
+        // The worker's due time passed: the dispatcher's overflow still holds it.
+        assert_eq!(pauses.remove(&key(), 1, PauseReason::DueWait), PauseChange::Keep);
+        assert_eq!(pauses.len(), 1);
+        assert_eq!(pauses.remove(&key(), 1, PauseReason::QueueFull), PauseChange::Resume);
+        assert_eq!(pauses.len(), 0);
+        // And the other way round.
+        assert_eq!(pauses.add(&key(), 1, PauseReason::QueueFull), PauseChange::Pause);
+        assert_eq!(pauses.add(&key(), 1, PauseReason::DueWait), PauseChange::Keep);
+        assert_eq!(pauses.remove(&key(), 1, PauseReason::QueueFull), PauseChange::Keep);
+        assert_eq!(pauses.remove(&key(), 1, PauseReason::DueWait), PauseChange::Resume);
+        // Removing a reason that does not hold changes nothing.
+        assert_eq!(pauses.remove(&key(), 1, PauseReason::DueWait), PauseChange::Keep);
+    }
+
+    #[test]
+    fn an_older_generation_neither_resumes_nor_holds_back_a_newer_one() {
+        let mut pauses = Pauses::default();
+        assert_eq!(pauses.add(&key(), 1, PauseReason::DueWait), PauseChange::Pause);
+        // Revoked and assigned again: generation 2 pauses for its own reason.
+        assert_eq!(pauses.add(&key(), 2, PauseReason::QueueFull), PauseChange::Pause);
+        // The old worker's wait ends: generation 2 stays paused.
+        assert_eq!(pauses.remove(&key(), 1, PauseReason::DueWait), PauseChange::Keep);
+        assert_eq!(pauses.add(&key(), 1, PauseReason::DueWait), PauseChange::Keep);
+        assert_eq!(pauses.remove(&key(), 2, PauseReason::QueueFull), PauseChange::Resume);
+    }
+
+    #[test]
+    fn a_pause_left_by_a_revoked_generation_is_forgotten_and_resumed() {
+        let mut pauses = Pauses::default();
+        let other: PartitionKey = ("orders".into(), 4);
+        pauses.add(&key(), 1, PauseReason::DueWait);
+        pauses.add(&other, 5, PauseReason::QueueFull);
+        // Partition 3 is owned under generation 7 now; 4 is still generation 5's.
+        let resume = pauses.forget_stale(|k| Some(if k.1 == 3 { 7 } else { 5 }));
+        assert_eq!(resume, vec![key()]);
+        assert_eq!(pauses.len(), 1);
+        // Not owned at all: forgotten, nothing to resume.
+        assert!(pauses.forget_stale(|_| None).is_empty());
+        assert_eq!(pauses.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_overflows_in_order_and_refills_as_the_worker_makes_room() {
+        let (tx, mut rx) = mpsc::channel(queue_capacity(1));
+        let mut route = Route::new(1, tx);
+        assert_eq!(route.offer(record(0)), Offered::Queued);
+        assert_eq!(route.offer(record(1)), Offered::Queued);
+        assert_eq!(route.offer(record(2)), Offered::Overflow { first: true });
+        assert_eq!(route.offer(record(3)), Offered::Overflow { first: false });
+        // Room appears, but record 4 must not overtake the overflow.
+        assert_eq!(rx.recv().await.map(|m| m.offset()), Some(0));
+        assert_eq!(route.offer(record(4)), Offered::Overflow { first: false });
+        let mut received = vec![0];
+        while !route.overflow.is_empty() {
+            let permit = route.tx.clone().reserve_owned().await.expect("worker alive");
+            let drained = route.refill(permit);
+            assert_eq!(drained, route.overflow.is_empty());
+            received.push(rx.recv().await.expect("queued").offset());
+        }
+        while let Ok(m) = rx.try_recv() {
+            received.push(m.offset());
+        }
+        assert_eq!(received, vec![0, 1, 2, 3, 4], "every record once, in offset order");
+        assert_eq!(route.offer(record(5)), Offered::Queued, "an empty overflow sends straight to the queue");
+    }
+
+    #[tokio::test]
+    async fn a_stopped_worker_gets_nothing_and_its_overflow_is_dropped() {
+        let (tx, rx) = mpsc::channel(queue_capacity(1));
+        let mut route = Route::new(1, tx);
+        for offset in 0..4 {
+            route.offer(record(offset));
+        }
+        drop(rx);
+        assert_eq!(route.offer(record(9)), Offered::Overflow { first: false });
+        assert!(route.tx.clone().reserve_owned().await.is_err());
+        assert_eq!(route.drop_overflow(), 3);
+        assert_eq!(route.offer(record(10)), Offered::WorkerGone);
+    }
+}
