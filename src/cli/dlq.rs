@@ -183,6 +183,14 @@ pub struct ReplayArgs {
     /// At most this many rows.
     #[arg(long, default_value_t = 1_000_000)]
     limit: i64,
+    /// Rows read from the table per query (replay streams them by id).
+    #[arg(long, value_name = "ROWS", default_value_t = replay::PAGE_SIZE as u32,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    page_size: u32,
+    /// Records sent and not yet acknowledged by the broker, at most.
+    #[arg(long, value_name = "RECORDS", default_value_t = replay::IN_FLIGHT as u32,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    in_flight: u32,
     /// Do not ask for confirmation (without a terminal, needed to act on a filter).
     #[arg(long)]
     yes: bool,
@@ -296,26 +304,31 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
         }
         DlqCommand::Replay(args) => {
             let filter = Filter::from(args.filter).for_replay()?;
-            let rows = store::records(&db, &filter, args.limit).await?;
+            // Fixed now: rows persisted meanwhile wait for the next replay.
+            let bound = store::bound(&db, &filter, args.limit).await?;
             let options = ReplayOptions {
                 to_original: args.to_original,
                 rate: args.rate,
+                page_size: args.page_size as usize,
+                in_flight: args.in_flight as usize,
             };
             if args.dry_run {
-                replay_plan(&replay::plan(&settings.topics.dead_letter.name, &rows, options), args.output.output);
+                let plan = replay::dry_run(&db, &settings.topics.dead_letter.name, &filter, bound, options).await?;
+                replay_plan(&plan, args.output.output);
                 return Ok(ExitCode::SUCCESS);
             }
-            if !confirm("Replay", &filter, rows.len(), args.yes)? {
+            if !confirm("Replay", &filter, bound.rows as usize, args.yes)? {
                 eprintln!("nothing replayed");
                 return Ok(ExitCode::FAILURE);
             }
-            let bar = output::progress_bar(Some(rows.len() as u64), "replayed");
+            let bar = output::progress_bar(Some(bound.rows as u64), "replayed");
             let summary = replay::replay(
                 &settings.kafka,
                 &settings.producer,
                 &settings.topics.dead_letter.name,
                 &db,
-                &rows,
+                &filter,
+                bound,
                 options,
                 || bar.inc(1),
             )

@@ -19,13 +19,19 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::stream::FuturesOrdered;
+use futures::channel::oneshot::Canceled;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::FutureProducer;
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
-use super::store::{self, DeadLetterRecord};
-use crate::db::Db;
+use super::store::{self, Bound, DeadLetterRecord, Filter};
+use crate::db::{Db, DbError};
 use crate::kafka::client::{KafkaSettings, client_config, producer_options};
 use crate::producer::ProducerSettings;
 use crate::clock::now_ms;
@@ -39,6 +45,16 @@ pub struct ReplayOptions {
     pub to_original: bool,
     /// Records per second at most (None = unpaced).
     pub rate: Option<u32>,
+    /// Rows read from the table per query.
+    pub page_size: usize,
+    /// Records sent and not yet acknowledged, at most.
+    pub in_flight: usize,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self { to_original: false, rate: None, page_size: PAGE_SIZE, in_flight: IN_FLIGHT }
+    }
 }
 
 /// What a replay did.
@@ -114,58 +130,230 @@ pub fn plan(dead_letter_topic: &str, rows: &[DeadLetterRecord], options: ReplayO
         .collect()
 }
 
-/// Rows republished before their statuses are updated together.
-const CHUNK: usize = 500;
+/// What replaying the rows `filter` selects up to `bound` would do,
+/// changing nothing; read a page at a time as [`replay`] reads them.
+pub async fn dry_run(
+    db: &Db,
+    dead_letter_topic: &str,
+    filter: &Filter,
+    bound: Bound,
+    options: ReplayOptions,
+) -> Result<Vec<Planned>, DbError> {
+    let mut planned = Vec::new();
+    let Some(last_id) = bound.last_id else {
+        return Ok(planned);
+    };
+    let mut pages = read_pages(db.clone(), filter.clone(), last_id, options.page_size.max(1));
+    while let Some(page) = pages.recv().await {
+        planned.extend(plan(dead_letter_topic, &page?, options));
+    }
+    Ok(planned)
+}
 
-/// Republishes `rows`, marking them replayed once the broker acknowledged
-/// them (a chunk at a time: sends in flight together, one UPDATE per chunk);
-/// `progress` is called after each row. The producer is built from `kafka`
-/// and `producer`; `dead_letter_topic` is the `topics.dead_letter` name.
+/// Rows read from the table per query, by default.
+pub const PAGE_SIZE: usize = 2_000;
+
+/// Records sent and not yet acknowledged, at most, by default.
+pub const IN_FLIGHT: usize = 5_000;
+
+/// Acknowledged rows marked per UPDATE, at most.
+const MARK_BATCH: usize = 1_000;
+
+/// Acknowledged rows wait at most this long to be marked (a paced replay
+/// acknowledges fewer than a batch per second).
+const MARK_EVERY: Duration = Duration::from_secs(1);
+
+/// Republishes the rows `filter` selects up to `bound` (see
+/// [`store::Bound`]) as a stream, and marks them replayed once the broker
+/// acknowledged them:
+///
+/// * rows are read a page at a time (`options.page_size`, keyset on the id;
+///   the next page is read while this one is sent);
+/// * up to `options.in_flight` records are sent and not yet acknowledged;
+///   a key's records keep their order (one producer, sent in id order);
+/// * acknowledged rows are marked in acknowledgement order, in batches (one
+///   UPDATE per batch), by a task of their own while sending goes on; a
+///   failed send is reported in the summary and its row stays pending;
+/// * a crash leaves every row not yet marked pending: a second replay sends
+///   an acknowledged-but-unmarked row again, and the group's `event_dedup`
+///   skips it.
+///
+/// `progress` is called once per delivery report (acknowledged or failed).
+/// The producer is built from `kafka` and `producer`; `dead_letter_topic` is
+/// the `topics.dead_letter` name.
+#[allow(clippy::too_many_arguments)]
 pub async fn replay(
     kafka: &KafkaSettings,
     producer: &ProducerSettings,
     dead_letter_topic: &str,
     db: &Db,
-    rows: &[DeadLetterRecord],
+    filter: &Filter,
+    bound: Bound,
     options: ReplayOptions,
     mut progress: impl FnMut(),
 ) -> anyhow::Result<ReplaySummary> {
+    let Some(last_id) = bound.last_id else {
+        return Ok(ReplaySummary::default());
+    };
     let producer: FutureProducer =
         client_config(&producer_options(&kafka.client_options(), &producer.options)?).create()?;
-    let mut summary = ReplaySummary::default();
-    let started = tokio::time::Instant::now();
-    // With --rate, a chunk is about one second of records, so the pace holds
-    // at one-second granularity.
-    let chunk_size = options.rate.map_or(CHUNK, |r| (r as usize).clamp(1, CHUNK));
-    for (c, chunk) in rows.chunks(chunk_size).enumerate() {
+    let mut pages = read_pages(db.clone(), filter.clone(), last_id, options.page_size.max(1));
+    let (marks, marker) = spawn_marker(db.clone());
+    let mut acks = Acks { summary: ReplaySummary::default(), acked: Vec::with_capacity(MARK_BATCH), marks, last_mark: Instant::now() };
+    let window = options.in_flight.max(1);
+    let mut in_flight = FuturesUnordered::new();
+    let started = Instant::now();
+    let mut sent = 0_u64;
+    let mut read_error = None;
+    'pages: while let Some(page) = pages.recv().await {
+        let page = match page {
+            Ok(rows) => rows,
+            // Stop sending; what is in flight is still settled and marked.
+            Err(e) => {
+                read_error = Some(e);
+                break;
+            }
+        };
         let now = now_ms();
-        let records: Vec<TierRecord> = chunk.iter().map(|d| replayed_record(dead_letter_topic, d, options, now)).collect();
-        // FuturesOrdered polls every pushed send on its first poll, so the
-        // whole chunk is enqueued before the first acknowledgement is awaited.
-        let mut in_flight = FuturesOrdered::new();
-        for (i, (dead, record)) in chunk.iter().zip(&records).enumerate() {
+        for dead in page {
             if let Some(rate) = options.rate.filter(|r| *r > 0) {
-                let n = c * chunk_size + i;
-                tokio::time::sleep_until(started + Duration::from_secs_f64(n as f64 / f64::from(rate))).await;
+                tokio::time::sleep_until(started + Duration::from_secs_f64(sent as f64 / f64::from(rate))).await;
             }
-            // Enqueue now (all of the chunk in flight together), await below.
-            let send = producer.send(record.to_send(dead.key.as_deref(), dead.payload.as_deref()), Duration::from_secs(30));
-            let (id, topic) = (dead.row.id, &record.topic);
-            in_flight.push_back(async move { (id, topic, send.await) });
-        }
-        let mut done = Vec::with_capacity(chunk.len());
-        while let Some((id, topic, delivered)) = in_flight.next().await {
-            match delivered {
-                Ok(_) => {
-                    done.push(id);
-                    *summary.by_topic.entry(topic.clone()).or_default() += 1;
+            sent += 1;
+            let (id, record) = (dead.row.id, replayed_record(dead_letter_topic, &dead, options, now));
+            loop {
+                while in_flight.len() >= window {
+                    let done = in_flight.next().await.expect("the window is not empty");
+                    if !acks.settle(done, &mut progress).await {
+                        break 'pages;
+                    }
                 }
-                Err((e, _)) => summary.failed.push(format!("dead letter {id}: {e}")),
+                match producer.send_result(record.to_send(dead.key.as_deref(), dead.payload.as_deref())) {
+                    Ok(delivery) => {
+                        let topic = record.topic.clone();
+                        in_flight.push(async move { (id, topic, delivery.await) });
+                        break;
+                    }
+                    // librdkafka's own queue is full: wait for an acknowledgement, then send again.
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => match in_flight.next().await {
+                        Some(done) => {
+                            if !acks.settle(done, &mut progress).await {
+                                break 'pages;
+                            }
+                        }
+                        None => tokio::time::sleep(Duration::from_millis(10)).await,
+                    },
+                    Err((e, _)) => {
+                        acks.summary.failed.push(format!("dead letter {id}: {e}"));
+                        progress();
+                        break;
+                    }
+                }
             }
-            progress();
+            // Settle what is acknowledged already, without waiting.
+            while let Some(Some(done)) = in_flight.next().now_or_never() {
+                if !acks.settle(done, &mut progress).await {
+                    break 'pages;
+                }
+            }
         }
-        store::mark_replayed(db, &done).await?;
-        summary.replayed += done.len() as u64;
     }
-    Ok(summary)
+    while let Some(done) = in_flight.next().await {
+        if !acks.settle(done, &mut progress).await {
+            break;
+        }
+    }
+    let Acks { mut summary, acked, marks, .. } = acks;
+    if !acked.is_empty() {
+        let _ = marks.send(acked).await;
+    }
+    drop(marks);
+    // The marker's error first: it is why sending stopped early, if it did.
+    summary.replayed = marker.await??;
+    match read_error {
+        Some(e) => Err(anyhow::Error::new(e).context(format!("reading dead letters stopped the replay after {} rows marked replayed", summary.replayed))),
+        None => Ok(summary),
+    }
+}
+
+/// Acknowledgements being settled: counted, and their rows handed to the
+/// marker in acknowledgement order.
+struct Acks {
+    summary: ReplaySummary,
+    acked: Vec<i64>,
+    marks: mpsc::Sender<Vec<i64>>,
+    last_mark: Instant,
+}
+
+impl Acks {
+    /// Settles one delivery report; false when the marker stopped (its
+    /// error ends the replay).
+    async fn settle(&mut self, done: (i64, String, Result<OwnedDeliveryResult, Canceled>), progress: &mut impl FnMut()) -> bool {
+        let (id, topic, delivered) = done;
+        match delivered {
+            Ok(Ok(_)) => {
+                self.acked.push(id);
+                *self.summary.by_topic.entry(topic).or_default() += 1;
+            }
+            Ok(Err((e, _))) => self.summary.failed.push(format!("dead letter {id}: {e}")),
+            Err(Canceled) => self.summary.failed.push(format!("dead letter {id}: the producer closed before a delivery report")),
+        }
+        progress();
+        if self.acked.len() >= MARK_BATCH || (!self.acked.is_empty() && self.last_mark.elapsed() >= MARK_EVERY) {
+            self.last_mark = Instant::now();
+            let batch = std::mem::replace(&mut self.acked, Vec::with_capacity(MARK_BATCH));
+            return self.marks.send(batch).await.is_ok();
+        }
+        true
+    }
+}
+
+/// Reads `filter`'s rows up to `last_id` a page at a time (keyset on the
+/// id), one page ahead of the sender.
+fn read_pages(db: Db, filter: Filter, last_id: i64, page_size: usize) -> mpsc::Receiver<Result<Vec<DeadLetterRecord>, DbError>> {
+    let (pages, receiver) = mpsc::channel(1);
+    tokio::spawn(async move {
+        let mut after = i64::MIN;
+        loop {
+            let page = match store::records_page(&db, &filter, after, last_id, page_size as i64).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    let _ = pages.send(Err(e)).await;
+                    return;
+                }
+            };
+            let Some(last) = page.last().map(|r| r.row.id) else { return };
+            // A short page is the last: nothing more matches up to `last_id`.
+            let full = page.len() == page_size;
+            if pages.send(Ok(page)).await.is_err() || !full {
+                return;
+            }
+            after = last;
+        }
+    });
+    receiver
+}
+
+/// Marks acknowledged rows replayed, a batch per UPDATE, in the order they
+/// arrive; batches that queued up meanwhile go together (up to
+/// [`MARK_BATCH`] per statement). Returns the rows marked.
+fn spawn_marker(db: Db) -> (mpsc::Sender<Vec<i64>>, JoinHandle<Result<u64, DbError>>) {
+    let (marks, mut batches) = mpsc::channel::<Vec<i64>>(8);
+    let marker = tokio::spawn(async move {
+        let mut marked = 0_u64;
+        while let Some(mut ids) = batches.recv().await {
+            while ids.len() < MARK_BATCH {
+                match batches.try_recv() {
+                    Ok(more) => ids.extend(more),
+                    Err(_) => break,
+                }
+            }
+            for chunk in ids.chunks(MARK_BATCH) {
+                store::mark_replayed(&db, chunk).await?;
+                marked += chunk.len() as u64;
+            }
+        }
+        Ok(marked)
+    });
+    (marks, marker)
 }

@@ -265,8 +265,43 @@ pub struct DeadLetterRecord {
 
 /// Rows with their record bytes.
 pub async fn records(db: &Db, filter: &Filter, limit: i64) -> Result<Vec<DeadLetterRecord>, DbError> {
+    select_records(db, filter, None, limit).await
+}
+
+/// The rows a replay takes, fixed when it starts: the filter's first
+/// `limit` rows (by id) at that moment, as their count and highest id.
+/// Reading up to `last_id` only keeps the replay finite: a dead letter
+/// persisted meanwhile gets a higher id and waits for the next replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    /// Rows selected when the bound was taken.
+    pub rows: i64,
+    /// Highest id among them (None: nothing selected).
+    pub last_id: Option<i64>,
+}
+
+/// The [`Bound`] of `filter`'s first `limit` rows, now.
+pub async fn bound(db: &Db, filter: &Filter, limit: i64) -> Result<Bound, DbError> {
+    let mut q = QueryBuilder::<Any>::new("SELECT COUNT(*), MAX(id) FROM (SELECT id FROM dead_letters");
+    filter.push_where(&mut q);
+    q.push(" ORDER BY id LIMIT ").push_bind(limit).push(") selected");
+    let row = q.build().fetch_one(&db.pool).await?;
+    Ok(Bound { rows: row.try_get(0)?, last_id: row.try_get(1)? })
+}
+
+/// One page of a keyset scan: `filter`'s rows with `after_id < id <= last_id`,
+/// by id, at most `limit`, with their record bytes. The filter is applied
+/// as the page is read (a row ignored meanwhile is not taken).
+pub async fn records_page(db: &Db, filter: &Filter, after_id: i64, last_id: i64, limit: i64) -> Result<Vec<DeadLetterRecord>, DbError> {
+    select_records(db, filter, Some((after_id, last_id)), limit).await
+}
+
+async fn select_records(db: &Db, filter: &Filter, ids: Option<(i64, i64)>, limit: i64) -> Result<Vec<DeadLetterRecord>, DbError> {
     let mut q = QueryBuilder::<Any>::new(format!("SELECT {COLUMNS}, record_key, payload, headers, original_timestamp FROM dead_letters"));
     filter.push_where(&mut q);
+    if let Some((after, last)) = ids {
+        q.push(" AND id > ").push_bind(after).push(" AND id <= ").push_bind(last);
+    }
     q.push(" ORDER BY id LIMIT ").push_bind(limit);
     let rows = q.build().fetch_all(&db.pool).await?;
     rows.iter()
@@ -488,5 +523,29 @@ mod tests {
         assert_eq!((rows.len(), rows[0].status.as_str(), rows[0].error_message.as_str()), (1, "pending", "again"));
         let held = Filter { status: Some(Selection::Held), ..Default::default() };
         assert!(list(&db, &held, 10).await.unwrap().is_empty(), "held records are no dead letters");
+    }
+
+    /// On SQLite (MariaDB's is covered by tests/it/replay.rs): the bound
+    /// holds the first `limit` rows of the filter; pages walk them by id and
+    /// take neither a row past the bound nor one that left the filter.
+    #[tokio::test]
+    async fn pages_walk_the_bounded_selection_by_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = DatabaseSettings { url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(), max_connections: 1 };
+        let db = Db::connect(&settings, 1).unwrap();
+        db.migrate().await.unwrap();
+        for offset in 0..6 {
+            upsert_one(&db, &NewDeadLetter { original_offset: offset, ..dead_letter(offset, "x") }).await;
+        }
+        let pending = Filter { status: Some(Status::Pending.into()), ..Default::default() };
+        assert_eq!(bound(&db, &Filter { group: Some("none".into()), ..Default::default() }, 10).await.unwrap(), Bound { rows: 0, last_id: None });
+        mark_ignored(&db, 2, "known").await.unwrap();
+        let fixed = bound(&db, &pending, 4).await.unwrap();
+        assert_eq!(fixed, Bound { rows: 4, last_id: Some(5) }, "ids 1, 3, 4, 5");
+        mark_ignored(&db, 4, "meanwhile").await.unwrap();
+        let ids = |rows: Vec<DeadLetterRecord>| rows.iter().map(|r| r.row.id).collect::<Vec<_>>();
+        assert_eq!(ids(records_page(&db, &pending, i64::MIN, 5, 2).await.unwrap()), [1, 3]);
+        assert_eq!(ids(records_page(&db, &pending, 3, 5, 2).await.unwrap()), [5], "4 left the filter, 6 is past the bound");
+        assert!(records_page(&db, &pending, 5, 5, 2).await.unwrap().is_empty());
     }
 }

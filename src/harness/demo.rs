@@ -402,14 +402,15 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         ..Default::default()
     };
     chaos.permanent_orders.clear(); // the "fix" was deployed
-    let to_replay = store::records(&db, &replay_filter, 100).await?;
-    let replay_options = ReplayOptions { to_original: false, rate: None };
+    let to_replay = store::bound(&db, &replay_filter, 100).await?;
+    let replay_options = ReplayOptions::default();
     let replayed = replay::replay(
         &settings.kafka,
         &settings.producer,
         &settings.topics.dead_letter.name,
         &db,
-        &to_replay,
+        &replay_filter,
+        to_replay,
         replay_options,
         || {},
     ).await?;

@@ -9,6 +9,7 @@
 
 mod consumer;
 mod delivery;
+mod dispatch;
 mod dlq;
 mod exactly_once;
 mod helpers;
@@ -20,5 +21,6 @@ mod outbox;
 mod partitioner;
 mod producer;
 mod readme;
+mod replay;
 mod schema;
 mod topics;

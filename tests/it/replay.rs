@@ -1,0 +1,170 @@
+//! `dlq replay` as a stream against Kafka + MariaDB: rows read a page at a
+//! time (more rows than one page), every row sent once and marked once, in
+//! order per key; the selection fixed when the replay starts; a refused
+//! send leaving its row pending. (Replays applied by a consumer group are
+//! in tests/it/dlq.rs and tests/it/ordering.rs.)
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use orderpipe::dlq::store::{self, NewDeadLetter};
+use orderpipe::kafka::record::header;
+use orderpipe::retry::retry_topic;
+use rdkafka::Message;
+use serde_json::Value;
+
+use crate::helpers::{TestEnv, header as header_of};
+
+/// Dead letters of `group` at offsets `offsets` of the test's order topic,
+/// keyed `order-{offset % keys}`, persisted as the persister does.
+async fn dead_letters(env: &TestEnv, group: &str, offsets: std::ops::Range<i64>, keys: i64) {
+    let db = env.db();
+    let mut tx = db.begin().await.unwrap();
+    for offset in offsets {
+        let event_id = uuid::Uuid::new_v4().to_string();
+        let headers = serde_json::json!({"event_id": event_id, "event_name": "order.created"}).to_string();
+        let dead = NewDeadLetter {
+            consumer_group: group.into(),
+            original_topic: env.settings.topics.order_events.name.clone(),
+            original_partition: 0,
+            original_offset: offset,
+            original_timestamp: Some(1),
+            key: Some(format!("order-{}", offset % keys).into_bytes()),
+            payload: Some(format!("payload {offset}").into_bytes()),
+            headers,
+            event_id: Some(event_id),
+            event_name: Some("order.created".into()),
+            error_class: "handler_fatal".into(),
+            error_message: "fails permanently".into(),
+            attempts: 1,
+            first_failure_ms: 1,
+            last_failure_ms: 1,
+            dlq_partition: 0,
+            dlq_offset: offset,
+        };
+        store::upsert(&mut tx, &dead).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
+/// (id, status, replay_count) of a group's rows, by id.
+async fn rows(env: &TestEnv, group: &str) -> Vec<(i64, String, i32)> {
+    sqlx::query_as("SELECT id, status, replay_count FROM dead_letters WHERE consumer_group = ? ORDER BY id")
+        .bind(group)
+        .fetch_all(&env.db().pool)
+        .await
+        .unwrap()
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("JSON ({e}): {text}"))
+}
+
+/// Reads the `count` replayed records of `topic` and checks each names a
+/// row of `ids` once, and each key's rows arrive in id order.
+fn assert_sent_once_in_key_order(env: &TestEnv, topic: &str, ids: &[i64]) {
+    let records = env.read(topic, ids.len(), Duration::from_secs(30));
+    let mut seen = BTreeSet::new();
+    let mut last_of_key: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
+    for record in &records {
+        let id: i64 = header_of(record, header::REPLAYED_FROM).expect("replayed-from header").parse().unwrap();
+        assert!(seen.insert(id), "row {id} sent twice");
+        let key = record.key().expect("the original key").to_vec();
+        if let Some(before) = last_of_key.insert(key.clone(), id) {
+            assert!(before < id, "key {} out of order: row {id} after row {before}", String::from_utf8_lossy(&key));
+        }
+    }
+    assert_eq!(seen, ids.iter().copied().collect::<BTreeSet<_>>(), "every selected row sent, no other");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_of_many_pages_sends_and_marks_every_row_once_in_key_order() {
+    let env = TestEnv::new().with_database().await;
+    let group = "pages.order.consumer";
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    dead_letters(&env, group, 0..2_500, 25).await;
+    // Not selected: another group's rows, and an ignored row of this group.
+    dead_letters(&env, "other.order.consumer", 0..100, 5).await;
+    dead_letters(&env, group, 2_500..2_501, 25).await;
+    let ignored = rows(&env, group).await.last().unwrap().0;
+    env.cli(&["dlq", "ignore", "--id", &ignored.to_string(), "--reason", "test"]).success();
+    let pending: Vec<i64> = rows(&env, group).await.iter().filter(|r| r.1 == "pending").map(|r| r.0).collect();
+    assert_eq!(pending.len(), 2_500);
+
+    // The dry run pages the same way and changes nothing.
+    let plan = json(&env.cli(&["dlq", "replay", "--group", group, "--dry-run", "--page-size", "100", "--output", "json"]).success());
+    let planned: Vec<i64> = plan.as_array().unwrap().iter().map(|p| p["id"].as_i64().unwrap()).collect();
+    assert_eq!(planned, pending, "the dry run lists every page, by id");
+
+    let args = ["dlq", "replay", "--group", group, "--page-size", "100", "--in-flight", "64", "--yes", "--output", "json"];
+    let summary = json(&env.cli(&args).success());
+    let retry = retry_topic(&env.settings.topics.order_events.name, group);
+    assert_eq!(summary["replayed"], 2_500, "{summary}");
+    assert_eq!(summary["failed"].as_array().map(Vec::len), Some(0), "{summary}");
+    assert_eq!(summary["by_topic"][&retry], 2_500, "{summary}");
+    assert_sent_once_in_key_order(&env, &retry, &pending);
+
+    let after = rows(&env, group).await;
+    let marked: Vec<i64> = after.iter().filter(|r| r.1 == "replayed" && r.2 == 1).map(|r| r.0).collect();
+    assert_eq!(marked, pending, "every row marked replayed, once");
+    assert_eq!(after.last().unwrap(), &(ignored, "ignored".to_string(), 0), "the ignored row is not replayed");
+    assert!(rows(&env, "other.order.consumer").await.iter().all(|r| r.1 == "pending" && r.2 == 0), "another group's rows untouched");
+    // Nothing is left pending: a second replay sends nothing.
+    assert_eq!(json(&env.cli(&args).success())["replayed"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_letter_persisted_during_a_replay_waits_for_the_next_one() {
+    let env = TestEnv::new().with_database().await;
+    let group = "bound.order.consumer";
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    dead_letters(&env, group, 0..600, 10).await;
+    // Paced (about 2.4 s), so rows are marked while it runs.
+    let mut replay =
+        env.spawn(&["dlq", "replay", "--group", group, "--rate", "250", "--page-size", "50", "--yes", "--output", "json"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let marked = loop {
+        let marked = rows(&env, group).await.iter().filter(|r| r.1 == "replayed").count();
+        if marked > 0 {
+            break marked;
+        }
+        assert!(Instant::now() < deadline, "no row marked within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(marked < 600, "marked in batches as acknowledged, before the end: {marked}");
+    // A new dead letter of the same group, while the replay runs.
+    dead_letters(&env, group, 600..601, 10).await;
+    let mut out = String::new();
+    replay.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert!(replay.wait().unwrap().success(), "{out}");
+    assert_eq!(json(&out)["replayed"], 600, "{out}");
+    let after = rows(&env, group).await;
+    assert_eq!(after.iter().filter(|r| r.1 == "replayed" && r.2 == 1).count(), 600);
+    let newest = after.last().unwrap();
+    assert_eq!((newest.1.as_str(), newest.2), ("pending", 0), "persisted after the replay started: left for the next");
+    let next = json(&env.cli(&["dlq", "replay", "--group", group, "--yes", "--output", "json"]).success());
+    assert_eq!(next["replayed"], 1, "{next}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_send_leaves_its_row_pending_and_reported() {
+    let env = TestEnv::new().with_database().await;
+    let (ok, missing) = ("sent.order.consumer", "no-retry-topic.order.consumer");
+    // Only `ok` gets its retry topic; the broker does not auto-create topics,
+    // so records for `missing`'s retry topic are never acknowledged.
+    env.cli(&["topics", "ensure", "--group", ok]).success();
+    dead_letters(&env, ok, 0..2, 2).await;
+    dead_letters(&env, missing, 2..3, 2).await;
+    dead_letters(&env, ok, 3..5, 2).await;
+    let refused = rows(&env, missing).await[0].0;
+    let run = env.cli(&["-X", "message.timeout.ms=3000", "dlq", "replay", "--status", "pending", "--yes", "--output", "json"]);
+    run.failure();
+    let summary = json(&String::from_utf8_lossy(&run.output.stdout));
+    assert_eq!(summary["replayed"], 4, "{summary}");
+    let failed = summary["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{summary}");
+    assert!(failed[0].as_str().unwrap().starts_with(&format!("dead letter {refused}:")), "{summary}");
+    assert_eq!(rows(&env, missing).await, [(refused, "pending".to_string(), 0)], "never marked");
+    assert!(rows(&env, ok).await.iter().all(|r| r.1 == "replayed" && r.2 == 1));
+}
