@@ -1,0 +1,179 @@
+//! The dispatcher never waits on one slow partition (Kafka + MariaDB):
+//! a partition whose worker's queue is full is paused, its records kept
+//! in order, while every other partition flows and the member stays in
+//! its group.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use orderpipe::clock::now_ms;
+use orderpipe::codec::Codec;
+use orderpipe::db::Db;
+use orderpipe::envelope::Envelope;
+use orderpipe::harness::generator::LifecycleGenerator;
+use orderpipe::kafka::client::client_config;
+use orderpipe::kafka::record::header;
+use orderpipe::producer::record_headers;
+use orderpipe::retry::retry_topic;
+use orderpipe::schema::SchemaCatalog;
+use rdkafka::message::Header;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::Value;
+
+use crate::consumer::{consume, produce_lifecycles, sigterm};
+use crate::exactly_once::assert_applied_in_order;
+use crate::helpers::{Spawned, TestEnv};
+
+/// Rows `group` applied from `topic`, as (offset, applied at in ms since the epoch), in apply order.
+async fn applied_from(db: &Db, group: &str, topic: &str) -> Vec<(i64, i64)> {
+    sqlx::query_as(
+        "SELECT kafka_offset, CAST(UNIX_TIMESTAMP(created_at) * 1000 AS SIGNED) FROM event_dedup \
+         WHERE consumer_group = ? AND topic = ? ORDER BY apply_seq",
+    )
+    .bind(group)
+    .bind(topic)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Waits until `group` applied `count` records of `topic`; how long it took.
+async fn wait_applied(db: &Db, group: &str, topic: &str, count: usize, timeout: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let applied = applied_from(db, group, topic).await.len();
+        if applied >= count {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < timeout, "{group} applied {applied} of {count} records of {topic} within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Writes `events` to partition 0 of the group's retry topic, as the error
+/// tier would: the first `due_now` due at once, the rest due at `due_ms`.
+async fn produce_retry_records(env: &TestEnv, retry: &str, events: &[Envelope], due_now: usize, due_ms: i64) {
+    let topic = &env.settings.topics.order_events.name;
+    let codec = Codec::new(&env.settings.registry, topic, SchemaCatalog::embedded().order_events(), true).unwrap();
+    let producer: FutureProducer = client_config(&env.settings.kafka.client_options()).create().unwrap();
+    for (i, event) in events.iter().enumerate() {
+        let due = if i < due_now { now_ms() } else { due_ms }.to_string();
+        let headers = record_headers(event)
+            .insert(Header { key: header::DUE, value: Some(due.as_bytes()) })
+            .insert(Header { key: header::ATTEMPT, value: Some("1".as_bytes()) });
+        let value = codec.encode(event).await.unwrap();
+        let key = event.key();
+        let record = FutureRecord::to(retry).partition(0).key(&key).payload(&value).headers(headers);
+        producer.send(record, Duration::from_secs(10)).await.unwrap();
+    }
+}
+
+/// A running `orderpipe consume` whose log lines (at `info`) are collected.
+struct LoggedConsumer {
+    child: Spawned,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl LoggedConsumer {
+    fn start(env: &TestEnv, config: &std::path::Path, group: &str) -> Self {
+        let mut command = env.command(&["--config", config.to_str().unwrap(), "consume", "--group", group, "--handler", "notification", "--output", "json"]);
+        command.env("RUST_LOG", "info").stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = Spawned(command.spawn().expect("orderpipe starts"));
+        let stderr = child.stderr.take().expect("stderr piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+        Self { child, log }
+    }
+
+    /// Log lines containing `needle`.
+    fn count(&self, needle: &str) -> usize {
+        self.log.lock().unwrap().iter().filter(|l| l.contains(needle)).count()
+    }
+
+    /// Stops the consumer with SIGTERM and returns its JSON summary.
+    fn stop(mut self) -> Value {
+        sigterm(&mut self.child);
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut self.child.stdout.take().expect("stdout piped"), &mut out).unwrap();
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("summary is JSON ({e}): {out}\n{}", self.log.lock().unwrap().join("\n")))
+    }
+}
+
+/// Issue 13: one partition waiting 30 s on a retry due time holds back no
+/// other partition, and the member stays in the group.
+///
+/// The retry topic's partition 0 holds a backlog: 5 records due now, then
+/// 55 due 33 s later. Its worker applies the first 5, then waits; with
+/// `batch_size = 5` its queue (10 records) is full long before, so the
+/// dispatcher pauses the partition and keeps the rest. Before the fix the
+/// dispatcher waited for room in that queue: nothing else was polled,
+/// applied or health-reported, and past `max.poll.interval.ms` (10 s here)
+/// librdkafka took the member out of the group.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partition_waiting_30s_on_a_retry_due_time_holds_back_no_other_and_the_member_stays() {
+    let mut env = TestEnv::new().with_database().await;
+    let group = "slowpart";
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    env.set_env("ORDERPIPE_CONSUMER__BATCH_SIZE", "5");
+    let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::io::Write::write_all(&mut config, b"[consumer.options]\n\"max.poll.interval.ms\" = \"10000\"\n").unwrap();
+    let main = env.settings.topics.order_events.name.clone();
+    let retry = retry_topic(&main, group);
+
+    let delayed: Vec<Envelope> = LifecycleGenerator::new("dispatch-test", 20, 1_000_000, 13).take(60).collect();
+    let due = now_ms() + 33_000;
+    produce_retry_records(&env, &retry, &delayed, 5, due).await;
+
+    let consumer = LoggedConsumer::start(&env, config.path(), group);
+    let db = env.db();
+    wait_applied(&db, group, &retry, 5, Duration::from_secs(30)).await;
+    assert!(now_ms() + 20_000 < due, "the consumer took too long to start for the test to mean anything");
+
+    // The retry partition waits; records of other partitions flow meanwhile.
+    let others = produce_lifecycles(&env, 300, 50, 7);
+    let took = wait_applied(&db, group, &main, others.len(), Duration::from_secs(10)).await;
+    eprintln!("300 records of other partitions applied {took:?} after they were produced, during the wait");
+    assert_eq!(applied_from(&db, group, &retry).await.len(), 5, "the delayed records wait for their due time");
+
+    // The delayed records come after their due time, all of them, in offset order.
+    wait_applied(&db, group, &retry, delayed.len(), Duration::from_secs(60)).await;
+    let rows = applied_from(&db, group, &retry).await;
+    let offsets: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    assert_eq!(offsets, (0..delayed.len() as i64).collect::<Vec<_>>(), "every retry record once, in offset order");
+    let first_delayed = rows[5..].iter().map(|r| r.1).min().unwrap();
+    assert!(first_delayed >= due, "a delayed record was applied {} ms before its due time", due - first_delayed);
+
+    // One assignment all along: the member never left the group.
+    assert_eq!(consumer.count("partitions assigned"), 1, "{}", consumer.log.lock().unwrap().join("\n"));
+    assert_eq!(consumer.count("partitions revoked"), 0, "{}", consumer.log.lock().unwrap().join("\n"));
+    assert_eq!(consumer.count("max.poll.interval"), 0, "{}", consumer.log.lock().unwrap().join("\n"));
+    let summary = consumer.stop();
+    assert!(summary["queue_full_pauses"].as_u64() >= Some(1), "the full queue paused its partition: {summary}");
+    assert_eq!(summary["consumed"], delayed.len() + others.len(), "each record received once: {summary}");
+    assert_eq!(summary["duplicates"], 0, "{summary}");
+}
+
+/// With a queue of 2 records per partition, queues fill all the time: each
+/// full one pauses its partition and resumes it once drained, and every
+/// record is received once and applied once, in order per order.
+#[tokio::test(flavor = "multi_thread")]
+async fn full_queues_pause_and_resume_their_partitions_losing_and_reordering_nothing() {
+    let mut env = TestEnv::new().with_database().await;
+    let group = "fullqueue";
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    env.set_env("ORDERPIPE_CONSUMER__BATCH_SIZE", "1");
+    let events = produce_lifecycles(&env, 1_000, 100, 29);
+    let summary = consume(&env, group, "notification");
+    assert!(summary["queue_full_pauses"].as_u64() >= Some(1), "{summary}");
+    assert_eq!(summary["consumed"], events.len(), "each record received once: {summary}");
+    assert_eq!(summary["applied"], events.len(), "{summary}");
+    assert_eq!(summary["duplicates"], 0, "{summary}");
+    assert_applied_in_order(&env.db(), group, &events).await;
+}
