@@ -9,7 +9,6 @@
 
 mod consumer;
 mod delivery;
-mod dispatch;
 mod dlq;
 mod exactly_once;
 mod helpers;
