@@ -9,6 +9,7 @@
 
 mod consumer;
 mod delivery;
+mod dispatch;
 mod dlq;
 mod exactly_once;
 mod helpers;
