@@ -3,6 +3,7 @@
 //! in order, while every other partition flows and the member stays in
 //! its group.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -26,10 +27,11 @@ use crate::consumer::{consume, produce_lifecycles, sigterm};
 use crate::exactly_once::assert_applied_in_order;
 use crate::helpers::{Spawned, TestEnv};
 
-/// Rows `group` applied from `topic`, as (offset, applied at in ms since the epoch), in apply order.
-async fn applied_from(db: &Db, group: &str, topic: &str) -> Vec<(i64, i64)> {
+/// Rows `group` applied from `topic`, as (offset, key, applied at in ms
+/// since the epoch), in apply order.
+async fn applied_from(db: &Db, group: &str, topic: &str) -> Vec<(i64, String, i64)> {
     sqlx::query_as(
-        "SELECT kafka_offset, CAST(UNIX_TIMESTAMP(created_at) * 1000 AS SIGNED) FROM event_dedup \
+        "SELECT kafka_offset, record_key, CAST(UNIX_TIMESTAMP(created_at) * 1000 AS SIGNED) FROM event_dedup \
          WHERE consumer_group = ? AND topic = ? ORDER BY apply_seq",
     )
     .bind(group)
@@ -142,12 +144,21 @@ async fn a_partition_waiting_30s_on_a_retry_due_time_holds_back_no_other_and_the
     eprintln!("300 records of other partitions applied {took:?} after they were produced, during the wait");
     assert_eq!(applied_from(&db, group, &retry).await.len(), 5, "the delayed records wait for their due time");
 
-    // The delayed records come after their due time, all of them, in offset order.
+    // The delayed records come after their due time, all of them once,
+    // each order's in offset order.
     wait_applied(&db, group, &retry, delayed.len(), Duration::from_secs(60)).await;
     let rows = applied_from(&db, group, &retry).await;
-    let offsets: Vec<i64> = rows.iter().map(|r| r.0).collect();
-    assert_eq!(offsets, (0..delayed.len() as i64).collect::<Vec<_>>(), "every retry record once, in offset order");
-    let first_delayed = rows[5..].iter().map(|r| r.1).min().unwrap();
+    let mut offsets: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let mut per_order: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for (offset, key, _) in &rows {
+        per_order.entry(key.as_str()).or_default().push(*offset);
+    }
+    for (key, applied) in &per_order {
+        assert!(applied.is_sorted(), "order {key}: records applied out of offset order: {applied:?}");
+    }
+    offsets.sort_unstable();
+    assert_eq!(offsets, (0..delayed.len() as i64).collect::<Vec<_>>(), "every retry record once");
+    let first_delayed = rows.iter().filter(|r| r.0 >= 5).map(|r| r.2).min().unwrap();
     assert!(first_delayed >= due, "a delayed record was applied {} ms before its due time", due - first_delayed);
 
     // One assignment all along: the member never left the group.
