@@ -17,6 +17,7 @@ use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::migrate::Migrator;
 use sqlx::AnyPool;
 
+pub mod rows;
 pub mod statements;
 mod tx;
 

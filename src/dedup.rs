@@ -1,9 +1,9 @@
 //! `event_dedup`: the exactly-once-in-effect guard.
 //!
-//! Inside the transaction that applies an event, [`claim`] inserts the row
-//! `(consumer_group, event_id)` with `INSERT IGNORE`. One affected row means
-//! this group has not applied the event: run the effect. Zero means it has:
-//! skip it. Because the row and the effect commit together, a crash at any
+//! Inside the transaction that applies an event, [`claim_batch`] inserts the
+//! rows `(consumer_group, event_id)` of a whole batch with one `INSERT IGNORE
+//! ... RETURNING`. A returned row means this group has not applied the
+//! event: run the effect. A missing one means it has: skip it. Because the row and the effect commit together, a crash at any
 //! point either leaves both or neither, and a redelivery is recognised.
 //!
 //! Rows only need to outlive the longest time a record can be redelivered;
@@ -14,6 +14,7 @@
 //! id was applied), but [`check_duplicate`] records it in `event_conflicts`:
 //! a producer reused an event id, and the second event was never applied.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -21,7 +22,10 @@ use metrics::counter;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::db::{Db, DbError, Tx};
+use sqlx::Row;
+
+use crate::db::rows::{self, Bound};
+use crate::db::{Db, DbError, Dialect, Tx};
 use crate::envelope::{Envelope, EventData};
 use crate::metrics::name;
 
@@ -69,26 +73,71 @@ pub fn content_digest(envelope: &Envelope) -> String {
 
 /// Inserts the dedup row; `true` when this group sees the event for the first time.
 pub async fn claim(tx: &mut Tx, group: &str, envelope: &Envelope, origin: &RecordOrigin) -> Result<bool, DbError> {
-    // apply_seq numbers the rows in the order their effects were applied.
-    let sql = tx.sql().insert_ignore_numbered(
-        "event_dedup",
-        "consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest",
-        "?, ?, ?, ?, ?, ?, ?, ?",
-        "apply_seq",
-    );
-    let result = sqlx::query(sql)
-        .bind(group)
-        .bind(envelope.event_id.to_string())
-        .bind(&origin.topic)
-        .bind(origin.partition)
-        .bind(origin.offset)
-        .bind(envelope.event_name.as_str())
-        .bind(&origin.key)
-        .bind(content_digest(envelope))
-        .execute(&mut **tx)
-        .await?;
-    Ok(result.rows_affected() == 1)
+    Ok(claim_batch(tx, group, &[(envelope, origin)]).await?[0])
 }
+
+/// Claims a set of events for `group`: one multi-row `INSERT IGNORE ...
+/// RETURNING event_id` per chunk ([`crate::db::rows`]). For each event, in
+/// order, `true` when this group sees it for the first time: the database
+/// returns only the rows it inserted, so an event applied before (its row
+/// exists) is not listed. Rows go in in the order given and `apply_seq`
+/// numbers them in that order; an id given twice is claimed by its first
+/// occurrence, the second is a duplicate.
+pub async fn claim_batch(tx: &mut Tx, group: &str, events: &[(&Envelope, &RecordOrigin)]) -> Result<Vec<bool>, DbError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = events.iter().map(|(e, _)| e.event_id.to_string()).collect();
+    let digests: Vec<String> = events.iter().map(|(e, _)| content_digest(e)).collect();
+    // apply_seq is AUTO_INCREMENT on MariaDB; SQLite numbers the rows here
+    // (one writer at a time, so MAX + 1 is safe).
+    let (columns, first_seq) = match tx.sql() {
+        Dialect::MySql => (CLAIM_COLUMNS, None),
+        Dialect::Sqlite => {
+            let (max,): (i64,) = sqlx::query_as("SELECT COALESCE(MAX(apply_seq), 0) FROM event_dedup").fetch_one(&mut **tx).await?;
+            (CLAIM_COLUMNS_NUMBERED, Some(max + 1))
+        }
+    };
+    let verb = tx.sql().insert_ignore_verb();
+    let positions: Vec<usize> = (0..events.len()).collect();
+    let returned = rows::insert_returning(tx, verb, columns, "event_id", &positions, |&i| {
+        let (envelope, origin) = events[i];
+        let mut values = vec![
+            Bound::Text(group),
+            Bound::Text(&ids[i]),
+            Bound::Text(&origin.topic),
+            Bound::Int(i64::from(origin.partition)),
+            Bound::Int(origin.offset),
+            Bound::Text(envelope.event_name.as_str()),
+            Bound::Text(&origin.key),
+            Bound::Text(&digests[i]),
+        ];
+        values.extend(first_seq.map(|seq| Bound::Int(seq + i as i64)));
+        values
+    })
+    .await?;
+    let mut inserted: HashMap<String, usize> = HashMap::with_capacity(returned.len());
+    for row in returned {
+        *inserted.entry(row.try_get::<String, _>(0)?).or_default() += 1;
+    }
+    Ok(ids
+        .iter()
+        .map(|id| match inserted.get_mut(id) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        })
+        .collect())
+}
+
+/// The `event_dedup` columns a claim writes (`apply_seq` is AUTO_INCREMENT).
+const CLAIM_COLUMNS: &str =
+    "event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest)";
+/// The same with `apply_seq` given (SQLite has no auto-increment on a non-key column).
+const CLAIM_COLUMNS_NUMBERED: &str =
+    "event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest, apply_seq)";
 
 /// A duplicate whose content differs from the event first applied under
 /// its id, as stored in `event_conflicts`.

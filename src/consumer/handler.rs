@@ -66,8 +66,12 @@ impl From<sqlx::Error> for HandlerError {
     }
 }
 
+/// What a handler did with one event of a batch: its effect, or why it failed.
+pub type EventResult = Result<Effect, HandlerError>;
+
 /// One downstream effect. Implement it to plug your own service's effect
-/// into `orderpipe consume`.
+/// into `orderpipe consume`: [`Handler::apply`] is enough;
+/// [`Handler::apply_batch`] is the faster, set-based entry point.
 #[async_trait]
 pub trait Handler: Send + Sync {
     /// Stable name, used by `--handler` and in summaries.
@@ -88,4 +92,27 @@ pub trait Handler: Send + Sync {
     /// differs between MariaDB and SQLite come from `tx.sql()` (e.g.
     /// `tx.sql().insert_ignore("INTO t (a) VALUES (?)")`).
     async fn apply(&self, tx: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError>;
+
+    /// Applies a set of events inside `tx`; one result per event, in order.
+    ///
+    /// The worker calls it with events of distinct orders (it splits a
+    /// batch into such *waves*, in offset order), so their order among
+    /// each other does not matter and a handler can write them with
+    /// multi-row statements ([`crate::db::rows`]). A failing event does
+    /// not stop the others: the worker rolls the wave back to a savepoint
+    /// and applies it again without the failed events, so what a failed
+    /// event wrote needs no undoing here. `Err` for the whole set is only
+    /// for [`HandlerError::Unavailable`] (the batch waits and is retried).
+    ///
+    /// Default: [`Handler::apply`] for each event.
+    async fn apply_batch(&self, tx: &mut Tx, events: &[&Envelope]) -> Result<Vec<EventResult>, HandlerError> {
+        let mut results = Vec::with_capacity(events.len());
+        for envelope in events {
+            match self.apply(tx, envelope).await {
+                Err(HandlerError::Unavailable(reason)) => return Err(HandlerError::Unavailable(reason)),
+                result => results.push(result),
+            }
+        }
+        Ok(results)
+    }
 }

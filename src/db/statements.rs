@@ -6,8 +6,7 @@
 //!
 //! | method | MariaDB/MySQL | SQLite |
 //! | --- | --- | --- |
-//! | [`Dialect::insert_ignore`] | `INSERT IGNORE` | `INSERT OR IGNORE` |
-//! | [`Dialect::insert_ignore_numbered`] | the column is `AUTO_INCREMENT` | `MAX() + 1` (one writer at a time) |
+//! | [`Dialect::insert_ignore`], [`Dialect::insert_ignore_verb`] | `INSERT IGNORE` | `INSERT OR IGNORE` |
 //! | [`Dialect::locking`], [`Dialect::row_lock`] | `... FOR UPDATE` | as is (a writer locks the whole database) |
 //! | [`Dialect::delete_limited`] | `DELETE ... LIMIT ?` | `DELETE ... WHERE key IN (SELECT key ... LIMIT ?)` |
 //! | [`Dialect::upsert`] | `ON DUPLICATE KEY UPDATE` | `ON CONFLICT (...) DO UPDATE` |
@@ -46,23 +45,16 @@ impl Dialect {
     /// `INSERT IGNORE <rest>` / `INSERT OR IGNORE <rest>`; `rest` is
     /// `INTO table (...) VALUES (?, ...)`.
     pub fn insert_ignore(self, rest: &str) -> SqlStr {
-        let verb = match self {
-            Self::MySql => "INSERT IGNORE",
-            Self::Sqlite => "INSERT OR IGNORE",
-        };
-        text(format!("{verb} {rest}"))
+        text(format!("{} {rest}", self.insert_ignore_verb()))
     }
 
-    /// `INSERT IGNORE INTO table (columns) VALUES (values)` where `sequence`
-    /// numbers the rows in insertion order: an `AUTO_INCREMENT` column on
-    /// MySQL (left out of the insert), `MAX(sequence) + 1` on SQLite, which
-    /// has no auto-increment on a non-key column (safe: one writer at a time).
-    pub fn insert_ignore_numbered(self, table: &str, columns: &str, values: &str, sequence: &str) -> SqlStr {
+    /// `INSERT IGNORE` / `INSERT OR IGNORE`, for multi-row statements
+    /// ([`super::rows`]); both backends support `RETURNING` on it (MariaDB
+    /// 10.5+, SQLite 3.35+), which lists only the rows actually inserted.
+    pub fn insert_ignore_verb(self) -> &'static str {
         match self {
-            Self::MySql => self.insert_ignore(&format!("INTO {table} ({columns}) VALUES ({values})")),
-            Self::Sqlite => self.insert_ignore(&format!(
-                "INTO {table} ({columns}, {sequence}) VALUES ({values}, (SELECT COALESCE(MAX({sequence}), 0) + 1 FROM {table}))"
-            )),
+            Self::MySql => "INSERT IGNORE",
+            Self::Sqlite => "INSERT OR IGNORE",
         }
     }
 
@@ -184,11 +176,6 @@ mod tests {
             sql(Dialect::Sqlite.delete_limited("t", "id", "a < ?")),
             "DELETE FROM t WHERE id IN (SELECT id FROM t WHERE a < ? LIMIT ?)"
         );
-        assert_eq!(
-            sql(Dialect::Sqlite.insert_ignore_numbered("t", "a, b", "?, ?", "n")),
-            "INSERT OR IGNORE INTO t (a, b, n) VALUES (?, ?, (SELECT COALESCE(MAX(n), 0) + 1 FROM t))"
-        );
-        assert_eq!(sql(Dialect::MySql.insert_ignore_numbered("t", "a, b", "?, ?", "n")), "INSERT IGNORE INTO t (a, b) VALUES (?, ?)");
         assert_eq!(
             sql(Dialect::MySql.upsert("t", "k, v", "k", &["v"])),
             "INSERT INTO t (k, v) VALUES (?, ?) ON DUPLICATE KEY UPDATE v = VALUES(v)"

@@ -38,6 +38,19 @@ impl Tx {
         Ok(())
     }
 
+    /// Marks the point [`Tx::rollback_to_savepoint`] returns to (one at a
+    /// time: a new one replaces the last). Sent as text: not every server
+    /// prepares savepoint statements.
+    pub async fn savepoint(&mut self) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql("SAVEPOINT orderpipe_step").execute(&mut *self.inner).await.map(drop)
+    }
+
+    /// Undoes everything written since [`Tx::savepoint`]; the transaction
+    /// goes on (row locks taken meanwhile are kept until it ends).
+    pub async fn rollback_to_savepoint(&mut self) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql("ROLLBACK TO SAVEPOINT orderpipe_step").execute(&mut *self.inner).await.map(drop)
+    }
+
     /// Commits.
     pub async fn commit(self) -> Result<(), sqlx::Error> {
         self.inner.commit().await

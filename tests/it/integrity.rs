@@ -255,3 +255,99 @@ async fn a_reused_event_id_with_other_content_is_skipped_counted_logged_and_list
     assert_eq!(again["duplicates"], 4, "{again}");
     assert_eq!(again["conflicting_duplicates"], 0, "{again}");
 }
+
+/// The set-based claim on MariaDB: one `INSERT IGNORE ... RETURNING`
+/// returns only the rows it inserted. An event this group applied before,
+/// and an id given twice in the same set, are not claimed; `apply_seq`
+/// follows the order of the set.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_claim_returns_only_the_rows_it_inserted() {
+    use orderpipe::dedup::{RecordOrigin, claim_batch};
+    let env = TestEnv::new().with_database().await;
+    let db = env.db();
+    let events: Vec<Envelope> = (1..=4).map(|order| created(order, "1.0")).collect();
+    let origins: Vec<RecordOrigin> = (0..5)
+        .map(|offset| RecordOrigin { topic: "t".into(), partition: 0, offset, key: "k".into() })
+        .collect();
+    let mut tx = db.begin().await.unwrap();
+    assert_eq!(claim_batch(&mut tx, "g", &[(&events[1], &origins[0])]).await.unwrap(), [true]);
+    // events[1] is claimed already; events[0] comes twice.
+    let set = [(&events[0], &origins[1]), (&events[1], &origins[2]), (&events[0], &origins[3]), (&events[2], &origins[4])];
+    assert_eq!(claim_batch(&mut tx, "g", &set).await.unwrap(), [true, false, false, true]);
+    // Another group claims its own rows.
+    assert_eq!(claim_batch(&mut tx, "other", &set).await.unwrap(), [true, true, false, true]);
+    tx.commit().await.unwrap();
+    let rows: Vec<(String, i64, i64)> =
+        sqlx::query_as("SELECT event_id, kafka_offset, apply_seq FROM event_dedup WHERE consumer_group = 'g' ORDER BY apply_seq")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let ids: Vec<(String, i64)> = rows.iter().map(|(id, offset, _)| (id.clone(), *offset)).collect();
+    let id = |n: usize| events[n].event_id.to_string();
+    assert_eq!(ids, [(id(1), 0), (id(0), 1), (id(2), 4)], "one row per event, the first occurrence, in the set's order");
+    assert!(rows.windows(2).all(|w| w[0].2 < w[1].2));
+    // More rows than one statement takes: chunked, every one claimed once.
+    let many: Vec<Envelope> = (100..1300).map(|order| created(order, "1.0")).collect();
+    let set: Vec<(&Envelope, &RecordOrigin)> = many.iter().map(|e| (e, &origins[0])).collect();
+    let mut tx = db.begin().await.unwrap();
+    let claimed = claim_batch(&mut tx, "g", &set).await.unwrap();
+    assert!(claimed.iter().all(|c| *c), "{} of 1200 claimed", claimed.iter().filter(|c| **c).count());
+    assert!(claim_batch(&mut tx, "g", &set).await.unwrap().iter().all(|c| !c));
+    tx.commit().await.unwrap();
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup WHERE consumer_group = 'g'").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(n, 1203);
+}
+
+/// The built-in handlers' set-based entry points on MariaDB give each
+/// event the verdict the per-event path gives: written, already done
+/// (a redelivery caught by business state), ignored, or an illegal
+/// transition that fails that event alone and writes nothing for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_handlers_batch_entry_points_judge_each_event_on_its_own() {
+    use orderpipe::consumer::handler::{Effect, Handler, HandlerError};
+    use orderpipe::consumer::handlers::{Inventory, Notification, Payment, Points};
+    let env = TestEnv::new().with_database().await;
+    let db = env.db();
+    let life = |order: i64| -> Vec<Envelope> {
+        EventData::sample_lifecycle(order).into_iter().map(|d| Envelope::new("checkout", d)).collect()
+    };
+    // [created, paid, shipped, canceled, refunded] of orders 1..=4.
+    let (o1, o2, o3, o4) = (life(1), life(2), life(3), life(4));
+    let mut tx = db.begin().await.unwrap();
+    let first: Vec<&Envelope> = vec![&o1[0], &o2[0], &o3[3], &o4[1]];
+    let inventory = Inventory.apply_batch(&mut tx, &first).await.unwrap();
+    assert!(matches!(inventory[..], [Ok(Effect::Applied), Ok(Effect::Applied), Err(HandlerError::Fatal(_)), Ok(Effect::Ignored)]), "{inventory:?}");
+    let payment = Payment.apply_batch(&mut tx, &first).await.unwrap();
+    assert!(matches!(payment[..], [Ok(Effect::Ignored), Ok(Effect::Ignored), Ok(Effect::Ignored), Ok(Effect::Applied)]), "{payment:?}");
+    // Again (a redelivery): nothing is written twice.
+    let again = Inventory.apply_batch(&mut tx, &first[..2]).await.unwrap();
+    assert!(matches!(again[..], [Ok(Effect::AlreadyDone), Ok(Effect::AlreadyDone)]), "{again:?}");
+    // Order 1 canceled (legal), order 2 refunded (never paid), order 4 refunded (paid).
+    let second: Vec<&Envelope> = vec![&o1[3], &o2[4], &o4[4]];
+    let inventory = Inventory.apply_batch(&mut tx, &second).await.unwrap();
+    assert!(matches!(inventory[..], [Ok(Effect::Applied), Ok(Effect::Ignored), Ok(Effect::Ignored)]), "{inventory:?}");
+    let payment = Payment.apply_batch(&mut tx, &second).await.unwrap();
+    assert!(matches!(payment[..], [Ok(Effect::Ignored), Err(HandlerError::Fatal(_)), Ok(Effect::Applied)]), "{payment:?}");
+    let points = Points.apply_batch(&mut tx, &[&o4[1], &o2[4]]).await.unwrap();
+    assert!(matches!(points[..], [Ok(Effect::Applied), Err(HandlerError::Fatal(_))]), "{points:?}");
+    let points = Points.apply_batch(&mut tx, &[&o4[4]]).await.unwrap();
+    assert!(matches!(points[..], [Ok(Effect::Applied)]), "{points:?}");
+    let notes = Notification.apply_batch(&mut tx, &[&o1[0], &o3[0]]).await.unwrap();
+    assert!(matches!(notes[..], [Ok(Effect::Applied), Ok(Effect::Applied)]), "{notes:?}");
+    assert!(matches!(Notification.apply(&mut tx, &o1[0]).await, Ok(Effect::AlreadyDone)));
+    tx.commit().await.unwrap();
+    let state = |table: &'static str, order: i64| {
+        let db = db.clone();
+        async move {
+            let sql = sqlx::AssertSqlSafe(format!("SELECT status FROM {table} WHERE order_id = ?"));
+            sqlx::query_as::<_, (String,)>(sql).bind(order).fetch_optional(&db.pool).await.unwrap().map(|r| r.0)
+        }
+    };
+    assert_eq!(state("inventory_reservations", 1).await.as_deref(), Some("released"));
+    assert_eq!(state("inventory_reservations", 2).await.as_deref(), Some("reserved"));
+    assert_eq!(state("inventory_reservations", 3).await, None, "a failed event writes nothing");
+    assert_eq!(state("payments", 4).await.as_deref(), Some("refunded"));
+    assert_eq!(state("payments", 2).await, None);
+    let (points,): (i64,) = sqlx::query_as("SELECT CAST(SUM(points) AS SIGNED) FROM points_ledger WHERE order_id = 4").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(points, 0, "earned, then reversed");
+}

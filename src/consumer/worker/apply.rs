@@ -1,27 +1,38 @@
-//! A batch's transaction, in stages with one job each:
+//! A batch's transaction, set-based: a fixed, small number of statements
+//! whatever the batch's size.
 //!
-//! 1. **gate** ([`PartitionWorker::gate`]): per-key ordering; a record of a
-//!    parked key is held behind its head, a head is noted for release, a
-//!    released record leaves `held_records`;
-//! 2. **dedup** ([`PartitionWorker::dedup`]): claims the event for the group
-//!    (`event_dedup`); a redelivery is skipped, and noted if its content
-//!    differs from the event first applied under its id;
-//! 3. **handlers** ([`PartitionWorker::handlers`]): the business effects;
-//! 4. **commit** ([`PartitionWorker::commit`]): only while the partition is
-//!    still ours;
-//! 5. **bookkeeping** ([`PartitionWorker::bookkeeping`]), after the commit:
-//!    the summary, the consumer's parked set and the metrics.
-//!
-//! Stages 1–3 run per record, inside the one transaction, and collect what
-//! stage 5 reports in a [`Ledger`].
+//! 1. **gate** ([`PartitionWorker::gate`]), per record whose key may be
+//!    parked (per-key ordering): held behind the head (the hold is
+//!    written), the head itself (noted for release), a redelivery, or open;
+//! 2. the open records are cut into **waves**: the k-th record of each key
+//!    goes into wave k, so a wave has at most one record per order and the
+//!    waves run in offset order: an order's records are applied in order,
+//!    and `apply_seq` grows with them. Each wave, behind a savepoint:
+//!    * a released record leaves `held_records` (unless another release
+//!      took it first);
+//!    * **dedup** ([`dedup::claim_batch`]): one `INSERT IGNORE ...
+//!      RETURNING` claims the wave's events for the group; a redelivery is
+//!      skipped, and noted if its content differs from the event first
+//!      applied under its id;
+//!    * **handlers**: each handler's [`apply_batch`](crate::consumer::handler::Handler::apply_batch)
+//!      writes its effects for the whole wave;
+//!    * a record a handler failed is taken out: the wave rolls back to its
+//!      savepoint and runs again without it, and the later records of its
+//!      key are left out too ([`Deferred`]). The batch is not split: the
+//!      rest commits, and the worker takes the deferred records through
+//!      the error tier afterwards;
+//! 3. **commit**, only while the partition is still ours;
+//! 4. **bookkeeping**, after the commit: the summary, the consumer's parked
+//!    set and the metrics, from the [`Ledger`] the stages filled.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use rdkafka::Message;
 use tracing::Instrument;
 
-use super::{BatchError, Committed, ConsumeSummary, Item, PartitionWorker, RecordFailed};
-use crate::consumer::handler::{Effect, HandlerError};
+use super::{BatchError, Committed, ConsumeSummary, Item, PartitionWorker};
+use crate::consumer::handler::HandlerError;
 use crate::db::{DbError, Tx};
 use crate::dedup::{self, Conflict, RecordOrigin};
 use crate::envelope::Envelope;
@@ -61,7 +72,38 @@ struct Ledger<'a> {
     released_elsewhere: u64,
 }
 
+/// A record left out of the batch's transaction, for the error tier after
+/// the commit: one a handler failed (with its error), or a later record of
+/// a failed record's key (applied only once that one is settled, so the
+/// key's order holds).
+pub(super) struct Deferred {
+    /// Its position in the batch.
+    pub index: usize,
+    /// Why it failed; None for a record behind a failed one.
+    pub error: Option<HandlerError>,
+}
+
+/// What one attempt at a wave gave.
+enum Wave<'a> {
+    /// Written: what to add to the batch's ledger.
+    Done(Ledger<'a>),
+    /// These records failed in a handler (nothing of the wave is kept).
+    Failed(Vec<(usize, HandlerError)>),
+}
+
 impl<'a> Ledger<'a> {
+    /// Adds a wave's ledger to the batch's.
+    fn merge(&mut self, wave: Ledger<'a>) {
+        self.delta.merge(wave.delta);
+        self.applied.extend(wave.applied);
+        self.duplicates.extend(wave.duplicates);
+        self.held.extend(wave.held);
+        self.conflicts.extend(wave.conflicts);
+        self.reopened.extend(wave.reopened);
+        self.heads.extend(wave.heads);
+        self.released_elsewhere += wave.released_elsewhere;
+    }
+
     fn note(&mut self, item: &'a Item, envelope: &'a Envelope, outcome: Outcome, elapsed: Duration) {
         match outcome {
             Outcome::Applied => {
@@ -83,62 +125,148 @@ impl<'a> Ledger<'a> {
 
 impl PartitionWorker {
     /// One transaction for `items`: dedup rows and effects (or holds behind
-    /// parked keys), committed together. Poison items are skipped.
+    /// parked keys), committed together. Poison items are skipped; records
+    /// that fail in a handler, and the later records of their keys, are
+    /// left out and returned in [`Committed::deferred`].
     pub(super) async fn apply(&self, items: &[Item]) -> Result<Committed, BatchError> {
-        let mut tx = self.shared.db.begin().await.map_err(|e| BatchError::Unavailable(e.to_string()))?;
+        let unavailable = |e: DbError| BatchError::Unavailable(e.to_string());
+        let mut tx = self.shared.db.begin().await.map_err(unavailable)?;
         let mut ledger = Ledger::default();
+        let mut open = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
             let Some(envelope) = &item.envelope else { continue };
-            let started = Instant::now();
-            // Every log line about this record carries its trace id.
-            let outcome = self
-                .apply_record(&mut tx, item, envelope, &mut ledger)
-                .instrument(self.span(&item.message, Some(envelope)))
-                .await
-                .map_err(|error| match error {
-                    HandlerError::Unavailable(reason) => BatchError::Unavailable(reason),
-                    error => BatchError::Record(RecordFailed { index, error }),
-                })?;
-            ledger.note(item, envelope, outcome, started.elapsed());
+            if item.held_id.is_some() {
+                // Released: it passes by leaving `held_records`, in its wave.
+                open.push(index);
+                continue;
+            }
+            let key = envelope.key();
+            let span = self.span(&item.message, Some(envelope));
+            let gated = async {
+                match self.gate(&mut tx, item, envelope, &key, &mut ledger).await? {
+                    Gate::Hold => ledger.note(item, envelope, Outcome::Held, Duration::ZERO),
+                    Gate::Duplicate => {
+                        self.note_conflict(&mut tx, envelope, &origin(item, envelope), &mut ledger).await?;
+                        ledger.note(item, envelope, Outcome::Duplicate, Duration::ZERO);
+                    }
+                    Gate::Open | Gate::Head => open.push(index),
+                }
+                Ok::<_, DbError>(())
+            };
+            gated.instrument(span).await.map_err(unavailable)?;
         }
+        let deferred = self.apply_waves(&mut tx, items, &open, &mut ledger).await?;
         self.commit(tx).await?;
-        Ok(self.bookkeeping(ledger))
+        Ok(Committed { deferred, ..self.bookkeeping(ledger) })
     }
 
-    /// Stages 1–3 for one record.
-    async fn apply_record<'a>(&self, tx: &mut Tx, item: &'a Item, envelope: &'a Envelope, ledger: &mut Ledger<'a>) -> Result<Outcome, HandlerError> {
-        let origin = RecordOrigin {
-            topic: item.message.topic().to_string(),
-            partition: item.message.partition(),
-            offset: item.message.offset(),
-            key: envelope.key(),
-        };
-        if let Some(id) = item.held_id {
-            // Stage 1 for a released record: it leaves `held_records`, unless
-            // the worker's and the background task's releases raced and the
-            // other one took it first.
-            if !ordering::delete_held(tx, id).await? {
-                return Ok(Outcome::AlreadyReleased);
-            }
-        } else {
-            match self.gate(tx, item, envelope, &origin.key, ledger).await? {
-                Gate::Hold => return Ok(Outcome::Held),
-                Gate::Duplicate => {
-                    self.note_conflict(tx, envelope, &origin, ledger).await?;
-                    return Ok(Outcome::Duplicate);
+    /// Stage 2: the open records, wave after wave, each behind a savepoint
+    /// (see the module doc). The records left out, in offset order.
+    async fn apply_waves<'a>(&self, tx: &mut Tx, items: &'a [Item], open: &[usize], ledger: &mut Ledger<'a>) -> Result<Vec<Deferred>, BatchError> {
+        let unavailable = |e: sqlx::Error| BatchError::Unavailable(e.to_string());
+        let keys: HashMap<usize, String> = open.iter().map(|&i| (i, envelope_of(&items[i]).key())).collect();
+        let mut pending: VecDeque<Vec<usize>> = waves(open, &keys).into();
+        let mut failed_keys: HashSet<&str> = HashSet::new();
+        let mut deferred = Vec::new();
+        while let Some(mut wave) = pending.pop_front() {
+            // Behind a failed record of its key: after it, once it is settled.
+            wave.retain(|i| {
+                let behind = failed_keys.contains(keys[i].as_str());
+                if behind {
+                    deferred.push(Deferred { index: *i, error: None });
                 }
-                Gate::Open | Gate::Head => {}
+                !behind
+            });
+            if wave.is_empty() {
+                continue;
+            }
+            tx.savepoint().await.map_err(unavailable)?;
+            let failures = match self.apply_wave(tx, items, &wave).await {
+                Ok(Wave::Done(done)) => {
+                    ledger.merge(done);
+                    continue;
+                }
+                Ok(Wave::Failed(failures)) => failures,
+                Err(HandlerError::Unavailable(reason)) => return Err(BatchError::Unavailable(reason)),
+                // A set statement refused (not a handler's verdict on one
+                // event): find the record by applying the wave one at a time.
+                Err(error) if wave.len() == 1 => vec![(wave[0], error)],
+                Err(_) => {
+                    tx.rollback_to_savepoint().await.map_err(unavailable)?;
+                    for index in wave.into_iter().rev() {
+                        pending.push_front(vec![index]);
+                    }
+                    continue;
+                }
+            };
+            tx.rollback_to_savepoint().await.map_err(unavailable)?;
+            for (index, error) in failures {
+                wave.retain(|i| *i != index);
+                failed_keys.insert(keys[&index].as_str());
+                deferred.push(Deferred { index, error: Some(error) });
+            }
+            pending.push_front(wave);
+        }
+        deferred.sort_by_key(|d| d.index);
+        Ok(deferred)
+    }
+
+    /// One attempt at a wave (records of distinct keys): released records
+    /// leave `held_records`, then one claim and each handler's batch.
+    async fn apply_wave<'a>(&self, tx: &mut Tx, items: &'a [Item], wave: &[usize]) -> Result<Wave<'a>, HandlerError> {
+        let started = Instant::now();
+        let mut ledger = Ledger::default();
+        let mut claiming = Vec::with_capacity(wave.len());
+        for &index in wave {
+            let item = &items[index];
+            // The worker's and the background task's releases of a key may
+            // race: the first delete wins, the other skips the record.
+            if let Some(id) = item.held_id
+                && !ordering::delete_held(tx, id).await?
+            {
+                ledger.note(item, envelope_of(item), Outcome::AlreadyReleased, Duration::ZERO);
+                continue;
+            }
+            claiming.push((index, origin(item, envelope_of(item))));
+        }
+        let claims: Vec<(&Envelope, &RecordOrigin)> = claiming.iter().map(|(i, o)| (envelope_of(&items[*i]), o)).collect();
+        let fresh = dedup::claim_batch(tx, &self.shared.options.group, &claims).await?;
+        let mut applying = Vec::with_capacity(claiming.len());
+        for ((index, origin), fresh) in claiming.iter().zip(fresh) {
+            let (item, envelope) = (&items[*index], envelope_of(&items[*index]));
+            if fresh {
+                applying.push(*index);
+            } else {
+                self.note_conflict(tx, envelope, origin, &mut ledger).await?;
+                ledger.note(item, envelope, Outcome::Duplicate, Duration::ZERO);
             }
         }
-        if !self.dedup(tx, envelope, &origin, ledger).await? {
-            return Ok(Outcome::Duplicate);
+        let envelopes: Vec<&Envelope> = applying.iter().map(|&i| envelope_of(&items[i])).collect();
+        let mut failures: Vec<(usize, HandlerError)> = Vec::new();
+        for handler in &self.shared.options.handlers {
+            let results = handler.apply_batch(tx, &envelopes).await?;
+            for (&index, result) in applying.iter().zip(results) {
+                match result {
+                    Ok(effect) => ledger.delta.record_effect(handler.name(), effect),
+                    Err(HandlerError::Unavailable(reason)) => return Err(HandlerError::Unavailable(reason)),
+                    Err(error) if !failures.iter().any(|(i, _)| *i == index) => failures.push((index, error)),
+                    Err(_) => {}
+                }
+            }
         }
-        self.handlers(tx, envelope, &mut ledger.delta).await?;
-        Ok(Outcome::Applied)
+        if !failures.is_empty() {
+            return Ok(Wave::Failed(failures));
+        }
+        let elapsed = started.elapsed();
+        for &index in &applying {
+            ledger.note(&items[index], envelope_of(&items[index]), Outcome::Applied, elapsed);
+        }
+        tracing::debug!(records = applying.len(), "effects written");
+        Ok(Wave::Done(ledger))
     }
 
     /// Stage 1, the ordering gate (for a record read from Kafka; a released
-    /// one passes by leaving `held_records`): a record of a key that may be
+    /// one passes by leaving `held_records`, in its wave): a record of a key that may be
     /// parked asks the table: held behind the head (the hold is written
     /// here), the head itself (noted for release), a redelivery, or open.
     async fn gate(&self, tx: &mut Tx, item: &Item, envelope: &Envelope, key: &str, ledger: &mut Ledger<'_>) -> Result<Gate, DbError> {
@@ -157,17 +285,6 @@ impl PartitionWorker {
         Ok(gate)
     }
 
-    /// Stage 2, dedup: claims the event for this group; false if the group
-    /// applied it before (a redelivery).
-    async fn dedup(&self, tx: &mut Tx, envelope: &Envelope, origin: &RecordOrigin, ledger: &mut Ledger<'_>) -> Result<bool, DbError> {
-        let fresh = dedup::claim(tx, &self.shared.options.group, envelope, origin).await?;
-        if !fresh {
-            tracing::debug!("duplicate: already applied by this group");
-            self.note_conflict(tx, envelope, origin, ledger).await?;
-        }
-        Ok(fresh)
-    }
-
     /// A skipped duplicate whose content differs from the event first
     /// applied under its id goes to the ledger (and `dedup_conflicts`).
     async fn note_conflict(&self, tx: &mut Tx, envelope: &Envelope, origin: &RecordOrigin, ledger: &mut Ledger<'_>) -> Result<(), DbError> {
@@ -176,17 +293,7 @@ impl PartitionWorker {
         Ok(())
     }
 
-    /// Stage 3: every handler's effect, in order.
-    async fn handlers(&self, tx: &mut Tx, envelope: &Envelope, delta: &mut ConsumeSummary) -> Result<(), HandlerError> {
-        for handler in &self.shared.options.handlers {
-            let effect: Effect = handler.apply(tx, envelope).await?;
-            delta.record_effect(handler.name(), effect);
-        }
-        tracing::debug!("effects written");
-        Ok(())
-    }
-
-    /// Stage 4: commits, unless the partition was revoked meanwhile (then
+    /// Stage 3: commits, unless the partition was revoked meanwhile (then
     /// rolls back: the next owner redoes the batch).
     async fn commit(&self, tx: Tx) -> Result<(), BatchError> {
         if let Err(revoked) = self.still_owned() {
@@ -196,7 +303,7 @@ impl PartitionWorker {
         tx.commit().await.map_err(|e| BatchError::Unavailable(e.to_string()))
     }
 
-    /// Stage 5, after the commit: the activity clock, the summary, the
+    /// Stage 4, after the commit: the activity clock, the summary, the
     /// consumer's parked set and the metrics. Leaves the heads to release.
     fn bookkeeping(&self, mut ledger: Ledger<'_>) -> Committed {
         let shared = &self.shared;
@@ -236,6 +343,52 @@ impl PartitionWorker {
             let _in_record = self.span(&item.message, Some(envelope)).entered();
             Held { group, event_name: envelope.event_name.as_str() }.emit();
         }
-        Committed { heads: ledger.heads, released_elsewhere: ledger.released_elsewhere }
+        Committed { heads: ledger.heads, released_elsewhere: ledger.released_elsewhere, deferred: Vec::new() }
+    }
+}
+
+/// The waves of `open` (positions in offset order): the k-th record of
+/// each key goes into wave k.
+fn waves(open: &[usize], keys: &HashMap<usize, String>) -> Vec<Vec<usize>> {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    let mut waves: Vec<Vec<usize>> = Vec::new();
+    for &index in open {
+        let k = seen.entry(keys[&index].as_str()).or_default();
+        if *k == waves.len() {
+            waves.push(Vec::new());
+        }
+        waves[*k].push(index);
+        *k += 1;
+    }
+    waves
+}
+
+/// The envelope of a record past decoding (poison never gets this far).
+fn envelope_of(item: &Item) -> &Envelope {
+    item.envelope.as_ref().expect("only decoded records are applied")
+}
+
+/// Where the record came from, for its dedup row.
+fn origin(item: &Item, envelope: &Envelope) -> RecordOrigin {
+    RecordOrigin {
+        topic: item.message.topic().to_string(),
+        partition: item.message.partition(),
+        offset: item.message.offset(),
+        key: envelope.key(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wave_holds_one_record_per_key_and_waves_follow_offset_order() {
+        let keys: HashMap<usize, String> = [(0, "a"), (1, "a"), (2, "b"), (3, "a"), (5, "c"), (6, "b")]
+            .into_iter()
+            .map(|(i, k)| (i, k.to_string()))
+            .collect();
+        assert_eq!(waves(&[0, 1, 2, 3, 5, 6], &keys), vec![vec![0, 2, 5], vec![1, 6], vec![3]]);
+        assert!(waves(&[], &keys).is_empty());
     }
 }

@@ -20,8 +20,9 @@
 //!    it); so is a record of an `event_version` major the handlers do not
 //!    declare (`unsupported_version`, see [`super::version`]); the registry
 //!    being down is waited out in place;
-//! 2. apply, in one DB transaction (`worker/apply.rs`), each record
-//!    through the stages *gate* (per-key ordering), *dedup*, *handlers*,
+//! 2. apply, in one DB transaction (`worker/apply.rs`): the *gate*
+//!    (per-key ordering), then waves of set-based *dedup* and *handlers*
+//!    (a fixed, small number of statements whatever the batch's size),
 //!    then *commit* and *bookkeeping* (counts, the parked set, metrics);
 //! 3. store the offset of the last record, and release what waited behind
 //!    the heads the batch applied ([`PartitionWorker::release`]).
@@ -32,11 +33,14 @@
 //!   rolls back and retries the same batch in place with exponential
 //!   backoff; the offset does not move, health reports it, and the records
 //!   keep their retry budget;
-//! * a handler failure rolls back; the records before the failing one are
-//!   applied on their own; the failing one gets `retry.local_retries`
-//!   immediate retries (if retryable), then goes to the group's retry topic
-//!   or, when fatal or out of attempts, to the dead-letter topic. Its offset
-//!   is stored only once the broker acknowledged the forward.
+//! * a record a handler fails is taken out of the transaction (its wave
+//!   rolls back to a savepoint and runs again without it), together with
+//!   the later records of its key; the rest of the batch commits. Then the
+//!   failed record gets `retry.local_retries` immediate retries (if
+//!   retryable) and goes to the group's retry topic or, when fatal or out
+//!   of attempts, to the dead-letter topic; then the records behind it are
+//!   applied (or held behind it). The batch's offset is stored only once
+//!   all of that is done and the broker acknowledged every forward.
 //!
 //! A worker of the group's retry topic waits for each record's due time
 //! with its partition paused (no busy polling), then processes it the same way.
@@ -81,6 +85,7 @@ pub const MAX_VALUE_BYTES: usize = 64 * 1024;
 pub(crate) struct Revoked;
 
 /// A record and its decoded envelope (None = poison, already dead-lettered).
+#[derive(Clone)]
 struct Item {
     message: OwnedMessage,
     envelope: Option<Envelope>,
@@ -105,20 +110,17 @@ struct Committed {
     /// Released records that another release of their key had already
     /// applied (both read the same held row; the first delete wins).
     released_elsewhere: u64,
-}
-
-/// A handler failed the record at `index` of the batch (the batch rolled back).
-struct RecordFailed {
-    index: usize,
-    error: HandlerError,
+    /// Records left out of the transaction, in offset order: to settle
+    /// through the error tier, or to apply once those before them are.
+    deferred: Vec<apply::Deferred>,
 }
 
 /// Why a batch's transaction was not committed.
 enum BatchError {
     /// Infrastructure down: retry the whole batch later, in place.
     Unavailable(String),
-    /// A record failed in a handler.
-    Record(RecordFailed),
+    /// The one record applied failed in a handler ([`PartitionWorker::apply_one`]).
+    Record(HandlerError),
     /// The partition is no longer ours.
     Revoked(Revoked),
 }
@@ -133,23 +135,9 @@ impl fmt::Display for BatchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Unavailable(reason) => f.write_str(reason),
-            Self::Record(RecordFailed { error, .. }) => error.fmt(f),
+            Self::Record(error) => error.fmt(f),
             Self::Revoked(_) => f.write_str("partition revoked"),
         }
-    }
-}
-
-/// Why applying stopped without a commit, once the infrastructure answered.
-enum NotApplied {
-    /// A record failed in a handler.
-    Failed(RecordFailed),
-    /// The partition is no longer ours.
-    Revoked,
-}
-
-impl From<Revoked> for NotApplied {
-    fn from(_: Revoked) -> Self {
-        Self::Revoked
     }
 }
 
@@ -326,66 +314,69 @@ impl PartitionWorker {
         Ok(())
     }
 
-    /// Applies decoded records in order: as one batch, or, when one fails,
-    /// the ones before it, then the failing one through the error tier, then
-    /// the rest.
+    /// Applies decoded records in one transaction; then the records it
+    /// left out, in order: each failed one through the error tier, then
+    /// those behind them (again as one batch). The offset moves past the
+    /// records before the first one left out at once, and past the batch
+    /// once all of them are settled.
     async fn apply_in_order(&self, items: &[Item]) -> Result<(), Revoked> {
-        let mut start = 0;
-        let mut backoff = Backoff::new();
-        while start < items.len() {
-            self.still_owned()?;
-            let rest = &items[start..];
-            let RecordFailed { index, error } = match self.apply_until_available(rest).await {
-                Ok(committed) => {
-                    self.shared.health.db_up().await;
-                    self.store_offset(items.last().expect("non-empty").message.offset());
-                    return self.release(committed.heads).await;
-                }
-                Err(NotApplied::Revoked) => return Err(Revoked),
-                Err(NotApplied::Failed(failed)) => failed,
-            };
-            self.failed(&rest[index], &error);
-            if index > 0 {
-                // Apply what precedes the failing record on its own first.
-                match self.apply(&rest[..index]).await {
-                    Ok(committed) => {
-                        self.store_offset(rest[index - 1].message.offset());
-                        self.release(committed.heads).await?;
-                    }
-                    Err(BatchError::Revoked(revoked)) => return Err(revoked),
-                    Err(_) => {
-                        backoff.wait().await;
-                        continue;
-                    }
-                }
+        self.still_owned()?;
+        let Committed { heads, deferred, .. } = self.apply_until_available(items).await?;
+        self.shared.health.db_up().await;
+        let last = items.last().expect("non-empty").message.offset();
+        match deferred.first().map(|d| d.index) {
+            None => {
+                self.store_offset(last);
+                return self.release(heads).await;
             }
-            let failing = &rest[index];
-            let span = self.span(&failing.message, failing.envelope.as_ref());
-            let committed = self.settle(failing, error).instrument(span).await?;
-            self.release(committed.heads).await?;
-            self.store_offset(failing.message.offset());
-            start += index + 1;
-            backoff.reset();
+            Some(first) if first > 0 => self.store_offset(items[first - 1].message.offset()),
+            Some(_) => {}
         }
+        self.release(heads).await?;
+        let mut behind = Vec::new();
+        for apply::Deferred { index, error } in deferred {
+            let item = &items[index];
+            match error {
+                Some(error) => {
+                    self.failed(item, &error);
+                    let span = self.span(&item.message, item.envelope.as_ref());
+                    let committed = self.settle(item, error).instrument(span).await?;
+                    self.release(committed.heads).await?;
+                }
+                None => behind.push(item.clone()),
+            }
+        }
+        if !behind.is_empty() {
+            Box::pin(self.apply_in_order(&behind)).await?;
+        }
+        self.store_offset(last);
         Ok(())
     }
 
     /// Applies `items` in one transaction, retrying in place with backoff
     /// while the database is unavailable (counted, and reported to health).
-    async fn apply_until_available(&self, items: &[Item]) -> Result<Committed, NotApplied> {
+    async fn apply_until_available(&self, items: &[Item]) -> Result<Committed, Revoked> {
         let failed = |error: BatchError| async move {
             match error {
-                BatchError::Unavailable(reason) => {
+                BatchError::Revoked(revoked) => Err(revoked),
+                error => {
+                    let reason = error.to_string();
                     self.count(|s| s.apply_failures += 1);
                     self.shared.health.db_down(&reason).await;
-                    Ok(BatchError::Unavailable(reason))
+                    Ok(error)
                 }
-                BatchError::Record(failed) => Err(NotApplied::Failed(failed)),
-                BatchError::Revoked(_) => Err(NotApplied::Revoked),
             }
         };
-        let owned = || self.still_owned().map_err(NotApplied::from);
-        until_available(self.at("batch not applied"), || self.apply(items), failed, owned).await
+        until_available(self.at("batch not applied"), || self.apply(items), failed, || self.still_owned()).await
+    }
+
+    /// Applies one record alone: its handler failure, if any, is the error.
+    async fn apply_one(&self, item: &Item) -> Result<Committed, BatchError> {
+        let mut committed = self.apply(std::slice::from_ref(item)).await?;
+        match committed.deferred.pop() {
+            Some(apply::Deferred { error: Some(error), .. }) => Err(BatchError::Record(error)),
+            _ => Ok(committed),
+        }
     }
 
     /// Logs and counts a record's handler failure.
@@ -421,14 +412,14 @@ impl PartitionWorker {
                 HandlerError::Retryable(_) if executions <= local_retries => executions += 1,
                 HandlerError::Retryable(_) | HandlerError::Fatal(_) => break,
             }
-            match self.apply(std::slice::from_ref(item)).await {
+            match self.apply_one(item).await {
                 Ok(committed) => {
                     self.count(|s| s.recovered_locally += 1);
                     return Ok(committed);
                 }
                 Err(BatchError::Revoked(revoked)) => return Err(revoked),
                 Err(BatchError::Unavailable(reason)) => error = HandlerError::Unavailable(reason),
-                Err(BatchError::Record(failed)) => error = failed.error,
+                Err(BatchError::Record(failed)) => error = failed,
             }
         }
         let failure = Failure {

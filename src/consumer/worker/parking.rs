@@ -88,7 +88,7 @@ impl PartitionWorker {
             }
             // Not retried in place: after a wait, the next held record is
             // read again (another release of the key may have applied it).
-            match self.apply(std::slice::from_ref(&next)).await {
+            match self.apply_one(&next).await {
                 // The other release of this key applied it first.
                 Ok(Committed { released_elsewhere: 1.., .. }) => {}
                 Ok(_) => {
@@ -102,11 +102,11 @@ impl PartitionWorker {
                     tracing::warn!(key, %reason, "held record not applied; retrying with backoff");
                     backoff.wait().await;
                 }
-                Err(BatchError::Record(failed)) => {
-                    self.failed(&next, &failed.error);
+                Err(BatchError::Record(error)) => {
+                    self.failed(&next, &error);
                     // A held record is never a head, so a local retry has nothing to release.
                     let span = self.span(&next.message, next.envelope.as_ref());
-                    self.settle(&next, failed.error).instrument(span).await?;
+                    self.settle(&next, error).instrument(span).await?;
                 }
             }
         }
