@@ -36,6 +36,27 @@ result() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$RESULTS"; }
 jget() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"; }
 # RSS in MB from a `/usr/bin/time -f %M` file (KB).
 rss_mb() { echo $(( $(cat "$1") / 1024 )); }
+# MariaDB's global statement counters into FILE (`SHOW GLOBAL STATUS`), read
+# before and after a run: the difference over the events applied is the
+# run's statements per event (`Questions` counts every statement a client
+# sends, prepared executions included). Global: every client of the server
+# counts, so run benchmarks on an otherwise quiet MariaDB.
+db_counters() {
+  SQL -e "SHOW GLOBAL STATUS WHERE Variable_name IN
+    ('Questions','Com_insert','Com_update','Com_select','Com_delete','Com_begin','Com_commit','Com_rollback')" > "$1"
+}
+# per_event BEFORE AFTER EVENTS: Questions per event, then the breakdown
+# (`insert=1.000 commit=0.010 ...`) on a second line.
+per_event() {
+  python3 - "$@" <<'PY'
+import sys
+read = lambda f: {k: int(v) for k, v in (l.split('\t') for l in open(f).read().split('\n') if l)}
+before, after, events = read(sys.argv[1]), read(sys.argv[2]), max(int(sys.argv[3]), 1)
+delta = {k: after[k] - before.get(k, 0) for k in after}
+print(f"{delta.pop('Questions') / events:.4f}")
+print(' '.join(f"{k.removeprefix('Com_')}={v / events:.3f}" for k, v in sorted(delta.items()) if v) or '-')
+PY
+}
 # Every benchmark deletes its topics when it ends (a broker holding tens of
 # thousands of partitions runs out of file descriptors).
 drop_topics() { "$STACK" kafka-topics --delete --topic "$RUN_ID\\..*" >/dev/null 2>&1 || true; }

@@ -196,6 +196,7 @@ impl Settings {
             }
         }
         self.kafka.validate().map_err(ConfigError)?;
+        self.consumer.validate(&self.kafka).map_err(ConfigError)?;
         self.topics.validate_layout().map_err(ConfigError)?;
         crate::retry::RetryPolicy::from_settings(&self.retry).map_err(|e| ConfigError(e.to_string()))?;
         #[cfg(not(feature = "harness"))]

@@ -48,7 +48,7 @@ use crate::codec::{Codec, RegistrySettings};
 use crate::db::Db;
 use crate::health::HealthState;
 use crate::ordering::OrderingMode;
-use crate::kafka::client::{KafkaSettings, client_config};
+use crate::kafka::client::{KafkaSettings, Prefetch, client_config, consumer_options};
 use crate::producer::ProducerSettings;
 use crate::retry::{Forwarder, RetryPolicy, RetrySettings, TierTopics, retry_topic};
 use crate::schema::SchemaCatalog;
@@ -71,6 +71,29 @@ pub struct ConsumerSettings {
     pub max_poll_gap_secs: u64,
     /// Per-key order through retries and dead letters (`key`) or not (`none`).
     pub ordering: OrderingMode,
+    /// librdkafka `queued.max.messages.kbytes`: payload prefetched ahead of the workers, at most.
+    pub fetch_queue_kbytes: u32,
+    /// librdkafka `queued.min.messages`: records prefetched ahead of the workers before fetching stops.
+    pub fetch_queue_min_messages: u32,
+    /// librdkafka `fetch.message.max.bytes`: bytes one fetch brings per partition, at most.
+    pub fetch_partition_max_bytes: u32,
+}
+
+impl ConsumerSettings {
+    /// The prefetch bounds, as the Kafka client takes them.
+    pub fn prefetch(&self) -> Prefetch {
+        Prefetch {
+            queue_kbytes: self.fetch_queue_kbytes,
+            queue_min_messages: self.fetch_queue_min_messages,
+            partition_max_bytes: self.fetch_partition_max_bytes,
+        }
+    }
+
+    /// Rejects prefetch bounds out of librdkafka's range, and a pass-through
+    /// option (in `kafka` options or `consumer.options`) that sets one of them again.
+    pub fn validate(&self, kafka: &KafkaSettings) -> Result<(), String> {
+        consumer_options(&kafka.options, &self.options, self.prefetch()).map(drop).map_err(|e| e.to_string())
+    }
 }
 
 /// The configuration sections a consumer group member reads
@@ -295,28 +318,7 @@ pub async fn run(
         eprintln!("health endpoints on http://{bound}/health/ready");
     }
     let assignment = Arc::new(Assignment::new(health.clone()));
-    let mut config = client_config(&settings.kafka.client_options());
-    config
-        .set("group.id", &options.group)
-        // Offsets are stored by workers after the DB commit; librdkafka commits
-        // what is stored every second, on rebalance and on close.
-        .set("enable.auto.commit", "true")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.commit.interval.ms", "1000")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false")
-        .set("session.timeout.ms", "10000")
-        .set("statistics.interval.ms", "5000")
-        .set(
-            "auto.offset.reset",
-            match options.start_from {
-                StartFrom::Earliest => "earliest",
-                StartFrom::Latest => "latest",
-            },
-        );
-    for (k, v) in &settings.consumer.options {
-        config.set(k, v);
-    }
+    let config = consumer_config(settings, &options.group, options.start_from)?;
     let consumer: StreamConsumer<AssignmentContext> =
         config.create_with_context(AssignmentContext::new(assignment.clone(), &options.group))?;
     // Read-only rights: check the topics with metadata, never create or alter them.
@@ -375,6 +377,41 @@ pub async fn run(
         last.duration_since(first).as_secs_f64()
     });
     Ok(summary)
+}
+
+/// The librdkafka config of a member of `group`: the shared client
+/// options, orderpipe's consumer options, then the prefetch bounds and
+/// `consumer.options` ([`consumer_options`]).
+pub fn consumer_config(
+    settings: ConsumerSections<'_>,
+    group: &str,
+    start_from: StartFrom,
+) -> Result<rdkafka::ClientConfig, ConsumerError> {
+    let layered = consumer_options(&settings.kafka.options, &settings.consumer.options, settings.consumer.prefetch())
+        .map_err(|e| ConsumerError::Config(e.to_string()))?;
+    let mut config = client_config(&settings.kafka.client_options());
+    config
+        .set("group.id", group)
+        // Offsets are stored by workers after the DB commit; librdkafka commits
+        // what is stored every second, on rebalance and on close.
+        .set("enable.auto.commit", "true")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.commit.interval.ms", "1000")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false")
+        .set("session.timeout.ms", "10000")
+        .set("statistics.interval.ms", "5000")
+        .set(
+            "auto.offset.reset",
+            match start_from {
+                StartFrom::Earliest => "earliest",
+                StartFrom::Latest => "latest",
+            },
+        );
+    for (k, v) in &layered {
+        config.set(k, v);
+    }
+    Ok(config)
 }
 
 /// The topics the group reads and writes, with their declared partition
@@ -521,4 +558,55 @@ pub fn connections_needed(topics: &TopicsSettings, topic: &str, error_tier: bool
         .partitions
         .max(1) as u32;
     partitions * if error_tier { 2 } else { 1 } + POOL_MARGIN
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Settings;
+
+    #[test]
+    fn prefetch_bounds_reach_librdkafka() {
+        let mut settings = Settings::default();
+        settings.consumer.fetch_queue_kbytes = 4096;
+        settings.consumer.fetch_queue_min_messages = 3000;
+        settings.consumer.fetch_partition_max_bytes = 131_072;
+        settings.consumer.options.insert("fetch.queue.backoff.ms".into(), "50".into());
+        let config = consumer_config(crate::startup::consumer_sections(&settings), "g", StartFrom::Earliest).unwrap();
+        assert_eq!(config.get("queued.max.messages.kbytes"), Some("4096"));
+        // librdkafka itself holds them (it parsed and accepted each value).
+        let native = config.create_native_config().unwrap();
+        assert_eq!(native.get("queued.max.messages.kbytes").unwrap(), "4096");
+        assert_eq!(native.get("queued.min.messages").unwrap(), "3000");
+        assert_eq!(native.get("fetch.message.max.bytes").unwrap(), "131072");
+        assert_eq!(native.get("fetch.queue.backoff.ms").unwrap(), "50");
+        assert_eq!(native.get("group.id").unwrap(), "g");
+    }
+
+    #[test]
+    fn the_default_prefetch_is_bounded() {
+        let settings = Settings::default();
+        let config = consumer_config(crate::startup::consumer_sections(&settings), "g", StartFrom::Latest).unwrap();
+        let native = config.create_native_config().unwrap();
+        // librdkafka's own defaults are 65536 KB and 100000 records, 1 MB per partition.
+        assert_eq!(native.get("queued.max.messages.kbytes").unwrap(), settings.consumer.fetch_queue_kbytes.to_string());
+        assert!(settings.consumer.fetch_queue_kbytes < 65_536);
+        assert!(settings.consumer.fetch_queue_min_messages < 100_000);
+        assert!(settings.consumer.fetch_partition_max_bytes < 1_048_576);
+        assert_eq!(native.get("fetch.queue.backoff.ms").unwrap(), "20");
+    }
+
+    #[test]
+    fn a_conflicting_or_out_of_range_prefetch_is_refused_at_validation() {
+        let mut settings = Settings::default();
+        settings.kafka.options.insert("queued.min.messages".into(), "100".into());
+        let e = settings.validate().unwrap_err().to_string();
+        assert!(e.contains("`queued.min.messages` in kafka.options") && e.contains("consumer.fetch_queue_min_messages"), "{e}");
+        let mut settings = Settings::default();
+        settings.consumer.fetch_queue_kbytes = 0;
+        let e = settings.validate().unwrap_err().to_string();
+        assert!(e.contains("consumer.fetch_queue_kbytes = 0 is out of range: accepted 1 to 2097151"), "{e}");
+        let e = consumer_config(crate::startup::consumer_sections(&settings), "g", StartFrom::Latest).unwrap_err();
+        assert!(e.to_string().contains("consumer.fetch_queue_kbytes"), "{e}");
+    }
 }

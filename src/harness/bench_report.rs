@@ -9,7 +9,7 @@
 //! |---|---|
 //! | `benchmark` | `produce`, `consume`, `dlq`, `relay`, `ordering` |
 //! | `variant` | who was measured: ours, a peer (`kafka-producer-perf-test`, `naive per-record`), a setting (`batch 200`, `key 1%`) |
-//! | `metric` | `throughput`, `peak RSS`, `p99 latency`, ... |
+//! | `metric` | `throughput`, `peak RSS`, `p99 latency`, `MariaDB statements per event`, ... |
 //! | `value`, `unit` | the number; a unit ending in `/s` marks a throughput |
 //! | `peer` | the variant of the same benchmark and metric this row is compared with (empty: none) |
 //! | `command` | the command line that produced the number |

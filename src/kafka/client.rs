@@ -8,6 +8,9 @@
 //!   check so an override cannot quietly turn the idempotent producer into
 //!   a lossy one, or quietly send a key to another partition than Kafka's
 //!   Java clients do.
+//! * [`consumer_options`] is the same for consumers: orderpipe's defaults,
+//!   the explicit prefetch bounds ([`Prefetch`]) and the pass-through map,
+//!   refusing a pass-through key that an explicit setting already sets.
 //! * [`MeasuredProducer`] is a producer whose librdkafka statistics become
 //!   metrics ([`StatsContext`]).
 
@@ -98,7 +101,7 @@ const RESERVED: &[(&str, &str)] = &[
 
 /// An override that contradicts another setting.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("producer option conflict: {0}")]
+#[error("librdkafka option conflict: {0}")]
 pub struct OptionConflict(pub String);
 
 /// The effective producer options: defaults, then `client` (shared Kafka
@@ -181,6 +184,115 @@ fn check_conflicts(options: &BTreeMap<String, String>) -> Result<(), OptionConfl
     Ok(())
 }
 
+/// How far a consumer reads ahead of the application: librdkafka keeps
+/// fetching until its queue holds `queue_min_messages` records or
+/// `queue_kbytes` of payload, and one fetch brings at most
+/// `partition_max_bytes` (compressed) per partition on top. Records are
+/// held decompressed, so the queue's memory is several times its
+/// compressed size (see docs/tuning.md, "Memory").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefetch {
+    /// `queued.max.messages.kbytes` (`consumer.fetch_queue_kbytes`).
+    pub queue_kbytes: u32,
+    /// `queued.min.messages` (`consumer.fetch_queue_min_messages`).
+    pub queue_min_messages: u32,
+    /// `fetch.message.max.bytes` (`consumer.fetch_partition_max_bytes`).
+    pub partition_max_bytes: u32,
+}
+
+/// One explicit setting that is a librdkafka option: its field, the option,
+/// the option's aliases, and librdkafka's accepted range.
+struct MappedSetting {
+    field: &'static str,
+    option: &'static str,
+    aliases: &'static [&'static str],
+    range: (u32, u32),
+}
+
+/// The [`Prefetch`] fields, in its field order.
+const PREFETCH_SETTINGS: [MappedSetting; 3] = [
+    MappedSetting {
+        field: "consumer.fetch_queue_kbytes",
+        option: "queued.max.messages.kbytes",
+        aliases: &[],
+        range: (1, 2_097_151),
+    },
+    MappedSetting {
+        field: "consumer.fetch_queue_min_messages",
+        option: "queued.min.messages",
+        aliases: &[],
+        range: (1, 10_000_000),
+    },
+    MappedSetting {
+        field: "consumer.fetch_partition_max_bytes",
+        option: "fetch.message.max.bytes",
+        aliases: &["max.partition.fetch.bytes"],
+        range: (1, 1_000_000_000),
+    },
+];
+
+/// Defaults for orderpipe's consumers, under the pass-through map.
+pub const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
+    // Once the prefetch queue is full, librdkafka waits this long before it
+    // looks at a partition again (its default: 1000 ms). With a queue of a
+    // few thousand records that is longer than the queue lasts at full
+    // speed, and the consumer would starve between fetches.
+    ("fetch.queue.backoff.ms", "20"),
+];
+
+impl Prefetch {
+    fn values(&self) -> [u32; 3] {
+        [self.queue_kbytes, self.queue_min_messages, self.partition_max_bytes]
+    }
+
+    /// Rejects a value librdkafka would refuse, naming the field and the range.
+    pub fn validate(&self) -> Result<(), OptionConflict> {
+        for (setting, value) in PREFETCH_SETTINGS.iter().zip(self.values()) {
+            let (low, high) = setting.range;
+            if !(low..=high).contains(&value) {
+                return Err(OptionConflict(format!(
+                    "{} = {value} is out of range: accepted {low} to {high} (librdkafka {})",
+                    setting.field, setting.option
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The consumer options orderpipe layers over the shared `client` options
+/// (`kafka.options`): [`CONSUMER_DEFAULTS`], then `prefetch`, then
+/// `overrides` (`consumer.options`). A key (or an alias of it) that an
+/// explicit prefetch setting owns is refused in either map, naming both, so
+/// two places never silently disagree about the same bound.
+pub fn consumer_options(
+    client: &BTreeMap<String, String>,
+    overrides: &BTreeMap<String, String>,
+    prefetch: Prefetch,
+) -> Result<BTreeMap<String, String>, OptionConflict> {
+    prefetch.validate()?;
+    let mut options: BTreeMap<String, String> = CONSUMER_DEFAULTS
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    for (setting, value) in PREFETCH_SETTINGS.iter().zip(prefetch.values()) {
+        for (table, map) in [("kafka.options", client), ("consumer.options", overrides)] {
+            let key = std::iter::once(&setting.option)
+                .chain(setting.aliases)
+                .find(|key| map.contains_key(**key));
+            if let Some(key) = key {
+                return Err(OptionConflict(format!(
+                    "`{key}` in {table} is what {field} sets ({field} = {value}): set {field} instead and remove `{key}` from {table}",
+                    field = setting.field
+                )));
+            }
+        }
+        options.insert(setting.option.to_string(), value.to_string());
+    }
+    options.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
+    Ok(options)
+}
+
 /// A librdkafka config from an option map.
 pub fn client_config(options: &BTreeMap<String, String>) -> ClientConfig {
     let mut config = ClientConfig::new();
@@ -255,6 +367,47 @@ mod tests {
         assert!(with(&[("transactional.id", "x")]).unwrap_err().to_string().contains("relay"));
         // Turning idempotence off makes acks=1 a legitimate (documented) choice.
         with(&[("enable.idempotence", "false"), ("acks", "1")]).unwrap();
+    }
+
+    const PREFETCH: Prefetch = Prefetch { queue_kbytes: 8192, queue_min_messages: 10_000, partition_max_bytes: 262_144 };
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn prefetch_bounds_become_librdkafka_options_under_the_pass_through() {
+        let o = consumer_options(&BTreeMap::new(), &map(&[("fetch.queue.backoff.ms", "100")]), PREFETCH).unwrap();
+        assert_eq!(o["queued.max.messages.kbytes"], "8192");
+        assert_eq!(o["queued.min.messages"], "10000");
+        assert_eq!(o["fetch.message.max.bytes"], "262144");
+        // A default is overridable; an explicit setting is not.
+        assert_eq!(o["fetch.queue.backoff.ms"], "100");
+        let o = consumer_options(&BTreeMap::new(), &BTreeMap::new(), PREFETCH).unwrap();
+        assert_eq!(o["fetch.queue.backoff.ms"], "20");
+    }
+
+    #[test]
+    fn a_pass_through_of_an_explicit_prefetch_bound_is_refused_by_name() {
+        let e = consumer_options(&BTreeMap::new(), &map(&[("queued.min.messages", "5")]), PREFETCH).unwrap_err().to_string();
+        assert!(e.contains("`queued.min.messages` in consumer.options") && e.contains("consumer.fetch_queue_min_messages"), "{e}");
+        // Aliases too, and in the shared map.
+        let e = consumer_options(&map(&[("max.partition.fetch.bytes", "1")]), &BTreeMap::new(), PREFETCH).unwrap_err().to_string();
+        assert!(e.contains("`max.partition.fetch.bytes` in kafka.options") && e.contains("consumer.fetch_partition_max_bytes"), "{e}");
+        let e = consumer_options(&BTreeMap::new(), &map(&[("queued.max.messages.kbytes", "1")]), PREFETCH).unwrap_err().to_string();
+        assert!(e.contains("consumer.fetch_queue_kbytes = 8192") && e.contains("remove `queued.max.messages.kbytes`"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_prefetch_bounds_name_the_field_and_the_accepted_range() {
+        let e = Prefetch { queue_kbytes: 0, ..PREFETCH }.validate().unwrap_err().to_string();
+        assert!(e.contains("consumer.fetch_queue_kbytes = 0") && e.contains("accepted 1 to 2097151"), "{e}");
+        let e = Prefetch { queue_min_messages: 20_000_000, ..PREFETCH }.validate().unwrap_err().to_string();
+        assert!(e.contains("consumer.fetch_queue_min_messages = 20000000") && e.contains("accepted 1 to 10000000"), "{e}");
+        let e = consumer_options(&BTreeMap::new(), &BTreeMap::new(), Prefetch { partition_max_bytes: 0, ..PREFETCH })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("consumer.fetch_partition_max_bytes = 0") && e.contains("fetch.message.max.bytes"), "{e}");
     }
 
     #[test]
