@@ -54,22 +54,38 @@ async fn wait_applied(db: &Db, group: &str, topic: &str, count: usize, timeout: 
     }
 }
 
-/// Writes `events` to partition 0 of the group's retry topic, as the error
-/// tier would: the first `due_now` due at once, the rest due at `due_ms`.
-async fn produce_retry_records(env: &TestEnv, retry: &str, events: &[Envelope], due_now: usize, due_ms: i64) {
-    let topic = &env.settings.topics.order_events.name;
-    let codec = Codec::new(&env.settings.registry, topic, SchemaCatalog::embedded().order_events(), true).unwrap();
+/// Writes `events` to `topic`, each to the partition `partition_of` picks
+/// (keyed by order id as always); `due_of` gives a retry record's due time.
+async fn produce_to(
+    env: &TestEnv,
+    topic: &str,
+    events: &[Envelope],
+    partition_of: impl Fn(&Envelope) -> i32,
+    due_of: impl Fn(usize) -> Option<i64>,
+) {
+    let main = &env.settings.topics.order_events.name;
+    let codec = Codec::new(&env.settings.registry, main, SchemaCatalog::embedded().order_events(), true).unwrap();
     let producer: FutureProducer = client_config(&env.settings.kafka.client_options()).create().unwrap();
     for (i, event) in events.iter().enumerate() {
-        let due = if i < due_now { now_ms() } else { due_ms }.to_string();
-        let headers = record_headers(event)
-            .insert(Header { key: header::DUE, value: Some(due.as_bytes()) })
-            .insert(Header { key: header::ATTEMPT, value: Some("1".as_bytes()) });
+        let mut headers = record_headers(event);
+        if let Some(due) = due_of(i) {
+            headers = headers
+                .insert(Header { key: header::DUE, value: Some(due.to_string().as_bytes()) })
+                .insert(Header { key: header::ATTEMPT, value: Some("1".as_bytes()) });
+        }
         let value = codec.encode(event).await.unwrap();
         let key = event.key();
-        let record = FutureRecord::to(retry).partition(0).key(&key).payload(&value).headers(headers);
+        let record = FutureRecord::to(topic).partition(partition_of(event)).key(&key).payload(&value).headers(headers);
         producer.send(record, Duration::from_secs(10)).await.unwrap();
     }
+}
+
+/// A config file setting `max.poll.interval.ms` to 10 s (its minimum is
+/// `session.timeout.ms`), so a dispatcher stalled longer leaves the group.
+fn short_poll_interval_config() -> tempfile::NamedTempFile {
+    let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::io::Write::write_all(&mut config, b"[consumer.options]\n\"max.poll.interval.ms\" = \"10000\"\n").unwrap();
+    config
 }
 
 /// A running `orderpipe consume` whose log lines (at `info`) are collected.
@@ -111,42 +127,49 @@ impl LoggedConsumer {
 /// Issue 13: one partition waiting 30 s on a retry due time holds back no
 /// other partition, and the member stays in the group.
 ///
-/// The retry topic's partition 0 holds a backlog: 5 records due now, then
-/// 55 due 33 s later. Its worker applies the first 5, then waits; with
-/// `batch_size = 5` its queue (10 records) is full long before, so the
-/// dispatcher pauses the partition and keeps the rest. Before the fix the
+/// The retry topic's partition 0 holds a backlog: 102 records due now, then
+/// 55 due 33 s later. Its worker applies the first 102 (21 batches), then
+/// waits; with `batch_size = 5` its queue (10 records) is full long before,
+/// so the dispatcher pauses the partition and keeps the rest. Before the fix the
 /// dispatcher waited for room in that queue: nothing else was polled,
 /// applied or health-reported, and past `max.poll.interval.ms` (10 s here)
 /// librdkafka took the member out of the group.
+/// Records of the retry backlog due at once, ahead of the delayed ones (not
+/// a multiple of the batch size: the batch holding the first delayed record
+/// applies two due ones first, and meanwhile the dispatcher fills the queue;
+/// a worker that pauses the moment it takes a batch makes librdkafka drop
+/// what it had fetched, so the queue would not fill).
+const DUE_NOW: usize = 102;
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_partition_waiting_30s_on_a_retry_due_time_holds_back_no_other_and_the_member_stays() {
     let mut env = TestEnv::new().with_database().await;
     let group = "slowpart";
     env.cli(&["topics", "ensure", "--group", group]).success();
     env.set_env("ORDERPIPE_CONSUMER__BATCH_SIZE", "5");
-    let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
-    std::io::Write::write_all(&mut config, b"[consumer.options]\n\"max.poll.interval.ms\" = \"10000\"\n").unwrap();
+    let config = short_poll_interval_config();
     let main = env.settings.topics.order_events.name.clone();
     let retry = retry_topic(&main, group);
 
-    let delayed: Vec<Envelope> = LifecycleGenerator::new("dispatch-test", 20, 1_000_000, 13).take(60).collect();
+    let retried: Vec<Envelope> = LifecycleGenerator::new("dispatch-test", 40, 1_000_000, 13).take(DUE_NOW + 55).collect();
     let due = now_ms() + 33_000;
-    produce_retry_records(&env, &retry, &delayed, 5, due).await;
+    let now = now_ms();
+    produce_to(&env, &retry, &retried, |_| 0, |i| Some(if i < DUE_NOW { now } else { due })).await;
 
     let consumer = LoggedConsumer::start(&env, config.path(), group);
     let db = env.db();
-    wait_applied(&db, group, &retry, 5, Duration::from_secs(30)).await;
+    wait_applied(&db, group, &retry, DUE_NOW, Duration::from_secs(30)).await;
     assert!(now_ms() + 20_000 < due, "the consumer took too long to start for the test to mean anything");
 
     // The retry partition waits; records of other partitions flow meanwhile.
     let others = produce_lifecycles(&env, 300, 50, 7);
     let took = wait_applied(&db, group, &main, others.len(), Duration::from_secs(10)).await;
     eprintln!("300 records of other partitions applied {took:?} after they were produced, during the wait");
-    assert_eq!(applied_from(&db, group, &retry).await.len(), 5, "the delayed records wait for their due time");
+    assert_eq!(applied_from(&db, group, &retry).await.len(), DUE_NOW, "the delayed records wait for their due time");
 
     // The delayed records come after their due time, all of them once,
     // each order's in offset order.
-    wait_applied(&db, group, &retry, delayed.len(), Duration::from_secs(60)).await;
+    wait_applied(&db, group, &retry, retried.len(), Duration::from_secs(60)).await;
     let rows = applied_from(&db, group, &retry).await;
     let mut offsets: Vec<i64> = rows.iter().map(|r| r.0).collect();
     let mut per_order: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
@@ -157,8 +180,8 @@ async fn a_partition_waiting_30s_on_a_retry_due_time_holds_back_no_other_and_the
         assert!(applied.is_sorted(), "order {key}: records applied out of offset order: {applied:?}");
     }
     offsets.sort_unstable();
-    assert_eq!(offsets, (0..delayed.len() as i64).collect::<Vec<_>>(), "every retry record once");
-    let first_delayed = rows.iter().filter(|r| r.0 >= 5).map(|r| r.2).min().unwrap();
+    assert_eq!(offsets, (0..retried.len() as i64).collect::<Vec<_>>(), "every retry record once");
+    let first_delayed = rows.iter().filter(|r| r.0 >= DUE_NOW as i64).map(|r| r.2).min().unwrap();
     assert!(first_delayed >= due, "a delayed record was applied {} ms before its due time", due - first_delayed);
 
     // One assignment all along: the member never left the group.
@@ -167,7 +190,7 @@ async fn a_partition_waiting_30s_on_a_retry_due_time_holds_back_no_other_and_the
     assert_eq!(consumer.count("max.poll.interval"), 0, "{}", consumer.log.lock().unwrap().join("\n"));
     let summary = consumer.stop();
     assert!(summary["queue_full_pauses"].as_u64() >= Some(1), "the full queue paused its partition: {summary}");
-    assert_eq!(summary["consumed"], delayed.len() + others.len(), "each record received once: {summary}");
+    assert_eq!(summary["consumed"], retried.len() + others.len(), "each record received once: {summary}");
     assert_eq!(summary["duplicates"], 0, "{summary}");
 }
 
@@ -187,4 +210,86 @@ async fn full_queues_pause_and_resume_their_partitions_losing_and_reordering_not
     assert_eq!(summary["applied"], events.len(), "{summary}");
     assert_eq!(summary["duplicates"], 0, "{summary}");
     assert_applied_in_order(&env.db(), group, &events).await;
+}
+
+/// A worker stuck on the database (here a row lock its batch waits for,
+/// held 12 s; in production a lock, a slow statement or a backoff) stops
+/// only its own partition: the dispatcher pauses it, the other partitions'
+/// records are applied meanwhile, the member stays in the group, and once
+/// the lock goes every record is applied once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partition_stalled_on_the_database_holds_back_no_other_and_the_member_stays() {
+    let mut env = TestEnv::new().with_database().await;
+    let group = "dbstall";
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    env.set_env("ORDERPIPE_CONSUMER__BATCH_SIZE", "5");
+    let config = short_poll_interval_config();
+    let main = env.settings.topics.order_events.name.clone();
+    let partitions = env.settings.topics.order_events.partitions as i64;
+    let partition_of = |e: &Envelope| (e.data.order_id() % partitions) as i32;
+    let events: Vec<Envelope> = LifecycleGenerator::new("dispatch-test", 60, 2_000_000, 17).take(600).collect();
+    let (stalled, others): (Vec<Envelope>, Vec<Envelope>) = events.iter().cloned().partition(|e| partition_of(e) == 0);
+    assert!(stalled.len() > 20, "partition 0 holds more than its queue: {}", stalled.len());
+
+    // Partition 0's first event: its dedup row is inserted by a transaction
+    // left open, so the worker's claim waits for that row lock.
+    let db = env.db();
+    let mut lock = db.pool.begin().await.unwrap();
+    let first = &stalled[0];
+    sqlx::query(
+        "INSERT INTO event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key) \
+         VALUES (?, ?, ?, 0, 0, ?, ?)",
+    )
+    .bind(group)
+    .bind(first.event_id.to_string())
+    .bind(&main)
+    .bind(first.event_name.as_str())
+    .bind(first.key())
+    .execute(&mut *lock)
+    .await
+    .unwrap();
+    let locked_at = Instant::now();
+    produce_to(&env, &main, &stalled, partition_of, |_| None).await;
+    let consumer = LoggedConsumer::start(&env, config.path(), group);
+    let started = Instant::now();
+    while consumer.count("partitions assigned") == 0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "no assignment");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Partition 0 is stuck; records produced now to the 11 others flow.
+    let produced = Instant::now();
+    produce_to(&env, &main, &others, partition_of, |_| None).await;
+    let applied = |db: Db| async move {
+        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND kafka_partition <> 0")
+            .bind(group)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        n as usize
+    };
+    while applied(env.db()).await < others.len() {
+        assert!(produced.elapsed() < Duration::from_secs(8), "records of other partitions waited for the stalled one");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("{} records of other partitions applied {:?} after they were produced, partition 0 stalled", others.len(), produced.elapsed());
+    let (stalled_applied,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND kafka_partition = 0")
+        .bind(group)
+        .fetch_one(&env.db().pool)
+        .await
+        .unwrap();
+    assert_eq!(stalled_applied, 0, "partition 0 is still stuck behind the lock");
+
+    // Held past max.poll.interval.ms, then released.
+    tokio::time::sleep(Duration::from_secs(12).saturating_sub(locked_at.elapsed())).await;
+    lock.rollback().await.unwrap();
+    wait_applied(&db, group, &main, events.len(), Duration::from_secs(30)).await;
+    assert_eq!(consumer.count("partitions assigned"), 1, "{}", consumer.log.lock().unwrap().join("\n"));
+    assert_eq!(consumer.count("partitions revoked"), 0, "{}", consumer.log.lock().unwrap().join("\n"));
+    let summary = consumer.stop();
+    assert!(summary["queue_full_pauses"].as_u64() >= Some(1), "{summary}");
+    assert_eq!(summary["consumed"], events.len(), "each record received once: {summary}");
+    assert_eq!(summary["duplicates"], 0, "{summary}");
+    assert_applied_in_order(&db, group, &events).await;
 }
