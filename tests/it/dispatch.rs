@@ -124,6 +124,13 @@ impl LoggedConsumer {
     }
 }
 
+/// Records of the retry backlog due at once, ahead of the delayed ones (not
+/// a multiple of the batch size: the batch holding the first delayed record
+/// applies two due ones first, and meanwhile the dispatcher fills the queue;
+/// a worker that pauses the moment it takes a batch makes librdkafka drop
+/// what it had fetched, so the queue would not fill).
+const DUE_NOW: usize = 102;
+
 /// Issue 13: one partition waiting 30 s on a retry due time holds back no
 /// other partition, and the member stays in the group.
 ///
@@ -133,14 +140,10 @@ impl LoggedConsumer {
 /// so the dispatcher pauses the partition and keeps the rest. Before the fix the
 /// dispatcher waited for room in that queue: nothing else was polled,
 /// applied or health-reported, and past `max.poll.interval.ms` (10 s here)
-/// librdkafka took the member out of the group.
-/// Records of the retry backlog due at once, ahead of the delayed ones (not
-/// a multiple of the batch size: the batch holding the first delayed record
-/// applies two due ones first, and meanwhile the dispatcher fills the queue;
-/// a worker that pauses the moment it takes a batch makes librdkafka drop
-/// what it had fetched, so the queue would not fill).
-const DUE_NOW: usize = 102;
-
+/// librdkafka took the member out of the group. That needs the queue full
+/// when the wait begins, which is a race (see [`DUE_NOW`]; against the old
+/// dispatcher one of two runs stalled); the database stall below reproduces
+/// the stall every time.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_partition_waiting_30s_on_a_retry_due_time_holds_back_no_other_and_the_member_stays() {
     let mut env = TestEnv::new().with_database().await;
@@ -287,6 +290,7 @@ async fn a_partition_stalled_on_the_database_holds_back_no_other_and_the_member_
     wait_applied(&db, group, &main, events.len(), Duration::from_secs(30)).await;
     assert_eq!(consumer.count("partitions assigned"), 1, "{}", consumer.log.lock().unwrap().join("\n"));
     assert_eq!(consumer.count("partitions revoked"), 0, "{}", consumer.log.lock().unwrap().join("\n"));
+    assert_eq!(consumer.count("max.poll.interval"), 0, "{}", consumer.log.lock().unwrap().join("\n"));
     let summary = consumer.stop();
     assert!(summary["queue_full_pauses"].as_u64() >= Some(1), "{summary}");
     assert_eq!(summary["consumed"], events.len(), "each record received once: {summary}");
