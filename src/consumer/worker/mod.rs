@@ -305,7 +305,7 @@ impl PartitionWorker {
             if let Some(failure) = poison.get_mut(end).and_then(Option::take) {
                 let held = self.held_poison(&items[end]).await?;
                 if !held && self.shared.options.error_tier {
-                    self.forward_and_park(&items[end], failure).await?;
+                    self.forward_and_park(&[(&items[end], failure)]).await?;
                 }
                 self.store_offset(items[end].message.offset());
             }
@@ -333,19 +333,19 @@ impl PartitionWorker {
             Some(_) => {}
         }
         self.release(heads).await?;
-        let mut behind = Vec::new();
+        let (mut failed, mut behind) = (Vec::new(), Vec::new());
         for apply::Deferred { index, error } in deferred {
             let item = &items[index];
             match error {
                 Some(error) => {
                     self.failed(item, &error);
-                    let span = self.span(&item.message, item.envelope.as_ref());
-                    let committed = self.settle(item, error).instrument(span).await?;
-                    self.release(committed.heads).await?;
+                    failed.push((item, error));
                 }
                 None => behind.push(item.clone()),
             }
         }
+        let committed = self.settle_all(failed).await?;
+        self.release(committed.heads).await?;
         if !behind.is_empty() {
             Box::pin(self.apply_in_order(&behind)).await?;
         }
@@ -394,12 +394,36 @@ impl PartitionWorker {
 
     /// Local retries for a retryable failure, then forward to the retry
     /// topic or the DLQ. What a local retry committed (heads to release).
+    async fn settle(&self, item: &Item, error: HandlerError) -> Result<Committed, Revoked> {
+        self.settle_all(vec![(item, error)]).await
+    }
+
+    /// Settles failed records (of distinct keys), in order: each gets its
+    /// local retries; those still failing are forwarded together (sent at
+    /// once, the broker's acknowledgements awaited together) and their keys
+    /// parked in one transaction. What local retries committed.
+    async fn settle_all(&self, failed: Vec<(&Item, HandlerError)>) -> Result<Committed, Revoked> {
+        let mut committed = Committed::default();
+        let mut forwards = Vec::with_capacity(failed.len());
+        for (item, error) in failed {
+            let span = self.span(&item.message, item.envelope.as_ref());
+            match self.retry_locally(item, error).instrument(span).await? {
+                Ok(applied) => committed.heads.extend(applied.heads),
+                Err(failure) => forwards.push((item, failure)),
+            }
+        }
+        self.forward_and_park(&forwards).await?;
+        Ok(committed)
+    }
+
+    /// The error tier's local retries of one failed record: what a retry
+    /// committed, or the failure to forward it with.
     ///
     /// This is the error tier's policy, not a wait for availability: local
     /// retries run at once and use up attempts, the database being down is
     /// waited out in place and does not, and without the error tier
     /// (`consumer.error_tier = false`) every failure is retried in place.
-    async fn settle(&self, item: &Item, mut error: HandlerError) -> Result<Committed, Revoked> {
+    async fn retry_locally(&self, item: &Item, mut error: HandlerError) -> Result<Result<Committed, Failure>, Revoked> {
         let mut executions = 1;
         let mut backoff = Backoff::new();
         let local_retries = self.shared.forwarder.policy().local_retries;
@@ -415,51 +439,57 @@ impl PartitionWorker {
             match self.apply_one(item).await {
                 Ok(committed) => {
                     self.count(|s| s.recovered_locally += 1);
-                    return Ok(committed);
+                    return Ok(Ok(committed));
                 }
                 Err(BatchError::Revoked(revoked)) => return Err(revoked),
                 Err(BatchError::Unavailable(reason)) => error = HandlerError::Unavailable(reason),
                 Err(BatchError::Record(failed)) => error = failed,
             }
         }
-        let failure = Failure {
+        Ok(Err(Failure {
             class: error.class().to_string(),
             message: error.to_string(),
             retryable: matches!(error, HandlerError::Retryable(_)),
             executions,
-        };
-        self.forward_and_park(item, failure).await?;
-        Ok(Committed::default())
+        }))
     }
 
-    /// Forwards a failed record and waits for the broker; retries with
-    /// backoff while Kafka refuses. Then, with per-key ordering, parks its
-    /// key with it as the head.
-    async fn forward_and_park(&self, item: &Item, failure: Failure) -> Result<(), Revoked> {
-        let message = &item.message;
+    /// Forwards failed records, all sent at once, and waits for the
+    /// broker's acknowledgement of every one (each retried with backoff
+    /// while Kafka refuses). Then, with per-key ordering, parks their keys
+    /// with them as the heads.
+    async fn forward_and_park(&self, failed: &[(&Item, Failure)]) -> Result<(), Revoked> {
+        if failed.is_empty() {
+            return Ok(());
+        }
         self.still_owned()?;
-        let forward = || self.shared.forwarder.forward(message, &failure).instrument(self.span(message, None));
-        let routed = until_available(self.at("forwarding a failed record failed"), forward, retry, || self.still_owned()).await?;
-        {
+        let forwards = failed.iter().map(|(item, failure)| {
+            let message = &item.message;
+            let forward = move || self.shared.forwarder.forward(message, failure).instrument(self.span(message, None));
+            until_available(self.at("forwarding a failed record failed"), forward, retry, || self.still_owned())
+        });
+        let routed = futures::future::try_join_all(forwards).await?;
+        let group = self.shared.options.group.as_str();
+        let mut parks = Vec::with_capacity(failed.len());
+        for ((item, failure), routed) in failed.iter().zip(routed) {
+            let message = &item.message;
             let _in_record = self.span(message, None).entered();
-            let group = self.shared.options.group.as_str();
             let event_name = header_text(message, header::EVENT_NAME).unwrap_or_else(|| "unknown".into());
-            match routed {
+            let state = match routed {
                 Routed::Retry { attempt, delay } => {
                     self.count(|s| s.sent_to_retry += 1);
                     SentToRetry { group, attempt, delay, class: &failure.class, error: &failure.message }.emit();
+                    ParkState::Retrying
                 }
                 Routed::DeadLetter => {
                     self.count(|s| s.dead_lettered += 1);
                     DeadLettered { group, event_name: &event_name, class: &failure.class, error: &failure.message }.emit();
+                    ParkState::Dead
                 }
-            }
+            };
+            parks.push((*item, state));
         }
-        let state = match routed {
-            Routed::Retry { .. } => ParkState::Retrying,
-            Routed::DeadLetter => ParkState::Dead,
-        };
-        self.park(item, state).await
+        self.park(&parks).await
     }
 
     /// Decodes and checks one record, waiting in place while the registry

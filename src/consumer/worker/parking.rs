@@ -82,7 +82,7 @@ impl PartitionWorker {
                 Decoded::Envelope(envelope) => next.envelope = Some(envelope),
                 Decoded::Poison(failure) => {
                     // Undecodable: it becomes the head, dead-lettered.
-                    self.forward_and_park(&next, failure).await?;
+                    self.forward_and_park(&[(&next, failure)]).await?;
                     continue;
                 }
             }
@@ -140,37 +140,49 @@ impl PartitionWorker {
         Ok(held)
     }
 
-    /// Makes a forwarded record the head of its parked key (mode `key`;
-    /// records without a key have no order to keep). A released record that
-    /// failed leaves `held_records` in the same transaction.
-    pub(super) async fn park(&self, item: &Item, state: ParkState) -> Result<(), Revoked> {
-        let Some(key) = record_key(&item.message) else {
-            return Ok(());
-        };
+    /// Makes forwarded records the heads of their parked keys (mode
+    /// `key`; records without a key have no order to keep), in one
+    /// transaction. A released record that failed leaves `held_records` in
+    /// the same transaction.
+    pub(super) async fn park(&self, forwarded: &[(&Item, ParkState)]) -> Result<(), Revoked> {
         if !self.ordered() {
             return Ok(());
         }
-        if !crate::db::fits_column(&key, crate::db::RECORD_KEY_CHARS) {
-            // Not an order id (the record failed its key check): no record
-            // of this key can be applied, so there is no order to keep, and
-            // parking it would cut the key to fit the column.
-            tracing::warn!(chars = key.chars().count(), limit = crate::db::RECORD_KEY_CHARS, "record key too long to park; not parked");
+        let parks: Vec<(&Item, ParkState, String)> = forwarded
+            .iter()
+            .filter_map(|(item, state)| {
+                let key = record_key(&item.message)?;
+                if !crate::db::fits_column(&key, crate::db::RECORD_KEY_CHARS) {
+                    // Not an order id (the record failed its key check): no record
+                    // of this key can be applied, so there is no order to keep, and
+                    // parking it would cut the key to fit the column.
+                    tracing::warn!(chars = key.chars().count(), limit = crate::db::RECORD_KEY_CHARS, "record key too long to park; not parked");
+                    return None;
+                }
+                Some((*item, *state, key))
+            })
+            .collect();
+        if parks.is_empty() {
             return Ok(());
         }
-        let (db, group, key_ref) = (&self.shared.db, self.shared.options.group.as_str(), key.as_str());
-        let rehead = item.held_id.is_some();
+        let (db, group, parks_ref) = (&self.shared.db, self.shared.options.group.as_str(), &parks);
         self.until_db_ok("cannot park the key", move || async move {
             let mut tx = db.begin().await?;
-            ordering::park(&mut tx, group, key_ref, &item.message, item.envelope.as_ref(), state, rehead).await?;
-            if let Some(id) = item.held_id {
-                ordering::delete_held(&mut tx, id).await?;
+            for (item, state, key) in parks_ref {
+                let rehead = item.held_id.is_some();
+                ordering::park(&mut tx, group, key, &item.message, item.envelope.as_ref(), *state, rehead).await?;
+                if let Some(id) = item.held_id {
+                    ordering::delete_held(&mut tx, id).await?;
+                }
             }
             Ok(tx.commit().await?)
         })
         .await?;
-        self.shared.parked.lock().expect("parked lock").insert(key.clone());
-        let _in_record = self.span(&item.message, item.envelope.as_ref()).entered();
-        tracing::info!(key, state = state.as_str(), "key parked: its later records wait behind this one");
+        self.shared.parked.lock().expect("parked lock").extend(parks.iter().map(|(_, _, key)| key.clone()));
+        for (item, state, key) in &parks {
+            let _in_record = self.span(&item.message, item.envelope.as_ref()).entered();
+            tracing::info!(key, state = state.as_str(), "key parked: its later records wait behind this one");
+        }
         Ok(())
     }
 }
