@@ -23,7 +23,7 @@ use crate::consumer::{consume, count_rows, produce_lifecycles, sigterm, write_nd
 use crate::exactly_once::assert_exactly_once;
 use crate::helpers::{TestEnv, header as header_of};
 
-fn persist(env: &TestEnv) -> Value {
+pub(crate) fn persist(env: &TestEnv) -> Value {
     let out = env.cli(&["dlq", "persist", "--until-idle", "3", "--output", "json"]).success();
     serde_json::from_str(&out).unwrap()
 }
@@ -240,7 +240,7 @@ async fn while_one_key_waits_in_retry_the_main_partition_keeps_flowing() {
     sigterm(&mut consumer);
 }
 
-async fn dead_letter_everything(env: &mut TestEnv, group: &str, count: usize) -> Vec<Envelope> {
+pub(crate) async fn dead_letter_everything(env: &mut TestEnv, group: &str, count: usize) -> Vec<Envelope> {
     env.cli(&["topics", "ensure", "--group", group]).success();
     let events = produce_lifecycles(env, count, 500, 81);
     env.set_env("ORDERPIPE_CHAOS__PERMANENT_ALL", "true");

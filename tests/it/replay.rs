@@ -1,7 +1,8 @@
 //! `dlq replay` as a stream against Kafka + MariaDB: rows read a page at a
 //! time (more rows than one page), every row sent once and marked once, in
 //! order per key; the selection fixed when the replay starts; a refused
-//! send leaving its row pending. (Replays applied by a consumer group are
+//! send leaving its row pending; a replay killed midway leaving the rows it
+//! did not mark pending, applied once after a second replay. (Replays applied by a consumer group are
 //! in tests/it/dlq.rs and tests/it/ordering.rs.)
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,6 +15,8 @@ use orderpipe::retry::retry_topic;
 use rdkafka::Message;
 use serde_json::Value;
 
+use crate::consumer::{consume, count_rows};
+use crate::dlq::{dead_letter_everything, persist};
 use crate::helpers::{TestEnv, header as header_of};
 
 /// Dead letters of `group` at offsets `offsets` of the test's order topic,
@@ -167,4 +170,39 @@ async fn a_refused_send_leaves_its_row_pending_and_reported() {
     assert!(failed[0].as_str().unwrap().starts_with(&format!("dead letter {refused}:")), "{summary}");
     assert_eq!(rows(&env, missing).await, [(refused, "pending".to_string(), 0)], "never marked");
     assert!(rows(&env, ok).await.iter().all(|r| r.1 == "replayed" && r.2 == 1));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_killed_midway_leaves_its_unmarked_rows_pending_and_nothing_is_applied_twice() {
+    let mut env = TestEnv::new().with_database().await;
+    let group = "crash.order.consumer";
+    let events = dead_letter_everything(&mut env, group, 800).await;
+    assert_eq!(persist(&env)["read"], 800);
+    // Paced (about 4 s), so it is killed with rows sent, some of them
+    // acknowledged but not yet marked.
+    let mut replay = env.spawn(&["dlq", "replay", "--group", group, "--rate", "200", "--page-size", "50", "--yes"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !rows(&env, group).await.iter().any(|r| r.1 == "replayed") {
+        assert!(Instant::now() < deadline, "no row marked within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    replay.kill().unwrap();
+    replay.wait().unwrap();
+    let after_kill = rows(&env, group).await;
+    let marked = after_kill.iter().filter(|r| r.1 == "replayed" && r.2 == 1).count();
+    let pending = after_kill.iter().filter(|r| r.1 == "pending" && r.2 == 0).count();
+    assert!(marked > 0 && marked < 800, "killed midway: {marked} marked");
+    assert_eq!(marked + pending, 800, "every row marked once or left pending");
+
+    // The next replay takes the rest; the group applies each event once,
+    // skipping what the killed replay sent and did not mark.
+    let next = json(&env.cli(&["dlq", "replay", "--group", group, "--yes", "--output", "json"]).success());
+    assert_eq!(next["replayed"], pending as u64, "{next}");
+    let applied = consume(&env, group, "notification");
+    assert_eq!(applied["applied"], 800, "{applied}");
+    eprintln!("killed after {marked} marked; duplicates skipped: {}", applied["duplicates"]);
+    assert!(rows(&env, group).await.iter().all(|r| r.1 == "replayed" && r.2 == 1));
+    let db = env.db();
+    let (notifications,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM notifications").fetch_one(&db.pool).await.unwrap();
+    assert_eq!((notifications, count_rows(&db, group).await), (events.len() as i64, 800), "one notification and one dedup row per event");
 }
