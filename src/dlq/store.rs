@@ -498,6 +498,15 @@ mod tests {
         }
     }
 
+    /// A migrated SQLite database in a directory that lives as long as the guard.
+    async fn sqlite() -> (tempfile::TempDir, Db) {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = DatabaseSettings { url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(), max_connections: 1 };
+        let db = Db::connect(&settings, 1).unwrap();
+        db.migrate().await.unwrap();
+        (dir, db)
+    }
+
     async fn upsert_one(db: &Db, row: &NewDeadLetter) {
         let mut tx = db.begin().await.unwrap();
         upsert(&mut tx, row).await.unwrap();
@@ -509,10 +518,7 @@ mod tests {
     /// record of the same origin turns an ignored row back to pending.
     #[tokio::test]
     async fn sqlite_upsert_keeps_a_reread_and_takes_a_later_failure() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = DatabaseSettings { url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(), max_connections: 1 };
-        let db = Db::connect(&settings, 1).unwrap();
-        db.migrate().await.unwrap();
+        let (_dir, db) = sqlite().await;
         upsert_one(&db, &dead_letter(10, "first")).await;
         mark_ignored(&db, 1, "known").await.unwrap();
         upsert_one(&db, &dead_letter(10, "re-read")).await;
@@ -530,10 +536,7 @@ mod tests {
     /// take neither a row past the bound nor one that left the filter.
     #[tokio::test]
     async fn pages_walk_the_bounded_selection_by_id() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = DatabaseSettings { url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(), max_connections: 1 };
-        let db = Db::connect(&settings, 1).unwrap();
-        db.migrate().await.unwrap();
+        let (_dir, db) = sqlite().await;
         for offset in 0..6 {
             upsert_one(&db, &NewDeadLetter { original_offset: offset, ..dead_letter(offset, "x") }).await;
         }

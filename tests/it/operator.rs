@@ -4,38 +4,7 @@
 
 use std::time::Duration;
 
-use orderpipe::dlq::store::{self, NewDeadLetter};
-
 use crate::helpers::TestEnv;
-
-/// Writes `count` pending dead letters of `group` straight into the table.
-async fn seed_dead_letters(env: &TestEnv, group: &str, count: i64) {
-    let db = env.db();
-    let mut tx = db.begin().await.unwrap();
-    for offset in 0..count {
-        let row = NewDeadLetter {
-            consumer_group: group.into(),
-            original_topic: env.settings.topics.order_events.name.clone(),
-            original_partition: 0,
-            original_offset: offset,
-            original_timestamp: None,
-            key: Some(b"1".to_vec()),
-            payload: Some(b"x".to_vec()),
-            headers: "{}".into(),
-            event_id: None,
-            event_name: Some("order.created".into()),
-            error_class: "fatal".into(),
-            error_message: "test".into(),
-            attempts: 1,
-            first_failure_ms: 1,
-            last_failure_ms: 1,
-            dlq_partition: 0,
-            dlq_offset: offset,
-        };
-        store::upsert(&mut tx, &row).await.unwrap();
-    }
-    tx.commit().await.unwrap();
-}
 
 async fn statuses(env: &TestEnv) -> Vec<(String, i64)> {
     sqlx::query_as("SELECT status, COUNT(*) FROM dead_letters GROUP BY status ORDER BY status")
@@ -48,7 +17,7 @@ async fn statuses(env: &TestEnv) -> Vec<(String, i64)> {
 async fn bulk_dlq_commands_without_a_terminal_need_yes() {
     let env = TestEnv::new().with_database().await;
     let group = "operator.bulk";
-    seed_dead_letters(&env, group, 5).await;
+    crate::replay::dead_letters(&env, group, 0..5, 1).await;
     let pending = vec![("pending".to_string(), 5)];
 
     // `cli` runs with stdin from /dev/null: no terminal.

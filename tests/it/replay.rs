@@ -19,9 +19,9 @@ use crate::consumer::{consume, count_rows};
 use crate::dlq::{dead_letter_everything, persist};
 use crate::helpers::{TestEnv, header as header_of};
 
-/// Dead letters of `group` at offsets `offsets` of the test's order topic,
-/// keyed `order-{offset % keys}`, persisted as the persister does.
-async fn dead_letters(env: &TestEnv, group: &str, offsets: std::ops::Range<i64>, keys: i64) {
+/// Pending dead letters of `group` at offsets `offsets` of the test's order
+/// topic, keyed `order-{offset % keys}`, written straight into the table.
+pub(crate) async fn dead_letters(env: &TestEnv, group: &str, offsets: std::ops::Range<i64>, keys: i64) {
     let db = env.db();
     let mut tx = db.begin().await.unwrap();
     for offset in offsets {
