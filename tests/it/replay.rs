@@ -206,3 +206,14 @@ async fn a_replay_killed_midway_leaves_its_unmarked_rows_pending_and_nothing_is_
     let (notifications,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM notifications").fetch_one(&db.pool).await.unwrap();
     assert_eq!((notifications, count_rows(&db, group).await), (events.len() as i64, 800), "one notification and one dedup row per event");
 }
+
+#[test]
+fn a_page_size_or_window_out_of_range_is_refused_naming_the_flag() {
+    let env = TestEnv::new();
+    for (flag, value) in [("--page-size", "0"), ("--in-flight", "0"), ("--in-flight", "many"), ("--page-size", "100001")] {
+        let out = env.cli(&["dlq", "replay", "--group", "g", flag, value, "--yes"]).failure();
+        assert!(out.contains(flag) && out.contains(value), "{flag} {value}: {out}");
+    }
+    let out = env.cli(&["dlq", "replay", "--group", "g", "--page-size", "0"]).failure();
+    assert!(out.contains("1..=100000"), "the accepted range: {out}");
+}
