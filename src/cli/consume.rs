@@ -90,6 +90,7 @@ impl GroupArgs {
             health_addr: self.health_addr,
             error_tier,
             ordering: self.ordering.unwrap_or(settings.consumer.ordering),
+            crash_before_forward_ack: crash_before_forward_ack(settings)?,
         };
         let summary = consumer::run(crate::startup::consumer_sections(settings), db, options, shutdown_signal()).await?;
         consume(&summary, self.output.output);
@@ -102,6 +103,19 @@ impl GroupArgs {
 #[cfg(feature = "harness")]
 fn handler_by_name(name: &str, settings: &Settings) -> Result<Arc<dyn Handler>, String> {
     crate::harness::chaos::handler_by_name(name, settings)
+}
+
+/// The test hook `chaos.crash_before_forward_ack` (a `harness` build only).
+#[cfg(feature = "harness")]
+fn crash_before_forward_ack(settings: &Settings) -> anyhow::Result<bool> {
+    let chaos = crate::harness::chaos::ChaosSettings::from_settings(settings).map_err(anyhow::Error::msg)?;
+    Ok(chaos.crash_before_forward_ack)
+}
+
+/// Without the harness there is no test hook.
+#[cfg(not(feature = "harness"))]
+fn crash_before_forward_ack(_settings: &Settings) -> anyhow::Result<bool> {
+    Ok(false)
 }
 
 /// The built-in handler `--handler NAME` names.

@@ -145,6 +145,11 @@ pub struct ConsumeOptions {
     pub error_tier: bool,
     /// Keep per-key order through the error tier (see [`crate::ordering`]).
     pub ordering: OrderingMode,
+    /// Test hook, false in production (only a `harness` build's
+    /// `chaos.crash_before_forward_ack` sets it): abort the process once a
+    /// batch is committed and its failed records are handed to the producer,
+    /// before any acknowledgement, parking or offset store.
+    pub crash_before_forward_ack: bool,
 }
 
 impl ConsumeOptions {

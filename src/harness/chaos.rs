@@ -38,6 +38,10 @@ pub struct ChaosSettings {
     /// Fraction of all events (0.0 to 1.0, picked by event id) that fail
     /// transiently like `transient_orders`.
     pub transient_rate: f64,
+    /// Not a handler rule: `consume` aborts the process once a batch is
+    /// committed and its failed records are handed to the producer, before
+    /// their acknowledgement (see `ConsumeOptions::crash_before_forward_ack`).
+    pub crash_before_forward_ack: bool,
 }
 
 impl Default for ChaosSettings {
@@ -49,6 +53,7 @@ impl Default for ChaosSettings {
             permanent_orders: Vec::new(),
             permanent_all: false,
             transient_rate: 0.0,
+            crash_before_forward_ack: false,
         }
     }
 }

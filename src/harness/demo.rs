@@ -218,6 +218,7 @@ async fn run_group(
         health_addr: None,
         error_tier: true,
         ordering: settings.consumer.ordering,
+        crash_before_forward_ack: false,
     };
     Ok(consumer::run(crate::startup::consumer_sections(settings), db.clone(), options, std::future::pending()).await?)
 }

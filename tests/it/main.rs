@@ -8,6 +8,7 @@
 //! `make test`'s serial phase (`cargo test -- --ignored --test-threads=1`).
 
 mod consumer;
+mod crash;
 mod delivery;
 mod dispatch;
 mod dlq;

@@ -468,7 +468,14 @@ impl PartitionWorker {
             let forward = move || self.shared.forwarder.forward(message, failure).instrument(self.span(message, None));
             until_available(self.at("forwarding a failed record failed"), forward, retry, || self.still_owned())
         });
-        let routed = futures::future::try_join_all(forwards).await?;
+        let mut routed = std::pin::pin!(futures::future::try_join_all(forwards));
+        if self.shared.options.crash_before_forward_ack {
+            // Test hook (tests/it/crash.rs): one poll hands every forward to
+            // the producer; die before any acknowledgement.
+            let _ = futures::FutureExt::now_or_never(routed.as_mut());
+            std::process::abort();
+        }
+        let routed = routed.await?;
         let group = self.shared.options.group.as_str();
         let mut parks = Vec::with_capacity(failed.len());
         for ((item, failure), routed) in failed.iter().zip(routed) {
