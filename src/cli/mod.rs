@@ -244,6 +244,8 @@ pub fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // Before any thread allocates: fewer malloc arenas, less memory (docs/tuning.md, "Memory").
+    crate::startup::cap_malloc_arenas();
     let cli = Cli::parse();
     if let Err(e) = telemetry::init(cli.global.log_format, &cli.global.log_level, cli.global.otlp_endpoint.as_deref()) {
         eprintln!("error: {e}");
