@@ -34,11 +34,24 @@ pub async fn gate(
     message: &OwnedMessage,
     event: Option<&Envelope>,
 ) -> Result<Gate, DbError> {
-    let Some(parked) = store::lock(tx, group, key).await? else {
+    let parked = store::lock(tx, group, key).await?;
+    decide(tx, group, parked.as_ref(), message, event).await
+}
+
+/// [`gate`]'s decision once the key's parked row (None: not parked) was
+/// read and locked, e.g. for a whole batch by [`store::lock_keys`].
+pub async fn decide(
+    tx: &mut Tx,
+    group: &str,
+    parked: Option<&Parked>,
+    message: &OwnedMessage,
+    event: Option<&Envelope>,
+) -> Result<Gate, DbError> {
+    let Some(parked) = parked else {
         return Ok(Gate::Open);
     };
     let event_id = event.map(|e| e.event_id.to_string());
-    if is_head(&parked, &Origin::of(message), event_id.as_deref()) {
+    if is_head(parked, &Origin::of(message), event_id.as_deref()) {
         return Ok(Gate::Head);
     }
     match event_id {

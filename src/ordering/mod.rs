@@ -50,9 +50,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::kafka::record::{FailureHistory, headers_from_json};
 
-pub use gate::{Gate, gate, head_done, park};
+pub use gate::{Gate, decide, gate, head_done, park};
 pub use store::{
-    HeldRecord, OrderingGauges, Parked, delete_held, first_held, gauges, hold, keys_of_partition, lock, mark_release, releasable,
+    HeldRecord, OrderingGauges, Parked, delete_held, first_held, gauges, hold, keys_of_partition, lock, lock_keys, mark_release, releasable,
     unpark,
 };
 

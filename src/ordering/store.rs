@@ -5,6 +5,8 @@
 //! decisions around them are in [`super::gate`]; the operators' views in
 //! [`crate::dlq::held`].
 
+use std::collections::HashMap;
+
 use metrics::gauge;
 use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
@@ -67,6 +69,26 @@ fn select_parked() -> String {
 pub async fn lock(tx: &mut Tx, group: &str, key: &str) -> Result<Option<Parked>, DbError> {
     let sql = tx.sql().locking(&select_parked());
     Ok(sqlx::query_as(sql).bind(group).bind(key).fetch_optional(&mut **tx).await?)
+}
+
+/// The parked rows of `keys` (distinct), locked until `tx` ends: a batch's
+/// gate reads all its keys in one statement per piece ([`crate::db::rows`]).
+pub async fn lock_keys(tx: &mut Tx, group: &str, keys: &[&str]) -> Result<HashMap<String, Parked>, DbError> {
+    let mut found = HashMap::with_capacity(keys.len());
+    let row_lock = tx.sql().row_lock();
+    for piece in crate::db::rows::pieces(keys) {
+        let select = format!("SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ");
+        let mut query = sqlx::QueryBuilder::<sqlx::Any>::new(select);
+        query.push_bind(group.to_string()).push(" AND record_key IN (");
+        let mut list = query.separated(", ");
+        for key in piece {
+            list.push_bind(key.to_string());
+        }
+        query.push(")").push(row_lock);
+        let rows: Vec<Parked> = query.build_query_as().fetch_all(&mut **tx).await?;
+        found.extend(rows.into_iter().map(|parked| (parked.key.clone(), parked)));
+    }
+    Ok(found)
 }
 
 /// The parked row of `key`, if parked (no lock).

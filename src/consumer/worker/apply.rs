@@ -1,9 +1,11 @@
 //! A batch's transaction, set-based: a fixed, small number of statements
 //! whatever the batch's size.
 //!
-//! 1. **gate** ([`PartitionWorker::gate`]), per record whose key may be
-//!    parked (per-key ordering): held behind the head (the hold is
-//!    written), the head itself (noted for release), a redelivery, or open;
+//! 1. **gate** ([`PartitionWorker::gate`]), for records whose key may be
+//!    parked and retry-topic records (per-key ordering): their keys' parked
+//!    rows are read and locked in one statement, then each record is held
+//!    behind its head (the hold is written), the head itself (noted for
+//!    release), a redelivery, or open;
 //! 2. the open records are cut into **waves**: the k-th record of each key
 //!    goes into wave k, so a wave has at most one record per order and the
 //!    waves run in offset order: an order's records are applied in order,
@@ -132,18 +134,26 @@ impl PartitionWorker {
         let unavailable = |e: DbError| BatchError::Unavailable(e.to_string());
         let mut tx = self.shared.db.begin().await.map_err(unavailable)?;
         let mut ledger = Ledger::default();
+        let keys: Vec<Option<String>> = items.iter().map(|item| item.envelope.as_ref().map(Envelope::key)).collect();
+        // Stage 1 reads the parked rows of every key it asks about at once.
+        let asked: HashSet<&str> = keys.iter().zip(items).filter_map(|(key, item)| key.as_deref().filter(|k| item.held_id.is_none() && self.gated(k))).collect();
+        let parked = if asked.is_empty() {
+            HashMap::new()
+        } else {
+            let asked: Vec<&str> = asked.into_iter().collect();
+            ordering::lock_keys(&mut tx, &self.shared.options.group, &asked).await.map_err(unavailable)?
+        };
         let mut open = Vec::with_capacity(items.len());
-        for (index, item) in items.iter().enumerate() {
-            let Some(envelope) = &item.envelope else { continue };
-            if item.held_id.is_some() {
-                // Released: it passes by leaving `held_records`, in its wave.
+        for (index, (item, key)) in items.iter().zip(&keys).enumerate() {
+            let (Some(envelope), Some(key)) = (&item.envelope, key) else { continue };
+            if item.held_id.is_some() || !self.gated(key) {
+                // Released records pass by leaving `held_records`, in their wave.
                 open.push(index);
                 continue;
             }
-            let key = envelope.key();
             let span = self.span(&item.message, Some(envelope));
             let gated = async {
-                match self.gate(&mut tx, item, envelope, &key, &mut ledger).await? {
+                match self.gate(&mut tx, item, envelope, key, parked.get(key.as_str()), &mut ledger).await? {
                     Gate::Hold => ledger.note(item, envelope, Outcome::Held, Duration::ZERO),
                     Gate::Duplicate => {
                         self.note_conflict(&mut tx, envelope, &origin(item, envelope), &mut ledger).await?;
@@ -265,16 +275,19 @@ impl PartitionWorker {
         Ok(Wave::Done(ledger))
     }
 
-    /// Stage 1, the ordering gate (for a record read from Kafka; a released
-    /// one passes by leaving `held_records`, in its wave): a record of a key that may be
-    /// parked asks the table: held behind the head (the hold is written
-    /// here), the head itself (noted for release), a redelivery, or open.
-    async fn gate(&self, tx: &mut Tx, item: &Item, envelope: &Envelope, key: &str, ledger: &mut Ledger<'_>) -> Result<Gate, DbError> {
-        if !(self.ordered() && (self.is_retry_partition() || self.shared.is_parked(key))) {
-            return Ok(Gate::Open);
-        }
+    /// Whether a record of `key` asks the ordering gate: with per-key
+    /// ordering, on the retry topic, or when the key may be parked.
+    fn gated(&self, key: &str) -> bool {
+        self.ordered() && (self.is_retry_partition() || self.shared.is_parked(key))
+    }
+
+    /// Stage 1, the ordering gate, for a record read from Kafka whose key
+    /// asks ([`Self::gated`]), given its key's parked row (locked): held
+    /// behind the head (the hold is written here), the head itself (noted
+    /// for release), a redelivery, or open.
+    async fn gate(&self, tx: &mut Tx, item: &Item, envelope: &Envelope, key: &str, parked: Option<&ordering::Parked>, ledger: &mut Ledger<'_>) -> Result<Gate, DbError> {
         let group = self.shared.options.group.as_str();
-        let gate = ordering::gate(tx, group, key, &item.message, Some(envelope)).await?;
+        let gate = ordering::decide(tx, group, parked, &item.message, Some(envelope)).await?;
         match gate {
             // Parked in this consumer's set but released elsewhere.
             Gate::Open if !self.is_retry_partition() => ledger.reopened.push(key.to_string()),
