@@ -19,7 +19,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering
+.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-crash
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -66,3 +66,8 @@ bench-ordering: build-deps ## per-key ordering: mode key vs none at 0/1/5 % fail
 	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-ordering.sh $(or $(COUNT),100000)
+
+bench-crash: build-deps ## crash safety at 1M: two members SIGKILLed 20 times, every event applied once, in order per order
+	cargo build --release --features harness --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-crash.sh $(or $(COUNT),1000000) $(or $(KILLS),20)
