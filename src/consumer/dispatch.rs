@@ -181,10 +181,11 @@ impl Shared {
     }
 }
 
-/// Records a worker's queue holds: two batches, so the worker finds its
-/// next batch waiting while it applies one.
+/// Records a worker's queue holds: one batch, so the worker finds its next
+/// batch waiting while it applies one; a second one only held memory
+/// (~12k decoded records across 12 partitions; docs/tuning.md, Memory).
 fn queue_capacity(batch_size: usize) -> usize {
-    batch_size * 2
+    batch_size
 }
 
 /// One partition's way to its worker: the worker's queue and the records
@@ -440,7 +441,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_overflows_in_order_and_refills_as_the_worker_makes_room() {
-        let (tx, mut rx) = mpsc::channel(queue_capacity(1));
+        // A queue of two records.
+        let (tx, mut rx) = mpsc::channel(2);
         let mut route = Route::new(1, tx);
         assert_eq!(route.offer(record(0)), Offered::Queued);
         assert_eq!(route.offer(record(1)), Offered::Queued);
@@ -465,7 +467,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stopped_worker_gets_nothing_and_its_overflow_is_dropped() {
-        let (tx, rx) = mpsc::channel(queue_capacity(1));
+        let (tx, rx) = mpsc::channel(2);
         let mut route = Route::new(1, tx);
         for offset in 0..4 {
             route.offer(record(offset));
