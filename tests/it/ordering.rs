@@ -275,6 +275,10 @@ async fn parked_keys_and_held_records_survive_sigkill_and_rebalance() {
     let mut second = start(&env);
     let retried_done = async || applied_sequence(&db, group, retried).await.len() == 3;
     wait_until("the retried order applied after the rebalance", Duration::from_secs(90), retried_done).await;
+    // The key is unparked in the transaction after its last held record's
+    // apply commits: a moment after the three events are visible.
+    let one_parked = async || scalar(&db, "SELECT COUNT(*) FROM parked_keys").await == 1;
+    wait_until("only the dead-lettered order parked", Duration::from_secs(30), one_parked).await;
     assert_eq!(scalar(&db, "SELECT COUNT(*) FROM parked_keys").await, 1, "only the dead-lettered order stays parked");
     sigterm(&mut restarted);
     sigterm(&mut second);
