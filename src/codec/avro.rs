@@ -25,7 +25,7 @@ pub enum ToAvroError {
 }
 
 /// Index of the `data` union branch called `record` in `schema`.
-fn branch_index(schema: &Schema, record: &'static str) -> Result<u32, ToAvroError> {
+pub(crate) fn branch_index(schema: &Schema, record: &'static str) -> Result<u32, ToAvroError> {
     let Schema::Record(root) = schema else {
         return Err(ToAvroError::NoBranch(record));
     };

@@ -8,9 +8,13 @@
 //!
 //! [`Codec`] wraps `schema_registry_converter`'s encoder and decoder, which
 //! cache schema ids and parsed schemas per process, so the registry is asked
-//! once per schema, not once per record.
+//! once per schema, not once per record. Encoding envelopes takes the fast
+//! path of [`fast`]: the schema id and writer are resolved once per codec,
+//! records are serialized straight into a reused buffer, and a sample of
+//! them ([`fast::VERIFY_EVERY`]) is checked against the validated path.
 //!
 //! * [`avro`] converts envelopes to and from Avro values.
+//! * [`fast`] is the encode hot path and its sampled check.
 //! * [`embedded_registry`] is an in-process Confluent-compatible registry used
 //!   by `orderpipe demo` (no servers) and unit tests; the codec talks to it
 //!   over HTTP exactly as it talks to Apicurio.
@@ -19,7 +23,9 @@
 
 pub mod avro;
 pub mod embedded_registry;
+pub mod fast;
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use apache_avro::types::Value;
@@ -78,6 +84,13 @@ pub enum CodecError {
     /// The record decoded but breaks the message spec.
     #[error("invalid envelope: {0}")]
     Invalid(#[from] EnvelopeError),
+    /// [`Codec::encode_into`] before the schema id was resolved.
+    #[error("codec for {0} is not warmed up: call Codec::warm_up (or encode once) before encode_into")]
+    NotWarmedUp(String),
+    /// The sampled check found the fast encode path writing something the
+    /// validated path or a consumer would not (see [`fast::VERIFY_EVERY`]).
+    #[error("encode check failed: {0}")]
+    Mismatch(String),
 }
 
 impl CodecError {
@@ -96,6 +109,8 @@ impl CodecError {
             Self::Registry(_) => "registry_error",
             Self::Avro(_) => "avro_decode",
             Self::Invalid(_) => "invalid_envelope",
+            Self::NotWarmedUp(_) => "not_warmed_up",
+            Self::Mismatch(_) => "encode_mismatch",
         }
     }
 
@@ -135,7 +150,8 @@ pub struct Codec {
     encoder: AvroEncoder,
     decoder: AvroDecoder,
     strategy: SubjectNameStrategy,
-    schema: apache_avro::Schema,
+    /// The fast path's writer, resolved by the first `warm_up` or `encode`.
+    writer: OnceLock<fast::FastWriter>,
 }
 
 impl Codec {
@@ -164,13 +180,17 @@ impl Codec {
             encoder: AvroEncoder::new(settings.clone()),
             decoder: AvroDecoder::new(settings),
             strategy,
-            schema: schema.as_ref().clone(),
+            writer: OnceLock::new(),
         })
     }
 
-    /// Resolves the schema id now, so a missing or unreachable registry is
-    /// reported at start-up instead of on the first record.
+    /// Resolves the schema id and the fast path's writer now, so a missing
+    /// or unreachable registry is reported at start-up instead of on the
+    /// first record. Later calls return the resolved id at once.
     pub async fn warm_up(&self) -> Result<u32, CodecError> {
+        if let Some(writer) = self.writer.get() {
+            return Ok(writer.id());
+        }
         let subject = self.strategy.get_subject().map_err(|e| CodecError::from_registry(e))?;
         let schema = self
             .encoder
@@ -182,17 +202,38 @@ impl Codec {
                 self.encoder.remove_errors_from_cache();
                 CodecError::from_registry(e)
             })?;
-        Ok(schema.id)
+        // The schema the id stands for (the registry's text, not the local
+        // file): what `encode_value` writes with, so both paths agree.
+        let writer = fast::FastWriter::new(schema.id, &schema.parsed)?;
+        Ok(self.writer.get_or_init(|| writer).id())
     }
 
-    /// Encodes an envelope: magic byte, schema id, Avro body.
+    /// Encodes an envelope: magic byte, schema id, Avro body. Resolves the
+    /// writer on first use; the work per record is [`Codec::encode_into`]'s.
     pub async fn encode(&self, envelope: &Envelope) -> Result<Vec<u8>, CodecError> {
-        let value = avro::to_avro(envelope, &self.schema).map_err(|e| CodecError::Avro(e.to_string()))?;
-        self.encode_value(value).await
+        self.warm_up().await?;
+        let mut buf = Vec::with_capacity(256);
+        self.encode_into(envelope, &mut buf)?;
+        Ok(buf)
     }
 
-    /// Encodes a raw Avro value with the topic's schema (tests use this to
-    /// write records the envelope type would refuse).
+    /// Encodes an envelope into `buf` (cleared first), without waiting:
+    /// the hot path of producers and the relay. Needs a codec that was
+    /// warmed up ([`Codec::warm_up`], or one [`Codec::encode`]); before that
+    /// it is [`CodecError::NotWarmedUp`]. A sample of records is checked
+    /// ([`fast::VERIFY_EVERY`]); a failed check is [`CodecError::Mismatch`].
+    pub fn encode_into(&self, envelope: &Envelope, buf: &mut Vec<u8>) -> Result<(), CodecError> {
+        let writer = self
+            .writer
+            .get()
+            .ok_or_else(|| CodecError::NotWarmedUp(self.strategy.get_subject().unwrap_or_default()))?;
+        writer.encode_into(envelope, buf)
+    }
+
+    /// Encodes a raw Avro value with the topic's schema through
+    /// `schema_registry_converter`, validating it in full (tests use this to
+    /// write records the envelope type would refuse, and to compare with
+    /// the fast path).
     pub async fn encode_value(&self, value: Value) -> Result<Vec<u8>, CodecError> {
         self.encoder
             .encode_value(value, &self.strategy)
@@ -247,5 +288,97 @@ mod tests {
         assert!(schema_id(&[]).unwrap_err().to_string().contains("empty"));
         assert!(schema_id(&[7, 0, 0, 0, 1]).unwrap_err().to_string().contains("0x07"));
         assert!(schema_id(&[0, 1]).unwrap_err().to_string().contains("shorter"));
+    }
+
+    use crate::envelope::{EventData, InventoryStockReleased, InventoryStockReserved};
+    use crate::schema::SchemaCatalog;
+
+    fn settings(registry: &embedded_registry::EmbeddedRegistry) -> RegistrySettings {
+        RegistrySettings {
+            url: registry.url().to_string(),
+            username: None,
+            password: None,
+            timeout_ms: 5_000,
+            auto_register: true,
+        }
+    }
+
+    /// Every event of both topics, through both paths.
+    #[tokio::test]
+    async fn the_fast_path_writes_the_bytes_of_the_validated_path_for_every_event() {
+        let registry = embedded_registry::EmbeddedRegistry::start().await.unwrap();
+        let catalog = SchemaCatalog::embedded();
+        let inventory = catalog.inventory_events().unwrap();
+        let stock = |order_id| {
+            let at = crate::envelope::format_utc(&chrono::Utc::now());
+            vec![
+                EventData::StockReserved(InventoryStockReserved { order_id, sku: "sku-1".into(), quantity: 2, reserved_at: at.clone() }),
+                EventData::StockReleased(InventoryStockReleased { order_id, sku: "sku-1".into(), quantity: 2, released_at: at }),
+            ]
+        };
+        let topics = [
+            ("t.order", catalog.order_events(), EventData::sample_lifecycle(41)),
+            ("t.inventory", inventory, stock(42)),
+        ];
+        for (topic, schema, events) in topics {
+            let codec = Codec::new(&settings(&registry), topic, schema, true).unwrap();
+            let id = codec.warm_up().await.unwrap();
+            let mut buf = Vec::new();
+            for envelope in events.into_iter().map(|d| Envelope::new("svc", d)) {
+                // More than one sampled record per event type, and records in between.
+                for _ in 0..(2 * fast::VERIFY_EVERY / 7) {
+                    codec.encode_into(&envelope, &mut buf).unwrap();
+                }
+                let validated = codec.encode_value(avro::to_avro(&envelope, &schema.parsed).unwrap()).await.unwrap();
+                assert_eq!(buf, validated, "{topic} {}: fast and validated bytes differ", envelope.event_name);
+                assert_eq!(schema_id(&buf).unwrap(), id);
+                assert_eq!(codec.encode(&envelope).await.unwrap(), validated);
+                assert_eq!(codec.decode(Some(&buf)).await.unwrap(), envelope, "{topic}: round trip");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn encode_into_needs_a_warm_codec_and_an_event_of_the_topic() {
+        let registry = embedded_registry::EmbeddedRegistry::start().await.unwrap();
+        let catalog = SchemaCatalog::embedded();
+        let codec = Codec::new(&settings(&registry), "t.cold", catalog.order_events(), true).unwrap();
+        let envelope = Envelope::new("svc", EventData::sample_created(1));
+        let e = codec.encode_into(&envelope, &mut Vec::new()).unwrap_err();
+        assert!(matches!(e, CodecError::NotWarmedUp(_)) && e.to_string().contains("t.cold-value"), "{e}");
+        codec.warm_up().await.unwrap();
+        let stock = EventData::StockReserved(InventoryStockReserved { order_id: 1, sku: "s".into(), quantity: 1, reserved_at: "2026-01-01T00:00:00.000Z".into() });
+        let e = codec.encode_into(&Envelope::new("svc", stock), &mut Vec::new()).unwrap_err();
+        assert!(e.to_string().contains("no `InventoryStockReserved` branch"), "{e}");
+    }
+
+    /// The registry's schema types `event_id` as an Avro `uuid`: the fast
+    /// writer serializes the string without complaint, but consumers read
+    /// a uuid where they expect a string and dead-letter every record. The
+    /// sampled check stops the first record, and the 1,000th.
+    #[tokio::test]
+    async fn the_sampled_check_stops_a_record_consumers_could_not_read() {
+        let registry = embedded_registry::EmbeddedRegistry::start().await.unwrap();
+        let catalog = SchemaCatalog::embedded();
+        let anchor = r#"{"name": "event_id", "type": "string""#;
+        let raw = catalog.order_events().raw.replacen(anchor, r#"{"name": "event_id", "type": {"type": "string", "logicalType": "uuid"}"#, 1);
+        assert_ne!(raw, catalog.order_events().raw, "schema anchor moved");
+        let uuid_typed = apache_avro::Schema::parse_str(&raw).unwrap();
+        let uuid_typed = crate::schema::TopicSchema { topic: "t.mismatch".into(), parsed: uuid_typed, raw };
+        let codec = Codec::new(&settings(&registry), "t.mismatch", &uuid_typed, true).unwrap();
+        codec.warm_up().await.unwrap();
+        let envelope = Envelope::new("svc", EventData::sample_created(7));
+        let mut buf = Vec::new();
+        let e = codec.encode_into(&envelope, &mut buf).unwrap_err();
+        assert!(matches!(e, CodecError::Mismatch(_)), "{e}");
+        assert!(e.to_string().contains(&envelope.event_id.to_string()) && e.to_string().contains("cannot decode"), "{e}");
+        // Unsampled records pass (that is the trade); the next sample stops again.
+        for _ in 1..fast::VERIFY_EVERY {
+            codec.encode_into(&envelope, &mut buf).unwrap();
+        }
+        assert!(matches!(codec.encode_into(&envelope, &mut buf), Err(CodecError::Mismatch(_))));
+        // The same envelope with the topic's own schema passes the check.
+        let good = Codec::new(&settings(&registry), "t.good", catalog.order_events(), true).unwrap();
+        good.encode(&envelope).await.unwrap();
     }
 }
