@@ -125,7 +125,7 @@ pub async fn run(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitC
         }
     });
     let report = producer
-        .send_all(paced, |_, _| progress.inc(1))
+        .send_all(paced, |acknowledged| progress.set_position(acknowledged))
         .await;
     progress.finish_and_clear();
     for (event, n) in &report.by_event {

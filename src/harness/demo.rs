@@ -359,7 +359,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     // Redelivery: every 10th event once more, after the originals.
     let duplicates: Vec<_> = events.iter().step_by(10).cloned().collect();
     let injected_duplicates = duplicates.len() as u64;
-    let resent = producer.send_all(futures::stream::iter(duplicates), |_, _| {}).await;
+    let resent = producer.send_all(futures::stream::iter(duplicates), |_| {}).await;
     if resent.failed > 0 {
         bail!("duplicate injection failed: {:?}", resent.failures);
     }
