@@ -12,3 +12,21 @@ pub fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
 }
+
+/// Microseconds since the epoch, now (0 if the clock is before 1970): the
+/// benchmarks' commit stamps ([`CommitStamps`]).
+pub fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Told the event ids of each committed transaction right after its commit
+/// returned: the order API's and a consumer's stamps, joined by the
+/// benchmarks into an honest commit-to-commit latency. Only a `harness`
+/// build sets one (`harness::latency`); production code holds `None` and
+/// pays one branch per commit.
+pub trait CommitStamps: Send + Sync {
+    /// `event_ids` were committed (now).
+    fn committed(&self, event_ids: &[uuid::Uuid]);
+}

@@ -13,6 +13,7 @@ use crate::envelope::{
     OrderPaymentSucceeded, OrderRefunded, OrderShipped, format_utc, new_trace_id,
 };
 use crate::outbox;
+use crate::outbox::wake::WakeNotifier;
 
 /// A request the service refuses, or cannot serve.
 #[derive(Debug, thiserror::Error)]
@@ -257,6 +258,10 @@ pub struct OrderService {
     producer: String,
     order_topic: String,
     inventory_topic: String,
+    /// Wakes the relays after each commit (see [`crate::outbox::wake`]).
+    wake: Option<WakeNotifier>,
+    /// Benchmarks only: told each transaction's event ids after its commit.
+    stamps: Option<std::sync::Arc<dyn crate::clock::CommitStamps>>,
 }
 
 impl OrderService {
@@ -268,7 +273,36 @@ impl OrderService {
             producer: producer.service_name.clone(),
             order_topic: topics.order_events.name.clone(),
             inventory_topic: topics.inventory_events.name.clone(),
+            wake: None,
+            stamps: None,
         }
+    }
+
+    /// The same service, telling `stamps` each transaction's event ids
+    /// right after its commit (the benchmarks' latency stamps).
+    pub fn with_commit_stamps(mut self, stamps: std::sync::Arc<dyn crate::clock::CommitStamps>) -> Self {
+        self.stamps = Some(stamps);
+        self
+    }
+
+    /// The same service, waking the relays through `wake` after each
+    /// committed transaction.
+    pub fn with_wake(mut self, wake: Option<WakeNotifier>) -> Self {
+        self.wake = wake;
+        self
+    }
+
+    /// Commits `tx`, then wakes the relays: the rows are visible to their
+    /// claim by then, and a wake-up is sent only for rows that exist.
+    async fn commit(&self, tx: Tx, event_ids: &[Uuid]) -> Result<(), ApiError> {
+        tx.commit().await?;
+        if let Some(stamps) = &self.stamps {
+            stamps.committed(event_ids);
+        }
+        if let Some(wake) = &self.wake {
+            wake.notify();
+        }
+        Ok(())
     }
 
     /// Creates an order and records `order.created` + `inventory.stock.reserved`.
@@ -331,9 +365,10 @@ impl OrderService {
             quantity: order.quantity,
             reserved_at: now,
         });
-        self.record(&mut tx, trace_id, vec![(&self.order_topic, created), (&self.inventory_topic, reserved)])
+        let event_ids = self
+            .record(&mut tx, trace_id, vec![(&self.order_topic, created), (&self.inventory_topic, reserved)])
             .await?;
-        tx.commit().await?;
+        self.commit(tx, &event_ids).await?;
         Ok(order)
     }
 
@@ -405,22 +440,25 @@ impl OrderService {
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        self.record(&mut tx, trace_id, events).await?;
-        tx.commit().await?;
+        let event_ids = self.record(&mut tx, trace_id, events).await?;
+        self.commit(tx, &event_ids).await?;
         order.status = to.to_string();
         Ok(order)
     }
 
-    /// Writes the events of one business transaction into the outbox.
-    async fn record(&self, tx: &mut Tx, trace_id: &str, events: Vec<(&String, EventData)>) -> Result<(), ApiError> {
+    /// Writes the events of one business transaction into the outbox;
+    /// returns their ids.
+    async fn record(&self, tx: &mut Tx, trace_id: &str, events: Vec<(&String, EventData)>) -> Result<Vec<Uuid>, ApiError> {
         let tx_id = Uuid::new_v4();
+        let mut ids = Vec::with_capacity(events.len());
         for (topic, data) in events {
             let mut envelope = Envelope::new(&self.producer, data);
             envelope.trace_id = trace_id.to_string();
             envelope.validate().map_err(|e| invalid("<event>", e.to_string()))?;
             outbox::record(tx, tx_id, topic, &envelope).await?;
+            ids.push(envelope.event_id);
         }
-        Ok(())
+        Ok(ids)
     }
 }
 

@@ -13,6 +13,7 @@ use crate::config::Settings;
 use crate::db::Db;
 use crate::health::HealthState;
 use crate::outbox::relay::{CrashPoint, Relay, RelayOptions};
+use crate::outbox::wake::{WakeListener, WakeNotifier};
 
 /// Flags of `orderpipe api`.
 #[derive(Debug, Args)]
@@ -20,6 +21,11 @@ pub struct ApiArgs {
     /// Listen address (port 0 = any free port; the bound one is printed).
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: SocketAddr,
+    /// Wake the relay listening at HOST:PORT after each commit (repeatable or
+    /// comma-separated; a name may resolve to every relay pod). Default:
+    /// outbox.wake_targets.
+    #[arg(long = "wake-relay", value_name = "HOST:PORT", value_delimiter = ',')]
+    wake_relay: Vec<String>,
     /// Apply the migrations first.
     #[arg(long)]
     migrate: bool,
@@ -38,9 +44,13 @@ pub struct RelayArgs {
     /// Outbox rows per Kafka transaction.
     #[arg(long, default_value_t = 500)]
     batch_size: i64,
-    /// Milliseconds between polls of an empty outbox.
+    /// Milliseconds between polls of an empty outbox (a wake-up ends the wait early).
     #[arg(long, default_value_t = 100)]
     poll_ms: u64,
+    /// Listen for the API's wake-up datagrams at HOST:PORT (UDP; port 0 = any
+    /// free port, printed). Default: outbox.wake_listen (empty: do not listen).
+    #[arg(long, value_name = "HOST:PORT")]
+    wake_listen: Option<String>,
     /// Seconds a shard lease lasts without renewal.
     #[arg(long, default_value_t = 10)]
     lease_ttl: u64,
@@ -71,7 +81,16 @@ pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode>
     }
     let health = HealthState::service();
     crate::health::watch_db(db.clone(), health.clone());
-    let service = crate::api::service(&settings.producer, &settings.topics, db);
+    let mut wake = settings.outbox.clone();
+    if !args.wake_relay.is_empty() {
+        wake.wake_targets = args.wake_relay;
+    }
+    wake.validate().map_err(|e| anyhow::anyhow!("--wake-relay: {e}"))?;
+    let notifier = WakeNotifier::from_settings(&wake)?;
+    if let Some(n) = &notifier {
+        eprintln!("waking relays at {:?} after each commit", n.targets());
+    }
+    let service = crate::api::service(&settings.producer, &settings.topics, db).with_wake(notifier);
     crate::api::serve(args.addr, service, health, |bound| eprintln!("order API listening on http://{bound}"), shutdown_signal())
         .await?;
     Ok(ExitCode::SUCCESS)
@@ -79,10 +98,18 @@ pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode>
 
 /// Runs `orderpipe relay`.
 pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitCode> {
-    let db = Db::connect(&settings.database, 4)?;
+    let db = Db::connect(&settings.database, 8)?; // claims and marks of several shards at once
     if args.migrate {
         db.migrate().await?;
     }
+    let wake = match args.wake_listen.as_deref().unwrap_or(&settings.outbox.wake_listen) {
+        "" => None,
+        addr => {
+            let listener = WakeListener::bind(addr).map_err(|e| anyhow::anyhow!("--wake-listen {addr}: {e}"))?;
+            eprintln!("relay wake-up listening on udp://{}", listener.local_addr()?);
+            Some(std::sync::Arc::new(listener))
+        }
+    };
     let options = RelayOptions {
         instance: args.instance,
         transactional_id_prefix: args
@@ -94,6 +121,7 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
         sent_retention: args.sent_retention,
         until_idle: args.until_idle.map(Duration::from_secs),
         crash_at: args.crash_at,
+        wake,
     };
     serve_health(args.health_addr, &db).await?;
     // Read-only rights on topics: check them, never create or alter them.

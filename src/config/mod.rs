@@ -57,6 +57,9 @@ pub struct Settings {
     pub database: crate::db::DatabaseSettings,
     /// Declared topics.
     pub topics: crate::topics::TopicsSettings,
+    /// The relay's wake-up on new outbox rows (`[outbox]`).
+    #[serde(default)]
+    pub outbox: crate::outbox::wake::WakeSettings,
 }
 
 /// Why a build without the `harness` feature refuses `[chaos]`.
@@ -207,6 +210,7 @@ impl Settings {
         self.lag.validate().map_err(ConfigError)?;
         self.topics.validate_retention().map_err(ConfigError)?;
         self.database.validate().map_err(ConfigError)?;
+        self.outbox.validate().map_err(ConfigError)?;
         Ok(())
     }
 }

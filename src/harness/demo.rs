@@ -297,6 +297,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         sent_retention: Duration::from_secs(7 * 24 * 3600),
         until_idle: Some(Duration::from_secs(1)),
         crash_at: None,
+        wake: None,
     };
     let relayed = Relay::new(crate::startup::relay_sections(&settings), db.clone(), relay_options).await?.run(std::future::pending()).await?;
     let events = crate::outbox::recorded_events(&db, &spec.name).await?;

@@ -11,6 +11,7 @@
 //! always published by one relay, in id order, even with several relays.
 
 pub mod relay;
+pub mod wake;
 
 use metrics::gauge;
 use serde::Serialize;

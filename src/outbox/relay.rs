@@ -128,6 +128,9 @@ pub struct RelayOptions {
     pub until_idle: Option<Duration>,
     /// Abort the process at this point of the first batch (tests only).
     pub crash_at: Option<CrashPoint>,
+    /// Ends an idle wait early when the API commits new rows (see
+    /// [`super::wake`]); None: the relay finds them at its next poll.
+    pub wake: Option<std::sync::Arc<super::wake::WakeListener>>,
 }
 
 /// What a relay run did.
@@ -386,7 +389,7 @@ impl Relay {
                     }
                     tokio::select! {
                         _ = &mut shutdown => break,
-                        _ = tokio::time::sleep(self.options.poll_interval) => {}
+                        _ = super::wake::idle(self.options.wake.as_deref(), self.options.poll_interval) => {}
                     }
                 }
                 Ok(n) => {

@@ -25,3 +25,4 @@ mod readme;
 mod replay;
 mod schema;
 mod topics;
+mod wake;
