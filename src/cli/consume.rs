@@ -91,6 +91,7 @@ impl GroupArgs {
             error_tier,
             ordering: self.ordering.unwrap_or(settings.consumer.ordering),
             crash_before_forward_ack: crash_before_forward_ack(settings)?,
+            commit_stamps: commit_stamps(settings)?,
         };
         let summary = consumer::run(crate::startup::consumer_sections(settings), db, options, shutdown_signal()).await?;
         consume(&summary, self.output.output);
@@ -116,6 +117,23 @@ fn crash_before_forward_ack(settings: &Settings) -> anyhow::Result<bool> {
 #[cfg(not(feature = "harness"))]
 fn crash_before_forward_ack(_settings: &Settings) -> anyhow::Result<bool> {
     Ok(false)
+}
+
+/// The benchmark hook `chaos.commit_stamps` (a `harness` build only): the
+/// file the applied events' after-commit stamps are appended to.
+#[cfg(feature = "harness")]
+fn commit_stamps(settings: &Settings) -> anyhow::Result<Option<Arc<dyn crate::clock::CommitStamps>>> {
+    let chaos = crate::harness::chaos::ChaosSettings::from_settings(settings).map_err(anyhow::Error::msg)?;
+    let Some(path) = chaos.commit_stamps else { return Ok(None) };
+    let file = crate::harness::latency::StampFile::append(&path)
+        .map_err(|e| anyhow::anyhow!("chaos.commit_stamps {}: {e}", path.display()))?;
+    Ok(Some(Arc::new(file)))
+}
+
+/// Without the harness there are no commit stamps.
+#[cfg(not(feature = "harness"))]
+fn commit_stamps(_settings: &Settings) -> anyhow::Result<Option<Arc<dyn crate::clock::CommitStamps>>> {
+    Ok(None)
 }
 
 /// The built-in handler `--handler NAME` names.

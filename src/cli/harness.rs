@@ -39,6 +39,13 @@ pub enum HarnessCommand {
         /// Seed.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Drivers side by side, each with its share of the orders and the rate.
+        #[arg(long, default_value_t = 1)]
+        drivers: usize,
+        /// Append `<event_id>\t<µs>` per event, stamped right after its
+        /// transaction committed (`harness::latency`).
+        #[arg(long, value_name = "FILE")]
+        stamps: Option<std::path::PathBuf>,
     },
     /// Benchmark check: regenerates `produce --count --orders --seed
     /// --first-order-id`'s events and reports how many orders GROUP applied
@@ -99,12 +106,19 @@ pub(super) async fn run(global: &GlobalArgs, command: HarnessCommand) -> anyhow:
             print_demo(&report, output.output);
             Ok(exit_if(!report.passed()))
         }
-        HarnessCommand::BenchDriveOrders { orders, rate, seed } => {
+        HarnessCommand::BenchDriveOrders { orders, rate, seed, drivers, stamps } => {
             let settings = global.settings()?;
-            let db = Db::connect(&settings.database, 2)?;
-            let service = crate::api::service(&settings.producer, &settings.topics, db);
+            let db = Db::connect(&settings.database, (drivers as u32).clamp(2, 64))?;
+            // Wakes the relays of outbox.wake_targets, as `orderpipe api` does.
+            let wake = crate::outbox::wake::WakeNotifier::from_settings(&settings.outbox)?;
+            let mut service = crate::api::service(&settings.producer, &settings.topics, db).with_wake(wake);
+            if let Some(path) = stamps {
+                let file = crate::harness::latency::StampFile::append(&path)
+                    .map_err(|e| anyhow::anyhow!("--stamps {}: {e}", path.display()))?;
+                service = service.with_commit_stamps(std::sync::Arc::new(file));
+            }
             let started = std::time::Instant::now();
-            let events = generator::drive_at(&service, orders, seed, Some(rate)).await?;
+            let events = generator::drive_concurrently(&service, orders, seed, Some(rate), drivers).await?;
             println!("{}", serde_json::json!({"orders": orders, "events": events, "secs": started.elapsed().as_secs_f64()}));
             Ok(ExitCode::SUCCESS)
         }

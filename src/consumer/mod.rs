@@ -150,6 +150,10 @@ pub struct ConsumeOptions {
     /// batch is committed and its failed records are handed to the producer,
     /// before any acknowledgement, parking or offset store.
     pub crash_before_forward_ack: bool,
+    /// Benchmarks only, None in production (only a `harness` build's
+    /// `chaos.commit_stamps` sets it): told the event ids a batch applied
+    /// right after its commit (`dev/bench-latency.sh`).
+    pub commit_stamps: Option<Arc<dyn crate::clock::CommitStamps>>,
 }
 
 impl ConsumeOptions {

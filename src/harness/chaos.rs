@@ -42,6 +42,10 @@ pub struct ChaosSettings {
     /// committed and its failed records are handed to the producer, before
     /// their acknowledgement (see `ConsumeOptions::crash_before_forward_ack`).
     pub crash_before_forward_ack: bool,
+    /// Not a handler rule: `consume` appends each applied event's id and a
+    /// stamp taken right after its batch's commit to this file
+    /// (`harness::latency`, `dev/bench-latency.sh`).
+    pub commit_stamps: Option<std::path::PathBuf>,
 }
 
 impl Default for ChaosSettings {
@@ -54,6 +58,7 @@ impl Default for ChaosSettings {
             permanent_all: false,
             transient_rate: 0.0,
             crash_before_forward_ack: false,
+            commit_stamps: None,
         }
     }
 }

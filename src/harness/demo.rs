@@ -219,6 +219,7 @@ async fn run_group(
         error_tier: true,
         ordering: settings.consumer.ordering,
         crash_before_forward_ack: false,
+        commit_stamps: None,
     };
     Ok(consumer::run(crate::startup::consumer_sections(settings), db.clone(), options, std::future::pending()).await?)
 }

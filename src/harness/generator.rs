@@ -180,6 +180,21 @@ pub async fn drive(service: &OrderService, orders: usize, seed: u64) -> Result<u
     drive_at(service, orders, seed, None).await
 }
 
+/// Like [`drive_at`] with `drivers` drivers side by side (a sequential
+/// driver waits out each request's commit, so one cannot reach a high
+/// rate): each drives its share of the orders at its share of the rate,
+/// with its own seed (`seed + i`).
+pub async fn drive_concurrently(service: &OrderService, orders: usize, seed: u64, rate: Option<u32>, drivers: usize) -> Result<usize, ApiError> {
+    let drivers = drivers.clamp(1, orders.max(1));
+    let runs = (0..drivers).map(|i| {
+        let share = orders / drivers + usize::from(i < orders % drivers);
+        // Each driver's rate: its share of the total, at least 1 per second.
+        let rate = rate.filter(|r| *r > 0).map(|r| ((f64::from(r) * share as f64 / orders.max(1) as f64).round() as u32).max(1));
+        drive_at(service, share, seed + i as u64, rate)
+    });
+    futures::future::try_join_all(runs).await.map(|events| events.into_iter().sum())
+}
+
 /// Like [`drive`], starting at most `rate` orders per second.
 pub async fn drive_at(service: &OrderService, orders: usize, seed: u64, rate: Option<u32>) -> Result<usize, ApiError> {
     let started = tokio::time::Instant::now();

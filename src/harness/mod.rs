@@ -10,6 +10,7 @@
 //! | [`chaos`] | the `chaos` fault-injection handler and its `[chaos]` settings |
 //! | [`bench`] | benchmark peers (the naive consumer baseline) |
 //! | [`bench_report`] | the `make bench` report: Markdown table and SVG plots from `target/bench/results.tsv` |
+//! | [`latency`] | after-commit stamps of the API and the consumer, for the end-to-end latency benchmark |
 //!
 //! It sits on top of the library: it may use every module, and no module
 //! below it uses it (only `cli`, for the harness commands).
@@ -19,4 +20,5 @@ pub mod bench_report;
 pub mod chaos;
 pub mod demo;
 pub mod generator;
+pub mod latency;
 pub mod verify;

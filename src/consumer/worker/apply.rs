@@ -334,6 +334,10 @@ impl PartitionWorker {
                 parked.remove(key);
             }
         }
+        if let Some(stamps) = &shared.options.commit_stamps {
+            let ids: Vec<uuid::Uuid> = ledger.applied.iter().map(|(_, envelope, _)| envelope.event_id).collect();
+            stamps.committed(&ids);
+        }
         let now = chrono::Utc::now();
         for (item, envelope, handler_time) in ledger.applied {
             let _in_record = self.span(&item.message, Some(envelope)).entered();
