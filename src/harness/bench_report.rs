@@ -291,7 +291,8 @@ pub fn write_report(results: &Path, out_dir: &Path) -> Result<ReportFiles, Repor
         path: out_dir.display().to_string(),
         source,
     })?;
-    let plots = write_plots(&parsed, &results.with_file_name(LATENCIES), out_dir)?;
+    let runs = latency_runs(results.parent().unwrap_or(Path::new(".")))?;
+    let plots = write_plots(&parsed, &runs, out_dir)?;
     let mut md = String::from("# orderpipe benchmark report\n\n");
     for note in &parsed.notes {
         let _ = writeln!(md, "- {note}");
@@ -320,10 +321,10 @@ pub fn write_report(results: &Path, out_dir: &Path) -> Result<ReportFiles, Repor
 
 /// Every plot the results allow: throughput bars per benchmark, throughput
 /// against failure rate (ordering), relay throughput per batch size, and the
-/// API-to-apply latency CDF when `latency` ([`LATENCIES`]) exists.
+/// API-to-apply latency CDF of the latency `runs` (one line each).
 fn write_plots(
     results: &Results,
-    latency: &Path,
+    runs: &[LatencyRun],
     out_dir: &Path,
 ) -> Result<Vec<PathBuf>, ReportError> {
     let mut written = Vec::new();
@@ -380,47 +381,109 @@ fn write_plots(
         plot.draw(&path, &series).map_err(plot_error(&path))?;
         written.push(path);
     }
-    if latency.exists() {
-        let sorted = sorted_latencies(latency)?;
-        if !sorted.is_empty() {
-            let path = out_dir.join("latency-cdf.svg");
-            // The percentile as dev/bench-relay.sh computes its p50/p99 rows.
-            let at = |q: f64| sorted[((q * sorted.len() as f64) as usize).min(sorted.len() - 1)];
-            let plot = LinePlot {
-                title: format!(
-                    "API commit → consumer apply: p50 {} ms, p99 {} ms",
-                    format_value(at(0.5)),
-                    format_value(at(0.99))
-                ),
-                x_desc: "milliseconds",
-                y_desc: "fraction of events applied within",
-                log_x: false,
-                marks: false,
-            };
-            let series = BTreeMap::from([("latency".to_string(), cdf_points(&sorted))]);
-            plot.draw(&path, &series).map_err(plot_error(&path))?;
-            written.push(path);
-        }
+    let series: BTreeMap<String, Vec<(f64, f64)>> = runs
+        .iter()
+        .filter(|run| !run.sorted.is_empty())
+        .map(|run| {
+            let name = format!(
+                "{}: p50 {} ms, p99 {} ms",
+                run.label,
+                format_value(percentile(&run.sorted, 50.0)),
+                format_value(percentile(&run.sorted, 99.0))
+            );
+            (name, cdf_points(&run.sorted))
+        })
+        .collect();
+    if !series.is_empty() {
+        let path = out_dir.join("latency-cdf.svg");
+        let plot = LinePlot {
+            title: "API commit → consumer commit: latency CDF".into(),
+            x_desc: "milliseconds (log scale)",
+            y_desc: "fraction of events applied within",
+            log_x: true,
+            marks: false,
+        };
+        plot.draw(&path, &series).map_err(plot_error(&path))?;
+        written.push(path);
     }
     Ok(written)
 }
 
-/// The relay benchmark's API-to-apply latencies (ms, one a line), beside `results.tsv`.
+/// The relay benchmark's API-to-apply latencies of old runs (ms, one a
+/// line), beside `results.tsv`; drawn as the run `latency`.
 pub const LATENCIES: &str = "relay-latency-ms.txt";
 
-/// The latencies in `path`, sorted.
-fn sorted_latencies(path: &Path) -> Result<Vec<f64>, ReportError> {
+/// Latency runs beside `results.tsv`: `latency-<run>.txt`, written by
+/// `dev/bench-latency.sh`, one latency in ms a line after an optional
+/// `# label: <name>` line (default: `<run>`).
+pub const LATENCY_RUN_PREFIX: &str = "latency-";
+
+/// One latency run: its label and its latencies (ms), sorted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatencyRun {
+    /// What ran (`100 orders/s`).
+    pub label: String,
+    /// Latencies in milliseconds, ascending.
+    pub sorted: Vec<f64>,
+}
+
+/// Every latency run in `dir` ([`LATENCY_RUN_PREFIX`] files, then the old
+/// [`LATENCIES`] file), by file name.
+fn latency_runs(dir: &Path) -> Result<Vec<LatencyRun>, ReportError> {
+    let mut paths: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.starts_with(LATENCY_RUN_PREFIX) && n.ends_with(".txt")
+                })
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    paths.sort();
+    let legacy = dir.join(LATENCIES);
+    if legacy.exists() {
+        paths.push(legacy);
+    }
+    paths.iter().map(|p| sorted_latencies(p)).collect()
+}
+
+/// The `q`-th percentile of ascending `sorted` (nearest rank: the smallest
+/// value with at least q% of the values at or below it).
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    // q% of n, less a hair: 0.99 * 1000 is 990.0000000000001 in floating point.
+    let rank = ((q * sorted.len() as f64 / 100.0 - 1e-9).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// The latency run in `path`, sorted.
+fn sorted_latencies(path: &Path) -> Result<LatencyRun, ReportError> {
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| ReportError::Io {
         path: name.clone(),
         source,
     })?;
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut label = match stem.strip_prefix(LATENCY_RUN_PREFIX) {
+        Some(run) => run.to_string(),
+        None => "latency".to_string(),
+    };
     let mut values = Vec::new();
     for (index, line) in text
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
     {
+        if let Some(comment) = line.trim().strip_prefix('#') {
+            if let Some(name) = comment.trim().strip_prefix("label:") {
+                label = name.trim().to_string();
+            }
+            continue;
+        }
         let value = line
             .trim()
             .parse::<f64>()
@@ -437,24 +500,31 @@ fn sorted_latencies(path: &Path) -> Result<Vec<f64>, ReportError> {
         values.push(value);
     }
     values.sort_by(f64::total_cmp);
-    Ok(values)
+    Ok(LatencyRun { label, sorted: values })
 }
 
-/// (latency, fraction of events at or below it) of sorted `values`, at most about 500 points.
-fn cdf_points(values: &[f64]) -> Vec<(f64, f64)> {
+/// Smallest latency drawn on the CDF's log axis (ms): a 0 ms stamp
+/// difference sits there.
+const CDF_FLOOR_MS: f64 = 0.01;
+
+/// (latency, fraction of events at or below it) of sorted `values`, at
+/// most about 1,000 points: evenly spaced in rank, plus every point of the
+/// top 1% (the tail a log-x CDF is read for), and the maximum at 1.0.
+pub fn cdf_points(values: &[f64]) -> Vec<(f64, f64)> {
     let n = values.len();
     let step = n.div_ceil(500).max(1);
+    let tail = n - n.div_ceil(100).min(500);
     let mut points: Vec<(f64, f64)> = values
         .iter()
         .enumerate()
-        .step_by(step)
-        .map(|(i, v)| (*v, (i + 1) as f64 / n as f64))
+        .filter(|(i, _)| i % step == 0 || *i >= tail)
+        .map(|(i, v)| (v.max(CDF_FLOOR_MS), (i + 1) as f64 / n as f64))
         .collect();
     if let Some(last) = values
         .last()
         .filter(|_| points.last().is_some_and(|p| p.1 < 1.0))
     {
-        points.push((*last, 1.0));
+        points.push((last.max(CDF_FLOOR_MS), 1.0));
     }
     points
 }
@@ -597,7 +667,7 @@ impl LinePlot {
             .y_label_area_size(80);
         if self.log_x {
             let mut chart = builder
-                .build_cartesian_2d((x_min.max(1.0) * 0.7..x_max * 1.4).log_scale(), 0f64..y_max)?;
+                .build_cartesian_2d((x_min.max(CDF_FLOOR_MS) * 0.7..x_max * 1.4).log_scale(), 0f64..y_max)?;
             chart
                 .configure_mesh()
                 .x_desc(x_desc)
@@ -767,12 +837,47 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
             "{err}"
         );
         std::fs::write(&path, "3\n1\n2\n").unwrap();
-        let sorted = sorted_latencies(&path).unwrap();
-        assert_eq!(sorted, [1.0, 2.0, 3.0]);
+        let run = sorted_latencies(&path).unwrap();
+        assert_eq!(run, LatencyRun { label: "latency".into(), sorted: vec![1.0, 2.0, 3.0] });
         assert_eq!(
-            cdf_points(&sorted),
+            cdf_points(&run.sorted),
             [(1.0, 1.0 / 3.0), (2.0, 2.0 / 3.0), (3.0, 1.0)]
         );
+        let named = dir.path().join("latency-low.txt");
+        std::fs::write(&named, "# label: 100 orders/s\n0\n7.5\n").unwrap();
+        let run = sorted_latencies(&named).unwrap();
+        assert_eq!(run, LatencyRun { label: "100 orders/s".into(), sorted: vec![0.0, 7.5] });
+    }
+
+    #[test]
+    fn the_cdf_rises_to_one_keeps_the_tail_and_floors_zero_for_the_log_axis() {
+        // 0..10,000 ms: rank-spaced points, then every point of the top 1%.
+        let values: Vec<f64> = (0..10_000).map(f64::from).collect();
+        let points = cdf_points(&values);
+        assert_eq!(points[0], (CDF_FLOOR_MS, 1.0 / 10_000.0), "0 ms drawn at the floor");
+        assert!(points.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 < w[1].1), "monotone");
+        assert_eq!(*points.last().unwrap(), (9_999.0, 1.0));
+        let tail: Vec<&(f64, f64)> = points.iter().filter(|p| p.1 > 0.99).collect();
+        assert_eq!(tail.len(), 100, "every one of the top 1%");
+        assert!(points.len() <= 1_000, "{}", points.len());
+        // Each point's fraction is the share of values at or below it.
+        for (x, f) in &points[1..] {
+            let at_or_below = values.iter().filter(|v| *v <= x).count() as f64;
+            assert_eq!(*f, at_or_below / 10_000.0);
+        }
+        assert!(cdf_points(&[]).is_empty());
+        assert_eq!(cdf_points(&[5.0]), [(5.0, 1.0)]);
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let sorted: Vec<f64> = (1..=1000).map(f64::from).collect();
+        assert_eq!(percentile(&sorted, 50.0), 500.0);
+        assert_eq!(percentile(&sorted, 99.0), 990.0);
+        assert_eq!(percentile(&sorted, 99.9), 999.0);
+        assert_eq!(percentile(&sorted, 100.0), 1000.0);
+        assert_eq!(percentile(&[4.0], 50.0), 4.0);
+        assert!(percentile(&[], 50.0).is_nan());
     }
 
     #[test]
@@ -829,7 +934,9 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
         let results = dir.path().join("results.tsv");
         std::fs::write(&results, SAMPLE).unwrap();
         let latencies: String = (1..=1000).map(|i| format!("{}\n", 1000 - i)).collect();
-        std::fs::write(dir.path().join(LATENCIES), latencies).unwrap();
+        std::fs::write(dir.path().join("latency-low.txt"), format!("# label: 100 orders/s\n{latencies}")).unwrap();
+        let fast: String = (1..=1000).map(|i| format!("{}\n", f64::from(i) / 10.0)).collect();
+        std::fs::write(dir.path().join("latency-high.txt"), format!("# label: 5000 events/s\n{fast}")).unwrap();
         let out = dir.path().join("out");
         let files = write_report(&results, &out).unwrap();
 
@@ -880,12 +987,15 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
         for label in ["mode key", "mode none", "8,000", "4,000", "3,990"] {
             assert!(rates.contains(&label.to_string()), "{label} in {rates:?}");
         }
-        // 0..=999 ms, percentiles as bench-relay.sh takes them (sorted[q * n])
+        // One line per run, named with its nearest-rank p50 and p99.
         let cdf = text_of("latency-cdf.svg");
-        assert!(
-            cdf.contains(&"API commit → consumer apply: p50 500 ms, p99 990 ms".to_string()),
-            "{cdf:?}"
-        );
+        for label in [
+            "API commit → consumer commit: latency CDF",
+            "100 orders/s: p50 499 ms, p99 989 ms",
+            "5000 events/s: p50 50 ms, p99 99 ms",
+        ] {
+            assert!(cdf.contains(&label.to_string()), "{label} in {cdf:?}");
+        }
         let relay = text_of("relay-throughput-per-batch.svg");
         for label in ["500", "7,756"] {
             assert!(relay.contains(&label.to_string()), "{label} in {relay:?}");
