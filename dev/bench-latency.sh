@@ -30,6 +30,8 @@ GROUP="$RUN_ID-latency"
 WORK="$OUT_DIR/.latency-$RUN_ID"
 mkdir -p "$WORK"
 LAT_DIR="$(dirname "$RESULTS")"
+# Runs before this script wrote one file of latencies; the report would draw it as a run.
+rm -f "$LAT_DIR/relay-latency-ms.txt"
 # Rows per order, order-topic events per order (generator shares, seed-independent averages).
 ROWS_PER_ORDER=4.05
 

@@ -4,8 +4,8 @@
 #      several batch sizes (rows per Kafka transaction), rows/s each;
 #   2. the plain idempotent producer (`orderpipe produce`, no transactions,
 #      no database) on the same broker, for the cost of the outbox path;
-#   3. end-to-end latency from the API's commit to the consumer's apply,
-#      p50/p99, with orders driven at a steady RATE per second.
+#   3. end-to-end latency from the API's commit to the consumer's commit
+#      (dev/bench-latency.sh: RATE orders/s, then 5,000 events/s).
 #
 #   dev/bench-relay.sh [ROWS] [RATE]   (defaults 100000 and 100; needs `make dev-up`)
 set -euo pipefail
@@ -42,28 +42,11 @@ PRODUCE_ARGS=(produce --count "$ROWS" --orders 10000 --seed 1 --output json)
 "$BIN" "${PRODUCE_ARGS[@]}" > "$OUT_DIR/.produce.json"
 result relay "plain producer" throughput "$(jget "$OUT_DIR/.produce.json" 'r["events_per_sec"]')" rec/s "" "orderpipe ${PRODUCE_ARGS[*]}"
 
-echo "== end to end at $RATE orders/s for 30 s: API commit -> relay -> consumer apply"
-SQL -e "UPDATE ${RUN_ID}.outbox_messages SET sent_ms = 0"
-"$BIN" relay --instance bench-e2e --batch-size 200 --poll-ms 20 > /dev/null 2>&1 &
-RELAY=$!
-"$BIN" consume --group "$RUN_ID-e2e" --handler notification --start-from latest > /dev/null 2>&1 &
-CONSUMER=$!
-sleep 8
-START_MS=$(($(date +%s%N) / 1000000))
-"$BIN" bench-drive-orders --orders $((RATE * 30)) --rate "$RATE" --seed 2 > /dev/null
-sleep 5
-kill -TERM "$RELAY" "$CONSUMER"; wait "$RELAY" "$CONSUMER" 2>/dev/null || true
-SQL -e "SELECT TIMESTAMPDIFF(MICROSECOND, FROM_UNIXTIME(o.created_ms / 1000), d.created_at) / 1000
-        FROM ${RUN_ID}.event_dedup d JOIN ${RUN_ID}.outbox_messages o ON o.event_id = d.event_id
-        WHERE d.consumer_group = '$RUN_ID-e2e' AND o.created_ms >= $START_MS" > "$OUT_DIR/.latency"
-
 python3 - "$OUT_DIR" "$ROWS" "$RATE" "$OUT_DIR/relay-$RUN_ID.json" <<'PY'
 import json, sys
 out, rows, rate, result = sys.argv[1:]
 batches = [l.split() for l in open(f"{out}/.batches")]
 produce = json.load(open(f"{out}/.produce.json"))
-lat = sorted(float(x) for x in open(f"{out}/.latency") if x.strip())
-pct = lambda p: lat[min(len(lat) - 1, int(p / 100 * len(lat)))] if lat else float("nan")
 print()
 print(f"relay, {rows} outbox rows (order + inventory events), transactional, same broker:")
 print(f"{'rows per transaction':>22} {'rows/s':>10} {'transactions':>13}")
@@ -74,16 +57,10 @@ for batch, published, secs, txs in batches:
     print(f"{batch:>22} {r:>10,.0f} {txs:>13}")
 print(f"plain idempotent producer (orderpipe produce, no DB, no transactions): {produce['events_per_sec']:,.0f} events/s")
 print(f"best relay / plain producer: {best / produce['events_per_sec']:.2f}")
-print(f"end to end, API commit -> consumer apply, {rate} orders/s, {len(lat)} events: p50 {pct(50):.0f} ms, p99 {pct(99):.0f} ms, max {lat[-1] if lat else float('nan'):.0f} ms")
-json.dump({"batches": batches, "produce_eps": produce["events_per_sec"], "latency_ms": {"p50": pct(50), "p99": pct(99), "n": len(lat)}}, open(result, "w"), indent=2)
+json.dump({"batches": batches, "produce_eps": produce["events_per_sec"]}, open(result, "w"), indent=2)
 PY
-# The latencies themselves, one per line (ms), for a CDF.
-cp "$OUT_DIR/.latency" "$(dirname "$RESULTS")/relay-latency-ms.txt"
-E2E_CMD="orderpipe relay --instance bench-e2e --batch-size 200 --poll-ms 20 & orderpipe consume --group $RUN_ID-e2e --handler notification --start-from latest & orderpipe bench-drive-orders --orders $((RATE * 30)) --rate $RATE --seed 2"
-for p in 50 99; do
-  ms=$(python3 -c 'import sys; lat = sorted(float(x) for x in open(sys.argv[1]) if x.strip()); print(lat[min(len(lat) - 1, int(int(sys.argv[2]) / 100 * len(lat)))] if lat else "")' "$OUT_DIR/.latency" "$p")
-  # No event measured: no row (the table above says n = 0).
-  [ -z "$ms" ] || result relay "API commit → consumer apply, $RATE orders/s" "p$p latency" "$ms" ms "" "$E2E_CMD"
-done
-rm -f "$OUT_DIR"/.batches "$OUT_DIR"/.relay.json "$OUT_DIR"/.produce.json "$OUT_DIR"/.latency
+rm -f "$OUT_DIR"/.batches "$OUT_DIR"/.relay.json "$OUT_DIR"/.produce.json
 SQL -e "DROP DATABASE ${RUN_ID}" || true
+
+# 3. End to end, API commit -> consumer commit, both stamped after their commits.
+"$ROOT/dev/bench-latency.sh" "$RATE"
