@@ -15,6 +15,7 @@ mod dlq;
 mod exactly_once;
 mod helpers;
 mod integrity;
+mod latency;
 mod observability;
 mod operator;
 mod ordering;
