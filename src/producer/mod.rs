@@ -126,8 +126,7 @@ impl Acks {
 
 /// The producer's librdkafka context: statistics become metrics (as
 /// [`crate::kafka::client::StatsContext`]), and each delivery report is
-/// counted into [`Acks`]. The opaque of a record is its event's index in
-/// [`KNOWN_EVENTS`].
+/// counted into [`Acks`]. The opaque of a record is a [`RecordTag`].
 pub struct AckContext {
     acks: Arc<Acks>,
 }
@@ -141,16 +140,13 @@ impl rdkafka::ClientContext for AckContext {
 impl ProducerContext for AckContext {
     type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, kind: usize) {
+    fn delivery(&self, result: &DeliveryResult<'_>, tag: usize) {
+        let (kind, key_header_bytes) = RecordTag::unpack(tag);
         match result {
             Ok(message) => {
                 let acks = &self.acks;
                 acks.value_bytes.fetch_add(message.payload_len() as u64, Ordering::Relaxed);
-                let headers = message.headers().map_or(0, |h| {
-                    h.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len)).sum::<usize>()
-                });
-                let key = message.key().map_or(0, <[u8]>::len);
-                acks.key_header_bytes.fetch_add((key + headers) as u64, Ordering::Relaxed);
+                acks.key_header_bytes.fetch_add(key_header_bytes as u64, Ordering::Relaxed);
                 if let Some(n) = acks.by_kind.get(kind) {
                     n.fetch_add(1, Ordering::Relaxed);
                 }
@@ -166,6 +162,22 @@ impl ProducerContext for AckContext {
                 self.acks.fail(format!("event {event}: {error}"));
             }
         }
+    }
+}
+
+/// What the delivery callback needs to know of a record, packed into its
+/// opaque (a `usize`, so no allocation per record): the event's index in
+/// [`KNOWN_EVENTS`] in the low byte, the record's key and header bytes
+/// (names and values) above it.
+struct RecordTag;
+
+impl RecordTag {
+    fn pack(kind: usize, key_header_bytes: usize) -> usize {
+        (key_header_bytes << 8) | kind.min(0xff)
+    }
+
+    fn unpack(tag: usize) -> (usize, usize) {
+        (tag & 0xff, tag >> 8)
     }
 }
 
@@ -237,10 +249,11 @@ impl EventProducer {
             .iter()
             .position(|(_, record)| *record == envelope.data.record_name())
             .unwrap_or(usize::MAX);
-        let mut record = BaseRecord::with_opaque_to(&self.topic, kind)
+        let (headers, header_bytes) = sized_record_headers(envelope);
+        let mut record = BaseRecord::with_opaque_to(&self.topic, RecordTag::pack(kind, key.len() + header_bytes))
             .key(key)
             .payload(value)
-            .headers(record_headers(envelope));
+            .headers(headers);
         loop {
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),
@@ -346,6 +359,11 @@ impl Snapshot {
 /// headers"): `event_id`, `event_name`, `trace_id`, `traceparent` and
 /// `content-type`. Built without heap allocations on the Rust side.
 pub fn record_headers(envelope: &Envelope) -> OwnedHeaders {
+    sized_record_headers(envelope).0
+}
+
+/// [`record_headers`] and their size in bytes (names and values).
+fn sized_record_headers(envelope: &Envelope) -> (OwnedHeaders, usize) {
     let mut id = uuid::Uuid::encode_buffer();
     let event_id: &str = envelope.event_id.hyphenated().encode_lower(&mut id);
     let traceparent = Traceparent::of(envelope);
@@ -356,12 +374,14 @@ pub fn record_headers(envelope: &Envelope) -> OwnedHeaders {
         (header::TRACEPARENT, traceparent.as_str()),
         (header::CONTENT_TYPE, header::AVRO_CONFLUENT),
     ];
-    pairs.iter().fold(OwnedHeaders::new_with_capacity(pairs.len()), |h, (key, value)| {
+    let size = pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let headers = pairs.iter().fold(OwnedHeaders::new_with_capacity(pairs.len()), |h, (key, value)| {
         h.insert(Header {
             key,
             value: Some(value.as_bytes()),
         })
-    })
+    });
+    (headers, size)
 }
 
 /// [`Envelope::traceparent`] on the stack when the trace id has its W3C
@@ -420,6 +440,14 @@ mod tests {
         assert_eq!(text(&headers, "trace_id"), Some(envelope.trace_id.clone()));
         assert_eq!(text(&headers, "traceparent"), Some(envelope.traceparent()));
         assert_eq!(text(&headers, "content-type").as_deref(), Some("application/vnd.confluent.avro"));
+        let counted: usize = headers.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len)).sum();
+        assert_eq!(sized_record_headers(&envelope).1, counted);
+    }
+
+    #[test]
+    fn a_record_tag_carries_the_event_and_its_key_and_header_bytes() {
+        assert_eq!(RecordTag::unpack(RecordTag::pack(6, 230)), (6, 230));
+        assert_eq!(RecordTag::unpack(RecordTag::pack(usize::MAX, 1 << 20)), (0xff, 1 << 20));
     }
 
     #[test]
