@@ -99,7 +99,7 @@ impl FastWriter {
         buf: &mut Vec<u8>,
     ) -> Result<(), CodecError> {
         self.write(envelope, buf)?;
-        if self.encoded.fetch_add(1, Ordering::Relaxed) % VERIFY_EVERY == 0 {
+        if self.encoded.fetch_add(1, Ordering::Relaxed).is_multiple_of(VERIFY_EVERY) {
             self.verify(envelope, &buf[FRAME_LEN..])?;
         }
         Ok(())

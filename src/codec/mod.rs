@@ -191,7 +191,7 @@ impl Codec {
         if let Some(writer) = self.writer.get() {
             return Ok(writer.id());
         }
-        let subject = self.strategy.get_subject().map_err(|e| CodecError::from_registry(e))?;
+        let subject = self.strategy.get_subject().map_err(CodecError::from_registry)?;
         let schema = self
             .encoder
             .get_schema_and_id(&subject, self.strategy.clone())

@@ -301,7 +301,7 @@ impl EventProducer {
             while report.sent - refused - (acks.settled() - before.settled) >= SEND_WINDOW {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            if report.sent % PROGRESS_EVERY == 0 {
+            if report.sent.is_multiple_of(PROGRESS_EVERY) {
                 progress(acks.acknowledged.load(Ordering::Relaxed) - before.acknowledged);
             }
         }
