@@ -116,7 +116,11 @@ def join(api_path, applied_path, sent_path, out_path, label):
 
 
 def scrape(url):
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError as e:
+        print(f"{url}: {e}", file=sys.stderr)
+        text = ""
     out = {}
     for line in text.splitlines():
         if line.startswith("#") or not line.strip():

@@ -21,6 +21,12 @@ SECS_A="${3:-30}"
 SECS_B="${4:-60}"
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 PY="$ROOT/dev/bench-latency.py"
+# A run id of its own: bench-common's is the second it started, which another
+# benchmark started in the same second shares (and deletes the topics of).
+RUN_ID="lat$(date +%s)p$$"
+export ORDERPIPE_TOPICS__ORDER_EVENTS__NAME="$RUN_ID.order.events.v1"
+export ORDERPIPE_TOPICS__INVENTORY_EVENTS__NAME="$RUN_ID.inventory.events.v1"
+export ORDERPIPE_TOPICS__DEAD_LETTER__NAME="$RUN_ID.order.events.v1.dlq"
 DB="${RUN_ID}lat"
 export ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$DB"
 SQL -e "CREATE DATABASE $DB"
