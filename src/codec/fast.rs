@@ -9,18 +9,22 @@
 //! no registry lookup. The serializer still refuses a field the schema does
 //! not have or of another type, so a wrong writer fails loudly, not silently.
 //!
-//! What it skips is checked on a sample ([`VERIFY_EVERY`]): the first record
-//! of every codec and every 1,000th after it is decoded back with the
-//! writer's schema, re-encoded by the validated `Value` path (the one
-//! `schema_registry_converter` uses) and compared byte for byte, and decoded
-//! into an envelope as a consumer would and compared with the input. A
-//! difference is a [`super::CodecError::Mismatch`]: the record is not sent
-//! and the error names the schema id, the event and what differs.
+//! What it skips is checked on a sample ([`VERIFY_EVERY`]): per event name,
+//! the first record a codec encodes and every 1,000th after it is
+//! re-encoded by the validated `Value` path (the one
+//! `schema_registry_converter` uses) and compared byte for byte, decoded
+//! back with the writer's schema, and decoded into an envelope as a
+//! consumer would and compared with the input. A difference is a
+//! [`super::CodecError::Mismatch`] naming the schema id, the event and what
+//! differs; the record is not sent, and from then on the codec refuses
+//! every record (a writer found wrong once is not trusted again until the
+//! process restarts), so a mismatch stops the stream at the first sampled
+//! record instead of letting the records between samples through.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use apache_avro::Schema;
 use apache_avro::reader::datum::GenericDatumReader;
@@ -31,11 +35,12 @@ use serde::ser::SerializeStruct;
 
 use super::CodecError;
 use super::avro;
+use crate::envelope::data::KNOWN_EVENTS;
 use crate::envelope::{Envelope, EventData, format_utc};
 
-/// One record in this many goes through the sampled check (the first of
-/// each codec always does). The check costs about as much as ten fast
-/// encodes, so at 1,000 it adds ~1% to the encode time.
+/// One record in this many of each event name goes through the sampled
+/// check (the first of each event name always does). The check costs about
+/// as much as ten fast encodes, so at 1,000 it adds ~1% to the encode time.
 pub const VERIFY_EVERY: u64 = 1_000;
 
 /// The Confluent frame: magic byte, then the schema id (big-endian).
@@ -47,8 +52,10 @@ pub(super) struct FastWriter {
     schema: &'static Schema,
     /// The schema's named types, which its references resolve to.
     names: NamesRef<'static>,
-    /// Records encoded so far; picks the sampled ones.
-    encoded: AtomicU64,
+    /// Records encoded so far per event ([`KNOWN_EVENTS`] index); picks the sampled ones.
+    encoded: [AtomicU64; KNOWN_EVENTS.len()],
+    /// Why the check failed, once it has: every later record is refused.
+    refused: OnceLock<String>,
 }
 
 /// Every distinct schema a writer was built for, kept for the process's
@@ -82,7 +89,8 @@ impl FastWriter {
             id,
             schema,
             names,
-            encoded: AtomicU64::new(0),
+            encoded: Default::default(),
+            refused: OnceLock::new(),
         })
     }
 
@@ -98,9 +106,20 @@ impl FastWriter {
         envelope: &Envelope,
         buf: &mut Vec<u8>,
     ) -> Result<(), CodecError> {
+        if let Some(reason) = self.refused.get() {
+            return Err(CodecError::Mismatch(format!(
+                "refused: an earlier record failed the check ({reason}); this codec writes nothing more until restarted"
+            )));
+        }
         self.write(envelope, buf)?;
-        if self.encoded.fetch_add(1, Ordering::Relaxed).is_multiple_of(VERIFY_EVERY) {
-            self.verify(envelope, &buf[FRAME_LEN..])?;
+        let encoded = &self.encoded[envelope.data.kind_index()];
+        if encoded
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(VERIFY_EVERY)
+            && let Err(e) = self.verify(envelope, &buf[FRAME_LEN..])
+        {
+            let _ = self.refused.set(e.to_string());
+            return Err(e);
         }
         Ok(())
     }

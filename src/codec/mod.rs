@@ -11,7 +11,8 @@
 //! once per schema, not once per record. Encoding envelopes takes the fast
 //! path of [`fast`]: the schema id and writer are resolved once per codec,
 //! records are serialized straight into a reused buffer, and a sample of
-//! them ([`fast::VERIFY_EVERY`]) is checked against the validated path.
+//! them ([`fast::VERIFY_EVERY`]) is checked against the validated path (a
+//! failed check stops the codec).
 //!
 //! * [`avro`] converts envelopes to and from Avro values.
 //! * [`fast`] is the encode hot path and its sampled check.
@@ -326,7 +327,7 @@ mod tests {
             let mut buf = Vec::new();
             for envelope in events.into_iter().map(|d| Envelope::new("svc", d)) {
                 // More than one sampled record per event type, and records in between.
-                for _ in 0..(2 * fast::VERIFY_EVERY / 7) {
+                for _ in 0..=fast::VERIFY_EVERY {
                     codec.encode_into(&envelope, &mut buf).unwrap();
                 }
                 let validated = codec.encode_value(avro::to_avro(&envelope, &schema.parsed).unwrap()).await.unwrap();
@@ -355,7 +356,7 @@ mod tests {
     /// The registry's schema types `event_id` as an Avro `uuid`: the fast
     /// writer serializes the string without complaint, but consumers read
     /// a uuid where they expect a string and dead-letter every record. The
-    /// sampled check stops the first record, and the 1,000th.
+    /// sampled check stops the first record, and the codec every later one.
     #[tokio::test]
     async fn the_sampled_check_stops_a_record_consumers_could_not_read() {
         let registry = embedded_registry::EmbeddedRegistry::start().await.unwrap();
@@ -372,11 +373,15 @@ mod tests {
         let e = codec.encode_into(&envelope, &mut buf).unwrap_err();
         assert!(matches!(e, CodecError::Mismatch(_)), "{e}");
         assert!(e.to_string().contains(&envelope.event_id.to_string()) && e.to_string().contains("cannot decode"), "{e}");
-        // Unsampled records pass (that is the trade); the next sample stops again.
-        for _ in 1..fast::VERIFY_EVERY {
-            codec.encode_into(&envelope, &mut buf).unwrap();
+        assert_eq!(e.class(), "encode_mismatch");
+        // The writer is not trusted again: every later record is refused
+        // too, sampled or not, of any event.
+        let paid = Envelope::new("svc", EventData::sample_lifecycle(7).remove(1));
+        for e in [&envelope, &paid] {
+            let later = codec.encode_into(e, &mut buf).unwrap_err();
+            assert!(later.to_string().contains("an earlier record failed the check"), "{later}");
         }
-        assert!(matches!(codec.encode_into(&envelope, &mut buf), Err(CodecError::Mismatch(_))));
+        assert!(codec.encode(&envelope).await.is_err());
         // The same envelope with the topic's own schema passes the check.
         let good = Codec::new(&settings(&registry), "t.good", catalog.order_events(), true).unwrap();
         good.encode(&envelope).await.unwrap();

@@ -150,7 +150,8 @@ impl EventData {
         KNOWN_EVENTS[self.kind_index()].1
     }
 
-    fn kind_index(&self) -> usize {
+    /// Index of this payload's event in [`KNOWN_EVENTS`].
+    pub fn kind_index(&self) -> usize {
         match self {
             Self::Created(_) => 0,
             Self::PaymentSucceeded(_) => 1,

@@ -245,10 +245,7 @@ impl EventProducer {
     /// Hands one encoded record to librdkafka, waiting (not failing) while
     /// its local queue is full.
     async fn enqueue(&self, envelope: &Envelope, value: &[u8], key: &str) -> Result<(), KafkaError> {
-        let kind = KNOWN_EVENTS
-            .iter()
-            .position(|(_, record)| *record == envelope.data.record_name())
-            .unwrap_or(usize::MAX);
+        let kind = envelope.data.kind_index();
         let (headers, header_bytes) = sized_record_headers(envelope);
         let mut record = BaseRecord::with_opaque_to(&self.topic, RecordTag::pack(kind, key.len() + header_bytes))
             .key(key)

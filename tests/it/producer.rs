@@ -8,7 +8,7 @@ use std::time::Duration;
 use orderpipe::codec::Codec;
 use orderpipe::envelope::Envelope;
 use orderpipe::harness::generator::LifecycleGenerator;
-use orderpipe::schema::SchemaCatalog;
+use orderpipe::schema::{SchemaCatalog, TopicSchema};
 use rdkafka::Message;
 use rdkafka::message::Headers;
 
@@ -94,6 +94,30 @@ fn every_record_has_the_headers_and_decodes_to_the_same_envelope() {
         // Confluent framing: magic byte 0 then a 4-byte schema id.
         assert_eq!(m.payload().unwrap()[0], 0);
     }
+}
+
+/// The subject's registered schema types `event_id` as an Avro `uuid`:
+/// records written with it would be dead-lettered by every consumer. The
+/// codec's sampled check catches the first record against Apicurio, and
+/// the run writes nothing at all.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registered_schema_consumers_cannot_read_stops_produce_before_any_record() {
+    let mut env = TestEnv::new();
+    env.cli(&["topics", "ensure"]).success();
+    let topic = env.settings.topics.order_events.name.clone();
+    let ours = SchemaCatalog::embedded().order_events().clone();
+    let anchor = r#"{"name": "event_id", "type": "string""#;
+    let raw = ours.raw.replacen(anchor, r#"{"name": "event_id", "type": {"type": "string", "logicalType": "uuid"}"#, 1);
+    assert_ne!(raw, ours.raw, "schema anchor moved");
+    let uuid_typed = TopicSchema { parsed: apache_avro::Schema::parse_str(&raw).unwrap(), raw, ..ours };
+    Codec::new(&env.settings.registry, &topic, &uuid_typed, true).unwrap().warm_up().await.unwrap();
+
+    env.set_env("ORDERPIPE_REGISTRY__AUTO_REGISTER", "false");
+    let out = env.cli(&["produce", "--count", "300"]).failure();
+    assert!(out.contains("acknowledged 0, failed 300"), "{out}");
+    assert!(out.contains("encode check failed") && out.contains("a consumer cannot decode it"), "{out}");
+    assert!(out.contains("an earlier record failed the check"), "{out}");
+    env.read(&topic, 0, Duration::from_secs(5));
 }
 
 #[test]
