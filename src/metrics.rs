@@ -79,9 +79,12 @@ pub mod name {
     pub const HANDLER_SECONDS: &str = "orderpipe_handler_duration_seconds";
     /// Apply time minus event time, by group.
     pub const END_TO_END_SECONDS: &str = "orderpipe_end_to_end_latency_seconds";
-    /// Time a relay shard's Kafka transaction takes from its last record
-    /// queued to the commit's return.
+    /// Time a relay shard's `commit_transaction` takes (its records are
+    /// acknowledged before it is called).
     pub const RELAY_COMMIT_SECONDS: &str = "orderpipe_relay_commit_duration_seconds";
+    /// Time a relay shard spends per batch in each stage of its pipeline
+    /// (`claim`, `encode`, `produce`: send and acknowledgements, `mark`).
+    pub const RELAY_STAGE_SECONDS: &str = "orderpipe_relay_stage_duration_seconds";
     /// Unsent outbox rows.
     pub const OUTBOX_BACKLOG: &str = "orderpipe_outbox_backlog_rows";
     /// Age of the oldest unsent outbox row.

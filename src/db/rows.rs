@@ -112,6 +112,29 @@ pub async fn select_in(tx: &mut Tx, select: &str, key: &str, and: &str, keys: &[
     Ok(found)
 }
 
+/// `{update}? WHERE {key} IN (...){and}` for every key, `value` bound to
+/// the `?` after `update` (e.g. `UPDATE t SET c = `); returns how many rows
+/// changed. `and` is empty or ` AND ...` with no placeholders.
+pub async fn update_in(
+    tx: &mut Tx,
+    update: &str,
+    value: Bound<'_>,
+    key: &str,
+    and: &str,
+    keys: &[i64],
+) -> Result<u64, sqlx::Error> {
+    let mut changed = 0;
+    for chunk in pieces(keys) {
+        let mut builder: QueryBuilder<Any> = QueryBuilder::new(update);
+        bind(&mut builder, value);
+        builder.push(format!(" WHERE {key} IN ("));
+        bind_list(&mut builder, chunk.iter().copied());
+        builder.push(format!("){and}"));
+        changed += builder.build().execute(&mut **tx).await?.rows_affected();
+    }
+    Ok(changed)
+}
+
 /// Sets each row's own values on the rows matching its key, in one
 /// statement per chunk: `UPDATE {table} SET {fixed}, c = CASE {key} WHEN ?
 /// THEN ? ... END, ... WHERE {key} IN (...) AND {condition}`. `rows` are

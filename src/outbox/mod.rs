@@ -78,12 +78,30 @@ impl Backlog {
     }
 }
 
-/// The outbox backlog now.
+/// `shard IN (0, 1, ..., 15)`: conditions on unsent or sent rows go
+/// through the `(shard, sent_ms, id)` index with it, one range per shard.
+fn every_shard() -> String {
+    let list: Vec<String> = (0..SHARDS).map(|s| s.to_string()).collect();
+    format!("shard IN ({})", list.join(", "))
+}
+
+/// The outbox backlog now: a count over the unsent entries of the shard
+/// index and one row's creation time (the oldest unsent id's).
 pub async fn backlog(db: &crate::db::Db) -> Result<Backlog, DbError> {
-    let (unsent, oldest): (i64, Option<i64>) =
-        sqlx::query_as("SELECT COUNT(*), MIN(created_ms) FROM outbox_messages WHERE sent_ms IS NULL")
-            .fetch_one(&db.pool)
-            .await?;
+    let (unsent, oldest_id): (i64, Option<i64>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*), MIN(id) FROM outbox_messages WHERE {} AND sent_ms IS NULL",
+        every_shard()
+    )))
+    .fetch_one(&db.pool)
+    .await?;
+    let oldest = match oldest_id {
+        Some(id) => sqlx::query_as::<_, (i64,)>("SELECT created_ms FROM outbox_messages WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&db.pool)
+            .await?
+            .map(|(t,)| t),
+        None => None,
+    };
     Ok(Backlog {
         unsent,
         oldest_age_ms: oldest.map_or(0, |t| (crate::clock::now_ms() - t).max(0)),
@@ -93,7 +111,7 @@ pub async fn backlog(db: &crate::db::Db) -> Result<Backlog, DbError> {
 /// Deletes sent rows older than `older_than_ms`, `batch` at a time; returns how many.
 pub async fn purge_sent(db: &crate::db::Db, older_than_ms: i64, batch: i64) -> Result<u64, DbError> {
     let cutoff = crate::clock::now_ms() - older_than_ms;
-    let sql = db.sql().delete_limited("outbox_messages", "id", "sent_ms IS NOT NULL AND sent_ms < ?");
+    let sql = db.sql().delete_limited("outbox_messages", "id", &format!("{} AND sent_ms < ?", every_shard()));
     let mut removed = 0;
     loop {
         let r = sqlx::query(sql.clone()).bind(cutoff).bind(batch).execute(&db.pool).await?;

@@ -1,60 +1,63 @@
 //! `orderpipe relay`: publishes outbox rows with transactional producers,
-//! one per shard it leases.
+//! one per shard it leases, each shard a pipeline of its own ([`shard`]).
 //!
-//! One cycle:
+//! A shard's pipeline, one batch at a time:
 //!
-//! 1. claim: in a DB transaction, `SELECT ... FOR UPDATE` the oldest unsent
-//!    rows of the shards this instance leases, in id order (completed to
-//!    whole business transactions, `tx_id`);
-//! 2. publish each shard's rows in **one Kafka transaction** of that shard's
-//!    producer (`order.events.v1` and, for events that move stock,
-//!    `inventory.events.v1` together); the shards' transactions run side by
-//!    side;
-//! 3. mark the rows of the shards whose Kafka transaction committed as sent,
-//!    and commit the DB transaction.
+//! 1. claim: read the oldest unsent rows of the shard (no row locks), in id
+//!    order, completed to whole business transactions (`tx_id`);
+//! 2. publish them in **one Kafka transaction** of the shard's producer
+//!    (`order.events.v1` and, for events that move stock,
+//!    `inventory.events.v1` together), while the next batch is claimed and
+//!    encoded;
+//! 3. mark the rows sent once the Kafka transaction committed, while the
+//!    next batch's Kafka transaction runs.
 //!
-//! A crash between 2 and 3 publishes the rows again on the next cycle (same
-//! event ids): consumers skip them as duplicates. A crash before 2's commit
-//! leaves open Kafka transactions that the next owner of the shard aborts
-//! (or the broker, after `transaction.timeout.ms`); read-committed consumers
-//! never see them.
+//! The shards run side by side. A crash between 2 and 3 publishes the rows
+//! again when the shard restarts (same event ids): consumers skip them as
+//! duplicates. A crash before 2's commit leaves open Kafka transactions
+//! that the next owner of the shard aborts (or the broker, after
+//! `transaction.timeout.ms`); read-committed consumers never see them.
 //!
 //! Identity and fencing: a `transactional.id` belongs to a shard, not to a
 //! pod: `<prefix>-shard-<n>` ([`transactional_id`]). Whoever takes a shard's
 //! lease builds that shard's producer and calls `init_transactions`, which
 //! fences the previous owner's producer (its next send or commit fails with
-//! a fatal error) and aborts the transaction it left open at once. A fenced
-//! or otherwise fatally failed producer is dropped; the relay rebuilds it if
-//! it still holds the shard's lease, and exits with an error after
-//! [`MAX_FATAL_IN_A_ROW`] fatal errors on one shard without a commit between.
+//! a fatal error) and aborts the transaction it left open at once. That is
+//! what makes the new owner the shard's only publisher, so the claim needs
+//! no row locks: a previous owner still running can no longer commit. A
+//! fenced or otherwise fatally failed producer is dropped; the relay
+//! rebuilds it if it still holds the shard's lease, and exits with an error
+//! after [`MAX_FATAL_IN_A_ROW`] fatal errors on one shard without a commit
+//! between.
 //!
 //! Several relays: shards are leased (`relay_leases`, renewed every few
-//! seconds, expiring after `lease_ttl`), each instance taking about an equal
-//! share among the live instances (`relay_instances` heartbeats), so one order's rows are published by one
-//! instance in order. The claim uses a blocking `FOR UPDATE`, not `SKIP
-//! LOCKED`: during a lease handover the new owner waits for the old one's
-//! batch instead of skipping past a locked row, which could publish a later
-//! event of the same order first. It waits at most a third of the lease
-//! lifetime, so a relay blocked behind a stalled one keeps renewing its
-//! leases.
+//! seconds, expiring after `lease_ttl`), each instance taking about an
+//! equal share among the live instances (`relay_instances` heartbeats), so
+//! one order's rows are published by one instance in order. A shard given
+//! back is stopped first (its current transaction finished, its commits
+//! marked), so its next owner does not publish those rows again.
+
+mod shard;
+
+pub use shard::MARK_DEPTH;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, gauge};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer};
+use rdkafka::producer::Producer;
 use serde::Serialize;
-use sqlx::Row;
+use tokio::sync::{mpsc, watch};
 
 use super::SHARDS;
-use crate::backoff::Backoff;
 use crate::codec::{Codec, RegistrySettings};
 use crate::db::{Db, DbError};
-use crate::envelope::Envelope;
 use crate::kafka::client::{KafkaSettings, MeasuredProducer, OptionConflict, measured_producer, producer_options};
 use crate::metrics::name;
-use crate::producer::{ProducerSettings, record_headers};
+use crate::producer::ProducerSettings;
 use crate::clock::now_ms;
 use crate::schema::SchemaCatalog;
 use crate::topics::TopicsSettings;
@@ -186,21 +189,6 @@ pub enum RelayError {
     },
 }
 
-struct Row_ {
-    id: i64,
-    shard: i64,
-    topic: String,
-    key: String,
-    envelope: String,
-}
-
-/// A row ready to send.
-struct Encoded<'a> {
-    row: &'a Row_,
-    envelope: Envelope,
-    payload: Vec<u8>,
-}
-
 /// The relay's producer options: the producer options with a
 /// transaction timeout ([`DEFAULT_TRANSACTION_TIMEOUT_MS`] unless
 /// `producer.options` sets `transaction.timeout.ms`) and a message timeout
@@ -282,7 +270,7 @@ fn fatal_reason(error: &KafkaError) -> &'static str {
     }
 }
 
-/// How one shard's Kafka transaction of a cycle ended.
+/// How one shard's Kafka transaction ended.
 enum ShardOutcome {
     Committed,
     /// Aborted; the producer stays usable.
@@ -295,23 +283,36 @@ enum ShardOutcome {
 pub struct Relay {
     db: Db,
     producer_options: BTreeMap<String, String>,
-    /// The producer of each leased shard, fenced in on taking the lease.
-    producers: BTreeMap<i64, MeasuredProducer>,
+    /// The pipeline of each leased shard, with its producer fenced in on
+    /// taking the lease.
+    shards: BTreeMap<i64, ShardHandle>,
+    /// What every shard pipeline shares (database, codecs, wake-ups).
+    shared: Arc<shard::ShardShared>,
+    /// Bumped on a wake-up: idle shards claim at once.
+    wake: watch::Sender<u64>,
+    /// Reports of the shard tasks.
+    events: mpsc::UnboundedReceiver<shard::ShardEvent>,
+    events_tx: mpsc::UnboundedSender<shard::ShardEvent>,
     /// Shards that had a producer once (a later build is a rebuild).
     built: BTreeSet<i64>,
     /// Fatal errors per shard since its last commit.
     fatal_in_a_row: BTreeMap<i64, u32>,
     /// Set when a shard's producer failed fatally too often.
     give_up: Option<RelayError>,
-    codecs: BTreeMap<String, Codec>,
     options: RelayOptions,
     owned: Vec<i64>,
-    /// Fewer shards than our share, or a leased shard without a producer:
+    /// Fewer shards than our share, or a leased shard without a pipeline:
     /// the leases are checked every second instead of every `lease_ttl/3`.
     short: bool,
     renewed_at: Option<Instant>,
     /// What the relay did so far.
     pub summary: RelaySummary,
+}
+
+/// A running shard pipeline.
+struct ShardHandle {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<shard::ShardExit>,
 }
 
 impl Relay {
@@ -340,14 +341,28 @@ impl Relay {
             codec.warm_up().await?;
             codecs.insert(topic.clone(), codec);
         }
+        let (wake, wake_rx) = watch::channel(0u64);
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let shared = Arc::new(shard::ShardShared {
+            db: db.clone(),
+            codecs,
+            batch_size: options.batch_size.max(1) as usize,
+            poll_interval: options.poll_interval,
+            stop_grace: options.lease_ttl / 3,
+            wake: wake_rx,
+            busy: AtomicUsize::new(0),
+        });
         Ok(Self {
             db,
             producer_options,
-            producers: BTreeMap::new(),
+            shards: BTreeMap::new(),
+            shared,
+            wake,
+            events,
+            events_tx,
             built: BTreeSet::new(),
             fatal_in_a_row: BTreeMap::new(),
             give_up: None,
-            codecs,
             options,
             owned: Vec::new(),
             short: true,
@@ -365,44 +380,30 @@ impl Relay {
         let mut first_publish = None;
         let mut last_purge = Instant::now();
         let mut last_backlog = Instant::now() - Duration::from_secs(10);
-        // Backing off longer than a third of the lease lifetime would let our
-        // leases lapse while we sleep. Not `backoff::until_available`: the
-        // leases are renewed between two attempts.
-        let mut backoff = Backoff::capped((self.options.lease_ttl / 3).min(Duration::from_secs(30)));
-        loop {
-            if futures::FutureExt::now_or_never(&mut shutdown).is_some() {
-                break;
-            }
+        // Wake-ups from the API end the idle waits of every shard.
+        let forward_wakes = self.options.wake.clone().map(|listener| {
+            let wake = self.wake.clone();
+            tokio::spawn(async move {
+                loop {
+                    if listener.wait(Duration::from_secs(3600)).await {
+                        wake.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                }
+            })
+        });
+        let result = loop {
             if let Err(e) = self.balance_leases().await {
                 tracing::warn!(error = %e, "relay leases not renewed; retrying");
             }
+            self.reap_finished_shards().await;
             if let Some(fatal) = self.give_up.take() {
                 tracing::error!(error = %fatal, "relay gives up");
-                self.release_leases().await;
-                return Err(fatal);
+                break Err(fatal);
             }
-            match self.cycle().await {
-                Ok(0) => {
-                    backoff.reset();
-                    if self.options.until_idle.is_some_and(|idle| last_work.elapsed() >= idle) {
-                        break;
-                    }
-                    tokio::select! {
-                        _ = &mut shutdown => break,
-                        _ = super::wake::idle(self.options.wake.as_deref(), self.options.poll_interval) => {}
-                    }
-                }
-                Ok(n) => {
-                    backoff.reset();
-                    last_work = Instant::now();
-                    let first = *first_publish.get_or_insert(last_work);
-                    self.summary.published += n;
-                    self.summary.active_secs = first.elapsed().as_secs_f64();
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "relay cycle failed; retrying with backoff");
-                    backoff.wait().await;
-                }
+            if self.shared.busy.load(Ordering::Relaxed) > 0 {
+                last_work = Instant::now();
+            } else if self.options.until_idle.is_some_and(|idle| last_work.elapsed() >= idle) {
+                break Ok(());
             }
             if last_backlog.elapsed() > Duration::from_secs(5) {
                 last_backlog = Instant::now();
@@ -417,180 +418,94 @@ impl Relay {
                     Err(e) => tracing::warn!(error = %e, "purging sent outbox rows failed"),
                 }
             }
-        }
-        self.release_leases().await;
-        Ok(self.summary)
-    }
-
-    /// Claims a batch of the shards with a producer, publishes each shard's
-    /// rows in its own Kafka transaction and marks the committed ones sent;
-    /// returns how many rows.
-    async fn cycle(&mut self) -> Result<u64, CycleError> {
-        let shards: Vec<i64> = self.producers.keys().copied().collect();
-        if shards.is_empty() {
-            return Ok(0);
-        }
-        let mut tx = self.db.begin().await?;
-        // Rows locked by a stalled relay: give up after a third of the
-        // lease lifetime (and retry) rather than let our leases lapse.
-        tx.lock_wait_timeout((self.options.lease_ttl.as_secs() / 3).max(1)).await?;
-        let rows = claim(&mut tx, &shards, self.options.batch_size).await?;
-        if rows.is_empty() {
-            tx.rollback().await?;
-            return Ok(0);
-        }
-        let encoded = self.encode(&rows).await?;
-        let outcomes = self.publish(&encoded).await;
-        let committed: Vec<i64> = encoded
-            .iter()
-            .filter(|e| matches!(outcomes.get(&e.row.shard), Some(ShardOutcome::Committed)))
-            .map(|e| e.row.id)
-            .collect();
-        if !committed.is_empty() {
-            let mut update = sqlx::QueryBuilder::<sqlx::Any>::new("UPDATE outbox_messages SET sent_ms = ");
-            update.push_bind(now_ms()).push(" WHERE id IN (");
-            let mut ids = update.separated(", ");
-            for id in &committed {
-                ids.push_bind(*id);
-            }
-            update.push(")");
-            update.build().execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        let mut failure = None;
-        for (shard, outcome) in outcomes {
-            match outcome {
-                ShardOutcome::Committed => {
-                    self.fatal_in_a_row.remove(&shard);
-                }
-                ShardOutcome::Aborted(e) => {
-                    tracing::warn!(shard, error = %e, "Kafka transaction aborted; its rows stay unsent and are retried");
-                    failure = Some(e);
-                }
-                ShardOutcome::Fatal(e) => {
-                    self.drop_fatal_producer(shard, &e);
-                    failure = Some(e);
-                }
-            }
-        }
-        match failure {
-            Some(e) if committed.is_empty() => Err(CycleError::Kafka(e)),
-            _ => Ok(committed.len() as u64),
-        }
-    }
-
-    /// Encodes every row first: a row that cannot be encoded fails the cycle
-    /// before any transaction is opened.
-    async fn encode<'a>(&self, rows: &'a [Row_]) -> Result<Vec<Encoded<'a>>, CycleError> {
-        let mut encoded = Vec::with_capacity(rows.len());
-        for row in rows {
-            let envelope = Envelope::from_json(&row.envelope).map_err(|e| CycleError::Row(row.id, e.to_string()))?;
-            let codec = self
-                .codecs
-                .get(&row.topic)
-                .ok_or_else(|| CycleError::Row(row.id, format!("no schema for topic {}", row.topic)))?;
-            let payload = codec.encode(&envelope).await.map_err(|e| CycleError::Row(row.id, e.to_string()))?;
-            encoded.push(Encoded { row, envelope, payload });
-        }
-        Ok(encoded)
-    }
-
-    /// One Kafka transaction per shard for the rows, all shards side by side.
-    async fn publish(&mut self, encoded: &[Encoded<'_>]) -> BTreeMap<i64, ShardOutcome> {
-        let mut by_shard: BTreeMap<i64, Vec<&Encoded<'_>>> = BTreeMap::new();
-        for e in encoded {
-            by_shard.entry(e.row.shard).or_default().push(e);
-        }
-        let mut outcomes = BTreeMap::new();
-        // Produce: open each shard's transaction and queue its records.
-        let mut open: Vec<(i64, MeasuredProducer, Vec<DeliveryFuture>)> = Vec::new();
-        for (&shard, batch) in &by_shard {
-            // A business transaction spanning orders of several shards can
-            // pull in a row of a shard we do not publish: its owner will.
-            let Some(producer) = self.producers.get(&shard).cloned() else { continue };
-            match produce(&producer, batch) {
-                Ok(deliveries) => open.push((shard, producer, deliveries)),
-                Err(e) => {
-                    outcomes.insert(shard, abort_or_fatal(&producer, e).await);
-                }
-            }
-        }
-        if matches!(
-            self.options.crash_at,
-            Some(CrashPoint::BeforeKafkaCommit | CrashPoint::StallBeforeKafkaCommit)
-        ) && !open.is_empty()
-        {
-            for (_, producer, _) in &open {
-                let _ = producer.flush(Duration::from_secs(10));
-            }
-            if self.options.crash_at == Some(CrashPoint::BeforeKafkaCommit) {
-                tracing::error!("crash point before_kafka_commit: aborting the process");
-                std::process::abort();
-            }
-            self.options.crash_at = None;
-            eprintln!("{STALL_MARKER} (pid {})", std::process::id());
-            // SAFETY: raise only sends a signal to this process.
-            unsafe { libc::raise(libc::SIGSTOP) };
-        }
-        // Commit: each shard's transaction, together. Its records'
-        // acknowledgements are awaited first: the client's commit flushes
-        // before committing, and that flush polls in 100 ms steps while
-        // anything is in flight, a fixed ~100 ms per transaction. With every
-        // record acknowledged it returns at once. A record the broker refused
-        // aborts the transaction (nothing of it becomes visible).
-        let commits = open.into_iter().map(|(shard, producer, deliveries)| async move {
-            let started = std::time::Instant::now();
-            let refused = futures::future::join_all(deliveries).await.into_iter().find_map(|delivery| match delivery {
-                Ok(Ok(_)) => None,
-                Ok(Err((e, _))) => Some(e),
-                Err(_canceled) => Some(KafkaError::Canceled),
-            });
-            if let Some(e) = refused {
-                return (shard, abort_or_fatal(&producer, e).await);
-            }
-            let p = producer.clone();
-            let committed = tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(60)))
-                .await
-                .expect("commit task does not panic");
-            let outcome = match committed {
-                Ok(()) => {
-                    commit_time(started.elapsed());
-                    ShardOutcome::Committed
-                }
-                Err(e) => abort_or_fatal(&producer, e).await,
-            };
-            (shard, outcome)
-        });
-        for (shard, outcome) in futures::future::join_all(commits).await {
-            outcomes.insert(shard, outcome);
-        }
-        for (shard, outcome) in &outcomes {
-            match outcome {
-                ShardOutcome::Committed => {
-                    self.summary.transactions += 1;
-                    transaction("committed");
-                    for e in &by_shard[shard] {
-                        *self.summary.by_topic.entry(e.row.topic.clone()).or_default() += 1;
-                        crate::producer::produced(&e.row.topic, e.envelope.event_name.as_str(), 1);
+            // The leases and the shard tasks are looked after every 200 ms;
+            // the shards publish on their own meanwhile.
+            tokio::select! {
+                _ = &mut shutdown => break Ok(()),
+                Some(event) = self.events.recv() => {
+                    if self.record(event) {
+                        last_work = Instant::now();
+                        let first = *first_publish.get_or_insert(last_work);
+                        self.summary.active_secs = first.elapsed().as_secs_f64();
                     }
                 }
-                ShardOutcome::Aborted(_) | ShardOutcome::Fatal(_) => {
-                    self.summary.aborted += 1;
-                    transaction("aborted");
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        };
+        if let Some(task) = forward_wakes {
+            task.abort();
+        }
+        self.stop_all_shards().await;
+        while let Ok(event) = self.events.try_recv() {
+            self.record(event);
+        }
+        self.release_leases().await;
+        result.map(|()| self.summary)
+    }
+
+    /// Adds a shard's report to the summary; true when rows were published.
+    fn record(&mut self, event: shard::ShardEvent) -> bool {
+        match event {
+            shard::ShardEvent::Committed { shard, rows, by_topic } => {
+                self.fatal_in_a_row.remove(&shard);
+                self.summary.published += rows;
+                self.summary.transactions += 1;
+                for (topic, n) in by_topic {
+                    *self.summary.by_topic.entry(topic).or_default() += n;
+                }
+                true
+            }
+            shard::ShardEvent::Aborted => {
+                self.summary.aborted += 1;
+                false
+            }
+        }
+    }
+
+    /// Collects the shard tasks that ended on their own (a fatal producer
+    /// error): their producers are dropped and rebuilt at the next lease
+    /// check if the shard is still ours.
+    async fn reap_finished_shards(&mut self) {
+        let finished: Vec<i64> = self.shards.iter().filter(|(_, h)| h.task.is_finished()).map(|(s, _)| *s).collect();
+        for shard in finished {
+            let handle = self.shards.remove(&shard).expect("listed");
+            match handle.task.await {
+                Ok(shard::ShardExit::Stopped) => {}
+                Ok(shard::ShardExit::Fatal(e)) => self.drop_fatal_producer(shard, &e),
+                Err(panic) => {
+                    tracing::error!(shard, error = %panic, "shard task panicked; rebuilt at the next lease check");
+                    self.renewed_at = None;
                 }
             }
         }
-        if self.options.crash_at == Some(CrashPoint::AfterKafkaCommit) {
-            tracing::error!("crash point after_kafka_commit: aborting the process");
-            std::process::abort();
+        relay_shards(self.shards.len());
+    }
+
+    /// Stops a shard's pipeline after its current Kafka transaction, with
+    /// the marks of what it committed, and waits for it.
+    async fn stop_shard(&mut self, shard: i64) {
+        if let Some(handle) = self.shards.remove(&shard) {
+            handle.stop.send_replace(true);
+            if let Ok(shard::ShardExit::Fatal(e)) = handle.task.await {
+                self.drop_fatal_producer(shard, &e);
+            }
         }
-        outcomes
+    }
+
+    async fn stop_all_shards(&mut self) {
+        let shards: Vec<i64> = self.shards.keys().copied().collect();
+        for handle in self.shards.values() {
+            handle.stop.send_replace(true);
+        }
+        for shard in shards {
+            self.stop_shard(shard).await;
+        }
+        relay_shards(0);
     }
 
     /// Drops a shard's producer after a fatal error; the next lease check
     /// rebuilds it if the shard is still ours.
     fn drop_fatal_producer(&mut self, shard: i64, error: &KafkaError) {
-        self.producers.remove(&shard);
         let reason = fatal_reason(error);
         tracing::error!(
             shard,
@@ -601,58 +516,81 @@ impl Relay {
         );
         relay_producer_fatal(reason);
         self.summary.fatal += 1;
+        self.summary.aborted += 1;
+        self.count_fatal(shard, error.to_string());
+        // Check the lease now rather than at the next renewal.
+        self.renewed_at = None;
+    }
+
+    /// One more fatal error on `shard` without a commit between; too many
+    /// and the relay gives up.
+    fn count_fatal(&mut self, shard: i64, last: String) {
         let n = self.fatal_in_a_row.entry(shard).or_default();
         *n += 1;
         if *n >= MAX_FATAL_IN_A_ROW && self.give_up.is_none() {
             self.give_up = Some(RelayError::Fatal {
                 shard,
                 transactional_id: transactional_id(&self.options.transactional_id_prefix, shard),
-                last: error.to_string(),
+                last,
             });
         }
-        // Check the lease now rather than at the next renewal.
-        self.renewed_at = None;
     }
 
-    /// Builds (fencing in) the producers of the shards we lease and have none
-    /// for, and of `fresh` shards (leased again after a lapse: whoever held
-    /// them meanwhile fenced our old producer); drops those of shards we no
-    /// longer lease.
-    async fn sync_producers(&mut self, fresh: &BTreeSet<i64>) {
+    /// Starts (fencing in their producers) the pipelines of the shards we
+    /// lease and run none for, and of `fresh` shards (leased again after a
+    /// lapse: whoever held them meanwhile fenced our old producer); stops
+    /// those of shards we no longer lease.
+    async fn sync_shards(&mut self, fresh: &BTreeSet<i64>) {
         let owned: BTreeSet<i64> = self.owned.iter().copied().collect();
-        self.producers.retain(|shard, _| owned.contains(shard) && !fresh.contains(shard));
-        let missing: Vec<i64> = owned.iter().filter(|s| !self.producers.contains_key(s)).copied().collect();
+        let gone: Vec<i64> = self.shards.keys().filter(|s| !owned.contains(s) || fresh.contains(s)).copied().collect();
+        for shard in gone {
+            self.stop_shard(shard).await;
+        }
+        let missing: Vec<i64> = owned.iter().filter(|s| !self.shards.contains_key(s)).copied().collect();
         let options = &self.producer_options;
         let prefix = &self.options.transactional_id_prefix;
         let built = futures::future::join_all(
             missing.iter().map(|&shard| async move { (shard, fenced_shard_producer(options, prefix, shard).await) }),
         )
         .await;
+        let mut started = Vec::new();
         for (shard, result) in built {
             match result {
-                Ok(producer) => {
-                    if !self.built.insert(shard) {
-                        self.summary.rebuilt += 1;
-                    }
-                    self.producers.insert(shard, producer);
-                }
+                Ok(producer) => started.push((shard, producer)),
                 Err(e) => {
                     tracing::warn!(shard, error = %e, "shard producer not built; retrying at the next lease check");
                     if matches!(&e, KafkaError::Transaction(t) if t.is_fatal()) {
-                        let n = self.fatal_in_a_row.entry(shard).or_default();
-                        *n += 1;
-                        if *n >= MAX_FATAL_IN_A_ROW && self.give_up.is_none() {
-                            self.give_up = Some(RelayError::Fatal {
-                                shard,
-                                transactional_id: transactional_id(prefix, shard),
-                                last: e.to_string(),
-                            });
-                        }
+                        self.count_fatal(shard, e.to_string());
                     }
                 }
             }
         }
-        relay_shards(self.producers.len());
+        // A crash point (tests) catches the shards started first, together.
+        let gate = match self.options.crash_at.take() {
+            Some(point) if !started.is_empty() => Some(Arc::new(shard::CrashGate::new(point, started.len()))),
+            other => {
+                self.options.crash_at = other;
+                None
+            }
+        };
+        for (shard, producer) in started {
+            if !self.built.insert(shard) {
+                self.summary.rebuilt += 1;
+            }
+            let (stop, stop_rx) = watch::channel(false);
+            // Busy until the shard finds its outbox empty (see shard::run).
+            self.shared.busy.fetch_add(1, Ordering::Relaxed);
+            let task = tokio::spawn(shard::run(
+                shard,
+                producer,
+                self.shared.clone(),
+                stop_rx,
+                self.events_tx.clone(),
+                gate.clone(),
+            ));
+            self.shards.insert(shard, ShardHandle { stop, task });
+        }
+        relay_shards(self.shards.len());
     }
 
     /// Renews this instance's leases and moves toward an equal share of the
@@ -663,7 +601,8 @@ impl Relay {
         if self.renewed_at.is_some_and(|t| t.elapsed() < every) {
             return Ok(());
         }
-        let me = &self.options.instance;
+        let me = self.options.instance.clone();
+        let me = &me;
         let now = now_ms();
         let expires = now + ttl.as_millis() as i64;
         // Presence first: an instance without leases still counts as live.
@@ -683,9 +622,12 @@ impl Relay {
             .filter(|(_, owner, exp)| owner == me && *exp > now)
             .map(|(shard, ..)| *shard)
             .collect();
-        // Give back what is above our share, then renew the rest.
+        // Give back what is above our share (its pipeline stopped first,
+        // with its marks, so the next owner does not publish it again),
+        // then renew the rest.
         while mine.len() > target {
             let shard = mine.pop().expect("non-empty");
+            self.stop_shard(shard).await;
             sqlx::query("UPDATE relay_leases SET owner = '', expires_ms = 0 WHERE shard = ? AND owner = ?")
                 .bind(shard)
                 .bind(me)
@@ -723,14 +665,13 @@ impl Relay {
         }
         self.owned = mine;
         self.renewed_at = Some(Instant::now());
-        self.sync_producers(&fresh).await;
-        self.short = self.owned.len() < target || self.producers.len() < self.owned.len();
+        self.sync_shards(&fresh).await;
+        self.short = self.owned.len() < target || self.shards.len() < self.owned.len();
         Ok(())
     }
 
+    /// Gives every lease back (the shard pipelines are stopped first).
     async fn release_leases(&mut self) {
-        // No transaction is open between cycles: the producers just close.
-        self.producers.clear();
         let _ = sqlx::query("UPDATE relay_leases SET owner = '', expires_ms = 0 WHERE owner = ?")
             .bind(&self.options.instance)
             .execute(&self.db.pool)
@@ -740,20 +681,6 @@ impl Relay {
             .execute(&self.db.pool)
             .await;
     }
-}
-
-/// Opens a transaction on `producer` and queues `batch` in it.
-fn produce(producer: &MeasuredProducer, batch: &[&Encoded<'_>]) -> Result<Vec<DeliveryFuture>, KafkaError> {
-    producer.begin_transaction()?;
-    let mut deliveries = Vec::with_capacity(batch.len());
-    for e in batch {
-        let record = FutureRecord::to(&e.row.topic)
-            .key(&e.row.key)
-            .payload(&e.payload)
-            .headers(record_headers(&e.envelope));
-        deliveries.push(producer.send_result(record).map_err(|(e, _)| e)?);
-    }
-    Ok(deliveries)
 }
 
 /// After a failed send or commit: a fatal error leaves the producer to be
@@ -775,71 +702,6 @@ async fn abort_or_fatal(producer: &MeasuredProducer, error: KafkaError) -> Shard
             ShardOutcome::Fatal(abort_error)
         }
     }
-}
-
-/// Why a cycle failed (it is retried).
-#[derive(Debug, thiserror::Error)]
-enum CycleError {
-    #[error(transparent)]
-    Db(#[from] DbError),
-    #[error("kafka: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
-    #[error("outbox row {0}: {1}")]
-    Row(i64, String),
-}
-
-impl From<sqlx::Error> for CycleError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Db(e.into())
-    }
-}
-
-/// The oldest unsent rows of `shards` (locked), completed to whole business
-/// transactions.
-async fn claim(tx: &mut crate::db::Tx, shards: &[i64], limit: i64) -> Result<Vec<Row_>, DbError> {
-    let mut q = sqlx::QueryBuilder::<sqlx::Any>::new(
-        "SELECT id, tx_id, topic, message_key, envelope, shard FROM outbox_messages WHERE sent_ms IS NULL AND shard IN (",
-    );
-    let mut list = q.separated(", ");
-    for s in shards {
-        list.push_bind(*s);
-    }
-    q.push(") ORDER BY id LIMIT ").push_bind(limit).push(tx.sql().row_lock());
-    let mut rows = Vec::new();
-    let mut last_tx = None;
-    for r in q.build().fetch_all(&mut **tx).await? {
-        last_tx = Some(r.try_get::<String, _>(1)?);
-        rows.push(Row_ {
-            id: r.try_get(0)?,
-            topic: r.try_get(2)?,
-            key: r.try_get(3)?,
-            envelope: r.try_get(4)?,
-            shard: r.try_get(5)?,
-        });
-    }
-    if let (Some(tx_id), Some(last)) = (last_tx, rows.last().map(|r| r.id)) {
-        let sql = tx.sql().locking(
-            "SELECT id, topic, message_key, envelope, shard FROM outbox_messages \
-             WHERE tx_id = ? AND id > ? AND sent_ms IS NULL ORDER BY id",
-        );
-        for r in sqlx::query(sql).bind(tx_id).bind(last).fetch_all(&mut **tx).await? {
-            rows.push(Row_ {
-                id: r.try_get(0)?,
-                topic: r.try_get(1)?,
-                key: r.try_get(2)?,
-                envelope: r.try_get(3)?,
-                shard: r.try_get(4)?,
-            });
-        }
-    }
-    Ok(rows)
-}
-
-
-/// A shard's Kafka transaction committed: the time from its last record
-/// queued to the commit's return (acknowledgements plus the commit itself).
-fn commit_time(elapsed: Duration) {
-    histogram!(name::RELAY_COMMIT_SECONDS).record(elapsed.as_secs_f64());
 }
 
 /// A relay transaction ended.

@@ -193,12 +193,38 @@ async fn bad_api_requests_get_a_clear_4xx_and_write_no_outbox_row() {
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_killed_after_the_kafka_commit_republishes_and_consumers_apply_once() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "after-crash"]).success();
-    let api = start_api(&env).await;
-    drive_orders(&api, 300, 16).await;
-    let events = outbox_events(&env).await;
+    // One batch per shard: each shard's only transaction committed, unmarked.
+    let committed = kill_after_kafka_commit(&env, "after-crash", 300, 200).await;
+    assert!(committed > 0);
+}
 
-    let crashed = relay(&env, "crashy", &["--crash-at", "after-kafka-commit", "--batch-size", "200"]);
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_killed_with_its_pipeline_full_of_unmarked_commits_loses_nothing_and_duplicates_are_skipped() {
+    let env = TestEnv::new().with_database().await;
+    // ~60 rows per shard in batches of 15: each shard commits MARK_DEPTH
+    // transactions whose marks have not run when the relay dies.
+    let batch = 15;
+    let committed = kill_after_kafka_commit(&env, "after-depth-crash", 300, batch).await;
+    let depth = orderpipe::outbox::relay::MARK_DEPTH;
+    assert!(
+        committed >= orderpipe::outbox::SHARDS as usize * depth * batch,
+        "each shard had {depth} committed, unmarked batches of >= {batch} rows when killed ({committed} records)"
+    );
+}
+
+/// Drives `orders` orders, runs a relay told to die once every shard has
+/// committed Kafka transactions it has not marked (up to the pipeline's
+/// depth), restarts it, and checks that every row was published, each
+/// duplicate skipped and each event applied once. Returns how many records
+/// (both topics) were committed before the kill.
+async fn kill_after_kafka_commit(env: &TestEnv, group: &str, orders: usize, batch: usize) -> usize {
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    let api = start_api(env).await;
+    drive_orders(&api, orders, 16).await;
+    let events = outbox_events(env).await;
+    let order_topic = env.settings.topics.order_events.name.clone();
+
+    let crashed = relay(env, "crashy", &["--crash-at", "after-kafka-commit", "--batch-size", &batch.to_string()]);
     assert!(!crashed.status.success(), "the relay was told to crash");
     let unsent = |env: &TestEnv| {
         let pool = env.db().pool;
@@ -207,20 +233,23 @@ async fn relay_killed_after_the_kafka_commit_republishes_and_consumers_apply_onc
             n
         }
     };
-    assert_eq!(unsent(&env).await, outbox_rows(&env).await, "rows were not marked before the crash");
-    assert!(relay(&env, "crashy", &[]).status.success());
-    assert_eq!(unsent(&env).await, 0);
+    assert_eq!(unsent(env).await, outbox_rows(env).await, "rows were not marked before the crash");
+    let committed = event_ids(&read_all(env, &order_topic, "read_committed")).len();
+    let inventory_committed = read_all(env, &env.settings.topics.inventory_events.name, "read_committed").len();
+    assert!(relay(env, "crashy", &[]).status.success());
+    assert_eq!(unsent(env).await, 0, "no row lost: every row published and marked");
 
-    let published = read_all(&env, &env.settings.topics.order_events.name, "read_committed");
+    let published = read_all(env, &order_topic, "read_committed");
     let ids = event_ids(&published);
     let distinct: BTreeSet<&String> = ids.iter().collect();
     assert_eq!(distinct.len(), events.len(), "every event published");
-    assert!(ids.len() > events.len(), "the first batch was published twice ({} records)", ids.len());
+    assert_eq!(ids.len(), events.len() + committed, "what was committed before the kill was published again, once");
 
-    let summary = consume(&env, "after-crash", ALL_HANDLERS);
+    let summary = consume(env, group, ALL_HANDLERS);
     assert_eq!(summary["applied"], events.len(), "{summary}");
     assert_eq!(summary["duplicates"], ids.len() - events.len(), "{summary}");
-    assert_exactly_once(&env.db(), "after-crash", &events).await;
+    assert_exactly_once(&env.db(), group, &events).await;
+    committed + inventory_committed
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -266,12 +295,24 @@ async fn two_relays_publish_every_event_once_in_order_per_order() {
     let env = TestEnv::new().with_database().await;
     env.cli(&["topics", "ensure"]).success();
     let api = start_api(&env).await;
+    let mut a = env.spawn(&["relay", "--instance", "relay-a", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
+    // The second starts once the first holds every shard: it must still get
+    // its share. The orders are written while both publish.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (held,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM relay_leases WHERE owner = 'relay-a'")
+            .fetch_one(&env.db().pool)
+            .await
+            .unwrap();
+        if held == orderpipe::outbox::SHARDS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "relay-a took {held} shards in 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut b = env.spawn(&["relay", "--instance", "relay-b", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
     drive_orders(&api, 1000, 16).await;
     let events = outbox_events(&env).await;
-    let mut a = env.spawn(&["relay", "--instance", "relay-a", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
-    // The second starts once the first holds every shard: it must still get its share.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let mut b = env.spawn(&["relay", "--instance", "relay-b", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
     let mut published = Vec::new();
     for child in [&mut a, &mut b] {
         let out = child.wait_with_output_ref();
@@ -285,14 +326,18 @@ async fn two_relays_publish_every_event_once_in_order_per_order() {
     let ids = event_ids(&messages);
     assert_eq!(ids.len(), events.len());
     assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), events.len(), "no duplicates");
-    // Per order, the topic holds the events in outbox (production) order.
+    assert_in_outbox_order(&messages, &events);
+}
+
+/// Per order, the topic holds the events in outbox (production) order.
+fn assert_in_outbox_order(messages: &[OwnedMessage], events: &[Envelope]) {
     let mut topic_order: HashMap<String, Vec<(i32, i64, String)>> = HashMap::new();
-    for m in &messages {
+    for m in messages {
         let key = String::from_utf8_lossy(m.key().unwrap()).to_string();
         topic_order.entry(key).or_default().push((m.partition(), m.offset(), header(m, "event_id").unwrap()));
     }
     let mut produced: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for e in &events {
+    for e in events {
         produced.entry(e.key()).or_default().push(e.event_id.to_string());
     }
     for (key, ids) in produced {
@@ -300,6 +345,46 @@ async fn two_relays_publish_every_event_once_in_order_per_order() {
         got.sort();
         assert_eq!(got.iter().map(|g| g.2.clone()).collect::<Vec<_>>(), ids, "order {key} out of order");
     }
+}
+
+/// 100k outbox rows written by the service (16 writers, so ids commit out
+/// of order) while two pipelined relays publish them, the second joining
+/// under load: no row is published twice and, per order, the topic holds
+/// the events in the order the service wrote them.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: heavy; run by `make test` in the serial phase"]
+async fn two_pipelined_relays_keep_each_orders_events_in_order_over_100k_rows() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure"]).success();
+    let relay_args = |name: &'static str| {
+        ["relay", "--instance", name, "--until-idle", "8", "--batch-size", "200", "--poll-ms", "20", "--output", "json"]
+    };
+    let mut a = env.spawn(&relay_args("relay-a"));
+    let mut b = None;
+    let mut seed = 1;
+    while outbox_rows(&env).await < 100_000 {
+        let seed_text = seed.to_string();
+        env.cli(&["bench-drive-orders", "--orders", "10000", "--drivers", "16", "--seed", &seed_text]).success();
+        // The second relay joins once the first publishes every shard.
+        b.get_or_insert_with(|| env.spawn(&relay_args("relay-b")));
+        seed += 1;
+    }
+    let mut b = b.expect("started");
+    let mut published = Vec::new();
+    for child in [&mut a, &mut b] {
+        let out = child.wait_with_output_ref();
+        let summary: Value = serde_json::from_str(&out).unwrap();
+        published.push(summary["published"].as_u64().unwrap());
+    }
+    let rows = outbox_rows(&env).await as u64;
+    assert!(rows >= 100_000);
+    assert!(published.iter().all(|n| *n > 0), "both relays published: {published:?}");
+    assert_eq!(published.iter().sum::<u64>(), rows, "no row published twice");
+
+    let events = outbox_events(&env).await;
+    let messages = read_all(&env, &env.settings.topics.order_events.name, "read_committed");
+    assert_eq!(event_ids(&messages).len(), events.len());
+    assert_in_outbox_order(&messages, &events);
 }
 
 trait WaitOutput {
