@@ -120,6 +120,27 @@ async fn a_registered_schema_consumers_cannot_read_stops_produce_before_any_reco
     env.read(&topic, 0, Duration::from_secs(5));
 }
 
+/// Every record refused by the broker (a topic whose max.message.bytes is
+/// below one record): the run counts each as failed, none as acknowledged,
+/// and names the events (read back from the failed record's headers by the
+/// producer's delivery callback).
+#[tokio::test(flavor = "multi_thread")]
+async fn records_the_broker_refuses_are_counted_failed_and_named() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let env = TestEnv::new();
+    env.cli(&["topics", "ensure"]).success();
+    let topic = format!("{}.too-small", env.prefix);
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options()).create().unwrap();
+    let new = NewTopic::new(&topic, 3, TopicReplication::Fixed(1)).set("max.message.bytes", "120");
+    for r in admin.create_topics([&new], &AdminOptions::new()).await.unwrap() {
+        r.unwrap();
+    }
+    let out = env.cli(&["produce", "--count", "40", "--topic", &topic]).failure();
+    assert!(out.contains("acknowledged 0, failed 40"), "{out}");
+    assert!(out.contains("failed: event ") && out.contains("too large"), "{out}");
+}
+
 #[test]
 fn bad_ndjson_lines_are_named_and_the_rest_still_go() {
     let env = TestEnv::new();
