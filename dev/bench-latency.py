@@ -7,12 +7,13 @@
       each event's API-commit -> consumer-commit latency in ms to OUT_MS
       (one a line, after a `# label:` line, for the report's CDF) and
       prints JSON: n, p50/p90/p99/p99.9/max from a log-linear (HDR-style)
-      histogram, the events stamped but never applied, and the split at
-      the relay's mark (SENT_MS: `<event_id>\t<sent_ms>` lines from
-      outbox_messages): API commit -> marked sent, marked sent -> applied.
+      histogram, how many events each side stamped, and two splits: at the
+      record's Kafka timestamp (the consumer's third column: the relay's
+      produce time) and at the relay's mark (SENT_MS: `<event_id>\t<sent_ms>`
+      lines from outbox_messages).
   scrape URL
       Prints a /metrics page's histograms as JSON: {name: {le: count, ...,
-      "sum": s, "count": n}}, summed over labels.
+      "sum": s, "count": n}}, summed over labels but `stage` (name:stage).
   histo BEFORE AFTER NAME
       p50/p99/mean of a Prometheus histogram between two `scrape` outputs.
   slope SAMPLES
@@ -69,14 +70,16 @@ class LogLinearHistogram:
         return self.max
 
 
-def read_stamps(path):
+def read_stamps(path, column=1):
+    """event_id -> the column's integer (1: µs after the commit; 2: the
+    consumer's Kafka timestamp in ms)."""
     stamps = {}
     with open(path) as f:
         for line in f:
-            parts = line.split("\t")
-            if len(parts) == 2:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) > column:
                 # The first commit counts (a redelivery is not applied twice).
-                stamps.setdefault(parts[0], int(parts[1]))
+                stamps.setdefault(parts[0], int(parts[column]))
     return stamps
 
 
@@ -94,7 +97,9 @@ def summary(h):
 
 def join(api_path, applied_path, sent_path, out_path, label):
     api, applied, sent = read_stamps(api_path), read_stamps(applied_path), read_stamps(sent_path)
+    produced = read_stamps(applied_path, 2)
     total, to_mark, from_mark = LogLinearHistogram(), LogLinearHistogram(), LogLinearHistogram()
+    to_produce, from_produce = LogLinearHistogram(), LogLinearHistogram()
     with open(out_path, "w") as out:
         out.write(f"# label: {label}\n")
         for event_id, done in applied.items():
@@ -103,6 +108,10 @@ def join(api_path, applied_path, sent_path, out_path, label):
                 continue
             total.record(done - started)
             out.write(f"{(done - started) / 1000:.3f}\n")
+            sent_at = produced.get(event_id)
+            if sent_at is not None:
+                to_produce.record(max(0, sent_at * 1000 - started))
+                from_produce.record(max(0, done - sent_at * 1000))
             marked = sent.get(event_id)
             if marked is not None:
                 to_mark.record(max(0, marked * 1000 - started))
@@ -110,6 +119,8 @@ def join(api_path, applied_path, sent_path, out_path, label):
     result = summary(total)
     result["api_stamped"] = len(api)
     result["applied_stamped"] = len(applied)
+    result["api_commit_to_kafka_produce"] = summary(to_produce)
+    result["kafka_produce_to_applied"] = summary(from_produce)
     result["api_commit_to_marked_sent"] = summary(to_mark)
     result["marked_sent_to_applied"] = summary(from_mark)
     print(json.dumps(result))
@@ -127,9 +138,10 @@ def scrape(url):
             continue
         name_labels, _, value = line.rpartition(" ")
         name = name_labels.split("{")[0]
+        stage = name_labels.split('stage="')[1].split('"')[0] if 'stage="' in name_labels else None
         for suffix in ("_bucket", "_sum", "_count"):
             if name.endswith(suffix):
-                base = name[: -len(suffix)]
+                base = name[: -len(suffix)] + (f":{stage}" if stage else "")
                 h = out.setdefault(base, {})
                 if suffix == "_bucket":
                     le = name_labels.split('le="')[1].split('"')[0]
@@ -182,6 +194,13 @@ def slope(path):
     print(json.dumps(out))
 
 
+def stages(before_path, after_path, prefix):
+    """`histo` of every `prefix:stage` histogram."""
+    after = json.load(open(after_path))
+    for name in sorted(k for k in after if k.startswith(prefix + ":")):
+        histo(before_path, after_path, name)
+
+
 if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
-    {"join": join, "scrape": scrape, "histo": histo, "slope": slope}[command](*args)
+    {"join": join, "scrape": scrape, "histo": histo, "stages": stages, "slope": slope}[command](*args)

@@ -29,4 +29,12 @@ pub fn now_us() -> i64 {
 pub trait CommitStamps: Send + Sync {
     /// `event_ids` were committed (now).
     fn committed(&self, event_ids: &[uuid::Uuid]);
+
+    /// A consumer's batch was committed (now): each event with its record's
+    /// Kafka timestamp (ms; the relay's produce time), where the benchmark
+    /// splits the latency. By default only the ids count.
+    fn applied(&self, events: &[(uuid::Uuid, Option<i64>)]) {
+        let ids: Vec<uuid::Uuid> = events.iter().map(|(id, _)| *id).collect();
+        self.committed(&ids);
+    }
 }

@@ -3,7 +3,8 @@
 //! The order API (`bench-drive-orders --stamps FILE`) and a consumer
 //! (`[chaos] commit_stamps = FILE`) each append one line per event right
 //! after their database commit returned: `<event_id>\t<microseconds since
-//! the epoch>`. Joined on the event id, the difference is the time from the
+//! the epoch>`, the consumer's with a third column, the record's Kafka
+//! timestamp in ms (the relay's produce time, where the latency is split). Joined on the event id, the difference is the time from the
 //! API's commit to the consumer's commit, both stamped after the fact, so
 //! neither side's transaction time is left out (a stamp taken before the
 //! commit, or inside the consumer's transaction, leaves it out).
@@ -38,7 +39,25 @@ impl CommitStamps for StampFile {
         for id in event_ids {
             lines.push_str(&format!("{id}\t{now}\n"));
         }
-        // One write of whole lines (O_APPEND): lines never interleave.
+        self.write(&lines);
+    }
+
+    fn applied(&self, events: &[(uuid::Uuid, Option<i64>)]) {
+        let now = now_us();
+        let mut lines = String::with_capacity(events.len() * 68);
+        for (id, produced_ms) in events {
+            match produced_ms {
+                Some(ms) => lines.push_str(&format!("{id}\t{now}\t{ms}\n")),
+                None => lines.push_str(&format!("{id}\t{now}\n")),
+            }
+        }
+        self.write(&lines);
+    }
+}
+
+impl StampFile {
+    /// One write of whole lines (O_APPEND): lines never interleave.
+    fn write(&self, lines: &str) {
         if let Err(e) = self.file.lock().expect("stamp file lock").write_all(lines.as_bytes()) {
             tracing::warn!(error = %e, "commit stamps not written");
         }
@@ -72,5 +91,12 @@ mod tests {
         assert_eq!(lines[1].0, ids[1].to_string());
         assert_eq!(lines[2].0, ids[0].to_string());
         assert!(lines.iter().all(|(_, us)| (before..=after).contains(us)));
+        // A consumer's stamps carry the record's Kafka timestamp.
+        stamps.applied(&[(ids[1], Some(1_700_000_000_123)), (ids[0], None)]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let last: Vec<Vec<&str>> = text.lines().skip(3).map(|l| l.split('\t').collect()).collect();
+        assert_eq!(last.len(), 2);
+        assert_eq!((last[0][0], last[0][2]), (ids[1].to_string().as_str(), "1700000000123"));
+        assert_eq!((last[1][0], last[1].len()), (ids[0].to_string().as_str(), 2));
     }
 }

@@ -11,14 +11,14 @@ use orderpipe::envelope::Envelope;
 use crate::consumer::{produce_lifecycles, write_ndjson};
 use crate::helpers::TestEnv;
 
-/// `<event_id>\t<µs>` lines of a stamp file.
+/// `<event_id>\t<µs>[\t<Kafka timestamp ms>]` lines of a stamp file.
 fn stamps(path: &std::path::Path) -> Vec<(String, i64)> {
     std::fs::read_to_string(path)
         .unwrap()
         .lines()
         .map(|line| {
-            let (id, us) = line.split_once('\t').expect("id<TAB>µs");
-            (id.to_string(), us.parse().expect("µs"))
+            let columns: Vec<&str> = line.split('\t').collect();
+            (columns[0].to_string(), columns[1].parse().expect("µs"))
         })
         .collect()
 }
@@ -52,6 +52,12 @@ async fn the_consumer_stamps_each_applied_event_once_after_its_commit() {
         .unwrap();
     assert_eq!(rows.len(), 200);
     assert!(stamped.iter().all(|(_, us)| *us >= started && *us <= now_us()));
+    // The consumer's lines carry the record's Kafka timestamp (ms), taken
+    // when `produce` sent it: before the run, and not in the future.
+    for line in std::fs::read_to_string(&file).unwrap().lines() {
+        let produced: i64 = line.split('\t').nth(2).expect("a Kafka timestamp column").parse().unwrap();
+        assert!(produced * 1000 <= started && produced > started / 1000 - 600_000, "{line}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

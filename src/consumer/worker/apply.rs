@@ -335,8 +335,10 @@ impl PartitionWorker {
             }
         }
         if let Some(stamps) = &shared.options.commit_stamps {
-            let ids: Vec<uuid::Uuid> = ledger.applied.iter().map(|(_, envelope, _)| envelope.event_id).collect();
-            stamps.committed(&ids);
+            use rdkafka::Message;
+            let events: Vec<(uuid::Uuid, Option<i64>)> =
+                ledger.applied.iter().map(|(item, envelope, _)| (envelope.event_id, item.message.timestamp().to_millis())).collect();
+            stamps.applied(&events);
         }
         let now = chrono::Utc::now();
         for (item, envelope, handler_time) in ledger.applied {
