@@ -237,7 +237,10 @@ fn check_trace_id(trace_id: &str) -> Result<(), EnvelopeError> {
 
 /// A fresh random W3C trace id.
 pub fn new_trace_id() -> String {
-    Uuid::new_v4().simple().to_string()
+    // rand's thread-local CSPRNG: uuid's own generator makes a getrandom
+    // syscall per id (measured here: ~550 ns for an event's two ids, ~70 ns
+    // from rand; ~10% of `orderpipe produce`'s CPU).
+    uuid::Builder::from_random_bytes(rand::random()).into_uuid().simple().to_string()
 }
 
 /// Parses an ISO 8601 timestamp that must be in UTC (`Z` or `+00:00`).
@@ -272,7 +275,9 @@ fn serialize_utc<S: serde::Serializer>(time: &DateTime<Utc>, s: S) -> Result<S::
 /// pages (74 random bits keep ids unique).
 pub fn time_ordered_id(at: DateTime<Utc>) -> Uuid {
     let ms = at.timestamp_millis().max(0) as u64;
-    Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, ms / 1000, (ms % 1000) as u32 * 1_000_000))
+    // As `Uuid::new_v7` without a counter, the random bits from rand's
+    // thread-local CSPRNG (see `new_trace_id`).
+    uuid::Builder::from_unix_timestamp_millis(ms, &rand::random()).into_uuid()
 }
 
 #[cfg(test)]
@@ -290,6 +295,12 @@ mod tests {
         assert_eq!(secs as i64 * 1000 + i64::from(nanos / 1_000_000), at.timestamp_millis());
         // Unique within one millisecond.
         assert_ne!(Envelope::new_at("p", EventData::sample_created(1), at).event_id, first.event_id);
+        assert_eq!(first.event_id.get_variant(), uuid::Variant::RFC4122);
+        // Trace ids: random (v4 bits), 32 lower-case hex digits, valid.
+        let trace = Uuid::parse_str(&first.trace_id).unwrap();
+        assert_eq!((trace.get_version_num(), trace.get_variant()), (4, uuid::Variant::RFC4122));
+        assert_ne!(first.trace_id, later.trace_id);
+        check_trace_id(&first.trace_id).unwrap();
     }
 
     fn created_json(amount: i64) -> String {
