@@ -17,7 +17,8 @@
 #   PRODUCE_COUNT=N    default 1,000,000     CONSUME_COUNT=N  default 1,000,000
 #   NAIVE=N            default 50,000 (records the naive consumer processes)
 #   DLQ_COUNT=N        default 100,000       ORDERING_COUNT=N default 100,000
-#   ROWS=N             default 100,000 (relay outbox rows)
+#   ROWS=N             default 1,000,000 (relay outbox rows; the 50 and 200 rows per
+#                      transaction runs publish the first 100,000 of them)
 #   RATE=N             default 100 (orders/s of the relay's latency run; not scaled)
 #   CRASH_COUNT=N      default 1,000,000 (two members SIGKILLed 20 times; not COUNT)
 #   BENCHES="produce consume"   a subset, in this order (default: all six)
@@ -39,7 +40,7 @@ CONSUME_COUNT="${CONSUME_COUNT:-${COUNT:-$(scaled 1000000 1000)}}"
 NAIVE="${NAIVE:-$(scaled 50000 500)}"
 DLQ_COUNT="${DLQ_COUNT:-${COUNT:-$(scaled 100000 1000)}}"
 ORDERING_COUNT="${ORDERING_COUNT:-${COUNT:-$(scaled 100000 1000)}}"
-ROWS="${ROWS:-$(scaled 100000 1000)}"
+ROWS="${ROWS:-$(scaled 1000000 1000)}"
 RATE="${RATE:-100}"
 CRASH_COUNT="${CRASH_COUNT:-$(scaled 1000000 1000)}"
 BENCHES="${BENCHES:-produce consume dlq relay ordering crash}"
@@ -61,7 +62,7 @@ sizes="produce $PRODUCE_COUNT, consume $CONSUME_COUNT (naive $NAIVE), dlq $DLQ_C
 # Whether any size is below the full run's: said in the report's head.
 reduced() {
   if [ "$PRODUCE_COUNT" -lt 1000000 ] || [ "$CONSUME_COUNT" -lt 1000000 ] || [ "$NAIVE" -lt 50000 ] \
-    || [ "$DLQ_COUNT" -lt 100000 ] || [ "$ORDERING_COUNT" -lt 100000 ] || [ "$ROWS" -lt 100000 ] \
+    || [ "$DLQ_COUNT" -lt 100000 ] || [ "$ORDERING_COUNT" -lt 100000 ] || [ "$ROWS" -lt 1000000 ] \
     || [ "$CRASH_COUNT" -lt 1000000 ]; then
     echo ": REDUCED sizes, not the full run"
   fi

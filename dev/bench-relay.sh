@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The relay's numbers, one run, same broker and MariaDB:
-#   1. throughput: the same outbox (ROWS rows) published transactionally at
-#      several batch sizes (rows per Kafka transaction), rows/s each;
+#   1. throughput: ROWS outbox rows published with the default settings
+#      (`orderpipe relay`, no flags), then the first min(ROWS, 100000) rows
+#      again at 50 and 200 rows per Kafka transaction; rows/s each, and each
+#      run's time per batch in every pipeline stage (claim, encode, produce,
+#      commit, mark: the relay's summary, `stages_ms`);
 #   2. the plain idempotent producer (`orderpipe produce`, no transactions,
 #      no database) on the same broker, for the cost of the outbox path;
 #   3. end-to-end latency from the API's commit to the consumer's commit
 #      (dev/bench-latency.sh: RATE orders/s, then 5,000 events/s).
 #
-#   dev/bench-relay.sh [ROWS] [RATE]   (defaults 100000 and 100; needs `make dev-up`)
+#   dev/bench-relay.sh [ROWS] [RATE]   (defaults 1000000 and 100; needs `make dev-up`)
 set -euo pipefail
-ROWS="${1:-100000}"
+ROWS="${1:-1000000}"
 RATE="${2:-100}"
+SMALL=$(( ROWS < 100000 ? ROWS : 100000 ))
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 export ORDERPIPE_DATABASE__URL="mysql://orderpipe:orderpipe@127.0.0.1:3306/${RUN_ID}"
 SQL -e "CREATE DATABASE ${RUN_ID}"
@@ -26,15 +30,27 @@ done
 SQL -e "DELETE FROM ${RUN_ID}.outbox_messages WHERE id > (SELECT id FROM (SELECT id FROM ${RUN_ID}.outbox_messages ORDER BY id LIMIT 1 OFFSET $((ROWS - 1))) x)"
 
 : > "$OUT_DIR/.batches"
-for batch in 50 200 1000; do
-  echo "== relay, $batch rows per Kafka transaction"
-  SQL -e "UPDATE ${RUN_ID}.outbox_messages SET sent_ms = NULL"
-  RELAY_ARGS=(relay --instance "bench-$batch" --batch-size "$batch" --until-idle 2 --output json)
-  "$BIN" "${RELAY_ARGS[@]}" > "$OUT_DIR/.relay.json"
+# The id of the SMALL-th row: the small-batch runs publish rows up to it.
+SMALL_LAST=$(SQL -e "SELECT id FROM ${RUN_ID}.outbox_messages ORDER BY id LIMIT 1 OFFSET $((SMALL - 1))")
+for run in default 50 200; do
+  if [ "$run" = default ]; then
+    rows=$ROWS; RELAY_ARGS=(relay --instance bench-default --until-idle 2 --output json)
+    SQL -e "UPDATE ${RUN_ID}.outbox_messages SET sent_ms = NULL"
+  else
+    rows=$SMALL; RELAY_ARGS=(relay --instance "bench-$run" --batch-size "$run" --until-idle 2 --output json)
+    SQL -e "UPDATE ${RUN_ID}.outbox_messages SET sent_ms = IF(id <= $SMALL_LAST, NULL, 1)"
+  fi
+  echo "== relay, $rows rows, ${run/default/default settings (500)} rows per Kafka transaction"
+  "$BIN" "${RELAY_ARGS[@]}" > "$OUT_DIR/.relay-$run.json"
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r["published"], r["active_secs"], r["transactions"])' \
-    "$OUT_DIR/.relay.json" "$batch" >> "$OUT_DIR/.batches"
-  result relay "batch $batch" throughput "$(jget "$OUT_DIR/.relay.json" 'r["published"] / max(r["active_secs"], 1e-9)')" rec/s \
-    "plain producer" "ORDERPIPE_DATABASE__URL=$ORDERPIPE_DATABASE__URL orderpipe ${RELAY_ARGS[*]}"
+    "$OUT_DIR/.relay-$run.json" "$run" >> "$OUT_DIR/.batches"
+  variant="batch $run, $rows rows"; [ "$run" = default ] && variant="default settings (batch 500), $rows rows"
+  CMD="ORDERPIPE_DATABASE__URL=$ORDERPIPE_DATABASE__URL orderpipe ${RELAY_ARGS[*]}"
+  result relay "$variant" throughput "$(jget "$OUT_DIR/.relay-$run.json" 'r["published"] / max(r["active_secs"], 1e-9)')" rec/s \
+    "plain producer" "$CMD"
+  for p in p50 p99; do
+    result relay "$variant" "Kafka commit $p" "$(jget "$OUT_DIR/.relay-$run.json" "r['stages_ms']['commit']['$p']")" ms "" "$CMD"
+  done
 done
 
 echo "== plain idempotent producer, $ROWS events"
@@ -48,18 +64,27 @@ out, rows, rate, result = sys.argv[1:]
 batches = [l.split() for l in open(f"{out}/.batches")]
 produce = json.load(open(f"{out}/.produce.json"))
 print()
-print(f"relay, {rows} outbox rows (order + inventory events), transactional, same broker:")
-print(f"{'rows per transaction':>22} {'rows/s':>10} {'transactions':>13}")
+print(f"relay, outbox rows (order + inventory events), transactional, same broker:")
+print(f"{'rows per transaction':>22} {'rows':>9} {'rows/s':>10} {'transactions':>13}")
 best = 0
 for batch, published, secs, txs in batches:
     r = int(published) / max(float(secs), 1e-9)
     best = max(best, r)
-    print(f"{batch:>22} {r:>10,.0f} {txs:>13}")
+    print(f"{batch:>22} {published:>9} {r:>10,.0f} {txs:>13}")
+print()
+print("where a batch's time goes, per stage (ms per batch, p50 / p99; the stages overlap: claim and")
+print("encode of the next batch run during produce + commit, mark during the next batch's produce):")
+stages = ["claim", "encode", "produce", "commit", "mark"]
+print(f"{'rows per transaction':>22} " + " ".join(f"{s:>15}" for s in stages))
+for batch, *_ in batches:
+    st = json.load(open(f"{out}/.relay-{batch}.json"))["stages_ms"]
+    cell = lambda s: f"{st[s]['p50']:.1f} / {st[s]['p99']:.1f}" if s in st else "-"
+    print(f"{batch:>22} " + " ".join(f"{cell(s):>15}" for s in stages))
 print(f"plain idempotent producer (orderpipe produce, no DB, no transactions): {produce['events_per_sec']:,.0f} events/s")
 print(f"best relay / plain producer: {best / produce['events_per_sec']:.2f}")
 json.dump({"batches": batches, "produce_eps": produce["events_per_sec"]}, open(result, "w"), indent=2)
 PY
-rm -f "$OUT_DIR"/.batches "$OUT_DIR"/.relay.json "$OUT_DIR"/.produce.json
+rm -f "$OUT_DIR"/.batches "$OUT_DIR"/.relay-*.json "$OUT_DIR"/.produce.json
 SQL -e "DROP DATABASE ${RUN_ID}" || true
 
 # 3. End to end, API commit -> consumer commit, both stamped after their commits.

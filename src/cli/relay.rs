@@ -98,7 +98,8 @@ pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode>
 
 /// Runs `orderpipe relay`.
 pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitCode> {
-    let db = Db::connect(&settings.database, 8)?; // claims and marks of several shards at once
+    // A claim and a mark per shard pipeline at once, and the lease checks.
+    let db = Db::connect(&settings.database, 2 * crate::outbox::SHARDS as u32 + 2)?;
     if args.migrate {
         db.migrate().await?;
     }
@@ -156,4 +157,9 @@ fn print_relay(summary: &crate::outbox::relay::RelaySummary) {
     );
     let rows = summary.by_topic.iter().map(|(t, n)| vec![t.clone(), n.to_string()]);
     println!("{}", output::table(&["topic", "records"], rows));
+    let ms = |v: f64| format!("{v:.1}");
+    let stages = summary.stages_ms.iter().map(|(stage, t)| {
+        vec![stage.clone(), t.count.to_string(), ms(t.mean), ms(t.p50), ms(t.p99), ms(t.max)]
+    });
+    println!("{}", output::table(&["stage (per batch)", "batches", "mean ms", "p50 ms", "p99 ms", "max ms"], stages));
 }

@@ -79,7 +79,13 @@ pub(super) struct ShardShared {
     /// Shards that have not found their outbox empty since they started or
     /// last published: the relay is not idle while any is.
     pub busy: AtomicUsize,
+    /// Milliseconds per batch of each stage, for the run's summary
+    /// (bounded: the first [`MAX_STAGE_SAMPLES`] batches of each stage).
+    pub stage_samples: Mutex<BTreeMap<&'static str, Vec<f64>>>,
 }
+
+/// Batches whose stage times a run's summary keeps, per stage.
+const MAX_STAGE_SAMPLES: usize = 1_000_000;
 
 /// Reports from the shard tasks to the relay's main loop.
 pub(super) enum ShardEvent {
@@ -240,7 +246,7 @@ pub(super) async fn run(
         // The next batch is claimed and encoded while this one's Kafka
         // transaction runs; it skips this batch's rows (in flight).
         let (outcome, prefetched) = tokio::join!(
-            transaction(shard, &producer, &batch, crash.as_deref(), &mut gate_passed),
+            transaction(shard, &producer, &batch, &shared, crash.as_deref(), &mut gate_passed),
             claim(&shared, shard, &in_flight),
         );
         super::transaction(if matches!(outcome, ShardOutcome::Committed) { "committed" } else { "aborted" });
@@ -382,14 +388,14 @@ async fn claim(shared: &ShardShared, shard: i64, in_flight: &Mutex<BTreeSet<i64>
         }
     }
     tx.rollback().await?;
-    stage_time("claim", started);
+    stage_time(shared, "claim", started);
     let started = Instant::now();
     let mut records = Vec::with_capacity(read.len());
     for row in read {
         records.push(encode(shared, row).await?);
     }
     if !records.is_empty() {
-        stage_time("encode", started);
+        stage_time(shared, "encode", started);
     }
     Ok(Batch { records })
 }
@@ -440,6 +446,7 @@ async fn transaction(
     shard: i64,
     producer: &MeasuredProducer,
     batch: &Batch,
+    shared: &ShardShared,
     crash: Option<&CrashGate>,
     gate_passed: &mut bool,
 ) -> ShardOutcome {
@@ -462,7 +469,7 @@ async fn transaction(
         Ok(Err((e, _))) => Some(e),
         Err(_canceled) => Some(KafkaError::Canceled),
     });
-    stage_time("produce", started);
+    stage_time(shared, "produce", started);
     if let Some(e) = refused {
         tracing::warn!(shard, error = %e, "a record of the Kafka transaction was refused");
         return abort_or_fatal(producer, e).await;
@@ -475,6 +482,7 @@ async fn transaction(
     match committed {
         Ok(()) => {
             histogram!(name::RELAY_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
+            sample(shared, "commit", started);
             ShardOutcome::Committed
         }
         Err(e) => abort_or_fatal(producer, e).await,
@@ -522,7 +530,7 @@ async fn mark_sent(
                 }
             }
         }
-        stage_time("mark", started);
+        stage_time(&shared, "mark", started);
         remove(&in_flight, &ids);
     }
 }
@@ -537,7 +545,19 @@ async fn mark(db: &Db, ids: &[i64]) -> Result<(), DbError> {
     Ok(())
 }
 
-/// Time spent in one stage of a shard's pipeline.
-fn stage_time(stage: &'static str, started: Instant) {
+/// Time spent in one stage of a shard's pipeline: the metric and the
+/// run's summary.
+fn stage_time(shared: &ShardShared, stage: &'static str, started: Instant) {
     histogram!(name::RELAY_STAGE_SECONDS, "stage" => stage).record(started.elapsed().as_secs_f64());
+    sample(shared, stage, started);
+}
+
+/// Keeps one batch's stage time for the run's summary.
+fn sample(shared: &ShardShared, stage: &'static str, started: Instant) {
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    let mut samples = shared.stage_samples.lock().expect("not poisoned");
+    let list = samples.entry(stage).or_default();
+    if list.len() < MAX_STAGE_SAMPLES {
+        list.push(ms);
+    }
 }
