@@ -4,7 +4,8 @@
 //! Two kinds of headers travel with orderpipe's records:
 //!
 //! * the envelope's headers every produced record carries ([`header::EVENT_ID`],
-//!   [`header::EVENT_NAME`], [`header::TRACEPARENT`], ...);
+//!   [`header::EVENT_NAME`], [`header::TRACE_ID`], [`header::TRACEPARENT`],
+//!   [`header::CONTENT_TYPE`]; docs/architecture.md, "Record headers");
 //! * the failure headers the error tier adds when it forwards a record
 //!   (`orderpipe.*`, [`header::PREFIX`]). They are replaced on every hop,
 //!   never appended ([`replace_orderpipe_headers`]), so a record failing many
@@ -21,14 +22,10 @@ pub mod header {
     pub const EVENT_ID: &str = "event_id";
     /// The event name.
     pub const EVENT_NAME: &str = "event_name";
-    /// The event (schema) version.
-    pub const EVENT_VERSION: &str = "event_version";
     /// The envelope's trace id.
     pub const TRACE_ID: &str = "trace_id";
     /// W3C trace context.
     pub const TRACEPARENT: &str = "traceparent";
-    /// The producing service.
-    pub const PRODUCER: &str = "producer";
     /// How the value is encoded.
     pub const CONTENT_TYPE: &str = "content-type";
     /// Value of [`CONTENT_TYPE`]: Avro in the Confluent wire format.
