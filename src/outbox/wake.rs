@@ -108,16 +108,6 @@ impl WakeListener {
     }
 }
 
-/// An idle relay's pause: until a wake-up (with `listener`) or `poll`.
-pub async fn idle(listener: Option<&WakeListener>, poll: Duration) {
-    match listener {
-        Some(listener) => {
-            listener.wait(poll).await;
-        }
-        None => tokio::time::sleep(poll).await,
-    }
-}
-
 /// The API's side: sends a wake-up datagram to every relay address,
 /// without ever waiting.
 #[derive(Debug, Clone)]
@@ -211,13 +201,6 @@ mod tests {
         assert!(listener.wait(Duration::from_secs(5)).await);
         assert!(started.elapsed() < Duration::from_secs(1));
         assert!(!listener.wait(Duration::from_millis(50)).await, "the burst was drained by one wait");
-    }
-
-    #[tokio::test]
-    async fn idle_without_a_listener_sleeps_the_poll() {
-        let started = std::time::Instant::now();
-        idle(None, Duration::from_millis(60)).await;
-        assert!(started.elapsed() >= Duration::from_millis(60));
     }
 
     #[test]
