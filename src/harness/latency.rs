@@ -28,7 +28,9 @@ impl StampFile {
     /// Appends to `path` (created if missing).
     pub fn append(path: &Path) -> io::Result<Self> {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(Self { file: Mutex::new(file) })
+        Ok(Self {
+            file: Mutex::new(file),
+        })
     }
 }
 
@@ -58,7 +60,12 @@ impl CommitStamps for StampFile {
 impl StampFile {
     /// One write of whole lines (O_APPEND): lines never interleave.
     fn write(&self, lines: &str) {
-        if let Err(e) = self.file.lock().expect("stamp file lock").write_all(lines.as_bytes()) {
+        if let Err(e) = self
+            .file
+            .lock()
+            .expect("stamp file lock")
+            .write_all(lines.as_bytes())
+        {
             tracing::warn!(error = %e, "commit stamps not written");
         }
     }
@@ -94,9 +101,19 @@ mod tests {
         // A consumer's stamps carry the record's Kafka timestamp.
         stamps.applied(&[(ids[1], Some(1_700_000_000_123)), (ids[0], None)]);
         let text = std::fs::read_to_string(&path).unwrap();
-        let last: Vec<Vec<&str>> = text.lines().skip(3).map(|l| l.split('\t').collect()).collect();
+        let last: Vec<Vec<&str>> = text
+            .lines()
+            .skip(3)
+            .map(|l| l.split('\t').collect())
+            .collect();
         assert_eq!(last.len(), 2);
-        assert_eq!((last[0][0], last[0][2]), (ids[1].to_string().as_str(), "1700000000123"));
-        assert_eq!((last[1][0], last[1].len()), (ids[0].to_string().as_str(), 2));
+        assert_eq!(
+            (last[0][0], last[0][2]),
+            (ids[1].to_string().as_str(), "1700000000123")
+        );
+        assert_eq!(
+            (last[1][0], last[1].len()),
+            (ids[0].to_string().as_str(), 2)
+        );
     }
 }

@@ -58,13 +58,23 @@ impl WakeSettings {
     /// Rejects an address that is not `host:port`, naming the field.
     pub fn validate(&self) -> Result<(), String> {
         let check = |field: &str, addr: &str| {
-            let ok = addr.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if ok { Ok(()) } else { Err(format!("{field}: `{addr}` is not host:port (e.g. 127.0.0.1:7070 or orderpipe-relay:7070)")) }
+            let ok = addr
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{field}: `{addr}` is not host:port (e.g. 127.0.0.1:7070 or orderpipe-relay:7070)"
+                ))
+            }
         };
         if !self.wake_listen.is_empty() {
             check("outbox.wake_listen", &self.wake_listen)?;
         }
-        self.wake_targets.iter().try_for_each(|t| check("outbox.wake_targets", t))
+        self.wake_targets
+            .iter()
+            .try_for_each(|t| check("outbox.wake_targets", t))
     }
 }
 
@@ -80,7 +90,9 @@ impl WakeListener {
     pub fn bind(addr: impl ToSocketAddrs) -> io::Result<Self> {
         let socket = UdpSocket::bind(addr)?;
         socket.set_nonblocking(true)?;
-        Ok(Self { socket: tokio::net::UdpSocket::from_std(socket)? })
+        Ok(Self {
+            socket: tokio::net::UdpSocket::from_std(socket)?,
+        })
     }
 
     /// The bound address.
@@ -124,7 +136,10 @@ impl WakeNotifier {
     pub fn new(targets: &[String]) -> io::Result<Self> {
         let socket = UdpSocket::bind(("0.0.0.0", 0))?;
         socket.set_nonblocking(true)?;
-        let notifier = Self { socket: Arc::new(socket), resolved: Arc::new(RwLock::new(resolve(targets))) };
+        let notifier = Self {
+            socket: Arc::new(socket),
+            resolved: Arc::new(RwLock::new(resolve(targets))),
+        };
         let literal = targets.iter().all(|t| t.parse::<SocketAddr>().is_ok());
         if !literal && let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (targets, resolved) = (targets.to_vec(), Arc::downgrade(&notifier.resolved));
@@ -133,10 +148,14 @@ impl WakeNotifier {
                     tokio::time::sleep(RESOLVE_EVERY).await;
                     let addrs = {
                         let targets = targets.clone();
-                        tokio::task::spawn_blocking(move || resolve(&targets)).await.unwrap_or_default()
+                        tokio::task::spawn_blocking(move || resolve(&targets))
+                            .await
+                            .unwrap_or_default()
                     };
                     // The notifier is gone: stop.
-                    let Some(resolved) = resolved.upgrade() else { return };
+                    let Some(resolved) = resolved.upgrade() else {
+                        return;
+                    };
                     *resolved.write().expect("wake targets lock") = addrs;
                 }
             });
@@ -146,7 +165,11 @@ impl WakeNotifier {
 
     /// The notifier of `settings.wake_targets`; None when there are none.
     pub fn from_settings(settings: &WakeSettings) -> io::Result<Option<Self>> {
-        if settings.wake_targets.is_empty() { Ok(None) } else { Self::new(&settings.wake_targets).map(Some) }
+        if settings.wake_targets.is_empty() {
+            Ok(None)
+        } else {
+            Self::new(&settings.wake_targets).map(Some)
+        }
     }
 
     /// The addresses wake-ups go to now.
@@ -173,7 +196,9 @@ fn resolve(targets: &[String]) -> Vec<SocketAddr> {
     for target in targets {
         match target.to_socket_addrs() {
             Ok(found) => addrs.extend(found.filter(SocketAddr::is_ipv4)),
-            Err(e) => tracing::warn!(target, error = %e, "wake-up target does not resolve (yet); the relay's poll finds the rows meanwhile"),
+            Err(e) => {
+                tracing::warn!(target, error = %e, "wake-up target does not resolve (yet); the relay's poll finds the rows meanwhile")
+            }
         }
     }
     addrs.sort_unstable();
@@ -189,7 +214,10 @@ mod tests {
     async fn a_datagram_wakes_and_a_burst_wakes_once() {
         let listener = WakeListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        assert!(!listener.wait(Duration::from_millis(50)).await, "nothing sent: times out");
+        assert!(
+            !listener.wait(Duration::from_millis(50)).await,
+            "nothing sent: times out"
+        );
         let notifier = WakeNotifier::new(&[addr.to_string()]).unwrap();
         assert_eq!(notifier.targets(), vec![addr]);
         for _ in 0..20 {
@@ -200,23 +228,44 @@ mod tests {
         let started = std::time::Instant::now();
         assert!(listener.wait(Duration::from_secs(5)).await);
         assert!(started.elapsed() < Duration::from_secs(1));
-        assert!(!listener.wait(Duration::from_millis(50)).await, "the burst was drained by one wait");
+        assert!(
+            !listener.wait(Duration::from_millis(50)).await,
+            "the burst was drained by one wait"
+        );
     }
 
     #[test]
     fn addresses_are_checked_naming_the_field() {
-        let ok = WakeSettings { wake_listen: "0.0.0.0:7070".into(), wake_targets: vec!["orderpipe-relay:7070".into()] };
+        let ok = WakeSettings {
+            wake_listen: "0.0.0.0:7070".into(),
+            wake_targets: vec!["orderpipe-relay:7070".into()],
+        };
         assert_eq!(ok.validate(), Ok(()));
-        let bad = WakeSettings { wake_listen: "7070".into(), ..Default::default() };
-        assert!(bad.validate().unwrap_err().starts_with("outbox.wake_listen: `7070` is not host:port"));
-        let bad = WakeSettings { wake_targets: vec!["relay:http".into()], ..Default::default() };
-        assert!(bad.validate().unwrap_err().starts_with("outbox.wake_targets: `relay:http`"));
+        let bad = WakeSettings {
+            wake_listen: "7070".into(),
+            ..Default::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .starts_with("outbox.wake_listen: `7070` is not host:port")
+        );
+        let bad = WakeSettings {
+            wake_targets: vec!["relay:http".into()],
+            ..Default::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .starts_with("outbox.wake_targets: `relay:http`")
+        );
         assert_eq!(WakeSettings::default().validate(), Ok(()));
     }
 
     #[test]
     fn an_unresolvable_target_is_skipped_not_an_error() {
-        let notifier = WakeNotifier::new(&["no-such-host.invalid:7070".into(), "127.0.0.1:9".into()]).unwrap();
+        let notifier =
+            WakeNotifier::new(&["no-such-host.invalid:7070".into(), "127.0.0.1:9".into()]).unwrap();
         assert_eq!(notifier.targets(), vec!["127.0.0.1:9".parse().unwrap()]);
         notifier.notify();
     }

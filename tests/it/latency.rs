@@ -26,37 +26,76 @@ fn stamps(path: &std::path::Path) -> Vec<(String, i64)> {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_consumer_stamps_each_applied_event_once_after_its_commit() {
     let mut env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "stamped"]).success();
+    env.cli(&["topics", "ensure", "--group", "stamped"])
+        .success();
     let events = produce_lifecycles(&env, 200, 20, 5);
     // The first 10 again: duplicates are skipped, not stamped.
     let again: Vec<Envelope> = events[..10].to_vec();
-    env.cli(&["produce", "--file", write_ndjson(&again).path().to_str().unwrap()]).success();
+    env.cli(&[
+        "produce",
+        "--file",
+        write_ndjson(&again).path().to_str().unwrap(),
+    ])
+    .success();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("applied.tsv");
     env.set_env("ORDERPIPE_CHAOS__COMMIT_STAMPS", file.to_str().unwrap());
     let started = now_us();
-    let out = env.cli(&["consume", "--group", "stamped", "--handler", "notification", "--until-idle", "3", "--output", "json"]).success();
+    let out = env
+        .cli(&[
+            "consume",
+            "--group",
+            "stamped",
+            "--handler",
+            "notification",
+            "--until-idle",
+            "3",
+            "--output",
+            "json",
+        ])
+        .success();
     let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!((summary["applied"].as_u64(), summary["duplicates"].as_u64()), (Some(200), Some(10)), "{summary}");
+    assert_eq!(
+        (summary["applied"].as_u64(), summary["duplicates"].as_u64()),
+        (Some(200), Some(10)),
+        "{summary}"
+    );
 
     let stamped = stamps(&file);
     let ids: BTreeSet<&str> = stamped.iter().map(|(id, _)| id.as_str()).collect();
-    assert_eq!(stamped.len(), 200, "one line per applied event, none for a duplicate");
+    assert_eq!(
+        stamped.len(),
+        200,
+        "one line per applied event, none for a duplicate"
+    );
     let expected: BTreeSet<String> = events.iter().map(|e| e.event_id.to_string()).collect();
     assert_eq!(ids, expected.iter().map(String::as_str).collect());
     // After the commit: each stamp is no earlier than its dedup row's commit
     // made it visible (the row exists), and within the run.
-    let rows: Vec<(String,)> = sqlx::query_as("SELECT event_id FROM event_dedup WHERE consumer_group = 'stamped'")
-        .fetch_all(&env.db().pool)
-        .await
-        .unwrap();
+    let rows: Vec<(String,)> =
+        sqlx::query_as("SELECT event_id FROM event_dedup WHERE consumer_group = 'stamped'")
+            .fetch_all(&env.db().pool)
+            .await
+            .unwrap();
     assert_eq!(rows.len(), 200);
-    assert!(stamped.iter().all(|(_, us)| *us >= started && *us <= now_us()));
+    assert!(
+        stamped
+            .iter()
+            .all(|(_, us)| *us >= started && *us <= now_us())
+    );
     // The consumer's lines carry the record's Kafka timestamp (ms), taken
     // when `produce` sent it: before the run, and not in the future.
     for line in std::fs::read_to_string(&file).unwrap().lines() {
-        let produced: i64 = line.split('\t').nth(2).expect("a Kafka timestamp column").parse().unwrap();
-        assert!(produced * 1000 <= started && produced > started / 1000 - 600_000, "{line}");
+        let produced: i64 = line
+            .split('\t')
+            .nth(2)
+            .expect("a Kafka timestamp column")
+            .parse()
+            .unwrap();
+        assert!(
+            produced * 1000 <= started && produced > started / 1000 - 600_000,
+            "{line}"
+        );
     }
 }
 
@@ -66,18 +105,37 @@ async fn the_order_api_stamps_every_event_of_its_committed_transactions() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("api.tsv");
     let started = now_us();
-    env.cli(&["bench-drive-orders", "--orders", "40", "--drivers", "4", "--stamps", file.to_str().unwrap()]).success();
+    env.cli(&[
+        "bench-drive-orders",
+        "--orders",
+        "40",
+        "--drivers",
+        "4",
+        "--stamps",
+        file.to_str().unwrap(),
+    ])
+    .success();
     let stamped = stamps(&file);
     let by_id: BTreeMap<&str, i64> = stamped.iter().map(|(id, us)| (id.as_str(), *us)).collect();
     assert_eq!(by_id.len(), stamped.len(), "each event stamped once");
-    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT event_id, created_ms FROM outbox_messages")
-        .fetch_all(&env.db().pool)
-        .await
-        .unwrap();
-    assert_eq!(rows.len(), stamped.len(), "every outbox row stamped, nothing else");
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT event_id, created_ms FROM outbox_messages")
+            .fetch_all(&env.db().pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows.len(),
+        stamped.len(),
+        "every outbox row stamped, nothing else"
+    );
     for (id, created_ms) in &rows {
-        let us = by_id.get(id.as_str()).unwrap_or_else(|| panic!("event {id} not stamped"));
+        let us = by_id
+            .get(id.as_str())
+            .unwrap_or_else(|| panic!("event {id} not stamped"));
         // Stamped after the row was written (created_ms is taken before the commit).
-        assert!(*us >= created_ms * 1000 && *us >= started, "event {id}: stamp {us} µs before its row {created_ms} ms");
+        assert!(
+            *us >= created_ms * 1000 && *us >= started,
+            "event {id}: stamp {us} µs before its row {created_ms} ms"
+        );
     }
 }

@@ -20,20 +20,30 @@ fn wake_addr(child: &mut std::process::Child) -> String {
     let stderr = child.stderr.take().expect("stderr piped");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
             if let Some(addr) = line.strip_prefix("relay wake-up listening on udp://") {
                 let _ = tx.send(addr.trim().to_string());
             }
         }
     });
-    rx.recv_timeout(Duration::from_secs(30)).expect("wake-up address announced")
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("wake-up address announced")
 }
 
 /// Creates an order and waits until the relay marked every outbox row of
 /// it sent (strictly after its Kafka commit); the time from the API's
 /// commit to then.
 async fn publish_time(env: &TestEnv, service: &OrderService, limit: Duration) -> Duration {
-    let new = NewOrder { user_id: 7, sku: "W-1".into(), quantity: 1, amount: 100, currency: None };
+    let new = NewOrder {
+        user_id: 7,
+        sku: "W-1".into(),
+        quantity: 1,
+        amount: 100,
+        currency: None,
+    };
     let order = service.create(new, None).await.expect("order created");
     let committed = Instant::now();
     let pool = env.db().pool;
@@ -48,7 +58,11 @@ async fn publish_time(env: &TestEnv, service: &OrderService, limit: Duration) ->
         if unsent == 0 {
             return committed.elapsed();
         }
-        assert!(committed.elapsed() < limit, "order {} not published within {limit:?}", order.order_id);
+        assert!(
+            committed.elapsed() < limit,
+            "order {} not published within {limit:?}",
+            order.order_id
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -58,7 +72,15 @@ async fn an_idle_relay_publishes_at_once_when_woken_and_at_its_poll_when_not() {
     let env = TestEnv::new().with_database().await;
     env.cli(&["topics", "ensure", "--group", "wake"]).success();
     let poll_ms = POLL.as_millis().to_string();
-    let mut relay = env.spawn(&["relay", "--instance", "wake", "--poll-ms", &poll_ms, "--wake-listen", "127.0.0.1:0"]);
+    let mut relay = env.spawn(&[
+        "relay",
+        "--instance",
+        "wake",
+        "--poll-ms",
+        &poll_ms,
+        "--wake-listen",
+        "127.0.0.1:0",
+    ]);
     let addr = wake_addr(&mut relay);
     let woken = OrderService::new(env.db(), &env.settings.producer, &env.settings.topics)
         .with_wake(Some(WakeNotifier::new(&[addr]).unwrap()));
@@ -70,12 +92,22 @@ async fn an_idle_relay_publishes_at_once_when_woken_and_at_its_poll_when_not() {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let fast = publish_time(&env, &woken, POLL * 2).await;
-    assert!(fast < Duration::from_millis(1500), "woken relay took {fast:?} (poll interval {POLL:?})");
+    assert!(
+        fast < Duration::from_millis(1500),
+        "woken relay took {fast:?} (poll interval {POLL:?})"
+    );
     // The wake-up made every shard claim just now, so each one's next poll is
     // a whole interval away: an order without a wake-up waits for it.
     let slow = publish_time(&env, &unwoken, POLL * 3).await;
-    assert!(slow > Duration::from_secs(3), "without a wake-up the row waits for the poll, took {slow:?}");
+    assert!(
+        slow > Duration::from_secs(3),
+        "without a wake-up the row waits for the poll, took {slow:?}"
+    );
 
     // Every event reached the topic (3 orders: order.created each).
-    env.read(&env.settings.topics.order_events.name, 3, Duration::from_secs(30));
+    env.read(
+        &env.settings.topics.order_events.name,
+        3,
+        Duration::from_secs(30),
+    );
 }
