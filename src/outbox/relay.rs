@@ -418,6 +418,11 @@ impl Relay {
         let mut first_publish = None;
         let mut last_purge = Instant::now();
         let mut last_backlog = Instant::now() - Duration::from_secs(10);
+        // Counting a large backlog reads every unsent entry of the index
+        // (1M rows: ~1.5 s of MariaDB): measured again after at least ten
+        // times the last count's duration, so it takes at most a tenth of
+        // a database core away from publishing.
+        let mut backlog_every = Duration::from_secs(5);
         // Wake-ups from the API end the idle waits of every shard.
         let forward_wakes = self.options.wake.clone().map(|listener| {
             let wake = self.wake.clone();
@@ -443,11 +448,12 @@ impl Relay {
             } else if self.options.until_idle.is_some_and(|idle| last_work.elapsed() >= idle) {
                 break Ok(());
             }
-            if last_backlog.elapsed() > Duration::from_secs(5) {
+            if last_backlog.elapsed() > backlog_every {
                 last_backlog = Instant::now();
                 if let Ok(backlog) = super::backlog(&self.db).await {
                     backlog.report();
                 }
+                backlog_every = (last_backlog.elapsed() * 10).max(Duration::from_secs(5));
             }
             if last_purge.elapsed() > Duration::from_secs(60) {
                 last_purge = Instant::now();
