@@ -297,7 +297,7 @@ async fn two_relays_publish_every_event_once_in_order_per_order() {
     let api = start_api(&env).await;
     let mut a = env.spawn(&["relay", "--instance", "relay-a", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
     // The second starts once the first holds every shard: it must still get
-    // its share. The orders are written while both publish.
+    // its share.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (held,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM relay_leases WHERE owner = 'relay-a'")
@@ -311,6 +311,20 @@ async fn two_relays_publish_every_event_once_in_order_per_order() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut b = env.spawn(&["relay", "--instance", "relay-b", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
+    // The orders are written once the newcomer holds its share, so both
+    // publish: relay-a alone drains them in a second or two.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (held,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM relay_leases WHERE owner = 'relay-b'")
+            .fetch_one(&env.db().pool)
+            .await
+            .unwrap();
+        if held > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "relay-b took no shard in 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     drive_orders(&api, 1000, 16).await;
     let events = outbox_events(&env).await;
     let mut published = Vec::new();
