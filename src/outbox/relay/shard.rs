@@ -9,10 +9,9 @@
 //! ```
 //!
 //! * **Claim** is a plain read (no row locks): the oldest unsent rows of the
-//!   shard through the `(shard, sent_ms, id)` index, above the rows this
+//!   shard through the `(shard, sent_ms, id)` index, skipping the rows this
 //!   pipeline already has in flight (claimed, or committed to Kafka but not
-//!   yet marked), plus any row below them that committed late; completed to
-//!   whole business transactions (`tx_id`). It
+//!   yet marked), completed to whole business transactions (`tx_id`). It
 //!   needs no lock because the shard's lease and its `transactional.id` make
 //!   this task the shard's only publisher: a previous owner that still runs
 //!   was fenced when we called `init_transactions`, so its next commit fails.
@@ -201,7 +200,6 @@ pub(super) async fn run(
     let mut wake = shared.wake.clone();
     let mut backoff = Backoff::capped(Duration::from_secs(5));
     let mut next: Option<Batch> = None;
-    let mut window = ClaimWindow::new();
     let mut gate_passed = crash.is_none();
     // Committed batches held unmarked while the after-commit crash point is armed.
     let mut held_unmarked = 0;
@@ -215,7 +213,7 @@ pub(super) async fn run(
             Some(batch) => batch,
             None => {
                 wake.borrow_and_update();
-                match claim(&shared, shard, &in_flight, &mut window).await {
+                match claim(&shared, shard, &in_flight).await {
                     Ok(batch) => batch,
                     Err(e) => {
                         tracing::warn!(shard, error = %e, "outbox claim failed; retrying with backoff");
@@ -249,7 +247,7 @@ pub(super) async fn run(
         // transaction runs; it skips this batch's rows (in flight).
         let (outcome, prefetched) = tokio::join!(
             transaction(shard, &producer, &batch, &shared, crash.as_deref(), &mut gate_passed),
-            claim(&shared, shard, &in_flight, &mut window),
+            claim(&shared, shard, &in_flight),
         );
         super::transaction(if matches!(outcome, ShardOutcome::Committed) { "committed" } else { "aborted" });
         match outcome {
@@ -285,7 +283,6 @@ pub(super) async fn run(
                 // What was claimed meanwhile may hold later events of the
                 // aborted batch's orders: dropped, claimed again after it.
                 remove(&in_flight, &ids);
-                window.look_from_the_start();
                 tracing::warn!(shard, error = %error, "Kafka transaction aborted; its rows stay unsent and are retried");
                 let _ = events.send(ShardEvent::Aborted);
                 tokio::select! {
@@ -346,122 +343,30 @@ fn remove(in_flight: &Mutex<BTreeSet<i64>>, ids: &[i64]) {
 
 /// The oldest unsent rows of `shard` that are not in flight, completed to
 /// whole business transactions, encoded.
-/// Where a shard's claims read: above the highest id claimed so far, plus a
-/// look below it for rows that committed late.
-#[derive(Debug)]
-pub(super) struct ClaimWindow {
-    /// The highest id claimed so far.
-    high: i64,
-    /// `high` as it was at past claims, oldest first (for the floor).
-    history: std::collections::VecDeque<(Instant, i64)>,
-    /// When the look below last went down to the shard's first row.
-    last_full: Option<Instant>,
-}
-
-/// How far back the look below the claimed ids goes on most claims: a row
-/// that commits this long after a higher id of its shard was claimed is
-/// found by the look down to the first row, which runs this often.
-pub const LATE_WINDOW: Duration = Duration::from_secs(10);
-
-impl ClaimWindow {
-    pub(super) fn new() -> Self {
-        Self { high: 0, history: Default::default(), last_full: None }
-    }
-
-    /// The next claim looks down to the shard's first row (after an abort:
-    /// its rows are below the claimed ids again).
-    fn look_from_the_start(&mut self) {
-        self.last_full = None;
-    }
-
-    /// The lowest id the next look below goes to (exclusive), and whether
-    /// it is the shard's start.
-    fn floor(&mut self, now: Instant) -> i64 {
-        if self.last_full.is_none_or(|t| now.duration_since(t) >= LATE_WINDOW) {
-            self.last_full = Some(now);
-            return 0;
-        }
-        while self.history.len() > 1 && now.duration_since(self.history[1].0) >= LATE_WINDOW {
-            self.history.pop_front();
-        }
-        match self.history.front() {
-            Some((at, high)) if now.duration_since(*at) >= LATE_WINDOW => *high,
-            _ => 0,
-        }
-    }
-
-    fn claimed(&mut self, now: Instant, id: i64) {
-        if id > self.high {
-            self.high = id;
-            self.history.push_back((now, id));
-        }
-    }
-}
-
-async fn claim(
-    shared: &ShardShared,
-    shard: i64,
-    in_flight: &Mutex<BTreeSet<i64>>,
-    window: &mut ClaimWindow,
-) -> Result<Batch, ClaimError> {
-    const COLUMNS: &str = "SELECT id, tx_id, topic, message_key, envelope FROM outbox_messages";
+async fn claim(shared: &ShardShared, shard: i64, in_flight: &Mutex<BTreeSet<i64>>) -> Result<Batch, ClaimError> {
     let started = Instant::now();
     let skip: BTreeSet<i64> = in_flight.lock().expect("not poisoned").clone();
     let mut tx = shared.db.begin().await?;
-    let batch = shared.batch_size as i64;
-    // The rows above every id claimed so far, read straight through the
-    // index (shard, sent_ms, id) in id order: neither the rows in flight nor
-    // the entries of rows marked sent (kept by InnoDB until its purge) are
-    // walked again claim after claim.
-    let cursor = window.high;
-    let mut read = Vec::with_capacity(shared.batch_size);
-    // Rows below the cursor that are neither in flight nor sent committed
-    // after higher ids were claimed (late), or were in an aborted batch: a
-    // count over the index between the floor and the cursor finds whether
-    // there are any; the rare claim that finds some reads their ids. (A row
-    // marked meanwhile can hide one late row from one claim's count: the
-    // next claim sees it.)
-    let floor = window.floor(started);
-    if cursor > 0 {
-        let (unsent,): (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM outbox_messages WHERE shard = ? AND sent_ms IS NULL AND id > ? AND id <= ?",
-        )
-        .bind(shard)
-        .bind(floor)
-        .bind(cursor)
-        .fetch_one(&mut *tx)
-        .await?;
-        let in_flight_below = skip.range(floor + 1..=cursor).count() as i64;
-        if unsent > in_flight_below {
-            let below: Vec<(i64,)> = sqlx::query_as(
-                "SELECT id FROM outbox_messages WHERE shard = ? AND sent_ms IS NULL AND id > ? AND id <= ? \
-                 ORDER BY id LIMIT ?",
-            )
-            .bind(shard)
-            .bind(floor)
-            .bind(cursor)
-            .bind(batch + in_flight_below)
-            .fetch_all(&mut *tx)
-            .await?;
-            let late: Vec<i64> = below.into_iter().map(|(id,)| id).filter(|id| !skip.contains(id)).take(shared.batch_size).collect();
-            for r in rows::select_in(&mut tx, COLUMNS, "id", "", &late).await? {
-                read.push(OutboxRow::from_row(&r)?);
-            }
-        }
-    }
-    if read.len() < shared.batch_size {
-        let above = sqlx::query(
-            "SELECT id, tx_id, topic, message_key, envelope FROM outbox_messages \
-             WHERE shard = ? AND sent_ms IS NULL AND id > ? ORDER BY id LIMIT ?",
-        )
-        .bind(shard)
-        .bind(cursor)
-        .bind(batch - read.len() as i64)
-        .fetch_all(&mut *tx)
-        .await?;
-        for r in above {
-            read.push(OutboxRow::from_row(&r)?);
-        }
+    // The index (shard, sent_ms, id) gives these in id order, ids only.
+    let limit = (shared.batch_size + skip.len()) as i64;
+    let candidates: Vec<(i64,)> = sqlx::query_as(
+        "SELECT id FROM outbox_messages WHERE shard = ? AND sent_ms IS NULL ORDER BY id LIMIT ?",
+    )
+    .bind(shard)
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    let ids: Vec<i64> = candidates
+        .into_iter()
+        .map(|(id,)| id)
+        .filter(|id| !skip.contains(id))
+        .take(shared.batch_size)
+        .collect();
+    const COLUMNS: &str = "SELECT id, tx_id, topic, message_key, envelope FROM outbox_messages";
+    let mut found = rows::select_in(&mut tx, COLUMNS, "id", "", &ids).await?;
+    let mut read = Vec::with_capacity(found.len());
+    for r in found.drain(..) {
+        read.push(OutboxRow::from_row(&r)?);
     }
     read.sort_unstable_by_key(|r| r.id);
     // Whole business transactions: the rest of the last one's rows.
@@ -483,9 +388,6 @@ async fn claim(
         }
     }
     tx.rollback().await?;
-    if let Some(last) = read.iter().map(|r| r.id).max() {
-        window.claimed(started, last);
-    }
     stage_time(shared, "claim", started);
     let started = Instant::now();
     let mut records = Vec::with_capacity(read.len());
