@@ -197,4 +197,18 @@ cp "$OUT/production-rules.yaml" "$OUT/rules.yaml"
 cp "$ROOT/tests/alerts/alerts_test.yaml" "$OUT/"
 promtool check rules "$OUT/rules.yaml"
 (cd "$OUT" && promtool test rules alerts_test.yaml)
-echo "chart checks: 2 values files rendered and validated, 7 alerts tested firing and silent"
+# Every alert needs a firing case and a silent case: an alert added without
+# its tests fails here, not in production.
+alerts=$(python3 - "$OUT/rules.yaml" "$OUT/alerts_test.yaml" <<'PY'
+import sys, yaml
+rules = [r["alert"] for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"] if "alert" in r]
+cases = [c for t in yaml.safe_load(open(sys.argv[2]))["tests"] for c in t.get("alert_rule_test", [])]
+missing = [f"{a} ({what})" for a in rules for what, ok in
+           (("firing", lambda c: c["exp_alerts"]), ("silent", lambda c: not c["exp_alerts"]))
+           if not any(c["alertname"] == a and ok(c) for c in cases)]
+if missing:
+    sys.exit("alerts without a test case: " + ", ".join(missing))
+print(len(rules))
+PY
+)
+echo "chart checks: 2 values files rendered and validated, $alerts alerts tested firing and silent"

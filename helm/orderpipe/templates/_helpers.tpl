@@ -215,3 +215,12 @@ readinessProbe:
     limits: {cpu: 500m, memory: 256Mi}
   {{- include "orderpipe.mounts" $root | nindent 2 }}
 {{- end -}}
+
+{{/* "1|2|...|N": the retry attempt numbers up to N, for a label regex (N >= 1). */}}
+{{- define "orderpipe.attemptsUpTo" -}}
+{{- $n := int . -}}
+{{- if lt $n 1 -}}{{- fail (printf "alerts.maxRetries is %v; accepted: a whole number of 1 or more" .) -}}{{- end -}}
+{{- $attempts := list -}}
+{{- range $i := until $n -}}{{- $attempts = append $attempts (toString (add1 $i)) -}}{{- end -}}
+{{- join "|" $attempts -}}
+{{- end -}}
