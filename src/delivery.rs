@@ -1,7 +1,7 @@
 //! Config-driven HTTP delivery to downstream services (seed 003).
 //!
 //! Subscriptions are data, not code: each names an event-name pattern, a
-//! URL, method, timeout, retry profile and an enabled flag:
+//! URL, method, timeout, retry schedule and an enabled flag:
 //!
 //! ```toml
 //! [[http.subscriptions]]
@@ -10,9 +10,13 @@
 //! url = "http://crm.internal/hooks/orders"
 //! method = "POST"
 //! timeout_ms = 2000
-//! retry_profile = "default"       # default | seed000
+//! retry = {delays = ["5s", "30s", "5m"], jitter = 0.1}   # or retry_profile = "seed003"
 //! enabled = true
 //! ```
+//!
+//! The group's schedule layers `[retry]`, then `[retry.groups."<group>"]`,
+//! then the subscription's `retry` (see [`crate::retry::policy`]); it is
+//! read at start, so a change of it takes a restart.
 //!
 //! `orderpipe deliver --subscription crm` runs a consumer group
 //! (`http.crm`) whose [`HttpDelivery`] handler POSTs each matching event as
@@ -38,12 +42,13 @@ use crate::consumer::handler::{Effect, Handler, HandlerError};
 use crate::db::Tx;
 use crate::consumer::version::MAJOR_1;
 use crate::envelope::{Envelope, EventName};
+use crate::retry::{RetryLayer, RetryPolicy, RetrySettings};
 
 /// One downstream subscription.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Subscription {
-    /// Name; the consumer group is `http.<name>`.
+    /// Name; the consumer group is `http.<name>` unless `deliver --group` says otherwise.
     pub name: String,
     /// Event-name patterns; `*` matches any run of characters.
     pub events: Vec<String>,
@@ -55,9 +60,14 @@ pub struct Subscription {
     /// Per-request timeout.
     #[serde(default = "default_timeout")]
     pub timeout_ms: u64,
-    /// Retry profile of the group (`default` or `seed000`).
-    #[serde(default = "default_profile")]
-    pub retry_profile: String,
+    /// Retry profile of the group (a name of [`crate::retry::policy::PROFILES`]),
+    /// the same as `retry.profile`; unset: the group's `[retry]` layers decide.
+    #[serde(default)]
+    pub retry_profile: Option<String>,
+    /// The group's schedule over `[retry]` and `[retry.groups."<group>"]`:
+    /// `delays`, `jitter`, `profile`, ... ([`RetryLayer`]).
+    #[serde(default)]
+    pub retry: Option<RetryLayer>,
     /// `channel_id` in the body (who is calling).
     #[serde(default = "default_channel")]
     pub channel_id: String,
@@ -71,9 +81,6 @@ fn default_method() -> String {
 }
 fn default_timeout() -> u64 {
     5_000
-}
-fn default_profile() -> String {
-    "default".into()
 }
 fn default_channel() -> String {
     "orderpipe".into()
@@ -96,6 +103,11 @@ impl HttpSettings {
     pub fn validate(&self) -> Result<(), String> {
         self.subscriptions.iter().try_for_each(Subscription::validate)
     }
+
+    /// Every subscription's schedule for its default group resolves over `retry`.
+    pub fn validate_retry(&self, retry: &RetrySettings) -> Result<(), String> {
+        self.subscriptions.iter().try_for_each(|s| s.retry_policy(retry, &default_group(&s.name)).map(drop))
+    }
 }
 
 impl Subscription {
@@ -116,15 +128,38 @@ impl Subscription {
         if self.events.is_empty() {
             return Err(format!("{}: name at least one event pattern, e.g. \"order.*\"", field("events")));
         }
-        if !crate::retry::policy::PROFILES.contains(&self.retry_profile.as_str()) {
-            return Err(format!(
-                "{}: `{}` is not one of {}",
-                field("retry_profile"),
-                self.retry_profile,
-                crate::retry::policy::PROFILES.join(", ")
-            ));
+        self.retry_layer()?.check(&field("retry")).map_err(|e| e.to_string())
+    }
+
+    /// The subscription's retry layer: `retry`, with `retry_profile` as its
+    /// profile (setting both is refused, naming both).
+    pub fn retry_layer(&self) -> Result<RetryLayer, String> {
+        let mut layer = self.retry.clone().unwrap_or_default();
+        if let Some(profile) = &self.retry_profile {
+            if layer.profile.is_some() || layer.delays.is_some() {
+                let other = if layer.profile.is_some() { "retry.profile" } else { "retry.delays" };
+                return Err(format!(
+                    "http.subscriptions[{0}].retry_profile and http.subscriptions[{0}].{other}: both set; \
+                     keep one (retry_profile is the older spelling of retry.profile)",
+                    self.name
+                ));
+            }
+            layer.profile = Some(profile.clone());
         }
-        Ok(())
+        Ok(layer)
+    }
+
+    /// The layer `deliver` puts on top of its group's
+    /// ([`RetrySettings::top`]): the path naming it in errors, and [`Subscription::retry_layer`].
+    pub fn retry_top(&self) -> Result<(String, RetryLayer), String> {
+        Ok((format!("http.subscriptions[{}].retry", self.name), self.retry_layer()?))
+    }
+
+    /// The schedule of this subscription's `group`: `[retry]`, the
+    /// group's layer, then the subscription's.
+    pub fn retry_policy(&self, retry: &RetrySettings, group: &str) -> Result<RetryPolicy, String> {
+        let (prefix, layer) = self.retry_top()?;
+        retry.policy_with(group, Some((&prefix, &layer))).map_err(|e| e.to_string())
     }
 }
 
@@ -305,6 +340,64 @@ mod tests {
         assert!(glob("*.refunded", "order.refunded"));
         assert!(glob("order.*.succeeded", "order.payment.succeeded"));
         assert!(!glob("inventory.*", "order.created"));
+    }
+
+    #[test]
+    fn a_subscriptions_retry_layers_over_its_group_and_names_its_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let write = |subscription_retry: &str| {
+            std::fs::write(
+                &path,
+                format!(
+                    "[retry]\nprofile = \"seed000\"\n[retry.groups.\"crm.order.consumer\"]\njitter = 0.1\n\
+                     [[http.subscriptions]]\nname = \"crm\"\nevents = [\"order.*\"]\nurl = \"http://crm/hooks\"\n{subscription_retry}\n"
+                ),
+            )
+            .unwrap();
+        };
+        figment::Jail::expect_with(|_| {
+            write("retry = {delays = [\"5s\", \"30s\", \"5m\"]}");
+            let settings = crate::config::Settings::load(Some(&path)).unwrap();
+            let crm = find(&settings.http, "crm").unwrap();
+            let policy = crm.retry_policy(&settings.retry, "crm.order.consumer").unwrap();
+            assert_eq!(policy.delays, [5, 30, 300].map(Duration::from_secs), "the subscription's list over seed000");
+            assert_eq!(policy.jitter, 0.1, "the group's jitter stays");
+            // Without a retry table: the [retry] layers decide (seed000 here).
+            write("");
+            let settings = crate::config::Settings::load(Some(&path)).unwrap();
+            let crm = find(&settings.http, "crm").unwrap();
+            assert_eq!(crm.retry_policy(&settings.retry, "http.crm").unwrap().delays, [10, 60, 300].map(Duration::from_secs));
+            write("retry_profile = \"seed003\"");
+            let settings = crate::config::Settings::load(Some(&path)).unwrap();
+            let crm = find(&settings.http, "crm").unwrap();
+            assert_eq!(crm.retry_policy(&settings.retry, "http.crm").unwrap().delays, [5, 30, 300].map(Duration::from_secs));
+            for (retry, want) in [
+                ("retry_profile = \"seed003\"\nretry = {delays = [\"1s\"]}", "http.subscriptions[crm].retry_profile and http.subscriptions[crm].retry.delays: both set"),
+                ("retry = {delays = [\"1 minute\"]}", "http.subscriptions[crm].retry.delays[0]: `1 minute` is not a delay; accepted forms: <n>ms, <n>s, <n>m or <n>h"),
+                ("retry = {jitter = 2}", "http.subscriptions[crm].retry.jitter: 2 is outside 0 to 1"),
+                ("retry = {attempts = 5, profile = \"seed001\"}", "http.subscriptions[crm].retry.attempts: profile seed001 is a fixed list"),
+            ] {
+                write(retry);
+                let err = crate::config::Settings::load(Some(&path)).unwrap_err().to_string();
+                assert!(err.contains(want), "{retry}: {err}");
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn group_keys_with_dots_load_from_toml_and_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("c.json");
+        std::fs::write(&json, r#"{"retry": {"groups": {"inventory-service.order.consumer": {"delays": ["10s", "1m"]}}}}"#).unwrap();
+        figment::Jail::expect_with(|_| {
+            let settings = crate::config::Settings::load(Some(&json)).unwrap();
+            let policy = settings.retry.policy_for("inventory-service.order.consumer").unwrap();
+            assert_eq!(policy.delays, [Duration::from_secs(10), Duration::from_secs(60)]);
+            assert_eq!(settings.retry.policy_for("other.order.consumer").unwrap().delays.len(), 5, "other groups: default");
+            Ok(())
+        });
     }
 
     #[test]

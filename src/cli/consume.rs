@@ -67,6 +67,7 @@ impl GroupArgs {
         handlers: Vec<Arc<dyn Handler>>,
         error_tier: bool,
     ) -> anyhow::Result<ExitCode> {
+        crate::consumer::naming::warn_unless_house_pattern(&group);
         let topic = self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
         let needed = consumer::connections_needed(&settings.topics, &topic, error_tier);
         let configured = settings.database.max_connections;
@@ -170,16 +171,17 @@ pub struct DeliverArgs {
 /// Runs `orderpipe deliver`: a consumer group delivering one subscription.
 pub async fn deliver(settings: &Settings, config: Option<std::path::PathBuf>, args: DeliverArgs) -> anyhow::Result<ExitCode> {
     let subscription = crate::delivery::find(&settings.http, &args.subscription).map_err(anyhow::Error::msg)?;
+    let group = args.group.unwrap_or_else(|| crate::delivery::default_group(&args.subscription));
     let mut settings = settings.clone();
-    // The subscription's retry profile is its group's schedule.
-    settings.retry.profile = subscription.retry_profile.clone();
+    // The subscription's retry table goes on top of its group's layers.
+    settings.retry.top = Some(subscription.retry_top().map_err(anyhow::Error::msg)?);
+    settings.retry.policy_for(&group)?;
     let (handler, shared) = crate::delivery::HttpDelivery::new(subscription);
     let path = config.unwrap_or_else(|| std::path::PathBuf::from(crate::config::DEFAULT_CONFIG_FILE));
     let (reload_path, name) = (path.clone(), args.subscription.clone());
     crate::delivery::watch(path, shared, move || {
         Settings::load(Some(&reload_path)).map_err(|e| e.to_string()).and_then(|s| crate::delivery::find(&s.http, &name))
     });
-    let group = args.group.unwrap_or_else(|| crate::delivery::default_group(&args.subscription));
     args.run.run(&settings, group, vec![Arc::new(handler)], true).await
 }
 

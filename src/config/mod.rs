@@ -201,12 +201,13 @@ impl Settings {
         self.kafka.validate().map_err(ConfigError)?;
         self.consumer.validate(&self.kafka).map_err(ConfigError)?;
         self.topics.validate_layout().map_err(ConfigError)?;
-        crate::retry::RetryPolicy::from_settings(&self.retry).map_err(|e| ConfigError(e.to_string()))?;
+        self.retry.validate().map_err(|e| ConfigError(e.to_string()))?;
         #[cfg(not(feature = "harness"))]
         if self.chaos.is_some() {
             return Err(ConfigError(NO_CHAOS.into()));
         }
         self.http.validate().map_err(ConfigError)?;
+        self.http.validate_retry(&self.retry).map_err(ConfigError)?;
         self.lag.validate().map_err(ConfigError)?;
         self.topics.validate_retention().map_err(ConfigError)?;
         self.database.validate().map_err(ConfigError)?;

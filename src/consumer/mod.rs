@@ -24,6 +24,8 @@
 //! * [`handler`] is the trait for effects, [`handlers`] the built-in ones;
 //! * [`version`] checks `event_version` against the majors the handlers declare;
 //! * [`events`] are the consumer's internal events (a log line and a metric each).
+//! * [`naming`] checks a group name against the house pattern
+//!   `{service}.{event}.consumer` (a warning at start).
 //!
 //! [`ConsumerSettings`] is the `[consumer]` section of the configuration.
 
@@ -32,6 +34,7 @@ mod dispatch;
 pub mod events;
 pub mod handler;
 pub mod handlers;
+pub mod naming;
 pub mod version;
 pub mod worker;
 
@@ -50,7 +53,7 @@ use crate::health::HealthState;
 use crate::ordering::OrderingMode;
 use crate::kafka::client::{KafkaSettings, Prefetch, client_config, consumer_options};
 use crate::producer::ProducerSettings;
-use crate::retry::{Forwarder, RetryPolicy, RetrySettings, TierTopics, retry_topic};
+use crate::retry::{Forwarder, RetrySettings, TierTopics, retry_topic};
 use crate::schema::SchemaCatalog;
 use crate::topics::TopicsSettings;
 use assignment::{Assignment, AssignmentContext, PartitionKey};
@@ -440,7 +443,7 @@ pub fn required_topics(topics: &TopicsSettings, options: &ConsumeOptions) -> Vec
 /// The group's error tier: an idempotent producer to forward failures to
 /// its retry topic and the DLQ topic (both checked by [`required_topics`]).
 fn forwarder(settings: ConsumerSections<'_>, options: &ConsumeOptions) -> Result<Forwarder, ConsumerError> {
-    let policy = RetryPolicy::from_settings(settings.retry).map_err(|e| ConsumerError::Config(e.to_string()))?;
+    let policy = settings.retry.policy_for(&options.group).map_err(|e| ConsumerError::Config(e.to_string()))?;
     let producer_options = crate::kafka::client::producer_options(
         &settings.kafka.client_options(),
         &settings.producer.options,

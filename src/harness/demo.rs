@@ -161,7 +161,8 @@ async fn deliver_payments(settings: &Settings, db: &Db, topic: &str, events: &[E
         url,
         method: "POST".into(),
         timeout_ms: 2000,
-        retry_profile: "default".into(),
+        retry_profile: Some("default".into()),
+        retry: None,
         channel_id: "orderpipe-demo".into(),
         enabled: true,
     };

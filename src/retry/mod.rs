@@ -22,7 +22,8 @@
 //! record carries the headers a forwarded one does and goes to the retry
 //! topic of the topic its group reads.
 //!
-//! * [`policy`] resolves the schedule (profiles `default` and `seed000`).
+//! * [`policy`] resolves the schedule: profiles (`default`, `seed000`,
+//!   `seed001`, `seed003`) or explicit delays, with jitter, per group.
 
 pub mod policy;
 
@@ -36,7 +37,7 @@ use rdkafka::Message;
 use crate::clock::now_ms;
 use crate::kafka::record::{Failure, FailureHistory, header, replace_orderpipe_headers};
 
-pub use policy::{RetryPolicy, RetrySettings};
+pub use policy::{RetryLayer, RetryPolicy, RetrySettings};
 
 /// Where a failed record went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,7 +245,7 @@ impl Forwarder {
         let mut history = FailureHistory::of(message);
         history.executions += failure.executions;
         let now = now_ms();
-        let (routed, hop) = match (failure.retryable, self.policy.next_delay(history.attempt)) {
+        let (routed, hop) = match (failure.retryable, self.policy.draw_delay(history.attempt, &mut rand::rng())) {
             (true, Some(delay)) => {
                 let attempt = history.attempt + 1;
                 let due_ms = now + delay.as_millis() as i64;
