@@ -17,10 +17,10 @@ use serde_json::{Value, json};
 use crate::consumer::write_ndjson;
 use crate::helpers::TestEnv;
 
-type Seen = Arc<Mutex<Vec<(String, String, Value)>>>;
+pub(crate) type Seen = Arc<Mutex<Vec<(String, String, Value)>>>;
 
 /// A downstream whose behaviour is chosen by the path; records every request.
-async fn downstream() -> (String, Seen) {
+pub(crate) async fn downstream() -> (String, Seen) {
     let seen: Seen = Arc::default();
     async fn hook(State(seen): State<Seen>, Path(mode): Path<String>, headers: HeaderMap, Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
         let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();

@@ -27,3 +27,4 @@ mod replay;
 mod schema;
 mod topics;
 mod wake;
+mod retry_schedule;
