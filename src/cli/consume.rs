@@ -82,6 +82,13 @@ impl GroupArgs {
         if self.migrate {
             db.migrate().await?;
         }
+        // The group's own dead-letter gauges, on a connection of their own:
+        // exported with the persister down too (see crate::dlq::gauges).
+        let gauges = tokio::spawn(crate::dlq::gauges::export(
+            Db::connect(&settings.database, 1)?,
+            crate::dlq::gauges::Scope::Group(group.clone()),
+            Duration::from_secs(settings.dlq.gauge_interval_secs),
+        ));
         let options = ConsumeOptions {
             group,
             handlers,
@@ -94,8 +101,9 @@ impl GroupArgs {
             crash_before_forward_ack: crash_before_forward_ack(settings)?,
             commit_stamps: commit_stamps(settings)?,
         };
-        let summary = consumer::run(crate::startup::consumer_sections(settings), db, options, shutdown_signal()).await?;
-        consume(&summary, self.output.output);
+        let summary = consumer::run(crate::startup::consumer_sections(settings), db, options, shutdown_signal()).await;
+        gauges.abort();
+        consume(&summary?, self.output.output);
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -16,7 +16,7 @@ use crate::db::Db;
 use crate::dlq::replay::{self, ReplayOptions};
 use crate::dlq::store::{self, Filter, Selection, Status};
 use crate::dlq::ignore::{self, Followers, IgnoreError};
-use crate::dlq::persist;
+use crate::dlq::{gauges, persist};
 use crate::schema::SchemaCatalog;
 
 /// `orderpipe dlq` subcommands.
@@ -81,6 +81,10 @@ pub enum DlqCommand {
     },
     /// Republish dead letters (to the failing group's retry topic) and mark them replayed.
     Replay(ReplayArgs),
+    /// Delete old dead letters, a small batch per statement: replayed and
+    /// ignored ones by default; pending ones only when named with --status.
+    /// The head of a parked key is never deleted (records wait behind it).
+    Purge(PurgeArgs),
     /// Close dead letters without replaying them.
     Ignore {
         #[command(flatten)]
@@ -128,6 +132,60 @@ pub struct FilterArgs {
     /// Error class or message contains this text.
     #[arg(long = "error")]
     error_text: Option<String>,
+    /// Error class is one of these (repeatable or comma-separated), e.g.
+    /// handler_retryable,unavailable.
+    #[arg(long = "class", value_delimiter = ',', value_parser = crate::dlq::known_class)]
+    classes: Vec<String>,
+    /// Last failure at least this long ago (an age: 10m, 2h, 7d); the same as --until AGE.
+    #[arg(long, value_parser = store::parse_age, conflicts_with = "until", value_name = "AGE")]
+    older_than: Option<i64>,
+}
+
+/// Flags of `dlq purge`.
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Delete rows whose last change (failure, replay or ignore) is older than this, e.g. 7d, 36h.
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "AGE")]
+    older_than: Duration,
+    /// Statuses to delete (repeatable or comma-separated; default: replayed, ignored).
+    /// Pending rows are deleted only when named here.
+    #[arg(long = "status", value_enum, value_delimiter = ',')]
+    statuses: Vec<StatusArg>,
+    /// Only this consumer group.
+    #[arg(long)]
+    group: Option<String>,
+    /// Rows per DELETE statement.
+    #[arg(long, value_name = "ROWS", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    batch: u32,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    output: OutputArg,
+}
+
+impl PurgeArgs {
+    /// The store's [`store::Purge`]: held records are no dead letters, and
+    /// are never purged.
+    fn selection(&self) -> Result<store::Purge, store::SelectionError> {
+        let mut statuses = Vec::new();
+        for status in &self.statuses {
+            match Selection::from(*status) {
+                Selection::Status(s) if !statuses.contains(&s) => statuses.push(s),
+                Selection::Status(_) => {}
+                Selection::Held => return Err(store::SelectionError::HeldNotPurged),
+            }
+        }
+        if statuses.is_empty() {
+            statuses = vec![Status::Replayed, Status::Ignored];
+        }
+        Ok(store::Purge {
+            statuses,
+            group: self.group.clone(),
+            before_ms: crate::clock::now_ms() - self.older_than.as_millis() as i64,
+            batch: self.batch,
+        })
+    }
 }
 
 /// `--status`: a dead-letter status, or `held`.
@@ -160,8 +218,9 @@ impl From<FilterArgs> for Filter {
             event_name: args.event_name,
             status: args.status.map(Selection::from),
             since: args.since,
-            until: args.until,
+            until: args.until.or(args.older_than),
             error_text: args.error_text,
+            classes: args.classes,
         }
     }
 }
@@ -235,9 +294,12 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 db.migrate().await?;
             }
             super::relay::serve_health(health_addr, &db).await?;
-            if let Ok(pending) = store::pending(&db).await {
-                crate::dlq::persist::dead_letters_pending(pending);
-            }
+            // Every group's dead-letter gauges; each consume/deliver exports its own group's too.
+            let gauges = tokio::spawn(gauges::export(
+                Db::connect(&settings.database, 1)?,
+                gauges::Scope::AllGroups,
+                Duration::from_secs(settings.dlq.gauge_interval_secs),
+            ));
             // Runs anyway, so it watches the groups: their lag is exported with every member down.
             let lag_export = tokio::spawn(crate::lag::export(
                 settings.kafka.clone(),
@@ -254,6 +316,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             )
             .await;
             lag_export.abort();
+            gauges.abort();
             let summary = summary?;
             match output.output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
@@ -334,10 +397,39 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             )
             .await?;
             bar.finish_and_clear();
+            tracing::info!(
+                replayed = summary.replayed,
+                failed = summary.failed.len(),
+                by_class = ?summary.by_class,
+                by_topic = ?summary.by_topic,
+                "dlq replay done"
+            );
             replayed(&summary, args.output.output);
             if !summary.failed.is_empty() {
                 return Ok(ExitCode::FAILURE);
             }
+        }
+        DlqCommand::Purge(args) => {
+            let purge = args.selection()?;
+            let mut last_progress = std::time::Instant::now();
+            let summary = store::purge(&db, &purge, args.dry_run, |status, deleted| {
+                // A line a second at most: a CronJob's log has no terminal for a bar.
+                if last_progress.elapsed() >= Duration::from_secs(1) {
+                    last_progress = std::time::Instant::now();
+                    eprintln!("dlq purge: {deleted} {status} dead letters deleted so far");
+                }
+            })
+            .await?;
+            tracing::info!(
+                deleted = summary.total(),
+                by_status = ?summary.deleted,
+                kept_heads = summary.kept_heads,
+                dry_run = args.dry_run,
+                older_than = %humantime::format_duration(args.older_than),
+                group = purge.group.as_deref().unwrap_or("(all)"),
+                "dlq purge done"
+            );
+            purged(&summary, args.older_than, args.output.output);
         }
         DlqCommand::Ignore { filter, reason, release_followers, keep_held, yes, output } => {
             let filter = Filter::from(filter).for_ignore(&reason)?;
@@ -561,6 +653,28 @@ fn replay_plan(plan: &[crate::dlq::replay::Planned], format: Output) {
     println!("dry run: {} dead letters would be replayed; nothing changed", plan.len());
 }
 
+/// `orderpipe dlq purge`.
+fn purged(summary: &store::PurgeSummary, older_than: Duration, format: Output) {
+    if format == Output::Json {
+        return output::json(summary);
+    }
+    let rows = summary.deleted.iter().map(|(status, n)| vec![status.to_string(), n.to_string()]);
+    let verb = if summary.dry_run { "would delete" } else { "deleted" };
+    println!("{}", output::table(&["status", verb], rows));
+    println!(
+        "{verb} {} dead letters whose last change is older than {}{}",
+        summary.total(),
+        humantime::format_duration(older_than),
+        if summary.dry_run { " (dry run: nothing changed)" } else { "" }
+    );
+    if summary.kept_heads > 0 {
+        println!(
+            "kept {} that head parked keys (records are held behind them: replay or ignore them first)",
+            summary.kept_heads
+        );
+    }
+}
+
 /// `orderpipe dlq replay`.
 fn replayed(summary: &crate::dlq::replay::ReplaySummary, format: Output) {
     if format == Output::Json {
@@ -568,6 +682,9 @@ fn replayed(summary: &crate::dlq::replay::ReplaySummary, format: Output) {
     }
     for (topic, n) in &summary.by_topic {
         println!("replayed {n} to {topic}");
+    }
+    for (class, n) in &summary.by_class {
+        println!("replayed {n} of class {class}");
     }
     println!("replayed {}, failed {}", summary.replayed, summary.failed.len());
     for f in &summary.failed {

@@ -209,6 +209,7 @@ impl Settings {
         self.http.validate().map_err(ConfigError)?;
         self.http.validate_retry(&self.retry).map_err(ConfigError)?;
         self.lag.validate().map_err(ConfigError)?;
+        self.dlq.validate().map_err(ConfigError)?;
         self.topics.validate_retention().map_err(ConfigError)?;
         self.database.validate().map_err(ConfigError)?;
         self.outbox.validate().map_err(ConfigError)?;

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use metrics::gauge;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -18,7 +17,6 @@ use serde::Serialize;
 use super::store::{self, NewDeadLetter};
 use crate::backoff::{never, until_available};
 use crate::db::Db;
-use crate::metrics::name;
 use crate::kafka::client::{KafkaSettings, client_config};
 use crate::clock::now_ms;
 use crate::kafka::record::{FailureHistory, header, header_text, headers_json};
@@ -134,9 +132,6 @@ pub async fn run(
             offsets.add_partition_offset(&topic, partition, Offset::Offset(offset))?;
         }
         consumer.store_offsets(&offsets)?;
-        if let Ok(pending) = store::pending(db).await {
-            dead_letters_pending(pending);
-        }
         summary.read += batch.len() as u64;
         summary.batches += 1;
     }
@@ -151,9 +146,4 @@ async fn write(db: &Db, rows: &[NewDeadLetter]) -> Result<(), crate::db::DbError
     }
     tx.commit().await?;
     Ok(())
-}
-
-/// Pending dead letters (`dead_letters` rows waiting for an operator).
-pub fn dead_letters_pending(n: i64) {
-    gauge!(name::DEAD_LETTERS_PENDING).set(n as f64);
 }

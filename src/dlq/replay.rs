@@ -66,6 +66,8 @@ pub struct ReplaySummary {
     pub failed: Vec<String>,
     /// Republished per destination topic.
     pub by_topic: BTreeMap<String, u64>,
+    /// Republished per error class (the class each row failed with).
+    pub by_class: BTreeMap<String, u64>,
 }
 
 /// A row's record as `dlq replay` republishes it: to the retry topic of
@@ -220,7 +222,7 @@ pub async fn replay(
                 tokio::time::sleep_until(started + Duration::from_secs_f64(sent as f64 / f64::from(rate))).await;
             }
             sent += 1;
-            let (id, record) = (dead.row.id, replayed_record(dead_letter_topic, &dead, options, now));
+            let (id, class, record) = (dead.row.id, dead.row.error_class.clone(), replayed_record(dead_letter_topic, &dead, options, now));
             loop {
                 while in_flight.len() >= window {
                     let done = in_flight.next().await.expect("the window is not empty");
@@ -231,7 +233,8 @@ pub async fn replay(
                 match producer.send_result(record.to_send(dead.key.as_deref(), dead.payload.as_deref())) {
                     Ok(delivery) => {
                         let topic = record.topic.clone();
-                        in_flight.push(async move { (id, topic, delivery.await) });
+                        let class = class.clone();
+                        in_flight.push(async move { (id, topic, class, delivery.await) });
                         break;
                     }
                     // librdkafka's own queue is full: wait for an acknowledgement, then send again.
@@ -288,12 +291,13 @@ struct Acks {
 impl Acks {
     /// Settles one delivery report; false when the marker stopped (its
     /// error ends the replay).
-    async fn settle(&mut self, done: (i64, String, Result<OwnedDeliveryResult, Canceled>), progress: &mut impl FnMut()) -> bool {
-        let (id, topic, delivered) = done;
+    async fn settle(&mut self, done: (i64, String, String, Result<OwnedDeliveryResult, Canceled>), progress: &mut impl FnMut()) -> bool {
+        let (id, topic, class, delivered) = done;
         match delivered {
             Ok(Ok(_)) => {
                 self.acked.push(id);
                 *self.summary.by_topic.entry(topic).or_default() += 1;
+                *self.summary.by_class.entry(class).or_default() += 1;
             }
             Ok(Err((e, _))) => self.summary.failed.push(format!("dead letter {id}: {e}")),
             Err(Canceled) => self.summary.failed.push(format!("dead letter {id}: the producer closed before a delivery report")),

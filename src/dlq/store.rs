@@ -2,10 +2,13 @@
 //! count, and mark rows replayed or ignored. A dead letter's [`Status`] is
 //! pending, replayed or ignored; the records held behind parked keys are no
 //! dead letters and have their own view ([`super::held`]), which
-//! `--status held` ([`Selection::Held`]) asks for.
+//! `--status held` ([`Selection::Held`]) asks for. [`purge`] deletes old
+//! dead letters (`orderpipe dlq purge`).
+
+use std::collections::BTreeMap;
 
 use serde::Serialize;
-use sqlx::{Any, QueryBuilder, Row};
+use sqlx::{Any, QueryBuilder, Row, SqlSafeStr, SqlStr};
 
 use crate::db::{Db, DbError, Tx, Upsert};
 
@@ -67,6 +70,8 @@ pub struct Filter {
     pub until: Option<i64>,
     /// Error class or message contains this text.
     pub error_text: Option<String>,
+    /// Error class is one of these (empty: any).
+    pub classes: Vec<String>,
 }
 
 /// Why a selection cannot be replayed or ignored.
@@ -78,12 +83,27 @@ pub enum SelectionError {
          (replay the head, or ignore it with --release-followers); `orderpipe dlq show --held ID` names the head"
     )]
     HeldNotDead,
+    /// `dlq purge --status held`: held records wait for their head.
+    #[error(
+        "held records are not dead letters and are never purged: they are applied when the head they wait behind is \
+         (replay the head, or ignore it with --release-followers); purge takes --status pending, replayed, ignored"
+    )]
+    HeldNotPurged,
     /// An ignore says why: the reason is kept with each row.
     #[error("--reason must say why the dead letters are ignored")]
     NoReason,
     /// An ignore without any selection would close every dead letter.
-    #[error("name the dead letters to ignore: --id, or a filter (--group, --event, --status, --since, --until, --error)")]
+    #[error(
+        "name the dead letters to ignore: --id, or a filter (--group, --event, --status, --class, --since, --until, --older-than, --error)"
+    )]
     IgnoreNeedsSelection,
+}
+
+/// Parses an age (`10m`, `7d`) into the epoch ms that long ago.
+pub fn parse_age(text: &str) -> Result<i64, String> {
+    humantime::parse_duration(text)
+        .map(|age| crate::clock::now_ms() - age.as_millis() as i64)
+        .map_err(|_| format!("`{text}` is not an age (accepted forms: 30s, 10m, 2h, 7d)"))
 }
 
 /// Parses an RFC 3339 time or an age (`2h` = two hours ago) into epoch ms.
@@ -135,6 +155,7 @@ impl Filter {
             && self.since.is_none()
             && self.until.is_none()
             && self.error_text.is_none()
+            && self.classes.is_empty()
     }
 
     fn push_where(&self, q: &mut QueryBuilder<Any>) {
@@ -173,6 +194,14 @@ impl Filter {
             let like = format!("%{text}%");
             q.push(" AND (error_message LIKE ").push_bind(like.clone());
             q.push(" OR error_class LIKE ").push_bind(like).push(")");
+        }
+        if !self.classes.is_empty() {
+            q.push(" AND error_class IN (");
+            let mut classes = q.separated(", ");
+            for class in &self.classes {
+                classes.push_bind(class.clone());
+            }
+            q.push(")");
         }
     }
 }
@@ -352,14 +381,6 @@ pub async fn stats(db: &Db, filter: &Filter) -> Result<Vec<Count>, DbError> {
     Ok(out)
 }
 
-/// Number of pending dead letters (for the metrics gauge).
-pub async fn pending(db: &Db) -> Result<i64, DbError> {
-    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM dead_letters WHERE status = 'pending'")
-        .fetch_one(&db.pool)
-        .await?;
-    Ok(n)
-}
-
 /// Marks rows replayed now, in one statement.
 pub async fn mark_replayed(db: &Db, ids: &[i64]) -> Result<(), DbError> {
     if ids.is_empty() {
@@ -386,6 +407,91 @@ pub async fn mark_ignored(db: &Db, id: i64, reason: &str) -> Result<(), DbError>
         .execute(&db.pool)
         .await?;
     Ok(())
+}
+
+/// What `dlq purge` deletes: dead letters of `statuses` (of `group`, if
+/// given) whose row last changed (failed, was replayed or ignored:
+/// `updated_ms`) before `before_ms`.
+#[derive(Debug, Clone)]
+pub struct Purge {
+    /// Statuses to delete; `dlq purge` defaults to replayed and ignored.
+    pub statuses: Vec<Status>,
+    /// Only this consumer group.
+    pub group: Option<String>,
+    /// Rows whose `updated_ms` is before this (epoch ms).
+    pub before_ms: i64,
+    /// Rows per DELETE statement.
+    pub batch: u32,
+}
+
+/// What a purge deleted (or, in a dry run, would delete).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PurgeSummary {
+    /// Rows deleted (would be, in a dry run) per status.
+    pub deleted: BTreeMap<&'static str, u64>,
+    /// Rows selected but kept because they head a parked key: the records
+    /// held behind them wait for their replay or ignore.
+    pub kept_heads: u64,
+    /// Nothing was deleted.
+    pub dry_run: bool,
+}
+
+impl PurgeSummary {
+    /// Rows deleted, all statuses.
+    pub fn total(&self) -> u64 {
+        self.deleted.values().sum()
+    }
+}
+
+/// The purge's condition on `dead_letters` (bound: status, cutoff, group),
+/// with or without the heads of parked keys. A head is never deleted: its
+/// parked key would wait for a dead letter nobody can replay any more.
+fn purge_condition(group: bool, heads: bool) -> String {
+    let group = if group { " AND consumer_group = ?" } else { "" };
+    let heads = if heads { "EXISTS" } else { "NOT EXISTS" };
+    format!(
+        "status = ? AND updated_ms < ?{group} AND {heads} (SELECT 1 FROM parked_keys p \
+         WHERE p.consumer_group = dead_letters.consumer_group AND p.head_topic = dead_letters.original_topic \
+         AND p.head_partition = dead_letters.original_partition AND p.head_offset = dead_letters.original_offset)"
+    )
+}
+
+/// Deletes what `purge` selects, status by status, `purge.batch` rows per
+/// statement (each a short transaction of its own, so the persister and
+/// operators are never blocked for long); `progress(status, deleted so
+/// far)` after each batch. A dry run counts instead and deletes nothing.
+pub async fn purge(db: &Db, purge: &Purge, dry_run: bool, mut progress: impl FnMut(&'static str, u64)) -> Result<PurgeSummary, DbError> {
+    let mut summary = PurgeSummary { dry_run, ..Default::default() };
+    let delete = db.sql().delete_limited("dead_letters", "id", &purge_condition(purge.group.is_some(), false));
+    for status in &purge.statuses {
+        let bind = |sql: SqlStr| {
+            let q = sqlx::query::<Any>(sql).bind(status.as_str()).bind(purge.before_ms);
+            match &purge.group {
+                Some(g) => q.bind(g.clone()),
+                None => q,
+            }
+        };
+        let count = |heads| {
+            sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM dead_letters WHERE {}", purge_condition(purge.group.is_some(), heads))).into_sql_str()
+        };
+        summary.kept_heads += bind(count(true)).fetch_one(&db.pool).await?.try_get::<i64, _>(0)? as u64;
+        let deleted = summary.deleted.entry(status.as_str()).or_default();
+        if dry_run {
+            *deleted = bind(count(false)).fetch_one(&db.pool).await?.try_get::<i64, _>(0)? as u64;
+            continue;
+        }
+        loop {
+            let n = bind(delete.clone()).bind(i64::from(purge.batch)).execute(&db.pool).await?.rows_affected();
+            *deleted += n;
+            progress(status.as_str(), *deleted);
+            if n < u64::from(purge.batch) {
+                break;
+            }
+            // Let other writers in between batches.
+            tokio::task::yield_now().await;
+        }
+    }
+    Ok(summary)
 }
 
 /// One dead letter as read from the DLQ topic, ready to insert.

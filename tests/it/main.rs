@@ -12,6 +12,8 @@ mod crash;
 mod delivery;
 mod dispatch;
 mod dlq;
+mod dlq_gauges;
+mod dlq_retention;
 mod exactly_once;
 mod helpers;
 mod integrity;

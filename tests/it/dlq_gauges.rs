@@ -1,0 +1,245 @@
+//! The dead-letter gauges against MariaDB: `orderpipe_dead_letters_pending
+//! {group, event_name, class}` scraped from a running persister (every
+//! group) and a running `consume` (its own group), which keeps exporting
+//! with the persister down; labels bounded; a series that drops to 0 goes.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use orderpipe::dlq::store::{self, NewDeadLetter};
+
+use crate::consumer::sigterm;
+use crate::helpers::{TestEnv, health_addr, http_get};
+
+/// A dead letter of `group` at `offset`, failed at `last_failure_ms`.
+pub(crate) fn dead_letter(
+    env: &TestEnv,
+    group: &str,
+    offset: i64,
+    event: Option<&str>,
+    class: &str,
+    last_failure_ms: i64,
+) -> NewDeadLetter {
+    let event_id = uuid::Uuid::new_v4().to_string();
+    NewDeadLetter {
+        consumer_group: group.into(),
+        original_topic: env.settings.topics.order_events.name.clone(),
+        original_partition: 0,
+        original_offset: offset,
+        original_timestamp: Some(1),
+        key: Some(format!("order-{offset}").into_bytes()),
+        payload: Some(format!("payload {offset}").into_bytes()),
+        headers: serde_json::json!({"event_id": event_id}).to_string(),
+        event_id: Some(event_id),
+        event_name: event.map(str::to_string),
+        error_class: class.into(),
+        error_message: format!("{class} at offset {offset}"),
+        attempts: 1,
+        first_failure_ms: last_failure_ms,
+        last_failure_ms,
+        dlq_partition: 0,
+        dlq_offset: offset,
+    }
+}
+
+/// Writes `rows` into the test's `dead_letters` table, pending.
+pub(crate) async fn insert(env: &TestEnv, rows: &[NewDeadLetter]) {
+    let db = env.db();
+    let mut tx = db.begin().await.unwrap();
+    for row in rows {
+        store::upsert(&mut tx, row).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
+/// Sets the status of `group`'s rows matching `condition` (a constant of the test).
+async fn set_status(env: &TestEnv, group: &str, status: &str, condition: &str) {
+    let sql =
+        format!("UPDATE dead_letters SET status = ? WHERE consumer_group = ? AND {condition}");
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(status)
+        .bind(group)
+        .execute(&env.db().pool)
+        .await
+        .unwrap();
+}
+
+type Series = BTreeMap<String, f64>;
+
+/// The `orderpipe_dead_letters_pending` series on `addr`'s /metrics, by label set.
+fn pending_series(addr: &str) -> Series {
+    let (status, body) = http_get(addr, "/metrics");
+    assert_eq!(status, 200, "/metrics of {addr}: {body}");
+    body.lines()
+        .filter_map(|l| l.strip_prefix("orderpipe_dead_letters_pending{"))
+        .map(|l| {
+            let (labels, value) = l.rsplit_once("} ").unwrap();
+            (labels.to_string(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Waits until `addr` exports exactly `want`.
+async fn expect_series(addr: &str, want: &[(&str, f64)], what: &str) {
+    let want: Series = want.iter().map(|(l, v)| (l.to_string(), *v)).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut got = Series::new();
+    while Instant::now() < deadline {
+        got = pending_series(addr);
+        if got == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    panic!("{what}: wanted {want:#?}, /metrics of {addr} has {got:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_dead_letters_are_exported_by_group_event_and_class_from_the_persister_and_each_consumer()
+ {
+    let mut env = TestEnv::new().with_database().await;
+    let (a, b) = ("gauges-a.order.consumer", "gauges-b.order.consumer");
+    env.cli(&["topics", "ensure", "--group", a]).success();
+    env.set_env("ORDERPIPE_DLQ__GAUGE_INTERVAL_SECS", "1");
+    let now = orderpipe::clock::now_ms();
+    let mut rows = Vec::new();
+    for offset in 0..3 {
+        rows.push(dead_letter(
+            &env,
+            a,
+            offset,
+            Some("order.created"),
+            "handler_fatal",
+            now,
+        ));
+    }
+    rows.push(dead_letter(
+        &env,
+        a,
+        3,
+        Some("order.shipped"),
+        "unavailable",
+        now,
+    ));
+    rows.push(dead_letter(
+        &env,
+        a,
+        4,
+        Some("order.shipped"),
+        "unavailable",
+        now,
+    ));
+    // Bounded: no event name, an unknown event name, a class no orderpipe writes.
+    rows.push(dead_letter(&env, a, 5, None, "not_framed", now));
+    rows.push(dead_letter(
+        &env,
+        a,
+        6,
+        Some("order.teleported"),
+        "from-a-foreign-writer",
+        now,
+    ));
+    rows.push(dead_letter(
+        &env,
+        a,
+        7,
+        Some("order.beamed"),
+        "also-foreign",
+        now,
+    ));
+    // Not pending: not counted.
+    rows.push(dead_letter(
+        &env,
+        a,
+        8,
+        Some("order.created"),
+        "handler_fatal",
+        now,
+    ));
+    for offset in 0..4 {
+        rows.push(dead_letter(
+            &env,
+            b,
+            offset,
+            Some("order.created"),
+            "handler_fatal",
+            now,
+        ));
+    }
+    insert(&env, &rows).await;
+    set_status(&env, a, "replayed", "original_offset = 8").await;
+
+    let group_a = [
+        (
+            r#"group="gauges-a.order.consumer",event_name="order.created",class="handler_fatal""#,
+            3.0,
+        ),
+        (
+            r#"group="gauges-a.order.consumer",event_name="order.shipped",class="unavailable""#,
+            2.0,
+        ),
+        (
+            r#"group="gauges-a.order.consumer",event_name="undecodable",class="not_framed""#,
+            1.0,
+        ),
+        (
+            r#"group="gauges-a.order.consumer",event_name="other",class="other""#,
+            2.0,
+        ),
+    ];
+    let group_b = (
+        r#"group="gauges-b.order.consumer",event_name="order.created",class="handler_fatal""#,
+        4.0,
+    );
+
+    let mut persister = env.spawn(&["dlq", "persist", "--health-addr", "127.0.0.1:0"]);
+    let persister_addr = health_addr(&mut persister);
+    let mut consumer = env.spawn(&[
+        "consume",
+        "--group",
+        a,
+        "--handler",
+        "notification",
+        "--health-addr",
+        "127.0.0.1:0",
+    ]);
+    let consumer_addr = health_addr(&mut consumer);
+    let every_group: Vec<_> = group_a.iter().copied().chain([group_b]).collect();
+    expect_series(
+        &persister_addr,
+        &every_group,
+        "the persister exports every group",
+    )
+    .await;
+    expect_series(
+        &consumer_addr,
+        &group_a,
+        "a consumer exports its own group only",
+    )
+    .await;
+
+    // The persister goes down: the consumer's copy goes on, and follows the table.
+    sigterm(&mut persister);
+    assert!(persister.wait().unwrap().success());
+    set_status(&env, a, "ignored", "error_class = 'unavailable'").await;
+    rows = vec![dead_letter(
+        &env,
+        a,
+        9,
+        Some("order.created"),
+        "handler_fatal",
+        now,
+    )];
+    insert(&env, &rows).await;
+    expect_series(
+        &consumer_addr,
+        &[
+            (r#"group="gauges-a.order.consumer",event_name="order.created",class="handler_fatal""#, 4.0),
+            group_a[2],
+            group_a[3],
+        ],
+        "with the persister down, the consumer's gauges follow the table (and a series at 0 goes)",
+    )
+    .await;
+    sigterm(&mut consumer);
+}
