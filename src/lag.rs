@@ -364,8 +364,8 @@ fn retry_coordinator<T>(
 
 /// The group's committed offsets (None: nothing committed on that partition).
 /// A consumer with the group's id asks without joining, so it never
-/// disturbs the group's members.
-fn committed_offsets(
+/// disturbs the group's members. Blocking (also used by `crate::reconcile`).
+pub fn committed_offsets(
     kafka: &KafkaSettings,
     group: &str,
     wanted: &TopicPartitionList,

@@ -26,6 +26,7 @@
 //! | [`delivery`] | config-driven HTTP delivery to downstream services |
 //! | [`dedup`] | the `event_dedup` guard and its retention cleanup |
 //! | [`lag`] | consumer group lag as the broker sees it (`orderpipe lag`, the persister's exporter) |
+//! | [`reconcile`] | produced-vs-applied reconciliation of a group over a window (`orderpipe reconcile`, `reconcile_runs`, its gauges) |
 //! | [`db`] | database pool, the one place for MySQL/SQLite statement differences, migrations from `sql/` |
 //! | [`health`] | `/metrics` and `/health/*` endpoints |
 //! | [`metrics`] | metric names, the recorder and `/metrics` rendering, the internal-event pattern, owned series (no domain imports) |
@@ -57,6 +58,7 @@ pub mod metrics;
 pub mod ordering;
 pub mod outbox;
 pub mod producer;
+pub mod reconcile;
 pub mod retry;
 pub mod schema;
 pub mod startup;

@@ -62,6 +62,15 @@ pub mod name {
     pub const PAUSED_PARTITIONS: &str = "orderpipe_consumer_paused_partitions";
     /// Pending rows in `dead_letters` (persister).
     pub const DEAD_LETTERS_PENDING: &str = "orderpipe_dead_letters_pending";
+    /// Events of the order topic the group neither applied nor accounts for
+    /// (dead letter, held, parked head), older than the grace period, in its
+    /// latest `orderpipe reconcile` run, by group (exported from `reconcile_runs`).
+    pub const RECONCILE_MISSING: &str = "orderpipe_reconcile_missing_events";
+    /// Dedup rows of the group at a position of the window where the topic
+    /// holds no such event, in its latest reconcile run, by group.
+    pub const RECONCILE_APPLIED_NOT_IN_TOPIC: &str = "orderpipe_reconcile_applied_not_in_topic";
+    /// When the group's latest reconcile run finished (seconds since the epoch), by group.
+    pub const RECONCILE_LAST_RUN: &str = "orderpipe_reconcile_last_run_timestamp_seconds";
     /// Consumer lag (high watermark minus committed offset), by group, topic and partition,
     /// for the partitions this member owns now (an owned series: see [`super::SeriesOwner`]).
     pub const LAG: &str = "orderpipe_consumer_lag_records";

@@ -15,6 +15,7 @@ pub mod harness;
 pub mod lag;
 pub mod output;
 pub mod produce;
+pub mod reconcile;
 pub mod relay;
 
 use std::collections::BTreeMap;
@@ -101,6 +102,10 @@ enum Command {
     /// Consumer group lag from the broker: committed and log-end offsets,
     /// lag and the oldest unconsumed record's age, members or none.
     Lag(lag::LagArgs),
+    /// Produced vs applied: the events of the order topic over a window that
+    /// a group neither applied nor accounts for (dead letter, held, parked);
+    /// exits 1 when one is missing.
+    Reconcile(reconcile::ReconcileArgs),
     /// Print the effective configuration as a file `--config` accepts back
     /// (secrets replaced by __REDACTED__; supply them in the file or the environment).
     Config {
@@ -331,6 +336,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             consume::run(&settings, args).await
         }
         Command::Lag(args) => lag::run(&cli.global.settings()?, args).await,
+        Command::Reconcile(args) => reconcile::run(&cli.global.settings()?, args).await,
         Command::Dlq(command) => {
             let settings = cli.global.settings()?;
             dlq::run(&settings, command).await

@@ -25,6 +25,7 @@ mod outbox;
 mod partitioner;
 mod producer;
 mod readme;
+mod reconcile;
 mod replay;
 mod schema;
 mod topics;

@@ -1,0 +1,184 @@
+//! What a group's tables say it did with the records of a window: the
+//! events it applied (`event_dedup`), the records it dead-lettered
+//! (`dead_letters`), holds behind a parked key (`held_records`) or has in
+//! its retry topic or the DLQ topic as the head of a parked key
+//! (`parked_keys`).
+//!
+//! Lookups are by event id for `event_dedup` (its primary key is
+//! `(consumer_group, event_id)`; an event applied from the retry topic or a
+//! replay has its dedup row at that other position) and by original
+//! position for the rest (each has a unique key starting with the group and
+//! the original topic, partition and offset), so every statement uses an
+//! index.
+
+use std::collections::HashSet;
+
+use futures::TryStreamExt;
+use sqlx::{Any, QueryBuilder, Row};
+
+use crate::db::rows::pieces;
+use crate::db::{Db, DbError};
+
+/// The ids among `ids` that `group` applied (has an `event_dedup` row for).
+pub async fn applied_ids(db: &Db, group: &str, ids: &[String]) -> Result<HashSet<String>, DbError> {
+    let mut found = HashSet::with_capacity(ids.len());
+    for chunk in pieces(ids) {
+        let mut builder: QueryBuilder<Any> =
+            QueryBuilder::new("SELECT event_id FROM event_dedup WHERE consumer_group = ");
+        builder.push_bind(group).push(" AND event_id IN (");
+        let mut list = builder.separated(", ");
+        for id in chunk {
+            list.push_bind(id.as_str());
+        }
+        builder.push(")");
+        for row in builder.build().fetch_all(&db.pool).await? {
+            found.insert(row.try_get::<String, _>(0)?);
+        }
+    }
+    Ok(found)
+}
+
+/// A record a group accounts for other than by applying it, by where it
+/// was first consumed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accounted {
+    /// Offset in the partition asked about.
+    pub offset: i64,
+    /// Its event id, when known.
+    pub event_id: Option<String>,
+}
+
+/// Dead letters of `group` first consumed from `topic`/`partition` at an
+/// offset in `from..=to` (any status: pending, replayed or ignored).
+pub async fn dead_letters(
+    db: &Db,
+    group: &str,
+    topic: &str,
+    partition: i32,
+    from: i64,
+    to: i64,
+) -> Result<Vec<Accounted>, DbError> {
+    positions(
+        db,
+        "SELECT original_offset, event_id FROM dead_letters WHERE consumer_group = ? AND original_topic = ? \
+         AND original_partition = ? AND original_offset BETWEEN ? AND ?",
+        group,
+        topic,
+        partition,
+        from,
+        to,
+    )
+    .await
+}
+
+/// Records of `group` held behind a parked key, consumed from
+/// `topic`/`partition` at an offset in `from..=to`.
+pub async fn held(
+    db: &Db,
+    group: &str,
+    topic: &str,
+    partition: i32,
+    from: i64,
+    to: i64,
+) -> Result<Vec<Accounted>, DbError> {
+    positions(
+        db,
+        "SELECT source_offset, event_id FROM held_records WHERE consumer_group = ? AND source_topic = ? \
+         AND source_partition = ? AND source_offset BETWEEN ? AND ?",
+        group,
+        topic,
+        partition,
+        from,
+        to,
+    )
+    .await
+}
+
+/// Heads of `group`'s parked keys first consumed from `topic`/`partition`
+/// at an offset in `from..=to`: in the group's retry topic, or
+/// dead-lettered and perhaps not persisted yet.
+pub async fn parked_heads(
+    db: &Db,
+    group: &str,
+    topic: &str,
+    partition: i32,
+    from: i64,
+    to: i64,
+) -> Result<Vec<Accounted>, DbError> {
+    positions(
+        db,
+        "SELECT head_offset, head_event_id FROM parked_keys WHERE consumer_group = ? AND head_topic = ? \
+         AND head_partition = ? AND head_offset BETWEEN ? AND ?",
+        group,
+        topic,
+        partition,
+        from,
+        to,
+    )
+    .await
+}
+
+async fn positions(
+    db: &Db,
+    sql: &'static str,
+    group: &str,
+    topic: &str,
+    partition: i32,
+    from: i64,
+    to: i64,
+) -> Result<Vec<Accounted>, DbError> {
+    let rows: Vec<(i64, Option<String>)> = sqlx::query_as(sql)
+        .bind(group)
+        .bind(topic)
+        .bind(partition)
+        .bind(from)
+        .bind(to)
+        .fetch_all(&db.pool)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(offset, event_id)| Accounted { offset, event_id })
+        .collect())
+}
+
+/// A dedup row of a group, where it was applied from.
+#[derive(Debug, Clone)]
+pub struct AppliedRow {
+    /// Event id.
+    pub event_id: String,
+    /// Event name.
+    pub event_name: String,
+    /// Partition it was applied from.
+    pub partition: i32,
+    /// Offset it was applied from.
+    pub offset: i64,
+}
+
+/// Calls `each` with every dedup row of `group` applied from `topic` and
+/// created at or after `since` (`YYYY-MM-DD HH:MM:SS.mmm`, the database's
+/// clock; `created_at` is indexed), streaming.
+pub async fn applied_since(
+    db: &Db,
+    group: &str,
+    topic: &str,
+    since: &str,
+    mut each: impl FnMut(AppliedRow),
+) -> Result<(), DbError> {
+    let mut rows = sqlx::query(
+        "SELECT event_id, event_type, kafka_partition, kafka_offset FROM event_dedup \
+         WHERE consumer_group = ? AND topic = ? AND created_at >= ?",
+    )
+    .bind(group)
+    .bind(topic)
+    .bind(since)
+    .fetch(&db.pool);
+    while let Some(row) = rows.try_next().await? {
+        each(AppliedRow {
+            event_id: row.try_get(0)?,
+            event_name: row.try_get(1)?,
+            partition: row.try_get(2)?,
+            offset: row.try_get(3)?,
+        });
+    }
+    Ok(())
+}
