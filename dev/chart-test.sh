@@ -79,6 +79,28 @@ fi
 grep -q 'accepted values: key, none' "$OUT/bad.txt" || { cat "$OUT/bad.txt" >&2; exit 1; }
 grep -q -- '--ordering' "$OUT/default.yaml" || { echo "consumers[].ordering is not passed to consume" >&2; exit 1; }
 
+echo "== a bad reconcile.window is refused, naming the accepted forms; each consumers[] group gets a reconcile CronJob"
+expect_refused_reconcile() {
+  if "$HELM" template orderpipe "$CHART" --kube-version "$KUBE_VERSION" --set "reconcile.window=$1" > "$OUT/bad.txt" 2>&1; then
+    echo "the chart accepted reconcile.window=$1" >&2; exit 1
+  fi
+  grep -q 'reconcile.window is .*accepted forms: <n>s, <n>m, <n>h, <n>d' "$OUT/bad.txt" || { cat "$OUT/bad.txt" >&2; exit 1; }
+}
+expect_refused_reconcile "1 hour"
+expect_refused_reconcile "60"
+python3 - "$OUT/default.yaml" "$CHART/values.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+values = yaml.safe_load(open(sys.argv[2]))
+jobs = {d["metadata"]["annotations"]["orderpipe.io/consumer-group"]: d for d in docs
+        if d["kind"] == "CronJob" and "-reconcile-" in d["metadata"]["name"]}
+groups = [c["group"] for c in values["consumers"]]
+assert sorted(jobs) == sorted(groups), f"reconcile CronJobs for {sorted(jobs)}, consumers {sorted(groups)}"
+for group, job in jobs.items():
+    args = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["reconcile", "--group", group], args
+PY
+
 echo "== the chart checks fail on what they guard against"
 expect_fail() {  # expect_fail WHAT PATTERN COMMAND...: COMMAND must fail, printing PATTERN
   local what="$1" pattern="$2"; shift 2
