@@ -72,7 +72,7 @@ PY
 done
 
 echo "== a bad consumers[].ordering is refused, naming the accepted values"
-if "$HELM" template orderpipe "$CHART" --kube-version "$KUBE_VERSION" --set 'consumers[0].group=g' \
+if "$HELM" template orderpipe "$CHART" --kube-version "$KUBE_VERSION" --set 'consumers[0].group=g.order.consumer' \
     --set 'consumers[0].handlers={inventory}' --set 'consumers[0].ordering=fifo' > "$OUT/bad.txt" 2>&1; then
   echo "the chart accepted consumers[0].ordering=fifo" >&2; exit 1
 fi
@@ -152,12 +152,67 @@ expect_fail "a container flag the binary does not have" "is refused" \
   python3 "$ROOT/dev/chart-checks.py" args "$OUT/bad-flag.yaml" --bin "$BIN"
 expect_fail "a bad schemaRegistration.level" "accepted values: backward, forward, full" \
   render --set schemaRegistration.level=none
-render --set 'subscriptions[0].name=crm' --set 'subscriptions[0].events={order.*}' \
+render --set 'subscriptions[0].name=crm' --set 'subscriptions[0].events={order.*}' --set 'subscriptions[0].group=crm.order.consumer' \
   --set 'subscriptions[0].url=http://crm/hooks' --set 'subscriptions[0].method=GET' > "$OUT/bad-sub.yaml"
 python3 -c 'import sys, yaml; d = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap"); open(sys.argv[2], "w").write(d["data"]["orderpipe.json"])' \
   "$OUT/bad-sub.yaml" "$OUT/bad-sub.json"
 expect_fail "a subscription with method GET" "http.subscriptions\[crm\].method" \
   env ORDERPIPE_DATABASE__URL=mysql://check:check@db/orderpipe "$BIN" --config "$OUT/bad-sub.json" config
+
+echo "== retry schedules and group names: bad values fail the render, naming the field"
+sub=(--set 'subscriptions[0].name=crm' --set 'subscriptions[0].events={order.*}' --set 'subscriptions[0].url=http://crm/hooks')
+con=(--set 'consumers[0].group=inventory-service.order.consumer' --set 'consumers[0].handlers={inventory}')
+expect_fail "a consumer without a group" 'consumers\[\].group is required' render --set 'consumers[0].handlers={inventory}'
+expect_fail "a consumer group outside the house pattern" 'consumers\[inventory_svc\].group: consumer group "inventory_svc" does not follow the house pattern {service}.{event}.consumer' \
+  render --set 'consumers[0].group=inventory_svc'
+render --set 'consumers[0].group=inventory_svc' --set naming.enforce=false | grep -q -- '- inventory_svc' \
+  || { echo "naming.enforce=false did not render consumers[0].group=inventory_svc" >&2; exit 1; }
+expect_fail "a subscription on the default group http.<name>" 'subscriptions\[crm\].group (unset: the default http.crm): consumer group "http.crm" does not follow' \
+  render "${sub[@]}"
+expect_fail "a subscription group outside the house pattern" 'subscriptions\[crm\].group: consumer group "crm-delivery" does not follow' \
+  render "${sub[@]}" --set 'subscriptions[0].group=crm-delivery'
+expect_fail "a bad delay in consumers[].retry" 'consumers\[inventory-service.order.consumer\].retry.delays\[1\]: 30 seconds is not a delay; accepted forms: <n>ms, <n>s, <n>m or <n>h' \
+  render "${con[@]}" --set 'consumers[0].retry.delays={5s,30 seconds}'
+expect_fail "a bad delay in subscriptions[].retry" 'subscriptions\[crm\].retry.delays\[0\]: 10 is not a delay; accepted forms' \
+  render "${sub[@]}" --set 'subscriptions[0].group=crm.order.consumer' --set 'subscriptions[0].retry.delays={10}'
+expect_fail "delays beside a profile in consumers[].retry" 'consumers\[inventory-service.order.consumer\].retry.delays and consumers\[inventory-service.order.consumer\].retry.profile: both set' \
+  render "${con[@]}" --set 'consumers[0].retry.delays={5s}' --set 'consumers[0].retry.profile=seed000'
+expect_fail "a jitter above 1" 'consumers\[inventory-service.order.consumer\].retry.jitter: 1.5 is not a number from 0 to 1' \
+  render "${con[@]}" --set-json 'consumers[0].retry.jitter=1.5'
+expect_fail "an unknown retry key" 'consumers\[inventory-service.order.consumer\].retry.delay: not a retry setting' \
+  render "${con[@]}" --set 'consumers[0].retry.delay={5s}'
+# A good consumers[].retry renders into the group's layer, and orderpipe loads it.
+render "${con[@]}" --set 'consumers[0].retry.delays={5s,30s,5m}' --set-json 'consumers[0].retry.jitter=0.1' > "$OUT/retry.yaml"
+python3 -c 'import json, sys, yaml; d = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap"); c = json.loads(d["data"]["orderpipe.json"]); assert c["retry"]["groups"]["inventory-service.order.consumer"] == {"delays": ["5s", "30s", "5m"], "jitter": 0.1}, c["retry"]; open(sys.argv[2], "w").write(d["data"]["orderpipe.json"])' \
+  "$OUT/retry.yaml" "$OUT/retry.json"
+ORDERPIPE_DATABASE__URL=mysql://check:check@db/orderpipe "$BIN" --config "$OUT/retry.json" config > /dev/null
+# What only the binary checks (a fixed profile reshaped) fails when the rendered config loads, naming the field.
+render "${con[@]}" --set 'consumers[0].retry.profile=seed003' --set 'consumers[0].retry.attempts=5' > "$OUT/retry-bad.yaml"
+python3 -c 'import sys, yaml; d = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap"); open(sys.argv[2], "w").write(d["data"]["orderpipe.json"])' \
+  "$OUT/retry-bad.yaml" "$OUT/retry-bad.json"
+expect_fail "attempts reshaping the fixed profile seed003" 'retry.groups."inventory-service.order.consumer".attempts: profile seed003 is a fixed list' \
+  env ORDERPIPE_DATABASE__URL=mysql://check:check@db/orderpipe "$BIN" --config "$OUT/retry-bad.json" config
+
+echo "== dlqPurge and dlqScheduledReplay: bad values fail the render, naming the field; the checks catch a lost flag"
+expect_fail "a dlqPurge.olderThan that is not an age" 'dlqPurge.olderThan is "7days"; accepted forms: <n>s, <n>m, <n>h, <n>d' \
+  render --set dlqPurge.olderThan=7days
+expect_fail "held records in dlqPurge.statuses" 'dlqPurge.statuses has "held"; accepted values: pending, replayed, ignored' \
+  render --set 'dlqPurge.statuses={replayed,held}'
+expect_fail "a class orderpipe does not write" 'dlqScheduledReplay.classes has "handler_retriable"; accepted values: unavailable,' \
+  render --set dlqScheduledReplay.enabled=true --set 'dlqScheduledReplay.classes={handler_retriable}'
+expect_fail "a dlqScheduledReplay.olderThan that is not an age" 'dlqScheduledReplay.olderThan is "ten minutes"' \
+  render --set dlqScheduledReplay.enabled=true --set 'dlqScheduledReplay.olderThan=ten minutes'
+# The chart's class list is the binary's (dlq::ERROR_CLASSES): both name the same accepted values.
+chart_classes="$(render --set dlqScheduledReplay.enabled=true --set 'dlqScheduledReplay.classes={nope}' 2>&1 | sed -n 's/.*accepted values: //p' || true)"
+bin_classes="$("$BIN" dlq list --class nope 2>&1 | sed -n 's/.*accepted values: //p' || true)"
+[ -n "$chart_classes" ] && [ "$chart_classes" = "$bin_classes" ] \
+  || { echo "the chart's error classes ($chart_classes) are not the binary's ($bin_classes)" >&2; exit 1; }
+grep -v -- '- --yes$' "$OUT/production.yaml" > "$OUT/replay-no-yes.yaml"
+expect_fail "a scheduled replay without --yes (it would refuse to run without a terminal)" "dlqScheduledReplay" \
+  python3 "$ROOT/dev/chart-checks.py" roles "$OUT/replay-no-yes.yaml" --values "$CHART/values.yaml" --values "$CHART/ci/production-values.yaml"
+sed 's/- replayed$/- pending/' "$OUT/default.yaml" > "$OUT/purge-pending.yaml"
+expect_fail "a purge of statuses the values do not name" "dlqPurge" \
+  python3 "$ROOT/dev/chart-checks.py" roles "$OUT/purge-pending.yaml" --values "$CHART/values.yaml"
 
 echo "== the hooks run in Helm's order against the dev stack: install, upgrade, an incompatible schema fails"
 if "$ROOT/dev/stack.sh" status > /dev/null 2>&1; then

@@ -118,8 +118,10 @@ volumeMounts:
      http.subscriptions entry per subscriptions[] item (without the chart's own
      keys), ssl.ca.location when secretKeys.kafkaCa is set, and lag.groups
      (unless set) naming every consumer and subscription group, and
-     producer.transactional_id_prefix (unless set) per release. Fails the render
-     on values that cannot work, naming them. */}}
+     producer.transactional_id_prefix (unless set) per release, and each
+     consumers[].retry as retry.groups."<group>". Fails the render on values
+     that cannot work (a bad retry value, a group name outside the house
+     pattern unless naming.enforce is false), naming them. */}}
 {{- define "orderpipe.configJson" -}}
 {{- $config := deepCopy .Values.config -}}
 {{- $security := include "orderpipe.kafkaSecurity" . | fromJson -}}
@@ -179,7 +181,106 @@ volumeMounts:
 {{- $_ := set $config "lag" (merge (dict "groups" $groups) (get $config "lag" | default (dict))) -}}
 {{- end -}}
 {{- end -}}
+{{- /* Retry schedules: config.retry, and each consumers[].retry as the group's
+     layer retry.groups."<group>"; subscriptions[].retry goes into its
+     http.subscriptions entry. Group names follow the house pattern. */ -}}
+{{- $retry := get $config "retry" | default (dict) -}}
+{{- $retryGroups := get $retry "groups" | default (dict) -}}
+{{- range $group, $layer := $retryGroups -}}
+{{- include "orderpipe.checkRetry" (dict "retry" $layer "field" (printf "config.retry.groups.%s" $group)) -}}
+{{- end -}}
+{{- range .Values.consumers -}}
+{{- if not (kindIs "string" .group) -}}
+{{- fail "consumers[].group is required: the consumer group of the Deployment, e.g. inventory-service.order.consumer" -}}
+{{- end -}}
+{{- $field := printf "consumers[%s]" .group -}}
+{{- include "orderpipe.checkGroupName" (dict "root" $ "group" .group "field" (printf "%s.group" $field)) -}}
+{{- if hasKey . "retry" -}}
+{{- include "orderpipe.checkRetry" (dict "retry" .retry "field" (printf "%s.retry" $field)) -}}
+{{- if hasKey $retryGroups .group -}}
+{{- fail (printf "%s.retry and config.retry.groups.%s: both set; keep one" $field .group) -}}
+{{- end -}}
+{{- $_ := set $retryGroups .group .retry -}}
+{{- end -}}
+{{- end -}}
+{{- if $retryGroups -}}
+{{- $_ := set $retry "groups" $retryGroups -}}
+{{- $_ := set $config "retry" $retry -}}
+{{- end -}}
+{{- range .Values.subscriptions -}}
+{{- $field := printf "subscriptions[%s]" .name -}}
+{{- $group := .group | default (printf "http.%s" .name) -}}
+{{- $groupField := printf "%s.group" $field -}}
+{{- if not .group -}}
+{{- $groupField = printf "%s.group (unset: the default http.%s)" $field .name -}}
+{{- end -}}
+{{- include "orderpipe.checkGroupName" (dict "root" $ "group" $group "field" $groupField) -}}
+{{- if hasKey . "retry" -}}
+{{- include "orderpipe.checkRetry" (dict "retry" .retry "field" (printf "%s.retry" $field)) -}}
+{{- end -}}
+{{- end -}}
 {{- toPrettyJson $config -}}
+{{- end -}}
+
+{{/* The house pattern of consumer group names (seed 000): {service}.{event}.consumer.
+     The same expression as src/consumer/naming.rs (GROUP_PATTERN). */}}
+{{- define "orderpipe.groupPattern" -}}
+^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+\.consumer$
+{{- end -}}
+
+{{/* Fails the render on a group outside the house pattern, unless naming.enforce is false:
+     "orderpipe.checkGroupName" (dict "root" $ "group" G "field" F) */}}
+{{- define "orderpipe.checkGroupName" -}}
+{{- $enforce := true -}}
+{{- if hasKey (.root.Values.naming | default (dict)) "enforce" -}}
+{{- $enforce = .root.Values.naming.enforce -}}
+{{- end -}}
+{{- if and $enforce (not (regexMatch (include "orderpipe.groupPattern" .root) .group)) -}}
+{{- fail (printf "%s: consumer group %q does not follow the house pattern {service}.{event}.consumer (seed 000), e.g. inventory-service.order.consumer; rename it (a new name is a new group, with no offsets: docs/helm.md, \"Consumer group names\"), or set naming.enforce: false to keep it" .field .group) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fails the render on a retry table orderpipe would refuse, naming the field:
+     "orderpipe.checkRetry" (dict "retry" R "field" F). The binary checks the
+     rest (ranges, a fixed profile reshaped) when it loads the config. */}}
+{{- define "orderpipe.checkRetry" -}}
+{{- $retry := .retry -}}
+{{- $field := .field -}}
+{{- if not (kindIs "map" $retry) -}}
+{{- fail (printf "%s: a table is expected, e.g. {delays: [5s, 30s, 5m], jitter: 0.1}" $field) -}}
+{{- end -}}
+{{- $keys := list "local_retries" "profile" "delays" "jitter" "attempts" "initial_delay_ms" "multiplier" "max_delay_ms" -}}
+{{- range $key, $_ := $retry -}}
+{{- if not (has $key $keys) -}}
+{{- fail (printf "%s.%s: not a retry setting; accepted: %s" $field $key (join ", " $keys)) -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey $retry "delays" -}}
+{{- range $other := list "profile" "attempts" "initial_delay_ms" "multiplier" "max_delay_ms" -}}
+{{- if hasKey $retry $other -}}
+{{- fail (printf "%s.delays and %s.%s: both set: an explicit list of delays or a profile with its geometric overrides, not both" $field $field $other) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (kindIs "slice" $retry.delays) -}}
+{{- fail (printf "%s.delays: a list is expected, e.g. [5s, 30s, 5m]" $field) -}}
+{{- end -}}
+{{- range $i, $delay := $retry.delays -}}
+{{- if not (and (kindIs "string" $delay) (regexMatch "^[1-9][0-9]*(ms|s|m|h)$" $delay)) -}}
+{{- fail (printf "%s.delays[%d]: %v is not a delay; accepted forms: <n>ms, <n>s, <n>m or <n>h (e.g. \"500ms\", \"30s\", \"5m\", \"1h\"), from 1ms to 24h" $field $i $delay) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey $retry "jitter" -}}
+{{- if not (and (or (kindIs "float64" $retry.jitter) (kindIs "int" $retry.jitter) (kindIs "int64" $retry.jitter)) (ge (float64 $retry.jitter) 0.0) (le (float64 $retry.jitter) 1.0)) -}}
+{{- fail (printf "%s.jitter: %v is not a number from 0 to 1 (a fraction of each delay, e.g. 0.1; helm --set passes it as a string: use a values file or --set-json)" $field $retry.jitter) -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey $retry "profile" -}}
+{{- $profiles := list "default" "seed000" "seed001" "seed003" -}}
+{{- if not (has $retry.profile $profiles) -}}
+{{- fail (printf "%s.profile: %v is not a profile; accepted: %s" $field $retry.profile (join ", " $profiles)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "orderpipe.probes" -}}
