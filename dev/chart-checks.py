@@ -315,11 +315,40 @@ def check_roles(docs, values):
         steps = [[c["args"][:2] for c in (pod_spec(j).get("initContainers") or []) + pod_spec(j)["containers"]] for j in jobs]
         if [["schema", "check"], ["schema", "register"]] not in steps:
             problems.append(f"schemaRegistration.enabled: no pre-install hook Job runs schema check, then schema register ({steps})")
+    problems += check_dlq_cronjobs(docs, values)
     if problems:
         return problems
     print(f"roles: {len(values.get('consumers') or [])} consumer groups, {len(values.get('subscriptions') or [])} "
           f"HTTP subscriptions, schema hook {'on' if (values.get('schemaRegistration') or {}).get('enabled') else 'off'}")
     return []
+
+
+def check_dlq_cronjobs(docs, values):
+    """dlqPurge and dlqScheduledReplay: each enabled one has its CronJob(s) running the
+    command with every value passed (the replay once per groups[] entry, or once for all)."""
+    args_of = lambda d: [str(a) for a in pod_spec(d)["containers"][0]["args"]]
+    cron = [args_of(d) for d in docs if d["kind"] == "CronJob"]
+    flag = lambda args, name: [args[i + 1] for i, a in enumerate(args[:-1]) if a == name]
+    problems = []
+    purge = values.get("dlqPurge") or {}
+    if purge.get("enabled"):
+        found = [a for a in cron if a[:2] == ["dlq", "purge"]]
+        want = {"--older-than": [str(purge["olderThan"])], "--status": purge.get("statuses") or [],
+                "--group": [purge["group"]] if purge.get("group") else []}
+        if len(found) != 1 or any(flag(found[0], f) != v for f, v in want.items()):
+            problems.append(f"dlqPurge {want}: the CronJobs running dlq purge are {found}")
+    replay = values.get("dlqScheduledReplay") or {}
+    if replay.get("enabled"):
+        found = [a for a in cron if a[:2] == ["dlq", "replay"]]
+        groups = replay.get("groups") or [None]
+        for group in groups:
+            want = {"--class": replay["classes"], "--older-than": [str(replay["olderThan"])],
+                    "--group": [group] if group else [], "--output": ["json"]}
+            if not any(all(flag(a, f) == v for f, v in want.items()) and "--yes" in a for a in found):
+                problems.append(f"dlqScheduledReplay {want} --yes: no CronJob runs it ({found})")
+        if len(found) != len(groups):
+            problems.append(f"dlqScheduledReplay: {len(found)} CronJobs run dlq replay for {len(groups)} groups entries")
+    return problems
 
 
 def check_args(docs, binary):
