@@ -94,6 +94,18 @@ pub async fn run(settings: &Settings, args: ReconcileArgs) -> anyhow::Result<Exi
     })
     .await?;
     bar.finish_and_clear();
+    if report
+        .partitions
+        .iter()
+        .all(|p| p.committed_offset.is_none())
+    {
+        // Every record is then "unconsumed": say why, a typo in --group looks the same.
+        tracing::warn!(
+            group = report.group,
+            topic = report.topic,
+            "the group has no committed offset on this topic (never ran here, a mistyped --group, or its offsets expired): every record counts as unconsumed"
+        );
+    }
     reconcile::store::record(&db, &report).await?;
     tracing::info!(
         group = report.group,

@@ -360,3 +360,73 @@ async fn a_clean_run_over_100k_events_reports_nothing_missing() {
     );
     assert_eq!(report["applied_not_in_topic_count"], 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_windows_are_refused_naming_the_flag_and_a_group_that_never_ran_is_named() {
+    let env = TestEnv::new().with_database().await;
+    let text = env
+        .cli(&[
+            "reconcile",
+            "--group",
+            "g.order.consumer",
+            "--since",
+            "yesterday",
+        ])
+        .failure();
+    assert!(
+        text.contains("--since") && text.contains("RFC 3339") && text.contains("30m, 2h, 7d"),
+        "{text}"
+    );
+    let text = env
+        .cli(&[
+            "reconcile",
+            "--group",
+            "g.order.consumer",
+            "--since",
+            "1h",
+            "--until",
+            "2h",
+        ])
+        .failure();
+    assert!(
+        text.contains("--since (1h) must be before --until (2h)"),
+        "{text}"
+    );
+    let text = env
+        .cli(&[
+            "reconcile",
+            "--group",
+            "g.order.consumer",
+            "--grace",
+            "soon",
+        ])
+        .failure();
+    assert!(text.contains("--grace"), "{text}");
+    let text = env
+        .cli(&["reconcile", "--group", "g.order.consumer"])
+        .failure();
+    assert!(
+        text.contains("does not exist"),
+        "a missing topic is named: {text}"
+    );
+
+    env.cli(&["topics", "ensure"]).success();
+    produce_lifecycles(&env, 30, 5, 47);
+    let run = env.cli(&[
+        "reconcile",
+        "--group",
+        "never-ran-service.order.consumer",
+        "--grace",
+        "0s",
+    ]);
+    let out = run.success();
+    assert!(
+        out.contains("0 missing, 0 in flight, 30 unconsumed"),
+        "{out}"
+    );
+    assert!(
+        run.text().contains("no committed offset on this topic"),
+        "{}",
+        run.text()
+    );
+}
