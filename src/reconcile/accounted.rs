@@ -48,86 +48,51 @@ pub struct Accounted {
     pub event_id: Option<String>,
 }
 
-/// Dead letters of `group` first consumed from `topic`/`partition` at an
-/// offset in `from..=to` (any status: pending, replayed or ignored).
-pub async fn dead_letters(
-    db: &Db,
-    group: &str,
-    topic: &str,
-    partition: i32,
-    from: i64,
-    to: i64,
-) -> Result<Vec<Accounted>, DbError> {
-    positions(
-        db,
-        "SELECT original_offset, event_id FROM dead_letters WHERE consumer_group = ? AND original_topic = ? \
-         AND original_partition = ? AND original_offset BETWEEN ? AND ?",
-        group,
-        topic,
-        partition,
-        from,
-        to,
-    )
-    .await
+/// The tables that account for a record by where it was first consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `dead_letters` of the group (any status: pending, replayed or ignored).
+    DeadLetters,
+    /// `held_records`: waiting behind a parked key.
+    Held,
+    /// `parked_keys` heads: in the group's retry topic, or dead-lettered and
+    /// perhaps not persisted yet.
+    ParkedHeads,
 }
 
-/// Records of `group` held behind a parked key, consumed from
+impl Source {
+    /// (offset, event id) of the source's rows of one group, original topic
+    /// and partition, offsets between two bounds: each an index range.
+    fn sql(self) -> &'static str {
+        match self {
+            Self::DeadLetters => {
+                "SELECT original_offset, event_id FROM dead_letters WHERE consumer_group = ? AND original_topic = ? \
+                 AND original_partition = ? AND original_offset BETWEEN ? AND ?"
+            }
+            Self::Held => {
+                "SELECT source_offset, event_id FROM held_records WHERE consumer_group = ? AND source_topic = ? \
+                 AND source_partition = ? AND source_offset BETWEEN ? AND ?"
+            }
+            Self::ParkedHeads => {
+                "SELECT head_offset, head_event_id FROM parked_keys WHERE consumer_group = ? AND head_topic = ? \
+                 AND head_partition = ? AND head_offset BETWEEN ? AND ?"
+            }
+        }
+    }
+}
+
+/// The records `source` holds for `group` that were first consumed from
 /// `topic`/`partition` at an offset in `from..=to`.
-pub async fn held(
+pub async fn at_positions(
     db: &Db,
+    source: Source,
     group: &str,
     topic: &str,
     partition: i32,
     from: i64,
     to: i64,
 ) -> Result<Vec<Accounted>, DbError> {
-    positions(
-        db,
-        "SELECT source_offset, event_id FROM held_records WHERE consumer_group = ? AND source_topic = ? \
-         AND source_partition = ? AND source_offset BETWEEN ? AND ?",
-        group,
-        topic,
-        partition,
-        from,
-        to,
-    )
-    .await
-}
-
-/// Heads of `group`'s parked keys first consumed from `topic`/`partition`
-/// at an offset in `from..=to`: in the group's retry topic, or
-/// dead-lettered and perhaps not persisted yet.
-pub async fn parked_heads(
-    db: &Db,
-    group: &str,
-    topic: &str,
-    partition: i32,
-    from: i64,
-    to: i64,
-) -> Result<Vec<Accounted>, DbError> {
-    positions(
-        db,
-        "SELECT head_offset, head_event_id FROM parked_keys WHERE consumer_group = ? AND head_topic = ? \
-         AND head_partition = ? AND head_offset BETWEEN ? AND ?",
-        group,
-        topic,
-        partition,
-        from,
-        to,
-    )
-    .await
-}
-
-async fn positions(
-    db: &Db,
-    sql: &'static str,
-    group: &str,
-    topic: &str,
-    partition: i32,
-    from: i64,
-    to: i64,
-) -> Result<Vec<Accounted>, DbError> {
-    let rows: Vec<(i64, Option<String>)> = sqlx::query_as(sql)
+    let rows: Vec<(i64, Option<String>)> = sqlx::query_as(source.sql())
         .bind(group)
         .bind(topic)
         .bind(partition)

@@ -38,6 +38,7 @@ use uuid::Uuid;
 
 use crate::db::{Db, DbError};
 use crate::kafka::client::KafkaSettings;
+use accounted::Source;
 pub use scan::PartitionWindow;
 pub use store::export_gauges;
 
@@ -328,25 +329,24 @@ pub async fn reconcile(
         let from = records.iter().map(|r| r.offset).min().unwrap_or_default();
         let to = records.iter().map(|r| r.offset).max().unwrap_or_default();
         let (group, topic) = (request.group.as_str(), request.topic.as_str());
-        let dead =
-            Matcher::new(accounted::dead_letters(db, group, topic, partition, from, to).await?);
-        let held = Matcher::new(accounted::held(db, group, topic, partition, from, to).await?);
-        let parked =
-            Matcher::new(accounted::parked_heads(db, group, topic, partition, from, to).await?);
+        // The tables that account for a record in this order of precedence.
+        let mut matchers = Vec::with_capacity(3);
+        for (source, class) in [
+            (Source::DeadLetters, Class::DeadLettered),
+            (Source::Held, Class::Held),
+            (Source::ParkedHeads, Class::Parked),
+        ] {
+            let rows =
+                accounted::at_positions(db, source, group, topic, partition, from, to).await?;
+            matchers.push((Matcher::new(rows), class));
+        }
         let committed = committed.get(&partition).copied().flatten();
         for record in records {
-            let class = if dead.matches(&record) {
-                Class::DeadLettered
-            } else if held.matches(&record) {
-                Class::Held
-            } else if parked.matches(&record) {
-                Class::Parked
-            } else if committed.is_none_or(|c| record.offset >= c) {
-                Class::Unconsumed
-            } else if now - record.timestamp_ms < grace_ms {
-                Class::InFlight
-            } else {
-                Class::Missing
+            let class = match matchers.iter().find(|(m, _)| m.matches(&record)) {
+                Some((_, class)) => *class,
+                None if committed.is_none_or(|c| record.offset >= c) => Class::Unconsumed,
+                None if now - record.timestamp_ms < grace_ms => Class::InFlight,
+                None => Class::Missing,
             };
             totals.add(class);
             by_name.entry(name_of(&record)).or_default().add(class);
