@@ -637,6 +637,41 @@ mod tests {
         assert!(list(&db, &held, 10).await.unwrap().is_empty(), "held records are no dead letters");
     }
 
+    /// The purge on SQLite (MariaDB's is covered by tests/it/dlq_retention.rs):
+    /// SQLite's limited delete (by id) with the parked-head guard, counted
+    /// per status; a dry run deletes nothing.
+    #[tokio::test]
+    async fn sqlite_purge_deletes_old_rows_of_its_statuses_in_batches_and_keeps_a_parked_head() {
+        let (_dir, db) = sqlite().await;
+        for offset in 0..6 {
+            upsert_one(&db, &NewDeadLetter { original_offset: offset, ..dead_letter(offset, "x") }).await;
+        }
+        // Rows 1..=4 replayed long ago, 5 ignored long ago, 6 pending long ago; row 4 heads a parked key.
+        sqlx::query("UPDATE dead_letters SET status = CASE WHEN id <= 4 THEN 'replayed' WHEN id = 5 THEN 'ignored' ELSE 'pending' END, updated_ms = 10")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO parked_keys (consumer_group, record_key, kafka_partition, head_origin, state, parked_ms, updated_ms, \
+             head_topic, head_partition, head_offset) VALUES ('g', '42', 0, 'order.events.v1/0/3', 'dead', 1, 1, 'order.events.v1', 0, 3)",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let purge = Purge { statuses: vec![Status::Replayed, Status::Ignored], group: Some("g".into()), before_ms: 11, batch: 2 };
+        let dry = super::purge(&db, &purge, true, |_, _| {}).await.unwrap();
+        assert_eq!((dry.deleted.clone(), dry.kept_heads), (BTreeMap::from([("replayed", 3), ("ignored", 1)]), 1));
+        assert_eq!(list(&db, &Filter::default(), 10).await.unwrap().len(), 6, "a dry run deletes nothing");
+        let mut batches = Vec::new();
+        let done = super::purge(&db, &purge, false, |status, n| batches.push((status, n))).await.unwrap();
+        assert_eq!((done.total(), done.kept_heads), (4, 1));
+        assert_eq!(batches, [("replayed", 2), ("replayed", 3), ("ignored", 1)], "batches of 2, counted as they go");
+        let left: Vec<(i64, String)> = list(&db, &Filter::default(), 10).await.unwrap().into_iter().map(|r| (r.id, r.status)).collect();
+        assert_eq!(left, [(4, "replayed".to_string()), (6, "pending".to_string())]);
+        let young = Purge { before_ms: 10, statuses: vec![Status::Pending], ..purge };
+        assert_eq!(super::purge(&db, &young, false, |_, _| {}).await.unwrap().total(), 0, "younger than the cutoff");
+    }
+
     /// On SQLite (MariaDB's is covered by tests/it/replay.rs): the bound
     /// holds the first `limit` rows of the filter; pages walk them by id and
     /// take neither a row past the bound nor one that left the filter.
