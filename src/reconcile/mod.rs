@@ -39,7 +39,7 @@ use uuid::Uuid;
 use crate::db::{Db, DbError};
 use crate::kafka::client::KafkaSettings;
 use accounted::Source;
-pub use scan::PartitionWindow;
+pub use scan::{PartitionWindow, ScannedRecord};
 pub use store::export_gauges;
 
 /// Dedup rows written this long before the window's start are still
@@ -147,21 +147,6 @@ impl Counts {
     }
 }
 
-/// A record the group does not account for, older than the grace period.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct MissingEvent {
-    /// Partition.
-    pub partition: i32,
-    /// Offset.
-    pub offset: i64,
-    /// Its `event_id` header (None: it has none).
-    pub event_id: Option<String>,
-    /// Its `event_name` header.
-    pub event_name: Option<String>,
-    /// Kafka timestamp (ms since the epoch).
-    pub timestamp_ms: i64,
-}
-
 /// A dedup row of the group at a position of the window where the topic
 /// holds another event, or none.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -216,7 +201,7 @@ pub struct Report {
     /// Kafka timestamp of the oldest missing event.
     pub oldest_missing_ms: Option<i64>,
     /// Missing events by position, at most [`Request::list_limit`].
-    pub missing: Vec<MissingEvent>,
+    pub missing: Vec<ScannedRecord>,
     /// Dedup rows applied from the window where the topic holds no such event.
     pub applied_not_in_topic_count: u64,
     /// Those rows by position, at most [`Request::list_limit`].
@@ -356,13 +341,7 @@ pub async fn reconcile(
                     oldest_missing_ms.map_or(record.timestamp_ms, |t| t.min(record.timestamp_ms)),
                 );
                 if missing.len() < request.list_limit {
-                    missing.push(MissingEvent {
-                        partition,
-                        offset: record.offset,
-                        event_id: record.event_id,
-                        event_name: record.event_name,
-                        timestamp_ms: record.timestamp_ms,
-                    });
+                    missing.push(record);
                 }
             }
         }

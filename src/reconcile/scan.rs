@@ -56,8 +56,9 @@ impl PartitionWindow {
     }
 }
 
-/// One record of the window, as far as reconciliation needs it.
-#[derive(Debug, Clone)]
+/// One record of the window, as far as reconciliation needs it (and as a
+/// missing event is reported).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ScannedRecord {
     /// Partition.
     pub partition: i32,

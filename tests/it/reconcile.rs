@@ -338,47 +338,24 @@ async fn a_clean_run_over_100k_events_reports_nothing_missing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_windows_are_refused_naming_the_flag_and_a_group_that_never_ran_is_named() {
     let env = TestEnv::new().with_database().await;
-    let text = env
-        .cli(&[
-            "reconcile",
-            "--group",
-            "g.order.consumer",
-            "--since",
-            "yesterday",
-        ])
-        .failure();
+    let refused = |extra: &[&str]| {
+        let mut args = vec!["reconcile", "--group", "g.order.consumer"];
+        args.extend_from_slice(extra);
+        env.cli(&args).failure()
+    };
+    let text = refused(&["--since", "yesterday"]);
     assert!(
         text.contains("--since") && text.contains("RFC 3339") && text.contains("30m, 2h, 7d"),
         "{text}"
     );
-    let text = env
-        .cli(&[
-            "reconcile",
-            "--group",
-            "g.order.consumer",
-            "--since",
-            "1h",
-            "--until",
-            "2h",
-        ])
-        .failure();
+    let text = refused(&["--since", "1h", "--until", "2h"]);
     assert!(
         text.contains("--since (1h) must be before --until (2h)"),
         "{text}"
     );
-    let text = env
-        .cli(&[
-            "reconcile",
-            "--group",
-            "g.order.consumer",
-            "--grace",
-            "soon",
-        ])
-        .failure();
+    let text = refused(&["--grace", "soon"]);
     assert!(text.contains("--grace"), "{text}");
-    let text = env
-        .cli(&["reconcile", "--group", "g.order.consumer"])
-        .failure();
+    let text = refused(&[]);
     assert!(
         text.contains("does not exist"),
         "a missing topic is named: {text}"
