@@ -17,7 +17,8 @@ use regex::Regex;
 /// The pattern, as a regular expression (the chart's is the same).
 pub const GROUP_PATTERN: &str = r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)+\.consumer$";
 
-static PATTERN: LazyLock<Regex> = LazyLock::new(|| Regex::new(GROUP_PATTERN).expect("the group pattern compiles"));
+static PATTERN: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(GROUP_PATTERN).expect("the group pattern compiles"));
 
 /// Ok when `group` follows the house pattern; otherwise why not, with a
 /// name that would, for the warning.
@@ -53,9 +54,22 @@ mod tests {
         ] {
             assert!(check(good).is_ok(), "{good}");
         }
-        for bad in ["http.crm", "tour", "order.consumer", "Inventory.order.consumer", "inv..order.consumer", "inv.order.consumer.", "inv.order.consumers", ".order.consumer", "inv.-.consumer x"] {
+        for bad in [
+            "http.crm",
+            "tour",
+            "order.consumer",
+            "Inventory.order.consumer",
+            "inv..order.consumer",
+            "inv.order.consumer.",
+            "inv.order.consumers",
+            ".order.consumer",
+            "inv.-.consumer x",
+        ] {
             let err = check(bad).unwrap_err();
-            assert!(err.contains(&format!("`{bad}`")) && err.contains("{service}.{event}.consumer"), "{bad}: {err}");
+            assert!(
+                err.contains(&format!("`{bad}`")) && err.contains("{service}.{event}.consumer"),
+                "{bad}: {err}"
+            );
         }
     }
 }

@@ -45,11 +45,30 @@ pub enum Profile {
 /// The named schedules, selectable with `retry.profile`.
 pub const PROFILES: [(&str, Profile); 4] = [
     // 1 s, 2 s, 4 s, 8 s, 16 s.
-    ("default", Profile::Geometric { attempts: 5, initial_ms: 1_000, multiplier: 2.0, max_ms: 60_000 }),
+    (
+        "default",
+        Profile::Geometric {
+            attempts: 5,
+            initial_ms: 1_000,
+            multiplier: 2.0,
+            max_ms: 60_000,
+        },
+    ),
     // Seed 000: 3 retries, 10 s -> 1 min -> 5 min.
-    ("seed000", Profile::Geometric { attempts: 3, initial_ms: 10_000, multiplier: 6.0, max_ms: 300_000 }),
+    (
+        "seed000",
+        Profile::Geometric {
+            attempts: 3,
+            initial_ms: 10_000,
+            multiplier: 6.0,
+            max_ms: 300_000,
+        },
+    ),
     // Seed 001: "set from business tolerance".
-    ("seed001", Profile::Fixed(&[10_000, 30_000, 60_000, 300_000])),
+    (
+        "seed001",
+        Profile::Fixed(&[10_000, 30_000, 60_000, 300_000]),
+    ),
     // Seed 003.
     ("seed003", Profile::Fixed(&[5_000, 30_000, 300_000])),
 ];
@@ -58,7 +77,8 @@ pub const PROFILES: [(&str, Profile); 4] = [
 pub const DEFAULT_PROFILE: &str = "default";
 
 /// Accepted forms of one delay, for error messages.
-pub const DELAY_FORMS: &str = "<n>ms, <n>s, <n>m or <n>h (e.g. \"500ms\", \"30s\", \"5m\", \"1h\"), from 1ms to 24h";
+pub const DELAY_FORMS: &str =
+    "<n>ms, <n>s, <n>m or <n>h (e.g. \"500ms\", \"30s\", \"5m\", \"1h\"), from 1ms to 24h";
 
 /// Longest delay of an explicit list: a record waiting longer blocks its
 /// retry partition that long; park it in the DLQ and replay it instead.
@@ -69,7 +89,11 @@ const MAX_ATTEMPTS: usize = 100;
 
 /// The profile names, comma-separated.
 pub fn profile_names() -> String {
-    PROFILES.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
+    PROFILES
+        .iter()
+        .map(|(name, _)| *name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One layer of retry settings: a group's `[retry.groups."<group>"]` or a
@@ -190,7 +214,10 @@ pub struct PolicyError {
 
 impl PolicyError {
     fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self { field: field.into(), reason: reason.into() }
+        Self {
+            field: field.into(),
+            reason: reason.into(),
+        }
     }
 }
 
@@ -247,44 +274,88 @@ impl Effective {
                 ));
             }
             if delays.len() > MAX_ATTEMPTS {
-                return Err(PolicyError::new(field("delays"), format!("{} delays; at most {MAX_ATTEMPTS}: retries must end in the DLQ", delays.len())));
+                return Err(PolicyError::new(
+                    field("delays"),
+                    format!(
+                        "{} delays; at most {MAX_ATTEMPTS}: retries must end in the DLQ",
+                        delays.len()
+                    ),
+                ));
             }
             let parsed = delays
                 .iter()
                 .enumerate()
-                .map(|(i, text)| parse_delay(text).map_err(|reason| PolicyError::new(format!("{}[{i}]", field("delays")), reason)))
+                .map(|(i, text)| {
+                    parse_delay(text).map_err(|reason| {
+                        PolicyError::new(format!("{}[{i}]", field("delays")), reason)
+                    })
+                })
                 .collect::<Result<Vec<_>, _>>()?;
-            *self = Self { local_retries: self.local_retries, jitter: self.jitter, delays: Some(parsed), ..Self::default() };
+            *self = Self {
+                local_retries: self.local_retries,
+                jitter: self.jitter,
+                delays: Some(parsed),
+                ..Self::default()
+            };
         } else if !layer.geometric_fields().is_empty() {
             self.delays = None;
             if let Some(name) = &layer.profile {
                 if !PROFILES.iter().any(|(known, _)| known == name) {
-                    return Err(PolicyError::new(field("profile"), format!("`{name}` is not a profile; accepted: {}", profile_names())));
+                    return Err(PolicyError::new(
+                        field("profile"),
+                        format!("`{name}` is not a profile; accepted: {}", profile_names()),
+                    ));
                 }
-                self.profile = Some(Sourced { value: name.clone(), field: field("profile") });
+                self.profile = Some(Sourced {
+                    value: name.clone(),
+                    field: field("profile"),
+                });
             }
             if let Some(attempts) = layer.attempts {
                 if attempts as usize > MAX_ATTEMPTS {
-                    return Err(PolicyError::new(field("attempts"), format!("{attempts} is more than {MAX_ATTEMPTS}; retries must end in the DLQ")));
+                    return Err(PolicyError::new(
+                        field("attempts"),
+                        format!(
+                            "{attempts} is more than {MAX_ATTEMPTS}; retries must end in the DLQ"
+                        ),
+                    ));
                 }
-                self.attempts = Some(Sourced { value: attempts, field: field("attempts") });
+                self.attempts = Some(Sourced {
+                    value: attempts,
+                    field: field("attempts"),
+                });
             }
             if let Some(multiplier) = layer.multiplier {
                 if !(1.0..=100.0).contains(&multiplier) {
-                    return Err(PolicyError::new(field("multiplier"), format!("{multiplier} is outside 1.0 to 100.0")));
+                    return Err(PolicyError::new(
+                        field("multiplier"),
+                        format!("{multiplier} is outside 1.0 to 100.0"),
+                    ));
                 }
-                self.multiplier = Some(Sourced { value: multiplier, field: field("multiplier") });
+                self.multiplier = Some(Sourced {
+                    value: multiplier,
+                    field: field("multiplier"),
+                });
             }
             if let Some(ms) = layer.initial_delay_ms {
-                self.initial_delay_ms = Some(Sourced { value: ms, field: field("initial_delay_ms") });
+                self.initial_delay_ms = Some(Sourced {
+                    value: ms,
+                    field: field("initial_delay_ms"),
+                });
             }
             if let Some(ms) = layer.max_delay_ms {
-                self.max_delay_ms = Some(Sourced { value: ms, field: field("max_delay_ms") });
+                self.max_delay_ms = Some(Sourced {
+                    value: ms,
+                    field: field("max_delay_ms"),
+                });
             }
         }
         if let Some(jitter) = layer.jitter {
             if !(0.0..=1.0).contains(&jitter) {
-                return Err(PolicyError::new(field("jitter"), format!("{jitter} is outside 0 to 1 (a fraction of each delay, e.g. 0.1)")));
+                return Err(PolicyError::new(
+                    field("jitter"),
+                    format!("{jitter} is outside 0 to 1 (a fraction of each delay, e.g. 0.1)"),
+                ));
             }
             self.jitter = Some(jitter);
         }
@@ -299,12 +370,27 @@ impl Effective {
         if let Some(delays) = &self.delays {
             return Ok(delays.clone());
         }
-        let name = self.profile.as_ref().map_or(DEFAULT_PROFILE, |p| p.value.as_str());
-        let profile = PROFILES.iter().find(|(known, _)| *known == name).map(|(_, p)| *p).expect("profile names are checked");
+        let name = self
+            .profile
+            .as_ref()
+            .map_or(DEFAULT_PROFILE, |p| p.value.as_str());
+        let profile = PROFILES
+            .iter()
+            .find(|(known, _)| *known == name)
+            .map(|(_, p)| *p)
+            .expect("profile names are checked");
         match profile {
-            Profile::Geometric { attempts, initial_ms, multiplier, max_ms } => {
+            Profile::Geometric {
+                attempts,
+                initial_ms,
+                multiplier,
+                max_ms,
+            } => {
                 let attempts = self.attempts.as_ref().map_or(attempts, |a| a.value);
-                let initial = self.initial_delay_ms.as_ref().map_or(initial_ms, |a| a.value);
+                let initial = self
+                    .initial_delay_ms
+                    .as_ref()
+                    .map_or(initial_ms, |a| a.value);
                 let multiplier = self.multiplier.as_ref().map_or(multiplier, |a| a.value);
                 let max = self.max_delay_ms.as_ref().map_or(max_ms, |a| a.value);
                 let mut delay = initial as f64;
@@ -361,12 +447,21 @@ impl RetrySettings {
     /// The schedule of `group`: `[retry]`, then `[retry.groups."<group>"]`,
     /// then [`RetrySettings::top`].
     pub fn policy_for(&self, group: &str) -> Result<RetryPolicy, PolicyError> {
-        self.policy_with(group, self.top.as_ref().map(|(prefix, layer)| (prefix.as_str(), layer)))
+        self.policy_with(
+            group,
+            self.top
+                .as_ref()
+                .map(|(prefix, layer)| (prefix.as_str(), layer)),
+        )
     }
 
     /// [`RetrySettings::policy_for`] with one more layer on top (a
     /// subscription's `retry`), named `top.0` in errors.
-    pub fn policy_with(&self, group: &str, top: Option<(&str, &RetryLayer)>) -> Result<RetryPolicy, PolicyError> {
+    pub fn policy_with(
+        &self,
+        group: &str,
+        top: Option<(&str, &RetryLayer)>,
+    ) -> Result<RetryPolicy, PolicyError> {
         let mut effective = Effective::default();
         effective.apply("retry", &self.base())?;
         if let Some(layer) = self.groups.get(group) {
@@ -380,7 +475,10 @@ impl RetrySettings {
             delays.iter_mut().for_each(|d| *d = d.mul_f64(scale));
         }
         Ok(RetryPolicy {
-            local_retries: effective.local_retries.unwrap_or(self.local_retries).min(20),
+            local_retries: effective
+                .local_retries
+                .unwrap_or(self.local_retries)
+                .min(20),
             delays,
             jitter: effective.jitter.unwrap_or(0.0),
             max_error_len: self.max_error_len.max(64),
@@ -391,12 +489,16 @@ impl RetrySettings {
     /// unusable value, by its field.
     pub fn validate(&self) -> Result<(), PolicyError> {
         self.policy_for("")?;
-        self.groups.keys().try_for_each(|group| self.policy_for(group).map(drop))
+        self.groups
+            .keys()
+            .try_for_each(|group| self.policy_for(group).map(drop))
     }
 
     /// `time_scale`, refused outside a `harness` build and out of (0, 1].
     fn time_scale(&self) -> Result<Option<f64>, PolicyError> {
-        let Some(scale) = self.time_scale else { return Ok(None) };
+        let Some(scale) = self.time_scale else {
+            return Ok(None);
+        };
         if !cfg!(feature = "harness") {
             return Err(PolicyError::new(
                 "retry.time_scale",
@@ -404,7 +506,10 @@ impl RetrySettings {
             ));
         }
         if !(scale > 0.0 && scale <= 1.0) {
-            return Err(PolicyError::new("retry.time_scale", format!("{scale} is outside (0, 1]")));
+            return Err(PolicyError::new(
+                "retry.time_scale",
+                format!("{scale} is outside (0, 1]"),
+            ));
         }
         Ok(Some(scale))
     }
@@ -469,11 +574,20 @@ mod tests {
         let p = RetryPolicy::from_settings(&settings("seed000")).unwrap();
         assert_eq!(secs(&p), [10, 60, 300]);
         assert_eq!(p.next_delay(3), None, "after the last delay: the DLQ");
-        assert_eq!(secs(&RetryPolicy::from_settings(&settings("seed001")).unwrap()), [10, 30, 60, 300]);
-        assert_eq!(secs(&RetryPolicy::from_settings(&settings("seed003")).unwrap()), [5, 30, 300]);
+        assert_eq!(
+            secs(&RetryPolicy::from_settings(&settings("seed001")).unwrap()),
+            [10, 30, 60, 300]
+        );
+        assert_eq!(
+            secs(&RetryPolicy::from_settings(&settings("seed003")).unwrap()),
+            [5, 30, 300]
+        );
         let mut unset = settings("default");
         unset.profile = None;
-        assert_eq!(secs(&RetryPolicy::from_settings(&unset).unwrap()), [1, 2, 4, 8, 16]);
+        assert_eq!(
+            secs(&RetryPolicy::from_settings(&unset).unwrap()),
+            [1, 2, 4, 8, 16]
+        );
     }
 
     #[test]
@@ -482,18 +596,47 @@ mod tests {
         s.attempts = Some(10);
         let p = RetryPolicy::from_settings(&s).unwrap();
         assert_eq!(p.delays.last().unwrap().as_secs(), 60);
-        let err = RetryPolicy::from_settings(&settings("fast")).unwrap_err().to_string();
-        assert!(err.contains("retry.profile") && err.contains("default, seed000, seed001, seed003"), "{err}");
+        let err = RetryPolicy::from_settings(&settings("fast"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("retry.profile") && err.contains("default, seed000, seed001, seed003"),
+            "{err}"
+        );
         s.attempts = Some(1000);
-        assert!(RetryPolicy::from_settings(&s).unwrap_err().to_string().contains("retry.attempts"));
+        assert!(
+            RetryPolicy::from_settings(&s)
+                .unwrap_err()
+                .to_string()
+                .contains("retry.attempts")
+        );
     }
 
     #[test]
     fn explicit_delays_parse_in_every_accepted_form() {
-        for (text, ms) in [("500ms", 500), ("5s", 5_000), ("30s", 30_000), ("5m", 300_000), ("1h", 3_600_000), ("24h", 86_400_000)] {
+        for (text, ms) in [
+            ("500ms", 500),
+            ("5s", 5_000),
+            ("30s", 30_000),
+            ("5m", 300_000),
+            ("1h", 3_600_000),
+            ("24h", 86_400_000),
+        ] {
             assert_eq!(parse_delay(text), Ok(Duration::from_millis(ms)), "{text}");
         }
-        for bad in ["", "5", "s", "5 s", "5sec", "1.5s", "-5s", "0s", "25h", "5S", "99999999999999999999h"] {
+        for bad in [
+            "",
+            "5",
+            "s",
+            "5 s",
+            "5sec",
+            "1.5s",
+            "-5s",
+            "0s",
+            "25h",
+            "5S",
+            "99999999999999999999h",
+        ] {
             let err = parse_delay(bad).unwrap_err();
             assert!(err.contains(DELAY_FORMS), "{bad}: {err}");
         }
@@ -503,11 +646,24 @@ mod tests {
         assert_eq!(secs(&RetryPolicy::from_settings(&s).unwrap()), [5, 30, 300]);
         s.delays = Some(vec!["5s".into(), "30 seconds".into()]);
         let err = RetryPolicy::from_settings(&s).unwrap_err().to_string();
-        assert!(err.starts_with("retry.delays[1]: `30 seconds` is not a delay; accepted forms: <n>ms, <n>s"), "{err}");
+        assert!(
+            err.starts_with(
+                "retry.delays[1]: `30 seconds` is not a delay; accepted forms: <n>ms, <n>s"
+            ),
+            "{err}"
+        );
         s.delays = Some(vec!["1s".into(); 101]);
-        assert!(RetryPolicy::from_settings(&s).unwrap_err().to_string().contains("at most 100"));
+        assert!(
+            RetryPolicy::from_settings(&s)
+                .unwrap_err()
+                .to_string()
+                .contains("at most 100")
+        );
         s.delays = Some(vec![]);
-        assert!(RetryPolicy::from_settings(&s).unwrap().delays.is_empty(), "an explicit empty list: straight to the DLQ");
+        assert!(
+            RetryPolicy::from_settings(&s).unwrap().delays.is_empty(),
+            "an explicit empty list: straight to the DLQ"
+        );
     }
 
     #[test]
@@ -515,28 +671,60 @@ mod tests {
         let mut s = settings("seed000");
         s.delays = Some(vec!["5s".into()]);
         let err = RetryPolicy::from_settings(&s).unwrap_err().to_string();
-        assert!(err.starts_with("retry.delays and retry.profile: both set"), "{err}");
+        assert!(
+            err.starts_with("retry.delays and retry.profile: both set"),
+            "{err}"
+        );
         s.profile = None;
         s.multiplier = Some(3.0);
         let err = RetryPolicy::from_settings(&s).unwrap_err().to_string();
-        assert!(err.starts_with("retry.delays and retry.multiplier: both set"), "{err}");
-        let err = layer("delays = [\"1s\"]\nattempts = 2").check("http.subscriptions[crm].retry").unwrap_err().to_string();
-        assert!(err.starts_with("http.subscriptions[crm].retry.delays and http.subscriptions[crm].retry.attempts"), "{err}");
+        assert!(
+            err.starts_with("retry.delays and retry.multiplier: both set"),
+            "{err}"
+        );
+        let err = layer("delays = [\"1s\"]\nattempts = 2")
+            .check("http.subscriptions[crm].retry")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "http.subscriptions[crm].retry.delays and http.subscriptions[crm].retry.attempts"
+            ),
+            "{err}"
+        );
     }
 
     #[test]
     fn group_layers_replace_the_form_below_and_layer_the_rest() {
         let mut s = settings("seed000");
         s.jitter = Some(0.2);
-        s.groups.insert("a.order.consumer".into(), layer("delays = [\"5s\", \"30s\", \"5m\"]\nlocal_retries = 0"));
-        s.groups.insert("b.order.consumer".into(), layer("attempts = 4"));
-        s.groups.insert("c.order.consumer".into(), layer("profile = \"seed001\"\njitter = 0.0"));
+        s.groups.insert(
+            "a.order.consumer".into(),
+            layer("delays = [\"5s\", \"30s\", \"5m\"]\nlocal_retries = 0"),
+        );
+        s.groups
+            .insert("b.order.consumer".into(), layer("attempts = 4"));
+        s.groups.insert(
+            "c.order.consumer".into(),
+            layer("profile = \"seed001\"\njitter = 0.0"),
+        );
         let a = s.policy_for("a.order.consumer").unwrap();
-        assert_eq!((secs(&a), a.local_retries, a.jitter), (vec![5, 30, 300], 0, 0.2));
-        assert_eq!(secs(&s.policy_for("b.order.consumer").unwrap()), [10, 60, 300, 300], "seed000 from [retry], 4 attempts");
+        assert_eq!(
+            (secs(&a), a.local_retries, a.jitter),
+            (vec![5, 30, 300], 0, 0.2)
+        );
+        assert_eq!(
+            secs(&s.policy_for("b.order.consumer").unwrap()),
+            [10, 60, 300, 300],
+            "seed000 from [retry], 4 attempts"
+        );
         let c = s.policy_for("c.order.consumer").unwrap();
         assert_eq!((secs(&c), c.jitter), (vec![10, 30, 60, 300], 0.0));
-        assert_eq!(secs(&s.policy_for("other").unwrap()), [10, 60, 300], "no layer: [retry]");
+        assert_eq!(
+            secs(&s.policy_for("other").unwrap()),
+            [10, 60, 300],
+            "no layer: [retry]"
+        );
         s.validate().unwrap();
 
         // A profile over [retry]'s delays replaces them.
@@ -546,7 +734,10 @@ mod tests {
         s.groups.insert("g".into(), layer("profile = \"seed003\""));
         assert_eq!(secs(&s.policy_for("g").unwrap()), [5, 30, 300]);
         // A subscription's layer goes on top of the group's.
-        s.top = Some(("http.subscriptions[crm].retry".into(), layer("delays = [\"2s\"]")));
+        s.top = Some((
+            "http.subscriptions[crm].retry".into(),
+            layer("delays = [\"2s\"]"),
+        ));
         assert_eq!(secs(&s.policy_for("g").unwrap()), [2]);
     }
 
@@ -555,17 +746,34 @@ mod tests {
         let mut s = settings("seed001");
         s.groups.insert("g".into(), layer("attempts = 6"));
         let err = s.validate().unwrap_err().to_string();
-        assert!(err.starts_with("retry.groups.\"g\".attempts: profile seed001 is a fixed list"), "{err}");
-        assert!(err.contains("(default, seed000): set delays instead"), "{err}");
+        assert!(
+            err.starts_with("retry.groups.\"g\".attempts: profile seed001 is a fixed list"),
+            "{err}"
+        );
+        assert!(
+            err.contains("(default, seed000): set delays instead"),
+            "{err}"
+        );
         let mut s = settings("default");
         s.groups.insert("g".into(), layer("jitter = 1.5"));
         let err = s.validate().unwrap_err().to_string();
-        assert!(err.starts_with("retry.groups.\"g\".jitter: 1.5 is outside 0 to 1"), "{err}");
+        assert!(
+            err.starts_with("retry.groups.\"g\".jitter: 1.5 is outside 0 to 1"),
+            "{err}"
+        );
         let mut s = settings("default");
         s.groups.insert("g".into(), layer("delays = [\"10\"]"));
         let err = s.validate().unwrap_err().to_string();
-        assert!(err.starts_with("retry.groups.\"g\".delays[0]: `10` is not a delay; accepted forms"), "{err}");
-        assert!(toml::from_str::<RetryLayer>("delay = [\"1s\"]").unwrap_err().to_string().contains("unknown field `delay`"));
+        assert!(
+            err.starts_with("retry.groups.\"g\".delays[0]: `10` is not a delay; accepted forms"),
+            "{err}"
+        );
+        assert!(
+            toml::from_str::<RetryLayer>("delay = [\"1s\"]")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown field `delay`")
+        );
     }
 
     #[test]
@@ -575,16 +783,30 @@ mod tests {
         let p = RetryPolicy::from_settings(&s).unwrap();
         let mut rng = rand::rng();
         for (attempt, base) in [(0, 5_000.0), (1, 30_000.0), (2, 300_000.0)] {
-            let drawn: Vec<f64> = (0..2_000).map(|_| p.draw_delay(attempt, &mut rng).unwrap().as_secs_f64() * 1e3).collect();
-            let (low, high) = drawn.iter().fold((f64::MAX, f64::MIN), |(l, h), &d| (l.min(d), h.max(d)));
-            assert!(low >= base * 0.75 - 1.0 && high <= base * 1.25 + 1.0, "attempt {attempt}: {low}..{high}");
+            let drawn: Vec<f64> = (0..2_000)
+                .map(|_| p.draw_delay(attempt, &mut rng).unwrap().as_secs_f64() * 1e3)
+                .collect();
+            let (low, high) = drawn
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(l, h), &d| (l.min(d), h.max(d)));
+            assert!(
+                low >= base * 0.75 - 1.0 && high <= base * 1.25 + 1.0,
+                "attempt {attempt}: {low}..{high}"
+            );
             // Spread over the range, not stuck at one value.
-            assert!(low < base * 0.8 && high > base * 1.2, "attempt {attempt}: {low}..{high}");
+            assert!(
+                low < base * 0.8 && high > base * 1.2,
+                "attempt {attempt}: {low}..{high}"
+            );
         }
         assert_eq!(p.draw_delay(3, &mut rng), None);
         s.jitter = None;
         let p = RetryPolicy::from_settings(&s).unwrap();
-        assert_eq!(p.draw_delay(0, &mut rng), Some(Duration::from_secs(5)), "no jitter: exactly the delay");
+        assert_eq!(
+            p.draw_delay(0, &mut rng),
+            Some(Duration::from_secs(5)),
+            "no jitter: exactly the delay"
+        );
     }
 
     #[test]
@@ -594,13 +816,28 @@ mod tests {
         match cfg!(feature = "harness") {
             true => {
                 let p = RetryPolicy::from_settings(&s).unwrap();
-                assert_eq!(p.delays, [Duration::from_millis(100), Duration::from_millis(600), Duration::from_secs(3)]);
+                assert_eq!(
+                    p.delays,
+                    [
+                        Duration::from_millis(100),
+                        Duration::from_millis(600),
+                        Duration::from_secs(3)
+                    ]
+                );
                 s.time_scale = Some(2.0);
-                assert!(RetryPolicy::from_settings(&s).unwrap_err().to_string().contains("retry.time_scale: 2 is outside"));
+                assert!(
+                    RetryPolicy::from_settings(&s)
+                        .unwrap_err()
+                        .to_string()
+                        .contains("retry.time_scale: 2 is outside")
+                );
             }
             false => {
                 let err = RetryPolicy::from_settings(&s).unwrap_err().to_string();
-                assert!(err.contains("retry.time_scale") && err.contains("harness"), "{err}");
+                assert!(
+                    err.contains("retry.time_scale") && err.contains("harness"),
+                    "{err}"
+                );
             }
         }
     }

@@ -35,7 +35,10 @@ struct Hop {
 }
 
 fn timestamp(message: &OwnedMessage) -> i64 {
-    message.timestamp().to_millis().expect("records carry a timestamp")
+    message
+        .timestamp()
+        .to_millis()
+        .expect("records carry a timestamp")
 }
 
 /// Reads the one failing record's hops off `group`'s retry topic and the
@@ -44,13 +47,28 @@ fn observe(env: &TestEnv, group: &str, schedule_secs: &[u64]) -> Vec<Hop> {
     let topics = &env.settings.topics;
     let wait: f64 = schedule_secs.iter().sum::<u64>() as f64 * TIME_SCALE;
     let timeout = Duration::from_secs_f64(wait + 30.0);
-    let retries = env.read(&retry_topic(&topics.order_events.name, group), schedule_secs.len(), timeout);
+    let retries = env.read(
+        &retry_topic(&topics.order_events.name, group),
+        schedule_secs.len(),
+        timeout,
+    );
     let dlq = env.read(&topics.dead_letter.name, 1, timeout);
-    assert_eq!(header_of(&dlq[0], header::ATTEMPT).as_deref(), Some(schedule_secs.len().to_string().as_str()), "{group}");
+    assert_eq!(
+        header_of(&dlq[0], header::ATTEMPT).as_deref(),
+        Some(schedule_secs.len().to_string().as_str()),
+        "{group}"
+    );
     let mut hops = Vec::new();
     for (i, record) in retries.iter().enumerate() {
-        assert_eq!(header_of(record, header::ATTEMPT), Some((i + 1).to_string()), "{group}: hop {i} in attempt order");
-        let due: i64 = header_of(record, header::DUE).expect("a due header").parse().unwrap();
+        assert_eq!(
+            header_of(record, header::ATTEMPT),
+            Some((i + 1).to_string()),
+            "{group}: hop {i} in attempt order"
+        );
+        let due: i64 = header_of(record, header::DUE)
+            .expect("a due header")
+            .parse()
+            .unwrap();
         let next = retries.get(i + 1).unwrap_or(&dlq[0]);
         hops.push(Hop {
             want_ms: schedule_secs[i] as f64 * 1000.0 * TIME_SCALE,
@@ -71,9 +89,21 @@ fn observe(env: &TestEnv, group: &str, schedule_secs: &[u64]) -> Vec<Hop> {
     }
     for (i, hop) in hops.iter().enumerate() {
         let within = |ms: i64| (ms as f64 - hop.want_ms).abs() <= hop.want_ms * 0.10;
-        assert!(within(hop.scheduled_ms), "{group} delay {}: due header says {hop:?}", i + 1);
-        assert!(within(hop.observed_ms), "{group} delay {}: the record waited outside ±10 %: {hop:?} ({hops:?})", i + 1);
-        assert!(hop.observed_ms as f64 >= hop.want_ms * 0.99, "{group} delay {}: retried early: {hop:?}", i + 1);
+        assert!(
+            within(hop.scheduled_ms),
+            "{group} delay {}: due header says {hop:?}",
+            i + 1
+        );
+        assert!(
+            within(hop.observed_ms),
+            "{group} delay {}: the record waited outside ±10 %: {hop:?} ({hops:?})",
+            i + 1
+        );
+        assert!(
+            hop.observed_ms as f64 >= hop.want_ms * 0.99,
+            "{group} delay {}: retried early: {hop:?}",
+            i + 1
+        );
     }
     hops
 }
@@ -95,7 +125,10 @@ fn run_and_observe(env: &TestEnv, args: &[&str], group: &str, schedule_secs: &[u
     let hops = observe(env, group, schedule_secs);
     sigterm(&mut consumer);
     let stderr = std::io::read_to_string(consumer.stderr.take().unwrap()).unwrap();
-    assert!(!stderr.contains("house pattern"), "{group} follows the house pattern: {stderr}");
+    assert!(
+        !stderr.contains("house pattern"),
+        "{group} follows the house pattern: {stderr}"
+    );
     assert_eq!(hops.len(), schedule_secs.len());
 }
 
@@ -106,7 +139,18 @@ async fn seed000_profile_of_retry_is_observed_on_the_retry_topic() {
     let group = "sched-seed000.order.consumer";
     env.cli(&["topics", "ensure", "--group", group]).success();
     produce_lifecycles(&env, 1, 1, 5);
-    run_and_observe(&env, &["consume", "--group", group, "--handler", "chaos,notification"], group, &[10, 60, 300]);
+    run_and_observe(
+        &env,
+        &[
+            "consume",
+            "--group",
+            group,
+            "--handler",
+            "chaos,notification",
+        ],
+        group,
+        &[10, 60, 300],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -117,13 +161,27 @@ async fn seed001_profile_of_a_group_layer_is_observed_on_the_retry_topic() {
     let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
     std::io::Write::write_all(
         &mut config,
-        format!("[retry]\nprofile = \"seed003\"\n[retry.groups.\"{group}\"]\nprofile = \"seed001\"\n").as_bytes(),
+        format!(
+            "[retry]\nprofile = \"seed003\"\n[retry.groups.\"{group}\"]\nprofile = \"seed001\"\n"
+        )
+        .as_bytes(),
     )
     .unwrap();
     env.set_env("ORDERPIPE_CONFIG", config.path().to_str().unwrap());
     env.cli(&["topics", "ensure", "--group", group]).success();
     produce_lifecycles(&env, 1, 1, 5);
-    run_and_observe(&env, &["consume", "--group", group, "--handler", "chaos,notification"], group, &[10, 30, 60, 300]);
+    run_and_observe(
+        &env,
+        &[
+            "consume",
+            "--group",
+            group,
+            "--handler",
+            "chaos,notification",
+        ],
+        group,
+        &[10, 30, 60, 300],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -144,7 +202,12 @@ async fn seed003_delays_of_a_subscription_are_observed_on_the_retry_topic() {
     env.set_env("ORDERPIPE_CONFIG", config.path().to_str().unwrap());
     env.cli(&["topics", "ensure", "--group", group]).success();
     produce_lifecycles(&env, 1, 1, 5);
-    run_and_observe(&env, &["deliver", "--subscription", "crm", "--group", group], group, &[5, 30, 300]);
+    run_and_observe(
+        &env,
+        &["deliver", "--subscription", "crm", "--group", group],
+        group,
+        &[5, 30, 300],
+    );
     // Main topic + 3 delayed attempts, one request each (no local retries).
     assert_eq!(seen.lock().unwrap().len(), 4);
 }
@@ -153,21 +216,57 @@ async fn seed003_delays_of_a_subscription_are_observed_on_the_retry_topic() {
 async fn consume_and_deliver_warn_at_start_on_a_group_outside_the_house_pattern() {
     let mut env = TestEnv::new().with_database().await;
     let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
-    std::io::Write::write_all(&mut config, b"[[http.subscriptions]]\nname = \"crm\"\nevents = [\"order.created\"]\nurl = \"http://127.0.0.1:9/\"\n").unwrap();
+    std::io::Write::write_all(
+        &mut config,
+        b"[[http.subscriptions]]\nname = \"crm\"\nevents = [\"order.created\"]\nurl = \"http://127.0.0.1:9/\"\n",
+    )
+    .unwrap();
     env.set_env("ORDERPIPE_CONFIG", config.path().to_str().unwrap());
     for (args, group) in [
-        (vec!["consume", "--group", "naming_probe", "--handler", "notification"], "naming_probe"),
+        (
+            vec![
+                "consume",
+                "--group",
+                "naming_probe",
+                "--handler",
+                "notification",
+            ],
+            "naming_probe",
+        ),
         (vec!["deliver", "--subscription", "crm"], "http.crm"),
-        (vec!["consume", "--group", "naming-probe.order.consumer", "--handler", "notification"], ""),
+        (
+            vec![
+                "consume",
+                "--group",
+                "naming-probe.order.consumer",
+                "--handler",
+                "notification",
+            ],
+            "",
+        ),
     ] {
-        env.cli(&["topics", "ensure", "--group", if group.is_empty() { "naming-probe.order.consumer" } else { group }]).success();
+        env.cli(&[
+            "topics",
+            "ensure",
+            "--group",
+            if group.is_empty() {
+                "naming-probe.order.consumer"
+            } else {
+                group
+            },
+        ])
+        .success();
         let run = env.cli(&[args.clone(), vec!["--until-idle", "1"]].concat());
         let text = run.success();
         let stderr = String::from_utf8_lossy(&run.output.stderr);
-        let warned = stderr.contains("does not follow the house pattern {service}.{event}.consumer");
+        let warned =
+            stderr.contains("does not follow the house pattern {service}.{event}.consumer");
         match group {
             "" => assert!(!warned, "{args:?}: {stderr}"),
-            _ => assert!(warned && stderr.contains(&format!("`{group}`")), "{args:?} must warn about {group}: {stderr}{text}"),
+            _ => assert!(
+                warned && stderr.contains(&format!("`{group}`")),
+                "{args:?} must warn about {group}: {stderr}{text}"
+            ),
         }
     }
 }
