@@ -126,3 +126,73 @@ pub async fn export_gauges(
     );
     Ok(runs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::DatabaseSettings;
+    use crate::reconcile::Counts;
+
+    fn report(group: &str, missing: u64, finished_ms: i64) -> Report {
+        Report {
+            group: group.into(),
+            topic: "t".into(),
+            since_ms: finished_ms - 3_600_000,
+            until_ms: finished_ms,
+            grace_ms: 300_000,
+            started_ms: finished_ms - 1_000,
+            finished_ms,
+            totals: Counts {
+                records: 10,
+                applied: 10 - missing,
+                missing,
+                ..Counts::default()
+            },
+            by_event_name: Default::default(),
+            partitions: Vec::new(),
+            oldest_missing_ms: (missing > 0).then_some(finished_ms - 600_000),
+            missing: Vec::new(),
+            applied_not_in_topic_count: 1,
+            applied_not_in_topic: Vec::new(),
+        }
+    }
+
+    /// The SQLite twin of the migration, the runs kept and pruned, the latest per group.
+    #[tokio::test]
+    async fn sqlite_keeps_runs_prunes_old_ones_and_reads_the_latest_per_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = DatabaseSettings {
+            url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(),
+            max_connections: 1,
+        };
+        let db = Db::connect(&settings, 1).unwrap();
+        db.migrate().await.unwrap();
+        let now = crate::clock::now_ms();
+        record(&db, &report("a", 2, now - KEEP_RUNS_MS - 1))
+            .await
+            .unwrap();
+        record(&db, &report("a", 3, now - 60_000)).await.unwrap();
+        record(&db, &report("a", 0, now)).await.unwrap();
+        record(&db, &report("b", 5, now)).await.unwrap();
+        let (kept,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM reconcile_runs")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(kept, 3, "the run older than {KEEP_RUNS_MS} ms is gone");
+        let latest_of = |group: &str, missing| LatestRun {
+            group: group.into(),
+            missing,
+            applied_not_in_topic: 1,
+            finished_ms: now,
+        };
+        assert_eq!(
+            latest(&db, None).await.unwrap(),
+            [latest_of("a", 0), latest_of("b", 5)]
+        );
+        let owner = SeriesOwner::default();
+        assert_eq!(
+            export_gauges(&db, Some("b"), &owner).await.unwrap(),
+            [latest_of("b", 5)]
+        );
+    }
+}
