@@ -113,4 +113,11 @@ mod tests {
         let refused = known_class("handler_fatl").unwrap_err();
         assert!(refused.contains("accepted values: unavailable, handler_retryable"), "{refused}");
     }
+
+    #[test]
+    fn a_gauge_interval_of_0_is_refused_naming_the_field() {
+        let settings = DlqSettings { persister_group: "p".into(), gauge_interval_secs: 0 };
+        assert!(settings.validate().unwrap_err().contains("dlq.gauge_interval_secs must be at least 1"));
+        assert!(DlqSettings { gauge_interval_secs: 1, ..settings }.validate().is_ok());
+    }
 }

@@ -21,6 +21,25 @@ fn json_of(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("JSON ({e}): {text}"))
 }
 
+/// Runs `orderpipe ARGS` with info logs as JSON (the tests' default is warn): (stdout, stderr).
+fn with_info_log(env: &TestEnv, args: &[&str]) -> (String, String) {
+    let out = env
+        .command(args)
+        .args(["--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    );
+    assert!(
+        out.status.success(),
+        "orderpipe {args:?} failed:\n{stdout}{stderr}"
+    );
+    (stdout, stderr)
+}
+
 /// Rows by (group, status).
 async fn counts(env: &TestEnv) -> BTreeMap<(String, String), i64> {
     let rows: Vec<(String, String, i64)> = sqlx::query_as(
@@ -176,12 +195,17 @@ async fn purge_deletes_only_the_statuses_ages_and_group_it_is_asked_and_never_a_
     assert_eq!(offsets, [5, 6, 7, 8, 9, 10, 11]);
 
     // Pending rows go only when named, and only the old ones; replayed rows are then not touched.
-    let purged = env
-        .cli(&["dlq", "purge", "--older-than", "7d", "--status", "pending"])
-        .success();
+    let (purged, log) = with_info_log(
+        &env,
+        &["dlq", "purge", "--older-than", "7d", "--status", "pending"],
+    );
     assert!(
         purged.contains("deleted 3 dead letters whose last change is older than 7days"),
         "{purged}"
+    );
+    assert!(
+        log.contains("dlq purge done") && log.contains(r#""deleted":3"#),
+        "{log}"
     );
     assert_eq!(
         counts(&env).await,
@@ -350,7 +374,14 @@ async fn the_scheduled_replay_replays_only_its_classes_old_enough_rows() {
     )
     .await;
     let for_h: Vec<&str> = scheduled.iter().copied().chain(["--group", h]).collect();
-    let summary = json_of(&env.cli(&for_h).success());
+    let (summary, log) = with_info_log(&env, &for_h);
+    let summary = json_of(&summary);
+    assert!(
+        log.contains("dlq replay done")
+            && log.contains(r#""replayed":1"#)
+            && log.contains("unavailable"),
+        "{log}"
+    );
     assert_eq!(
         (summary["replayed"].clone(), summary["by_topic"].clone()),
         (json!(1), json!({retry_h: 1})),
