@@ -4,7 +4,8 @@
 //! heads count as accounted for, records past the committed offset as
 //! unconsumed, young ones as in flight; a dedup row whose position holds
 //! another event is applied-but-not-in-topic; each run is stored and
-//! exported as gauges by the persister. (Serial, `--ignored`: a clean run
+//! exported as gauges by the persister (every group) and by the group's
+//! members (their own). (Serial, `--ignored`: a clean run
 //! over 100k events.)
 
 use std::collections::BTreeSet;
@@ -268,7 +269,7 @@ async fn dead_letters_held_and_parked_records_are_accounted_for_and_unconsumed_o
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_persister_exports_the_latest_run_of_each_group() {
+async fn the_persister_and_the_groups_members_export_the_latest_run() {
     let mut env = TestEnv::new().with_database().await;
     let group = "reconcile-gauge-service.order.consumer";
     env.cli(&["topics", "ensure", "--group", group]).success();
@@ -283,37 +284,74 @@ async fn the_persister_exports_the_latest_run_of_each_group() {
     let started = now_s();
     assert_eq!(reconcile(&env, group, &["--grace", "0s"]).0, 1);
 
+    // Another group's run: the persister exports every group, a member its own.
+    let other = "reconcile-other-service.order.consumer";
+    assert_eq!(reconcile(&env, other, &["--grace", "0s"]).0, 0);
+
     env.set_env("ORDERPIPE_DLQ__GAUGE_INTERVAL_SECS", "1");
     let mut persister = env.spawn(&["dlq", "persist", "--health-addr", "127.0.0.1:0"]);
-    let addr = health_addr(&mut persister);
-    let series = |name: &str| format!("{name}{{group=\"{group}\"}} ");
+    let mut member = env.spawn(&[
+        "consume",
+        "--group",
+        group,
+        "--handler",
+        "notification",
+        "--health-addr",
+        "127.0.0.1:0",
+    ]);
+    for (role, child, exports_other) in [
+        ("persister", &mut persister, true),
+        ("member", &mut member, false),
+    ] {
+        let body = scrape_until(&health_addr(child), &series(RECONCILE_MISSING, group));
+        let value = |name: &str| -> f64 {
+            body.lines()
+                .find_map(|l| {
+                    l.strip_prefix(&series(name, group))
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or_else(|| panic!("{role}: {name} for {group}:\n{body}"))
+        };
+        assert_eq!(value(RECONCILE_MISSING), 3.0, "{role}");
+        assert_eq!(
+            value("orderpipe_reconcile_applied_not_in_topic"),
+            0.0,
+            "{role}"
+        );
+        let last = value("orderpipe_reconcile_last_run_timestamp_seconds");
+        assert!(
+            last >= started && last <= now_s() + 1.0,
+            "{role}: last run at {last}, test started {started}"
+        );
+        assert_eq!(
+            body.contains(&series(RECONCILE_MISSING, other)),
+            exports_other,
+            "{role}:\n{body}"
+        );
+    }
+}
+
+const RECONCILE_MISSING: &str = "orderpipe_reconcile_missing_events";
+
+/// `name{group="group"} `, as a line of /metrics starts.
+fn series(name: &str, group: &str) -> String {
+    format!("{name}{{group=\"{group}\"}} ")
+}
+
+/// The /metrics page of `addr` once it shows `wanted` (30 s at most).
+fn scrape_until(addr: &str, wanted: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let body = loop {
-        let (_, body) = http_get(&addr, "/metrics");
-        if body.contains(&series("orderpipe_reconcile_missing_events")) {
-            break body;
+    loop {
+        let (_, body) = http_get(addr, "/metrics");
+        if body.contains(wanted) {
+            return body;
         }
         assert!(
             Instant::now() < deadline,
-            "no reconcile gauge on /metrics:\n{body}"
+            "no {wanted} on /metrics of {addr}:\n{body}"
         );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
-    let value = |name: &str| -> f64 {
-        body.lines()
-            .find_map(|l| {
-                l.strip_prefix(&series(name))
-                    .map(|v| v.trim().parse().unwrap())
-            })
-            .unwrap_or_else(|| panic!("{name} for {group}:\n{body}"))
-    };
-    assert_eq!(value("orderpipe_reconcile_missing_events"), 3.0);
-    assert_eq!(value("orderpipe_reconcile_applied_not_in_topic"), 0.0);
-    let last = value("orderpipe_reconcile_last_run_timestamp_seconds");
-    assert!(
-        last >= started && last <= now_s() + 1.0,
-        "last run at {last}, test started {started}"
-    );
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
