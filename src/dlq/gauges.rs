@@ -64,14 +64,17 @@ impl Scope {
     }
 }
 
-/// Exports the database gauges of `scope` every `every`, forever (abort the
-/// task to stop). `db` is best a pool of its own (one connection is
+/// Exports the database gauges of `scope` every `every` (or ten times the
+/// last tick's duration, if longer), forever (abort the task to stop). `db` is best a pool of its own (one connection is
 /// enough), so the queries never wait behind a consumer's workers.
 pub async fn export(db: Db, scope: Scope, every: Duration) {
     let owner = SeriesOwner::default();
     loop {
+        let started = std::time::Instant::now();
         tick(&db, &scope, &owner).await;
-        tokio::time::sleep(every).await;
+        // A slow tick (a huge backlog, a loaded database) spaces the next:
+        // the gauges never take more than a tenth of a connection's time.
+        tokio::time::sleep(every.max(started.elapsed() * 10)).await;
     }
 }
 
