@@ -412,9 +412,12 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
         DlqCommand::Purge(args) => {
             let purge = args.selection()?;
             let mut last_progress = std::time::Instant::now();
-            let summary = store::purge(&db, &purge, args.dry_run, |status, deleted| {
-                // A line a second at most: a CronJob's log has no terminal for a bar.
-                if last_progress.elapsed() >= Duration::from_secs(1) {
+            let summary = store::purge(&db, &purge, args.dry_run, |status, deleted, done| {
+                // A CronJob's log has no terminal for a bar: a line per
+                // status, and one a second at most while a status runs.
+                if done {
+                    eprintln!("dlq purge: {deleted} {status} dead letters deleted");
+                } else if last_progress.elapsed() >= Duration::from_secs(1) {
                     last_progress = std::time::Instant::now();
                     eprintln!("dlq purge: {deleted} {status} dead letters deleted so far");
                 }

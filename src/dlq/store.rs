@@ -459,8 +459,9 @@ fn purge_condition(group: bool, heads: bool) -> String {
 /// Deletes what `purge` selects, status by status, `purge.batch` rows per
 /// statement (each a short transaction of its own, so the persister and
 /// operators are never blocked for long); `progress(status, deleted so
-/// far)` after each batch. A dry run counts instead and deletes nothing.
-pub async fn purge(db: &Db, purge: &Purge, dry_run: bool, mut progress: impl FnMut(&'static str, u64)) -> Result<PurgeSummary, DbError> {
+/// far, status done)` after each batch. A dry run counts instead and
+/// deletes nothing.
+pub async fn purge(db: &Db, purge: &Purge, dry_run: bool, mut progress: impl FnMut(&'static str, u64, bool)) -> Result<PurgeSummary, DbError> {
     let mut summary = PurgeSummary { dry_run, ..Default::default() };
     let delete = db.sql().delete_limited("dead_letters", "id", &purge_condition(purge.group.is_some(), false));
     for status in &purge.statuses {
@@ -483,8 +484,9 @@ pub async fn purge(db: &Db, purge: &Purge, dry_run: bool, mut progress: impl FnM
         loop {
             let n = bind(delete.clone()).bind(i64::from(purge.batch)).execute(&db.pool).await?.rows_affected();
             *deleted += n;
-            progress(status.as_str(), *deleted);
-            if n < u64::from(purge.batch) {
+            let done = n < u64::from(purge.batch);
+            progress(status.as_str(), *deleted, done);
+            if done {
                 break;
             }
             // Let other writers in between batches.
@@ -659,17 +661,17 @@ mod tests {
         .await
         .unwrap();
         let purge = Purge { statuses: vec![Status::Replayed, Status::Ignored], group: Some("g".into()), before_ms: 11, batch: 2 };
-        let dry = super::purge(&db, &purge, true, |_, _| {}).await.unwrap();
+        let dry = super::purge(&db, &purge, true, |_, _, _| {}).await.unwrap();
         assert_eq!((dry.deleted.clone(), dry.kept_heads), (BTreeMap::from([("replayed", 3), ("ignored", 1)]), 1));
         assert_eq!(list(&db, &Filter::default(), 10).await.unwrap().len(), 6, "a dry run deletes nothing");
         let mut batches = Vec::new();
-        let done = super::purge(&db, &purge, false, |status, n| batches.push((status, n))).await.unwrap();
+        let done = super::purge(&db, &purge, false, |status, n, last| batches.push((status, n, last))).await.unwrap();
         assert_eq!((done.total(), done.kept_heads), (4, 1));
-        assert_eq!(batches, [("replayed", 2), ("replayed", 3), ("ignored", 1)], "batches of 2, counted as they go");
+        assert_eq!(batches, [("replayed", 2, false), ("replayed", 3, true), ("ignored", 1, true)], "batches of 2, counted as they go");
         let left: Vec<(i64, String)> = list(&db, &Filter::default(), 10).await.unwrap().into_iter().map(|r| (r.id, r.status)).collect();
         assert_eq!(left, [(4, "replayed".to_string()), (6, "pending".to_string())]);
         let young = Purge { before_ms: 10, statuses: vec![Status::Pending], ..purge };
-        assert_eq!(super::purge(&db, &young, false, |_, _| {}).await.unwrap().total(), 0, "younger than the cutoff");
+        assert_eq!(super::purge(&db, &young, false, |_, _, _| {}).await.unwrap().total(), 0, "younger than the cutoff");
     }
 
     /// On SQLite (MariaDB's is covered by tests/it/replay.rs): the bound

@@ -204,7 +204,9 @@ async fn purge_deletes_only_the_statuses_ages_and_group_it_is_asked_and_never_a_
         "{purged}"
     );
     assert!(
-        log.contains("dlq purge done") && log.contains(r#""deleted":3"#),
+        log.contains("dlq purge done")
+            && log.contains(r#""deleted":3"#)
+            && log.contains("dlq purge: 3 pending dead letters deleted\n"),
         "{log}"
     );
     assert_eq!(
