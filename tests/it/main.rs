@@ -27,7 +27,7 @@ mod producer;
 mod readme;
 mod reconcile;
 mod replay;
+mod retry_schedule;
 mod schema;
 mod topics;
 mod wake;
-mod retry_schedule;
