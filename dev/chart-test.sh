@@ -192,6 +192,14 @@ python3 -c 'import sys, yaml; d = next(d for d in yaml.safe_load_all(open(sys.ar
   "$OUT/retry-bad.yaml" "$OUT/retry-bad.json"
 expect_fail "attempts reshaping the fixed profile seed003" 'retry.groups."inventory-service.order.consumer".attempts: profile seed003 is a fixed list' \
   env ORDERPIPE_DATABASE__URL=mysql://check:check@db/orderpipe "$BIN" --config "$OUT/retry-bad.json" config
+# The chart's profile names and group pattern are the binary's (retry::policy::PROFILES, consumer::naming::GROUP_PATTERN).
+chart_profiles="$(render "${con[@]}" --set 'consumers[0].retry.profile=nope' 2>&1 | sed -n 's/.*is not a profile; accepted: //p' || true)"
+bin_profiles="$(ORDERPIPE_RETRY__PROFILE=nope "$BIN" config 2>&1 | sed -n 's/.*is not a profile; accepted: //p' || true)"
+[ -n "$chart_profiles" ] && [ "$chart_profiles" = "$bin_profiles" ] \
+  || { echo "the chart's retry profiles ($chart_profiles) are not the binary's ($bin_profiles)" >&2; exit 1; }
+chart_pattern="$(sed -n '/define "orderpipe.groupPattern"/{n;p;}' "$CHART/templates/_helpers.tpl")"
+grep -qF "pub const GROUP_PATTERN: &str = r\"$chart_pattern\";" "$ROOT/src/consumer/naming.rs" \
+  || { echo "the chart's group pattern ($chart_pattern) is not src/consumer/naming.rs's GROUP_PATTERN" >&2; exit 1; }
 
 echo "== dlqPurge and dlqScheduledReplay: bad values fail the render, naming the field; the checks catch a lost flag"
 expect_fail "a dlqPurge.olderThan that is not an age" 'dlqPurge.olderThan is "7days"; accepted forms: <n>s, <n>m, <n>h, <n>d' \
