@@ -8,7 +8,9 @@
 //! timestamp (the forwarder's produce time) and its due-time header. The
 //! gap between a record's successive appends (the last one: to the DLQ)
 //! is the delay the consumer really waited; each must be within ±10 % of
-//! the (scaled) schedule, and never early.
+//! the (scaled) schedule, and never early. Jitter: 40 first delays drawn
+//! by the forwarder, read back from their due headers, stay within their
+//! bounds and spread over them.
 
 use std::time::Duration;
 
@@ -244,4 +246,38 @@ async fn consume_and_deliver_warn_at_start_on_a_group_outside_the_house_pattern(
             && stderr.contains(&format!("`{group}`"));
         assert_eq!(warned, must_warn, "{args:?} (group {group}): {stderr}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn jitter_spreads_each_delay_within_its_bounds_on_the_retry_topic() {
+    let mut env = TestEnv::new().with_database().await;
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_RATE", "1.0");
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1000");
+    env.set_env("ORDERPIPE_CONSUMER__ORDERING", "none");
+    let group = "sched-jitter.order.consumer";
+    let _config = use_config(
+        &mut env,
+        &format!(
+            "[retry]\nlocal_retries = 0\n[retry.groups.\"{group}\"]\ndelays = [\"2s\"]\njitter = 0.5\n"
+        ),
+    );
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    let count = 40;
+    produce_lifecycles(&env, count, count, 9);
+    let mut consumer = env.spawn(&consume(group));
+    let topic = retry_topic(&env.settings.topics.order_events.name, group);
+    let retries = env.read(&topic, count, Duration::from_secs(30));
+    sigterm(&mut consumer);
+    let delays: Vec<i64> = retries
+        .iter()
+        .map(|r| header_of(r, header::DUE).unwrap().parse::<i64>().unwrap() - timestamp(r))
+        .collect();
+    let (low, high) = (*delays.iter().min().unwrap(), *delays.iter().max().unwrap());
+    println!("{count} first delays of 2 s with jitter 0.5: {low} to {high} ms");
+    // Each in [1 s, 3 s] (1 ms of rounding), and spread over it, not one value.
+    assert!(low >= 999 && high <= 3001, "{delays:?}");
+    assert!(
+        high - low >= 1000,
+        "40 draws over a 2 s range span at least 1 s: {delays:?}"
+    );
 }
