@@ -212,3 +212,18 @@ impl Db {
         Ok(())
     }
 }
+
+/// A migrated SQLite database in a directory that lives as long as the
+/// returned guard: the unit tests' database (MariaDB is the integration
+/// tests' in `tests/it`).
+#[cfg(test)]
+pub async fn sqlite_for_test() -> (tempfile::TempDir, Db) {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = DatabaseSettings {
+        url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(),
+        max_connections: 1,
+    };
+    let db = Db::connect(&settings, 1).unwrap();
+    db.migrate().await.unwrap();
+    (dir, db)
+}

@@ -305,7 +305,6 @@ pub fn cleanup_deleted(n: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::DatabaseSettings;
 
     fn created() -> Envelope {
         Envelope::new("order-service", EventData::sample_created(42))
@@ -339,13 +338,7 @@ mod tests {
     /// The SQLite dialect end to end (MariaDB is covered by tests/it/integrity.rs).
     #[tokio::test]
     async fn sqlite_records_a_reused_id_once_and_not_a_true_or_pre_digest_duplicate() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = DatabaseSettings {
-            url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(),
-            max_connections: 1,
-        };
-        let db = Db::connect(&settings, 1).unwrap();
-        db.migrate().await.unwrap();
+        let (_dir, db) = crate::db::sqlite_for_test().await;
         let origin = |offset| RecordOrigin { topic: "t".into(), partition: 3, offset, key: "42".into() };
         let first = created();
         let mut reused = first.clone();

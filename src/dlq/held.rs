@@ -138,7 +138,6 @@ mod tests {
     use rdkafka::message::{OwnedHeaders, OwnedMessage};
 
     use super::*;
-    use crate::db::DatabaseSettings;
     use crate::dlq::store::{self, NewDeadLetter};
     use crate::envelope::{Envelope, EventData};
     use crate::ordering::{self, ParkState};
@@ -153,10 +152,7 @@ mod tests {
     /// dead letter of the same group and key.
     #[tokio::test]
     async fn a_held_record_names_its_heads_dead_letter_on_sqlite() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = DatabaseSettings { url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(), max_connections: 1 };
-        let db = Db::connect(&settings, 1).unwrap();
-        db.migrate().await.unwrap();
+        let (_dir, db) = crate::db::sqlite_for_test().await;
         let head = Envelope::new("test", EventData::sample_created(42));
         let mut tx = db.begin().await.unwrap();
         ordering::park(&mut tx, "g", "42", &record(77), Some(&head), ParkState::Dead, false).await.unwrap();

@@ -582,7 +582,6 @@ pub async fn upsert(tx: &mut Tx, d: &NewDeadLetter) -> Result<(), DbError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::DatabaseSettings;
 
     fn dead_letter(dlq_offset: i64, error: &str) -> NewDeadLetter {
         NewDeadLetter {
@@ -606,14 +605,6 @@ mod tests {
         }
     }
 
-    /// A migrated SQLite database in a directory that lives as long as the guard.
-    async fn sqlite() -> (tempfile::TempDir, Db) {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = DatabaseSettings { url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(), max_connections: 1 };
-        let db = Db::connect(&settings, 1).unwrap();
-        db.migrate().await.unwrap();
-        (dir, db)
-    }
 
     async fn upsert_one(db: &Db, row: &NewDeadLetter) {
         let mut tx = db.begin().await.unwrap();
@@ -626,7 +617,7 @@ mod tests {
     /// record of the same origin turns an ignored row back to pending.
     #[tokio::test]
     async fn sqlite_upsert_keeps_a_reread_and_takes_a_later_failure() {
-        let (_dir, db) = sqlite().await;
+        let (_dir, db) = crate::db::sqlite_for_test().await;
         upsert_one(&db, &dead_letter(10, "first")).await;
         mark_ignored(&db, 1, "known").await.unwrap();
         upsert_one(&db, &dead_letter(10, "re-read")).await;
@@ -644,7 +635,7 @@ mod tests {
     /// per status; a dry run deletes nothing.
     #[tokio::test]
     async fn sqlite_purge_deletes_old_rows_of_its_statuses_in_batches_and_keeps_a_parked_head() {
-        let (_dir, db) = sqlite().await;
+        let (_dir, db) = crate::db::sqlite_for_test().await;
         for offset in 0..6 {
             upsert_one(&db, &NewDeadLetter { original_offset: offset, ..dead_letter(offset, "x") }).await;
         }
@@ -679,7 +670,7 @@ mod tests {
     /// take neither a row past the bound nor one that left the filter.
     #[tokio::test]
     async fn pages_walk_the_bounded_selection_by_id() {
-        let (_dir, db) = sqlite().await;
+        let (_dir, db) = crate::db::sqlite_for_test().await;
         for offset in 0..6 {
             upsert_one(&db, &NewDeadLetter { original_offset: offset, ..dead_letter(offset, "x") }).await;
         }

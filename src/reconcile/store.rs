@@ -130,7 +130,6 @@ pub async fn export_gauges(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::DatabaseSettings;
     use crate::reconcile::Counts;
 
     fn report(group: &str, missing: u64, finished_ms: i64) -> Report {
@@ -160,13 +159,7 @@ mod tests {
     /// The SQLite twin of the migration, the runs kept and pruned, the latest per group.
     #[tokio::test]
     async fn sqlite_keeps_runs_prunes_old_ones_and_reads_the_latest_per_group() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = DatabaseSettings {
-            url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(),
-            max_connections: 1,
-        };
-        let db = Db::connect(&settings, 1).unwrap();
-        db.migrate().await.unwrap();
+        let (_dir, db) = crate::db::sqlite_for_test().await;
         let now = crate::clock::now_ms();
         record(&db, &report("a", 2, now - KEEP_RUNS_MS - 1))
             .await
