@@ -487,11 +487,13 @@ innodb_flush_log_at_trx_commit=1
 max_connections=500
 max_allowed_packet=64M
 # Row-based binlog with GTIDs for orderpipe cdc (it connects as a replica);
-# full row images so updates carry every column before and after. sync_binlog=1:
+# full row images so updates carry every column before and after, full row
+# metadata so each table map names its columns and primary key. sync_binlog=1:
 # a commit is durable in the binlog too. Binlogs kept 1 day, like Kafka's retention.
 log_bin=mariadb-bin
 binlog_format=ROW
 binlog_row_image=FULL
+binlog_row_metadata=FULL
 server_id=1
 gtid_strict_mode=1
 sync_binlog=1
