@@ -1,0 +1,557 @@
+//! The admin HTTP API of the control plane (seed 003's Go Admin API):
+//! the CRUD of `orderpipe subs`, plus refresh, bindings and reload.
+//!
+//! | request | what it does |
+//! |---|---|
+//! | `GET /consumers`, `GET /consumers/{name}` | list, show |
+//! | `POST /consumers` | add (body: [`NewConsumer`]) |
+//! | `PATCH /consumers/{name}` | update (body: [`ConsumerPatch`]) |
+//! | `POST /consumers/{name}/enable`, `.../disable` | enable, disable |
+//! | `DELETE /consumers/{name}` | remove (refused while subscriptions name it) |
+//! | `/subscriptions[/{id}]`, `/events[/{routing_key}]`, `/sources[/{name}]` | the same for the other kinds (events have no enable) |
+//! | `POST /refresh[?consumer=NAME]` | routers recompute their groups and reconcile now (seed: `refresh_bindings`); answers the desired bindings |
+//! | `GET /bindings[?consumer=NAME]` | desired bindings, the actual state when a router serves this API, and their difference |
+//! | `POST /reload[?consumer=NAME]` | routers re-read the tables now (seed: `reload_config`) |
+//!
+//! Every request that changes state (every method but `GET`) needs
+//! `Authorization: Bearer <admin.token>`: none or a malformed header is
+//! 401, a wrong token 403, and so is any change while `admin.token` is
+//! unset (the API is then read-only). The token is a
+//! [`SecretString`]: never printed, never logged; compared by digest.
+//! Errors are `{"error": "...", "field": "..."}` with 400 (bad input,
+//! naming the field), 404, 409 (exists, in use) or 503 (database down).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::bindings::{ActualState, diff};
+use super::model::*;
+use super::store::{Origin, RequestKind, Store};
+use super::{Invalid, SubsError};
+use crate::db::{Db, DbError};
+
+/// The `[admin]` section: the admin API's address and token.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSettings {
+    /// Listen address of `orderpipe subs serve` (port 0 = any free port).
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// The bearer token state changes need (`ORDERPIPE_ADMIN__TOKEN`);
+    /// unset: the API is read-only. At least 16 characters.
+    #[serde(default)]
+    pub token: Option<SecretString>,
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            token: None,
+        }
+    }
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8090".into()
+}
+
+/// Shortest token accepted.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+impl AdminSettings {
+    /// Checks the address and the token's length (never its value in the message).
+    pub fn validate(&self) -> Result<(), String> {
+        self.listen
+            .parse::<SocketAddr>()
+            .map_err(|_| format!("admin.listen: `{}` is not HOST:PORT with an IP address (e.g. 127.0.0.1:8090, 0.0.0.0:8090)", self.listen))?;
+        if let Some(token) = &self.token {
+            if token.expose_secret().chars().count() < MIN_TOKEN_CHARS {
+                return Err(format!(
+                    "admin.token: shorter than {MIN_TOKEN_CHARS} characters (its value is not shown)"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the API serves from: the store, the order topic (for event names
+/// that are no CDC routing key), the token, and the actual state if a router runs here.
+#[derive(Clone)]
+pub struct AdminState {
+    store: Store,
+    order_topic: String,
+    token_digest: Option<[u8; 32]>,
+    actual: Option<Arc<dyn ActualState>>,
+}
+
+impl AdminState {
+    /// Serves `db`'s tables; changes need `token` (None: read-only).
+    pub fn new(db: Db, order_topic: &str, token: Option<&SecretString>) -> Self {
+        Self {
+            store: Store::new(db, Origin::Api),
+            order_topic: order_topic.to_string(),
+            token_digest: token.map(|t| digest(t.expose_secret())),
+            actual: None,
+        }
+    }
+
+    /// With a router's actual state, shown by `GET /bindings`.
+    pub fn with_actual(mut self, actual: Arc<dyn ActualState>) -> Self {
+        self.actual = Some(actual);
+        self
+    }
+}
+
+fn digest(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
+}
+
+/// The routes (a router may merge them into its own server).
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/sources", get(list_sources).post(add_source))
+        .route(
+            "/sources/{name}",
+            get(show_source).patch(update_source).delete(remove_source),
+        )
+        .route("/sources/{name}/{toggle}", post(toggle_source))
+        .route("/events", get(list_events).post(add_event))
+        .route(
+            "/events/{key}",
+            get(show_event).patch(update_event).delete(remove_event),
+        )
+        .route("/consumers", get(list_consumers).post(add_consumer))
+        .route(
+            "/consumers/{name}",
+            get(show_consumer)
+                .patch(update_consumer)
+                .delete(remove_consumer),
+        )
+        .route("/consumers/{name}/{toggle}", post(toggle_consumer))
+        .route(
+            "/subscriptions",
+            get(list_subscriptions).post(add_subscription),
+        )
+        .route(
+            "/subscriptions/{id}",
+            get(show_subscription)
+                .patch(update_subscription)
+                .delete(remove_subscription),
+        )
+        .route("/subscriptions/{id}/{toggle}", post(toggle_subscription))
+        .route("/refresh", post(refresh))
+        .route("/reload", post(reload))
+        .route("/bindings", get(bindings))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authorize,
+        ))
+        .with_state(state)
+}
+
+/// Serves the API and the health endpoints on `addr` until `shutdown`;
+/// reports the bound address through `bound`.
+pub async fn serve(
+    addr: SocketAddr,
+    state: AdminState,
+    health: Arc<crate::health::HealthState>,
+    bound: impl FnOnce(SocketAddr),
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    bound(listener.local_addr()?);
+    let app = router(state).merge(crate::health::routes(health));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Lets reads through; a change needs the bearer token.
+async fn authorize(
+    State(state): State<AdminState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if request.method() == Method::GET || request.method() == Method::HEAD {
+        return next.run(request).await;
+    }
+    let refuse = |status: StatusCode, why: &str| {
+        let mut response = (
+            status,
+            Json(json!({"error": why, "field": "Authorization"})),
+        )
+            .into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                "Bearer".parse().expect("static header"),
+            );
+        }
+        response
+    };
+    let Some(expected) = state.token_digest else {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "admin.token is not set: this API is read-only",
+        );
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        None => refuse(
+            StatusCode::UNAUTHORIZED,
+            "a change needs `Authorization: Bearer <admin.token>`",
+        ),
+        Some(token) if digest(token.trim()) != expected => {
+            tracing::warn!(method = %request.method(), path = %request.uri().path(), "admin API: wrong token refused");
+            refuse(StatusCode::FORBIDDEN, "the bearer token is not admin.token")
+        }
+        Some(_) => {
+            let (method, path) = (request.method().clone(), request.uri().path().to_string());
+            let response = next.run(request).await;
+            tracing::info!(%method, %path, status = response.status().as_u16(), "admin API change");
+            response
+        }
+    }
+}
+
+/// An error as the API answers it.
+struct ApiError(SubsError);
+
+impl From<SubsError> for ApiError {
+    fn from(e: SubsError) -> Self {
+        Self(e)
+    }
+}
+
+impl From<Invalid> for ApiError {
+    fn from(e: Invalid) -> Self {
+        Self(SubsError::Invalid(e))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self.0 {
+            SubsError::Invalid(_) => StatusCode::BAD_REQUEST,
+            SubsError::NotFound { .. } => StatusCode::NOT_FOUND,
+            SubsError::Exists { .. } | SubsError::InUse { .. } => StatusCode::CONFLICT,
+            SubsError::Db(e) if e.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
+            SubsError::Db(DbError::Other(_)) | SubsError::Db(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        let field = match &self.0 {
+            SubsError::Invalid(i) => Some(i.field.clone()),
+            _ => None,
+        };
+        (
+            status,
+            Json(json!({"error": self.0.to_string(), "field": field})),
+        )
+            .into_response()
+    }
+}
+
+type Answer<T> = Result<Json<T>, ApiError>;
+
+fn body<T>(payload: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    payload
+        .map(|Json(v)| v)
+        .map_err(|e| Invalid::new("<body>", e.body_text()).into())
+}
+
+/// `enable` / `disable` as a flag.
+fn toggle(word: &str) -> Result<bool, ApiError> {
+    match word {
+        "enable" => Ok(true),
+        "disable" => Ok(false),
+        other => {
+            Err(Invalid::new("<path>", format!("`{other}` is not one of enable, disable")).into())
+        }
+    }
+}
+
+fn subscription_id(text: &str) -> Result<i64, ApiError> {
+    text.parse().map_err(|_| {
+        Invalid::new(
+            "id",
+            format!("`{text}` is not a subscription id (a number)"),
+        )
+        .into()
+    })
+}
+
+async fn list_sources(State(s): State<AdminState>) -> Answer<Vec<Source>> {
+    Ok(Json(s.store.list_sources().await?))
+}
+async fn show_source(State(s): State<AdminState>, Path(name): Path<String>) -> Answer<Source> {
+    Ok(Json(s.store.source(&name).await?))
+}
+async fn add_source(
+    State(s): State<AdminState>,
+    payload: Result<Json<NewSource>, JsonRejection>,
+) -> Result<(StatusCode, Json<Source>), ApiError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(s.store.add_source(&body(payload)?).await?),
+    ))
+}
+async fn update_source(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+    payload: Result<Json<SourcePatch>, JsonRejection>,
+) -> Answer<Source> {
+    Ok(Json(s.store.update_source(&name, &body(payload)?).await?))
+}
+async fn toggle_source(
+    State(s): State<AdminState>,
+    Path((name, word)): Path<(String, String)>,
+) -> Answer<Source> {
+    let patch = SourcePatch {
+        enabled: Some(toggle(&word)?),
+        ..SourcePatch::default()
+    };
+    Ok(Json(s.store.update_source(&name, &patch).await?))
+}
+async fn remove_source(State(s): State<AdminState>, Path(name): Path<String>) -> Answer<Source> {
+    Ok(Json(s.store.remove_source(&name).await?))
+}
+
+async fn list_events(State(s): State<AdminState>) -> Answer<Vec<EventDefinition>> {
+    Ok(Json(s.store.list_events().await?))
+}
+async fn show_event(
+    State(s): State<AdminState>,
+    Path(key): Path<String>,
+) -> Answer<EventDefinition> {
+    Ok(Json(s.store.event(&key).await?))
+}
+async fn add_event(
+    State(s): State<AdminState>,
+    payload: Result<Json<NewEvent>, JsonRejection>,
+) -> Result<(StatusCode, Json<EventDefinition>), ApiError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(s.store.add_event(&body(payload)?, &s.order_topic).await?),
+    ))
+}
+async fn update_event(
+    State(s): State<AdminState>,
+    Path(key): Path<String>,
+    payload: Result<Json<EventPatch>, JsonRejection>,
+) -> Answer<EventDefinition> {
+    Ok(Json(s.store.update_event(&key, &body(payload)?).await?))
+}
+async fn remove_event(
+    State(s): State<AdminState>,
+    Path(key): Path<String>,
+) -> Answer<EventDefinition> {
+    Ok(Json(s.store.remove_event(&key).await?))
+}
+
+async fn list_consumers(State(s): State<AdminState>) -> Answer<Vec<Consumer>> {
+    Ok(Json(s.store.list_consumers().await?))
+}
+async fn show_consumer(State(s): State<AdminState>, Path(name): Path<String>) -> Answer<Consumer> {
+    Ok(Json(s.store.consumer(&name).await?))
+}
+async fn add_consumer(
+    State(s): State<AdminState>,
+    payload: Result<Json<NewConsumer>, JsonRejection>,
+) -> Result<(StatusCode, Json<Consumer>), ApiError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(s.store.add_consumer(&body(payload)?).await?),
+    ))
+}
+async fn update_consumer(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+    payload: Result<Json<ConsumerPatch>, JsonRejection>,
+) -> Answer<Consumer> {
+    Ok(Json(s.store.update_consumer(&name, &body(payload)?).await?))
+}
+async fn toggle_consumer(
+    State(s): State<AdminState>,
+    Path((name, word)): Path<(String, String)>,
+) -> Answer<Consumer> {
+    let patch = ConsumerPatch {
+        enabled: Some(toggle(&word)?),
+        ..ConsumerPatch::default()
+    };
+    Ok(Json(s.store.update_consumer(&name, &patch).await?))
+}
+async fn remove_consumer(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+) -> Answer<Consumer> {
+    Ok(Json(s.store.remove_consumer(&name).await?))
+}
+
+/// `?consumer=&event=` of `GET /subscriptions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubscriptionParams {
+    consumer: Option<String>,
+    event: Option<String>,
+}
+
+async fn list_subscriptions(
+    State(s): State<AdminState>,
+    Query(p): Query<SubscriptionParams>,
+) -> Answer<Vec<Subscription>> {
+    let query = super::store::SubscriptionQuery {
+        consumer: p.consumer,
+        event: p.event,
+        served_only: false,
+    };
+    Ok(Json(s.store.list_subscriptions(&query).await?))
+}
+async fn show_subscription(
+    State(s): State<AdminState>,
+    Path(id): Path<String>,
+) -> Answer<Subscription> {
+    Ok(Json(s.store.subscription(subscription_id(&id)?).await?))
+}
+async fn add_subscription(
+    State(s): State<AdminState>,
+    payload: Result<Json<NewSubscription>, JsonRejection>,
+) -> Result<(StatusCode, Json<Subscription>), ApiError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(
+            s.store
+                .add_subscription(&body(payload)?, &s.order_topic)
+                .await?,
+        ),
+    ))
+}
+async fn update_subscription(
+    State(s): State<AdminState>,
+    Path(id): Path<String>,
+    payload: Result<Json<SubscriptionPatch>, JsonRejection>,
+) -> Answer<Subscription> {
+    Ok(Json(
+        s.store
+            .update_subscription(subscription_id(&id)?, &body(payload)?)
+            .await?,
+    ))
+}
+async fn toggle_subscription(
+    State(s): State<AdminState>,
+    Path((id, word)): Path<(String, String)>,
+) -> Answer<Subscription> {
+    let patch = SubscriptionPatch {
+        enabled: Some(toggle(&word)?),
+        ..SubscriptionPatch::default()
+    };
+    Ok(Json(
+        s.store
+            .update_subscription(subscription_id(&id)?, &patch)
+            .await?,
+    ))
+}
+async fn remove_subscription(
+    State(s): State<AdminState>,
+    Path(id): Path<String>,
+) -> Answer<Subscription> {
+    Ok(Json(
+        s.store.remove_subscription(subscription_id(&id)?).await?,
+    ))
+}
+
+/// `?consumer=NAME` of refresh, reload and bindings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConsumerParam {
+    consumer: Option<String>,
+}
+
+/// `GET /bindings` and `POST /refresh`.
+#[derive(Debug, Serialize)]
+struct BindingsView {
+    /// The request routers act on (refresh only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request: Option<super::store::ControlRequest>,
+    desired: Vec<super::bindings::Binding>,
+    /// Null when no router serves this API (`orderpipe subs serve`).
+    actual: Option<Vec<super::bindings::ActualBinding>>,
+    /// Group by group; empty without an actual state.
+    diff: Vec<super::bindings::BindingDiff>,
+}
+
+async fn view(s: &AdminState, consumer: Option<&str>) -> Result<BindingsView, ApiError> {
+    if let Some(name) = consumer {
+        s.store.consumer(name).await?;
+    }
+    let desired = s.store.desired(consumer).await?;
+    let actual = match &s.actual {
+        Some(provider) => {
+            let mut actual = provider
+                .actual()
+                .await
+                .map_err(|e| SubsError::Db(DbError::Unavailable(format!("actual state: {e}"))))?;
+            if let Some(name) = consumer {
+                let prefix = format!("{name}.");
+                actual.retain(|a| a.group.starts_with(&prefix));
+            }
+            Some(actual)
+        }
+        None => None,
+    };
+    let diff = actual
+        .as_deref()
+        .map(|a| diff(&desired, a))
+        .unwrap_or_default();
+    Ok(BindingsView {
+        request: None,
+        desired,
+        actual,
+        diff,
+    })
+}
+
+async fn bindings(
+    State(s): State<AdminState>,
+    Query(p): Query<ConsumerParam>,
+) -> Answer<BindingsView> {
+    Ok(Json(view(&s, p.consumer.as_deref()).await?))
+}
+
+async fn refresh(
+    State(s): State<AdminState>,
+    Query(p): Query<ConsumerParam>,
+) -> Answer<BindingsView> {
+    let request = s
+        .store
+        .request(RequestKind::Refresh, p.consumer.as_deref())
+        .await?;
+    let mut answer = view(&s, p.consumer.as_deref()).await?;
+    answer.request = Some(request);
+    Ok(Json(answer))
+}
+
+async fn reload(State(s): State<AdminState>, Query(p): Query<ConsumerParam>) -> Answer<Value> {
+    let request = s
+        .store
+        .request(RequestKind::Reload, p.consumer.as_deref())
+        .await?;
+    Ok(Json(json!({"request": request})))
+}
