@@ -27,6 +27,7 @@
 //! | [`dedup`] | the `event_dedup` guard and its retention cleanup |
 //! | [`lag`] | consumer group lag as the broker sees it (`orderpipe lag`, the persister's exporter) |
 //! | [`reconcile`] | produced-vs-applied reconciliation of a group over a window (`orderpipe reconcile`, `reconcile_runs`, its gauges) |
+//! | [`subscriptions`] | subscriptions as data (seed 003's control plane): tables, property filters, desired bindings, the admin API |
 //! | [`db`] | database pool, the one place for MySQL/SQLite statement differences, migrations from `sql/` |
 //! | [`health`] | `/metrics` and `/health/*` endpoints |
 //! | [`metrics`] | metric names, the recorder and `/metrics` rendering, the internal-event pattern, owned series (no domain imports) |
@@ -60,7 +61,9 @@ pub mod outbox;
 pub mod producer;
 pub mod reconcile;
 pub mod retry;
+pub mod rewind;
 pub mod schema;
 pub mod startup;
+pub mod subscriptions;
 pub mod telemetry;
 pub mod topics;

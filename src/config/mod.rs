@@ -60,6 +60,9 @@ pub struct Settings {
     /// The relay's wake-up on new outbox rows (`[outbox]`).
     #[serde(default)]
     pub outbox: crate::outbox::wake::WakeSettings,
+    /// The control plane's admin API (`[admin]`: address, token).
+    #[serde(default)]
+    pub admin: crate::subscriptions::admin::AdminSettings,
 }
 
 /// Why a build without the `harness` feature refuses `[chaos]`.
@@ -90,7 +93,7 @@ pub struct ConfigError(String);
 pub const REDACTED: &str = "__REDACTED__";
 
 /// Secret fields, by their path in the config file.
-const SECRET_FIELDS: [&str; 3] = ["kafka.sasl_password", "registry.password", "database.url"];
+const SECRET_FIELDS: [&str; 4] = ["kafka.sasl_password", "registry.password", "database.url", "admin.token"];
 
 /// Tables of pass-through librdkafka options, by their path.
 const OPTION_TABLES: [&str; 3] = ["kafka.options", "producer.options", "consumer.options"];
@@ -170,6 +173,7 @@ impl Settings {
             let value = match path {
                 "kafka.sasl_password" => self.kafka.sasl_password.as_ref(),
                 "registry.password" => self.registry.password.as_ref(),
+                "admin.token" => self.admin.token.as_ref(),
                 _ => Some(&self.database.url),
             };
             if let Some(value) = value {
@@ -213,6 +217,7 @@ impl Settings {
         self.topics.validate_retention().map_err(ConfigError)?;
         self.database.validate().map_err(ConfigError)?;
         self.outbox.validate().map_err(ConfigError)?;
+        self.admin.validate().map_err(ConfigError)?;
         Ok(())
     }
 }
