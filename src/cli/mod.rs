@@ -17,6 +17,7 @@ pub mod output;
 pub mod produce;
 pub mod reconcile;
 pub mod relay;
+pub mod subs;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -106,6 +107,11 @@ enum Command {
     /// a group neither applied nor accounts for (dead letter, held, parked);
     /// exits 1 when one is missing.
     Reconcile(reconcile::ReconcileArgs),
+    /// Subscriptions as data (seed 003's control plane): consumers,
+    /// subscriptions with bind keys and filters, events, sources; bindings,
+    /// refresh, reload; `subs serve` runs the admin HTTP API.
+    #[command(subcommand)]
+    Subs(subs::SubsCommand),
     /// Print the effective configuration as a file `--config` accepts back
     /// (secrets replaced by __REDACTED__; supply them in the file or the environment).
     Config {
@@ -337,6 +343,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Lag(args) => lag::run(&cli.global.settings()?, args).await,
         Command::Reconcile(args) => reconcile::run(&cli.global.settings()?, args).await,
+        Command::Subs(command) => subs::run(&cli.global.settings()?, command).await,
         Command::Dlq(command) => {
             let settings = cli.global.settings()?;
             dlq::run(&settings, command).await

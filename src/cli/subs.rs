@@ -1,0 +1,655 @@
+//! `orderpipe subs ...`: subscriptions as data (seed 003's control plane)
+//! on the command line: `add|list|show|update|enable|disable|remove` of
+//! consumers, subscriptions, events and sources, `bindings`, `refresh`,
+//! `reload`, and `serve` (the admin HTTP API, [`crate::subscriptions::admin`]).
+//!
+//! The commands write the tables directly (the database credentials are
+//! the authority here); each change also writes a control request that
+//! routers poll. Bad input names the flag and the accepted values.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use super::OutputArg;
+use super::consume::shutdown_signal;
+use super::output::{self, Output};
+use crate::config::Settings;
+use crate::db::Db;
+use crate::health::HealthState;
+use crate::retry::RetryLayer;
+use crate::subscriptions::admin::{self, AdminState};
+use crate::subscriptions::model::*;
+use crate::subscriptions::store::{Origin, RequestKind, Store, SubscriptionQuery};
+use crate::subscriptions::{Binding, FilterSpec, Invalid, PropertyFilter, SubsError};
+
+/// `orderpipe subs` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SubsCommand {
+    /// Add a consumer, subscription, event or source.
+    #[command(subcommand)]
+    Add(AddCommand),
+    /// List subscriptions (default), consumers, events or sources.
+    List {
+        /// What to list.
+        #[arg(value_enum, default_value = "subscriptions")]
+        kind: Kind,
+        /// Subscriptions of this consumer only.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// Subscriptions of this event (routing key) only.
+        #[arg(long)]
+        event: Option<String>,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Show one record in full.
+    Show {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Change a consumer, subscription, event or source; unset flags keep their value.
+    #[command(subcommand)]
+    Update(UpdateCommand),
+    /// Enable a consumer, subscription or source.
+    Enable {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Disable a consumer, subscription or source (routers stop serving it within their poll interval).
+    Disable {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Remove a record (refused while others refer to it: remove those first).
+    Remove {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// The desired bindings: one consumer group per (consumer, bind_key).
+    Bindings {
+        /// This consumer's only.
+        #[arg(long)]
+        consumer: Option<String>,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Ask routers to recompute their groups and reconcile now (seed 003's refresh_bindings).
+    Refresh {
+        /// This consumer's groups only.
+        #[arg(long)]
+        consumer: Option<String>,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Ask routers to re-read the tables now (seed 003's reload_config).
+    Reload {
+        /// This consumer's only.
+        #[arg(long)]
+        consumer: Option<String>,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Serve the admin HTTP API (and /metrics, /health/*); changes need admin.token.
+    Serve {
+        /// Listen address (port 0 = any free port; the bound one is printed). Default: admin.listen.
+        #[arg(long)]
+        addr: Option<SocketAddr>,
+        /// Apply the migrations first.
+        #[arg(long)]
+        migrate: bool,
+    },
+}
+
+/// What `list` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// Subscriptions (event -> consumer).
+    Subscriptions,
+    /// Downstream consumers.
+    Consumers,
+    /// Event definitions.
+    Events,
+    /// Binlog sources.
+    Sources,
+}
+
+/// One record: `consumer NAME`, `subscription ID`, `event ROUTING_KEY`, `source NAME`.
+#[derive(Debug, Clone, Args)]
+pub struct Target {
+    /// consumer, subscription, event or source.
+    #[arg(value_enum)]
+    kind: TargetKind,
+    /// Its name (consumer, source), id (subscription) or routing key (event).
+    key: String,
+}
+
+/// The kind of a [`Target`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum TargetKind {
+    Consumer,
+    Subscription,
+    Event,
+    Source,
+}
+
+/// `subs add ...`.
+#[derive(Debug, Subcommand)]
+pub enum AddCommand {
+    /// A downstream HTTP consumer.
+    Consumer(ConsumerArgs),
+    /// A subscription: event -> consumer, with a bind key and filters.
+    Subscription(SubscriptionArgs),
+    /// An event definition (a subscription creates its event when missing).
+    Event(EventArgs),
+    /// A binlog source (MySQL/MariaDB; its password stays in the cdc process's config).
+    Source(SourceArgs),
+}
+
+/// `subs update ...`.
+#[derive(Debug, Subcommand)]
+pub enum UpdateCommand {
+    /// A consumer, by name.
+    Consumer(ConsumerArgs),
+    /// A subscription, by id.
+    Subscription(SubscriptionUpdateArgs),
+    /// An event definition, by routing key.
+    Event(EventArgs),
+    /// A source, by name.
+    Source(SourceArgs),
+}
+
+/// Flags of a consumer.
+#[derive(Debug, Args)]
+pub struct ConsumerArgs {
+    /// Name (a-z, 0-9, - and _): part of its groups' names, so it never changes.
+    name: String,
+    /// http(s) URL the changes are delivered to (required by add).
+    #[arg(long)]
+    url: Option<String>,
+    /// POST or PUT (add: POST).
+    #[arg(long)]
+    method: Option<String>,
+    /// Per-request timeout in ms (add: 5000).
+    #[arg(long)]
+    timeout_ms: Option<i64>,
+    /// Retry profile: default, seed000, seed001, seed003.
+    #[arg(long)]
+    retry_profile: Option<String>,
+    /// Explicit retry delays instead of a profile, e.g. 5s,30s,5m.
+    #[arg(long, value_delimiter = ',')]
+    retry_delays: Vec<String>,
+    /// Retry jitter, 0 to 1.
+    #[arg(long)]
+    retry_jitter: Option<f64>,
+    /// Drop the retry schedule (the group's [retry] settings decide); update only.
+    #[arg(long, conflicts_with_all = ["retry_profile", "retry_delays", "retry_jitter"])]
+    clear_retry: bool,
+    /// `channel_id` of the body (add: orderpipe).
+    #[arg(long)]
+    channel_id: Option<String>,
+    /// Free text.
+    #[arg(long)]
+    description: Option<String>,
+    /// Add it disabled.
+    #[arg(long)]
+    disabled: bool,
+    #[command(flatten)]
+    output: OutputArg,
+}
+
+impl ConsumerArgs {
+    fn retry(&self) -> Option<RetryLayer> {
+        let layer = RetryLayer {
+            profile: self.retry_profile.clone(),
+            delays: (!self.retry_delays.is_empty()).then(|| self.retry_delays.clone()),
+            jitter: self.retry_jitter,
+            ..RetryLayer::default()
+        };
+        (layer != RetryLayer::default()).then_some(layer)
+    }
+}
+
+/// Flags of `subs add subscription`.
+#[derive(Debug, Args)]
+pub struct SubscriptionArgs {
+    /// The event's routing key: <db>.<table>.<insert|update|delete> or an order event name.
+    #[arg(long)]
+    event: String,
+    /// The consumer's name.
+    #[arg(long)]
+    consumer: String,
+    /// Bind key (a-z, 0-9, - and _): subscriptions of one consumer with one
+    /// bind key share a consumer group, <consumer>.<bind_key>.consumer.
+    #[arg(long)]
+    bind_key: String,
+    /// A filter, all of which must hold (repeatable): FIELD:eq:VALUE,
+    /// FIELD:ne:VALUE, FIELD:in:V1,V2, FIELD:changed[:FROM->TO], e.g. status:changed:1->2.
+    #[arg(long = "filter")]
+    filters: Vec<String>,
+    /// Free text.
+    #[arg(long)]
+    description: Option<String>,
+    /// Add it disabled.
+    #[arg(long)]
+    disabled: bool,
+    #[command(flatten)]
+    output: OutputArg,
+}
+
+/// Flags of `subs update subscription`.
+#[derive(Debug, Args)]
+pub struct SubscriptionUpdateArgs {
+    /// Subscription id.
+    id: i64,
+    /// A new bind key (moves it to another group, which has its own offsets).
+    #[arg(long)]
+    bind_key: Option<String>,
+    /// Replace the filters with these (repeatable; see `subs add subscription --help`).
+    #[arg(long = "filter")]
+    filters: Vec<String>,
+    /// Remove every filter.
+    #[arg(long, conflicts_with = "filters")]
+    clear_filters: bool,
+    /// Free text.
+    #[arg(long)]
+    description: Option<String>,
+    #[command(flatten)]
+    output: OutputArg,
+}
+
+/// Flags of an event definition.
+#[derive(Debug, Args)]
+pub struct EventArgs {
+    /// Routing key: <db>.<table>.<insert|update|delete> or an order event name.
+    routing_key: String,
+    /// Topic (add: cdc.<db>.<table> for a CDC routing key, else the order topic).
+    #[arg(long)]
+    topic: Option<String>,
+    /// The source's name (update: "" detaches it).
+    #[arg(long)]
+    source: Option<String>,
+    /// Free text.
+    #[arg(long)]
+    description: Option<String>,
+    #[command(flatten)]
+    output: OutputArg,
+}
+
+/// Flags of a source.
+#[derive(Debug, Args)]
+pub struct SourceArgs {
+    /// Name (a-z, 0-9, - and _).
+    name: String,
+    /// Host (required by add).
+    #[arg(long)]
+    host: Option<String>,
+    /// Port (add: 3306).
+    #[arg(long)]
+    port: Option<i32>,
+    /// Replication user (required by add).
+    #[arg(long)]
+    user: Option<String>,
+    /// Free text.
+    #[arg(long)]
+    description: Option<String>,
+    /// Add it disabled.
+    #[arg(long)]
+    disabled: bool,
+    #[command(flatten)]
+    output: OutputArg,
+}
+
+/// A store error with its field spelled as the flag that sets it.
+fn flag_error(e: SubsError) -> anyhow::Error {
+    match e {
+        SubsError::Invalid(Invalid { field, reason }) => {
+            let flag = match field.as_str() {
+                "event" | "url" | "method" | "topic" | "source" | "description" | "name" => format!("--{field}"),
+                "db_host" => "--host".into(),
+                "db_port" => "--port".into(),
+                "db_user" => "--user".into(),
+                f if f.starts_with("filters[") => "--filter".into(),
+                f => format!("--{}", f.replace(['_', '.'], "-")),
+            };
+            anyhow::anyhow!("{flag}: {reason}")
+        }
+        other => other.into(),
+    }
+}
+
+/// Parses `--filter` texts.
+fn filters(texts: &[String]) -> anyhow::Result<Vec<FilterSpec>> {
+    texts
+        .iter()
+        .map(|t| PropertyFilter::parse(t, "--filter").map(|f| FilterSpec::from(&f)).map_err(anyhow::Error::from))
+        .collect()
+}
+
+/// Runs `orderpipe subs ...`.
+pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<ExitCode> {
+    let db = Db::connect(&settings.database, 2)?;
+    let store = Store::new(db.clone(), Origin::Cli);
+    let order_topic = settings.topics.order_events.name.as_str();
+    match command {
+        SubsCommand::Add(AddCommand::Consumer(a)) => {
+            let Some(url) = a.url.clone() else {
+                anyhow::bail!("--url: required to add a consumer (an http(s) URL)");
+            };
+            if a.clear_retry {
+                anyhow::bail!("--clear-retry: only for update");
+            }
+            let new = NewConsumer {
+                name: a.name.clone(),
+                url,
+                method: a.method.clone(),
+                timeout_ms: a.timeout_ms,
+                retry: a.retry(),
+                channel_id: a.channel_id.clone(),
+                enabled: Some(!a.disabled),
+                description: a.description.clone(),
+            };
+            let consumer = store.add_consumer(&new).await.map_err(flag_error)?;
+            print_consumers(&[consumer], a.output.output);
+        }
+        SubsCommand::Add(AddCommand::Subscription(a)) => {
+            let new = NewSubscription {
+                event: a.event,
+                consumer: a.consumer,
+                bind_key: a.bind_key,
+                filters: filters(&a.filters)?,
+                enabled: Some(!a.disabled),
+                description: a.description,
+            };
+            let subscription = store.add_subscription(&new, order_topic).await.map_err(flag_error)?;
+            print_subscriptions(&[subscription], a.output.output);
+        }
+        SubsCommand::Add(AddCommand::Event(a)) => {
+            let new = NewEvent { routing_key: a.routing_key, topic: a.topic, source: a.source, description: a.description };
+            let event = store.add_event(&new, order_topic).await.map_err(flag_error)?;
+            print_events(&[event], a.output.output);
+        }
+        SubsCommand::Add(AddCommand::Source(a)) => {
+            let (Some(host), Some(user)) = (a.host, a.user) else {
+                anyhow::bail!("--host and --user: both required to add a source");
+            };
+            let new = NewSource {
+                name: a.name,
+                db_host: host,
+                db_port: a.port,
+                db_user: user,
+                enabled: Some(!a.disabled),
+                description: a.description,
+            };
+            let source = store.add_source(&new).await.map_err(flag_error)?;
+            print_sources(&[source], a.output.output);
+        }
+        SubsCommand::List { kind, consumer, event, output } => {
+            if kind != Kind::Subscriptions && (consumer.is_some() || event.is_some()) {
+                anyhow::bail!("--consumer and --event: only for `subs list subscriptions`");
+            }
+            match kind {
+                Kind::Subscriptions => {
+                    let query = SubscriptionQuery { consumer, event, served_only: false };
+                    print_subscriptions(&store.list_subscriptions(&query).await?, output.output);
+                }
+                Kind::Consumers => print_consumers(&store.list_consumers().await?, output.output),
+                Kind::Events => print_events(&store.list_events().await?, output.output),
+                Kind::Sources => print_sources(&store.list_sources().await?, output.output),
+            }
+        }
+        SubsCommand::Show { target, output } => match target.kind {
+            TargetKind::Consumer => show(&store.consumer(&target.key).await?, output.output),
+            TargetKind::Subscription => show(&store.subscription(subscription_id(&target.key)?).await?, output.output),
+            TargetKind::Event => show(&store.event(&target.key).await?, output.output),
+            TargetKind::Source => show(&store.source(&target.key).await?, output.output),
+        },
+        SubsCommand::Update(UpdateCommand::Consumer(a)) => {
+            if a.disabled {
+                anyhow::bail!("--disabled: only for add; use `subs disable consumer {}`", a.name);
+            }
+            let patch = ConsumerPatch {
+                url: a.url.clone(),
+                method: a.method.clone(),
+                timeout_ms: a.timeout_ms,
+                retry: a.retry(),
+                clear_retry: a.clear_retry,
+                channel_id: a.channel_id.clone(),
+                enabled: None,
+                description: a.description.clone(),
+            };
+            let consumer = store.update_consumer(&a.name, &patch).await.map_err(flag_error)?;
+            print_consumers(&[consumer], a.output.output);
+        }
+        SubsCommand::Update(UpdateCommand::Subscription(a)) => {
+            let replaced = match (a.clear_filters, a.filters.is_empty()) {
+                (true, _) => Some(Vec::new()),
+                (false, false) => Some(filters(&a.filters)?),
+                (false, true) => None,
+            };
+            let patch = SubscriptionPatch { bind_key: a.bind_key, filters: replaced, enabled: None, description: a.description };
+            let subscription = store.update_subscription(a.id, &patch).await.map_err(flag_error)?;
+            print_subscriptions(&[subscription], a.output.output);
+        }
+        SubsCommand::Update(UpdateCommand::Event(a)) => {
+            let patch = EventPatch { topic: a.topic, source: a.source, description: a.description };
+            let event = store.update_event(&a.routing_key, &patch).await.map_err(flag_error)?;
+            print_events(&[event], a.output.output);
+        }
+        SubsCommand::Update(UpdateCommand::Source(a)) => {
+            if a.disabled {
+                anyhow::bail!("--disabled: only for add; use `subs disable source {}`", a.name);
+            }
+            let patch = SourcePatch { db_host: a.host, db_port: a.port, db_user: a.user, enabled: None, description: a.description };
+            let source = store.update_source(&a.name, &patch).await.map_err(flag_error)?;
+            print_sources(&[source], a.output.output);
+        }
+        SubsCommand::Enable { target, output } => set_enabled(&store, &target, true, output.output).await?,
+        SubsCommand::Disable { target, output } => set_enabled(&store, &target, false, output.output).await?,
+        SubsCommand::Remove { target, output } => {
+            let removed = match target.kind {
+                TargetKind::Consumer => serde_json::to_value(store.remove_consumer(&target.key).await?)?,
+                TargetKind::Subscription => serde_json::to_value(store.remove_subscription(subscription_id(&target.key)?).await?)?,
+                TargetKind::Event => serde_json::to_value(store.remove_event(&target.key).await?)?,
+                TargetKind::Source => serde_json::to_value(store.remove_source(&target.key).await?)?,
+            };
+            match output.output {
+                Output::Json => output::json(&json!({"removed": removed})),
+                Output::Table => println!("removed {} {}", kind_name(target.kind), target.key),
+            }
+        }
+        SubsCommand::Bindings { consumer, output } => {
+            if let Some(name) = &consumer {
+                store.consumer(name).await?;
+            }
+            print_bindings(&store.desired(consumer.as_deref()).await?, output.output);
+        }
+        SubsCommand::Refresh { consumer, output } => request(&store, RequestKind::Refresh, consumer, output.output).await?,
+        SubsCommand::Reload { consumer, output } => request(&store, RequestKind::Reload, consumer, output.output).await?,
+        SubsCommand::Serve { addr, migrate } => {
+            if migrate {
+                db.migrate().await?;
+            }
+            let addr = match addr {
+                Some(a) => a,
+                None => settings.admin.listen.parse()?,
+            };
+            let state = AdminState::new(db.clone(), order_topic, settings.admin.token.as_ref());
+            if settings.admin.token.is_none() {
+                eprintln!("admin.token is not set: the admin API is read-only (set ORDERPIPE_ADMIN__TOKEN)");
+            }
+            let health = HealthState::service();
+            crate::health::watch_db(db, health.clone());
+            admin::serve(addr, state, health, |bound| eprintln!("admin API listening on http://{bound}"), shutdown_signal()).await?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn kind_name(kind: TargetKind) -> &'static str {
+    match kind {
+        TargetKind::Consumer => "consumer",
+        TargetKind::Subscription => "subscription",
+        TargetKind::Event => "event",
+        TargetKind::Source => "source",
+    }
+}
+
+fn subscription_id(key: &str) -> anyhow::Result<i64> {
+    key.parse().map_err(|_| anyhow::anyhow!("subscription: `{key}` is not a subscription id (a number; see `subs list`)"))
+}
+
+async fn set_enabled(store: &Store, target: &Target, enabled: bool, format: Output) -> anyhow::Result<()> {
+    match target.kind {
+        TargetKind::Consumer => {
+            let patch = ConsumerPatch { enabled: Some(enabled), ..ConsumerPatch::default() };
+            print_consumers(&[store.update_consumer(&target.key, &patch).await?], format);
+        }
+        TargetKind::Subscription => {
+            let patch = SubscriptionPatch { enabled: Some(enabled), ..SubscriptionPatch::default() };
+            print_subscriptions(&[store.update_subscription(subscription_id(&target.key)?, &patch).await?], format);
+        }
+        TargetKind::Source => {
+            let patch = SourcePatch { enabled: Some(enabled), ..SourcePatch::default() };
+            print_sources(&[store.update_source(&target.key, &patch).await?], format);
+        }
+        TargetKind::Event => {
+            anyhow::bail!("event: events have no enabled flag; enable or disable the subscriptions or consumers that name it (accepted: consumer, subscription, source)")
+        }
+    }
+    Ok(())
+}
+
+async fn request(store: &Store, kind: RequestKind, consumer: Option<String>, format: Output) -> anyhow::Result<()> {
+    let request = store.request(kind, consumer.as_deref()).await?;
+    match format {
+        Output::Json => output::json(&request),
+        Output::Table => println!(
+            "{} request {} written for {}: routers act on it at their next poll",
+            serde_json::to_value(request.kind)?.as_str().unwrap_or_default(),
+            request.id,
+            consumer.map_or("every consumer".to_string(), |c| format!("consumer {c}"))
+        ),
+    }
+    Ok(())
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes".into() } else { "no".into() }
+}
+
+fn print_consumers(consumers: &[Consumer], format: Output) {
+    if format == Output::Json {
+        return output::json(&consumers);
+    }
+    let rows = consumers.iter().map(|c| {
+        vec![
+            c.name.clone(),
+            c.method.clone(),
+            c.url.clone(),
+            c.timeout_ms.to_string(),
+            c.retry.as_ref().map_or("([retry])".into(), |r| serde_json::to_string(r).unwrap_or_default()),
+            c.channel_id.clone(),
+            yes_no(c.enabled),
+        ]
+    });
+    println!("{}", output::table(&["consumer", "method", "url", "timeout ms", "retry", "channel", "enabled"], rows));
+}
+
+fn print_subscriptions(subscriptions: &[Subscription], format: Output) {
+    if format == Output::Json {
+        return output::json(&subscriptions);
+    }
+    let rows = subscriptions.iter().map(|s| {
+        vec![
+            s.id.to_string(),
+            s.event.clone(),
+            s.consumer.clone(),
+            s.bind_key.clone(),
+            s.group.clone(),
+            yes_no(s.enabled),
+            s.filters.iter().map(PropertyFilter::to_cli).collect::<Vec<_>>().join(" AND "),
+        ]
+    });
+    println!("{}", output::table(&["id", "event", "consumer", "bind key", "group", "enabled", "filters"], rows));
+}
+
+fn print_events(events: &[EventDefinition], format: Output) {
+    if format == Output::Json {
+        return output::json(&events);
+    }
+    let rows = events
+        .iter()
+        .map(|e| vec![e.routing_key.clone(), e.topic.clone(), e.source.clone().unwrap_or_default(), e.description.clone()]);
+    println!("{}", output::table(&["event", "topic", "source", "description"], rows));
+}
+
+fn print_sources(sources: &[Source], format: Output) {
+    if format == Output::Json {
+        return output::json(&sources);
+    }
+    let rows = sources
+        .iter()
+        .map(|s| vec![s.name.clone(), format!("{}:{}", s.db_host, s.db_port), s.db_user.clone(), yes_no(s.enabled), s.description.clone()]);
+    println!("{}", output::table(&["source", "host", "user", "enabled", "description"], rows));
+}
+
+fn print_bindings(bindings: &[Binding], format: Output) {
+    if format == Output::Json {
+        return output::json(&bindings);
+    }
+    if bindings.is_empty() {
+        println!("no enabled subscription of an enabled consumer: no group to run");
+        return;
+    }
+    let rows = bindings.iter().map(|b| {
+        let routes = b
+            .routes
+            .iter()
+            .map(|r| {
+                let filters = r.filters.iter().map(PropertyFilter::to_cli).collect::<Vec<_>>().join(" AND ");
+                match filters.is_empty() {
+                    true => format!("#{} {}", r.subscription_id, r.routing_key),
+                    false => format!("#{} {} if {filters}", r.subscription_id, r.routing_key),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        vec![b.group.clone(), b.consumer.url.clone(), b.topics.join("\n"), routes]
+    });
+    println!("{}", output::table(&["group", "url", "topics", "subscriptions"], rows));
+}
+
+/// One record as a two-column table of its JSON fields.
+fn show(record: &impl serde::Serialize, format: Output) {
+    if format == Output::Json {
+        return output::json(record);
+    }
+    let value = serde_json::to_value(record).unwrap_or_default();
+    let rows = value.as_object().into_iter().flatten().map(|(k, v)| {
+        let text = match v {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Null => String::new(),
+            serde_json::Value::Array(items) if k == "filters" => items
+                .iter()
+                .filter_map(|f| serde_json::from_value::<FilterSpec>(f.clone()).ok())
+                .filter_map(|spec| spec.check("filters").ok())
+                .map(|f| f.to_cli())
+                .collect::<Vec<_>>()
+                .join(" AND "),
+            other => other.to_string(),
+        };
+        vec![k.clone(), text]
+    });
+    println!("{}", output::table(&["field", "value"], rows));
+}
