@@ -18,6 +18,7 @@
 //! | [`codec`] | Confluent wire format and the registry client (below `schema`) |
 //! | [`api`] | the reference order service: state machine + outbox in one transaction |
 //! | [`outbox`] | the transactional outbox and its relay (transactional producer) |
+//! | [`cdc`] | `orderpipe cdc`: the binlog source, row changes as envelopes on `cdc.<db>.<table>`, checkpoints in the same Kafka transaction |
 //! | [`producer`] | the idempotent keyed producer |
 //! | [`consumer`] | consumer groups applying events exactly once in effect |
 //! | [`ordering`] | per-order ordering through retries, the DLQ and replay: parked keys, held records |
@@ -40,6 +41,7 @@
 
 pub mod api;
 pub mod backoff;
+pub mod cdc;
 pub mod cli;
 pub mod clock;
 pub mod codec;

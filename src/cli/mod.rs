@@ -8,6 +8,7 @@
 //! * [`output`] holds the table/JSON printing shared by the commands.
 //! * `harness` (cargo feature `harness` only): `demo` and the hidden `bench-*` commands.
 
+pub mod cdc;
 pub mod consume;
 pub mod dlq;
 #[cfg(feature = "harness")]
@@ -90,6 +91,9 @@ enum Command {
     Api(relay::ApiArgs),
     /// Publish outbox rows with a transactional producer.
     Relay(relay::RelayArgs),
+    /// Read the binlog as a replica and publish each row change of the
+    /// configured tables to cdc.<db>.<table> (exactly once, checkpointed).
+    Cdc(cdc::CdcArgs),
     /// Run a consumer group applying events exactly once in effect.
     Consume(consume::ConsumeArgs),
     /// Deliver events to a downstream HTTP subscription (a consumer group of its own).
@@ -333,6 +337,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Api(args) => relay::api(&cli.global.settings()?, args).await,
         Command::Relay(args) => relay::relay(&cli.global.settings()?, args).await,
+        Command::Cdc(args) => cdc::run(&cli.global.settings()?, args).await,
         Command::Deliver(args) => {
             let settings = cli.global.settings()?;
             consume::deliver(&settings, cli.global.config.clone(), args).await

@@ -247,6 +247,13 @@ impl Codec {
 
     /// Decodes and validates one record value.
     pub async fn decode(&self, payload: Option<&[u8]>) -> Result<Envelope, CodecError> {
+        Ok(avro::from_avro(self.decode_value(payload).await?)?)
+    }
+
+    /// Decodes one record value with its writer's schema (from the
+    /// registry) into an Avro value, without the envelope's checks: for
+    /// values that are not order envelopes (`cdc.*` changes).
+    pub async fn decode_value(&self, payload: Option<&[u8]>) -> Result<Value, CodecError> {
         let bytes = payload.ok_or_else(|| CodecError::NotFramed("record has no value".into()))?;
         let id = schema_id(bytes)?;
         let decoded = self.decoder.decode(Some(bytes)).await.map_err(|e| {
@@ -260,7 +267,7 @@ impl Codec {
                 CodecError::Avro(text)
             }
         })?;
-        Ok(avro::from_avro(decoded.value)?)
+        Ok(decoded.value)
     }
 }
 

@@ -63,6 +63,8 @@ pub struct Settings {
     /// The control plane's admin API (`[admin]`: address, token).
     #[serde(default)]
     pub admin: crate::subscriptions::admin::AdminSettings,
+    /// The binlog source (`[cdc]`, `orderpipe cdc`).
+    pub cdc: crate::cdc::CdcSettings,
 }
 
 /// Why a build without the `harness` feature refuses `[chaos]`.
@@ -93,7 +95,7 @@ pub struct ConfigError(String);
 pub const REDACTED: &str = "__REDACTED__";
 
 /// Secret fields, by their path in the config file.
-const SECRET_FIELDS: [&str; 4] = ["kafka.sasl_password", "registry.password", "database.url", "admin.token"];
+const SECRET_FIELDS: [&str; 5] = ["kafka.sasl_password", "registry.password", "database.url", "admin.token", "cdc.source"];
 
 /// Tables of pass-through librdkafka options, by their path.
 const OPTION_TABLES: [&str; 3] = ["kafka.options", "producer.options", "consumer.options"];
@@ -130,7 +132,7 @@ impl Settings {
         for path in SECRET_FIELDS {
             let Some(value) = document.pointer_mut(&format!("/{}", path.replace('.', "/"))) else { continue };
             let redacted = match value.as_str() {
-                Some(url) if path == "database.url" => redact_url_password(url),
+                Some(url) if path == "database.url" || path == "cdc.source" => redact_url_password(url),
                 _ => REDACTED.to_string(),
             };
             *value = redacted.into();
@@ -174,6 +176,7 @@ impl Settings {
                 "kafka.sasl_password" => self.kafka.sasl_password.as_ref(),
                 "registry.password" => self.registry.password.as_ref(),
                 "admin.token" => self.admin.token.as_ref(),
+                "cdc.source" => self.cdc.source.as_ref(),
                 _ => Some(&self.database.url),
             };
             if let Some(value) = value {
@@ -218,6 +221,7 @@ impl Settings {
         self.database.validate().map_err(ConfigError)?;
         self.outbox.validate().map_err(ConfigError)?;
         self.admin.validate().map_err(ConfigError)?;
+        self.cdc.validate().map_err(ConfigError)?;
         Ok(())
     }
 }

@@ -1,0 +1,147 @@
+//! The checkpoint of a cdc source: the binlog position after the last
+//! transaction it published, a record keyed by the source name on the
+//! compacted offsets topic (`cdc.offsets`), written in the same Kafka
+//! transaction as the changes it covers.
+//!
+//! On start the source reads its last committed checkpoint with a
+//! read_committed consumer, after its producer's `init_transactions` has
+//! aborted whatever a killed predecessor left open: what it reads is
+//! exactly what read_committed consumers of the change topics saw.
+
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use super::CdcError;
+use super::binlog::BinlogPosition;
+use crate::kafka::client::{KafkaSettings, client_config};
+
+/// What the offsets topic holds per source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The source's name (also the record key).
+    pub source: String,
+    /// Where to resume.
+    pub position: BinlogPosition,
+    /// When it was written (ISO 8601 UTC).
+    pub committed_at: String,
+}
+
+impl Checkpoint {
+    /// A checkpoint of `source` at `position`, stamped now.
+    pub fn new(source: &str, position: BinlogPosition) -> Self {
+        Self { source: source.to_string(), position, committed_at: crate::envelope::format_utc(&chrono::Utc::now()) }
+    }
+
+    /// The record value (JSON).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a checkpoint serializes")
+    }
+}
+
+/// How long to wait for the offsets topic's metadata and records.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The last committed checkpoint of `source` on `topic`, or None.
+pub async fn last_committed(kafka: &KafkaSettings, topic: &str, source: &str) -> Result<Option<Checkpoint>, CdcError> {
+    let (kafka, topic, source) = (kafka.clone(), topic.to_string(), source.to_string());
+    tokio::task::spawn_blocking(move || read_last(&kafka, &topic, &source))
+        .await
+        .expect("checkpoint read does not panic")
+}
+
+fn read_last(kafka: &KafkaSettings, topic: &str, source: &str) -> Result<Option<Checkpoint>, CdcError> {
+    let kafka_error = |e: KafkaError| CdcError::Checkpoint(format!("reading {topic}: {e}"));
+    let consumer: BaseConsumer = client_config(&kafka.client_options())
+        .set("group.id", format!("orderpipe-cdc-checkpoint-{source}"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .map_err(kafka_error)?;
+    let metadata = consumer.fetch_metadata(Some(topic), READ_TIMEOUT).map_err(kafka_error)?;
+    let partitions = metadata
+        .topics()
+        .first()
+        .filter(|t| t.error().is_none())
+        .map(|t| t.partitions().len())
+        .unwrap_or(0);
+    if partitions == 0 {
+        return Err(CdcError::Checkpoint(format!("the offsets topic {topic} does not exist")));
+    }
+    let mut assignment = TopicPartitionList::new();
+    // Per partition: the offset to read up to. For read_committed the
+    // high watermark is past the last stable offset only while a
+    // transaction is open; our own predecessor's was aborted before this.
+    let mut ends = Vec::new();
+    for partition in 0..partitions as i32 {
+        let (low, high) = consumer.fetch_watermarks(topic, partition, READ_TIMEOUT).map_err(kafka_error)?;
+        if high > low {
+            assignment.add_partition_offset(topic, partition, Offset::Beginning).map_err(kafka_error)?;
+            ends.push((partition, high));
+        }
+    }
+    if ends.is_empty() {
+        return Ok(None);
+    }
+    consumer.assign(&assignment).map_err(kafka_error)?;
+    let deadline = std::time::Instant::now() + READ_TIMEOUT;
+    let mut last = None;
+    let mut done = vec![false; ends.len()];
+    while !done.iter().all(|d| *d) {
+        if std::time::Instant::now() > deadline {
+            return Err(CdcError::Checkpoint(format!("reading {topic} did not reach its end within {READ_TIMEOUT:?}")));
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            // Aborted records and transaction markers are skipped without a
+            // message: the position says how far the partition is read.
+            for (i, (partition, high)) in ends.iter().enumerate() {
+                if let Ok(Offset::Offset(at)) = consumer.position().map(|p| {
+                    p.find_partition(topic, *partition).map_or(Offset::Invalid, |e| e.offset())
+                }) {
+                    done[i] |= at >= *high;
+                }
+            }
+            continue;
+        };
+        let message = match message {
+            Err(KafkaError::PartitionEOF(partition)) => {
+                if let Some(i) = ends.iter().position(|(p, _)| *p == partition) {
+                    done[i] = true;
+                }
+                continue;
+            }
+            other => other.map_err(kafka_error)?,
+        };
+        if message.key() == Some(source.as_bytes()) {
+            if let Some(value) = message.payload() {
+                let checkpoint: Checkpoint = serde_json::from_slice(value).map_err(|e| {
+                    CdcError::Checkpoint(format!("{topic} offset {}: not a checkpoint: {e}", message.offset()))
+                })?;
+                last = Some(checkpoint);
+            }
+        }
+        if let Some(i) = ends.iter().position(|(p, _)| *p == message.partition()) {
+            done[i] |= message.offset() + 1 >= ends[i].1;
+        }
+    }
+    Ok(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_is_json_with_its_position() {
+        let position = BinlogPosition { file: "mariadb-bin.000002".into(), pos: 3127, gtid: Some("0-1-18".into()) };
+        let checkpoint = Checkpoint::new("shop", position.clone());
+        let back: Checkpoint = serde_json::from_slice(&checkpoint.to_bytes()).unwrap();
+        assert_eq!(back, checkpoint);
+        let text = String::from_utf8(checkpoint.to_bytes()).unwrap();
+        assert!(text.contains(r#""file":"mariadb-bin.000002","pos":3127"#), "{text}");
+    }
+}

@@ -1,0 +1,493 @@
+//! `orderpipe cdc`: the binlog source of seed 003's change distribution.
+//!
+//! It connects to MariaDB/MySQL as a replica (mysql_async's binlog stream,
+//! [`binlog`]), keeps the row changes of the configured tables and
+//! publishes one [`change::ChangeEvent`] per row change to
+//! `<topic_prefix>.<db>.<table>`, keyed by the primary key, so one row's
+//! changes stay in commit order in one partition.
+//!
+//! Exactly once for read_committed consumers: whole binlog transactions
+//! are gathered into a batch (up to `batch_max_rows` rows or
+//! `batch_linger_ms`), and one Kafka transaction carries the batch's records
+//! and the checkpoint — the binlog position after its last transaction —
+//! to the compacted offsets topic, keyed by the source name
+//! ([`checkpoint`]). A restart (or a SIGKILL) resumes from the last
+//! committed checkpoint after `init_transactions` has aborted whatever the
+//! previous process left open, so every change is seen once.
+//!
+//! Checkpoints are a binlog file and position, not a GTID: mysql_async
+//! requests the stream with `COM_BINLOG_DUMP` (file and position), and
+//! mysql_common does not parse MariaDB's GTID events (it parses MySQL's);
+//! MariaDB's GTID resume (`@slave_connect_state`) is outside what the crate
+//! models. The GTID (read from the raw event, `domain-server-sequence`) is
+//! kept in every event and checkpoint. A file position is only valid on
+//! the server that wrote it: after a failover to another primary, restart
+//! from a position on the new one (`--start-position`).
+//!
+//! [`CdcSettings`] is the `[cdc]` section of the configuration.
+
+pub mod binlog;
+pub mod change;
+pub mod checkpoint;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use metrics::{counter, gauge};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureRecord, Producer};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{Codec, CodecError, RegistrySettings};
+use crate::kafka::client::{KafkaSettings, MeasuredProducer, measured_producer};
+use crate::kafka::record::header;
+use crate::producer::ProducerSettings;
+use crate::topics::{EnsureOptions, TopicAdmin, TopicSpec};
+use binlog::{BinlogPosition, BinlogReader, BinlogTransaction};
+use change::{CHANGE_EVENT_VERSION, ChangeEvent, change_id, topic_schema, trace_id_of};
+use checkpoint::Checkpoint;
+
+/// Metric: row changes published, by table (`db.table`) and change.
+pub const CHANGES_METRIC: &str = "orderpipe_cdc_changes_total";
+/// Metric: Kafka transactions committed by the source.
+pub const TRANSACTIONS_METRIC: &str = "orderpipe_cdc_transactions_total";
+/// Metric: seconds between the last published transaction's commit in the
+/// database and its Kafka commit.
+pub const LAG_METRIC: &str = "orderpipe_cdc_lag_seconds";
+
+/// A batch of only change-less transactions (other tables) is checkpointed
+/// this often, so the position keeps up with a busy database.
+const IDLE_CHECKPOINT: Duration = Duration::from_secs(5);
+
+/// The `[cdc]` section of the configuration: one binlog source.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CdcSettings {
+    /// Name of the source: key of its checkpoint, part of its
+    /// `transactional.id` and of the events' `producer` (`cdc:<name>`).
+    pub name: String,
+    /// `mysql://user:password@host:port` of the source; unset: `database.url`.
+    #[serde(default)]
+    pub source: Option<SecretString>,
+    /// The replica's `server_id`: unique among the source's replicas.
+    pub server_id: u32,
+    /// Tables captured, `db.table`.
+    pub tables: Vec<String>,
+    /// Change topics are `<topic_prefix>.<db>.<table>`.
+    pub topic_prefix: String,
+    /// The compacted topic of the checkpoints.
+    pub offsets_topic: String,
+    /// Partitions of each change topic.
+    pub partitions: i32,
+    /// Replication factor of the topics.
+    pub replication_factor: i32,
+    /// `min.insync.replicas` of the topics.
+    pub min_insync_replicas: i32,
+    /// `retention.ms` of the change topics.
+    pub retention_ms: i64,
+    /// Row changes per Kafka transaction, at most (whole binlog transactions
+    /// are never split, so one larger transaction makes a larger batch).
+    pub batch_max_rows: usize,
+    /// How long a batch waits for more transactions once it has a change.
+    pub batch_linger_ms: u64,
+}
+
+impl CdcSettings {
+    /// Rejects values that would only fail later; names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.trim().is_empty() || self.name.contains(char::is_whitespace) {
+            return Err(format!("cdc.name = {:?}: must be non-empty, without spaces", self.name));
+        }
+        if self.server_id == 0 {
+            return Err("cdc.server_id = 0: a replica needs a server_id from 1 to 4294967295, unique among the source's replicas".into());
+        }
+        for (i, table) in self.tables.iter().enumerate() {
+            let valid = table.split_once('.').is_some_and(|(db, t)| !db.is_empty() && !t.is_empty() && !t.contains('.'));
+            if !valid {
+                return Err(format!("cdc.tables[{i}] = {table:?}: expected <database>.<table>, e.g. shop.table_user"));
+            }
+        }
+        if self.batch_max_rows == 0 {
+            return Err("cdc.batch_max_rows = 0: must be at least 1".into());
+        }
+        if self.partitions < 1 || self.replication_factor < 1 {
+            return Err("cdc.partitions and cdc.replication_factor must be at least 1".into());
+        }
+        if self.min_insync_replicas < 1 || self.min_insync_replicas > self.replication_factor {
+            return Err(format!("cdc.min_insync_replicas must be between 1 and cdc.replication_factor ({})", self.replication_factor));
+        }
+        Ok(())
+    }
+
+    /// The change topic of `table` (`db.table`).
+    pub fn topic_of(&self, table: &str) -> String {
+        format!("{}.{table}", self.topic_prefix)
+    }
+
+    /// The topics the source writes: one per table, then the offsets topic.
+    pub fn topic_specs(&self) -> Vec<TopicSpec> {
+        let spec = |name: String, partitions: i32, retention_ms: i64, configs: &[(&str, &str)]| TopicSpec {
+            name,
+            partitions,
+            replication_factor: self.replication_factor,
+            min_insync_replicas: self.min_insync_replicas,
+            retention_ms,
+            configs: configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        let mut specs: Vec<TopicSpec> =
+            self.tables.iter().map(|t| spec(self.topic_of(t), self.partitions, self.retention_ms, &[])).collect();
+        specs.push(spec(self.offsets_topic.clone(), 1, -1, &[("cleanup.policy", "compact")]));
+        specs
+    }
+}
+
+/// Why the source stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CdcError {
+    /// The source database: connection, settings, binlog stream.
+    #[error("source: {0}")]
+    Source(String),
+    /// Reading the checkpoint.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    /// Kafka refused a send or a transaction step.
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    /// Encoding a change (schema registry).
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// Configuration or topics.
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// What `orderpipe cdc` reads: its section and the ones it shares.
+pub struct CdcSections<'a> {
+    /// `[cdc]`.
+    pub cdc: &'a CdcSettings,
+    /// `[kafka]`.
+    pub kafka: &'a KafkaSettings,
+    /// `[producer]` (options, transactional id prefix).
+    pub producer: &'a ProducerSettings,
+    /// `[registry]`.
+    pub registry: &'a RegistrySettings,
+    /// `database.url`, the source when `cdc.source` is unset.
+    pub database_url: &'a SecretString,
+}
+
+/// Flags of one run.
+#[derive(Debug, Clone, Default)]
+pub struct CdcOptions {
+    /// Where to start when the source has no checkpoint yet (default: the
+    /// binlog's current end).
+    pub start_position: Option<BinlogPosition>,
+}
+
+/// Counts of a run, printed at exit.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct CdcSummary {
+    /// Row changes published.
+    pub changes: u64,
+    /// Binlog transactions read (with or without captured changes).
+    pub binlog_transactions: u64,
+    /// Kafka transactions committed.
+    pub kafka_transactions: u64,
+    /// Where the source resumed.
+    pub started_at: Option<BinlogPosition>,
+    /// The last committed checkpoint.
+    pub checkpoint: Option<BinlogPosition>,
+}
+
+/// The `transactional.id` of a source's producer.
+pub fn transactional_id(prefix: &str, source: &str) -> String {
+    format!("{prefix}-cdc-{source}")
+}
+
+/// Publishes batches of transactions and their checkpoint, one Kafka
+/// transaction each.
+struct Publisher {
+    producer: MeasuredProducer,
+    codecs: HashMap<String, Codec>,
+    registry: RegistrySettings,
+    cdc: CdcSettings,
+}
+
+impl Publisher {
+    /// Builds the source's transactional producer and fences its
+    /// predecessor: `init_transactions` aborts what that one left open.
+    async fn new(sections: &CdcSections<'_>) -> Result<Self, CdcError> {
+        let mut options = crate::outbox::relay::relay_producer_options(sections.kafka, sections.producer)
+            .map_err(|e| CdcError::Setup(e.to_string()))?;
+        let id = transactional_id(&sections.producer.transactional_id_prefix, &sections.cdc.name);
+        options.insert("transactional.id".into(), id.clone());
+        options.entry("client.id".into()).or_insert(id);
+        let producer = measured_producer(&options)?;
+        let p = producer.clone();
+        tokio::task::spawn_blocking(move || p.init_transactions(Duration::from_secs(30)))
+            .await
+            .expect("init task does not panic")?;
+        Ok(Self { producer, codecs: HashMap::new(), registry: sections.registry.clone(), cdc: sections.cdc.clone() })
+    }
+
+    /// The event of the `index`-th change of `tx`.
+    fn event(&self, tx: &BinlogTransaction, index: usize, change: &binlog::RowChange) -> ChangeEvent {
+        let transaction = tx.gtid.clone().unwrap_or_else(|| format!("{}:{}", tx.end.file, tx.end.pos));
+        let event_id = change_id(&self.cdc.name, &transaction, index as u32);
+        ChangeEvent {
+            event_id,
+            event_name: format!("{}.{}.{}", change.database, change.table, change.kind.as_str()),
+            event_version: CHANGE_EVENT_VERSION.into(),
+            event_time: chrono::DateTime::from_timestamp(i64::from(tx.timestamp), 0).unwrap_or_default(),
+            producer: format!("cdc:{}", self.cdc.name),
+            trace_id: trace_id_of(&event_id),
+            database: change.database.clone(),
+            table: change.table.clone(),
+            change: change.kind,
+            key: change.key.clone(),
+            data: change.data.clone(),
+            old: change.old.clone(),
+            gtid: tx.gtid.clone(),
+            binlog_file: tx.end.file.clone(),
+            binlog_pos: tx.end.pos,
+            xid: tx.xid,
+            row_index: index as u32,
+        }
+    }
+
+    async fn encode(&mut self, topic: &str, event: &ChangeEvent) -> Result<Vec<u8>, CdcError> {
+        if !self.codecs.contains_key(topic) {
+            let codec = Codec::new(&self.registry, topic, &topic_schema(topic), self.registry.auto_register)?;
+            self.codecs.insert(topic.to_string(), codec);
+        }
+        Ok(self.codecs[topic].encode_value(event.to_avro()).await?)
+    }
+
+    /// One Kafka transaction: every change of `batch`, then `checkpoint`.
+    /// Returns the number of records of changes.
+    async fn publish(&mut self, batch: &[BinlogTransaction], checkpoint: &Checkpoint) -> Result<u64, CdcError> {
+        // Encode first (the registry is asked once per topic), then send
+        // without waiting inside the transaction.
+        let mut records = Vec::new();
+        for tx in batch {
+            for (index, change) in tx.changes.iter().enumerate() {
+                let event = self.event(tx, index, change);
+                let topic = self.cdc.topic_of(&format!("{}.{}", change.database, change.table));
+                let value = self.encode(&topic, &event).await?;
+                records.push((topic, event, value));
+            }
+        }
+        self.producer.begin_transaction()?;
+        let result = self.send_and_commit(&records, checkpoint).await;
+        if let Err(e) = &result {
+            tracing::warn!(error = %e, "cdc: Kafka transaction failed; aborting it");
+            let p = self.producer.clone();
+            let _ = tokio::task::spawn_blocking(move || p.abort_transaction(Duration::from_secs(30))).await;
+        }
+        result?;
+        for (topic, event, _) in &records {
+            counter!(CHANGES_METRIC, "topic" => topic.clone(), "change" => event.change.as_str()).increment(1);
+        }
+        counter!(TRANSACTIONS_METRIC).increment(1);
+        if let Some(last) = batch.last() {
+            gauge!(LAG_METRIC).set((chrono::Utc::now().timestamp() - i64::from(last.timestamp)).max(0) as f64);
+        }
+        Ok(records.len() as u64)
+    }
+
+    async fn send_and_commit(&self, records: &[(String, ChangeEvent, Vec<u8>)], checkpoint: &Checkpoint) -> Result<(), CdcError> {
+        for (topic, event, value) in records {
+            let mut id = uuid::Uuid::encode_buffer();
+            let event_id = event.event_id.hyphenated().encode_lower(&mut id);
+            let traceparent = format!("00-{}-{}-01", event.trace_id, &event.event_id.simple().to_string()[..16]);
+            let headers = [
+                (header::EVENT_ID, event_id as &str),
+                (header::EVENT_NAME, event.event_name.as_str()),
+                (header::TRACE_ID, event.trace_id.as_str()),
+                (header::TRACEPARENT, traceparent.as_str()),
+                (header::CONTENT_TYPE, header::AVRO_CONFLUENT),
+            ]
+            .iter()
+            .fold(OwnedHeaders::new_with_capacity(5), |h, (key, value)| h.insert(Header { key, value: Some(value.as_bytes()) }));
+            let record = FutureRecord::to(topic).key(event.key.as_bytes()).payload(value.as_slice()).headers(headers);
+            self.send(record).await?;
+        }
+        let value = checkpoint.to_bytes();
+        self.send(FutureRecord::to(&self.cdc.offsets_topic).key(checkpoint.source.as_bytes()).payload(value.as_slice())).await?;
+        // Commit flushes: every record above is acknowledged or the commit fails.
+        let p = self.producer.clone();
+        tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(60)))
+            .await
+            .expect("commit task does not panic")?;
+        Ok(())
+    }
+
+    /// Hands a record to librdkafka, waiting (not failing) while its queue is full.
+    async fn send(&self, mut record: FutureRecord<'_, [u8], [u8]>) -> Result<(), CdcError> {
+        loop {
+            match self.producer.send_result(record) {
+                // The delivery report is not awaited: the commit covers it.
+                Ok(_delivery) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err((e, _)) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Creates the source's topics when missing (change topics, offsets
+/// topic); refuses to start when one differs in a way `ensure` will not fix.
+pub async fn ensure_topics(kafka: &KafkaSettings, cdc: &CdcSettings) -> Result<(), CdcError> {
+    let admin = TopicAdmin::new(kafka).map_err(|e| CdcError::Setup(e.to_string()))?;
+    let specs = cdc.topic_specs();
+    let changes = admin
+        .ensure(&specs.iter().collect::<Vec<_>>(), EnsureOptions::default())
+        .await
+        .map_err(|e| CdcError::Setup(e.to_string()))?;
+    if let Some(refused) = changes.iter().find(|c| c.is_refused()) {
+        return Err(CdcError::Setup(format!("cdc topics: {refused:?}")));
+    }
+    Ok(())
+}
+
+/// Runs the source until `shutdown` resolves (then publishes what it has
+/// read and returns) or a Kafka error stops it. Binlog errors reconnect
+/// from the last checkpoint with a backoff.
+pub async fn run(
+    sections: CdcSections<'_>,
+    options: CdcOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<CdcSummary, CdcError> {
+    let cdc = sections.cdc;
+    cdc.validate().map_err(CdcError::Setup)?;
+    if cdc.tables.is_empty() {
+        return Err(CdcError::Setup("cdc.tables is empty: name the tables to capture (db.table), e.g. --table shop.table_user".into()));
+    }
+    let url = cdc.source.as_ref().unwrap_or(sections.database_url).expose_secret().to_string();
+    let mut conn = binlog::connect(&url).await?;
+    binlog::check_source(&mut conn, &cdc.tables).await?;
+    ensure_topics(sections.kafka, cdc).await?;
+    let mut publisher = Publisher::new(&sections).await?;
+    let mut summary = CdcSummary::default();
+    let mut committed = match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {
+        Some(checkpoint) => checkpoint.position,
+        None => {
+            let start = match options.start_position {
+                Some(p) => p,
+                None => binlog::current_position(&mut conn).await?,
+            };
+            // Durable before the first change: a restart resumes here, not at a later "current".
+            publisher.publish(&[], &Checkpoint::new(&cdc.name, start.clone())).await?;
+            start
+        }
+    };
+    drop(conn);
+    summary.started_at = Some(committed.clone());
+    tracing::info!(source = %cdc.name, from = %committed, tables = ?cdc.tables, "cdc: reading the binlog");
+    eprintln!("cdc {}: reading {} from {committed}", cdc.name, cdc.tables.join(", "));
+    let linger = Duration::from_millis(cdc.batch_linger_ms);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut backoff = crate::backoff::Backoff::new();
+    'connect: loop {
+        let mut reader = tokio::select! {
+            _ = &mut shutdown => break 'connect,
+            reader = BinlogReader::open(&url, cdc.server_id, &committed, &cdc.tables) => match reader {
+                Ok(reader) => reader,
+                Err(e) => {
+                    tracing::warn!(error = %e, from = %committed, "cdc: cannot open the binlog stream; retrying");
+                    backoff.wait().await;
+                    continue 'connect;
+                }
+            },
+        };
+        let mut batch: Vec<BinlogTransaction> = Vec::new();
+        let mut rows = 0usize;
+        let mut since: Option<Instant> = None;
+        loop {
+            let wait = since.map(|s| s + if rows > 0 { linger } else { IDLE_CHECKPOINT });
+            let flush_due = async {
+                match wait {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let (stop, next) = tokio::select! {
+                _ = &mut shutdown => (true, None),
+                _ = flush_due => (false, None),
+                tx = reader.next_transaction() => (false, Some(tx)),
+            };
+            match next {
+                Some(Ok(tx)) => {
+                    backoff.reset();
+                    summary.binlog_transactions += 1;
+                    rows += tx.changes.len();
+                    since.get_or_insert_with(Instant::now);
+                    batch.push(tx);
+                    if rows < cdc.batch_max_rows {
+                        continue;
+                    }
+                }
+                Some(Err(e)) => {
+                    // What was read is not published: the next stream starts at the checkpoint.
+                    tracing::warn!(error = %e, from = %committed, "cdc: binlog stream failed; reconnecting");
+                    backoff.wait().await;
+                    continue 'connect;
+                }
+                None => {}
+            }
+            if let Some(last) = batch.last() {
+                let position = last.end.clone();
+                summary.changes += publisher.publish(&batch, &Checkpoint::new(&cdc.name, position.clone())).await?;
+                summary.kafka_transactions += 1;
+                committed = position;
+                summary.checkpoint = Some(committed.clone());
+            }
+            batch.clear();
+            rows = 0;
+            since = None;
+            if stop {
+                break 'connect;
+            }
+        }
+    }
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> CdcSettings {
+        crate::config::Settings::default().cdc
+    }
+
+    #[test]
+    fn bad_settings_name_the_field_and_what_is_accepted() {
+        let mut s = settings();
+        s.tables = vec!["shop.table_user".into(), "table_user".into()];
+        let e = s.validate().unwrap_err();
+        assert!(e.contains("cdc.tables[1]") && e.contains("<database>.<table>"), "{e}");
+        let mut s = settings();
+        s.server_id = 0;
+        assert!(s.validate().unwrap_err().contains("cdc.server_id"));
+        let mut s = settings();
+        s.name = "two words".into();
+        assert!(s.validate().unwrap_err().contains("cdc.name"));
+        settings().validate().unwrap();
+    }
+
+    #[test]
+    fn topics_are_one_per_table_and_a_compacted_offsets_topic() {
+        let mut s = settings();
+        s.tables = vec!["shop.table_user".into()];
+        let specs = s.topic_specs();
+        assert_eq!(specs[0].name, "cdc.shop.table_user");
+        assert_eq!(specs[1].name, "cdc.offsets");
+        assert_eq!((specs[1].partitions, specs[1].configs["cleanup.policy"].as_str()), (1, "compact"));
+        assert_eq!(transactional_id("orderpipe-relay", "shop"), "orderpipe-relay-cdc-shop");
+    }
+}
