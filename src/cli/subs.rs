@@ -315,7 +315,9 @@ fn flag_error(e: SubsError) -> anyhow::Error {
     match e {
         SubsError::Invalid(Invalid { field, reason }) => {
             let flag = match field.as_str() {
-                "event" | "url" | "method" | "topic" | "source" | "description" | "name" => format!("--{field}"),
+                "event" | "url" | "method" | "topic" | "source" | "description" | "name" => {
+                    format!("--{field}")
+                }
                 "db_host" => "--host".into(),
                 "db_port" => "--port".into(),
                 "db_user" => "--user".into(),
@@ -332,7 +334,11 @@ fn flag_error(e: SubsError) -> anyhow::Error {
 fn filters(texts: &[String]) -> anyhow::Result<Vec<FilterSpec>> {
     texts
         .iter()
-        .map(|t| PropertyFilter::parse(t, "--filter").map(|f| FilterSpec::from(&f)).map_err(anyhow::Error::from))
+        .map(|t| {
+            PropertyFilter::parse(t, "--filter")
+                .map(|f| FilterSpec::from(&f))
+                .map_err(anyhow::Error::from)
+        })
         .collect()
 }
 
@@ -371,12 +377,23 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 enabled: Some(!a.disabled),
                 description: a.description,
             };
-            let subscription = store.add_subscription(&new, order_topic).await.map_err(flag_error)?;
+            let subscription = store
+                .add_subscription(&new, order_topic)
+                .await
+                .map_err(flag_error)?;
             print_subscriptions(&[subscription], a.output.output);
         }
         SubsCommand::Add(AddCommand::Event(a)) => {
-            let new = NewEvent { routing_key: a.routing_key, topic: a.topic, source: a.source, description: a.description };
-            let event = store.add_event(&new, order_topic).await.map_err(flag_error)?;
+            let new = NewEvent {
+                routing_key: a.routing_key,
+                topic: a.topic,
+                source: a.source,
+                description: a.description,
+            };
+            let event = store
+                .add_event(&new, order_topic)
+                .await
+                .map_err(flag_error)?;
             print_events(&[event], a.output.output);
         }
         SubsCommand::Add(AddCommand::Source(a)) => {
@@ -394,13 +411,22 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
             let source = store.add_source(&new).await.map_err(flag_error)?;
             print_sources(&[source], a.output.output);
         }
-        SubsCommand::List { kind, consumer, event, output } => {
+        SubsCommand::List {
+            kind,
+            consumer,
+            event,
+            output,
+        } => {
             if kind != Kind::Subscriptions && (consumer.is_some() || event.is_some()) {
                 anyhow::bail!("--consumer and --event: only for `subs list subscriptions`");
             }
             match kind {
                 Kind::Subscriptions => {
-                    let query = SubscriptionQuery { consumer, event, served_only: false };
+                    let query = SubscriptionQuery {
+                        consumer,
+                        event,
+                        served_only: false,
+                    };
                     print_subscriptions(&store.list_subscriptions(&query).await?, output.output);
                 }
                 Kind::Consumers => print_consumers(&store.list_consumers().await?, output.output),
@@ -410,13 +436,19 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
         }
         SubsCommand::Show { target, output } => match target.kind {
             TargetKind::Consumer => show(&store.consumer(&target.key).await?, output.output),
-            TargetKind::Subscription => show(&store.subscription(subscription_id(&target.key)?).await?, output.output),
+            TargetKind::Subscription => show(
+                &store.subscription(subscription_id(&target.key)?).await?,
+                output.output,
+            ),
             TargetKind::Event => show(&store.event(&target.key).await?, output.output),
             TargetKind::Source => show(&store.source(&target.key).await?, output.output),
         },
         SubsCommand::Update(UpdateCommand::Consumer(a)) => {
             if a.disabled {
-                anyhow::bail!("--disabled: only for add; use `subs disable consumer {}`", a.name);
+                anyhow::bail!(
+                    "--disabled: only for add; use `subs disable consumer {}`",
+                    a.name
+                );
             }
             let patch = ConsumerPatch {
                 url: a.url.clone(),
@@ -428,7 +460,10 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 enabled: None,
                 description: a.description.clone(),
             };
-            let consumer = store.update_consumer(&a.name, &patch).await.map_err(flag_error)?;
+            let consumer = store
+                .update_consumer(&a.name, &patch)
+                .await
+                .map_err(flag_error)?;
             print_consumers(&[consumer], a.output.output);
         }
         SubsCommand::Update(UpdateCommand::Subscription(a)) => {
@@ -437,31 +472,70 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 (false, false) => Some(filters(&a.filters)?),
                 (false, true) => None,
             };
-            let patch = SubscriptionPatch { bind_key: a.bind_key, filters: replaced, enabled: None, description: a.description };
-            let subscription = store.update_subscription(a.id, &patch).await.map_err(flag_error)?;
+            let patch = SubscriptionPatch {
+                bind_key: a.bind_key,
+                filters: replaced,
+                enabled: None,
+                description: a.description,
+            };
+            let subscription = store
+                .update_subscription(a.id, &patch)
+                .await
+                .map_err(flag_error)?;
             print_subscriptions(&[subscription], a.output.output);
         }
         SubsCommand::Update(UpdateCommand::Event(a)) => {
-            let patch = EventPatch { topic: a.topic, source: a.source, description: a.description };
-            let event = store.update_event(&a.routing_key, &patch).await.map_err(flag_error)?;
+            let patch = EventPatch {
+                topic: a.topic,
+                source: a.source,
+                description: a.description,
+            };
+            let event = store
+                .update_event(&a.routing_key, &patch)
+                .await
+                .map_err(flag_error)?;
             print_events(&[event], a.output.output);
         }
         SubsCommand::Update(UpdateCommand::Source(a)) => {
             if a.disabled {
-                anyhow::bail!("--disabled: only for add; use `subs disable source {}`", a.name);
+                anyhow::bail!(
+                    "--disabled: only for add; use `subs disable source {}`",
+                    a.name
+                );
             }
-            let patch = SourcePatch { db_host: a.host, db_port: a.port, db_user: a.user, enabled: None, description: a.description };
-            let source = store.update_source(&a.name, &patch).await.map_err(flag_error)?;
+            let patch = SourcePatch {
+                db_host: a.host,
+                db_port: a.port,
+                db_user: a.user,
+                enabled: None,
+                description: a.description,
+            };
+            let source = store
+                .update_source(&a.name, &patch)
+                .await
+                .map_err(flag_error)?;
             print_sources(&[source], a.output.output);
         }
-        SubsCommand::Enable { target, output } => set_enabled(&store, &target, true, output.output).await?,
-        SubsCommand::Disable { target, output } => set_enabled(&store, &target, false, output.output).await?,
+        SubsCommand::Enable { target, output } => {
+            set_enabled(&store, &target, true, output.output).await?
+        }
+        SubsCommand::Disable { target, output } => {
+            set_enabled(&store, &target, false, output.output).await?
+        }
         SubsCommand::Remove { target, output } => {
             let removed = match target.kind {
-                TargetKind::Consumer => serde_json::to_value(store.remove_consumer(&target.key).await?)?,
-                TargetKind::Subscription => serde_json::to_value(store.remove_subscription(subscription_id(&target.key)?).await?)?,
+                TargetKind::Consumer => {
+                    serde_json::to_value(store.remove_consumer(&target.key).await?)?
+                }
+                TargetKind::Subscription => serde_json::to_value(
+                    store
+                        .remove_subscription(subscription_id(&target.key)?)
+                        .await?,
+                )?,
                 TargetKind::Event => serde_json::to_value(store.remove_event(&target.key).await?)?,
-                TargetKind::Source => serde_json::to_value(store.remove_source(&target.key).await?)?,
+                TargetKind::Source => {
+                    serde_json::to_value(store.remove_source(&target.key).await?)?
+                }
             };
             match output.output {
                 Output::Json => output::json(&json!({"removed": removed})),
@@ -474,8 +548,12 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
             }
             print_bindings(&store.desired(consumer.as_deref()).await?, output.output);
         }
-        SubsCommand::Refresh { consumer, output } => request(&store, RequestKind::Refresh, consumer, output.output).await?,
-        SubsCommand::Reload { consumer, output } => request(&store, RequestKind::Reload, consumer, output.output).await?,
+        SubsCommand::Refresh { consumer, output } => {
+            request(&store, RequestKind::Refresh, consumer, output.output).await?
+        }
+        SubsCommand::Reload { consumer, output } => {
+            request(&store, RequestKind::Reload, consumer, output.output).await?
+        }
         SubsCommand::Serve { addr, migrate } => {
             if migrate {
                 db.migrate().await?;
@@ -486,11 +564,20 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
             };
             let state = AdminState::new(db.clone(), order_topic, settings.admin.token.as_ref());
             if settings.admin.token.is_none() {
-                eprintln!("admin.token is not set: the admin API is read-only (set ORDERPIPE_ADMIN__TOKEN)");
+                eprintln!(
+                    "admin.token is not set: the admin API is read-only (set ORDERPIPE_ADMIN__TOKEN)"
+                );
             }
             let health = HealthState::service();
             crate::health::watch_db(db, health.clone());
-            admin::serve(addr, state, health, |bound| eprintln!("admin API listening on http://{bound}"), shutdown_signal()).await?;
+            admin::serve(
+                addr,
+                state,
+                health,
+                |bound| eprintln!("admin API listening on http://{bound}"),
+                shutdown_signal(),
+            )
+            .await?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -506,37 +593,69 @@ fn kind_name(kind: TargetKind) -> &'static str {
 }
 
 fn subscription_id(key: &str) -> anyhow::Result<i64> {
-    key.parse().map_err(|_| anyhow::anyhow!("subscription: `{key}` is not a subscription id (a number; see `subs list`)"))
+    key.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "subscription: `{key}` is not a subscription id (a number; see `subs list`)"
+        )
+    })
 }
 
-async fn set_enabled(store: &Store, target: &Target, enabled: bool, format: Output) -> anyhow::Result<()> {
+async fn set_enabled(
+    store: &Store,
+    target: &Target,
+    enabled: bool,
+    format: Output,
+) -> anyhow::Result<()> {
     match target.kind {
         TargetKind::Consumer => {
-            let patch = ConsumerPatch { enabled: Some(enabled), ..ConsumerPatch::default() };
+            let patch = ConsumerPatch {
+                enabled: Some(enabled),
+                ..ConsumerPatch::default()
+            };
             print_consumers(&[store.update_consumer(&target.key, &patch).await?], format);
         }
         TargetKind::Subscription => {
-            let patch = SubscriptionPatch { enabled: Some(enabled), ..SubscriptionPatch::default() };
-            print_subscriptions(&[store.update_subscription(subscription_id(&target.key)?, &patch).await?], format);
+            let patch = SubscriptionPatch {
+                enabled: Some(enabled),
+                ..SubscriptionPatch::default()
+            };
+            print_subscriptions(
+                &[store
+                    .update_subscription(subscription_id(&target.key)?, &patch)
+                    .await?],
+                format,
+            );
         }
         TargetKind::Source => {
-            let patch = SourcePatch { enabled: Some(enabled), ..SourcePatch::default() };
+            let patch = SourcePatch {
+                enabled: Some(enabled),
+                ..SourcePatch::default()
+            };
             print_sources(&[store.update_source(&target.key, &patch).await?], format);
         }
         TargetKind::Event => {
-            anyhow::bail!("event: events have no enabled flag; enable or disable the subscriptions or consumers that name it (accepted: consumer, subscription, source)")
+            anyhow::bail!(
+                "event: events have no enabled flag; enable or disable the subscriptions or consumers that name it (accepted: consumer, subscription, source)"
+            )
         }
     }
     Ok(())
 }
 
-async fn request(store: &Store, kind: RequestKind, consumer: Option<String>, format: Output) -> anyhow::Result<()> {
+async fn request(
+    store: &Store,
+    kind: RequestKind,
+    consumer: Option<String>,
+    format: Output,
+) -> anyhow::Result<()> {
     let request = store.request(kind, consumer.as_deref()).await?;
     match format {
         Output::Json => output::json(&request),
         Output::Table => println!(
             "{} request {} written for {}: routers act on it at their next poll",
-            serde_json::to_value(request.kind)?.as_str().unwrap_or_default(),
+            serde_json::to_value(request.kind)?
+                .as_str()
+                .unwrap_or_default(),
             request.id,
             consumer.map_or("every consumer".to_string(), |c| format!("consumer {c}"))
         ),
@@ -558,12 +677,28 @@ fn print_consumers(consumers: &[Consumer], format: Output) {
             c.method.clone(),
             c.url.clone(),
             c.timeout_ms.to_string(),
-            c.retry.as_ref().map_or("([retry])".into(), |r| serde_json::to_string(r).unwrap_or_default()),
+            c.retry.as_ref().map_or("([retry])".into(), |r| {
+                serde_json::to_string(r).unwrap_or_default()
+            }),
             c.channel_id.clone(),
             yes_no(c.enabled),
         ]
     });
-    println!("{}", output::table(&["consumer", "method", "url", "timeout ms", "retry", "channel", "enabled"], rows));
+    println!(
+        "{}",
+        output::table(
+            &[
+                "consumer",
+                "method",
+                "url",
+                "timeout ms",
+                "retry",
+                "channel",
+                "enabled"
+            ],
+            rows
+        )
+    );
 }
 
 fn print_subscriptions(subscriptions: &[Subscription], format: Output) {
@@ -578,30 +713,59 @@ fn print_subscriptions(subscriptions: &[Subscription], format: Output) {
             s.bind_key.clone(),
             s.group.clone(),
             yes_no(s.enabled),
-            s.filters.iter().map(PropertyFilter::to_cli).collect::<Vec<_>>().join(" AND "),
+            s.filters
+                .iter()
+                .map(PropertyFilter::to_cli)
+                .collect::<Vec<_>>()
+                .join(" AND "),
         ]
     });
-    println!("{}", output::table(&["id", "event", "consumer", "bind key", "group", "enabled", "filters"], rows));
+    println!(
+        "{}",
+        output::table(
+            &[
+                "id", "event", "consumer", "bind key", "group", "enabled", "filters"
+            ],
+            rows
+        )
+    );
 }
 
 fn print_events(events: &[EventDefinition], format: Output) {
     if format == Output::Json {
         return output::json(&events);
     }
-    let rows = events
-        .iter()
-        .map(|e| vec![e.routing_key.clone(), e.topic.clone(), e.source.clone().unwrap_or_default(), e.description.clone()]);
-    println!("{}", output::table(&["event", "topic", "source", "description"], rows));
+    let rows = events.iter().map(|e| {
+        vec![
+            e.routing_key.clone(),
+            e.topic.clone(),
+            e.source.clone().unwrap_or_default(),
+            e.description.clone(),
+        ]
+    });
+    println!(
+        "{}",
+        output::table(&["event", "topic", "source", "description"], rows)
+    );
 }
 
 fn print_sources(sources: &[Source], format: Output) {
     if format == Output::Json {
         return output::json(&sources);
     }
-    let rows = sources
-        .iter()
-        .map(|s| vec![s.name.clone(), format!("{}:{}", s.db_host, s.db_port), s.db_user.clone(), yes_no(s.enabled), s.description.clone()]);
-    println!("{}", output::table(&["source", "host", "user", "enabled", "description"], rows));
+    let rows = sources.iter().map(|s| {
+        vec![
+            s.name.clone(),
+            format!("{}:{}", s.db_host, s.db_port),
+            s.db_user.clone(),
+            yes_no(s.enabled),
+            s.description.clone(),
+        ]
+    });
+    println!(
+        "{}",
+        output::table(&["source", "host", "user", "enabled", "description"], rows)
+    );
 }
 
 fn print_bindings(bindings: &[Binding], format: Output) {
@@ -617,7 +781,12 @@ fn print_bindings(bindings: &[Binding], format: Output) {
             .routes
             .iter()
             .map(|r| {
-                let filters = r.filters.iter().map(PropertyFilter::to_cli).collect::<Vec<_>>().join(" AND ");
+                let filters = r
+                    .filters
+                    .iter()
+                    .map(PropertyFilter::to_cli)
+                    .collect::<Vec<_>>()
+                    .join(" AND ");
                 match filters.is_empty() {
                     true => format!("#{} {}", r.subscription_id, r.routing_key),
                     false => format!("#{} {} if {filters}", r.subscription_id, r.routing_key),
@@ -625,9 +794,17 @@ fn print_bindings(bindings: &[Binding], format: Output) {
             })
             .collect::<Vec<_>>()
             .join("\n");
-        vec![b.group.clone(), b.consumer.url.clone(), b.topics.join("\n"), routes]
+        vec![
+            b.group.clone(),
+            b.consumer.url.clone(),
+            b.topics.join("\n"),
+            routes,
+        ]
     });
-    println!("{}", output::table(&["group", "url", "topics", "subscriptions"], rows));
+    println!(
+        "{}",
+        output::table(&["group", "url", "topics", "subscriptions"], rows)
+    );
 }
 
 /// One record as a two-column table of its JSON fields.

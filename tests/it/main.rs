@@ -29,5 +29,6 @@ mod reconcile;
 mod replay;
 mod retry_schedule;
 mod schema;
+mod subscriptions;
 mod topics;
 mod wake;
