@@ -408,34 +408,16 @@ impl Store {
     /// Removes a source no event definition refers to.
     pub async fn remove_source(&self, name: &str) -> Result<Source, SubsError> {
         let current = self.source(name).await?;
-        let mut tx = self.db.begin().await?;
-        let users: Vec<(String,)> = sqlx::query_as(
-            "SELECT routing_key FROM event_definitions WHERE source_id = ? ORDER BY routing_key",
+        let users =
+            "SELECT routing_key FROM event_definitions WHERE source_id = ? ORDER BY routing_key";
+        self.remove_unused::<String>(
+            ("source", name),
+            current.id,
+            (users, "events"),
+            "DELETE FROM cdc_sources WHERE id = ?",
+            None,
         )
-        .bind(current.id)
-        .fetch_all(&mut *tx)
         .await?;
-        if !users.is_empty() {
-            let by = format!(
-                "events {}",
-                users
-                    .into_iter()
-                    .map(|(k,)| k)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            return Err(SubsError::InUse {
-                kind: "source",
-                key: name.into(),
-                by,
-            });
-        }
-        sqlx::query("DELETE FROM cdc_sources WHERE id = ?")
-            .bind(current.id)
-            .execute(&mut *tx)
-            .await?;
-        self.request_in(&mut tx, RequestKind::Change, None).await?;
-        tx.commit().await?;
         Ok(current)
     }
 
@@ -571,25 +553,18 @@ impl Store {
     /// Removes an event definition no subscription names.
     pub async fn remove_event(&self, routing_key: &str) -> Result<EventDefinition, SubsError> {
         let current = self.event(routing_key).await?;
-        let mut tx = self.db.begin().await?;
-        let users: Vec<(i64,)> =
-            sqlx::query_as("SELECT id FROM subscriptions WHERE event_id = ? ORDER BY id")
-                .bind(current.id)
-                .fetch_all(&mut *tx)
-                .await?;
-        if !users.is_empty() {
-            return Err(SubsError::InUse {
-                kind: "event",
-                key: routing_key.into(),
-                by: subscriptions_text(&users),
-            });
-        }
-        sqlx::query("DELETE FROM event_definitions WHERE id = ?")
-            .bind(current.id)
-            .execute(&mut *tx)
-            .await?;
-        self.request_in(&mut tx, RequestKind::Change, None).await?;
-        tx.commit().await?;
+        let users = (
+            "SELECT id FROM subscriptions WHERE event_id = ? ORDER BY id",
+            "subscriptions",
+        );
+        self.remove_unused::<i64>(
+            ("event", routing_key),
+            current.id,
+            users,
+            "DELETE FROM event_definitions WHERE id = ?",
+            None,
+        )
+        .await?;
         Ok(current)
     }
 
@@ -722,26 +697,13 @@ impl Store {
     /// Removes a consumer no subscription names.
     pub async fn remove_consumer(&self, name: &str) -> Result<Consumer, SubsError> {
         let current = self.consumer(name).await?;
-        let mut tx = self.db.begin().await?;
-        let users: Vec<(i64,)> =
-            sqlx::query_as("SELECT id FROM subscriptions WHERE consumer_id = ? ORDER BY id")
-                .bind(current.id)
-                .fetch_all(&mut *tx)
-                .await?;
-        if !users.is_empty() {
-            return Err(SubsError::InUse {
-                kind: "consumer",
-                key: name.into(),
-                by: subscriptions_text(&users),
-            });
-        }
-        sqlx::query("DELETE FROM downstream_consumers WHERE id = ?")
-            .bind(current.id)
-            .execute(&mut *tx)
+        let users = (
+            "SELECT id FROM subscriptions WHERE consumer_id = ? ORDER BY id",
+            "subscriptions",
+        );
+        let delete = "DELETE FROM downstream_consumers WHERE id = ?";
+        self.remove_unused::<i64>(("consumer", name), current.id, users, delete, Some(name))
             .await?;
-        self.request_in(&mut tx, RequestKind::Change, Some(name))
-            .await?;
-        tx.commit().await?;
         Ok(current)
     }
 
@@ -986,6 +948,42 @@ impl Store {
 
     // ----- helpers -----
 
+    /// Deletes row `id` of `what` (kind, key) with `delete` (one `?`: the
+    /// id), unless `users` (a query with one `?`, the id; and the name of
+    /// what it lists) finds rows that refer to it; writes a change request
+    /// for `consumer` in the same transaction.
+    async fn remove_unused<T>(
+        &self,
+        what: (&'static str, &str),
+        id: i64,
+        users: (&'static str, &str),
+        delete: &'static str,
+        consumer: Option<&str>,
+    ) -> Result<(), SubsError>
+    where
+        T: ToString + Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Any> + sqlx::Type<sqlx::Any>,
+    {
+        let mut tx = self.db.begin().await?;
+        let found: Vec<(T,)> = sqlx::query_as(users.0).bind(id).fetch_all(&mut *tx).await?;
+        if !found.is_empty() {
+            let list = found
+                .iter()
+                .map(|(u,)| u.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(SubsError::InUse {
+                kind: what.0,
+                key: what.1.into(),
+                by: format!("{} {list}", users.1),
+            });
+        }
+        sqlx::query(delete).bind(id).execute(&mut *tx).await?;
+        self.request_in(&mut tx, RequestKind::Change, consumer)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn id_of(
         &self,
         tx: &mut Tx,
@@ -1118,17 +1116,6 @@ async fn insert_filters(
 /// A retry layer as stored (None: no layer).
 fn retry_json(retry: Option<&RetryLayer>) -> Option<String> {
     retry.map(|l| serde_json::to_string(l).expect("a retry layer serializes"))
-}
-
-/// `subscriptions 3, 4`.
-fn subscriptions_text(ids: &[(i64,)]) -> String {
-    format!(
-        "subscriptions {}",
-        ids.iter()
-            .map(|(id,)| id.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
 }
 
 /// Checks a Kafka topic name.
