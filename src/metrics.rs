@@ -102,6 +102,8 @@ pub mod name {
     pub const DEDUP_CLEANUP_DELETED: &str = "orderpipe_dedup_cleanup_deleted_total";
     /// API requests, by route and status.
     pub const API_REQUESTS: &str = "orderpipe_api_requests_total";
+    /// Admin API requests (`orderpipe subs serve`), by resource, method and status (401/403: refused).
+    pub const ADMIN_REQUESTS: &str = "orderpipe_admin_requests_total";
     /// librdkafka: messages in the client's queues (producer: waiting for delivery), by client.
     pub const KAFKA_QUEUE: &str = "orderpipe_kafka_queue_messages";
     /// librdkafka: average broker round-trip time, by client and broker.

@@ -40,6 +40,7 @@ use super::model::*;
 use super::store::{Origin, RequestKind, Store};
 use super::{Invalid, SubsError};
 use crate::db::{Db, DbError};
+use crate::metrics::name;
 
 /// The `[admin]` section: the admin API's address and token.
 #[derive(Debug, Clone, Deserialize)]
@@ -159,6 +160,8 @@ pub fn router(state: AdminState) -> Router {
             state.clone(),
             authorize,
         ))
+        // Outside the token check: refused requests are counted too.
+        .layer(axum::middleware::from_fn(count_requests))
         .with_state(state)
 }
 
@@ -177,6 +180,22 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Counts each request by resource (the path's first segment), method
+/// and status, refused ones included ([`name::ADMIN_REQUESTS`]).
+async fn count_requests(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let resource = match request.uri().path().split('/').nth(1).unwrap_or_default() {
+        r @ ("consumers" | "subscriptions" | "events" | "sources" | "refresh" | "reload"
+        | "bindings") => r,
+        _ => "other",
+    };
+    let resource = resource.to_string();
+    let method = request.method().to_string();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!(name::ADMIN_REQUESTS, "resource" => resource, "method" => method, "status" => status).increment(1);
+    response
 }
 
 /// Lets reads through; a change needs the bearer token.

@@ -644,6 +644,17 @@ async fn the_admin_api_needs_the_token_for_changes_and_never_prints_it() {
         (200, json!([]))
     );
 
+    // Refused and accepted requests are counted.
+    let (_, metrics) =
+        crate::helpers::http_get(admin.base.trim_start_matches("http://"), "/metrics");
+    for series in [
+        r#"orderpipe_admin_requests_total{resource="consumers",method="POST",status="401"} 1"#,
+        r#"orderpipe_admin_requests_total{resource="consumers",method="POST",status="403"} 1"#,
+        r#"orderpipe_admin_requests_total{resource="subscriptions",method="POST",status="201"} 2"#,
+    ] {
+        assert!(metrics.contains(series), "{series} in\n{metrics}");
+    }
+
     // The token is in no log line, nor in `orderpipe config`'s output.
     let logged = admin.stop();
     assert!(!logged.contains(TOKEN), "{logged}");
