@@ -574,3 +574,86 @@ async fn reload(State(s): State<AdminState>, Query(p): Query<ConsumerParam>) -> 
         .await?;
     Ok(Json(json!({"request": request})))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::subscriptions::bindings::ActualBinding;
+    use crate::subscriptions::model::{NewConsumer, NewSubscription};
+
+    /// What a router reports: fixed groups.
+    struct Running(Vec<ActualBinding>);
+
+    #[async_trait::async_trait]
+    impl ActualState for Running {
+        async fn actual(&self) -> Result<Vec<ActualBinding>, String> {
+            Ok(self.0.clone())
+        }
+    }
+
+    /// `GET /bindings` with a router's actual state: desired, actual and the
+    /// difference per group, scoped to one consumer on request.
+    #[tokio::test]
+    async fn bindings_show_desired_actual_and_their_difference() {
+        let (_dir, db) = crate::db::sqlite_for_test().await;
+        let store = Store::new(db.clone(), Origin::Cli);
+        for name in ["sms", "log"] {
+            let new = NewConsumer {
+                name: name.into(),
+                url: format!("http://{name}/x"),
+                ..NewConsumer::default()
+            };
+            store.add_consumer(&new).await.unwrap();
+        }
+        let new = NewSubscription {
+            event: "db.table_user.insert".into(),
+            consumer: "sms".into(),
+            bind_key: "user".into(),
+            ..NewSubscription::default()
+        };
+        let sub = store
+            .add_subscription(&new, "order.events.v1")
+            .await
+            .unwrap();
+        let actual = |group: &str, subscriptions: Vec<i64>| ActualBinding {
+            group: group.into(),
+            topics: vec!["cdc.db.table_user".into()],
+            subscriptions,
+            running: true,
+            lag: None,
+        };
+        let running = Running(vec![
+            actual("sms.user.consumer", vec![sub.id]),
+            actual("log.old.consumer", vec![99]),
+        ]);
+        let state = AdminState::new(db, "order.events.v1", None).with_actual(Arc::new(running));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router(state)).await });
+        let get = |path: &'static str| async move {
+            let client = reqwest::Client::builder().no_proxy().build().unwrap();
+            client
+                .get(format!("http://{addr}{path}"))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        };
+        let all = get("/bindings").await;
+        assert_eq!(
+            all["diff"],
+            json!([{"group": "log.old.consumer", "status": "orphaned"}, {"group": "sms.user.consumer", "status": "in_sync"}]),
+            "{all}"
+        );
+        assert_eq!(all["actual"].as_array().unwrap().len(), 2);
+        let log = get("/bindings?consumer=log").await;
+        assert_eq!(log["desired"], json!([]));
+        assert_eq!(
+            log["diff"],
+            json!([{"group": "log.old.consumer", "status": "orphaned"}]),
+            "{log}"
+        );
+    }
+}
