@@ -342,6 +342,118 @@ async fn the_cli_adds_lists_updates_disables_and_removes_and_names_the_flag_on_b
     assert_eq!(cli_json(&env, &["subs", "list", "consumers"]), json!([]));
 }
 
+#[tokio::test]
+async fn sources_and_events_are_managed_and_refused_while_in_use() {
+    let env = TestEnv::new().with_database().await;
+    let source = cli_json(
+        &env,
+        &[
+            "subs", "add", "source", "order_db", "--host", "10.0.0.5", "--user", "repl",
+        ],
+    );
+    assert_eq!(
+        (
+            source[0]["db_port"].as_i64(),
+            source[0]["enabled"].as_bool()
+        ),
+        (Some(3306), Some(true))
+    );
+    let event = cli_json(
+        &env,
+        &[
+            "subs",
+            "add",
+            "event",
+            "order_db.table_user.delete",
+            "--source",
+            "order_db",
+            "--description",
+            "user deleted",
+        ],
+    );
+    assert_eq!(
+        (event[0]["topic"].as_str(), event[0]["source"].as_str()),
+        (Some("cdc.order_db.table_user"), Some("order_db"))
+    );
+    let named = cli_json(&env, &["subs", "add", "event", "order.created"]);
+    assert_eq!(
+        named[0]["topic"].as_str(),
+        Some(env.settings.topics.order_events.name.as_str()),
+        "an event name reads the order topic"
+    );
+    let moved = cli_json(
+        &env,
+        &[
+            "subs",
+            "update",
+            "event",
+            "order_db.table_user.delete",
+            "--topic",
+            "cdc.order_db.users",
+        ],
+    );
+    assert_eq!(
+        (moved[0]["topic"].as_str(), moved[0]["source"].as_str()),
+        (Some("cdc.order_db.users"), Some("order_db")),
+        "the source stays"
+    );
+    assert_eq!(
+        cli_json(&env, &["subs", "disable", "source", "order_db"])[0]["enabled"],
+        false
+    );
+    assert_eq!(
+        cli_json(
+            &env,
+            &["subs", "update", "source", "order_db", "--port", "3307"]
+        )[0]["db_port"],
+        3307
+    );
+    for (args, want) in [
+        (
+            vec!["subs", "remove", "source", "order_db"],
+            "source `order_db` is used by events order_db.table_user.delete: remove those first",
+        ),
+        (
+            vec!["subs", "update", "source", "order_db", "--port", "70000"],
+            "--port: 70000 is outside 1 to 65535",
+        ),
+        (
+            vec!["subs", "add", "event", "a.b.insert", "--source", "nope"],
+            "source `nope` not found; known: order_db",
+        ),
+        (
+            vec!["subs", "add", "event", "a.b.insert", "--topic", "bad topic"],
+            "--topic: `bad topic` is not a topic name",
+        ),
+        (
+            vec!["subs", "add", "event", "order.created"],
+            "event `order.created` exists already",
+        ),
+        (
+            vec!["subs", "add", "source", "s2", "--host", "h"],
+            "--host and --user: both required",
+        ),
+    ] {
+        let err = env.cli(&args).failure();
+        assert!(err.contains(want), "{args:?}: want {want}\n{err}");
+    }
+    cli_json(
+        &env,
+        &[
+            "subs",
+            "update",
+            "event",
+            "order_db.table_user.delete",
+            "--source",
+            "",
+        ],
+    );
+    env.cli(&["subs", "remove", "source", "order_db"]).success();
+    assert_eq!(cli_json(&env, &["subs", "list", "sources"]), json!([]));
+    let events = cli_json(&env, &["subs", "list", "events"]);
+    assert_eq!(events.as_array().unwrap().len(), 2);
+}
+
 /// A running `orderpipe subs serve` and its base URL.
 struct Admin {
     process: Spawned,
