@@ -210,8 +210,73 @@ impl HttpDelivery {
     /// A handler delivering to `subscription`; keep the returned handle to reload it.
     pub fn new(subscription: Subscription) -> (Self, Arc<RwLock<Subscription>>) {
         let shared = Arc::new(RwLock::new(subscription));
-        let client = reqwest::Client::builder().no_proxy().build().expect("HTTP client builds");
-        (Self { subscription: shared.clone(), client }, shared)
+        (Self { subscription: shared.clone(), client: http_client() }, shared)
+    }
+}
+
+/// The HTTP client of the deliveries (no proxy from the environment).
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().expect("HTTP client builds")
+}
+
+/// Where and how one change is delivered.
+#[derive(Debug, Clone, Copy)]
+pub struct Endpoint<'a> {
+    /// URL.
+    pub url: &'a str,
+    /// `POST` or `PUT` (anything else is sent as POST).
+    pub method: &'a str,
+    /// Per-request timeout.
+    pub timeout_ms: u64,
+    /// `channel_id` in the body.
+    pub channel_id: &'a str,
+}
+
+/// Delivers `envelope` to `endpoint` as `{request_id, channel_id,
+/// event_type, data, old, timestamp}`, with the event id as
+/// `Idempotency-Key` and the trace context in `traceparent`. HTTP 2xx with
+/// body `code == 0` is [`Effect::Applied`]; anything else, or a timeout, a
+/// retryable failure naming the endpoint.
+pub async fn post(client: &reqwest::Client, endpoint: Endpoint<'_>, envelope: &Envelope) -> Result<Effect, HandlerError> {
+    let event_id = envelope.event_id.to_string();
+    let body = json!({
+        "request_id": event_id,
+        "channel_id": endpoint.channel_id,
+        "event_type": envelope.event_name.as_str(),
+        "data": envelope.data,
+        "old": null,
+        "timestamp": envelope.event_time.timestamp(),
+    });
+    let method = reqwest::Method::from_bytes(endpoint.method.as_bytes()).unwrap_or(reqwest::Method::POST);
+    let fail = |what: String| HandlerError::Retryable(format!("{} {}: {what}", endpoint.method, endpoint.url));
+    let response = client
+        .request(method, endpoint.url)
+        .timeout(Duration::from_millis(endpoint.timeout_ms))
+        .header("Idempotency-Key", &event_id)
+        .header("X-Request-Id", &event_id)
+        .header("traceparent", envelope.traceparent())
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| {
+            if e.is_timeout() {
+                fail(format!("no answer within {} ms", endpoint.timeout_ms))
+            } else if e.is_connect() {
+                fail("connection refused or unreachable".into())
+            } else {
+                fail(e.to_string())
+            }
+        })?;
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    if !status.is_success() {
+        return Err(fail(format!("HTTP {status}: {}", text.chars().take(200).collect::<String>())));
+    }
+    let code = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["code"].as_i64());
+    match code {
+        Some(0) => Ok(Effect::Applied),
+        Some(code) => Err(fail(format!("answered code {code}: {}", text.chars().take(200).collect::<String>()))),
+        None => Err(fail(format!("HTTP {status} without a JSON `code`: {}", text.chars().take(200).collect::<String>()))),
     }
 }
 
@@ -234,47 +299,8 @@ impl Handler for HttpDelivery {
         if !sub.enabled || !sub.matches(envelope.event_name.as_str()) {
             return Ok(Effect::Ignored);
         }
-        let event_id = envelope.event_id.to_string();
-        let body = json!({
-            "request_id": event_id,
-            "channel_id": sub.channel_id,
-            "event_type": envelope.event_name.as_str(),
-            "data": envelope.data,
-            "old": null,
-            "timestamp": envelope.event_time.timestamp(),
-        });
-        let method = reqwest::Method::from_bytes(sub.method.as_bytes()).unwrap_or(reqwest::Method::POST);
-        let fail = |what: String| HandlerError::Retryable(format!("{} {}: {what}", sub.method, sub.url));
-        let response = self
-            .client
-            .request(method, &sub.url)
-            .timeout(Duration::from_millis(sub.timeout_ms))
-            .header("Idempotency-Key", &event_id)
-            .header("X-Request-Id", &event_id)
-            .header("traceparent", envelope.traceparent())
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| {
-                if e.is_timeout() {
-                    fail(format!("no answer within {} ms", sub.timeout_ms))
-                } else if e.is_connect() {
-                    fail("connection refused or unreachable".into())
-                } else {
-                    fail(e.to_string())
-                }
-            })?;
-        let status = response.status();
-        let text = response.text().await.unwrap_or_default();
-        if !status.is_success() {
-            return Err(fail(format!("HTTP {status}: {}", text.chars().take(200).collect::<String>())));
-        }
-        let code = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["code"].as_i64());
-        match code {
-            Some(0) => Ok(Effect::Applied),
-            Some(code) => Err(fail(format!("answered code {code}: {}", text.chars().take(200).collect::<String>()))),
-            None => Err(fail(format!("HTTP {status} without a JSON `code`: {}", text.chars().take(200).collect::<String>()))),
-        }
+        let endpoint = Endpoint { url: &sub.url, method: &sub.method, timeout_ms: sub.timeout_ms, channel_id: &sub.channel_id };
+        post(&self.client, endpoint, envelope).await
     }
 }
 

@@ -200,7 +200,7 @@ pub async fn measure(
 
 /// A consumer that never joins a group: metadata, watermarks, group list,
 /// and reading the first unconsumed records.
-fn probe(kafka: &KafkaSettings) -> Result<BaseConsumer, KafkaError> {
+pub(crate) fn probe(kafka: &KafkaSettings) -> Result<BaseConsumer, KafkaError> {
     client_config(&kafka.client_options())
         .set("group.id", "orderpipe.lag.probe")
         .set("enable.auto.commit", "false")
@@ -270,14 +270,8 @@ fn measure_groups(
     let mut watermarks: BTreeMap<(String, i32), (i64, i64)> = BTreeMap::new();
     let mut result = Vec::new();
     for group in groups {
-        let described = retry_coordinator(|| probe.fetch_group_list(Some(group), REQUEST_TIMEOUT))?;
-        let (state, members) = described
-            .groups()
-            .iter()
-            .find(|g| g.name() == group)
-            .map_or(("Dead".to_string(), 0), |g| {
-                (g.state().to_string(), g.members().len())
-            });
+        let (state, members) = describe_group(&probe, group)?;
+        let members = members.len();
         let mut wanted = TopicPartitionList::new();
         for p in 0..topic_partitions {
             wanted.add_partition(topic, p);
@@ -337,9 +331,24 @@ fn measure_groups(
     Ok(result)
 }
 
+/// The broker's state of `group` (`Stable`, `Empty`, `Dead`, ...) and its
+/// live members, each as `client_id@host (member id)`; `("Dead", [])` when
+/// the broker does not know the group. Blocking (also used by `crate::rewind`).
+pub(crate) fn describe_group(probe: &BaseConsumer, group: &str) -> Result<(String, Vec<String>), KafkaError> {
+    let described = retry_coordinator(|| probe.fetch_group_list(Some(group), REQUEST_TIMEOUT))?;
+    Ok(described.groups().iter().find(|g| g.name() == group).map_or(("Dead".to_string(), Vec::new()), |g| {
+        let members = g
+            .members()
+            .iter()
+            .map(|m| format!("{}@{} ({})", m.client_id(), m.client_host().trim_start_matches('/'), m.id()))
+            .collect();
+        (g.state().to_string(), members)
+    }))
+}
+
 /// Runs a group request again while the group's coordinator is moving or
 /// loading (a group seen for the first time, a broker restart): up to 5 s.
-fn retry_coordinator<T>(
+pub(crate) fn retry_coordinator<T>(
     mut request: impl FnMut() -> Result<T, KafkaError>,
 ) -> Result<T, KafkaError> {
     use rdkafka::types::RDKafkaErrorCode::{

@@ -28,6 +28,8 @@
 //! | [`dedup`] | the `event_dedup` guard and its retention cleanup |
 //! | [`lag`] | consumer group lag as the broker sees it (`orderpipe lag`, the persister's exporter) |
 //! | [`reconcile`] | produced-vs-applied reconciliation of a group over a window (`orderpipe reconcile`, `reconcile_runs`, its gauges) |
+//! | [`rewind`] | rewind a stopped group by time (`consume --reset-to`, `deliver --reset-to`): offsets per partition, the dedup rows of what is read again |
+//! | [`router`] | `deliver` without `--subscription`: one consumer group per (consumer, bind_key) of the subscription tables, reloaded live, reconciled |
 //! | [`subscriptions`] | subscriptions as data (seed 003's control plane): tables, property filters, desired bindings, the admin API |
 //! | [`db`] | database pool, the one place for MySQL/SQLite statement differences, migrations from `sql/` |
 //! | [`health`] | `/metrics` and `/health/*` endpoints |
@@ -64,6 +66,7 @@ pub mod producer;
 pub mod reconcile;
 pub mod retry;
 pub mod rewind;
+pub mod router;
 pub mod schema;
 pub mod startup;
 pub mod subscriptions;

@@ -22,7 +22,7 @@ pub struct ConsumeArgs {
     group: String,
     /// Handler(s) to apply, in order (repeatable or comma-separated):
     /// inventory, payment, logistics, notification, points.
-    #[arg(long = "handler", required = true, value_delimiter = ',')]
+    #[arg(long = "handler", required_unless_present = "reset_to", value_delimiter = ',')]
     handlers: Vec<String>,
     /// Benchmark baseline only: no retry topic or DLQ; failures wait in place.
     #[arg(long, hide = true)]
@@ -54,11 +54,40 @@ pub struct GroupArgs {
     /// (default: consumer.ordering, which defaults to key).
     #[arg(long, value_enum)]
     ordering: Option<crate::ordering::OrderingMode>,
+    /// Rewind the group (it must have no live member) to the first record at
+    /// or after this RFC 3339 time (e.g. 2026-12-01T06:30:00Z) on every
+    /// partition of the topic, print each partition's old and new offset and
+    /// exit without consuming. Records read again are applied again (the
+    /// group's dedup rows of them are deleted) unless --keep-dedup.
+    #[arg(long, value_name = "RFC3339", value_parser = crate::rewind::parse_time)]
+    reset_to: Option<chrono::DateTime<chrono::Utc>>,
+    /// With --reset-to: keep the group's dedup rows, so records read again
+    /// that the group applied before are skipped as duplicates.
+    #[arg(long, requires = "reset_to")]
+    keep_dedup: bool,
     #[command(flatten)]
     output: OutputArg,
 }
 
 impl GroupArgs {
+    /// `--reset-to`: rewinds `group` on the topic it reads, forgets the dedup
+    /// rows of what it will read again (unless `--keep-dedup`) and prints
+    /// each partition's old and new offset.
+    async fn rewind(self, settings: &Settings, group: &str, to: chrono::DateTime<chrono::Utc>) -> anyhow::Result<ExitCode> {
+        let topic = self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
+        let rewound = crate::rewind::rewind(&settings.kafka, group, std::slice::from_ref(&topic), to).await?;
+        let forgotten = if self.keep_dedup {
+            None
+        } else {
+            let db = Db::connect(&settings.database, 1)?;
+            let retry = crate::retry::retry_topic(&topic, group);
+            Some(crate::rewind::forget_applied(&db, group, &rewound, &retry, to).await?)
+        };
+        tracing::info!(group, reset_to = %to.to_rfc3339(), partitions = rewound.len(), dedup_rows_forgotten = ?forgotten, "group rewound");
+        rewound_report(group, to, &rewound, forgotten, self.output.output);
+        Ok(ExitCode::SUCCESS)
+    }
+
     /// Runs `group` with `handlers` until shutdown (or idle) and prints the summary.
     async fn run(
         self,
@@ -67,6 +96,9 @@ impl GroupArgs {
         handlers: Vec<Arc<dyn Handler>>,
         error_tier: bool,
     ) -> anyhow::Result<ExitCode> {
+        if let Some(to) = self.reset_to {
+            return self.rewind(settings, &group, to).await;
+        }
         crate::consumer::naming::warn_unless_house_pattern(&group);
         let topic = self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
         let needed = consumer::connections_needed(&settings.topics, &topic, error_tier);
@@ -166,9 +198,18 @@ pub async fn run(settings: &Settings, args: ConsumeArgs) -> anyhow::Result<ExitC
 /// Flags of `orderpipe deliver`.
 #[derive(Debug, Args)]
 pub struct DeliverArgs {
-    /// The `[[http.subscriptions]]` entry to deliver.
+    /// The `[[http.subscriptions]]` entry to deliver. Without it: the
+    /// router, serving every enabled subscription of the subscription tables.
     #[arg(long)]
-    subscription: String,
+    subscription: Option<String>,
+    /// Router only: time between two reconciliations of the desired groups
+    /// with the broker's groups and topics (orphans are reported, never deleted).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration, conflicts_with = "subscription")]
+    reconcile_interval: std::time::Duration,
+    /// Router only: serve the admin API (`[admin]`, token from
+    /// `admin.token`) here too, with this router's groups in `GET /bindings`.
+    #[arg(long, value_name = "ADDR", conflicts_with = "subscription")]
+    admin_addr: Option<std::net::SocketAddr>,
     /// Consumer group (default: http.<subscription>).
     #[arg(long)]
     group: Option<String>,
@@ -178,19 +219,77 @@ pub struct DeliverArgs {
 
 /// Runs `orderpipe deliver`: a consumer group delivering one subscription.
 pub async fn deliver(settings: &Settings, config: Option<std::path::PathBuf>, args: DeliverArgs) -> anyhow::Result<ExitCode> {
-    let subscription = crate::delivery::find(&settings.http, &args.subscription).map_err(anyhow::Error::msg)?;
-    let group = args.group.unwrap_or_else(|| crate::delivery::default_group(&args.subscription));
+    if let Some(to) = args.run.reset_to {
+        let group = match (args.group, &args.subscription) {
+            (Some(group), _) => group,
+            (None, Some(name)) => crate::delivery::default_group(name),
+            (None, None) => anyhow::bail!("--reset-to: name the group to rewind with --group G (or --subscription NAME for its group http.NAME)"),
+        };
+        return args.run.rewind(settings, &group, to).await;
+    }
+    let Some(name) = args.subscription else {
+        return route(settings, args.group, args.reconcile_interval, args.admin_addr, args.run).await;
+    };
+    let subscription = crate::delivery::find(&settings.http, &name).map_err(anyhow::Error::msg)?;
+    let group = args.group.unwrap_or_else(|| crate::delivery::default_group(&name));
     let mut settings = settings.clone();
     // The subscription's retry table goes on top of its group's layers.
     settings.retry.top = Some(subscription.retry_top().map_err(anyhow::Error::msg)?);
     settings.retry.policy_for(&group)?;
     let (handler, shared) = crate::delivery::HttpDelivery::new(subscription);
     let path = config.unwrap_or_else(|| std::path::PathBuf::from(crate::config::DEFAULT_CONFIG_FILE));
-    let (reload_path, name) = (path.clone(), args.subscription.clone());
+    let reload_path = path.clone();
     crate::delivery::watch(path, shared, move || {
         Settings::load(Some(&reload_path)).map_err(|e| e.to_string()).and_then(|s| crate::delivery::find(&s.http, &name))
     });
     args.run.run(&settings, group, vec![Arc::new(handler)], true).await
+}
+
+/// `orderpipe deliver` without `--subscription`: the router, until SIGINT or SIGTERM.
+async fn route(
+    settings: &Settings,
+    group: Option<String>,
+    reconcile_interval: Duration,
+    admin_addr: Option<SocketAddr>,
+    run: GroupArgs,
+) -> anyhow::Result<ExitCode> {
+    if group.is_some() || run.topic.is_some() || run.until_idle.is_some() || run.health_addr.is_some() || run.keep_dedup {
+        anyhow::bail!(
+            "--group, --topic, --until-idle and --health-addr need --subscription NAME: the router (deliver without \
+             --subscription) runs one group per consumer and bind_key of the subscription tables, on the order topic"
+        );
+    }
+    if reconcile_interval.is_zero() {
+        anyhow::bail!("--reconcile-interval must be at least 1s");
+    }
+    let db = Db::connect(&settings.database, 2)?;
+    if run.migrate {
+        db.migrate().await?;
+    }
+    let options = crate::router::RouterOptions {
+        start_from: run.start_from,
+        ordering: run.ordering.unwrap_or(settings.consumer.ordering),
+        reconcile_interval,
+    };
+    let actual = crate::router::Actual::default();
+    let admin = match admin_addr {
+        None => None,
+        Some(addr) => {
+            use crate::subscriptions::admin::{self, AdminState};
+            let state = AdminState::new(db.clone(), &settings.topics.order_events.name, settings.admin.token.as_ref())
+                .with_actual(Arc::new(actual.clone()));
+            let health = crate::health::HealthState::service();
+            crate::health::watch_db(db.clone(), health.clone());
+            Some(tokio::spawn(admin::serve(addr, state, health, |bound| eprintln!("admin API listening on http://{bound}"), std::future::pending())))
+        }
+    };
+    eprintln!("router started: serving every enabled subscription (stop with SIGTERM)");
+    let routed = crate::router::run(settings.clone(), db, options, actual, shutdown_signal()).await;
+    if let Some(admin) = admin {
+        admin.abort();
+    }
+    routed?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -207,6 +306,35 @@ pub async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// `--reset-to`: each partition's old and new offset.
+fn rewound_report(
+    group: &str,
+    to: chrono::DateTime<chrono::Utc>,
+    rewound: &[crate::rewind::RewoundPartition],
+    dedup_rows_forgotten: Option<u64>,
+    format: Output,
+) {
+    if format == Output::Json {
+        return output::json(&serde_json::json!({
+            "group": group,
+            "reset_to": to.to_rfc3339(),
+            "partitions": rewound,
+            "dedup_rows_forgotten": dedup_rows_forgotten,
+        }));
+    }
+    let rows = rewound.iter().map(|p| {
+        let old = p.old_offset.map_or_else(|| "none".to_string(), |o| o.to_string());
+        let moved = p.old_offset.map_or_else(|| "-".to_string(), |o| format!("{:+}", p.new_offset - o));
+        vec![p.topic.clone(), p.partition.to_string(), old, p.new_offset.to_string(), moved]
+    });
+    println!("group {group} rewound to {}:", to.to_rfc3339());
+    println!("{}", output::table(&["topic", "partition", "old offset", "new offset", "moved"], rows));
+    match dedup_rows_forgotten {
+        Some(n) => println!("dedup rows forgotten: {n} (the records read again are applied again)"),
+        None => println!("dedup rows kept (--keep-dedup): records read again that the group applied are skipped as duplicates"),
+    }
 }
 
 /// `orderpipe consume` (at exit).

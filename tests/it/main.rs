@@ -28,6 +28,8 @@ mod readme;
 mod reconcile;
 mod replay;
 mod retry_schedule;
+mod rewind;
+mod router;
 mod schema;
 mod subscriptions;
 mod topics;

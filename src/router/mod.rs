@@ -1,0 +1,361 @@
+//! The router: `orderpipe deliver` without `--subscription` serves every
+//! enabled subscription of the control-plane tables ([`crate::subscriptions`]),
+//! seed 003's one worker pool for every downstream.
+//!
+//! * One consumer group per (downstream consumer, bind_key): a
+//!   [`Binding`] of [`crate::subscriptions::Store::desired`]. Subscriptions
+//!   with one bind key share the group, so their changes reach the
+//!   downstream in one ordered stream. Each group is the ordinary consumer
+//!   ([`crate::consumer::run`]: dedup, error tier, per-key order) with one
+//!   handler, [`handler::BindingDelivery`]: the binding's filters decide,
+//!   then [`crate::delivery::post`] delivers; a change its filters reject is
+//!   committed, not delivered and not retried.
+//! * Changes take effect without a restart: the router polls the newest
+//!   `control_requests` id every second (every CLI or admin API change
+//!   writes one, and so do `POST /refresh` and `/reload`) and re-reads the
+//!   tables when it moves, and every 30 s regardless. A new binding starts
+//!   its group (creating its retry topic first), a binding left without an
+//!   enabled subscription stops its group, and a changed URL, method,
+//!   timeout, channel or filter is swapped into the running handler, so it
+//!   applies to the next record. A changed retry schedule or topic set
+//!   restarts the group (both are read at start). A group whose consumer
+//!   ended (an error) is started again at the next re-read.
+//! * [`reconcile`] compares the desired groups with the broker's groups and
+//!   topics at start and every `--reconcile-interval` (5 min): orphans are
+//!   reported as gauges and a log line, never deleted.
+//!
+//! This router reads the order topic: bindings whose events live on other
+//! topics (`cdc.<db>.<table>`) are reported as not served (gauge
+//! `orderpipe_router_unserved_bindings` and a warning) until the consumer
+//! decodes CDC envelopes.
+
+pub mod handler;
+pub mod reconcile;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use metrics::gauge;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::config::Settings;
+use crate::consumer::{self, ConsumeOptions, ConsumeSummary, ConsumerError, StartFrom};
+use crate::db::Db;
+use crate::ordering::OrderingMode;
+use crate::subscriptions::store::Origin;
+use crate::subscriptions::{ActualBinding, ActualState, Binding, Store};
+use crate::topics::{EnsureOptions, TopicAdmin};
+use handler::BindingDelivery;
+
+/// How often the newest control request is polled.
+const POLL: Duration = Duration::from_secs(1);
+/// The tables are re-read at least this often, with or without a request.
+const FULL_RELOAD: Duration = Duration::from_secs(30);
+/// A stopping group gets this long to finish its batch and commit.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Groups running in this router.
+pub const GROUPS: &str = "orderpipe_router_groups";
+/// Desired bindings this router does not serve (events on other topics).
+pub const UNSERVED: &str = "orderpipe_router_unserved_bindings";
+
+/// How the router runs its groups.
+#[derive(Debug, Clone)]
+pub struct RouterOptions {
+    /// Where a new group starts.
+    pub start_from: StartFrom,
+    /// Per-key order of every group.
+    pub ordering: OrderingMode,
+    /// Time between two reconciliations of desired and actual state.
+    pub reconcile_interval: Duration,
+}
+
+/// Why the router stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// The control-plane tables could not be read at start.
+    #[error("subscriptions: {0}")]
+    Subscriptions(#[from] crate::subscriptions::SubsError),
+}
+
+/// A group this router runs.
+struct Running {
+    binding: Arc<RwLock<Binding>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<ConsumeSummary, ConsumerError>>,
+}
+
+/// What the router runs, for `GET /bindings` of the admin API
+/// ([`crate::subscriptions::admin::AdminState::with_actual`]).
+#[derive(Debug, Clone, Default)]
+pub struct Actual(Arc<Mutex<Vec<ActualBinding>>>);
+
+#[async_trait::async_trait]
+impl ActualState for Actual {
+    async fn actual(&self) -> Result<Vec<ActualBinding>, String> {
+        Ok(self.0.lock().expect("actual lock").clone())
+    }
+}
+
+/// The router's state between two re-reads.
+struct Router {
+    settings: Settings,
+    store: Store,
+    options: RouterOptions,
+    running: BTreeMap<String, Running>,
+    unserved: BTreeSet<String>,
+    actual: Actual,
+}
+
+/// Runs the router until `shutdown` resolves; `actual` is kept up to date
+/// with the groups it runs. Fails only when the tables cannot be read at
+/// start; later read failures keep the groups running as they are.
+pub async fn run(
+    settings: Settings,
+    db: Db,
+    options: RouterOptions,
+    actual: Actual,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), RouterError> {
+    crate::metrics::install();
+    let store = Store::new(db, Origin::Router);
+    let mut router = Router {
+        settings,
+        store,
+        options,
+        running: BTreeMap::new(),
+        unserved: BTreeSet::new(),
+        actual,
+    };
+    let mut seen = router.store.latest_request().await?.map(|r| r.id);
+    router.sync().await?;
+    router.reconcile().await;
+    let (mut synced, mut reconciled) = (Instant::now(), Instant::now());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tokio::time::sleep(POLL) => {}
+        }
+        let latest = match router.store.latest_request().await {
+            Ok(request) => request.map(|r| r.id),
+            Err(e) => {
+                tracing::warn!(error = %e, "control requests not read; the groups keep running as they are");
+                continue;
+            }
+        };
+        if latest != seen || synced.elapsed() >= FULL_RELOAD {
+            match router.sync().await {
+                Ok(()) => (seen, synced) = (latest, Instant::now()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "subscriptions not re-read; the groups keep running as they are")
+                }
+            }
+        }
+        if reconciled.elapsed() >= router.options.reconcile_interval {
+            router.reconcile().await;
+            reconciled = Instant::now();
+        }
+    }
+    let groups: Vec<String> = router.running.keys().cloned().collect();
+    for group in groups {
+        router.stop(&group).await;
+    }
+    Ok(())
+}
+
+impl Router {
+    /// Re-reads the desired bindings and makes the running groups match.
+    async fn sync(&mut self) -> Result<(), crate::subscriptions::SubsError> {
+        let desired = self.store.desired(None).await?;
+        let order_topic = self.settings.topics.order_events.name.clone();
+        let mut wanted = BTreeSet::new();
+        let mut unserved = BTreeSet::new();
+        for binding in desired {
+            if binding.topics != [order_topic.as_str()] {
+                if !self.unserved.contains(&binding.group) {
+                    tracing::warn!(group = %binding.group, topics = ?binding.topics, "binding not served: this router reads order events on {order_topic} only");
+                }
+                unserved.insert(binding.group.clone());
+                continue;
+            }
+            wanted.insert(binding.group.clone());
+            let restart = match self.running.get(&binding.group) {
+                None => true,
+                Some(running) if running.task.is_finished() => true,
+                Some(running) => {
+                    let mut current = running.binding.write().expect("binding lock");
+                    if current.consumer.retry != binding.consumer.retry
+                        || current.topics != binding.topics
+                    {
+                        true
+                    } else {
+                        if *current != binding {
+                            tracing::info!(group = %binding.group, url = %binding.consumer.url, subscriptions = ?binding.routes.iter().map(|r| r.subscription_id).collect::<Vec<_>>(), "binding reloaded");
+                            *current = binding.clone();
+                        }
+                        false
+                    }
+                }
+            };
+            if restart {
+                self.stop(&binding.group).await;
+                self.start(binding).await;
+            }
+        }
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|g| !wanted.contains(*g))
+            .cloned()
+            .collect();
+        for group in gone {
+            tracing::info!(group = %group, "no enabled subscription binds this group any more: stopping it");
+            self.stop(&group).await;
+        }
+        self.unserved = unserved;
+        gauge!(GROUPS).set(self.running.len() as f64);
+        gauge!(UNSERVED).set(self.unserved.len() as f64);
+        self.publish_actual();
+        Ok(())
+    }
+
+    /// Starts the group of `binding`: its retry topic, then a consumer.
+    async fn start(&mut self, binding: Binding) {
+        let group = binding.group.clone();
+        let mut settings = self.settings.clone();
+        if let Some(layer) = &binding.consumer.retry {
+            settings.retry.top = Some((
+                format!("downstream_consumers[{}].retry", binding.consumer.name),
+                layer.clone(),
+            ));
+        }
+        if let Err(e) = settings.retry.policy_for(&group) {
+            tracing::error!(group = %group, error = %e, "group not started: its retry schedule is invalid");
+            return;
+        }
+        let retry = crate::topics::retry_spec(&settings.topics, &group);
+        let ensured = match TopicAdmin::new(&settings.kafka) {
+            Ok(admin) => admin
+                .ensure(
+                    &[&retry],
+                    EnsureOptions {
+                        dry_run: false,
+                        allow_repartition: false,
+                    },
+                )
+                .await
+                .map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ensured {
+            tracing::error!(group = %group, topic = %retry.name, error = %e, "group not started: its retry topic could not be ensured; tried again at the next re-read");
+            return;
+        }
+        let topic = settings.topics.order_events.name.clone();
+        let db = match Db::connect(
+            &settings.database,
+            consumer::connections_needed(&settings.topics, &topic, true),
+        ) {
+            Ok(db) => db,
+            Err(e) => {
+                tracing::error!(group = %group, error = %e, "group not started: no database pool");
+                return;
+            }
+        };
+        let shared = Arc::new(RwLock::new(binding));
+        let options = ConsumeOptions {
+            group: group.clone(),
+            handlers: vec![Arc::new(BindingDelivery::new(shared.clone()))],
+            topic,
+            start_from: self.options.start_from,
+            until_idle: None,
+            health_addr: None,
+            error_tier: true,
+            ordering: self.options.ordering,
+            crash_before_forward_ack: false,
+            commit_stamps: None,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let sections = crate::startup::consumer_sections(&settings);
+            consumer::run(sections, db, options, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        tracing::info!(group = %group, "group started");
+        self.running.insert(
+            group,
+            Running {
+                binding: shared,
+                stop: Some(stop),
+                task,
+            },
+        );
+    }
+
+    /// Stops `group` (if it runs) and waits for its last commit.
+    async fn stop(&mut self, group: &str) {
+        let Some(mut running) = self.running.remove(group) else {
+            return;
+        };
+        if let Some(stop) = running.stop.take() {
+            let _ = stop.send(());
+        }
+        match tokio::time::timeout(STOP_TIMEOUT, &mut running.task).await {
+            Ok(Ok(Ok(summary))) => tracing::info!(
+                group,
+                delivered_or_skipped = summary.applied,
+                "group stopped"
+            ),
+            Ok(Ok(Err(e))) => tracing::error!(group, error = %e, "group had ended with an error"),
+            Ok(Err(e)) => tracing::error!(group, error = %e, "group task failed"),
+            Err(_) => {
+                running.task.abort();
+                tracing::warn!(
+                    group,
+                    "group did not stop within {STOP_TIMEOUT:?}; aborted (uncommitted records are redelivered and skipped as duplicates)"
+                );
+            }
+        }
+        self.publish_actual();
+    }
+
+    /// Compares desired and actual state and reports orphans ([`reconcile`]).
+    async fn reconcile(&mut self) {
+        match reconcile::compare(
+            &self.settings,
+            &self.store,
+            &self.running.keys().cloned().collect::<Vec<_>>(),
+        )
+        .await
+        {
+            Ok(report) => report.emit(),
+            Err(e) => {
+                tracing::warn!(error = %e, "router reconciliation failed; tried again at the next interval")
+            }
+        }
+    }
+
+    fn publish_actual(&self) {
+        let order_topic = self.settings.topics.order_events.name.clone();
+        let actual = self
+            .running
+            .iter()
+            .map(|(group, running)| {
+                let binding = running.binding.read().expect("binding lock");
+                ActualBinding {
+                    group: group.clone(),
+                    topics: vec![order_topic.clone()],
+                    subscriptions: binding.routes.iter().map(|r| r.subscription_id).collect(),
+                    running: !running.task.is_finished(),
+                    lag: None,
+                }
+            })
+            .collect();
+        *self.actual.0.lock().expect("actual lock") = actual;
+    }
+}

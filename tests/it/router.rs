@@ -1,0 +1,319 @@
+//! The router (`orderpipe deliver` without `--subscription`) against the
+//! real stack: subscriptions from the tables, one group per (consumer,
+//! bind_key), filters before the POST, live changes without a restart, and
+//! orphaned groups reported by reconciliation.
+
+use std::collections::BTreeSet;
+use std::io::BufRead;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use orderpipe::envelope::Envelope;
+use orderpipe::harness::generator::LifecycleGenerator;
+use orderpipe::subscriptions::model::{
+    ConsumerPatch, NewConsumer, NewSubscription, SubscriptionPatch,
+};
+use orderpipe::subscriptions::store::Origin;
+use orderpipe::subscriptions::{FilterSpec, Store};
+use serde_json::{Value, json};
+
+use crate::consumer::sigterm;
+use crate::delivery::{Seen, downstream};
+use crate::helpers::TestEnv;
+
+/// Produces `count` events of `orders` open orders from order id `first`; returns them as sent.
+fn produce(env: &TestEnv, count: usize, orders: usize, first: i64, seed: u64) -> Vec<Envelope> {
+    env.cli(&[
+        "produce",
+        "--count",
+        &count.to_string(),
+        "--orders",
+        &orders.to_string(),
+        "--seed",
+        &seed.to_string(),
+        "--first-order-id",
+        &first.to_string(),
+    ])
+    .success();
+    LifecycleGenerator::new("x", orders, first, seed)
+        .take(count)
+        .collect()
+}
+
+/// Event ids of `events` named `name` whose order is in `orders` (all when None).
+fn ids(events: &[Envelope], name: &str, orders: Option<&BTreeSet<i64>>) -> BTreeSet<String> {
+    events
+        .iter()
+        .filter(|e| {
+            e.event_name.as_str() == name && orders.is_none_or(|o| o.contains(&e.data.order_id()))
+        })
+        .map(|e| e.event_id.to_string())
+        .collect()
+}
+
+/// Request ids the downstream received on path `mode`.
+fn received(seen: &Seen, mode: &str) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .filter(|(m, _, _)| m == mode)
+        .map(|(_, _, body)| body["request_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Waits until the downstream received every id of `want` on `mode`.
+async fn wait_for(seen: &Seen, mode: &str, want: &BTreeSet<String>, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let got: BTreeSet<String> = received(seen, mode).into_iter().collect();
+        if want.is_subset(&got) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} deliveries on /hook/{mode} within {timeout:?}",
+            want.intersection(&got).count(),
+            want.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Collects the router's stderr lines in the background.
+fn stderr_lines(child: &mut std::process::Child) -> Arc<Mutex<Vec<String>>> {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let stderr = child.stderr.take().unwrap();
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restart() {
+    let mut env = TestEnv::new().with_database().await;
+    env.set_env("RUST_LOG", "warn,orderpipe=info");
+    let order_topic = env.settings.topics.order_events.name.clone();
+    env.cli(&["topics", "ensure"]).success();
+    let (base, seen) = downstream().await;
+    let store = Store::new(env.db(), Origin::Cli);
+    let sms = format!("sms{}", &env.prefix[1..]);
+    store
+        .add_consumer(&NewConsumer {
+            name: sms.clone(),
+            url: format!("{base}/hook/ok"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    let first = produce(&env, 60, 10, 1, 51);
+    // order.created only of five orders; every order.payment.succeeded; one bind key.
+    let chosen: BTreeSet<i64> = first
+        .iter()
+        .map(|e| e.data.order_id())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .take(5)
+        .collect();
+    let filter = FilterSpec {
+        field: "order_id".into(),
+        op: "in".into(),
+        values: Some(chosen.iter().map(|o| json!(o)).collect()),
+        ..Default::default()
+    };
+    let created = store
+        .add_subscription(
+            &NewSubscription {
+                event: "order.created".into(),
+                consumer: sms.clone(),
+                bind_key: "orders".into(),
+                filters: vec![filter],
+                ..Default::default()
+            },
+            &order_topic,
+        )
+        .await
+        .unwrap();
+    let paid = store
+        .add_subscription(
+            &NewSubscription {
+                event: "order.payment.succeeded".into(),
+                consumer: sms.clone(),
+                bind_key: "orders".into(),
+                ..Default::default()
+            },
+            &order_topic,
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.group, paid.group, "one bind key, one group");
+    let group = created.group.clone();
+
+    let mut router = env.spawn(&["deliver", "--reconcile-interval", "2s"]);
+    let log = stderr_lines(&mut router);
+    let mut want = ids(&first, "order.created", Some(&chosen));
+    want.extend(ids(&first, "order.payment.succeeded", None));
+    wait_for(&seen, "ok", &want, Duration::from_secs(90)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = received(&seen, "ok");
+    assert_eq!(
+        got.iter().cloned().collect::<BTreeSet<_>>(),
+        want,
+        "only the subscribed events that pass the filter"
+    );
+    assert_eq!(got.len(), want.len(), "each once");
+    // One ordered stream: an order's created arrives before its payment.
+    for order in &chosen {
+        let position = |name: &str| {
+            let id = first
+                .iter()
+                .find(|e| e.data.order_id() == *order && e.event_name.as_str() == name)
+                .map(|e| e.event_id.to_string());
+            id.and_then(|id| got.iter().position(|g| *g == id))
+        };
+        if let (Some(c), Some(p)) = (
+            position("order.created"),
+            position("order.payment.succeeded"),
+        ) {
+            assert!(c < p, "order {order}: created after its payment");
+        }
+    }
+    // The filtered-out changes were committed: the group has no lag.
+    let lag: Value = serde_json::from_str(
+        &env.cli(&["lag", "--group", &group, "--output", "json"])
+            .success(),
+    )
+    .unwrap();
+    assert_eq!(
+        lag["groups"][0]["members"], 1,
+        "one group, one member: {lag}"
+    );
+    assert_eq!(lag["groups"][0]["total_lag"], 0, "{lag}");
+
+    // Disable the payment subscription, change the filter and the URL: the
+    // next records, produced 3 s later, see all three changes.
+    store
+        .update_subscription(
+            paid.id,
+            &SubscriptionPatch {
+                enabled: Some(false),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let second: Vec<Envelope> = LifecycleGenerator::new("x", 10, 1_001, 52)
+        .take(40)
+        .collect();
+    let created_second: BTreeSet<i64> = second
+        .iter()
+        .map(|e| e.data.order_id())
+        .filter(|o| *o < 1_003)
+        .collect();
+    let filter = FilterSpec {
+        field: "order_id".into(),
+        op: "in".into(),
+        values: Some(created_second.iter().map(|o| json!(o)).collect()),
+        ..Default::default()
+    };
+    store
+        .update_subscription(
+            created.id,
+            &SubscriptionPatch {
+                filters: Some(vec![filter]),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .update_consumer(
+            &sms,
+            &ConsumerPatch {
+                url: Some(format!("{base}/hook/other")),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sent = produce(&env, 40, 10, 1_001, 52);
+    assert_eq!(
+        sent.iter().map(|e| e.event_id).collect::<Vec<_>>(),
+        second.iter().map(|e| e.event_id).collect::<Vec<_>>()
+    );
+    let want_second = ids(&second, "order.created", Some(&created_second));
+    wait_for(&seen, "other", &want_second, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let other: BTreeSet<String> = received(&seen, "other").into_iter().collect();
+    assert_eq!(
+        other, want_second,
+        "no payment after the disable, the new filter and URL"
+    );
+    assert_eq!(
+        received(&seen, "ok").len(),
+        want.len(),
+        "nothing more to the old URL"
+    );
+
+    // A second bind key starts its own group, without a restart.
+    let shipped = store
+        .add_subscription(
+            &NewSubscription {
+                event: "order.shipped".into(),
+                consumer: sms.clone(),
+                bind_key: "ship".into(),
+                ..Default::default()
+            },
+            &order_topic,
+        )
+        .await
+        .unwrap();
+    assert_ne!(shipped.group, group);
+    let mut want_shipped = ids(&first, "order.shipped", None);
+    want_shipped.extend(ids(&second, "order.shipped", None));
+    want_shipped.extend(want_second.iter().cloned());
+    wait_for(&seen, "other", &want_shipped, Duration::from_secs(60)).await;
+
+    // Disabling its only subscription stops that group; the broker keeps
+    // its offsets, so reconciliation reports it as orphaned.
+    store
+        .update_subscription(
+            shipped.id,
+            &SubscriptionPatch {
+                enabled: Some(false),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let lines = log.lock().unwrap().join("\n");
+        if lines.contains("orphaned consumer group") && lines.contains(&shipped.group) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no orphan reported for {}:\n{lines}",
+            shipped.group
+        );
+        drop(lines);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let lines = log.lock().unwrap().clone();
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("orphaned consumer group") && l.contains(&group)),
+        "the live group is not an orphan"
+    );
+    sigterm(&mut router);
+}
