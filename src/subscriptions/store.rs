@@ -370,7 +370,8 @@ impl Store {
         .bind(now)
         .bind(now)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .map_err(|e| duplicate(e, "source", &new.name))?;
         self.request_in(&mut tx, RequestKind::Change, None).await?;
         tx.commit().await?;
         self.source(&new.name).await
@@ -508,7 +509,8 @@ impl Store {
         .bind(now)
         .bind(now)
         .fetch_one(&mut **tx)
-        .await?;
+        .await
+        .map_err(|e| duplicate(e, "event", &new.routing_key))?;
         Ok(row.try_get(0)?)
     }
 
@@ -641,7 +643,8 @@ impl Store {
         .bind(now)
         .bind(now)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .map_err(|e| duplicate(e, "consumer", &new.name))?;
         self.request_in(&mut tx, RequestKind::Change, Some(&new.name))
             .await?;
         tx.commit().await?;
@@ -841,7 +844,8 @@ impl Store {
         .bind(now)
         .bind(now)
         .fetch_one(&mut *tx)
-        .await?;
+        .await
+        .map_err(|e| duplicate(e, "subscription", &format!("{} -> {}", new.event, new.consumer)))?;
         let id: i64 = row.try_get(0)?;
         insert_filters(&mut tx, id, &filters).await?;
         self.request_in(&mut tx, RequestKind::Change, Some(&new.consumer))
@@ -1111,6 +1115,19 @@ async fn insert_filters(
         .await?;
     }
     Ok(())
+}
+
+/// A unique key violated by a concurrent insert (its check passed before the
+/// other committed) is [`SubsError::Exists`], like one the check caught.
+fn duplicate(e: sqlx::Error, kind: &'static str, key: &str) -> SubsError {
+    match &e {
+        sqlx::Error::Database(db) if db.is_unique_violation() => SubsError::Exists {
+            kind,
+            key: key.into(),
+            detail: String::new(),
+        },
+        _ => e.into(),
+    }
 }
 
 /// A retry layer as stored (None: no layer).

@@ -586,6 +586,30 @@ async fn the_admin_api_needs_the_token_for_changes_and_never_prints_it() {
     assert_eq!(bindings["desired"][0]["group"], "sms.user.consumer");
     assert_eq!(bindings["actual"], Value::Null, "no router serves this API");
 
+    // Concurrent adds of one name: one is created, the others are told it exists (never a 500).
+    let consumers = url("/consumers");
+    let racers = (0..8).map(|_| {
+        call(
+            "POST",
+            &consumers,
+            Some(TOKEN),
+            Some(json!({"name": "race", "url": "http://race/x"})),
+        )
+    });
+    let mut statuses: Vec<u16> = futures::future::join_all(racers)
+        .await
+        .into_iter()
+        .map(|(status, _)| status)
+        .collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [201, 409, 409, 409, 409, 409, 409, 409]);
+    assert_eq!(
+        call("DELETE", &url("/consumers/race"), Some(TOKEN), None)
+            .await
+            .0,
+        200
+    );
+
     // Bad input: 400 naming the field.
     for (body, field, reason) in [
         (
