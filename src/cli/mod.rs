@@ -18,6 +18,7 @@ pub mod output;
 pub mod produce;
 pub mod reconcile;
 pub mod relay;
+pub mod router;
 pub mod subs;
 
 use std::collections::BTreeMap;

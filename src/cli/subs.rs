@@ -100,6 +100,16 @@ pub enum SubsCommand {
         #[command(flatten)]
         output: OutputArg,
     },
+    /// Desired groups vs the broker: missing groups, orphaned groups and
+    /// topics (never deleted); without --dry-run also asks routers to refresh.
+    /// Exits 1 when something is missing or orphaned.
+    Reconcile {
+        /// Print the difference only.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        output: OutputArg,
+    },
     /// Serve the admin HTTP API (and /metrics, /health/*); changes need admin.token.
     Serve {
         /// Listen address (port 0 = any free port; the bound one is printed). Default: admin.listen.
@@ -547,6 +557,9 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 store.consumer(name).await?;
             }
             print_bindings(&store.desired(consumer.as_deref()).await?, output.output);
+        }
+        SubsCommand::Reconcile { dry_run, output } => {
+            return super::router::reconcile(settings, &store, dry_run, output.output).await;
         }
         SubsCommand::Refresh { consumer, output } => {
             request(&store, RequestKind::Refresh, consumer, output.output).await?

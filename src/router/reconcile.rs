@@ -116,6 +116,35 @@ pub async fn compare(
     ))
 }
 
+/// [`compare`] from outside a router (`orderpipe subs reconcile`): the
+/// desired groups with a live member on the broker count as running.
+pub async fn compare_with_broker(
+    settings: &Settings,
+    store: &Store,
+) -> Result<Report, ReconcileError> {
+    let desired: Vec<String> = store
+        .desired(None)
+        .await?
+        .into_iter()
+        .map(|b| b.group)
+        .collect();
+    let kafka = settings.kafka.clone();
+    let running =
+        tokio::task::spawn_blocking(move || -> Result<Vec<String>, rdkafka::error::KafkaError> {
+            let probe = lag::probe(&kafka)?;
+            let mut running = Vec::new();
+            for group in desired {
+                if !lag::describe_group(&probe, &group)?.1.is_empty() {
+                    running.push(group);
+                }
+            }
+            Ok(running)
+        })
+        .await
+        .map_err(|e| ReconcileError::Task(e.to_string()))??;
+    compare(settings, store, &running).await
+}
+
 /// The pure part of [`compare`].
 fn difference(
     settings: &Settings,

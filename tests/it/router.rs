@@ -315,5 +315,125 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
             .any(|l| l.contains("orphaned consumer group") && l.contains(&group)),
         "the live group is not an orphan"
     );
+    // The same difference from the command line, exit 1.
+    let run = env.cli(&["subs", "reconcile", "--dry-run", "--output", "json"]);
+    let text = run.failure();
+    let report: Value = serde_json::from_str(&String::from_utf8_lossy(&run.output.stdout))
+        .unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(
+        report["report"]["orphaned_groups"],
+        json!([shipped.group]),
+        "{report}"
+    );
+    assert_eq!(
+        report["report"]["missing"],
+        json!([]),
+        "the live group runs: {report}"
+    );
+    assert_eq!(
+        report["refresh_request"],
+        Value::Null,
+        "a dry run requests nothing"
+    );
+    sigterm(&mut router);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_group_and_retry_topic_deleted_by_hand_are_recreated_by_the_router() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    let env = TestEnv::new().with_database().await;
+    let order_topic = env.settings.topics.order_events.name.clone();
+    env.cli(&["topics", "ensure"]).success();
+    let (base, seen) = downstream().await;
+    let store = Store::new(env.db(), Origin::Cli);
+    let crm = format!("crm{}", &env.prefix[1..]);
+    store
+        .add_consumer(&NewConsumer {
+            name: crm.clone(),
+            url: format!("{base}/hook/ok"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let sub = store
+        .add_subscription(
+            &NewSubscription {
+                event: "order.created".into(),
+                consumer: crm.clone(),
+                bind_key: "all".into(),
+                ..Default::default()
+            },
+            &order_topic,
+        )
+        .await
+        .unwrap();
+    let events = produce(&env, 20, 5, 1, 61);
+    let want = ids(&events, "order.created", None);
+    let mut router = env.spawn(&["deliver"]);
+    wait_for(&seen, "ok", &want, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sigterm(&mut router);
+
+    // By hand: the group and its retry topic are deleted.
+    let admin: AdminClient<DefaultClientContext> =
+        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
+            .create()
+            .unwrap();
+    for r in admin
+        .delete_groups(&[&sub.group], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let retry = format!("{order_topic}.retry.{}", sub.group);
+    for r in admin
+        .delete_topics(&[&retry], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let missing = env.cli(&["subs", "reconcile", "--dry-run"]).failure();
+    assert!(
+        missing.contains(&sub.group) && missing.contains("MISSING: no router runs it"),
+        "{missing}"
+    );
+
+    // The router recreates both, and dedup keeps the downstream from a second delivery.
+    let mut router = env.spawn(&["deliver"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let run = env.cli(&["subs", "reconcile", "--dry-run", "--output", "json"]);
+        let report: Value = serde_json::from_slice(&run.output.stdout).unwrap();
+        if report["report"]["missing"] == json!([]) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the group was not recreated: {report}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let topics = env
+        .cli(&[
+            "topics", "describe", "--group", &sub.group, "--output", "json",
+        ])
+        .success();
+    let described: Value = serde_json::from_str(&topics).unwrap();
+    let recreated = described
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["topic"] == retry.as_str())
+        .unwrap();
+    assert_eq!(recreated["exists"], true, "{recreated}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        received(&seen, "ok").len(),
+        want.len(),
+        "nothing delivered twice"
+    );
     sigterm(&mut router);
 }
