@@ -298,33 +298,11 @@ async fn two_relays_publish_every_event_once_in_order_per_order() {
     let mut a = env.spawn(&["relay", "--instance", "relay-a", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
     // The second starts once the first holds every shard: it must still get
     // its share.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (held,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM relay_leases WHERE owner = 'relay-a'")
-            .fetch_one(&env.db().pool)
-            .await
-            .unwrap();
-        if held == orderpipe::outbox::SHARDS {
-            break;
-        }
-        assert!(Instant::now() < deadline, "relay-a took {held} shards in 30 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_leases(&env, "relay-a", Duration::from_secs(30), |held| held == orderpipe::outbox::SHARDS).await;
     let mut b = env.spawn(&["relay", "--instance", "relay-b", "--until-idle", "4", "--batch-size", "50", "--output", "json"]);
     // The orders are written once the newcomer holds its share, so both
     // publish: relay-a alone drains them in a second or two.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (held,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM relay_leases WHERE owner = 'relay-b'")
-            .fetch_one(&env.db().pool)
-            .await
-            .unwrap();
-        if held > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "relay-b took no shard in 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_leases(&env, "relay-b", Duration::from_secs(60), |held| held > 0).await;
     drive_orders(&api, 1000, 16).await;
     let events = outbox_events(&env).await;
     let mut published = Vec::new();
@@ -751,19 +729,7 @@ async fn a_zombie_relay_continued_after_its_replacement_took_its_shards_is_fence
     let mut replacement = env.spawn(&["relay", "--instance", "relay-new", "--batch-size", "50", "--output", "json"]);
     forward_stderr(&mut replacement, "relay-new", |_| {});
     let db = env.db();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        let (held,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM relay_leases WHERE owner = 'relay-new' AND expires_ms > ?")
-            .bind(orderpipe::clock::now_ms())
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        if held == orderpipe::outbox::SHARDS {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the replacement took {held} shards");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for_leases(&env, "relay-new", Duration::from_secs(40), |held| held == orderpipe::outbox::SHARDS).await;
     // Give it time to build the shard producers (fencing the zombie's).
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _ = std::process::Command::new("kill").arg("-CONT").arg(zombie.id().to_string()).status();
@@ -831,4 +797,23 @@ async fn a_relay_whose_producers_keep_failing_fatally_exits_non_zero_and_bad_pre
     assert!(run.elapsed < Duration::from_secs(25), "gave up after {:?}", run.elapsed);
     let (unsent,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM outbox_messages WHERE sent_ms IS NULL").fetch_one(&env.db().pool).await.unwrap();
     assert_eq!(unsent, outbox_rows(&env).await, "nothing marked sent");
+}
+
+/// Waits until relay instance `owner` holds a number of live shard leases
+/// that `enough` accepts; fails naming the count after `within`.
+async fn wait_for_leases(env: &TestEnv, owner: &str, within: Duration, enough: impl Fn(i64) -> bool) {
+    let deadline = Instant::now() + within;
+    loop {
+        let (held,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM relay_leases WHERE owner = ? AND expires_ms > ?")
+            .bind(owner)
+            .bind(orderpipe::clock::now_ms())
+            .fetch_one(&env.db().pool)
+            .await
+            .unwrap();
+        if enough(held) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{owner} holds {held} shard leases after {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
