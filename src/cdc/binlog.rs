@@ -159,6 +159,12 @@ pub struct BinlogReader {
     tables: HashSet<String>,
     file: String,
     open: Option<Open>,
+    /// Bytes of checksum after each event (4 with CRC32, else 0): the first
+    /// (artificial) rotate event comes before the format description that
+    /// says so, and mysql_common then leaves them at the end of its name.
+    checksum_len: usize,
+    /// A format description event was read (later events parse exactly).
+    seen_format: bool,
 }
 
 /// Server settings `orderpipe cdc` needs, with the value it needs.
@@ -184,7 +190,9 @@ pub async fn check_source(conn: &mut Conn, tables: &[String]) -> Result<(), CdcE
             .await
             .map_err(|e| CdcError::Source(format!("cannot read @@{variable}: {e} (binlog_row_metadata needs MariaDB 10.5+ or MySQL 8.0.14+)")))?;
         let value = value.flatten().unwrap_or_default();
-        if !value.eq_ignore_ascii_case(needed) {
+        // log_bin reads as ON (MariaDB) or 1 (MySQL).
+        let on = *needed == "1" && value.eq_ignore_ascii_case("ON");
+        if !value.eq_ignore_ascii_case(needed) && !on {
             return Err(CdcError::Source(format!(
                 "the source database has {variable}={value}; orderpipe cdc needs {variable}={needed} \
                  (server options: log_bin, binlog_format=ROW, binlog_row_image=FULL, binlog_row_metadata=FULL)"
@@ -236,6 +244,11 @@ impl BinlogReader {
     /// the changes of `tables` (`db.table`).
     pub async fn open(url: &str, server_id: u32, from: &BinlogPosition, tables: &[String]) -> Result<Self, CdcError> {
         let mut conn = connect(url).await?;
+        let checksum: Option<String> = conn
+            .query_first("SELECT @@binlog_checksum")
+            .await
+            .map_err(|e| CdcError::Source(format!("cannot read @@binlog_checksum: {e}")))?;
+        let checksum_len = if checksum.is_some_and(|c| c.eq_ignore_ascii_case("CRC32")) { 4 } else { 0 };
         // MariaDB: send its GTID events (capability 4 = GTID) instead of
         // rewriting them as BEGIN queries, and heartbeats while idle.
         for set in [
@@ -249,7 +262,14 @@ impl BinlogReader {
             .get_binlog_stream(request)
             .await
             .map_err(|e| CdcError::Source(format!("binlog dump from {from} as server_id {server_id}: {e}")))?;
-        Ok(Self { stream, tables: tables.iter().cloned().collect(), file: from.file.clone(), open: None })
+        Ok(Self {
+            stream,
+            tables: tables.iter().cloned().collect(),
+            file: from.file.clone(),
+            open: None,
+            checksum_len,
+            seen_format: false,
+        })
     }
 
     /// The next whole transaction. Cancel-safe: a transaction read halfway
@@ -263,6 +283,7 @@ impl BinlogReader {
                 Ok(Some(Ok(event))) => event,
             };
             let header = event.header();
+            tracing::trace!(event_type = header.event_type_raw(), log_pos = header.log_pos(), "cdc: binlog event");
             if header.event_type_raw() == MARIADB_GTID_EVENT {
                 let gtid = MariadbGtid::parse(header.server_id(), event.data())
                     .ok_or_else(|| CdcError::Source("a MariaDB GTID event shorter than 13 bytes".into()))?;
@@ -282,7 +303,15 @@ impl BinlogReader {
                 }
             };
             match data {
-                Some(EventData::RotateEvent(rotate)) => self.file = rotate.name().into_owned(),
+                Some(EventData::RotateEvent(rotate)) => {
+                    let mut name = rotate.name_raw().to_vec();
+                    if !self.seen_format {
+                        name.truncate(name.len().saturating_sub(self.checksum_len));
+                    }
+                    self.file = String::from_utf8(name)
+                        .map_err(|e| CdcError::Source(format!("a rotate event names a file that is not UTF-8: {e}")))?;
+                }
+                Some(EventData::FormatDescriptionEvent(_)) => self.seen_format = true,
                 Some(EventData::XidEvent(xid)) => return Ok(end(self, Some(xid.xid))),
                 Some(EventData::QueryEvent(query)) => {
                     let text = query.query();

@@ -278,8 +278,10 @@ impl Publisher {
                 records.push((topic, event, value));
             }
         }
+        tracing::debug!(records = records.len(), checkpoint = %checkpoint.position, "cdc: publishing a batch");
         self.producer.begin_transaction()?;
         let result = self.send_and_commit(&records, checkpoint).await;
+        tracing::debug!(ok = result.is_ok(), "cdc: Kafka transaction done");
         if let Err(e) = &result {
             tracing::warn!(error = %e, "cdc: Kafka transaction failed; aborting it");
             let p = self.producer.clone();
