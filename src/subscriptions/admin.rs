@@ -591,6 +591,34 @@ mod tests {
         }
     }
 
+    #[test]
+    fn settings_name_the_field_and_never_show_the_token() {
+        AdminSettings::default().validate().unwrap();
+        let bad_listen = AdminSettings {
+            listen: "localhost:8090".into(),
+            token: None,
+        };
+        assert!(
+            bad_listen
+                .validate()
+                .unwrap_err()
+                .starts_with("admin.listen: `localhost:8090` is not HOST:PORT")
+        );
+        let short = AdminSettings {
+            listen: default_listen(),
+            token: Some(SecretString::from("hunter2")),
+        };
+        let err = short.validate().unwrap_err();
+        assert_eq!(
+            err,
+            "admin.token: shorter than 16 characters (its value is not shown)"
+        );
+        assert!(
+            !format!("{short:?}").contains("hunter2"),
+            "Debug redacts it"
+        );
+    }
+
     /// `GET /bindings` with a router's actual state: desired, actual and the
     /// difference per group, scoped to one consumer on request.
     #[tokio::test]
