@@ -253,10 +253,15 @@ pub(super) async fn run(
         match outcome {
             ShardOutcome::Committed => {
                 backoff.reset();
-                let mut by_topic: BTreeMap<String, u64> = BTreeMap::new();
+                // One counter update per topic and event name, not per record.
+                let mut by_event: BTreeMap<(&str, &str), u64> = BTreeMap::new();
                 for r in &batch.records {
-                    *by_topic.entry(r.topic.clone()).or_default() += 1;
-                    crate::producer::produced(&r.topic, &r.event_name, 1);
+                    *by_event.entry((r.topic.as_str(), r.event_name.as_str())).or_default() += 1;
+                }
+                let mut by_topic: BTreeMap<String, u64> = BTreeMap::new();
+                for ((topic, event_name), n) in by_event {
+                    crate::producer::produced(topic, event_name, n);
+                    *by_topic.entry(topic.to_string()).or_default() += n;
                 }
                 let _ = events.send(ShardEvent::Committed { shard, rows: ids.len() as u64, by_topic });
                 next = match prefetched {
