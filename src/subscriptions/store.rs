@@ -391,12 +391,18 @@ impl Store {
         )?;
         let current = self.source(name).await?;
         let mut tx = self.db.begin().await?;
-        sqlx::query("UPDATE cdc_sources SET db_host = ?, db_port = ?, db_user = ?, enabled = ?, description = ?, updated_ms = ? WHERE id = ?")
-            .bind(patch.db_host.clone().unwrap_or(current.db_host))
-            .bind(patch.db_port.unwrap_or(current.db_port))
-            .bind(patch.db_user.clone().unwrap_or(current.db_user))
-            .bind(i32::from(patch.enabled.unwrap_or(current.enabled)))
-            .bind(patch.description.clone().unwrap_or(current.description))
+        // Only the fields the patch names change, in the statement itself
+        // (COALESCE): a concurrent patch of other fields is not undone.
+        sqlx::query(
+            "UPDATE cdc_sources SET db_host = COALESCE(?, db_host), db_port = COALESCE(?, db_port), \
+             db_user = COALESCE(?, db_user), enabled = COALESCE(?, enabled), description = COALESCE(?, description), \
+             updated_ms = ? WHERE id = ?",
+        )
+            .bind(patch.db_host.clone())
+            .bind(patch.db_port)
+            .bind(patch.db_user.clone())
+            .bind(patch.enabled.map(i32::from))
+            .bind(patch.description.clone())
             .bind(now_ms())
             .bind(current.id)
             .execute(&mut *tx)
@@ -527,22 +533,19 @@ impl Store {
         let current = self.event(routing_key).await?;
         let mut tx = self.db.begin().await?;
         let source_id = match patch.source.as_deref() {
-            None => {
-                sqlx::query_as::<_, (Option<i64>,)>(
-                    "SELECT source_id FROM event_definitions WHERE id = ?",
-                )
-                .bind(current.id)
-                .fetch_one(&mut *tx)
-                .await?
-                .0
-            }
-            Some("") => None,
+            None | Some("") => None,
             Some(name) => Some(self.source_id(&mut tx, name).await?),
         };
-        sqlx::query("UPDATE event_definitions SET topic = ?, source_id = ?, description = ?, updated_ms = ? WHERE id = ?")
-            .bind(patch.topic.clone().unwrap_or(current.topic))
+        // Only what the patch names changes (see update_source).
+        sqlx::query(
+            "UPDATE event_definitions SET topic = COALESCE(?, topic), \
+             source_id = CASE ? WHEN 1 THEN ? ELSE source_id END, description = COALESCE(?, description), \
+             updated_ms = ? WHERE id = ?",
+        )
+            .bind(patch.topic.clone())
+            .bind(i32::from(patch.source.is_some()))
             .bind(source_id)
-            .bind(patch.description.clone().unwrap_or(current.description))
+            .bind(patch.description.clone())
             .bind(now_ms())
             .bind(current.id)
             .execute(&mut *tx)
@@ -670,23 +673,22 @@ impl Store {
         check_text("channel_id", patch.channel_id.as_deref(), 64)?;
         check_text("description", patch.description.as_deref(), 255)?;
         let current = self.consumer(name).await?;
-        let retry = match (&patch.retry, patch.clear_retry) {
-            (Some(layer), _) => Some(layer.clone()),
-            (None, true) => None,
-            (None, false) => current.retry,
-        };
         let mut tx = self.db.begin().await?;
+        // Only what the patch names changes (see update_source).
         sqlx::query(
-            "UPDATE downstream_consumers SET http_method = ?, http_url = ?, timeout_ms = ?, retry_json = ?, channel_id = ?, \
-             enabled = ?, description = ?, updated_ms = ? WHERE id = ?",
+            "UPDATE downstream_consumers SET http_method = COALESCE(?, http_method), http_url = COALESCE(?, http_url), \
+             timeout_ms = COALESCE(?, timeout_ms), retry_json = CASE ? WHEN 1 THEN ? ELSE retry_json END, \
+             channel_id = COALESCE(?, channel_id), enabled = COALESCE(?, enabled), \
+             description = COALESCE(?, description), updated_ms = ? WHERE id = ?",
         )
-        .bind(patch.method.clone().unwrap_or(current.method))
-        .bind(patch.url.clone().unwrap_or(current.url))
-        .bind(patch.timeout_ms.unwrap_or(current.timeout_ms))
-        .bind(retry_json(retry.as_ref()))
-        .bind(patch.channel_id.clone().unwrap_or(current.channel_id))
-        .bind(i32::from(patch.enabled.unwrap_or(current.enabled)))
-        .bind(patch.description.clone().unwrap_or(current.description))
+        .bind(patch.method.clone())
+        .bind(patch.url.clone())
+        .bind(patch.timeout_ms)
+        .bind(i32::from(patch.retry.is_some() || patch.clear_retry))
+        .bind(retry_json(patch.retry.as_ref()))
+        .bind(patch.channel_id.clone())
+        .bind(patch.enabled.map(i32::from))
+        .bind(patch.description.clone())
         .bind(now_ms())
         .bind(current.id)
         .execute(&mut *tx)
@@ -867,10 +869,14 @@ impl Store {
         check_text("description", patch.description.as_deref(), 255)?;
         let current = self.subscription(id).await?;
         let mut tx = self.db.begin().await?;
-        sqlx::query("UPDATE subscriptions SET bind_key = ?, enabled = ?, description = ?, updated_ms = ? WHERE id = ?")
-            .bind(patch.bind_key.clone().unwrap_or(current.bind_key))
-            .bind(i32::from(patch.enabled.unwrap_or(current.enabled)))
-            .bind(patch.description.clone().unwrap_or(current.description))
+        // Only what the patch names changes (see update_source).
+        sqlx::query(
+            "UPDATE subscriptions SET bind_key = COALESCE(?, bind_key), enabled = COALESCE(?, enabled), \
+             description = COALESCE(?, description), updated_ms = ? WHERE id = ?",
+        )
+            .bind(patch.bind_key.clone())
+            .bind(patch.enabled.map(i32::from))
+            .bind(patch.description.clone())
             .bind(now_ms())
             .bind(id)
             .execute(&mut *tx)

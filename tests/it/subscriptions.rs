@@ -610,6 +610,48 @@ async fn the_admin_api_needs_the_token_for_changes_and_never_prints_it() {
         200
     );
 
+    // Concurrent patches of different fields both hold: none undoes the other.
+    let sms_url = url("/consumers/sms");
+    for round in 0..10 {
+        let (timeout, method) = (1000 + round, if round % 2 == 0 { "PUT" } else { "POST" });
+        let ((a, _), (b, _), (c, _)) = tokio::join!(
+            call(
+                "PATCH",
+                &sms_url,
+                Some(TOKEN),
+                Some(json!({"url": format!("http://sms{round}.internal/send")}))
+            ),
+            call(
+                "PATCH",
+                &sms_url,
+                Some(TOKEN),
+                Some(json!({"timeout_ms": timeout}))
+            ),
+            call(
+                "PATCH",
+                &sms_url,
+                Some(TOKEN),
+                Some(json!({"method": method}))
+            ),
+        );
+        assert_eq!((a, b, c), (200, 200, 200));
+        let (_, now) = call("GET", &sms_url, None, None).await;
+        let got = (
+            now["url"].as_str().unwrap().to_string(),
+            now["timeout_ms"].as_i64(),
+            now["method"].as_str().unwrap().to_string(),
+        );
+        assert_eq!(
+            got,
+            (
+                format!("http://sms{round}.internal/send"),
+                Some(timeout),
+                method.to_string()
+            ),
+            "round {round}"
+        );
+    }
+
     // Bad input: 400 naming the field.
     for (body, field, reason) in [
         (
