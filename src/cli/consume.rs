@@ -253,9 +253,9 @@ async fn route(
     admin_addr: Option<SocketAddr>,
     run: GroupArgs,
 ) -> anyhow::Result<ExitCode> {
-    if group.is_some() || run.topic.is_some() || run.until_idle.is_some() || run.health_addr.is_some() || run.keep_dedup {
+    if group.is_some() || run.topic.is_some() || run.until_idle.is_some() || run.keep_dedup {
         anyhow::bail!(
-            "--group, --topic, --until-idle and --health-addr need --subscription NAME: the router (deliver without \
+            "--group, --topic and --until-idle need --subscription NAME: the router (deliver without \
              --subscription) runs one group per consumer and bind_key of the subscription tables, on the order topic"
         );
     }
@@ -271,6 +271,13 @@ async fn route(
         ordering: run.ordering.unwrap_or(settings.consumer.ordering),
         reconcile_interval,
     };
+    if let Some(addr) = run.health_addr {
+        // /metrics (the router's and its groups' series) and /health/*.
+        let health = crate::health::HealthState::service();
+        crate::health::watch_db(db.clone(), health.clone());
+        let bound = crate::health::serve(addr, health).await?;
+        eprintln!("health endpoints on http://{bound}/health/ready");
+    }
     let actual = crate::router::Actual::default();
     let admin = match admin_addr {
         None => None,

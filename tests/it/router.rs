@@ -156,7 +156,13 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
     assert_eq!(created.group, paid.group, "one bind key, one group");
     let group = created.group.clone();
 
-    let mut router = env.spawn(&["deliver", "--reconcile-interval", "2s"]);
+    let mut router = env.spawn(&[
+        "deliver",
+        "--reconcile-interval",
+        "2s",
+        "--health-addr",
+        "127.0.0.1:0",
+    ]);
     let log = stderr_lines(&mut router);
     let mut want = ids(&first, "order.created", Some(&chosen));
     want.extend(ids(&first, "order.payment.succeeded", None));
@@ -315,6 +321,45 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
             .any(|l| l.contains("orphaned consumer group") && l.contains(&group)),
         "the live group is not an orphan"
     );
+    // ... and on /metrics: one orphan, one group running, filtered changes counted.
+    let addr = log
+        .lock()
+        .unwrap()
+        .iter()
+        .find_map(|l| {
+            l.strip_prefix("health endpoints on http://")
+                .map(|a| a.trim_end_matches("/health/ready").to_string())
+        })
+        .expect("health endpoint announced");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, metrics) = crate::helpers::http_get(&addr, "/metrics");
+        assert_eq!(status, 200);
+        let value = |series: &str| {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(series).map(|v| v.trim().to_string()))
+        };
+        if value("orderpipe_router_groups ").as_deref() == Some("1") {
+            assert_eq!(
+                value("orderpipe_router_orphaned_groups ").as_deref(),
+                Some("1"),
+                "{metrics}"
+            );
+            let filtered = value(&format!(
+                "orderpipe_router_filtered_total{{group=\"{group}\"}} "
+            ))
+            .unwrap_or_default();
+            assert!(filtered.parse::<f64>().unwrap_or(0.0) > 0.0, "{metrics}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "orderpipe_router_groups is not 1: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
     // The same difference from the command line, exit 1.
     let run = env.cli(&["subs", "reconcile", "--dry-run", "--output", "json"]);
     let text = run.failure();
