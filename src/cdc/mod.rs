@@ -483,6 +483,15 @@ mod tests {
     }
 
     #[test]
+    fn the_source_url_is_a_secret_printed_without_its_password() {
+        let overrides = serde_json::json!({"cdc": {"source": "mysql://repl:s3cret@db:3306"}});
+        let document = crate::config::Settings::redacted_document(None, &overrides).unwrap();
+        assert_eq!(document["cdc"]["source"], "mysql://repl:__REDACTED__@db:3306");
+        let settings = crate::config::Settings::load_with(None, &overrides).unwrap();
+        assert!(!format!("{:?}", settings.cdc).contains("s3cret"));
+    }
+
+    #[test]
     fn topics_are_one_per_table_and_a_compacted_offsets_topic() {
         let mut s = settings();
         s.tables = vec!["shop.table_user".into()];
