@@ -291,11 +291,10 @@ async fn route(
         }
     };
     eprintln!("router started: serving every enabled subscription (stop with SIGTERM)");
-    let routed = crate::router::run(settings.clone(), db, options, actual, shutdown_signal()).await;
+    crate::router::run(settings.clone(), db, options, actual, shutdown_signal()).await;
     if let Some(admin) = admin {
         admin.abort();
     }
-    routed?;
     Ok(ExitCode::SUCCESS)
 }
 

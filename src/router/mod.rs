@@ -53,6 +53,8 @@ use handler::BindingDelivery;
 const POLL: Duration = Duration::from_secs(1);
 /// The tables are re-read at least this often, with or without a request.
 const FULL_RELOAD: Duration = Duration::from_secs(30);
+/// The longest wait between two attempts to read an unavailable database.
+const MAX_WAIT: Duration = Duration::from_secs(30);
 /// A stopping group gets this long to finish its batch and commit.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -70,14 +72,6 @@ pub struct RouterOptions {
     pub ordering: OrderingMode,
     /// Time between two reconciliations of desired and actual state.
     pub reconcile_interval: Duration,
-}
-
-/// Why the router stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum RouterError {
-    /// The control-plane tables could not be read at start.
-    #[error("subscriptions: {0}")]
-    Subscriptions(#[from] crate::subscriptions::SubsError),
 }
 
 /// A group this router runs.
@@ -110,15 +104,15 @@ struct Router {
 }
 
 /// Runs the router until `shutdown` resolves; `actual` is kept up to date
-/// with the groups it runs. Fails only when the tables cannot be read at
-/// start; later read failures keep the groups running as they are.
+/// with the groups it runs. A database that cannot be read (at start or
+/// later) is retried with a backoff up to 30 s, the groups running as they are.
 pub async fn run(
     settings: Settings,
     db: Db,
     options: RouterOptions,
     actual: Actual,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), RouterError> {
+) {
     crate::metrics::install();
     let store = Store::new(db, Origin::Router);
     let mut router = Router {
@@ -129,41 +123,49 @@ pub async fn run(
         unserved: BTreeSet::new(),
         actual,
     };
-    let mut seen = router.store.latest_request().await?.map(|r| r.id);
-    router.sync().await?;
-    router.reconcile().await;
-    let (mut synced, mut reconciled) = (Instant::now(), Instant::now());
+    // The newest request acted on; None until the first re-read succeeds.
+    let mut seen: Option<Option<i64>> = None;
+    let mut synced = Instant::now();
+    let mut reconciled: Option<Instant> = None;
+    let mut wait = POLL;
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = tokio::time::sleep(POLL) => {}
-        }
-        let latest = match router.store.latest_request().await {
-            Ok(request) => request.map(|r| r.id),
-            Err(e) => {
-                tracing::warn!(error = %e, "control requests not read; the groups keep running as they are");
-                continue;
-            }
-        };
-        if latest != seen || synced.elapsed() >= FULL_RELOAD {
-            match router.sync().await {
-                Ok(()) => (seen, synced) = (latest, Instant::now()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "subscriptions not re-read; the groups keep running as they are")
+        match router.store.latest_request().await {
+            Ok(request) => {
+                let latest = request.map(|r| r.id);
+                if seen != Some(latest) || synced.elapsed() >= FULL_RELOAD {
+                    match router.sync().await {
+                        Ok(()) => {
+                            (seen, synced, wait) = (Some(latest), Instant::now(), POLL);
+                        }
+                        Err(e) => {
+                            wait = (wait * 2).min(MAX_WAIT);
+                            tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "subscriptions not read; the groups keep running as they are");
+                        }
+                    }
                 }
             }
+            Err(e) => {
+                wait = (wait * 2).min(MAX_WAIT);
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "control requests not read; the groups keep running as they are");
+            }
         }
-        if reconciled.elapsed() >= router.options.reconcile_interval {
+        // At start (once the tables were read) and every interval.
+        if seen.is_some()
+            && reconciled.is_none_or(|r| r.elapsed() >= router.options.reconcile_interval)
+        {
             router.reconcile().await;
-            reconciled = Instant::now();
+            reconciled = Some(Instant::now());
+        }
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tokio::time::sleep(wait) => {}
         }
     }
     let groups: Vec<String> = router.running.keys().cloned().collect();
     for group in groups {
         router.stop(&group).await;
     }
-    Ok(())
 }
 
 impl Router {

@@ -482,3 +482,80 @@ async fn a_group_and_retry_topic_deleted_by_hand_are_recreated_by_the_router() {
     );
     sigterm(&mut router);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_router_started_before_its_database_waits_for_it_and_then_serves() {
+    let mut env = TestEnv::new();
+    let order_topic = env.settings.topics.order_events.name.clone();
+    env.cli(&["topics", "ensure"]).success();
+    // The database does not exist yet.
+    let name = format!("op_{}", env.prefix);
+    let url = format!("{}{name}", crate::helpers::MYSQL_ADMIN_URL);
+    env.set_env("ORDERPIPE_DATABASE__URL", &url);
+    env.set_env("RUST_LOG", "warn,orderpipe=info");
+    let mut router = env.spawn(&["deliver"]);
+    let log = stderr_lines(&mut router);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("control requests not read") || l.contains("subscriptions not read"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no retry logged: {:?}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        router.try_wait().unwrap().is_none(),
+        "the router exited: {:?}",
+        log.lock().unwrap()
+    );
+
+    // The database comes: the router reads it and serves what it holds.
+    let admin = sqlx::MySqlPool::connect(crate::helpers::MYSQL_ADMIN_URL)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    env.settings.database.url = url.into();
+    let db = env.db();
+    db.migrate().await.unwrap();
+    let (base, seen) = downstream().await;
+    let store = Store::new(db, Origin::Cli);
+    let late = format!("late{}", &env.prefix[1..]);
+    store
+        .add_consumer(&NewConsumer {
+            name: late.clone(),
+            url: format!("{base}/hook/ok"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    store
+        .add_subscription(
+            &NewSubscription {
+                event: "order.created".into(),
+                consumer: late,
+                bind_key: "all".into(),
+                ..Default::default()
+            },
+            &order_topic,
+        )
+        .await
+        .unwrap();
+    let events = produce(&env, 10, 5, 1, 71);
+    wait_for(
+        &seen,
+        "ok",
+        &ids(&events, "order.created", None),
+        Duration::from_secs(90),
+    )
+    .await;
+    sigterm(&mut router);
+}
