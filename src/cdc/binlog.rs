@@ -165,6 +165,8 @@ pub struct BinlogReader {
     checksum_len: usize,
     /// A format description event was read (later events parse exactly).
     seen_format: bool,
+    /// Where this stream started.
+    start: BinlogPosition,
 }
 
 /// Server settings `orderpipe cdc` needs, with the value it needs.
@@ -269,6 +271,7 @@ impl BinlogReader {
             open: None,
             checksum_len,
             seen_format: false,
+            start: from.clone(),
         })
     }
 
@@ -279,6 +282,11 @@ impl BinlogReader {
             let event = match tokio::time::timeout(SILENCE_LIMIT, self.stream.next()).await {
                 Err(_) => return Err(CdcError::Source(format!("no binlog event or heartbeat for {SILENCE_LIMIT:?}"))),
                 Ok(None) => return Err(CdcError::Source("the source closed the binlog stream".into())),
+                // 1236 (ER_MASTER_FATAL_ERROR_READING_BINLOG): the position
+                // is not in the server's binlog (purged, or another server's).
+                Ok(Some(Err(mysql_async::Error::Server(e)))) if e.code == 1236 => {
+                    return Err(CdcError::PositionGone(format!("{}:{}: {}", self.start.file, self.start.pos, e.message)));
+                }
                 Ok(Some(Err(e))) => return Err(CdcError::Source(format!("binlog stream: {e}"))),
                 Ok(Some(Ok(event))) => event,
             };

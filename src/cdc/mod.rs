@@ -152,6 +152,13 @@ pub enum CdcError {
     /// Reading the checkpoint.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// The server no longer has (or never had) the binlog at the position
+    /// to resume from; reconnecting cannot fix it.
+    #[error(
+        "the source has no binlog at {0}: purged (binlog_expire_logs_seconds) or another server's position; \
+         start a new source name with --start-position FILE:POS (SHOW MASTER STATUS), and bootstrap what was missed"
+    )]
+    PositionGone(String),
     /// Kafka refused a send or a transaction step.
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
@@ -433,6 +440,7 @@ pub async fn run(
                         continue;
                     }
                 }
+                Some(Err(e @ CdcError::PositionGone(_))) => return Err(e),
                 Some(Err(e)) => {
                     // What was read is not published: the next stream starts at the checkpoint.
                     tracing::warn!(error = %e, from = %committed, "cdc: binlog stream failed; reconnecting");

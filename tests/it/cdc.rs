@@ -195,6 +195,15 @@ async fn a_table_without_a_primary_key_is_refused_by_name() {
     assert!(text.contains("cdc.tables[0]") && text.contains("<database>.<table>"), "{text}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_position_the_server_does_not_have_stops_the_source_naming_it() {
+    let source = Source::new(&["CREATE TABLE t (id INT PRIMARY KEY)"]).await;
+    let table = format!("{}.t", source.database);
+    let args = ["cdc", "--table", &table, "--server-id", &source.server_id, "--start-position", "mariadb-bin.999999:4"];
+    let text = source.env.cli(&args).failure();
+    assert!(text.contains("the source has no binlog at mariadb-bin.999999:4") && text.contains("--start-position"), "{text}");
+}
+
 /// Writes `transactions` transactions of `rows` inserts and one update of an
 /// earlier row while the cdc process is SIGKILLed `kills` times and
 /// restarted; then every change must be on the topic exactly once, in
