@@ -56,14 +56,24 @@ pub struct BinlogPosition {
 impl BinlogPosition {
     /// Parses `FILE:POS` (the `--start-position` flag).
     pub fn parse(text: &str) -> Result<Self, String> {
-        let (file, pos) = text
-            .rsplit_once(':')
-            .ok_or_else(|| format!("`{text}` is not FILE:POS (e.g. mariadb-bin.000002:1588, from SHOW MASTER STATUS)"))?;
-        let pos = pos.parse::<u64>().map_err(|_| format!("`{pos}` in `{text}` is not a byte position"))?;
+        let (file, pos) = text.rsplit_once(':').ok_or_else(|| {
+            format!(
+                "`{text}` is not FILE:POS (e.g. mariadb-bin.000002:1588, from SHOW MASTER STATUS)"
+            )
+        })?;
+        let pos = pos
+            .parse::<u64>()
+            .map_err(|_| format!("`{pos}` in `{text}` is not a byte position"))?;
         if file.is_empty() || pos < 4 {
-            return Err(format!("`{text}`: the file must be named and the position be at least 4"));
+            return Err(format!(
+                "`{text}`: the file must be named and the position be at least 4"
+            ));
         }
-        Ok(Self { file: file.to_string(), pos, gtid: None })
+        Ok(Self {
+            file: file.to_string(),
+            pos,
+            gtid: None,
+        })
     }
 }
 
@@ -97,7 +107,12 @@ impl MariadbGtid {
         let sequence = u64::from_le_bytes(payload.get(0..8)?.try_into().ok()?);
         let domain = u32::from_le_bytes(payload.get(8..12)?.try_into().ok()?);
         let flags = *payload.get(12)?;
-        Some(Self { domain, server, sequence, flags })
+        Some(Self {
+            domain,
+            server,
+            sequence,
+            flags,
+        })
     }
 
     /// A transaction of one statement, with no XID or COMMIT after it.
@@ -179,8 +194,11 @@ const REQUIRED_VARIABLES: &[(&str, &str)] = &[
 
 /// Connects to `url` (a `mysql://` URL).
 pub async fn connect(url: &str) -> Result<Conn, CdcError> {
-    let opts = Opts::from_url(url).map_err(|e| CdcError::Source(format!("cdc.source: not a mysql:// URL: {e}")))?;
-    Conn::new(opts).await.map_err(|e| CdcError::Source(format!("cannot connect to the source database: {e}")))
+    let opts = Opts::from_url(url)
+        .map_err(|e| CdcError::Source(format!("cdc.source: not a mysql:// URL: {e}")))?;
+    Conn::new(opts)
+        .await
+        .map_err(|e| CdcError::Source(format!("cannot connect to the source database: {e}")))
 }
 
 /// Checks the server's binlog settings and that every table exists and
@@ -210,7 +228,9 @@ pub async fn check_source(conn: &mut Conn, tables: &[String]) -> Result<(), CdcE
                 (db, name),
             )
             .await
-            .map_err(|e| CdcError::Source(format!("cannot read the primary key of {table}: {e}")))?;
+            .map_err(|e| {
+                CdcError::Source(format!("cannot read the primary key of {table}: {e}"))
+            })?;
         if key_columns.is_empty() {
             let exists: Option<String> = conn
                 .exec_first(
@@ -221,7 +241,9 @@ pub async fn check_source(conn: &mut Conn, tables: &[String]) -> Result<(), CdcE
                 .map_err(|e| CdcError::Source(format!("cannot look up {table}: {e}")))?;
             return Err(CdcError::Source(match exists {
                 None => format!("cdc.tables: table {table} does not exist"),
-                Some(_) => format!("cdc.tables: table {table} has no primary key; its changes would have no key to keep them in order"),
+                Some(_) => format!(
+                    "cdc.tables: table {table} has no primary key; its changes would have no key to keep them in order"
+                ),
             }));
         }
     }
@@ -234,36 +256,63 @@ pub async fn current_position(conn: &mut Conn) -> Result<BinlogPosition, CdcErro
         .query_first("SHOW MASTER STATUS")
         .await
         .map_err(|e| CdcError::Source(format!("SHOW MASTER STATUS: {e}")))?;
-    let row = row.ok_or_else(|| CdcError::Source("SHOW MASTER STATUS is empty: the binlog is off (log_bin)".into()))?;
-    let file: String = row.get(0).ok_or_else(|| CdcError::Source("SHOW MASTER STATUS has no file".into()))?;
-    let pos: u64 = row.get(1).ok_or_else(|| CdcError::Source("SHOW MASTER STATUS has no position".into()))?;
-    let gtid: Option<Option<String>> = conn.query_first("SELECT @@gtid_binlog_pos").await.unwrap_or(None);
-    Ok(BinlogPosition { file, pos, gtid: gtid.flatten().filter(|g| !g.is_empty()) })
+    let row = row.ok_or_else(|| {
+        CdcError::Source("SHOW MASTER STATUS is empty: the binlog is off (log_bin)".into())
+    })?;
+    let file: String = row
+        .get(0)
+        .ok_or_else(|| CdcError::Source("SHOW MASTER STATUS has no file".into()))?;
+    let pos: u64 = row
+        .get(1)
+        .ok_or_else(|| CdcError::Source("SHOW MASTER STATUS has no position".into()))?;
+    let gtid: Option<Option<String>> = conn
+        .query_first("SELECT @@gtid_binlog_pos")
+        .await
+        .unwrap_or(None);
+    Ok(BinlogPosition {
+        file,
+        pos,
+        gtid: gtid.flatten().filter(|g| !g.is_empty()),
+    })
 }
 
 impl BinlogReader {
     /// Opens a replica connection as `server_id` reading from `from`, keeping
     /// the changes of `tables` (`db.table`).
-    pub async fn open(url: &str, server_id: u32, from: &BinlogPosition, tables: &[String]) -> Result<Self, CdcError> {
+    pub async fn open(
+        url: &str,
+        server_id: u32,
+        from: &BinlogPosition,
+        tables: &[String],
+    ) -> Result<Self, CdcError> {
         let mut conn = connect(url).await?;
         let checksum: Option<String> = conn
             .query_first("SELECT @@binlog_checksum")
             .await
             .map_err(|e| CdcError::Source(format!("cannot read @@binlog_checksum: {e}")))?;
-        let checksum_len = if checksum.is_some_and(|c| c.eq_ignore_ascii_case("CRC32")) { 4 } else { 0 };
+        let checksum_len = if checksum.is_some_and(|c| c.eq_ignore_ascii_case("CRC32")) {
+            4
+        } else {
+            0
+        };
         // MariaDB: send its GTID events (capability 4 = GTID) instead of
         // rewriting them as BEGIN queries, and heartbeats while idle.
         for set in [
             "SET @mariadb_slave_capability = 4".to_string(),
             format!("SET @master_heartbeat_period = {}", HEARTBEAT.as_nanos()),
         ] {
-            conn.query_drop(&set).await.map_err(|e| CdcError::Source(format!("{set}: {e}")))?;
+            conn.query_drop(&set)
+                .await
+                .map_err(|e| CdcError::Source(format!("{set}: {e}")))?;
         }
-        let request = BinlogStreamRequest::new(server_id).with_filename(from.file.as_bytes()).with_pos(from.pos);
-        let stream = conn
-            .get_binlog_stream(request)
-            .await
-            .map_err(|e| CdcError::Source(format!("binlog dump from {from} as server_id {server_id}: {e}")))?;
+        let request = BinlogStreamRequest::new(server_id)
+            .with_filename(from.file.as_bytes())
+            .with_pos(from.pos);
+        let stream = conn.get_binlog_stream(request).await.map_err(|e| {
+            CdcError::Source(format!(
+                "binlog dump from {from} as server_id {server_id}: {e}"
+            ))
+        })?;
         Ok(Self {
             stream,
             tables: tables.iter().cloned().collect(),
@@ -280,33 +329,64 @@ impl BinlogReader {
     pub async fn next_transaction(&mut self) -> Result<BinlogTransaction, CdcError> {
         loop {
             let event = match tokio::time::timeout(SILENCE_LIMIT, self.stream.next()).await {
-                Err(_) => return Err(CdcError::Source(format!("no binlog event or heartbeat for {SILENCE_LIMIT:?}"))),
-                Ok(None) => return Err(CdcError::Source("the source closed the binlog stream".into())),
+                Err(_) => {
+                    return Err(CdcError::Source(format!(
+                        "no binlog event or heartbeat for {SILENCE_LIMIT:?}"
+                    )));
+                }
+                Ok(None) => {
+                    return Err(CdcError::Source(
+                        "the source closed the binlog stream".into(),
+                    ));
+                }
                 // 1236 (ER_MASTER_FATAL_ERROR_READING_BINLOG): the position
                 // is not in the server's binlog (purged, or another server's).
                 Ok(Some(Err(mysql_async::Error::Server(e)))) if e.code == 1236 => {
-                    return Err(CdcError::PositionGone(format!("{}:{}: {}", self.start.file, self.start.pos, e.message)));
+                    return Err(CdcError::PositionGone(format!(
+                        "{}:{}: {}",
+                        self.start.file, self.start.pos, e.message
+                    )));
                 }
                 Ok(Some(Err(e))) => return Err(CdcError::Source(format!("binlog stream: {e}"))),
                 Ok(Some(Ok(event))) => event,
             };
             let header = event.header();
-            tracing::trace!(event_type = header.event_type_raw(), log_pos = header.log_pos(), "cdc: binlog event");
+            tracing::trace!(
+                event_type = header.event_type_raw(),
+                log_pos = header.log_pos(),
+                "cdc: binlog event"
+            );
             if header.event_type_raw() == MARIADB_GTID_EVENT {
-                let gtid = MariadbGtid::parse(header.server_id(), event.data())
-                    .ok_or_else(|| CdcError::Source("a MariaDB GTID event shorter than 13 bytes".into()))?;
-                self.open = Some(Open { gtid: Some(gtid), changes: Vec::new(), timestamp: header.timestamp() });
+                let gtid =
+                    MariadbGtid::parse(header.server_id(), event.data()).ok_or_else(|| {
+                        CdcError::Source("a MariaDB GTID event shorter than 13 bytes".into())
+                    })?;
+                self.open = Some(Open {
+                    gtid: Some(gtid),
+                    changes: Vec::new(),
+                    timestamp: header.timestamp(),
+                });
                 continue;
             }
-            let data = event.read_data().map_err(|e| CdcError::Source(format!("cannot parse a binlog event: {e}")))?;
+            let data = event
+                .read_data()
+                .map_err(|e| CdcError::Source(format!("cannot parse a binlog event: {e}")))?;
             let end = |reader: &mut Self, xid: Option<u64>| {
                 let open = reader.open.take().unwrap_or_default();
                 let gtid = open.gtid.map(|g| g.to_string());
                 BinlogTransaction {
-                    end: BinlogPosition { file: reader.file.clone(), pos: u64::from(header.log_pos()), gtid: gtid.clone() },
+                    end: BinlogPosition {
+                        file: reader.file.clone(),
+                        pos: u64::from(header.log_pos()),
+                        gtid: gtid.clone(),
+                    },
                     gtid,
                     xid,
-                    timestamp: if open.timestamp > 0 { open.timestamp } else { header.timestamp() },
+                    timestamp: if open.timestamp > 0 {
+                        open.timestamp
+                    } else {
+                        header.timestamp()
+                    },
                     changes: open.changes,
                 }
             };
@@ -316,8 +396,11 @@ impl BinlogReader {
                     if !self.seen_format {
                         name.truncate(name.len().saturating_sub(self.checksum_len));
                     }
-                    self.file = String::from_utf8(name)
-                        .map_err(|e| CdcError::Source(format!("a rotate event names a file that is not UTF-8: {e}")))?;
+                    self.file = String::from_utf8(name).map_err(|e| {
+                        CdcError::Source(format!(
+                            "a rotate event names a file that is not UTF-8: {e}"
+                        ))
+                    })?;
                 }
                 Some(EventData::FormatDescriptionEvent(_)) => self.seen_format = true,
                 Some(EventData::XidEvent(xid)) => return Ok(end(self, Some(xid.xid))),
@@ -325,9 +408,15 @@ impl BinlogReader {
                     let text = query.query();
                     let text = text.trim();
                     if text.eq_ignore_ascii_case("BEGIN") {
-                        self.open.get_or_insert_with(|| Open { timestamp: header.timestamp(), ..Open::default() });
+                        self.open.get_or_insert_with(|| Open {
+                            timestamp: header.timestamp(),
+                            ..Open::default()
+                        });
                     } else if text.eq_ignore_ascii_case("COMMIT")
-                        || self.open.as_ref().is_none_or(|o| o.gtid.is_some_and(|g| g.is_standalone()))
+                        || self
+                            .open
+                            .as_ref()
+                            .is_none_or(|o| o.gtid.is_some_and(|g| g.is_standalone()))
                     {
                         // COMMIT, or a statement that is its own transaction (DDL).
                         return Ok(end(self, None));
@@ -335,7 +424,10 @@ impl BinlogReader {
                 }
                 Some(EventData::RowsEvent(rows)) => {
                     let changes = self.changes_of(&rows)?;
-                    let open = self.open.get_or_insert_with(|| Open { timestamp: header.timestamp(), ..Open::default() });
+                    let open = self.open.get_or_insert_with(|| Open {
+                        timestamp: header.timestamp(),
+                        ..Open::default()
+                    });
                     open.changes.extend(changes);
                 }
                 _ => {}
@@ -345,25 +437,36 @@ impl BinlogReader {
 
     /// The changes of one rows event, if its table is captured.
     fn changes_of(&self, rows: &RowsEventData<'_>) -> Result<Vec<RowChange>, CdcError> {
-        let tme = self
-            .stream
-            .get_tme(rows.table_id())
-            .ok_or_else(|| CdcError::Source(format!("rows event for table id {} without its table map", rows.table_id())))?;
-        let (database, table) = (tme.database_name().into_owned(), tme.table_name().into_owned());
+        let tme = self.stream.get_tme(rows.table_id()).ok_or_else(|| {
+            CdcError::Source(format!(
+                "rows event for table id {} without its table map",
+                rows.table_id()
+            ))
+        })?;
+        let (database, table) = (
+            tme.database_name().into_owned(),
+            tme.table_name().into_owned(),
+        );
         if !self.tables.contains(&format!("{database}.{table}")) {
             return Ok(Vec::new());
         }
         let layout = TableLayout::of(tme, &database, &table)?;
         let mut changes = Vec::new();
         for row in rows.rows(tme) {
-            let (before, after) = row.map_err(|e| CdcError::Source(format!("cannot decode a row of {database}.{table}: {e}")))?;
+            let (before, after) = row.map_err(|e| {
+                CdcError::Source(format!("cannot decode a row of {database}.{table}: {e}"))
+            })?;
             let before = before.map(|r| layout.json(&r));
             let after = after.map(|r| layout.json(&r));
             let (kind, data, old) = match (before, after) {
                 (None, Some(after)) => (ChangeKind::Insert, after, None),
                 (Some(before), Some(after)) => {
                     let old = changed_columns(&before, &after);
-                    (ChangeKind::Update, after, Some(serde_json::Value::Object(old)))
+                    (
+                        ChangeKind::Update,
+                        after,
+                        Some(serde_json::Value::Object(old)),
+                    )
                 }
                 (Some(before), None) => (ChangeKind::Delete, before, None),
                 (None, None) => continue,
@@ -393,7 +496,8 @@ impl TableLayout {
     fn of(tme: &TableMapEvent<'_>, database: &str, table: &str) -> Result<Self, CdcError> {
         let mut names = Vec::new();
         let mut key_indexes = Vec::new();
-        let bad = |e: std::io::Error| CdcError::Source(format!("table map of {database}.{table}: {e}"));
+        let bad =
+            |e: std::io::Error| CdcError::Source(format!("table map of {database}.{table}: {e}"));
         for field in tme.iter_optional_meta() {
             match field.map_err(bad)? {
                 OptionalMetadataField::ColumnName(columns) => {
@@ -420,11 +524,18 @@ impl TableLayout {
                 "the binlog's table map of {database}.{table} carries no column names: set binlog_row_metadata=FULL on the source"
             )));
         }
-        let key: Vec<String> = key_indexes.iter().filter_map(|&i| names.get(i).cloned()).collect();
+        let key: Vec<String> = key_indexes
+            .iter()
+            .filter_map(|&i| names.get(i).cloned())
+            .collect();
         if key.is_empty() {
-            return Err(CdcError::Source(format!("{database}.{table} has no primary key in the binlog's table map")));
+            return Err(CdcError::Source(format!(
+                "{database}.{table} has no primary key in the binlog's table map"
+            )));
         }
-        let types = (0..columns).map(|i| tme.get_column_type(i).ok().flatten()).collect();
+        let types = (0..columns)
+            .map(|i| tme.get_column_type(i).ok().flatten())
+            .collect();
         Ok(Self { names, types, key })
     }
 
@@ -441,7 +552,11 @@ impl TableLayout {
 
     fn key(&self, row: &serde_json::Map<String, serde_json::Value>) -> String {
         let null = serde_json::Value::Null;
-        let values: Vec<&serde_json::Value> = self.key.iter().map(|c| row.get(c).unwrap_or(&null)).collect();
+        let values: Vec<&serde_json::Value> = self
+            .key
+            .iter()
+            .map(|c| row.get(c).unwrap_or(&null))
+            .collect();
         primary_key(&values)
     }
 }
@@ -453,7 +568,9 @@ mod tests {
     #[test]
     fn a_mariadb_gtid_event_payload_reads_as_domain_server_sequence() {
         // As captured from MariaDB 10.11: seq 0x11, domain 0, flags 0x0c, then padding.
-        let payload = [0x11, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0c, 0, 0, 0, 0, 0, 0];
+        let payload = [
+            0x11, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0c, 0, 0, 0, 0, 0, 0,
+        ];
         let gtid = MariadbGtid::parse(1, &payload).unwrap();
         assert_eq!(gtid.to_string(), "0-1-17");
         assert!(!gtid.is_standalone());
@@ -468,8 +585,16 @@ mod tests {
     fn start_positions_parse_or_say_what_is_expected() {
         let p = BinlogPosition::parse("mariadb-bin.000002:1588").unwrap();
         assert_eq!((p.file.as_str(), p.pos), ("mariadb-bin.000002", 1588));
-        assert!(BinlogPosition::parse("mariadb-bin.000002").unwrap_err().contains("FILE:POS"));
-        assert!(BinlogPosition::parse("f:x").unwrap_err().contains("byte position"));
+        assert!(
+            BinlogPosition::parse("mariadb-bin.000002")
+                .unwrap_err()
+                .contains("FILE:POS")
+        );
+        assert!(
+            BinlogPosition::parse("f:x")
+                .unwrap_err()
+                .contains("byte position")
+        );
         assert!(BinlogPosition::parse(":10").is_err());
     }
 }

@@ -61,7 +61,10 @@ impl ChangeKind {
             "insert" => Ok(Self::Insert),
             "update" => Ok(Self::Update),
             "delete" => Ok(Self::Delete),
-            other => Err(EnvelopeError::field("change", format!("`{other}` is not one of insert, update, delete"))),
+            other => Err(EnvelopeError::field(
+                "change",
+                format!("`{other}` is not one of insert, update, delete"),
+            )),
         }
     }
 }
@@ -109,8 +112,13 @@ pub struct ChangeEvent {
 /// [`crate::codec::Codec::new`] takes).
 pub fn topic_schema(topic: &str) -> TopicSchema {
     static PARSED: OnceLock<Schema> = OnceLock::new();
-    let parsed = PARSED.get_or_init(|| Schema::parse_str(CHANGE_SCHEMA).expect("the change schema is valid"));
-    TopicSchema { topic: topic.to_string(), raw: CHANGE_SCHEMA.to_string(), parsed: parsed.clone() }
+    let parsed = PARSED
+        .get_or_init(|| Schema::parse_str(CHANGE_SCHEMA).expect("the change schema is valid"));
+    TopicSchema {
+        topic: topic.to_string(),
+        raw: CHANGE_SCHEMA.to_string(),
+        parsed: parsed.clone(),
+    }
 }
 
 /// The id of a change: a UUID (version 8) from a SHA-256 of the source
@@ -145,7 +153,10 @@ impl ChangeEvent {
             ("event_id".into(), text(&self.event_id.to_string())),
             ("event_name".into(), text(&self.event_name)),
             ("event_version".into(), text(&self.event_version)),
-            ("event_time".into(), text(&crate::envelope::format_utc(&self.event_time))),
+            (
+                "event_time".into(),
+                text(&crate::envelope::format_utc(&self.event_time)),
+            ),
             ("producer".into(), text(&self.producer)),
             ("trace_id".into(), text(&self.trace_id)),
             ("database".into(), text(&self.database)),
@@ -153,11 +164,17 @@ impl ChangeEvent {
             ("change".into(), text(self.change.as_str())),
             ("key".into(), text(&self.key)),
             ("data".into(), text(&self.data.to_string())),
-            ("old".into(), nullable(self.old.as_ref().map(|o| text(&o.to_string())))),
+            (
+                "old".into(),
+                nullable(self.old.as_ref().map(|o| text(&o.to_string()))),
+            ),
             ("gtid".into(), nullable(self.gtid.as_deref().map(text))),
             ("binlog_file".into(), text(&self.binlog_file)),
             ("binlog_pos".into(), Value::Long(self.binlog_pos as i64)),
-            ("xid".into(), nullable(self.xid.map(|x| Value::Long(x as i64)))),
+            (
+                "xid".into(),
+                nullable(self.xid.map(|x| Value::Long(x as i64))),
+            ),
             ("row_index".into(), Value::Int(self.row_index as i32)),
         ])
     }
@@ -166,11 +183,15 @@ impl ChangeEvent {
     /// fields too); errors name the field.
     pub fn from_avro(value: Value) -> Result<Self, EnvelopeError> {
         let Value::Record(fields) = value else {
-            return Err(EnvelopeError::field("<root>", "the Avro value is not a record"));
+            return Err(EnvelopeError::field(
+                "<root>",
+                "the Avro value is not a record",
+            ));
         };
         let mut fields = Fields(fields.into_iter().collect());
         let event_id = fields.required("event_id")?;
-        let event_id = Uuid::parse_str(&event_id).map_err(|e| EnvelopeError::field("event_id", format!("not a UUID: {e}")))?;
+        let event_id = Uuid::parse_str(&event_id)
+            .map_err(|e| EnvelopeError::field("event_id", format!("not a UUID: {e}")))?;
         let event_name = fields.required("event_name")?;
         let event_version = fields.required("event_version")?;
         let event_time = crate::envelope::parse_utc(&fields.required("event_time")?, "event_time")?;
@@ -181,15 +202,20 @@ impl ChangeEvent {
         let change = ChangeKind::parse(&fields.required("change")?)?;
         let key = fields.required("key")?;
         let json = |name: &str, text: String| {
-            serde_json::from_str::<serde_json::Value>(&text).map_err(|e| EnvelopeError::field(name, format!("not JSON: {e}")))
+            serde_json::from_str::<serde_json::Value>(&text)
+                .map_err(|e| EnvelopeError::field(name, format!("not JSON: {e}")))
         };
         let data = json("data", fields.required("data")?)?;
         let old = fields.string("old")?.map(|t| json("old", t)).transpose()?;
         let gtid = fields.string("gtid")?;
         let binlog_file = fields.required("binlog_file")?;
-        let binlog_pos = fields.long("binlog_pos")?.ok_or_else(|| Fields::missing("binlog_pos"))?;
+        let binlog_pos = fields
+            .long("binlog_pos")?
+            .ok_or_else(|| Fields::missing("binlog_pos"))?;
         let xid = fields.long("xid")?;
-        let row_index = fields.long("row_index")?.ok_or_else(|| Fields::missing("row_index"))? as u32;
+        let row_index = fields
+            .long("row_index")?
+            .ok_or_else(|| Fields::missing("row_index"))? as u32;
         Ok(Self {
             event_id,
             event_name,
@@ -267,7 +293,10 @@ pub fn primary_key(values: &[&serde_json::Value]) -> String {
 
 /// The changed columns of an update: the previous value of every column
 /// whose value differs in `after`.
-pub fn changed_columns(before: &serde_json::Map<String, serde_json::Value>, after: &serde_json::Map<String, serde_json::Value>) -> serde_json::Map<String, serde_json::Value> {
+pub fn changed_columns(
+    before: &serde_json::Map<String, serde_json::Value>,
+    after: &serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Map<String, serde_json::Value> {
     before
         .iter()
         .filter(|(column, value)| after.get(*column) != Some(*value))
@@ -283,7 +312,8 @@ pub fn json_value(value: &BinlogValue<'_>, column_type: Option<ColumnType>) -> s
     let value = match value {
         BinlogValue::Value(v) => v,
         BinlogValue::Jsonb(j) => {
-            return serde_json::Value::try_from(j.clone()).unwrap_or_else(|e| Json::String(format!("<json: {e}>")));
+            return serde_json::Value::try_from(j.clone())
+                .unwrap_or_else(|e| Json::String(format!("<json: {e}>")));
         }
         // Partial JSON updates only exist with binlog_row_value_options=PARTIAL_JSON (MySQL),
         // which the start-up check refuses.
@@ -294,24 +324,39 @@ pub fn json_value(value: &BinlogValue<'_>, column_type: Option<ColumnType>) -> s
         My::NULL => Json::Null,
         My::Int(n) => Json::from(*n),
         My::UInt(n) => Json::from(*n),
-        My::Float(f) => serde_json::Number::from_f64(f64::from(*f)).map_or_else(|| Json::String(f.to_string()), Json::Number),
-        My::Double(f) => serde_json::Number::from_f64(*f).map_or_else(|| Json::String(f.to_string()), Json::Number),
-        My::Bytes(bytes) if is(ColumnType::MYSQL_TYPE_TIMESTAMP2) || is(ColumnType::MYSQL_TYPE_TIMESTAMP) => {
+        My::Float(f) => serde_json::Number::from_f64(f64::from(*f))
+            .map_or_else(|| Json::String(f.to_string()), Json::Number),
+        My::Double(f) => serde_json::Number::from_f64(*f)
+            .map_or_else(|| Json::String(f.to_string()), Json::Number),
+        My::Bytes(bytes)
+            if is(ColumnType::MYSQL_TYPE_TIMESTAMP2) || is(ColumnType::MYSQL_TYPE_TIMESTAMP) =>
+        {
             // Seconds since the epoch (UTC), with a fraction when the column has one.
             let text = String::from_utf8_lossy(bytes);
             let (secs, frac) = text.split_once('.').unwrap_or((&text, ""));
             let micros: u32 = format!("{frac:0<6}")[..6].parse().unwrap_or(0);
-            match secs.parse::<i64>().ok().and_then(|s| DateTime::<Utc>::from_timestamp(s, micros * 1000)) {
-                Some(at) if frac.is_empty() => Json::String(at.format("%Y-%m-%dT%H:%M:%SZ").to_string()),
+            match secs
+                .parse::<i64>()
+                .ok()
+                .and_then(|s| DateTime::<Utc>::from_timestamp(s, micros * 1000))
+            {
+                Some(at) if frac.is_empty() => {
+                    Json::String(at.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+                }
                 Some(at) => Json::String(at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()),
                 None => Json::String(text.into_owned()),
             }
         }
         My::Bytes(bytes) => match std::str::from_utf8(bytes) {
             Ok(text) => Json::String(text.to_string()),
-            Err(_) => Json::String(format!("0x{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())),
+            Err(_) => Json::String(format!(
+                "0x{}",
+                bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            )),
         },
-        My::Date(y, m, d, ..) if is(ColumnType::MYSQL_TYPE_DATE) || is(ColumnType::MYSQL_TYPE_NEWDATE) => {
+        My::Date(y, m, d, ..)
+            if is(ColumnType::MYSQL_TYPE_DATE) || is(ColumnType::MYSQL_TYPE_NEWDATE) =>
+        {
             Json::String(format!("{y:04}-{m:02}-{d:02}"))
         }
         My::Date(y, m, d, h, i, s, us) => {
@@ -323,7 +368,10 @@ pub fn json_value(value: &BinlogValue<'_>, column_type: Option<ColumnType>) -> s
         }
         My::Time(negative, days, h, i, s, us) => {
             let hours = u32::from(*h) + days * 24;
-            let mut text = format!("{}{hours:02}:{i:02}:{s:02}", if *negative { "-" } else { "" });
+            let mut text = format!(
+                "{}{hours:02}:{i:02}:{s:02}",
+                if *negative { "-" } else { "" }
+            );
             if *us > 0 {
                 text.push_str(&format!(".{us:06}"));
             }
@@ -365,7 +413,16 @@ mod tests {
     #[allow(deprecated)] // the one-shot datum helpers are fine in a test
     fn a_change_round_trips_through_its_schema() {
         let schema = topic_schema("cdc.shop.table_user").parsed;
-        for event in [sample(), ChangeEvent { old: None, gtid: None, xid: None, change: ChangeKind::Insert, ..sample() }] {
+        for event in [
+            sample(),
+            ChangeEvent {
+                old: None,
+                gtid: None,
+                xid: None,
+                change: ChangeKind::Insert,
+                ..sample()
+            },
+        ] {
             let bytes = apache_avro::to_avro_datum(&schema, event.to_avro()).unwrap();
             let back = apache_avro::from_avro_datum(&schema, &mut &bytes[..], None).unwrap();
             assert_eq!(ChangeEvent::from_avro(back).unwrap(), event);
@@ -374,14 +431,28 @@ mod tests {
 
     #[test]
     fn a_bad_record_names_the_field() {
-        let Value::Record(mut fields) = sample().to_avro() else { unreachable!() };
+        let Value::Record(mut fields) = sample().to_avro() else {
+            unreachable!()
+        };
         fields.retain(|(name, _)| name != "binlog_pos");
-        let e = ChangeEvent::from_avro(Value::Record(fields)).unwrap_err().to_string();
+        let e = ChangeEvent::from_avro(Value::Record(fields))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("binlog_pos"), "{e}");
-        let Value::Record(mut fields) = sample().to_avro() else { unreachable!() };
-        fields.iter_mut().filter(|(n, _)| n == "change").for_each(|(_, v)| *v = Value::String("upsert".into()));
-        let e = ChangeEvent::from_avro(Value::Record(fields)).unwrap_err().to_string();
-        assert!(e.contains("`change`") && e.contains("insert, update, delete"), "{e}");
+        let Value::Record(mut fields) = sample().to_avro() else {
+            unreachable!()
+        };
+        fields
+            .iter_mut()
+            .filter(|(n, _)| n == "change")
+            .for_each(|(_, v)| *v = Value::String("upsert".into()));
+        let e = ChangeEvent::from_avro(Value::Record(fields))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`change`") && e.contains("insert, update, delete"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -391,7 +462,13 @@ mod tests {
         assert_ne!(change_id("s", "0-1-7", 0), change_id("t", "0-1-7", 0));
         assert_eq!(change_id("s", "0-1-7", 0).get_version_num(), 8);
         let trace = trace_id_of(&change_id("s", "0-1-7", 0));
-        assert!(trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{trace}");
+        assert!(
+            trace.len() == 32
+                && trace
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            "{trace}"
+        );
     }
 
     #[test]
@@ -402,7 +479,10 @@ mod tests {
         let before = json!({"id": 1, "status": 1, "name": "a", "note": null});
         let after = json!({"id": 1, "status": 2, "name": "a", "note": "n"});
         let old = changed_columns(before.as_object().unwrap(), after.as_object().unwrap());
-        assert_eq!(serde_json::Value::Object(old), json!({"status": 1, "note": null}));
+        assert_eq!(
+            serde_json::Value::Object(old),
+            json!({"status": 1, "note": null})
+        );
     }
 
     #[test]
@@ -410,13 +490,58 @@ mod tests {
         let v = |value: My, t: Option<ColumnType>| json_value(&BinlogValue::Value(value), t);
         assert_eq!(v(My::NULL, None), json!(null));
         assert_eq!(v(My::Int(-3), Some(ColumnType::MYSQL_TYPE_LONG)), json!(-3));
-        assert_eq!(v(My::UInt(u64::MAX), Some(ColumnType::MYSQL_TYPE_LONGLONG)), json!(u64::MAX));
-        assert_eq!(v(My::Bytes(b"12.50".to_vec()), Some(ColumnType::MYSQL_TYPE_NEWDECIMAL)), json!("12.50"));
-        assert_eq!(v(My::Bytes(vec![0, 0xff]), Some(ColumnType::MYSQL_TYPE_VARCHAR)), json!("0x00ff"));
-        assert_eq!(v(My::Date(2026, 12, 1, 6, 0, 0, 123_000), Some(ColumnType::MYSQL_TYPE_DATETIME2)), json!("2026-12-01T06:00:00.123000"));
-        assert_eq!(v(My::Date(2026, 12, 1, 0, 0, 0, 0), Some(ColumnType::MYSQL_TYPE_DATE)), json!("2026-12-01"));
-        assert_eq!(v(My::Bytes(b"1764568800".to_vec()), Some(ColumnType::MYSQL_TYPE_TIMESTAMP2)), json!("2025-12-01T06:00:00Z"));
-        assert_eq!(v(My::Bytes(b"1764568800.5".to_vec()), Some(ColumnType::MYSQL_TYPE_TIMESTAMP2)), json!("2025-12-01T06:00:00.500000Z"));
-        assert_eq!(v(My::Time(true, 1, 2, 3, 4, 0), Some(ColumnType::MYSQL_TYPE_TIME2)), json!("-26:03:04"));
+        assert_eq!(
+            v(My::UInt(u64::MAX), Some(ColumnType::MYSQL_TYPE_LONGLONG)),
+            json!(u64::MAX)
+        );
+        assert_eq!(
+            v(
+                My::Bytes(b"12.50".to_vec()),
+                Some(ColumnType::MYSQL_TYPE_NEWDECIMAL)
+            ),
+            json!("12.50")
+        );
+        assert_eq!(
+            v(
+                My::Bytes(vec![0, 0xff]),
+                Some(ColumnType::MYSQL_TYPE_VARCHAR)
+            ),
+            json!("0x00ff")
+        );
+        assert_eq!(
+            v(
+                My::Date(2026, 12, 1, 6, 0, 0, 123_000),
+                Some(ColumnType::MYSQL_TYPE_DATETIME2)
+            ),
+            json!("2026-12-01T06:00:00.123000")
+        );
+        assert_eq!(
+            v(
+                My::Date(2026, 12, 1, 0, 0, 0, 0),
+                Some(ColumnType::MYSQL_TYPE_DATE)
+            ),
+            json!("2026-12-01")
+        );
+        assert_eq!(
+            v(
+                My::Bytes(b"1764568800".to_vec()),
+                Some(ColumnType::MYSQL_TYPE_TIMESTAMP2)
+            ),
+            json!("2025-12-01T06:00:00Z")
+        );
+        assert_eq!(
+            v(
+                My::Bytes(b"1764568800.5".to_vec()),
+                Some(ColumnType::MYSQL_TYPE_TIMESTAMP2)
+            ),
+            json!("2025-12-01T06:00:00.500000Z")
+        );
+        assert_eq!(
+            v(
+                My::Time(true, 1, 2, 3, 4, 0),
+                Some(ColumnType::MYSQL_TYPE_TIME2)
+            ),
+            json!("-26:03:04")
+        );
     }
 }

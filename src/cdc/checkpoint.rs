@@ -33,7 +33,11 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// A checkpoint of `source` at `position`, stamped now.
     pub fn new(source: &str, position: BinlogPosition) -> Self {
-        Self { source: source.to_string(), position, committed_at: crate::envelope::format_utc(&chrono::Utc::now()) }
+        Self {
+            source: source.to_string(),
+            position,
+            committed_at: crate::envelope::format_utc(&chrono::Utc::now()),
+        }
     }
 
     /// The record value (JSON).
@@ -46,14 +50,22 @@ impl Checkpoint {
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The last committed checkpoint of `source` on `topic`, or None.
-pub async fn last_committed(kafka: &KafkaSettings, topic: &str, source: &str) -> Result<Option<Checkpoint>, CdcError> {
+pub async fn last_committed(
+    kafka: &KafkaSettings,
+    topic: &str,
+    source: &str,
+) -> Result<Option<Checkpoint>, CdcError> {
     let (kafka, topic, source) = (kafka.clone(), topic.to_string(), source.to_string());
     tokio::task::spawn_blocking(move || read_last(&kafka, &topic, &source))
         .await
         .expect("checkpoint read does not panic")
 }
 
-fn read_last(kafka: &KafkaSettings, topic: &str, source: &str) -> Result<Option<Checkpoint>, CdcError> {
+fn read_last(
+    kafka: &KafkaSettings,
+    topic: &str,
+    source: &str,
+) -> Result<Option<Checkpoint>, CdcError> {
     let kafka_error = |e: KafkaError| CdcError::Checkpoint(format!("reading {topic}: {e}"));
     let consumer: BaseConsumer = client_config(&kafka.client_options())
         .set("group.id", format!("orderpipe-cdc-checkpoint-{source}"))
@@ -62,7 +74,9 @@ fn read_last(kafka: &KafkaSettings, topic: &str, source: &str) -> Result<Option<
         .set("enable.partition.eof", "true")
         .create()
         .map_err(kafka_error)?;
-    let metadata = consumer.fetch_metadata(Some(topic), READ_TIMEOUT).map_err(kafka_error)?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), READ_TIMEOUT)
+        .map_err(kafka_error)?;
     let partitions = metadata
         .topics()
         .first()
@@ -70,7 +84,9 @@ fn read_last(kafka: &KafkaSettings, topic: &str, source: &str) -> Result<Option<
         .map(|t| t.partitions().len())
         .unwrap_or(0);
     if partitions == 0 {
-        return Err(CdcError::Checkpoint(format!("the offsets topic {topic} does not exist")));
+        return Err(CdcError::Checkpoint(format!(
+            "the offsets topic {topic} does not exist"
+        )));
     }
     let mut assignment = TopicPartitionList::new();
     // Per partition: the offset to read up to. For read_committed the
@@ -78,9 +94,13 @@ fn read_last(kafka: &KafkaSettings, topic: &str, source: &str) -> Result<Option<
     // transaction is open; our own predecessor's was aborted before this.
     let mut ends = Vec::new();
     for partition in 0..partitions as i32 {
-        let (low, high) = consumer.fetch_watermarks(topic, partition, READ_TIMEOUT).map_err(kafka_error)?;
+        let (low, high) = consumer
+            .fetch_watermarks(topic, partition, READ_TIMEOUT)
+            .map_err(kafka_error)?;
         if high > low {
-            assignment.add_partition_offset(topic, partition, Offset::Beginning).map_err(kafka_error)?;
+            assignment
+                .add_partition_offset(topic, partition, Offset::Beginning)
+                .map_err(kafka_error)?;
             ends.push((partition, high));
         }
     }
@@ -93,14 +113,17 @@ fn read_last(kafka: &KafkaSettings, topic: &str, source: &str) -> Result<Option<
     let mut done = vec![false; ends.len()];
     while !done.iter().all(|d| *d) {
         if std::time::Instant::now() > deadline {
-            return Err(CdcError::Checkpoint(format!("reading {topic} did not reach its end within {READ_TIMEOUT:?}")));
+            return Err(CdcError::Checkpoint(format!(
+                "reading {topic} did not reach its end within {READ_TIMEOUT:?}"
+            )));
         }
         let Some(message) = consumer.poll(Duration::from_millis(200)) else {
             // Aborted records and transaction markers are skipped without a
             // message: the position says how far the partition is read.
             for (i, (partition, high)) in ends.iter().enumerate() {
                 if let Ok(Offset::Offset(at)) = consumer.position().map(|p| {
-                    p.find_partition(topic, *partition).map_or(Offset::Invalid, |e| e.offset())
+                    p.find_partition(topic, *partition)
+                        .map_or(Offset::Invalid, |e| e.offset())
                 }) {
                     done[i] |= at >= *high;
                 }
@@ -119,7 +142,10 @@ fn read_last(kafka: &KafkaSettings, topic: &str, source: &str) -> Result<Option<
         if message.key() == Some(source.as_bytes()) {
             if let Some(value) = message.payload() {
                 let checkpoint: Checkpoint = serde_json::from_slice(value).map_err(|e| {
-                    CdcError::Checkpoint(format!("{topic} offset {}: not a checkpoint: {e}", message.offset()))
+                    CdcError::Checkpoint(format!(
+                        "{topic} offset {}: not a checkpoint: {e}",
+                        message.offset()
+                    ))
                 })?;
                 last = Some(checkpoint);
             }
@@ -137,11 +163,18 @@ mod tests {
 
     #[test]
     fn a_checkpoint_is_json_with_its_position() {
-        let position = BinlogPosition { file: "mariadb-bin.000002".into(), pos: 3127, gtid: Some("0-1-18".into()) };
+        let position = BinlogPosition {
+            file: "mariadb-bin.000002".into(),
+            pos: 3127,
+            gtid: Some("0-1-18".into()),
+        };
         let checkpoint = Checkpoint::new("shop", position.clone());
         let back: Checkpoint = serde_json::from_slice(&checkpoint.to_bytes()).unwrap();
         assert_eq!(back, checkpoint);
         let text = String::from_utf8(checkpoint.to_bytes()).unwrap();
-        assert!(text.contains(r#""file":"mariadb-bin.000002","pos":3127"#), "{text}");
+        assert!(
+            text.contains(r#""file":"mariadb-bin.000002","pos":3127"#),
+            "{text}"
+        );
     }
 }

@@ -98,15 +98,22 @@ impl CdcSettings {
     /// Rejects values that would only fail later; names the field.
     pub fn validate(&self) -> Result<(), String> {
         if self.name.trim().is_empty() || self.name.contains(char::is_whitespace) {
-            return Err(format!("cdc.name = {:?}: must be non-empty, without spaces", self.name));
+            return Err(format!(
+                "cdc.name = {:?}: must be non-empty, without spaces",
+                self.name
+            ));
         }
         if self.server_id == 0 {
             return Err("cdc.server_id = 0: a replica needs a server_id from 1 to 4294967295, unique among the source's replicas".into());
         }
         for (i, table) in self.tables.iter().enumerate() {
-            let valid = table.split_once('.').is_some_and(|(db, t)| !db.is_empty() && !t.is_empty() && !t.contains('.'));
+            let valid = table
+                .split_once('.')
+                .is_some_and(|(db, t)| !db.is_empty() && !t.is_empty() && !t.contains('.'));
             if !valid {
-                return Err(format!("cdc.tables[{i}] = {table:?}: expected <database>.<table>, e.g. shop.table_user"));
+                return Err(format!(
+                    "cdc.tables[{i}] = {table:?}: expected <database>.<table>, e.g. shop.table_user"
+                ));
             }
         }
         if self.batch_max_rows == 0 {
@@ -116,7 +123,10 @@ impl CdcSettings {
             return Err("cdc.partitions and cdc.replication_factor must be at least 1".into());
         }
         if self.min_insync_replicas < 1 || self.min_insync_replicas > self.replication_factor {
-            return Err(format!("cdc.min_insync_replicas must be between 1 and cdc.replication_factor ({})", self.replication_factor));
+            return Err(format!(
+                "cdc.min_insync_replicas must be between 1 and cdc.replication_factor ({})",
+                self.replication_factor
+            ));
         }
         Ok(())
     }
@@ -128,17 +138,30 @@ impl CdcSettings {
 
     /// The topics the source writes: one per table, then the offsets topic.
     pub fn topic_specs(&self) -> Vec<TopicSpec> {
-        let spec = |name: String, partitions: i32, retention_ms: i64, configs: &[(&str, &str)]| TopicSpec {
-            name,
-            partitions,
-            replication_factor: self.replication_factor,
-            min_insync_replicas: self.min_insync_replicas,
-            retention_ms,
-            configs: configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        let spec = |name: String, partitions: i32, retention_ms: i64, configs: &[(&str, &str)]| {
+            TopicSpec {
+                name,
+                partitions,
+                replication_factor: self.replication_factor,
+                min_insync_replicas: self.min_insync_replicas,
+                retention_ms,
+                configs: configs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            }
         };
-        let mut specs: Vec<TopicSpec> =
-            self.tables.iter().map(|t| spec(self.topic_of(t), self.partitions, self.retention_ms, &[])).collect();
-        specs.push(spec(self.offsets_topic.clone(), 1, -1, &[("cleanup.policy", "compact")]));
+        let mut specs: Vec<TopicSpec> = self
+            .tables
+            .iter()
+            .map(|t| spec(self.topic_of(t), self.partitions, self.retention_ms, &[]))
+            .collect();
+        specs.push(spec(
+            self.offsets_topic.clone(),
+            1,
+            -1,
+            &[("cleanup.policy", "compact")],
+        ));
         specs
     }
 }
@@ -225,9 +248,13 @@ impl Publisher {
     /// Builds the source's transactional producer and fences its
     /// predecessor: `init_transactions` aborts what that one left open.
     async fn new(sections: &CdcSections<'_>) -> Result<Self, CdcError> {
-        let mut options = crate::outbox::relay::relay_producer_options(sections.kafka, sections.producer)
-            .map_err(|e| CdcError::Setup(e.to_string()))?;
-        let id = transactional_id(&sections.producer.transactional_id_prefix, &sections.cdc.name);
+        let mut options =
+            crate::outbox::relay::relay_producer_options(sections.kafka, sections.producer)
+                .map_err(|e| CdcError::Setup(e.to_string()))?;
+        let id = transactional_id(
+            &sections.producer.transactional_id_prefix,
+            &sections.cdc.name,
+        );
         options.insert("transactional.id".into(), id.clone());
         options.entry("client.id".into()).or_insert(id);
         let producer = measured_producer(&options)?;
@@ -235,18 +262,37 @@ impl Publisher {
         tokio::task::spawn_blocking(move || p.init_transactions(Duration::from_secs(30)))
             .await
             .expect("init task does not panic")?;
-        Ok(Self { producer, codecs: HashMap::new(), registry: sections.registry.clone(), cdc: sections.cdc.clone() })
+        Ok(Self {
+            producer,
+            codecs: HashMap::new(),
+            registry: sections.registry.clone(),
+            cdc: sections.cdc.clone(),
+        })
     }
 
     /// The event of the `index`-th change of `tx`.
-    fn event(&self, tx: &BinlogTransaction, index: usize, change: &binlog::RowChange) -> ChangeEvent {
-        let transaction = tx.gtid.clone().unwrap_or_else(|| format!("{}:{}", tx.end.file, tx.end.pos));
+    fn event(
+        &self,
+        tx: &BinlogTransaction,
+        index: usize,
+        change: &binlog::RowChange,
+    ) -> ChangeEvent {
+        let transaction = tx
+            .gtid
+            .clone()
+            .unwrap_or_else(|| format!("{}:{}", tx.end.file, tx.end.pos));
         let event_id = change_id(&self.cdc.name, &transaction, index as u32);
         ChangeEvent {
             event_id,
-            event_name: format!("{}.{}.{}", change.database, change.table, change.kind.as_str()),
+            event_name: format!(
+                "{}.{}.{}",
+                change.database,
+                change.table,
+                change.kind.as_str()
+            ),
             event_version: CHANGE_EVENT_VERSION.into(),
-            event_time: chrono::DateTime::from_timestamp(i64::from(tx.timestamp), 0).unwrap_or_default(),
+            event_time: chrono::DateTime::from_timestamp(i64::from(tx.timestamp), 0)
+                .unwrap_or_default(),
             producer: format!("cdc:{}", self.cdc.name),
             trace_id: trace_id_of(&event_id),
             database: change.database.clone(),
@@ -265,7 +311,12 @@ impl Publisher {
 
     async fn encode(&mut self, topic: &str, event: &ChangeEvent) -> Result<Vec<u8>, CdcError> {
         if !self.codecs.contains_key(topic) {
-            let codec = Codec::new(&self.registry, topic, &topic_schema(topic), self.registry.auto_register)?;
+            let codec = Codec::new(
+                &self.registry,
+                topic,
+                &topic_schema(topic),
+                self.registry.auto_register,
+            )?;
             self.codecs.insert(topic.to_string(), codec);
         }
         Ok(self.codecs[topic].encode_value(event.to_avro()).await?)
@@ -273,14 +324,20 @@ impl Publisher {
 
     /// One Kafka transaction: every change of `batch`, then `checkpoint`.
     /// Returns the number of records of changes.
-    async fn publish(&mut self, batch: &[BinlogTransaction], checkpoint: &Checkpoint) -> Result<u64, CdcError> {
+    async fn publish(
+        &mut self,
+        batch: &[BinlogTransaction],
+        checkpoint: &Checkpoint,
+    ) -> Result<u64, CdcError> {
         // Encode first (the registry is asked once per topic), then send
         // without waiting inside the transaction.
         let mut records = Vec::new();
         for tx in batch {
             for (index, change) in tx.changes.iter().enumerate() {
                 let event = self.event(tx, index, change);
-                let topic = self.cdc.topic_of(&format!("{}.{}", change.database, change.table));
+                let topic = self
+                    .cdc
+                    .topic_of(&format!("{}.{}", change.database, change.table));
                 let value = self.encode(&topic, &event).await?;
                 records.push((topic, event, value));
             }
@@ -292,24 +349,36 @@ impl Publisher {
         if let Err(e) = &result {
             tracing::warn!(error = %e, "cdc: Kafka transaction failed; aborting it");
             let p = self.producer.clone();
-            let _ = tokio::task::spawn_blocking(move || p.abort_transaction(Duration::from_secs(30))).await;
+            let _ =
+                tokio::task::spawn_blocking(move || p.abort_transaction(Duration::from_secs(30)))
+                    .await;
         }
         result?;
         for (topic, event, _) in &records {
-            counter!(CHANGES_METRIC, "topic" => topic.clone(), "change" => event.change.as_str()).increment(1);
+            counter!(CHANGES_METRIC, "topic" => topic.clone(), "change" => event.change.as_str())
+                .increment(1);
         }
         counter!(TRANSACTIONS_METRIC).increment(1);
         if let Some(last) = batch.last() {
-            gauge!(LAG_METRIC).set((chrono::Utc::now().timestamp() - i64::from(last.timestamp)).max(0) as f64);
+            gauge!(LAG_METRIC)
+                .set((chrono::Utc::now().timestamp() - i64::from(last.timestamp)).max(0) as f64);
         }
         Ok(records.len() as u64)
     }
 
-    async fn send_and_commit(&self, records: &[(String, ChangeEvent, Vec<u8>)], checkpoint: &Checkpoint) -> Result<(), CdcError> {
+    async fn send_and_commit(
+        &self,
+        records: &[(String, ChangeEvent, Vec<u8>)],
+        checkpoint: &Checkpoint,
+    ) -> Result<(), CdcError> {
         for (topic, event, value) in records {
             let mut id = uuid::Uuid::encode_buffer();
             let event_id = event.event_id.hyphenated().encode_lower(&mut id);
-            let traceparent = format!("00-{}-{}-01", event.trace_id, &event.event_id.simple().to_string()[..16]);
+            let traceparent = format!(
+                "00-{}-{}-01",
+                event.trace_id,
+                &event.event_id.simple().to_string()[..16]
+            );
             let headers = [
                 (header::EVENT_ID, event_id as &str),
                 (header::EVENT_NAME, event.event_name.as_str()),
@@ -318,12 +387,25 @@ impl Publisher {
                 (header::CONTENT_TYPE, header::AVRO_CONFLUENT),
             ]
             .iter()
-            .fold(OwnedHeaders::new_with_capacity(5), |h, (key, value)| h.insert(Header { key, value: Some(value.as_bytes()) }));
-            let record = FutureRecord::to(topic).key(event.key.as_bytes()).payload(value.as_slice()).headers(headers);
+            .fold(OwnedHeaders::new_with_capacity(5), |h, (key, value)| {
+                h.insert(Header {
+                    key,
+                    value: Some(value.as_bytes()),
+                })
+            });
+            let record = FutureRecord::to(topic)
+                .key(event.key.as_bytes())
+                .payload(value.as_slice())
+                .headers(headers);
             self.send(record).await?;
         }
         let value = checkpoint.to_bytes();
-        self.send(FutureRecord::to(&self.cdc.offsets_topic).key(checkpoint.source.as_bytes()).payload(value.as_slice())).await?;
+        self.send(
+            FutureRecord::to(&self.cdc.offsets_topic)
+                .key(checkpoint.source.as_bytes())
+                .payload(value.as_slice()),
+        )
+        .await?;
         // Commit flushes: every record above is acknowledged or the commit fails.
         let p = self.producer.clone();
         tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(60)))
@@ -376,28 +458,40 @@ pub async fn run(
     if cdc.tables.is_empty() {
         return Err(CdcError::Setup("cdc.tables is empty: name the tables to capture (db.table), e.g. --table shop.table_user".into()));
     }
-    let url = cdc.source.as_ref().unwrap_or(sections.database_url).expose_secret().to_string();
+    let url = cdc
+        .source
+        .as_ref()
+        .unwrap_or(sections.database_url)
+        .expose_secret()
+        .to_string();
     let mut conn = binlog::connect(&url).await?;
     binlog::check_source(&mut conn, &cdc.tables).await?;
     ensure_topics(sections.kafka, cdc).await?;
     let mut publisher = Publisher::new(&sections).await?;
     let mut summary = CdcSummary::default();
-    let mut committed = match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {
-        Some(checkpoint) => checkpoint.position,
-        None => {
-            let start = match options.start_position {
-                Some(p) => p,
-                None => binlog::current_position(&mut conn).await?,
-            };
-            // Durable before the first change: a restart resumes here, not at a later "current".
-            publisher.publish(&[], &Checkpoint::new(&cdc.name, start.clone())).await?;
-            start
-        }
-    };
+    let mut committed =
+        match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {
+            Some(checkpoint) => checkpoint.position,
+            None => {
+                let start = match options.start_position {
+                    Some(p) => p,
+                    None => binlog::current_position(&mut conn).await?,
+                };
+                // Durable before the first change: a restart resumes here, not at a later "current".
+                publisher
+                    .publish(&[], &Checkpoint::new(&cdc.name, start.clone()))
+                    .await?;
+                start
+            }
+        };
     drop(conn);
     summary.started_at = Some(committed.clone());
     tracing::info!(source = %cdc.name, from = %committed, tables = ?cdc.tables, "cdc: reading the binlog");
-    eprintln!("cdc {}: reading {} from {committed}", cdc.name, cdc.tables.join(", "));
+    eprintln!(
+        "cdc {}: reading {} from {committed}",
+        cdc.name,
+        cdc.tables.join(", ")
+    );
     let linger = Duration::from_millis(cdc.batch_linger_ms);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut backoff = crate::backoff::Backoff::new();
@@ -451,7 +545,9 @@ pub async fn run(
             }
             if let Some(last) = batch.last() {
                 let position = last.end.clone();
-                summary.changes += publisher.publish(&batch, &Checkpoint::new(&cdc.name, position.clone())).await?;
+                summary.changes += publisher
+                    .publish(&batch, &Checkpoint::new(&cdc.name, position.clone()))
+                    .await?;
                 summary.kafka_transactions += 1;
                 committed = position;
                 summary.checkpoint = Some(committed.clone());
@@ -480,7 +576,10 @@ mod tests {
         let mut s = settings();
         s.tables = vec!["shop.table_user".into(), "table_user".into()];
         let e = s.validate().unwrap_err();
-        assert!(e.contains("cdc.tables[1]") && e.contains("<database>.<table>"), "{e}");
+        assert!(
+            e.contains("cdc.tables[1]") && e.contains("<database>.<table>"),
+            "{e}"
+        );
         let mut s = settings();
         s.server_id = 0;
         assert!(s.validate().unwrap_err().contains("cdc.server_id"));
@@ -494,7 +593,10 @@ mod tests {
     fn the_source_url_is_a_secret_printed_without_its_password() {
         let overrides = serde_json::json!({"cdc": {"source": "mysql://repl:s3cret@db:3306"}});
         let document = crate::config::Settings::redacted_document(None, &overrides).unwrap();
-        assert_eq!(document["cdc"]["source"], "mysql://repl:__REDACTED__@db:3306");
+        assert_eq!(
+            document["cdc"]["source"],
+            "mysql://repl:__REDACTED__@db:3306"
+        );
         let settings = crate::config::Settings::load_with(None, &overrides).unwrap();
         assert!(!format!("{:?}", settings.cdc).contains("s3cret"));
     }
@@ -506,7 +608,16 @@ mod tests {
         let specs = s.topic_specs();
         assert_eq!(specs[0].name, "cdc.shop.table_user");
         assert_eq!(specs[1].name, "cdc.offsets");
-        assert_eq!((specs[1].partitions, specs[1].configs["cleanup.policy"].as_str()), (1, "compact"));
-        assert_eq!(transactional_id("orderpipe-relay", "shop"), "orderpipe-relay-cdc-shop");
+        assert_eq!(
+            (
+                specs[1].partitions,
+                specs[1].configs["cleanup.policy"].as_str()
+            ),
+            (1, "compact")
+        );
+        assert_eq!(
+            transactional_id("orderpipe-relay", "shop"),
+            "orderpipe-relay-cdc-shop"
+        );
     }
 }

@@ -59,7 +59,9 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
         registry: &settings.registry,
         database_url: &settings.database.url,
     };
-    let options = CdcOptions { start_position: args.start_position };
+    let options = CdcOptions {
+        start_position: args.start_position,
+    };
     let summary = crate::cdc::run(sections, options, shutdown_signal()).await?;
     match args.output.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
@@ -69,7 +71,11 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
             summary.changes,
             summary.binlog_transactions,
             summary.kafka_transactions,
-            summary.checkpoint.as_ref().or(summary.started_at.as_ref()).map_or("-".to_string(), ToString::to_string)
+            summary
+                .checkpoint
+                .as_ref()
+                .or(summary.started_at.as_ref())
+                .map_or("-".to_string(), ToString::to_string)
         ),
     }
     Ok(ExitCode::SUCCESS)

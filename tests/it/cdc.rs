@@ -27,21 +27,38 @@ impl Source {
     async fn new(ddl: &[&str]) -> Self {
         let mut env = TestEnv::new().with_database().await;
         let database = format!("op_{}", env.prefix);
-        let pool = MySqlPool::connect(&format!("{MYSQL_ADMIN_URL}{database}")).await.unwrap();
+        let pool = MySqlPool::connect(&format!("{MYSQL_ADMIN_URL}{database}"))
+            .await
+            .unwrap();
         for statement in ddl {
-            sqlx::query(AssertSqlSafe(statement.to_string())).execute(&pool).await.unwrap();
+            sqlx::query(AssertSqlSafe(statement.to_string()))
+                .execute(&pool)
+                .await
+                .unwrap();
         }
         let prefix = env.prefix.clone();
         env.set_env("ORDERPIPE_CDC__NAME", &prefix);
         env.set_env("ORDERPIPE_CDC__TOPIC_PREFIX", &format!("{prefix}.cdc"));
-        env.set_env("ORDERPIPE_CDC__OFFSETS_TOPIC", &format!("{prefix}.cdc.offsets"));
+        env.set_env(
+            "ORDERPIPE_CDC__OFFSETS_TOPIC",
+            &format!("{prefix}.cdc.offsets"),
+        );
         env.set_env("ORDERPIPE_CDC__PARTITIONS", "3");
         // Replicas of parallel tests need distinct server ids.
         let server_id = (10_000 + rand::random::<u32>() % 1_000_000_000).to_string();
         // The binlog's end now: the stream starts before the test's writes.
-        let row = sqlx::query("SHOW MASTER STATUS").fetch_one(&pool).await.expect("binlog on (dev/stack.sh: log_bin)");
+        let row = sqlx::query("SHOW MASTER STATUS")
+            .fetch_one(&pool)
+            .await
+            .expect("binlog on (dev/stack.sh: log_bin)");
         let start = format!("{}:{}", row.get::<String, _>(0), row.get::<u64, _>(1));
-        Self { env, database, pool, server_id, start }
+        Self {
+            env,
+            database,
+            pool,
+            server_id,
+            start,
+        }
     }
 
     fn topic(&self, table: &str) -> String {
@@ -50,22 +67,44 @@ impl Source {
 
     fn spawn(&self, table: &str) -> Spawned {
         let table = format!("{}.{table}", self.database);
-        self.env.spawn(&["cdc", "--table", &table, "--server-id", &self.server_id, "--start-position", &self.start])
+        self.env.spawn(&[
+            "cdc",
+            "--table",
+            &table,
+            "--server-id",
+            &self.server_id,
+            "--start-position",
+            &self.start,
+        ])
     }
 
     async fn exec(&self, statements: &[&str]) {
         let mut tx = self.pool.begin().await.unwrap();
         for statement in statements {
-            sqlx::query(AssertSqlSafe(statement.to_string())).execute(&mut *tx).await.unwrap();
+            sqlx::query(AssertSqlSafe(statement.to_string()))
+                .execute(&mut *tx)
+                .await
+                .unwrap();
         }
         tx.commit().await.unwrap();
     }
 
     /// Reads exactly `count` changes of `table` (read_committed; fails on
     /// fewer within the timeout or on one more) and decodes them.
-    async fn changes(&self, table: &str, count: usize, timeout: Duration) -> Vec<(OwnedMessage, ChangeEvent)> {
+    async fn changes(
+        &self,
+        table: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> Vec<(OwnedMessage, ChangeEvent)> {
         let topic = self.topic(table);
-        let codec = Codec::new(&self.env.settings.registry, &topic, &topic_schema(&topic), false).unwrap();
+        let codec = Codec::new(
+            &self.env.settings.registry,
+            &topic,
+            &topic_schema(&topic),
+            false,
+        )
+        .unwrap();
         let env = &self.env;
         let messages = tokio::task::block_in_place(|| {
             wait_for_topic(env, &topic);
@@ -84,14 +123,26 @@ impl Source {
 /// Waits until cdc has created `topic` (it does at start-up).
 fn wait_for_topic(env: &TestEnv, topic: &str) {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = orderpipe::kafka::client::client_config(&env.settings.kafka.client_options()).create().unwrap();
+    let consumer: BaseConsumer =
+        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
+            .create()
+            .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(5)).unwrap();
-        if metadata.topics().first().is_some_and(|t| t.error().is_none() && !t.partitions().is_empty()) {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(5))
+            .unwrap();
+        if metadata
+            .topics()
+            .first()
+            .is_some_and(|t| t.error().is_none() && !t.partitions().is_empty())
+        {
             return;
         }
-        assert!(Instant::now() < deadline, "cdc did not create {topic} within 60 s");
+        assert!(
+            Instant::now() < deadline,
+            "cdc did not create {topic} within 60 s"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -103,7 +154,10 @@ fn by_key(changes: &[(OwnedMessage, ChangeEvent)]) -> BTreeMap<String, Vec<&Chan
     let mut keys: BTreeMap<String, Vec<&ChangeEvent>> = BTreeMap::new();
     for (message, event) in sorted {
         let key = String::from_utf8(message.key().unwrap().to_vec()).unwrap();
-        assert_eq!(key, event.key, "the Kafka key is the envelope's primary key");
+        assert_eq!(
+            key, event.key,
+            "the Kafka key is the envelope's primary key"
+        );
         keys.entry(key).or_default().push(event);
     }
     keys
@@ -121,63 +175,158 @@ async fn inserts_updates_and_deletes_reach_the_topic_in_commit_order_per_key_wit
     source
         .exec(&["INSERT INTO table_user VALUES (1, 1, 'ann', 12.50, '2026-12-01 06:00:00.123'), (2, 1, 'bob', NULL, NULL), (3, 1, 'cy', 0, NULL)"])
         .await;
-    source.exec(&["UPDATE table_user SET status = 2 WHERE id = 1"]).await;
-    source.exec(&["UPDATE table_user SET name = 'bobby' WHERE id = 2"]).await;
+    source
+        .exec(&["UPDATE table_user SET status = 2 WHERE id = 1"])
+        .await;
+    source
+        .exec(&["UPDATE table_user SET name = 'bobby' WHERE id = 2"])
+        .await;
     source.exec(&["DELETE FROM table_user WHERE id = 3"]).await;
     // A transaction over a captured and an uncaptured table.
-    source.exec(&["INSERT INTO other VALUES (1, 1)", "INSERT INTO table_user (id, status) VALUES (4, 1)"]).await;
-    source.exec(&["UPDATE table_user SET status = 3 WHERE id = 1"]).await;
+    source
+        .exec(&[
+            "INSERT INTO other VALUES (1, 1)",
+            "INSERT INTO table_user (id, status) VALUES (4, 1)",
+        ])
+        .await;
+    source
+        .exec(&["UPDATE table_user SET status = 3 WHERE id = 1"])
+        .await;
     // A column added during the stream shows up in later events.
-    source.exec(&["ALTER TABLE table_user ADD COLUMN email VARCHAR(80) NULL"]).await;
-    source.exec(&["UPDATE table_user SET email = 'b@x.io' WHERE id = 2"]).await;
+    source
+        .exec(&["ALTER TABLE table_user ADD COLUMN email VARCHAR(80) NULL"])
+        .await;
+    source
+        .exec(&["UPDATE table_user SET email = 'b@x.io' WHERE id = 2"])
+        .await;
 
-    let changes = source.changes("table_user", 9, Duration::from_secs(60)).await;
+    let changes = source
+        .changes("table_user", 9, Duration::from_secs(60))
+        .await;
     assert!(matches!(cdc.try_wait(), Ok(None)), "cdc still runs");
     let db = &source.database;
-    let names = |events: &[&ChangeEvent]| events.iter().map(|e| e.event_name.clone()).collect::<Vec<_>>();
+    let names = |events: &[&ChangeEvent]| {
+        events
+            .iter()
+            .map(|e| e.event_name.clone())
+            .collect::<Vec<_>>()
+    };
     let keys = by_key(&changes);
     let user1 = &keys["1"];
-    assert_eq!(names(user1), [format!("{db}.table_user.insert"), format!("{db}.table_user.update"), format!("{db}.table_user.update")]);
-    assert_eq!(user1[0].data, json!({"id": 1, "status": 1, "name": "ann", "balance": "12.50", "created_at": "2026-12-01T06:00:00.123000"}));
+    assert_eq!(
+        names(user1),
+        [
+            format!("{db}.table_user.insert"),
+            format!("{db}.table_user.update"),
+            format!("{db}.table_user.update")
+        ]
+    );
+    assert_eq!(
+        user1[0].data,
+        json!({"id": 1, "status": 1, "name": "ann", "balance": "12.50", "created_at": "2026-12-01T06:00:00.123000"})
+    );
     assert_eq!(user1[0].old, None);
-    assert_eq!(user1[1].old, Some(json!({"status": 1})), "old holds the changed columns' previous values");
+    assert_eq!(
+        user1[1].old,
+        Some(json!({"status": 1})),
+        "old holds the changed columns' previous values"
+    );
     assert_eq!(user1[1].data["status"], json!(2));
     assert_eq!(user1[2].old, Some(json!({"status": 2})));
     assert_eq!(user1[2].data["status"], json!(3));
     let user2 = &keys["2"];
     assert_eq!(user2[1].old, Some(json!({"name": "bob"})));
-    assert_eq!(user2[2].data["email"], json!("b@x.io"), "the added column is in later events");
+    assert_eq!(
+        user2[2].data["email"],
+        json!("b@x.io"),
+        "the added column is in later events"
+    );
     assert_eq!(user2[2].old, Some(json!({"email": null})));
-    assert!(user2[1].data.get("email").is_none(), "earlier events do not invent it");
+    assert!(
+        user2[1].data.get("email").is_none(),
+        "earlier events do not invent it"
+    );
     let user3 = &keys["3"];
-    assert_eq!(names(user3), [format!("{db}.table_user.insert"), format!("{db}.table_user.delete")]);
-    assert_eq!(user3[1].data["name"], json!("cy"), "a delete carries the deleted row");
+    assert_eq!(
+        names(user3),
+        [
+            format!("{db}.table_user.insert"),
+            format!("{db}.table_user.delete")
+        ]
+    );
+    assert_eq!(
+        user3[1].data["name"],
+        json!("cy"),
+        "a delete carries the deleted row"
+    );
     assert_eq!(keys["4"][0].change, ChangeKind::Insert);
     // The envelope: house fields, headers, transaction coordinates.
     for (message, event) in &changes {
-        assert_eq!(header(message, "event_id"), Some(event.event_id.to_string()));
-        assert_eq!(header(message, "event_name").as_deref(), Some(event.event_name.as_str()));
+        assert_eq!(
+            header(message, "event_id"),
+            Some(event.event_id.to_string())
+        );
+        assert_eq!(
+            header(message, "event_name").as_deref(),
+            Some(event.event_name.as_str())
+        );
         assert_eq!(event.producer, format!("cdc:{}", source.env.prefix));
-        assert!(event.gtid.as_deref().is_some_and(|g| g.starts_with("0-1-")), "{:?}", event.gtid);
-        assert!(event.xid.is_some() && event.binlog_pos > 4 && event.binlog_file.starts_with("mariadb-bin."), "{event:?}");
+        assert!(
+            event.gtid.as_deref().is_some_and(|g| g.starts_with("0-1-")),
+            "{:?}",
+            event.gtid
+        );
+        assert!(
+            event.xid.is_some()
+                && event.binlog_pos > 4
+                && event.binlog_file.starts_with("mariadb-bin."),
+            "{event:?}"
+        );
     }
     // One schema version for every event, before and after the ALTER.
-    let ids: HashSet<u32> = changes.iter().map(|(m, _)| orderpipe::codec::schema_id(m.payload().unwrap()).unwrap()).collect();
+    let ids: HashSet<u32> = changes
+        .iter()
+        .map(|(m, _)| orderpipe::codec::schema_id(m.payload().unwrap()).unwrap())
+        .collect();
     assert_eq!(ids.len(), 1, "{ids:?}");
     // Commit order across rows: the GTIDs' sequence numbers never go back in a key's history.
     for events in keys.values() {
-        let seqs: Vec<u64> = events.iter().map(|e| e.gtid.as_ref().unwrap().rsplit('-').next().unwrap().parse().unwrap()).collect();
+        let seqs: Vec<u64> = events
+            .iter()
+            .map(|e| {
+                e.gtid
+                    .as_ref()
+                    .unwrap()
+                    .rsplit('-')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     }
     // The checkpoint, committed with the records, is at the last transaction's end.
     let offsets = format!("{}.cdc.offsets", source.env.prefix);
-    let checkpoint = orderpipe::cdc::checkpoint::last_committed(&source.env.settings.kafka, &offsets, &source.env.prefix)
-        .await
-        .unwrap()
-        .expect("a checkpoint");
-    let last = changes.iter().map(|(_, e)| e).max_by_key(|e| (e.binlog_file.clone(), e.binlog_pos)).unwrap();
+    let checkpoint = orderpipe::cdc::checkpoint::last_committed(
+        &source.env.settings.kafka,
+        &offsets,
+        &source.env.prefix,
+    )
+    .await
+    .unwrap()
+    .expect("a checkpoint");
+    let last = changes
+        .iter()
+        .map(|(_, e)| e)
+        .max_by_key(|e| (e.binlog_file.clone(), e.binlog_pos))
+        .unwrap();
     // At or past it: other tests' transactions (other databases) move the position too.
-    assert!((&checkpoint.position.file, checkpoint.position.pos) >= (&last.binlog_file, last.binlog_pos), "{checkpoint:?} vs {last:?}");
+    assert!(
+        (&checkpoint.position.file, checkpoint.position.pos)
+            >= (&last.binlog_file, last.binlog_pos),
+        "{checkpoint:?} vs {last:?}"
+    );
     cdc.kill().unwrap();
 }
 
@@ -185,23 +334,52 @@ async fn inserts_updates_and_deletes_reach_the_topic_in_commit_order_per_key_wit
 async fn a_table_without_a_primary_key_is_refused_by_name() {
     let source = Source::new(&["CREATE TABLE no_key (a INT, b INT)"]).await;
     let table = format!("{}.no_key", source.database);
-    let run = source.env.cli(&["cdc", "--table", &table, "--server-id", &source.server_id]);
+    let run = source
+        .env
+        .cli(&["cdc", "--table", &table, "--server-id", &source.server_id]);
     let text = run.failure();
-    assert!(text.contains(&format!("table {table} has no primary key")), "{text}");
+    assert!(
+        text.contains(&format!("table {table} has no primary key")),
+        "{text}"
+    );
     let missing = format!("{}.nope", source.database);
-    let text = source.env.cli(&["cdc", "--table", &missing, "--server-id", &source.server_id]).failure();
-    assert!(text.contains(&format!("table {missing} does not exist")), "{text}");
-    let text = source.env.cli(&["cdc", "--table", "nodot", "--server-id", &source.server_id]).failure();
-    assert!(text.contains("cdc.tables[0]") && text.contains("<database>.<table>"), "{text}");
+    let text = source
+        .env
+        .cli(&["cdc", "--table", &missing, "--server-id", &source.server_id])
+        .failure();
+    assert!(
+        text.contains(&format!("table {missing} does not exist")),
+        "{text}"
+    );
+    let text = source
+        .env
+        .cli(&["cdc", "--table", "nodot", "--server-id", &source.server_id])
+        .failure();
+    assert!(
+        text.contains("cdc.tables[0]") && text.contains("<database>.<table>"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_position_the_server_does_not_have_stops_the_source_naming_it() {
     let source = Source::new(&["CREATE TABLE t (id INT PRIMARY KEY)"]).await;
     let table = format!("{}.t", source.database);
-    let args = ["cdc", "--table", &table, "--server-id", &source.server_id, "--start-position", "mariadb-bin.999999:4"];
+    let args = [
+        "cdc",
+        "--table",
+        &table,
+        "--server-id",
+        &source.server_id,
+        "--start-position",
+        "mariadb-bin.999999:4",
+    ];
     let text = source.env.cli(&args).failure();
-    assert!(text.contains("the source has no binlog at mariadb-bin.999999:4") && text.contains("--start-position"), "{text}");
+    assert!(
+        text.contains("the source has no binlog at mariadb-bin.999999:4")
+            && text.contains("--start-position"),
+        "{text}"
+    );
 }
 
 /// Writes `transactions` transactions of `rows` inserts and one update of an
@@ -209,13 +387,16 @@ async fn a_position_the_server_does_not_have_stops_the_source_naming_it() {
 /// restarted; then every change must be on the topic exactly once, in
 /// commit order per key, for a read_committed reader.
 async fn killed_mid_stream(transactions: u64, rows: u64, kills: u32) {
-    let source = Source::new(&["CREATE TABLE ledger (id BIGINT PRIMARY KEY, version INT NOT NULL)"]).await;
+    let source =
+        Source::new(&["CREATE TABLE ledger (id BIGINT PRIMARY KEY, version INT NOT NULL)"]).await;
     let mut cdc = source.spawn("ledger");
     let writer = {
         let pool = source.pool.clone();
         tokio::spawn(async move {
             for t in 0..transactions {
-                let values: Vec<String> = (0..rows).map(|r| format!("({}, 0)", t * rows + r + 1)).collect();
+                let values: Vec<String> = (0..rows)
+                    .map(|r| format!("({}, 0)", t * rows + r + 1))
+                    .collect();
                 // Bump an earlier row: per key, versions must arrive 0, 1, 2, ...
                 let earlier = (t * 7919) % ((t + 1) * rows) + 1;
                 // One round trip per transaction (the text protocol's multi-statement batch).
@@ -223,7 +404,10 @@ async fn killed_mid_stream(transactions: u64, rows: u64, kills: u32) {
                     "BEGIN; INSERT INTO ledger VALUES {}; UPDATE ledger SET version = version + 1 WHERE id = {earlier}; COMMIT",
                     values.join(",")
                 );
-                sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await.unwrap();
+                sqlx::raw_sql(AssertSqlSafe(sql))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
             }
         })
     };
@@ -239,19 +423,34 @@ async fn killed_mid_stream(transactions: u64, rows: u64, kills: u32) {
     let expected = (transactions * (rows + 1)) as usize;
     let timeout = Duration::from_secs(120 + transactions / 100);
     let changes = source.changes("ledger", expected, timeout).await;
-    eprintln!("{expected} changes written in {written:?}, all read through {kills} SIGKILLs after {:?}", started.elapsed());
+    eprintln!(
+        "{expected} changes written in {written:?}, all read through {kills} SIGKILLs after {:?}",
+        started.elapsed()
+    );
     let ids: HashSet<_> = changes.iter().map(|(_, e)| e.event_id).collect();
     assert_eq!(ids.len(), expected, "no change twice");
     let (mut inserts, mut updates) = (0, 0);
     for (key, events) in by_key(&changes) {
-        assert_eq!(events[0].change, ChangeKind::Insert, "key {key}: the insert comes first");
+        assert_eq!(
+            events[0].change,
+            ChangeKind::Insert,
+            "key {key}: the insert comes first"
+        );
         for (version, event) in events.iter().enumerate() {
-            assert_eq!(event.data["version"], json!(version), "key {key}: versions in commit order");
+            assert_eq!(
+                event.data["version"],
+                json!(version),
+                "key {key}: versions in commit order"
+            );
         }
         inserts += 1;
         updates += events.len() - 1;
     }
-    assert_eq!((inserts, updates), ((transactions * rows) as usize, transactions as usize), "none missing");
+    assert_eq!(
+        (inserts, updates),
+        ((transactions * rows) as usize, transactions as usize),
+        "none missing"
+    );
     cdc.kill().unwrap();
 }
 
