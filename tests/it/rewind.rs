@@ -12,22 +12,7 @@ use serde_json::Value;
 
 use crate::consumer::{consume, count_rows, sigterm};
 use crate::helpers::{TestEnv, health_addr};
-
-/// Produces `count` synthetic events of `orders` orders from order id `first`.
-fn produce(env: &TestEnv, count: usize, orders: usize, first: i64, seed: u64) {
-    env.cli(&[
-        "produce",
-        "--count",
-        &count.to_string(),
-        "--orders",
-        &orders.to_string(),
-        "--seed",
-        &seed.to_string(),
-        "--first-order-id",
-        &first.to_string(),
-    ])
-    .success();
-}
+use crate::router::produce;
 
 /// `COMMAND --group G --reset-to TIME [extra] --output json`, parsed.
 fn rewind(env: &TestEnv, command: &str, group: &str, to: &str, extra: &[&str]) -> Value {

@@ -14,7 +14,7 @@ use orderpipe::subscriptions::model::{
     ConsumerPatch, NewConsumer, NewSubscription, SubscriptionPatch,
 };
 use orderpipe::subscriptions::store::Origin;
-use orderpipe::subscriptions::{FilterSpec, Store};
+use orderpipe::subscriptions::{FilterSpec, Store, Subscription};
 use serde_json::{Value, json};
 
 use crate::consumer::sigterm;
@@ -22,7 +22,13 @@ use crate::delivery::{Seen, downstream};
 use crate::helpers::TestEnv;
 
 /// Produces `count` events of `orders` open orders from order id `first`; returns them as sent.
-fn produce(env: &TestEnv, count: usize, orders: usize, first: i64, seed: u64) -> Vec<Envelope> {
+pub(crate) fn produce(
+    env: &TestEnv,
+    count: usize,
+    orders: usize,
+    first: i64,
+    seed: u64,
+) -> Vec<Envelope> {
     env.cli(&[
         "produce",
         "--count",
@@ -38,6 +44,35 @@ fn produce(env: &TestEnv, count: usize, orders: usize, first: i64, seed: u64) ->
     LifecycleGenerator::new("x", orders, first, seed)
         .take(count)
         .collect()
+}
+
+/// Adds the downstream consumer `name`, delivering to `url`.
+async fn add_consumer(store: &Store, name: &str, url: String) {
+    let consumer = NewConsumer {
+        name: name.into(),
+        url,
+        ..Default::default()
+    };
+    store.add_consumer(&consumer).await.unwrap();
+}
+
+/// Subscribes `consumer` to `event` (on the order topic) with `bind_key` and `filters`.
+async fn subscribe(
+    store: &Store,
+    order_topic: &str,
+    consumer: &str,
+    event: &str,
+    bind_key: &str,
+    filters: Vec<FilterSpec>,
+) -> Subscription {
+    let new = NewSubscription {
+        event: event.into(),
+        consumer: consumer.into(),
+        bind_key: bind_key.into(),
+        filters,
+        ..Default::default()
+    };
+    store.add_subscription(&new, order_topic).await.unwrap()
 }
 
 /// Event ids of `events` named `name` whose order is in `orders` (all when None).
@@ -104,14 +139,7 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
     let (base, seen) = downstream().await;
     let store = Store::new(env.db(), Origin::Cli);
     let sms = format!("sms{}", &env.prefix[1..]);
-    store
-        .add_consumer(&NewConsumer {
-            name: sms.clone(),
-            url: format!("{base}/hook/ok"),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    add_consumer(&store, &sms, format!("{base}/hook/ok")).await;
 
     let first = produce(&env, 60, 10, 1, 51);
     // order.created only of five orders; every order.payment.succeeded; one bind key.
@@ -128,31 +156,24 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
         values: Some(chosen.iter().map(|o| json!(o)).collect()),
         ..Default::default()
     };
-    let created = store
-        .add_subscription(
-            &NewSubscription {
-                event: "order.created".into(),
-                consumer: sms.clone(),
-                bind_key: "orders".into(),
-                filters: vec![filter],
-                ..Default::default()
-            },
-            &order_topic,
-        )
-        .await
-        .unwrap();
-    let paid = store
-        .add_subscription(
-            &NewSubscription {
-                event: "order.payment.succeeded".into(),
-                consumer: sms.clone(),
-                bind_key: "orders".into(),
-                ..Default::default()
-            },
-            &order_topic,
-        )
-        .await
-        .unwrap();
+    let created = subscribe(
+        &store,
+        &order_topic,
+        &sms,
+        "order.created",
+        "orders",
+        vec![filter],
+    )
+    .await;
+    let paid = subscribe(
+        &store,
+        &order_topic,
+        &sms,
+        "order.payment.succeeded",
+        "orders",
+        vec![],
+    )
+    .await;
     assert_eq!(created.group, paid.group, "one bind key, one group");
     let group = created.group.clone();
 
@@ -270,18 +291,7 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
     );
 
     // A second bind key starts its own group, without a restart.
-    let shipped = store
-        .add_subscription(
-            &NewSubscription {
-                event: "order.shipped".into(),
-                consumer: sms.clone(),
-                bind_key: "ship".into(),
-                ..Default::default()
-            },
-            &order_topic,
-        )
-        .await
-        .unwrap();
+    let shipped = subscribe(&store, &order_topic, &sms, "order.shipped", "ship", vec![]).await;
     assert_ne!(shipped.group, group);
     let mut want_shipped = ids(&first, "order.shipped", None);
     want_shipped.extend(ids(&second, "order.shipped", None));
@@ -393,26 +403,8 @@ async fn a_group_and_retry_topic_deleted_by_hand_are_recreated_by_the_router() {
     let (base, seen) = downstream().await;
     let store = Store::new(env.db(), Origin::Cli);
     let crm = format!("crm{}", &env.prefix[1..]);
-    store
-        .add_consumer(&NewConsumer {
-            name: crm.clone(),
-            url: format!("{base}/hook/ok"),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let sub = store
-        .add_subscription(
-            &NewSubscription {
-                event: "order.created".into(),
-                consumer: crm.clone(),
-                bind_key: "all".into(),
-                ..Default::default()
-            },
-            &order_topic,
-        )
-        .await
-        .unwrap();
+    add_consumer(&store, &crm, format!("{base}/hook/ok")).await;
+    let sub = subscribe(&store, &order_topic, &crm, "order.created", "all", vec![]).await;
     let events = produce(&env, 20, 5, 1, 61);
     let want = ids(&events, "order.created", None);
     let mut router = env.spawn(&["deliver"]);
@@ -529,26 +521,8 @@ async fn a_router_started_before_its_database_waits_for_it_and_then_serves() {
     let (base, seen) = downstream().await;
     let store = Store::new(db, Origin::Cli);
     let late = format!("late{}", &env.prefix[1..]);
-    store
-        .add_consumer(&NewConsumer {
-            name: late.clone(),
-            url: format!("{base}/hook/ok"),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    store
-        .add_subscription(
-            &NewSubscription {
-                event: "order.created".into(),
-                consumer: late,
-                bind_key: "all".into(),
-                ..Default::default()
-            },
-            &order_topic,
-        )
-        .await
-        .unwrap();
+    add_consumer(&store, &late, format!("{base}/hook/ok")).await;
+    subscribe(&store, &order_topic, &late, "order.created", "all", vec![]).await;
     let events = produce(&env, 10, 5, 1, 71);
     wait_for(
         &seen,
