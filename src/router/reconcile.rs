@@ -91,20 +91,16 @@ pub async fn compare(
         &[],
     )
     .await?;
-    let kafka = settings.kafka.clone();
-    let topics =
-        tokio::task::spawn_blocking(move || -> Result<Vec<String>, rdkafka::error::KafkaError> {
-            use rdkafka::consumer::Consumer;
-            let probe = lag::probe(&kafka)?;
-            let metadata = probe.fetch_metadata(None, std::time::Duration::from_secs(10))?;
-            Ok(metadata
-                .topics()
-                .iter()
-                .map(|t| t.name().to_string())
-                .collect())
-        })
-        .await
-        .map_err(|e| ReconcileError::Task(e.to_string()))??;
+    let topics = with_probe(settings, |probe| {
+        use rdkafka::consumer::Consumer;
+        let metadata = probe.fetch_metadata(None, std::time::Duration::from_secs(10))?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .map(|t| t.name().to_string())
+            .collect::<Vec<_>>())
+    })
+    .await?;
     Ok(difference(
         settings,
         &desired,
@@ -128,21 +124,31 @@ pub async fn compare_with_broker(
         .into_iter()
         .map(|b| b.group)
         .collect();
-    let kafka = settings.kafka.clone();
-    let running =
-        tokio::task::spawn_blocking(move || -> Result<Vec<String>, rdkafka::error::KafkaError> {
-            let probe = lag::probe(&kafka)?;
-            let mut running = Vec::new();
-            for group in desired {
-                if !lag::describe_group(&probe, &group)?.1.is_empty() {
-                    running.push(group);
-                }
+    let running = with_probe(settings, move |probe| {
+        let mut running = Vec::new();
+        for group in desired {
+            if !lag::describe_group(probe, &group)?.1.is_empty() {
+                running.push(group);
             }
-            Ok(running)
-        })
-        .await
-        .map_err(|e| ReconcileError::Task(e.to_string()))??;
+        }
+        Ok(running)
+    })
+    .await?;
     compare(settings, store, &running).await
+}
+
+/// Runs `ask` with a probe consumer (one that never joins a group) on a blocking thread.
+async fn with_probe<T: Send + 'static>(
+    settings: &Settings,
+    ask: impl FnOnce(&rdkafka::consumer::BaseConsumer) -> Result<T, rdkafka::error::KafkaError>
+    + Send
+    + 'static,
+) -> Result<T, ReconcileError> {
+    let kafka = settings.kafka.clone();
+    let asked = tokio::task::spawn_blocking(move || ask(&lag::probe(&kafka)?))
+        .await
+        .map_err(|e| ReconcileError::Task(e.to_string()))?;
+    Ok(asked?)
 }
 
 /// The pure part of [`compare`].
