@@ -364,6 +364,10 @@ pub fn json_value(value: &BinlogValue<'_>, column_type: Option<ColumnType>) -> s
             if *us > 0 {
                 text.push_str(&format!(".{us:06}"));
             }
+            // A TIMESTAMP read by a query (the snapshot, session time zone UTC).
+            if is(ColumnType::MYSQL_TYPE_TIMESTAMP) || is(ColumnType::MYSQL_TYPE_TIMESTAMP2) {
+                text.push('Z');
+            }
             Json::String(text)
         }
         My::Time(negative, days, h, i, s, us) => {

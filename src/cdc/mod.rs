@@ -29,6 +29,7 @@
 pub mod binlog;
 pub mod change;
 pub mod checkpoint;
+pub mod snapshot;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -465,3 +465,94 @@ async fn a_cdc_killed_three_times_mid_stream_loses_and_duplicates_no_change() {
 async fn a_cdc_killed_five_times_during_50k_row_changes_delivers_each_exactly_once() {
     killed_mid_stream(10_000, 4, 5).await;
 }
+
+/// The snapshot measure: a 100k-row table bootstrapped while writes
+/// go on, between a stream stopped before it and started after it.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: heavy; run by `make test` in the serial phase"]
+async fn a_snapshot_of_a_100k_row_table_between_the_stream_loses_no_row_and_duplicates_none() {
+    let source = Source::new(&[
+        "CREATE TABLE big (id BIGINT PRIMARY KEY, version INT NOT NULL)",
+        "INSERT INTO big SELECT seq, 0 FROM seq_1_to_100000",
+    ])
+    .await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (pool, stop) = (source.pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut transactions = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (new, old) = (100_001 + transactions, (transactions * 7919) % 100_000 + 1);
+                let sql = format!(
+                    "BEGIN; INSERT INTO big VALUES ({new}, 0); UPDATE big SET version = version + 1 WHERE id = {old}; COMMIT"
+                );
+                sqlx::raw_sql(AssertSqlSafe(sql))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                transactions += 1;
+            }
+            transactions
+        })
+    };
+    let mut cdc = source.spawn("big");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cdc.kill().unwrap();
+    cdc.wait().unwrap();
+    let table = format!("{}.big", source.database);
+    let args = [
+        "cdc",
+        "snapshot",
+        "--table",
+        &table,
+        "--server-id",
+        &source.server_id,
+        "--output",
+        "json",
+    ];
+    let run = tokio::task::block_in_place(|| source.env.cli(&args));
+    let summary: serde_json::Value = serde_json::from_str(&run.success()).unwrap();
+    let snapshot_rows = summary["rows"].as_u64().unwrap();
+    assert!(snapshot_rows >= 100_000, "{summary}");
+    let mut cdc = source.spawn("big");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let transactions = writer.await.unwrap();
+    let expected = (2 * transactions + snapshot_rows) as usize;
+    let changes = source
+        .changes("big", expected, Duration::from_secs(300))
+        .await;
+    eprintln!(
+        "snapshot of {snapshot_rows} rows ({} s) between {transactions} transactions of the stream",
+        run.elapsed.as_secs_f64()
+    );
+    let ids: HashSet<_> = changes.iter().map(|(_, e)| e.event_id).collect();
+    assert_eq!(ids.len(), expected, "no change or row twice");
+    let keys = by_key(&changes);
+    let table_rows: Vec<(i64, i32)> = sqlx::query_as("SELECT id, version FROM big")
+        .fetch_all(&source.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys.len(),
+        table_rows.len(),
+        "every row of the table has a history on the topic"
+    );
+    for (id, version) in table_rows {
+        let events = &keys[&id.to_string()];
+        let versions: Vec<i64> = events
+            .iter()
+            .map(|e| e.data["version"].as_i64().unwrap())
+            .collect();
+        assert!(
+            versions.windows(2).all(|w| w[0] <= w[1]),
+            "key {id}: {versions:?}"
+        );
+        assert_eq!(
+            *versions.last().unwrap(),
+            i64::from(version),
+            "key {id}: the topic ends in the table's state"
+        );
+    }
+    cdc.kill().unwrap();
+}

@@ -1,0 +1,251 @@
+//! `orderpipe cdc snapshot --table T`: a table's existing rows as `insert`
+//! changes, between the stream's changes without a gap (Maxwell's
+//! bootstrap).
+//!
+//! 1. Take the source's producer (`init_transactions` fences a running
+//!    `cdc` of the same name: stop it first; it resumes after the snapshot).
+//! 2. Open a consistent snapshot on the source (`START TRANSACTION WITH
+//!    CONSISTENT SNAPSHOT`) and read the binlog position it is consistent
+//!    with (`binlog_snapshot_file`/`_position`, MariaDB): S.
+//! 3. Publish the stream from the last checkpoint up to S, as `cdc` would
+//!    (the snapshot table included): every change before S is out.
+//! 4. Read the table in the snapshot and publish every row as an `insert`
+//!    of `<db>.<table>`, in ONE Kafka transaction with the checkpoint S: a
+//!    kill before its commit publishes none of them, and a rerun starts over.
+//! 5. `cdc` started again resumes at S: changes after the snapshot follow it.
+//!
+//! So each key's history reads: changes up to S, the snapshot row (its
+//! state at S), changes after S. One Kafka transaction holds the whole
+//! table: `producer.options."transaction.timeout.ms"` must cover it.
+
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use serde::Serialize;
+
+use super::binlog::{self, BinlogPosition, BinlogReader, BinlogTransaction, RowChange};
+use super::change::{ChangeKind, json_value, primary_key};
+use super::checkpoint::{self, Checkpoint};
+use super::{CdcError, CdcSections, Publisher};
+use secrecy::ExposeSecret;
+
+/// What a snapshot did.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotSummary {
+    /// The table.
+    pub table: String,
+    /// The binlog position the rows are consistent with (the new checkpoint).
+    pub position: BinlogPosition,
+    /// Row changes published from the old checkpoint up to `position`.
+    pub caught_up_changes: u64,
+    /// Rows published as inserts.
+    pub rows: u64,
+}
+
+/// Whether `a` is at or after `b` in the binlog (same file name pattern).
+pub fn at_or_past(a: &BinlogPosition, b: &BinlogPosition) -> bool {
+    (a.file.as_str(), a.pos) >= (b.file.as_str(), b.pos)
+}
+
+/// Runs a snapshot of `table` (`db.table`) for the source of `sections`.
+pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSummary, CdcError> {
+    let mut cdc = sections.cdc.clone();
+    if !cdc.tables.iter().any(|t| t == table) {
+        cdc.tables.push(table.to_string());
+    }
+    cdc.validate().map_err(CdcError::Setup)?;
+    let sections = CdcSections {
+        cdc: &cdc,
+        ..sections
+    };
+    let url = cdc
+        .source
+        .as_ref()
+        .unwrap_or(sections.database_url)
+        .expose_secret()
+        .to_string();
+    let mut conn = binlog::connect(&url).await?;
+    binlog::check_source(&mut conn, &cdc.tables).await?;
+    super::ensure_topics(sections.kafka, &cdc).await?;
+    let mut publisher = Publisher::new(&sections).await?;
+    let from =
+        match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {
+            Some(c) => c.position,
+            None => binlog::current_position(&mut conn).await?,
+        };
+    // The consistent snapshot and the binlog position it matches.
+    let sql = |e: mysql_async::Error| CdcError::Source(format!("snapshot of {table}: {e}"));
+    conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .map_err(sql)?;
+    conn.query_drop("SET time_zone = '+00:00'")
+        .await
+        .map_err(sql)?;
+    conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        .await
+        .map_err(sql)?;
+    let status: Vec<(String, String)> = conn
+        .query("SHOW STATUS LIKE 'binlog_snapshot_%'")
+        .await
+        .map_err(sql)?;
+    let value = |name: &str| {
+        status
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    let position = match (
+        value("Binlog_snapshot_file"),
+        value("Binlog_snapshot_position"),
+    ) {
+        (Some(file), Some(pos)) if !file.is_empty() => BinlogPosition {
+            file,
+            pos: pos
+                .parse()
+                .map_err(|_| CdcError::Source(format!("binlog_snapshot_position = {pos:?}")))?,
+            gtid: None,
+        },
+        _ => {
+            return Err(CdcError::Source(
+                "the source has no binlog_snapshot_file/position status (MariaDB's consistent snapshot): cannot place the snapshot in the binlog".into(),
+            ));
+        }
+    };
+    // Everything before the snapshot goes out first.
+    let caught_up_changes = catch_up(&mut publisher, &url, &cdc, &from, &position).await?;
+    // The rows, as of the snapshot, in one Kafka transaction with its checkpoint.
+    let (db, name) = table.split_once('.').expect("validated as db.table");
+    let key_columns: Vec<String> = conn
+        .exec(
+            "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION",
+            (db, name),
+        )
+        .await
+        .map_err(sql)?;
+    // The binary protocol (a prepared statement) returns typed values.
+    let rows: Vec<mysql_async::Row> = conn
+        .exec(format!("SELECT * FROM `{db}`.`{name}`"), ())
+        .await
+        .map_err(sql)?;
+    conn.query_drop("COMMIT").await.map_err(sql)?;
+    let mut changes = Vec::with_capacity(rows.len());
+    for row in rows {
+        let columns = row.columns();
+        let mut data = serde_json::Map::new();
+        for (i, column) in columns.iter().enumerate() {
+            let value = row.as_ref(i).cloned().unwrap_or(mysql_async::Value::NULL);
+            let value = json_value(
+                &mysql_async::binlog::value::BinlogValue::Value(value),
+                Some(column.column_type()),
+            );
+            data.insert(column.name_str().into_owned(), value);
+        }
+        let null = serde_json::Value::Null;
+        let key = primary_key(
+            &key_columns
+                .iter()
+                .map(|c| data.get(c).unwrap_or(&null))
+                .collect::<Vec<_>>(),
+        );
+        changes.push(RowChange {
+            database: db.to_string(),
+            table: name.to_string(),
+            kind: ChangeKind::Insert,
+            key,
+            data: serde_json::Value::Object(data),
+            old: None,
+        });
+    }
+    let rows = changes.len() as u64;
+    let snapshot = BinlogTransaction {
+        gtid: None,
+        xid: None,
+        end: position.clone(),
+        timestamp: chrono::Utc::now().timestamp() as u32,
+        changes,
+    };
+    publisher
+        .publish(
+            std::slice::from_ref(&snapshot),
+            &Checkpoint::new(&cdc.name, position.clone()),
+        )
+        .await?;
+    Ok(SnapshotSummary {
+        table: table.to_string(),
+        position,
+        caught_up_changes,
+        rows,
+    })
+}
+
+/// Publishes the stream from `from` up to `to` (a transaction boundary);
+/// returns the number of changes.
+async fn catch_up(
+    publisher: &mut Publisher,
+    url: &str,
+    cdc: &super::CdcSettings,
+    from: &BinlogPosition,
+    to: &BinlogPosition,
+) -> Result<u64, CdcError> {
+    if at_or_past(from, to) {
+        return Ok(0);
+    }
+    let mut reader = BinlogReader::open(url, cdc.server_id, from, &cdc.tables).await?;
+    let (mut batch, mut rows, mut published) = (Vec::new(), 0usize, 0u64);
+    loop {
+        let tx = tokio::time::timeout(Duration::from_secs(60), reader.next_transaction())
+            .await
+            .map_err(|_| {
+                CdcError::Source(format!(
+                    "no transaction ends at the snapshot's position {to} within 60 s"
+                ))
+            })??;
+        let done = tx.end.file == to.file && tx.end.pos == to.pos;
+        if !done && at_or_past(&tx.end, to) {
+            return Err(CdcError::Source(format!(
+                "the snapshot's position {to} is not a transaction boundary (read past it to {})",
+                tx.end
+            )));
+        }
+        rows += tx.changes.len();
+        batch.push(tx);
+        if done || rows >= cdc.batch_max_rows {
+            let end = batch.last().expect("a transaction was pushed").end.clone();
+            published += publisher
+                .publish(&batch, &Checkpoint::new(&cdc.name, end))
+                .await?;
+            batch.clear();
+            rows = 0;
+        }
+        if done {
+            return Ok(published);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_order_by_file_then_offset() {
+        let p = |file: &str, pos| BinlogPosition {
+            file: file.into(),
+            pos,
+            gtid: None,
+        };
+        assert!(at_or_past(
+            &p("mariadb-bin.000002", 4),
+            &p("mariadb-bin.000001", 900)
+        ));
+        assert!(at_or_past(
+            &p("mariadb-bin.000001", 900),
+            &p("mariadb-bin.000001", 900)
+        ));
+        assert!(!at_or_past(
+            &p("mariadb-bin.000001", 899),
+            &p("mariadb-bin.000001", 900)
+        ));
+    }
+}
