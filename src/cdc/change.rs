@@ -547,5 +547,10 @@ mod tests {
             ),
             json!("-26:03:04")
         );
+        // A TIMESTAMP read by the snapshot's query (session time zone UTC).
+        assert_eq!(
+            v(My::Date(2025, 12, 1, 6, 0, 0, 0), Some(ColumnType::MYSQL_TYPE_TIMESTAMP)),
+            json!("2025-12-01T06:00:00Z")
+        );
     }
 }
