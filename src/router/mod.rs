@@ -101,6 +101,8 @@ struct Router {
     running: BTreeMap<String, Running>,
     unserved: BTreeSet<String>,
     actual: Actual,
+    /// Each running group's total lag, as of the last reconciliation.
+    lags: BTreeMap<String, i64>,
 }
 
 /// Runs the router until `shutdown` resolves; `actual` is kept up to date
@@ -122,6 +124,7 @@ pub async fn run(
         running: BTreeMap::new(),
         unserved: BTreeSet::new(),
         actual,
+        lags: BTreeMap::new(),
     };
     // The newest request acted on; None until the first re-read succeeds.
     let mut seen: Option<Option<i64>> = None;
@@ -326,20 +329,24 @@ impl Router {
         self.publish_actual();
     }
 
-    /// Compares desired and actual state and reports orphans ([`reconcile`]).
+    /// Compares desired and actual state and reports orphans ([`reconcile`]),
+    /// and measures the running groups' lag for the actual state.
     async fn reconcile(&mut self) {
-        match reconcile::compare(
-            &self.settings,
-            &self.store,
-            &self.running.keys().cloned().collect::<Vec<_>>(),
-        )
-        .await
-        {
+        let running: Vec<String> = self.running.keys().cloned().collect();
+        match reconcile::compare(&self.settings, &self.store, &running).await {
             Ok(report) => report.emit(),
             Err(e) => {
                 tracing::warn!(error = %e, "router reconciliation failed; tried again at the next interval")
             }
         }
+        let topic = &self.settings.topics.order_events.name;
+        match crate::lag::measure(&self.settings.kafka, topic, &running, true).await {
+            Ok(groups) => self.lags = groups.into_iter().map(|g| (g.group, g.total_lag)).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "router groups' lag not measured; the actual state shows the last values")
+            }
+        }
+        self.publish_actual();
     }
 
     fn publish_actual(&self) {
@@ -354,7 +361,7 @@ impl Router {
                     topics: vec![order_topic.clone()],
                     subscriptions: binding.routes.iter().map(|r| r.subscription_id).collect(),
                     running: !running.task.is_finished(),
-                    lag: None,
+                    lag: self.lags.get(group).copied(),
                 }
             })
             .collect();

@@ -114,6 +114,15 @@ async fn wait_for(seen: &Seen, mode: &str, want: &BTreeSet<String>, timeout: Dur
     }
 }
 
+/// The rest of the first stderr line starting with `prefix` (an announced address).
+fn announced(log: &Arc<Mutex<Vec<String>>>, prefix: &str) -> String {
+    log.lock()
+        .unwrap()
+        .iter()
+        .find_map(|l| l.strip_prefix(prefix).map(str::to_string))
+        .unwrap_or_else(|| panic!("`{prefix}` announced"))
+}
+
 /// Collects the router's stderr lines in the background.
 fn stderr_lines(child: &mut std::process::Child) -> Arc<Mutex<Vec<String>>> {
     let lines = Arc::new(Mutex::new(Vec::new()));
@@ -183,6 +192,8 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
         "2s",
         "--health-addr",
         "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
     ]);
     let log = stderr_lines(&mut router);
     let mut want = ids(&first, "order.created", Some(&chosen));
@@ -223,6 +234,34 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
         "one group, one member: {lag}"
     );
     assert_eq!(lag["groups"][0]["total_lag"], 0, "{lag}");
+
+    // The admin API in the router's process shows its actual state: the
+    // group running both subscriptions, in sync, its lag measured (0).
+    let admin = announced(&log, "admin API listening on http://");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, body) = crate::helpers::http_get(&admin, "/bindings");
+        assert_eq!(status, 200, "{body}");
+        let view: Value = serde_json::from_str(body.split("\r\n\r\n").last().unwrap_or(&body))
+            .unwrap_or(Value::Null);
+        let actual = view["actual"].as_array().cloned().unwrap_or_default();
+        let ours = actual.iter().find(|a| a["group"] == group.as_str());
+        if let Some(a) = ours.filter(|a| a["lag"] == 0) {
+            assert_eq!(a["running"], true, "{view}");
+            assert_eq!(a["subscriptions"], json!([created.id, paid.id]), "{view}");
+            assert_eq!(
+                view["diff"],
+                json!([{"group": group, "status": "in_sync"}]),
+                "{view}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no measured lag 0 for {group} in GET /bindings: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     // Disable the payment subscription, change the filter and the URL: the
     // next records, produced 3 s later, see all three changes.
@@ -332,15 +371,9 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
         "the live group is not an orphan"
     );
     // ... and on /metrics: one orphan, one group running, filtered changes counted.
-    let addr = log
-        .lock()
-        .unwrap()
-        .iter()
-        .find_map(|l| {
-            l.strip_prefix("health endpoints on http://")
-                .map(|a| a.trim_end_matches("/health/ready").to_string())
-        })
-        .expect("health endpoint announced");
+    let addr = announced(&log, "health endpoints on http://")
+        .trim_end_matches("/health/ready")
+        .to_string();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (status, metrics) = crate::helpers::http_get(&addr, "/metrics");
