@@ -556,3 +556,89 @@ async fn a_snapshot_of_a_100k_row_table_between_the_stream_loses_no_row_and_dupl
     }
     cdc.kill().unwrap();
 }
+
+/// Measures the lag from a row's commit in MariaDB to a read_committed
+/// consumer holding its change, single-row transactions 5 ms apart.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: a measurement; run by `make test` in the serial phase"]
+async fn lag_from_binlog_commit_to_a_read_committed_consumer() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let source =
+        Source::new(&["CREATE TABLE lat (id BIGINT PRIMARY KEY, written_at DATETIME(6) NOT NULL)"])
+            .await;
+    let mut cdc = source.spawn("lat");
+    let topic = source.topic("lat");
+    let count = 2_000u64;
+    let reader = {
+        let (env, topic) = (&source.env, topic.clone());
+        wait_for_topic(env, &topic);
+        let consumer: BaseConsumer =
+            orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
+                .set("group.id", format!("{}-lag", env.prefix))
+                .set("isolation.level", "read_committed")
+                .set("enable.auto.commit", "false")
+                .set("fetch.wait.max.ms", "10")
+                .create()
+                .unwrap();
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        for p in 0..3 {
+            assignment
+                .add_partition_offset(&topic, p, rdkafka::Offset::Beginning)
+                .unwrap();
+        }
+        consumer.assign(&assignment).unwrap();
+        std::thread::spawn(move || {
+            let mut received = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while (received.len() as u64) < count && Instant::now() < deadline {
+                if let Some(Ok(message)) = consumer.poll(Duration::from_millis(100)) {
+                    received.push((message.detach(), chrono::Utc::now()));
+                }
+            }
+            received
+        })
+    };
+    for i in 0..count {
+        let sql = format!("INSERT INTO lat VALUES ({i}, UTC_TIMESTAMP(6))");
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&source.pool)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let received = tokio::task::block_in_place(|| reader.join().unwrap());
+    assert_eq!(
+        received.len() as u64,
+        count,
+        "every change reached the consumer"
+    );
+    let codec = Codec::new(
+        &source.env.settings.registry,
+        &topic,
+        &topic_schema(&topic),
+        false,
+    )
+    .unwrap();
+    let mut lags = Vec::new();
+    for (message, at) in &received {
+        let event =
+            ChangeEvent::from_avro(codec.decode_value(message.payload()).await.unwrap()).unwrap();
+        let written = chrono::NaiveDateTime::parse_from_str(
+            event.data["written_at"].as_str().unwrap(),
+            "%Y-%m-%dT%H:%M:%S%.f",
+        )
+        .unwrap()
+        .and_utc();
+        lags.push((*at - written).num_microseconds().unwrap() as f64 / 1000.0);
+    }
+    lags.sort_by(f64::total_cmp);
+    let at = |q: f64| lags[((lags.len() as f64 - 1.0) * q) as usize];
+    eprintln!(
+        "cdc lag, commit to read_committed consumer, {count} single-row transactions 5 ms apart: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    );
+    assert!(at(0.99) < 5_000.0, "p99 {} ms", at(0.99));
+    cdc.kill().unwrap();
+}
