@@ -139,16 +139,17 @@ fn read_last(
             }
             other => other.map_err(kafka_error)?,
         };
-        if message.key() == Some(source.as_bytes()) {
-            if let Some(value) = message.payload() {
-                let checkpoint: Checkpoint = serde_json::from_slice(value).map_err(|e| {
-                    CdcError::Checkpoint(format!(
-                        "{topic} offset {}: not a checkpoint: {e}",
-                        message.offset()
-                    ))
-                })?;
-                last = Some(checkpoint);
-            }
+        if let Some(value) = message
+            .payload()
+            .filter(|_| message.key() == Some(source.as_bytes()))
+        {
+            let checkpoint: Checkpoint = serde_json::from_slice(value).map_err(|e| {
+                CdcError::Checkpoint(format!(
+                    "{topic} offset {}: not a checkpoint: {e}",
+                    message.offset()
+                ))
+            })?;
+            last = Some(checkpoint);
         }
         if let Some(i) = ends.iter().position(|(p, _)| *p == message.partition()) {
             done[i] |= message.offset() + 1 >= ends[i].1;
