@@ -17,7 +17,7 @@
 //! rows). To replay, [`forget_applied`] deletes the group's dedup rows of
 //! the records that will be read again: those applied from a main-topic
 //! position at or after the new offset, and those applied from the retry
-//! topic since the time. `--keep-dedup` keeps them (the re-read events are
+//! topic since the time, with `--dedup forget`; `--dedup keep` keeps them (the re-read events are
 //! then counted as duplicates and not applied again).
 
 use chrono::{DateTime, Utc};

@@ -57,26 +57,36 @@ pub struct GroupArgs {
     /// Rewind the group (it must have no live member) to the first record at
     /// or after this RFC 3339 time (e.g. 2026-12-01T06:30:00Z) on every
     /// partition of the topic, print each partition's old and new offset and
-    /// exit without consuming. Records read again are applied again (the
-    /// group's dedup rows of them are deleted) unless --keep-dedup.
-    #[arg(long, value_name = "RFC3339", value_parser = crate::rewind::parse_time)]
+    /// exit without consuming. Needs --dedup: whether the records read again
+    /// are applied again.
+    #[arg(long, value_name = "RFC3339", value_parser = crate::rewind::parse_time, requires = "dedup")]
     reset_to: Option<chrono::DateTime<chrono::Utc>>,
-    /// With --reset-to: keep the group's dedup rows, so records read again
-    /// that the group applied before are skipped as duplicates.
-    #[arg(long, requires = "reset_to")]
-    keep_dedup: bool,
+    /// With --reset-to, the group's dedup rows of the records read again:
+    /// `forget` applies (delivers) them again, `keep` skips them as
+    /// duplicates. No default: running the handlers twice is asked by name.
+    #[arg(long, value_enum, requires = "reset_to")]
+    dedup: Option<DedupOnRewind>,
     #[command(flatten)]
     output: OutputArg,
 }
 
+/// What `--reset-to` does with the dedup rows of the records read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DedupOnRewind {
+    /// Delete them: the records are applied (delivered) again.
+    Forget,
+    /// Keep them: records the group applied are read again and skipped.
+    Keep,
+}
+
 impl GroupArgs {
     /// `--reset-to`: rewinds `group` on the topic it reads, forgets the dedup
-    /// rows of what it will read again (unless `--keep-dedup`) and prints
+    /// rows of what it will read again (with `--dedup forget`) and prints
     /// each partition's old and new offset.
     async fn rewind(self, settings: &Settings, group: &str, to: chrono::DateTime<chrono::Utc>) -> anyhow::Result<ExitCode> {
         let topic = self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
         let rewound = crate::rewind::rewind(&settings.kafka, group, std::slice::from_ref(&topic), to).await?;
-        let forgotten = if self.keep_dedup {
+        let forgotten = if self.dedup != Some(DedupOnRewind::Forget) {
             None
         } else {
             let db = Db::connect(&settings.database, 1)?;
@@ -253,7 +263,7 @@ async fn route(
     admin_addr: Option<SocketAddr>,
     run: GroupArgs,
 ) -> anyhow::Result<ExitCode> {
-    if group.is_some() || run.topic.is_some() || run.until_idle.is_some() || run.keep_dedup {
+    if group.is_some() || run.topic.is_some() || run.until_idle.is_some() || run.dedup.is_some() {
         anyhow::bail!(
             "--group, --topic and --until-idle need --subscription NAME: the router (deliver without \
              --subscription) runs one group per consumer and bind_key of the subscription tables, on the order topic"
@@ -339,7 +349,7 @@ fn rewound_report(
     println!("{}", output::table(&["topic", "partition", "old offset", "new offset", "moved"], rows));
     match dedup_rows_forgotten {
         Some(n) => println!("dedup rows forgotten: {n} (the records read again are applied again)"),
-        None => println!("dedup rows kept (--keep-dedup): records read again that the group applied are skipped as duplicates"),
+        None => println!("dedup rows kept (--dedup keep): records read again that the group applied are skipped as duplicates"),
     }
 }
 

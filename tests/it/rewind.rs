@@ -53,7 +53,7 @@ async fn a_rewound_group_reads_again_exactly_the_records_at_or_after_the_time() 
         "{first}"
     );
 
-    let report = rewind(&env, "consume", &group, &middle.to_rfc3339(), &[]);
+    let report = rewind(&env, "consume", &group, &middle.to_rfc3339(), &["--dedup", "forget"]);
     let partitions = report["partitions"].as_array().unwrap();
     assert_eq!(
         partitions.len(),
@@ -108,13 +108,13 @@ async fn a_rewound_group_reads_again_exactly_the_records_at_or_after_the_time() 
     );
     assert_eq!(count_rows(&env.db(), &group).await, 50);
 
-    // --keep-dedup: the same 20 are read and skipped as duplicates.
+    // --dedup keep: the same 20 are read and skipped as duplicates.
     let kept = rewind(
         &env,
         "consume",
         &group,
         &middle.to_rfc3339(),
-        &["--keep-dedup"],
+        &["--dedup", "keep"],
     );
     assert_eq!(kept["dedup_rows_forgotten"], Value::Null, "{kept}");
     assert_eq!(
@@ -135,7 +135,7 @@ async fn a_rewound_group_reads_again_exactly_the_records_at_or_after_the_time() 
 
     // A time past the last record: every partition at its log end, nothing moves.
     let future = (Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
-    let ahead = rewind(&env, "consume", &group, &future, &["--keep-dedup"]);
+    let ahead = rewind(&env, "consume", &group, &future, &["--dedup", "keep"]);
     for p in ahead["partitions"].as_array().unwrap() {
         assert_eq!(p["new_offset"], p["old_offset"], "{ahead}");
     }
@@ -146,7 +146,7 @@ async fn a_rewound_group_reads_again_exactly_the_records_at_or_after_the_time() 
         "deliver",
         &group,
         "2000-01-01T00:00:00Z",
-        &["--keep-dedup"],
+        &["--dedup", "keep"],
     );
     assert_eq!(sum(&start, "new_offset"), 0, "{start}");
     let all = consume(&env, &group, "inventory");
@@ -164,7 +164,8 @@ async fn a_rewound_group_reads_again_exactly_the_records_at_or_after_the_time() 
             &group,
             "--reset-to",
             &middle.to_rfc3339(),
-            "--keep-dedup",
+            "--dedup",
+            "keep",
         ])
         .success();
     assert!(
@@ -213,6 +214,8 @@ async fn a_group_with_a_live_member_is_refused_and_keeps_its_offsets() {
             &group,
             "--reset-to",
             "2000-01-01T00:00:00Z",
+            "--dedup",
+            "forget",
         ])
         .failure();
     assert!(
@@ -237,7 +240,11 @@ async fn a_group_with_a_live_member_is_refused_and_keeps_its_offsets() {
     assert_eq!(committed, 10, "{lag}");
 
     // Stopped, the same rewind goes through.
-    let report = rewind(&env, "consume", &group, "2000-01-01T00:00:00Z", &[]);
+    // Without --dedup the rewind is refused by name: whether the handlers
+    // run again for the records read again is the operator's choice.
+    let unsaid = env.cli(&["consume", "--group", &group, "--reset-to", "2000-01-01T00:00:00Z"]).failure();
+    assert!(unsaid.contains("--dedup"), "{unsaid}");
+    let report = rewind(&env, "consume", &group, "2000-01-01T00:00:00Z", &["--dedup", "forget"]);
     assert_eq!(
         (sum(&report, "old_offset"), sum(&report, "new_offset")),
         (10, 0),
@@ -247,14 +254,14 @@ async fn a_group_with_a_live_member_is_refused_and_keeps_its_offsets() {
 
     // Bad input names the flag.
     let bad = env
-        .cli(&["consume", "--group", &group, "--reset-to", "yesterday"])
+        .cli(&["consume", "--group", &group, "--reset-to", "yesterday", "--dedup", "keep"])
         .failure();
     assert!(
         bad.contains("--reset-to") && bad.contains("`yesterday` is not an RFC 3339 time"),
         "{bad}"
     );
     let nameless = env
-        .cli(&["deliver", "--reset-to", "2000-01-01T00:00:00Z"])
+        .cli(&["deliver", "--reset-to", "2000-01-01T00:00:00Z", "--dedup", "keep"])
         .failure();
     assert!(
         nameless.contains("--reset-to: name the group to rewind with --group G"),
