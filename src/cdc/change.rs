@@ -549,7 +549,10 @@ mod tests {
         );
         // A TIMESTAMP read by the snapshot's query (session time zone UTC).
         assert_eq!(
-            v(My::Date(2025, 12, 1, 6, 0, 0, 0), Some(ColumnType::MYSQL_TYPE_TIMESTAMP)),
+            v(
+                My::Date(2025, 12, 1, 6, 0, 0, 0),
+                Some(ColumnType::MYSQL_TYPE_TIMESTAMP)
+            ),
             json!("2025-12-01T06:00:00Z")
         );
     }

@@ -446,6 +446,35 @@ pub async fn ensure_topics(kafka: &KafkaSettings, cdc: &CdcSettings) -> Result<(
     Ok(())
 }
 
+/// A source ready to read: its URL, a connection that passed the checks,
+/// its fenced-in producer.
+struct Started {
+    url: String,
+    conn: mysql_async::Conn,
+    publisher: Publisher,
+}
+
+/// The start-up both `cdc` and `cdc snapshot` do: check the source's
+/// settings and tables, create the topics, fence the previous producer.
+async fn start(sections: &CdcSections<'_>) -> Result<Started, CdcError> {
+    let cdc = sections.cdc;
+    let url = cdc
+        .source
+        .as_ref()
+        .unwrap_or(sections.database_url)
+        .expose_secret()
+        .to_string();
+    let mut conn = binlog::connect(&url).await?;
+    binlog::check_source(&mut conn, &cdc.tables).await?;
+    ensure_topics(sections.kafka, cdc).await?;
+    let publisher = Publisher::new(sections).await?;
+    Ok(Started {
+        url,
+        conn,
+        publisher,
+    })
+}
+
 /// Runs the source until `shutdown` resolves (then publishes what it has
 /// read and returns) or a Kafka error stops it. Binlog errors reconnect
 /// from the last checkpoint with a backoff.
@@ -459,16 +488,11 @@ pub async fn run(
     if cdc.tables.is_empty() {
         return Err(CdcError::Setup("cdc.tables is empty: name the tables to capture (db.table), e.g. --table shop.table_user".into()));
     }
-    let url = cdc
-        .source
-        .as_ref()
-        .unwrap_or(sections.database_url)
-        .expose_secret()
-        .to_string();
-    let mut conn = binlog::connect(&url).await?;
-    binlog::check_source(&mut conn, &cdc.tables).await?;
-    ensure_topics(sections.kafka, cdc).await?;
-    let mut publisher = Publisher::new(&sections).await?;
+    let Started {
+        url,
+        mut conn,
+        mut publisher,
+    } = start(&sections).await?;
     let mut summary = CdcSummary::default();
     let mut committed =
         match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {

@@ -27,7 +27,6 @@ use super::binlog::{self, BinlogPosition, BinlogReader, BinlogTransaction, RowCh
 use super::change::{ChangeKind, json_value, primary_key};
 use super::checkpoint::{self, Checkpoint};
 use super::{CdcError, CdcSections, Publisher};
-use secrecy::ExposeSecret;
 
 /// What a snapshot did.
 #[derive(Debug, Clone, Serialize)]
@@ -58,16 +57,11 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
         cdc: &cdc,
         ..sections
     };
-    let url = cdc
-        .source
-        .as_ref()
-        .unwrap_or(sections.database_url)
-        .expose_secret()
-        .to_string();
-    let mut conn = binlog::connect(&url).await?;
-    binlog::check_source(&mut conn, &cdc.tables).await?;
-    super::ensure_topics(sections.kafka, &cdc).await?;
-    let mut publisher = Publisher::new(&sections).await?;
+    let super::Started {
+        url,
+        mut conn,
+        mut publisher,
+    } = super::start(&sections).await?;
     let from =
         match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {
             Some(c) => c.position,

@@ -83,13 +83,7 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
         let bound = crate::health::serve(addr, crate::health::HealthState::service()).await?;
         eprintln!("metrics on http://{bound}/metrics");
     }
-    let sections = CdcSections {
-        cdc: &cdc,
-        kafka: &settings.kafka,
-        producer: &settings.producer,
-        registry: &settings.registry,
-        database_url: &settings.database.url,
-    };
+    let sections = sections(settings, &cdc);
     let options = CdcOptions {
         start_position: args.start_position,
     };
@@ -127,13 +121,7 @@ async fn snapshot(
     if let Some(id) = server_id {
         cdc.server_id = id;
     }
-    let sections = CdcSections {
-        cdc: &cdc,
-        kafka: &settings.kafka,
-        producer: &settings.producer,
-        registry: &settings.registry,
-        database_url: &settings.database.url,
-    };
+    let sections = sections(settings, &cdc);
     let summary = crate::cdc::snapshot::run(sections, &table).await?;
     match output.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
@@ -143,4 +131,15 @@ async fn snapshot(
         ),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The sections `cdc` reads, with its `[cdc]` after the flags.
+fn sections<'a>(settings: &'a Settings, cdc: &'a crate::cdc::CdcSettings) -> CdcSections<'a> {
+    CdcSections {
+        cdc,
+        kafka: &settings.kafka,
+        producer: &settings.producer,
+        registry: &settings.registry,
+        database_url: &settings.database.url,
+    }
 }
