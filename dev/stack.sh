@@ -11,6 +11,7 @@
 #   dev/stack.sh start|stop|restart SERVICE      SERVICE = kafka | registry | mariadb
 #   dev/stack.sh kafka-class CLASS [ARGS...]     run a Java main class on the Kafka class path
 #   dev/stack.sh kafka-topics [ARGS...]          org.apache.kafka.tools.TopicCommand (adds --bootstrap-server)
+#   dev/stack.sh sql [ARGS...]                   the mariadb client as the stack's user (e.g. sql -e 'SHOW DATABASES')
 #   dev/stack.sh logs SERVICE [N]     tail the service's logs
 #   dev/stack.sh clean                (stack down) delete Kafka/MariaDB/registry state, keep downloads
 #
@@ -690,6 +691,7 @@ main() {
     kafka-class) [[ $# -ge 1 ]] || die "usage: dev/stack.sh kafka-class CLASS [ARGS...]"
                  ensure_kafka_jars; kafka_java "$@" ;;
     kafka-topics) cmd_kafka_topics "$@" ;;
+    sql) mariadb --no-defaults --protocol=TCP -h"$HOST" -P"$MARIADB_PORT" -u"$DB_USER" -p"$DB_PASS" "$@" ;;
     ""|-h|--help|help) usage ;;
     *) usage >&2; die "unknown command '$cmd'" ;;
   esac

@@ -36,6 +36,17 @@ stop_stack() {
 trap stop_stack EXIT
 "$STACK" up
 
+# What the tests of earlier runs left on a reused stack: each test has its own
+# topics (t<hex>.*, 12 partitions each) and database (op_t<hex>). A few runs'
+# worth of partitions exhaust the broker's open files (it then fails to
+# start), and the databases fill MariaDB's buffer pool.
+echo "== deleting the topics (t<hex>.*) and databases (op_t<hex>) of earlier test runs"
+"$STACK" kafka-topics --delete --if-exists --topic 't[0-9a-f]{10}[.].*' >/dev/null \
+  || echo "warning: the earlier test topics were not deleted; the broker may run out of open files" >&2
+for db in $("$STACK" sql -N -e "SELECT schema_name FROM information_schema.schemata WHERE schema_name REGEXP '^op_t[0-9a-f]{10}\$'"); do
+  "$STACK" sql -e "DROP DATABASE \`$db\`"
+done
+
 echo "== Helm chart and alert rules"
 "$ROOT/dev/chart-test.sh"
 
