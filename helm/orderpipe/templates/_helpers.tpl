@@ -124,6 +124,13 @@ volumeMounts:
      pattern unless naming.enforce is false), naming them. */}}
 {{- define "orderpipe.configJson" -}}
 {{- $config := deepCopy .Values.config -}}
+{{- /* Secrets come from existingSecret, never from the ConfigMap. */ -}}
+{{- if dig "cdc" "source" "" $config -}}
+{{- fail "config.cdc.source is a secret (the binlog source's user:password): put it in existingSecret and name its key in secretKeys.cdcSource" -}}
+{{- end -}}
+{{- if dig "admin" "token" "" $config -}}
+{{- fail "config.admin.token is a secret: put it in existingSecret and name its key in secretKeys.adminToken" -}}
+{{- end -}}
 {{- $security := include "orderpipe.kafkaSecurity" . | fromJson -}}
 {{- if and $security.sasl (has $security.mechanism (list "PLAIN" "SCRAM-SHA-256" "SCRAM-SHA-512")) -}}
 {{- if not .Values.secretKeys.saslPassword -}}
@@ -283,16 +290,22 @@ volumeMounts:
 {{- end -}}
 {{- end -}}
 
+{{/* Ports and probes of a role: "orderpipe.probes" (dict "Values" V "ports" EXTRA "readyPath" P);
+     ports (extra named ports) and readyPath (default /health/ready) are optional. */}}
 {{- define "orderpipe.probes" -}}
 ports:
   - name: http
     containerPort: {{ .Values.httpPort }}
+  {{- range .ports }}
+  - name: {{ .name }}
+    containerPort: {{ .containerPort }}
+  {{- end }}
 livenessProbe:
   httpGet: {path: /health/live, port: http}
   periodSeconds: 10
   failureThreshold: 3
 readinessProbe:
-  httpGet: {path: /health/ready, port: http}
+  httpGet: {path: {{ .readyPath | default "/health/ready" }}, port: http}
   periodSeconds: 5
   failureThreshold: 3
 {{- end -}}
