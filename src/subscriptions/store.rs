@@ -341,21 +341,13 @@ impl Store {
             new.description.as_deref(),
         )?;
         let mut tx = self.db.begin().await?;
-        if self
-            .id_of(
-                &mut tx,
-                "SELECT id FROM cdc_sources WHERE name = ?",
-                &new.name,
-            )
-            .await?
-            .is_some()
-        {
-            return Err(SubsError::Exists {
-                kind: "source",
-                key: new.name.clone(),
-                detail: String::new(),
-            });
-        }
+        self.refuse_existing(
+            &mut tx,
+            "source",
+            "SELECT id FROM cdc_sources WHERE name = ?",
+            &new.name,
+        )
+        .await?;
         let now = now_ms();
         sqlx::query(
             "INSERT INTO cdc_sources (name, db_host, db_port, db_user, enabled, description, created_ms, updated_ms) \
@@ -464,21 +456,13 @@ impl Store {
         order_topic: &str,
     ) -> Result<EventDefinition, SubsError> {
         let mut tx = self.db.begin().await?;
-        if self
-            .id_of(
-                &mut tx,
-                "SELECT id FROM event_definitions WHERE routing_key = ?",
-                &new.routing_key,
-            )
-            .await?
-            .is_some()
-        {
-            return Err(SubsError::Exists {
-                kind: "event",
-                key: new.routing_key.clone(),
-                detail: String::new(),
-            });
-        }
+        self.refuse_existing(
+            &mut tx,
+            "event",
+            "SELECT id FROM event_definitions WHERE routing_key = ?",
+            &new.routing_key,
+        )
+        .await?;
         self.insert_event(&mut tx, new, order_topic).await?;
         self.request_in(&mut tx, RequestKind::Change, None).await?;
         tx.commit().await?;
@@ -615,21 +599,13 @@ impl Store {
         check_text("channel_id", new.channel_id.as_deref(), 64)?;
         check_text("description", new.description.as_deref(), 255)?;
         let mut tx = self.db.begin().await?;
-        if self
-            .id_of(
-                &mut tx,
-                "SELECT id FROM downstream_consumers WHERE name = ?",
-                &new.name,
-            )
-            .await?
-            .is_some()
-        {
-            return Err(SubsError::Exists {
-                kind: "consumer",
-                key: new.name.clone(),
-                detail: String::new(),
-            });
-        }
+        self.refuse_existing(
+            &mut tx,
+            "consumer",
+            "SELECT id FROM downstream_consumers WHERE name = ?",
+            &new.name,
+        )
+        .await?;
         let now = now_ms();
         sqlx::query(
             "INSERT INTO downstream_consumers (name, http_method, http_url, timeout_ms, retry_json, channel_id, enabled, \
@@ -1007,40 +983,52 @@ impl Store {
             .map(|(id,)| id))
     }
 
-    async fn consumer_id(&self, tx: &mut Tx, name: &str) -> Result<i64, SubsError> {
-        match self
-            .id_of(
-                tx,
-                "SELECT id FROM downstream_consumers WHERE name = ?",
-                name,
-            )
-            .await?
-        {
-            Some(id) => Ok(id),
-            None => Err(not_found_in(
-                tx,
-                "consumer",
-                name,
-                "SELECT name FROM downstream_consumers ORDER BY name",
-            )
-            .await),
+    /// [`SubsError::Exists`] when `sql` (one `?`: the key) finds a row of
+    /// `kind` with `key`. The unique key still guards a concurrent insert
+    /// ([`duplicate`]); this check gives the common case a clear error first.
+    async fn refuse_existing(
+        &self,
+        tx: &mut Tx,
+        kind: &'static str,
+        sql: &'static str,
+        key: &str,
+    ) -> Result<(), SubsError> {
+        match self.id_of(tx, sql, key).await? {
+            Some(_) => Err(SubsError::Exists {
+                kind,
+                key: key.into(),
+                detail: String::new(),
+            }),
+            None => Ok(()),
         }
     }
 
-    async fn source_id(&self, tx: &mut Tx, name: &str) -> Result<i64, SubsError> {
-        match self
-            .id_of(tx, "SELECT id FROM cdc_sources WHERE name = ?", name)
-            .await?
-        {
+    /// The id of `kind` `name` that `sql` (one `?`: the name) finds, or
+    /// [`SubsError::NotFound`] listing the known names (`names`).
+    async fn id_or_not_found(
+        &self,
+        tx: &mut Tx,
+        kind: &'static str,
+        name: &str,
+        sql: &'static str,
+        names: &'static str,
+    ) -> Result<i64, SubsError> {
+        match self.id_of(tx, sql, name).await? {
             Some(id) => Ok(id),
-            None => Err(not_found_in(
-                tx,
-                "source",
-                name,
-                "SELECT name FROM cdc_sources ORDER BY name",
-            )
-            .await),
+            None => Err(not_found_in(tx, kind, name, names).await),
         }
+    }
+
+    async fn consumer_id(&self, tx: &mut Tx, name: &str) -> Result<i64, SubsError> {
+        let sql = "SELECT id FROM downstream_consumers WHERE name = ?";
+        let names = "SELECT name FROM downstream_consumers ORDER BY name";
+        self.id_or_not_found(tx, "consumer", name, sql, names).await
+    }
+
+    async fn source_id(&self, tx: &mut Tx, name: &str) -> Result<i64, SubsError> {
+        let sql = "SELECT id FROM cdc_sources WHERE name = ?";
+        let names = "SELECT name FROM cdc_sources ORDER BY name";
+        self.id_or_not_found(tx, "source", name, sql, names).await
     }
 
     /// Not found, with the known names (up to 20) when the kind has names.
