@@ -316,11 +316,95 @@ def check_roles(docs, values):
         if [["schema", "check"], ["schema", "register"]] not in steps:
             problems.append(f"schemaRegistration.enabled: no pre-install hook Job runs schema check, then schema register ({steps})")
     problems += check_dlq_cronjobs(docs, values)
+    problems += check_cdc_router(docs, values)
     if problems:
         return problems
     print(f"roles: {len(values.get('consumers') or [])} consumer groups, {len(values.get('subscriptions') or [])} "
-          f"HTTP subscriptions, schema hook {'on' if (values.get('schemaRegistration') or {}).get('enabled') else 'off'}")
+          f"HTTP subscriptions, schema hook {'on' if (values.get('schemaRegistration') or {}).get('enabled') else 'off'}, "
+          f"cdc {'on' if (values.get('cdc') or {}).get('enabled') else 'off'}, "
+          f"router {'on' if (values.get('router') or {}).get('enabled') else 'off'}")
     return []
+
+
+def check_cdc_router(docs, values):
+    """cdc: one Deployment running `cdc --health-addr`, 1 replica replaced with Recreate, the source
+    credentials from secretKeys.cdcSource (or none: database.url). router: `deliver` without
+    --subscription with --health-addr, --admin-addr and a Service on it when admin is enabled, and the
+    admin token from secretKeys.adminToken (or no variable at all). A disabled role renders nothing."""
+    problems = []
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    container = lambda d: pod_spec(d)["containers"][0]
+    args_of = lambda d: [str(a) for a in container(d).get("args") or []]
+    flag = lambda args, name: args[args.index(name) + 1] if name in args[:-1] else None
+    secret_keys = values.get("secretKeys") or {}
+    secret = values.get("existingSecret")
+    http_port = str(values.get("httpPort"))
+
+    def secret_env(d, name, key, role):
+        """The variable is read from existingSecret's key when set, and absent when not."""
+        got = env_secret(container(d), name)
+        present = any(e["name"] == name for e in container(d).get("env") or [])
+        if key and got != (secret, key):
+            problems.append(f"{role}: {name} is {got}, not existingSecret's key secretKeys ({secret}, {key})")
+        if not key and present:
+            problems.append(f"{role}: {name} is set while its secretKeys entry is empty (an empty value is refused at load)")
+        others = [o["metadata"]["name"] for o in deployments if o is not d
+                  and any(e["name"] == name for e in container(o).get("env") or [])]
+        if others:
+            problems.append(f"{role}: {name} also reaches {others} (only this role needs it)")
+
+    cdc = values.get("cdc") or {}
+    found = [d for d in deployments if args_of(d)[:1] == ["cdc"]]
+    if not cdc.get("enabled"):
+        if found:
+            problems.append(f"cdc.enabled is false but {[d['metadata']['name'] for d in found]} run cdc")
+    elif len(found) != 1:
+        problems.append(f"cdc.enabled: {len(found)} Deployments run cdc (one binlog reader per source)")
+    else:
+        d = found[0]
+        args = args_of(d)
+        if flag(args, "--health-addr") != f"0.0.0.0:{http_port}":
+            problems.append(f"cdc: --health-addr is {flag(args, '--health-addr')}, not 0.0.0.0:{http_port} (its /metrics)")
+        if d["spec"].get("replicas") != 1 or (d["spec"].get("strategy") or {}).get("type") != "Recreate":
+            problems.append(f"cdc: replicas {d['spec'].get('replicas')}, strategy {d['spec'].get('strategy')}: "
+                            f"one binlog reader per source needs 1 replica replaced with Recreate")
+        ready = ((container(d).get("readinessProbe") or {}).get("httpGet") or {}).get("path")
+        if ready != "/health/live":
+            problems.append(f"cdc: readiness probe {ready}: cdc serves no /health/ready (it would never be ready)")
+        secret_env(d, "ORDERPIPE_CDC__SOURCE", secret_keys.get("cdcSource"), "cdc")
+
+    router = values.get("router") or {}
+    admin = router.get("admin") or {}
+    found = [d for d in deployments if args_of(d)[:1] == ["deliver"] and "--subscription" not in args_of(d)]
+    services = [s for s in docs if s["kind"] == "Service" and s["metadata"]["name"].endswith("-router-admin")]
+    if not router.get("enabled"):
+        if found or services:
+            problems.append(f"router.enabled is false but {[d['metadata']['name'] for d in found + services]} render")
+    elif len(found) != 1:
+        problems.append(f"router.enabled: {len(found)} Deployments run deliver without --subscription")
+    else:
+        d = found[0]
+        args = args_of(d)
+        if d["spec"].get("replicas") != router.get("replicas"):
+            problems.append(f"router: replicas {d['spec'].get('replicas')}, router.replicas is {router.get('replicas')}")
+        if flag(args, "--health-addr") != f"0.0.0.0:{http_port}":
+            problems.append(f"router: --health-addr is {flag(args, '--health-addr')}, not 0.0.0.0:{http_port}")
+        want_admin = f"0.0.0.0:{admin.get('port')}" if admin.get("enabled") else None
+        if flag(args, "--admin-addr") != want_admin:
+            problems.append(f"router: --admin-addr is {flag(args, '--admin-addr')}, router.admin wants {want_admin}")
+        ports = {p["name"]: p["containerPort"] for p in container(d).get("ports") or []}
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        if admin.get("enabled"):
+            if ports.get("admin") != admin.get("port"):
+                problems.append(f"router: container port admin is {ports.get('admin')}, router.admin.port is {admin.get('port')}")
+            good = [s for s in services if all(labels.get(k) == v for k, v in s["spec"]["selector"].items())
+                    and any(p.get("targetPort") in ("admin", admin.get("port")) for p in s["spec"]["ports"])]
+            if len(good) != 1:
+                problems.append(f"router.admin.enabled: {len(good)} Services select the router pods' admin port")
+        elif services or "admin" in ports:
+            problems.append("router.admin.enabled is false but an admin port or Service renders")
+        secret_env(d, "ORDERPIPE_ADMIN__TOKEN", secret_keys.get("adminToken") if admin.get("enabled") else "", "router")
+    return problems
 
 
 def check_dlq_cronjobs(docs, values):

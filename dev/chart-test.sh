@@ -64,7 +64,7 @@ for d in docs:
             assert spec["securityContext"].get("runAsNonRoot"), d["metadata"]["name"]
             assert "limits" in c.get("resources", {}), d["metadata"]["name"]
             for e in c.get("env", []):
-                assert "value" not in e or "PASSWORD" not in e["name"] and "DATABASE__URL" not in e["name"], "inline secret"
+                assert "value" not in e or not any(k in e["name"] for k in ("PASSWORD", "DATABASE__URL", "TOKEN", "CDC__SOURCE")), "inline secret"
 print(f"{len(docs)} manifests: non-root, read-only, no privilege escalation, limits set, secrets by reference")
 PY
   echo "== the rendered config loads"
@@ -200,6 +200,34 @@ bin_profiles="$(ORDERPIPE_RETRY__PROFILE=nope "$BIN" config 2>&1 | sed -n 's/.*i
 chart_pattern="$(sed -n '/define "orderpipe.groupPattern"/{n;p;}' "$CHART/templates/_helpers.tpl")"
 grep -qF "pub const GROUP_PATTERN: &str = r\"$chart_pattern\";" "$ROOT/src/consumer/naming.rs" \
   || { echo "the chart's group pattern ($chart_pattern) is not src/consumer/naming.rs's GROUP_PATTERN" >&2; exit 1; }
+
+echo "== cdc and router roles: bad values fail the render, naming the field; the checks catch a lost setting"
+cdc=(--set cdc.enabled=true --set 'config.cdc.tables={shop.table_user}')
+expect_fail "two cdc replicas (one binlog reader per source)" 'cdc.replicas is 2; accepted: 1 (one binlog reader per source' \
+  render "${cdc[@]}" --set cdc.replicas=2
+expect_fail "cdc without tables" 'cdc.enabled: config.cdc.tables is empty' render --set cdc.enabled=true
+expect_fail "the binlog source's credentials inline" 'config.cdc.source is a secret' \
+  render "${cdc[@]}" --set config.cdc.source=mysql://repl:pw@db:3306
+expect_fail "the admin token inline" 'config.admin.token is a secret' render --set config.admin.token=0123456789abcdef
+expect_fail "the admin API on httpPort" 'router.admin.port is 8080; accepted: a port from 1 to 65535 other than httpPort' \
+  render --set router.enabled=true --set router.admin.enabled=true --set router.admin.port=8080
+# No secretKeys.adminToken: no ORDERPIPE_ADMIN__TOKEN at all (an empty token is refused at load); the API is read-only.
+render "${cdc[@]}" --set router.enabled=true --set router.admin.enabled=true > "$OUT/router-no-token.yaml"
+python3 "$ROOT/dev/chart-checks.py" roles "$OUT/router-no-token.yaml" --values "$CHART/values.yaml" \
+  --values <(printf 'cdc: {enabled: true}\nrouter: {enabled: true, admin: {enabled: true}}\n')
+if grep -q 'ORDERPIPE_ADMIN__TOKEN\|ORDERPIPE_CDC__SOURCE' "$OUT/router-no-token.yaml"; then
+  echo "an empty secretKeys.adminToken/cdcSource rendered its variable" >&2; exit 1
+fi
+prod=(--values "$CHART/values.yaml" --values "$CHART/ci/production-values.yaml")
+sed '/- name: ORDERPIPE_ADMIN__TOKEN$/,+4d' "$OUT/production.yaml" > "$OUT/router-lost-token.yaml"
+expect_fail "a router without the admin token of secretKeys.adminToken" "router: ORDERPIPE_ADMIN__TOKEN is None" \
+  python3 "$ROOT/dev/chart-checks.py" roles "$OUT/router-lost-token.yaml" "${prod[@]}"
+sed '/- --admin-addr$/,+1d' "$OUT/production.yaml" > "$OUT/router-lost-admin.yaml"
+expect_fail "a router without --admin-addr" "router: --admin-addr is None" \
+  python3 "$ROOT/dev/chart-checks.py" roles "$OUT/router-lost-admin.yaml" "${prod[@]}"
+sed '/^  strategy: {type: Recreate}$/d' "$OUT/production.yaml" > "$OUT/cdc-rolling.yaml"
+expect_fail "a cdc Deployment rolled (two binlog readers during an upgrade)" "cdc: replicas 1, strategy None" \
+  python3 "$ROOT/dev/chart-checks.py" roles "$OUT/cdc-rolling.yaml" "${prod[@]}"
 
 echo "== dlqPurge and dlqScheduledReplay: bad values fail the render, naming the field; the checks catch a lost flag"
 expect_fail "a dlqPurge.olderThan that is not an age" 'dlqPurge.olderThan is "7days"; accepted forms: <n>s, <n>m, <n>h, <n>d' \
