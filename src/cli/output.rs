@@ -35,6 +35,21 @@ pub(crate) fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>
     table
 }
 
+/// Prints `items` as JSON, or as a table with `header` and one `row` per
+/// item: the list printers of the commands (`subs list`, ...) differ only
+/// in their columns.
+pub(crate) fn print_list<T: Serialize>(
+    items: &[T],
+    format: Output,
+    header: &[&str],
+    row: impl Fn(&T) -> Vec<String>,
+) {
+    if format == Output::Json {
+        return json(&items);
+    }
+    println!("{}", table(header, items.iter().map(row)));
+}
+
 /// A progress bar on stderr (drawn only on a terminal); `len` None = spinner.
 pub fn progress_bar(len: Option<u64>, what: &str) -> ProgressBar {
     let bar = match len {

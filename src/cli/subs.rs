@@ -680,11 +680,26 @@ fn yes_no(b: bool) -> String {
     if b { "yes".into() } else { "no".into() }
 }
 
+/// Filters as the CLI writes them, joined by ` AND ` (all must hold).
+fn filters_cli(filters: &[PropertyFilter]) -> String {
+    filters
+        .iter()
+        .map(PropertyFilter::to_cli)
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
 fn print_consumers(consumers: &[Consumer], format: Output) {
-    if format == Output::Json {
-        return output::json(&consumers);
-    }
-    let rows = consumers.iter().map(|c| {
+    let header = [
+        "consumer",
+        "method",
+        "url",
+        "timeout ms",
+        "retry",
+        "channel",
+        "enabled",
+    ];
+    output::print_list(consumers, format, &header, |c| {
         vec![
             c.name.clone(),
             c.method.clone(),
@@ -697,28 +712,13 @@ fn print_consumers(consumers: &[Consumer], format: Output) {
             yes_no(c.enabled),
         ]
     });
-    println!(
-        "{}",
-        output::table(
-            &[
-                "consumer",
-                "method",
-                "url",
-                "timeout ms",
-                "retry",
-                "channel",
-                "enabled"
-            ],
-            rows
-        )
-    );
 }
 
 fn print_subscriptions(subscriptions: &[Subscription], format: Output) {
-    if format == Output::Json {
-        return output::json(&subscriptions);
-    }
-    let rows = subscriptions.iter().map(|s| {
+    let header = [
+        "id", "event", "consumer", "bind key", "group", "enabled", "filters",
+    ];
+    output::print_list(subscriptions, format, &header, |s| {
         vec![
             s.id.to_string(),
             s.event.clone(),
@@ -726,29 +726,14 @@ fn print_subscriptions(subscriptions: &[Subscription], format: Output) {
             s.bind_key.clone(),
             s.group.clone(),
             yes_no(s.enabled),
-            s.filters
-                .iter()
-                .map(PropertyFilter::to_cli)
-                .collect::<Vec<_>>()
-                .join(" AND "),
+            filters_cli(&s.filters),
         ]
     });
-    println!(
-        "{}",
-        output::table(
-            &[
-                "id", "event", "consumer", "bind key", "group", "enabled", "filters"
-            ],
-            rows
-        )
-    );
 }
 
 fn print_events(events: &[EventDefinition], format: Output) {
-    if format == Output::Json {
-        return output::json(&events);
-    }
-    let rows = events.iter().map(|e| {
+    let header = ["event", "topic", "source", "description"];
+    output::print_list(events, format, &header, |e| {
         vec![
             e.routing_key.clone(),
             e.topic.clone(),
@@ -756,17 +741,11 @@ fn print_events(events: &[EventDefinition], format: Output) {
             e.description.clone(),
         ]
     });
-    println!(
-        "{}",
-        output::table(&["event", "topic", "source", "description"], rows)
-    );
 }
 
 fn print_sources(sources: &[Source], format: Output) {
-    if format == Output::Json {
-        return output::json(&sources);
-    }
-    let rows = sources.iter().map(|s| {
+    let header = ["source", "host", "user", "enabled", "description"];
+    output::print_list(sources, format, &header, |s| {
         vec![
             s.name.clone(),
             format!("{}:{}", s.db_host, s.db_port),
@@ -775,31 +754,21 @@ fn print_sources(sources: &[Source], format: Output) {
             s.description.clone(),
         ]
     });
-    println!(
-        "{}",
-        output::table(&["source", "host", "user", "enabled", "description"], rows)
-    );
 }
 
 fn print_bindings(bindings: &[Binding], format: Output) {
-    if format == Output::Json {
-        return output::json(&bindings);
-    }
-    if bindings.is_empty() {
+    // An empty table says nothing to someone wondering why no group runs.
+    if format == Output::Table && bindings.is_empty() {
         println!("no enabled subscription of an enabled consumer: no group to run");
         return;
     }
-    let rows = bindings.iter().map(|b| {
+    let header = ["group", "url", "topics", "subscriptions"];
+    output::print_list(bindings, format, &header, |b| {
         let routes = b
             .routes
             .iter()
             .map(|r| {
-                let filters = r
-                    .filters
-                    .iter()
-                    .map(PropertyFilter::to_cli)
-                    .collect::<Vec<_>>()
-                    .join(" AND ");
+                let filters = filters_cli(&r.filters);
                 match filters.is_empty() {
                     true => format!("#{} {}", r.subscription_id, r.routing_key),
                     false => format!("#{} {} if {filters}", r.subscription_id, r.routing_key),
@@ -814,10 +783,6 @@ fn print_bindings(bindings: &[Binding], format: Output) {
             routes,
         ]
     });
-    println!(
-        "{}",
-        output::table(&["group", "url", "topics", "subscriptions"], rows)
-    );
 }
 
 /// One record as a two-column table of its JSON fields.
@@ -830,13 +795,13 @@ fn show(record: &impl serde::Serialize, format: Output) {
         let text = match v {
             serde_json::Value::String(s) => s.clone(),
             serde_json::Value::Null => String::new(),
-            serde_json::Value::Array(items) if k == "filters" => items
-                .iter()
-                .filter_map(|f| serde_json::from_value::<FilterSpec>(f.clone()).ok())
-                .filter_map(|spec| spec.check("filters").ok())
-                .map(|f| f.to_cli())
-                .collect::<Vec<_>>()
-                .join(" AND "),
+            serde_json::Value::Array(items) if k == "filters" => filters_cli(
+                &items
+                    .iter()
+                    .filter_map(|f| serde_json::from_value::<FilterSpec>(f.clone()).ok())
+                    .filter_map(|spec| spec.check("filters").ok())
+                    .collect::<Vec<_>>(),
+            ),
             other => other.to_string(),
         };
         vec![k.clone(), text]
