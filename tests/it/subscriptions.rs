@@ -20,6 +20,28 @@ fn cli_json(env: &TestEnv, args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out}"))
 }
 
+/// `subs add subscription --event EVENT --consumer CONSUMER --bind-key KEY EXTRA...`.
+fn add_subscription<'a>(
+    event: &'a str,
+    consumer: &'a str,
+    bind_key: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "subs",
+        "add",
+        "subscription",
+        "--event",
+        event,
+        "--consumer",
+        consumer,
+        "--bind-key",
+        bind_key,
+    ];
+    args.extend(extra);
+    args
+}
+
 #[tokio::test]
 async fn the_cli_adds_lists_updates_disables_and_removes_and_names_the_flag_on_bad_input() {
     let env = TestEnv::new().with_database().await;
@@ -43,33 +65,16 @@ async fn the_cli_adds_lists_updates_disables_and_removes_and_names_the_flag_on_b
     );
     let insert = cli_json(
         &env,
-        &[
-            "subs",
-            "add",
-            "subscription",
-            "--event",
-            "order_db.table_user.insert",
-            "--consumer",
-            "sms",
-            "--bind-key",
-            "user",
-        ],
+        &add_subscription("order_db.table_user.insert", "sms", "user", &[]),
     );
     let update = cli_json(
         &env,
-        &[
-            "subs",
-            "add",
-            "subscription",
-            "--event",
+        &add_subscription(
             "order_db.table_user.update",
-            "--consumer",
             "sms",
-            "--bind-key",
             "user",
-            "--filter",
-            "status:changed:1->2",
-        ],
+            &["--filter", "status:changed:1->2"],
+        ),
     );
     let (insert_id, update_id) = (
         insert[0]["id"].as_i64().unwrap(),
@@ -214,75 +219,23 @@ async fn the_cli_adds_lists_updates_disables_and_removes_and_names_the_flag_on_b
             "--retry-profile: `fast` is not a profile; accepted: default, seed000, seed001, seed003",
         ),
         (
-            vec![
-                "subs",
-                "add",
-                "subscription",
-                "--event",
-                "db.t.insert",
-                "--consumer",
-                "sms",
-                "--bind-key",
-                "user",
-                "--filter",
-                "status:gt:1",
-            ],
+            add_subscription("db.t.insert", "sms", "user", &["--filter", "status:gt:1"]),
             "--filter: `status:gt:1`: `gt` is not one of eq, ne, in, changed",
         ),
         (
-            vec![
-                "subs",
-                "add",
-                "subscription",
-                "--event",
-                "db.t.insert",
-                "--consumer",
-                "sms",
-                "--bind-key",
-                "User",
-            ],
+            add_subscription("db.t.insert", "sms", "User", &[]),
             "--bind-key: `User` is not a name",
         ),
         (
-            vec![
-                "subs",
-                "add",
-                "subscription",
-                "--event",
-                "db",
-                "--consumer",
-                "sms",
-                "--bind-key",
-                "user",
-            ],
+            add_subscription("db", "sms", "user", &[]),
             "--event: `db` is not a routing key",
         ),
         (
-            vec![
-                "subs",
-                "add",
-                "subscription",
-                "--event",
-                "db.t.insert",
-                "--consumer",
-                "smss",
-                "--bind-key",
-                "user",
-            ],
+            add_subscription("db.t.insert", "smss", "user", &[]),
             "consumer `smss` not found; known: sms",
         ),
         (
-            vec![
-                "subs",
-                "add",
-                "subscription",
-                "--event",
-                "order_db.table_user.insert",
-                "--consumer",
-                "sms",
-                "--bind-key",
-                "user",
-            ],
+            add_subscription("order_db.table_user.insert", "sms", "user", &[]),
             &format!("(subscription {insert_id}; change it with update)"),
         ),
         (
