@@ -310,21 +310,14 @@ impl Store {
     /// Every source, by name.
     pub async fn list_sources(&self) -> Result<Vec<Source>, SubsError> {
         let sql = format!("SELECT {SOURCE_COLUMNS} FROM cdc_sources ORDER BY name");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .fetch_all(&self.db.pool)
-            .await?;
-        Ok(rows.iter().map(source).collect::<Result<_, _>>()?)
+        self.select_all(sql, source).await
     }
 
     /// The source `name`.
     pub async fn source(&self, name: &str) -> Result<Source, SubsError> {
         let sql = format!("SELECT {SOURCE_COLUMNS} FROM cdc_sources WHERE name = ?");
-        match sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(name)
-            .fetch_optional(&self.db.pool)
-            .await?
-        {
-            Some(r) => Ok(source(&r)?),
+        match self.select_one(sql, name, source).await? {
+            Some(found) => Ok(found),
             None => Err(self
                 .not_found("source", name, "SELECT name FROM cdc_sources ORDER BY name")
                 .await),
@@ -425,21 +418,14 @@ impl Store {
     /// Every event definition, by routing key.
     pub async fn list_events(&self) -> Result<Vec<EventDefinition>, SubsError> {
         let sql = format!("{EVENT_SELECT} ORDER BY e.routing_key");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .fetch_all(&self.db.pool)
-            .await?;
-        Ok(rows.iter().map(event).collect::<Result<_, _>>()?)
+        self.select_all(sql, event).await
     }
 
     /// The event definition of `routing_key`.
     pub async fn event(&self, routing_key: &str) -> Result<EventDefinition, SubsError> {
         let sql = format!("{EVENT_SELECT} WHERE e.routing_key = ?");
-        match sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(routing_key)
-            .fetch_optional(&self.db.pool)
-            .await?
-        {
-            Some(r) => Ok(event(&r)?),
+        match self.select_one(sql, routing_key, event).await? {
+            Some(found) => Ok(found),
             None => Err(SubsError::NotFound {
                 kind: "event",
                 key: routing_key.into(),
@@ -562,24 +548,14 @@ impl Store {
     /// Every consumer, by name.
     pub async fn list_consumers(&self) -> Result<Vec<Consumer>, SubsError> {
         let sql = format!("SELECT {CONSUMER_COLUMNS} FROM downstream_consumers ORDER BY name");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .fetch_all(&self.db.pool)
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|r| consumer_at(r, 0))
-            .collect::<Result<_, _>>()?)
+        self.select_all(sql, |r| consumer_at(r, 0)).await
     }
 
     /// The consumer `name`.
     pub async fn consumer(&self, name: &str) -> Result<Consumer, SubsError> {
         let sql = format!("SELECT {CONSUMER_COLUMNS} FROM downstream_consumers WHERE name = ?");
-        match sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(name)
-            .fetch_optional(&self.db.pool)
-            .await?
-        {
-            Some(r) => Ok(consumer_at(&r, 0)?),
+        match self.select_one(sql, name, |r| consumer_at(r, 0)).await? {
+            Some(found) => Ok(found),
             None => Err(self
                 .not_found(
                     "consumer",
@@ -933,6 +909,33 @@ impl Store {
     }
 
     // ----- helpers -----
+
+    /// Every row `sql` (no `?`) returns, as `row` reads it.
+    async fn select_all<T>(
+        &self,
+        sql: String,
+        row: impl Fn(&AnyRow) -> Result<T, sqlx::Error>,
+    ) -> Result<Vec<T>, SubsError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows.iter().map(row).collect::<Result<_, _>>()?)
+    }
+
+    /// The row `sql` (one `?`: the key) finds for `key`, as `row` reads it;
+    /// the caller says what a missing one means.
+    async fn select_one<T>(
+        &self,
+        sql: String,
+        key: &str,
+        row: impl Fn(&AnyRow) -> Result<T, sqlx::Error>,
+    ) -> Result<Option<T>, SubsError> {
+        let found = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(key)
+            .fetch_optional(&self.db.pool)
+            .await?;
+        Ok(found.as_ref().map(row).transpose()?)
+    }
 
     /// Deletes row `id` of `what` (kind, key) with `delete` (one `?`: the
     /// id), unless `users` (a query with one `?`, the id; and the name of
