@@ -235,6 +235,15 @@ impl Store {
         row.try_get(0)
     }
 
+    /// Ends a write: its change request for routers (about `consumer`, or
+    /// all), then the commit, so a router never sees one without the other.
+    async fn commit_change(&self, mut tx: Tx, consumer: Option<&str>) -> Result<(), SubsError> {
+        self.request_in(&mut tx, RequestKind::Change, consumer)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Asks routers to refresh (recompute and reconcile their groups) or
     /// reload (re-read the tables), for every consumer or `consumer` (which
     /// must exist). Returns the request.
@@ -357,8 +366,7 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(|e| duplicate(e, "source", &new.name))?;
-        self.request_in(&mut tx, RequestKind::Change, None).await?;
-        tx.commit().await?;
+        self.commit_change(tx, None).await?;
         self.source(&new.name).await
     }
 
@@ -392,8 +400,7 @@ impl Store {
             .bind(current.id)
             .execute(&mut *tx)
             .await?;
-        self.request_in(&mut tx, RequestKind::Change, None).await?;
-        tx.commit().await?;
+        self.commit_change(tx, None).await?;
         self.source(name).await
     }
 
@@ -450,8 +457,7 @@ impl Store {
         )
         .await?;
         self.insert_event(&mut tx, new, order_topic).await?;
-        self.request_in(&mut tx, RequestKind::Change, None).await?;
-        tx.commit().await?;
+        self.commit_change(tx, None).await?;
         self.event(&new.routing_key).await
     }
 
@@ -520,8 +526,7 @@ impl Store {
             .bind(current.id)
             .execute(&mut *tx)
             .await?;
-        self.request_in(&mut tx, RequestKind::Change, None).await?;
-        tx.commit().await?;
+        self.commit_change(tx, None).await?;
         self.event(routing_key).await
     }
 
@@ -600,9 +605,7 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(|e| duplicate(e, "consumer", &new.name))?;
-        self.request_in(&mut tx, RequestKind::Change, Some(&new.name))
-            .await?;
-        tx.commit().await?;
+        self.commit_change(tx, Some(&new.name)).await?;
         self.consumer(&new.name).await
     }
 
@@ -645,9 +648,7 @@ impl Store {
         .bind(current.id)
         .execute(&mut *tx)
         .await?;
-        self.request_in(&mut tx, RequestKind::Change, Some(name))
-            .await?;
-        tx.commit().await?;
+        self.commit_change(tx, Some(name)).await?;
         self.consumer(name).await
     }
 
@@ -802,9 +803,7 @@ impl Store {
         .map_err(|e| duplicate(e, "subscription", &format!("{} -> {}", new.event, new.consumer)))?;
         let id: i64 = row.try_get(0)?;
         insert_filters(&mut tx, id, &filters).await?;
-        self.request_in(&mut tx, RequestKind::Change, Some(&new.consumer))
-            .await?;
-        tx.commit().await?;
+        self.commit_change(tx, Some(&new.consumer)).await?;
         self.subscription(id).await
     }
 
@@ -840,9 +839,7 @@ impl Store {
                 .await?;
             insert_filters(&mut tx, id, &filters).await?;
         }
-        self.request_in(&mut tx, RequestKind::Change, Some(&current.consumer))
-            .await?;
-        tx.commit().await?;
+        self.commit_change(tx, Some(&current.consumer)).await?;
         self.subscription(id).await
     }
 
@@ -858,9 +855,7 @@ impl Store {
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        self.request_in(&mut tx, RequestKind::Change, Some(&current.consumer))
-            .await?;
-        tx.commit().await?;
+        self.commit_change(tx, Some(&current.consumer)).await?;
         Ok(current)
     }
 
@@ -967,9 +962,7 @@ impl Store {
             });
         }
         sqlx::query(delete).bind(id).execute(&mut *tx).await?;
-        self.request_in(&mut tx, RequestKind::Change, consumer)
-            .await?;
-        tx.commit().await?;
+        self.commit_change(tx, consumer).await?;
         Ok(())
     }
 
