@@ -13,13 +13,27 @@ ConfigMap or Secret does not exist yet cannot start, and a failing step fails
 the hook and stops the phase (Helm fails the release). Secrets the user
 provides (existingSecret) come from --secret.
 
+With --deployment NAME (repeatable), after the hooks: the release's other
+ConfigMaps are created, and each named Deployment's container runs as a
+process until its liveness and readiness probes (httpGet on 127.0.0.1)
+answer 200 and its output shows --wait-output TEXT (if given), then each
+--check "PORT METHOD PATH STATUS [bearer ENV] [contains TEXT]" (PORT a
+container port's name; ENV a variable of the container, e.g. a token from a
+Secret) must answer STATUS (with TEXT in the body) within 20 s; then
+SIGTERM, and it must exit 0. --sql "MYSQL-URL STATEMENT" runs once the
+Deployments' checks start (to make a change the checks then see).
+
 Prints one line per step; exit 0 when every hook succeeded, else 1.
 """
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import yaml
 
@@ -67,34 +81,135 @@ class Cluster:
         return path
 
 
+def container_env(cluster, job, c, dirs):
+    """The container's environment as a process sees it: volume paths mapped to DIR, secrets resolved."""
+    mounts = [(m["mountPath"].rstrip("/"), dirs.get(m["name"])) for m in c.get("volumeMounts") or []]
+
+    def local(value):
+        for mount, path in mounts:
+            if path and (value == mount or value.startswith(mount + "/")):
+                return path + value[len(mount):]
+        return value
+
+    env = {"PATH": os.environ["PATH"], "HOME": cluster.workdir}
+    for e in c.get("env") or []:
+        source = e.get("valueFrom") or {}
+        if "value" in e:
+            env[e["name"]] = local(e["value"])
+        elif "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            env[e["name"]] = cluster.get("Secret", ref["name"]).get(ref["key"])
+            if env[e["name"]] is None:
+                raise RuntimeError(f"Secret {ref['name']} has no key {ref['key']}")
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            env[e["name"]] = cluster.get("ConfigMap", ref["name"])[ref["key"]]
+        elif "fieldRef" in source:
+            env[e["name"]] = f"{job}-hookrun"
+    return env
+
+
+def http_answer(method, url, token=None):
+    """(status, body) of one request; (None, "") when nothing answers."""
+    request = urllib.request.Request(url, method=method, data=b"" if method != "GET" else None)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, answer.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except OSError:
+        return None, ""
+
+
+def http_status(method, url, token=None):
+    return http_answer(method, url, token)[0]
+
+
+def run_deployment(cluster, doc, binary, checks, wait_output=None, sql=None, timeout=90):
+    """Runs the Deployment's container until its probes answer, runs the checks, stops it with SIGTERM."""
+    name = doc["metadata"]["name"]
+    spec = doc["spec"]["template"]["spec"]
+    dirs = {v["name"]: cluster.volume_dir(name, v) for v in spec.get("volumes") or []}
+    c = spec["containers"][0]
+    env = container_env(cluster, name, c, dirs)
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports") or []}
+    command = [binary] + [str(a) for a in c.get("args") or []]
+    log = open(os.path.join(cluster.workdir, f"{name}.log"), "w")
+    process = subprocess.Popen(command, env=env, cwd=cluster.workdir, stdout=log, stderr=subprocess.STDOUT)
+    started = time.monotonic()
+    ok = True
+    try:
+        for probe in ("livenessProbe", "readinessProbe"):
+            get = c[probe]["httpGet"]
+            port = ports.get(get["port"], get["port"])
+            url = f"http://127.0.0.1:{port}{get['path']}"
+            while http_status("GET", url) != 200:
+                if process.poll() is not None or time.monotonic() - started > timeout:
+                    print(f"  Deployment {name}: {' '.join(command[1:])}: {probe} {get['path']} never answered 200 "
+                          f"(exit {process.poll()}, {time.monotonic() - started:.1f} s)")
+                    return False
+                time.sleep(0.3)
+            print(f"  Deployment {name}: {probe} {get['path']} -> 200 after {time.monotonic() - started:.1f} s")
+        while wait_output and wait_output not in open(log.name).read():
+            if process.poll() is not None or time.monotonic() - started > timeout:
+                print(f"  Deployment {name}: its output never showed {wait_output!r} (exit {process.poll()})")
+                return False
+            time.sleep(0.3)
+        if wait_output:
+            print(f"  Deployment {name}: output shows {wait_output!r} after {time.monotonic() - started:.1f} s")
+        if sql:
+            url, statement = sql.split(" ", 1)
+            u = urllib.parse.urlparse(url)
+            subprocess.run(["mariadb", f"-h{u.hostname}", f"-P{u.port or 3306}", f"-u{u.username}", f"-p{u.password}",
+                            u.path.lstrip("/"), "-e", statement], check=True)
+            print(f"  Deployment {name}: ran {statement!r}")
+        for check in checks:
+            words = check.split()
+            port, method, path, status = words[:4]
+            rest = words[4:]
+            auth = rest[:2] if rest[:1] == ["bearer"] else []
+            text = " ".join(rest[3:]) if rest[2:3] == ["contains"] else " ".join(rest[1:]) if rest[:1] == ["contains"] else None
+            token = env.get(auth[1]) if len(auth) == 2 else None
+            if auth and token is None:
+                print(f"  Deployment {name}: check {check!r}: the container has no {auth[-1]} to send")
+                ok = False
+                continue
+            deadline = time.monotonic() + 20
+            while True:
+                got, body = http_answer(method, f"http://127.0.0.1:{ports.get(port, port)}{path}", token)
+                if (str(got) == status and (text is None or text in body)) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            print(f"  Deployment {name}: {method} {path} on port {port}{' with ' + auth[1] if token else ''} -> {got}"
+                  f"{f' (body has {text!r}: {text in body})' if text else ''}")
+            if str(got) != status or (text is not None and text not in body):
+                print(f"    expected {status}{f' with {text!r}' if text else ''}")
+                ok = False
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        log.close()
+    print(f"  Deployment {name}: SIGTERM -> exit {process.returncode}")
+    if process.returncode != 0:
+        ok = False
+    if not ok:
+        sys.stdout.write("".join(f"    | {line}\n" for line in open(log.name).read().splitlines()[-15:]))
+    return ok
+
+
 def run_job(cluster, doc, binary):
     job = doc["metadata"]["name"]
     spec = doc["spec"]["template"]["spec"]
     dirs = {v["name"]: cluster.volume_dir(job, v) for v in spec.get("volumes") or []}
     for c in (spec.get("initContainers") or []) + spec["containers"]:
-        mounts = [(m["mountPath"].rstrip("/"), dirs.get(m["name"])) for m in c.get("volumeMounts") or []]
-
-        def local(value):
-            for mount, path in mounts:
-                if path and (value == mount or value.startswith(mount + "/")):
-                    return path + value[len(mount):]
-            return value
-
-        env = {"PATH": os.environ["PATH"], "HOME": cluster.workdir}
-        for e in c.get("env") or []:
-            source = e.get("valueFrom") or {}
-            if "value" in e:
-                env[e["name"]] = local(e["value"])
-            elif "secretKeyRef" in source:
-                ref = source["secretKeyRef"]
-                env[e["name"]] = cluster.get("Secret", ref["name"]).get(ref["key"])
-                if env[e["name"]] is None:
-                    raise RuntimeError(f"Secret {ref['name']} has no key {ref['key']}")
-            elif "configMapKeyRef" in source:
-                ref = source["configMapKeyRef"]
-                env[e["name"]] = cluster.get("ConfigMap", ref["name"])[ref["key"]]
-            elif "fieldRef" in source:
-                env[e["name"]] = f"{job}-hookrun"
+        env = container_env(cluster, job, c, dirs)
         command = [binary] + [str(a) for a in c.get("args") or []]
         started = time.monotonic()
         done = subprocess.run(command, env=env, cwd=cluster.workdir, capture_output=True, text=True)
@@ -113,6 +228,12 @@ def main():
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--event", default="pre-install")
     parser.add_argument("--secret", action="append", default=[], help="NAME/KEY=VALUE of a user-provided Secret")
+    parser.add_argument("--deployment", action="append", default=[], help="after the hooks, run this Deployment")
+    parser.add_argument("--check", action="append", default=[],
+                        help='with --deployment: "PORT METHOD PATH STATUS [bearer ENV] [contains TEXT]" each must answer')
+    parser.add_argument("--wait-output", help="with --deployment: wait for this in the process output before the checks")
+    parser.add_argument("--timeout", type=float, default=90, help="with --deployment: seconds for the probes to answer")
+    parser.add_argument("--sql", help='with --deployment: "MYSQL-URL STATEMENT" run before the checks')
     args = parser.parse_args()
     docs = [d for d in yaml.safe_load_all(open(args.manifest)) if d]
     hooks = [d for d in docs if args.event in [e.strip() for e in annotations(d).get("helm.sh/hook", "").split(",")]]
@@ -135,6 +256,21 @@ def main():
         else:
             print(f"  {args.event} {d['kind']} {d['metadata']['name']}: not run here", file=sys.stderr)
     print(f"{args.event}: {len(hooks)} hooks succeeded in Helm's order")
+    if not args.deployment:
+        return
+    for d in docs:
+        if d["kind"] in ("ConfigMap", "Secret") and d not in hooks:
+            cluster.create(d)
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    for name in args.deployment:
+        if name not in deployments:
+            print(f"Deployment {name} is not rendered ({sorted(deployments)})")
+            sys.exit(1)
+        if not run_deployment(cluster, deployments[name], os.path.abspath(args.bin), args.check, args.wait_output, args.sql,
+                              args.timeout):
+            print(f"Deployment {name} failed")
+            sys.exit(1)
+    print(f"{len(args.deployment)} Deployments started, probed, checked and stopped")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 #   triggers use the pods' SASL/TLS (and each check fails on a bad manifest);
 #   dev/chart-hooks-run.py: the rendered hook Jobs run in Helm's order with the
 #   orderpipe binary against the dev stack (install, upgrade, and a release
-#   failed by an incompatible schema);
+#   failed by an incompatible schema), and so do the cdc and router
+#   Deployments (probes, a captured row, the admin token);
 #   promtool check + unit tests of the
 #   alert rules (each alert fires on a bad series and stays quiet on a good one).
 # Installs what it needs when missing: Helm (go install, from the Go module
@@ -294,6 +295,30 @@ if "$ROOT/dev/stack.sh" status > /dev/null 2>&1; then
     "${hooks[@]}" "$OUT/hooks-bad-rendered.yaml" --event pre-install
   cat "$OUT/neg.txt"
   grep -q "schema register" "$OUT/neg.txt" && { echo "schema register ran after a failed check" >&2; exit 1; }
+
+  echo "== the cdc and router Deployments run as rendered against the dev stack: probes, a captured change, the admin token"
+  free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+  mariadb -h127.0.0.1 -uorderpipe -porderpipe "$db" -e "CREATE TABLE roles_t (id INT PRIMARY KEY, v INT)"
+  { hook_values "$run.roles."
+    printf '  cdc: {name: %s, server_id: %d, tables: [%s.roles_t], topic_prefix: %s.cdc, offsets_topic: %s.cdc.offsets, partitions: 1}\n' \
+      "$run" "$((5000 + RANDOM % 4000))" "$db" "$run" "$run"
+    printf 'httpPort: %s\ncdc: {enabled: true}\nrouter: {enabled: true, admin: {enabled: true, port: %s}}\n' "$(free_port)" "$(free_port)"
+    printf 'secretKeys: {cdcSource: cdc-source, adminToken: admin-token}\n'
+  } > "$OUT/roles.yaml"
+  render -f "$OUT/roles.yaml" > "$OUT/roles-rendered.yaml"
+  cdc_run=("${hooks[@]}" --secret "orderpipe-dev/cdc-source=mysql://orderpipe:orderpipe@127.0.0.1:3306" --deployment orderpipe-orderpipe-cdc)
+  # The source's credentials reach the pod from secretKeys.cdcSource: a row inserted then is captured.
+  "${cdc_run[@]}" "$OUT/roles-rendered.yaml" --event none --wait-output "cdc $run: reading" \
+    --sql "mysql://orderpipe:orderpipe@127.0.0.1:3306/$db INSERT INTO roles_t VALUES (1, 1)" \
+    --check "http GET /metrics 200 contains change=\"insert\""
+  # cdc serves no /health/ready: a readiness probe there would keep the pod out of its Service (no metrics scraped).
+  sed '/readinessProbe:/{n;s|/health/live|/health/ready|}' "$OUT/roles-rendered.yaml" > "$OUT/cdc-ready.yaml"
+  expect_fail "cdc probed on /health/ready" "readinessProbe /health/ready never answered 200" \
+    "${cdc_run[@]}" "$OUT/cdc-ready.yaml" --event none --timeout 5
+  # The token reaches the router from secretKeys.adminToken: a change without it is refused, with it accepted.
+  "${hooks[@]}" "$OUT/roles-rendered.yaml" --event none --secret "orderpipe-dev/admin-token=chart-test-admin-token-$run" \
+    --deployment orderpipe-orderpipe-router --wait-output "router reconciled" --check "admin GET /bindings 200" \
+    --check "admin POST /refresh 401" --check "admin POST /refresh 200 bearer ORDERPIPE_ADMIN__TOKEN"
 else
   echo "SKIPPED: the dev stack is not running (make test starts it before this script)"
 fi
