@@ -20,6 +20,13 @@ fn cli_json(env: &TestEnv, args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out}"))
 }
 
+/// `subs add consumer NAME --url URL EXTRA...`.
+fn add_consumer<'a>(name: &'a str, url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["subs", "add", "consumer", name, "--url", url];
+    args.extend(extra);
+    args
+}
+
 /// `subs add subscription --event EVENT --consumer CONSUMER --bind-key KEY EXTRA...`.
 fn add_subscription<'a>(
     event: &'a str,
@@ -47,16 +54,11 @@ async fn the_cli_adds_lists_updates_disables_and_removes_and_names_the_flag_on_b
     let env = TestEnv::new().with_database().await;
     let sms = cli_json(
         &env,
-        &[
-            "subs",
-            "add",
-            "consumer",
+        &add_consumer(
             "sms",
-            "--url",
             "http://sms.internal/send",
-            "--retry-delays",
-            "5s,30s,5m",
-        ],
+            &["--retry-delays", "5s,30s,5m"],
+        ),
     );
     assert_eq!(sms[0]["retry"], json!({"delays": ["5s", "30s", "5m"]}));
     assert_eq!(
@@ -172,50 +174,23 @@ async fn the_cli_adds_lists_updates_disables_and_removes_and_names_the_flag_on_b
     // Bad input names the flag and what is accepted; nothing is written.
     for (args, want) in [
         (
-            vec![
-                "subs",
-                "add",
-                "consumer",
-                "crm",
-                "--url",
-                "http://crm/x",
-                "--method",
-                "GET",
-            ],
+            add_consumer("crm", "http://crm/x", &["--method", "GET"]),
             "--method: `GET` is not one of POST, PUT",
         ),
         (
-            vec!["subs", "add", "consumer", "CRM", "--url", "http://crm/x"],
+            add_consumer("CRM", "http://crm/x", &[]),
             "--name: `CRM` is not a name: 1 to 64 of a-z",
         ),
         (
-            vec!["subs", "add", "consumer", "crm", "--url", "crm.internal"],
+            add_consumer("crm", "crm.internal", &[]),
             "--url: `crm.internal` is not an http(s) URL",
         ),
         (
-            vec![
-                "subs",
-                "add",
-                "consumer",
-                "crm",
-                "--url",
-                "http://crm/x",
-                "--retry-delays",
-                "1minute",
-            ],
+            add_consumer("crm", "http://crm/x", &["--retry-delays", "1minute"]),
             "--retry-delays[0]: `1minute` is not a delay; accepted forms",
         ),
         (
-            vec![
-                "subs",
-                "add",
-                "consumer",
-                "crm",
-                "--url",
-                "http://crm/x",
-                "--retry-profile",
-                "fast",
-            ],
+            add_consumer("crm", "http://crm/x", &["--retry-profile", "fast"]),
             "--retry-profile: `fast` is not a profile; accepted: default, seed000, seed001, seed003",
         ),
         (
