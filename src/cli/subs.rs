@@ -454,12 +454,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
             TargetKind::Source => show(&store.source(&target.key).await?, output.output),
         },
         SubsCommand::Update(UpdateCommand::Consumer(a)) => {
-            if a.disabled {
-                anyhow::bail!(
-                    "--disabled: only for add; use `subs disable consumer {}`",
-                    a.name
-                );
-            }
+            only_for_add(a.disabled, "consumer", &a.name)?;
             let patch = ConsumerPatch {
                 url: a.url.clone(),
                 method: a.method.clone(),
@@ -507,12 +502,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
             print_events(&[event], a.output.output);
         }
         SubsCommand::Update(UpdateCommand::Source(a)) => {
-            if a.disabled {
-                anyhow::bail!(
-                    "--disabled: only for add; use `subs disable source {}`",
-                    a.name
-                );
-            }
+            only_for_add(a.disabled, "source", &a.name)?;
             let patch = SourcePatch {
                 db_host: a.host,
                 db_port: a.port,
@@ -594,6 +584,15 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--disabled` given to an update: refused, pointing at `subs disable`
+/// (enabling and disabling are commands of their own).
+fn only_for_add(disabled: bool, kind: &str, name: &str) -> anyhow::Result<()> {
+    if disabled {
+        anyhow::bail!("--disabled: only for add; use `subs disable {kind} {name}`");
+    }
+    Ok(())
 }
 
 fn kind_name(kind: TargetKind) -> &'static str {
