@@ -127,6 +127,10 @@ def http_status(method, url, token=None):
     return http_answer(method, url, token)[0]
 
 
+class Stop(Exception):
+    """A Deployment's probe or start-up wait failed (already reported)."""
+
+
 def run_deployment(cluster, doc, binary, checks, wait_output=None, sql=None, timeout=90):
     """Runs the Deployment's container until its probes answer, runs the checks, stops it with SIGTERM."""
     name = doc["metadata"]["name"]
@@ -149,13 +153,13 @@ def run_deployment(cluster, doc, binary, checks, wait_output=None, sql=None, tim
                 if process.poll() is not None or time.monotonic() - started > timeout:
                     print(f"  Deployment {name}: {' '.join(command[1:])}: {probe} {get['path']} never answered 200 "
                           f"(exit {process.poll()}, {time.monotonic() - started:.1f} s)")
-                    return False
+                    raise Stop()
                 time.sleep(0.3)
             print(f"  Deployment {name}: {probe} {get['path']} -> 200 after {time.monotonic() - started:.1f} s")
         while wait_output and wait_output not in open(log.name).read():
             if process.poll() is not None or time.monotonic() - started > timeout:
                 print(f"  Deployment {name}: its output never showed {wait_output!r} (exit {process.poll()})")
-                return False
+                raise Stop()
             time.sleep(0.3)
         if wait_output:
             print(f"  Deployment {name}: output shows {wait_output!r} after {time.monotonic() - started:.1f} s")
@@ -187,8 +191,11 @@ def run_deployment(cluster, doc, binary, checks, wait_output=None, sql=None, tim
             if str(got) != status or (text is not None and text not in body):
                 print(f"    expected {status}{f' with {text!r}' if text else ''}")
                 ok = False
+    except Stop:
+        ok = False
     finally:
-        if process.poll() is None:
+        signalled = process.poll() is None
+        if signalled:
             process.send_signal(signal.SIGTERM)
             try:
                 process.wait(timeout=30)
@@ -196,7 +203,7 @@ def run_deployment(cluster, doc, binary, checks, wait_output=None, sql=None, tim
                 process.kill()
                 process.wait()
         log.close()
-    print(f"  Deployment {name}: SIGTERM -> exit {process.returncode}")
+    print(f"  Deployment {name}: {'SIGTERM -> ' if signalled else 'stopped by itself: '}exit {process.returncode}")
     if process.returncode != 0:
         ok = False
     if not ok:
