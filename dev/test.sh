@@ -13,6 +13,19 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK="$ROOT/dev/stack.sh"
 cd "$ROOT"
 
+# A fresh clone's builds (debug with the harness, release for the image, the
+# OTLP variant) and the image's vfs layers take about 15 GB. Running out half
+# way fails in rustc with "No space left on device" after minutes of work;
+# say so up front instead.
+min_free_gb="${ORDERPIPE_TEST_MIN_FREE_GB:-20}"
+free_gb=$(( $(df -Pk "$ROOT" | awk 'NR==2 {print $4}') / 1024 / 1024 ))
+if (( free_gb < min_free_gb )); then
+  echo "error: make test needs about ${min_free_gb} GB free on the disk of $ROOT; ${free_gb} GB is free." >&2
+  echo "       Free space (old target/ directories, /tmp clones), or set ORDERPIPE_TEST_MIN_FREE_GB." >&2
+  exit 1
+fi
+echo "== disk: ${free_gb} GB free (needs about ${min_free_gb})"
+
 echo "== no import circle among src/ modules (dev/import-cycles.py)"
 python3 "$ROOT/dev/import-cycles.py" --self-test
 python3 "$ROOT/dev/import-cycles.py"
