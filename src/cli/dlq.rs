@@ -139,6 +139,9 @@ pub struct FilterArgs {
     /// Last failure at least this long ago (an age: 10m, 2h, 7d); the same as --until AGE.
     #[arg(long, value_parser = store::parse_age, conflicts_with = "until", value_name = "AGE")]
     older_than: Option<i64>,
+    /// Record key: the order id.
+    #[arg(long)]
+    key: Option<String>,
 }
 
 /// Flags of `dlq purge`.
@@ -221,6 +224,7 @@ impl From<FilterArgs> for Filter {
             until: args.until.or(args.older_than),
             error_text: args.error_text,
             classes: args.classes,
+            key: args.key,
         }
     }
 }

@@ -63,27 +63,29 @@ fn view_of(r: &AnyRow) -> Result<HeldView, sqlx::Error> {
         headers: r.try_get("h_headers")?,
         held_ms: r.try_get("h_held_ms")?,
     };
-    let head = match r.try_get::<Option<String>, _>("p_record_key")? {
-        None => None,
-        Some(key) => {
-            let state: String = r.try_get("p_state")?;
-            Some(Parked {
-                key,
-                partition: r.try_get("p_kafka_partition")?,
-                head_origin: r.try_get("p_head_origin")?,
-                head_topic: r.try_get("p_head_topic")?,
-                head_partition: r.try_get("p_head_partition")?,
-                head_offset: r.try_get("p_head_offset")?,
-                head_event_id: r.try_get("p_head_event_id")?,
-                head_event_name: r.try_get("p_head_event_name")?,
-                state: state
-                    .try_into()
-                    .map_err(|e| sqlx::Error::ColumnDecode { index: "p_state".into(), source: Box::new(e) })?,
-                parked_ms: r.try_get("p_parked_ms")?,
-            })
-        }
-    };
+    let head = parked_of(r)?;
     Ok(HeldView { held, head, head_dead_letter: r.try_get("d_id")? })
+}
+
+/// The parked key of a row selected with `p.*` columns (None when the
+/// LEFT JOIN found no parked row).
+fn parked_of(r: &AnyRow) -> Result<Option<Parked>, sqlx::Error> {
+    let Some(key) = r.try_get::<Option<String>, _>("p_record_key")? else {
+        return Ok(None);
+    };
+    let state: String = r.try_get("p_state")?;
+    Ok(Some(Parked {
+        key,
+        partition: r.try_get("p_kafka_partition")?,
+        head_origin: r.try_get("p_head_origin")?,
+        head_topic: r.try_get("p_head_topic")?,
+        head_partition: r.try_get("p_head_partition")?,
+        head_offset: r.try_get("p_head_offset")?,
+        head_event_id: r.try_get("p_head_event_id")?,
+        head_event_name: r.try_get("p_head_event_name")?,
+        state: state.try_into().map_err(|e| sqlx::Error::ColumnDecode { index: "p_state".into(), source: Box::new(e) })?,
+        parked_ms: r.try_get("p_parked_ms")?,
+    }))
 }
 
 /// Held records (oldest first), optionally of one group, with the head
@@ -102,6 +104,61 @@ pub async fn held_views(db: &Db, group: Option<&str>, limit: i64) -> Result<Vec<
 pub async fn held_view(db: &Db, id: i64) -> Result<Option<HeldView>, DbError> {
     let row = sqlx::query(select_views("h.id = ?")).bind(id).bind(1_i64).fetch_optional(&db.pool).await?;
     Ok(row.as_ref().map(view_of).transpose()?)
+}
+
+/// The held records of one parked key (group and key), in the order they
+/// will be applied, with their head.
+pub async fn key_views(db: &Db, group: &str, key: &str, limit: i64) -> Result<Vec<HeldView>, DbError> {
+    let rows = sqlx::query(select_views("h.consumer_group = ? AND h.record_key = ?"))
+        .bind(group)
+        .bind(key)
+        .bind(limit)
+        .fetch_all(&db.pool)
+        .await?;
+    Ok(rows.iter().map(view_of).collect::<Result<_, _>>()?)
+}
+
+/// A parked key as operators see it: its group, the parked row, how many
+/// records wait behind it, and the head's dead letter (id and status) when
+/// the head was dead-lettered and persisted.
+#[derive(Debug, Clone, Serialize)]
+pub struct ParkedView {
+    /// The consumer group the key is parked for.
+    pub group: String,
+    /// The parked row (key, head, state, since when).
+    pub parked: Parked,
+    /// Records held behind the head.
+    pub held: i64,
+    /// The head's dead-letter row.
+    pub head_dead_letter: Option<i64>,
+    /// That row's status (pending, replayed, ignored).
+    pub head_status: Option<String>,
+}
+
+/// Parked keys, oldest first, optionally of one group and one key, with
+/// their held counts and heads' dead letters (one statement).
+pub async fn parked_views(db: &Db, group: Option<&str>, key: Option<&str>, limit: i64) -> Result<Vec<ParkedView>, DbError> {
+    let parked = prefixed("p", PARKED_COLUMNS);
+    let sql = sqlx::AssertSqlSafe(format!(
+        "SELECT p.consumer_group AS p_group, {parked}, d.id AS d_id, d.status AS d_status, \
+         (SELECT COUNT(*) FROM held_records h WHERE h.consumer_group = p.consumer_group AND h.record_key = p.record_key) AS held \
+         FROM parked_keys p \
+         LEFT JOIN dead_letters d ON d.consumer_group = p.consumer_group AND d.original_topic = p.head_topic \
+         AND d.original_partition = p.head_partition AND d.original_offset = p.head_offset \
+         WHERE (? IS NULL OR p.consumer_group = ?) AND (? IS NULL OR p.record_key = ?) \
+         ORDER BY p.parked_ms, p.consumer_group, p.record_key LIMIT ?"
+    ));
+    let rows = sqlx::query(sql).bind(group).bind(group).bind(key).bind(key).bind(limit).fetch_all(&db.pool).await?;
+    let view = |r: &AnyRow| -> Result<ParkedView, sqlx::Error> {
+        Ok(ParkedView {
+            group: r.try_get("p_group")?,
+            parked: parked_of(r)?.ok_or_else(|| sqlx::Error::ColumnNotFound("p_record_key".into()))?,
+            held: r.try_get("held")?,
+            head_dead_letter: r.try_get("d_id")?,
+            head_status: r.try_get("d_status")?,
+        })
+    };
+    Ok(rows.iter().map(view).collect::<Result<_, _>>()?)
 }
 
 /// The key a dead letter heads, if it does: the group's parked row of
@@ -190,6 +247,14 @@ mod tests {
         assert_eq!(view.head_dead_letter, Some(2), "the dead letter of offset 77, not 76");
         assert_eq!(held_view(&db, view.held.id).await.unwrap().unwrap().head_dead_letter, Some(2));
         assert!(held_views(&db, Some("other"), 10).await.unwrap().is_empty());
+        assert_eq!(key_views(&db, "g", "42", 10).await.unwrap().len(), 1);
+        assert!(key_views(&db, "g", "43", 10).await.unwrap().is_empty());
+        let parked = parked_views(&db, None, None, 10).await.unwrap();
+        assert_eq!(parked.len(), 1);
+        let p = &parked[0];
+        assert_eq!((p.group.as_str(), p.parked.key.as_str(), p.held), ("g", "42", 1));
+        assert_eq!((p.head_dead_letter, p.head_status.as_deref()), (Some(2), Some("pending")), "the head's row, not offset 76's");
+        assert!(parked_views(&db, Some("g"), Some("43"), 10).await.unwrap().is_empty());
         assert_eq!(held_count(&db, "g", "42").await.unwrap(), 1);
     }
 }

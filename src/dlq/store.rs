@@ -72,6 +72,8 @@ pub struct Filter {
     pub error_text: Option<String>,
     /// Error class is one of these (empty: any).
     pub classes: Vec<String>,
+    /// Record key, i.e. the order id (`--key`).
+    pub key: Option<String>,
 }
 
 /// Why a selection cannot be replayed or ignored.
@@ -94,7 +96,7 @@ pub enum SelectionError {
     NoReason,
     /// An ignore without any selection would close every dead letter.
     #[error(
-        "name the dead letters to ignore: --id, or a filter (--group, --event, --status, --class, --since, --until, --older-than, --error)"
+        "name the dead letters to ignore: --id, or a filter (--group, --event, --status, --class, --since, --until, --older-than, --error, --key)"
     )]
     IgnoreNeedsSelection,
 }
@@ -156,6 +158,7 @@ impl Filter {
             && self.until.is_none()
             && self.error_text.is_none()
             && self.classes.is_empty()
+            && self.key.is_none()
     }
 
     fn push_where(&self, q: &mut QueryBuilder<Any>) {
@@ -194,6 +197,9 @@ impl Filter {
             let like = format!("%{text}%");
             q.push(" AND (error_message LIKE ").push_bind(like.clone());
             q.push(" OR error_class LIKE ").push_bind(like).push(")");
+        }
+        if let Some(key) = &self.key {
+            q.push(" AND record_key = ").push_bind(key.as_bytes().to_vec());
         }
         if !self.classes.is_empty() {
             q.push(" AND error_class IN (");
@@ -273,6 +279,21 @@ pub async fn list(db: &Db, filter: &Filter, limit: i64) -> Result<Vec<DeadLetter
     let mut q = QueryBuilder::<Any>::new(format!("SELECT {COLUMNS} FROM dead_letters"));
     filter.push_where(&mut q);
     q.push(" ORDER BY id LIMIT ").push_bind(limit);
+    let rows = q.build().fetch_all(&db.pool).await?;
+    Ok(rows.iter().map(row_to_dead_letter).collect::<Result<_, _>>()?)
+}
+
+/// One page of the rows matching `filter`, newest first (keyset on the id:
+/// rows with `id < before`, or the newest ones), at most `limit`. A page is
+/// one index range read however many rows match, so the console's list
+/// costs the same on page 1 and page 2,000.
+pub async fn page_newest_first(db: &Db, filter: &Filter, before: Option<i64>, limit: i64) -> Result<Vec<DeadLetter>, DbError> {
+    let mut q = QueryBuilder::<Any>::new(format!("SELECT {COLUMNS} FROM dead_letters"));
+    filter.push_where(&mut q);
+    if let Some(before) = before {
+        q.push(" AND id < ").push_bind(before);
+    }
+    q.push(" ORDER BY id DESC LIMIT ").push_bind(limit);
     let rows = q.build().fetch_all(&db.pool).await?;
     Ok(rows.iter().map(row_to_dead_letter).collect::<Result<_, _>>()?)
 }
@@ -663,6 +684,28 @@ mod tests {
         assert_eq!(left, [(4, "replayed".to_string()), (6, "pending".to_string())]);
         let young = Purge { before_ms: 10, statuses: vec![Status::Pending], ..purge };
         assert_eq!(super::purge(&db, &young, false, |_, _, _| {}).await.unwrap().total(), 0, "younger than the cutoff");
+    }
+
+    /// On SQLite (MariaDB's is tests/it/console_dlq.rs): the console's
+    /// pages walk the filter newest first by id; the key filter takes one
+    /// order's rows only.
+    #[tokio::test]
+    async fn pages_newest_first_walk_the_filter_and_the_key_selects_one_order() {
+        let (_dir, db) = crate::db::sqlite_for_test().await;
+        for offset in 0..7 {
+            let key = format!("order-{}", offset % 2).into_bytes();
+            upsert_one(&db, &NewDeadLetter { original_offset: offset, key: Some(key), ..dead_letter(offset, "x") }).await;
+        }
+        mark_ignored(&db, 6, "known").await.unwrap();
+        let pending = Filter { status: Some(Status::Pending.into()), ..Default::default() };
+        let ids = |rows: Vec<DeadLetter>| rows.iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(ids(page_newest_first(&db, &pending, None, 3).await.unwrap()), [7, 5, 4]);
+        assert_eq!(ids(page_newest_first(&db, &pending, Some(4), 3).await.unwrap()), [3, 2, 1]);
+        assert!(page_newest_first(&db, &pending, Some(1), 3).await.unwrap().is_empty());
+        let order_0 = Filter { key: Some("order-0".into()), ..pending.clone() };
+        assert_eq!(ids(page_newest_first(&db, &order_0, None, 10).await.unwrap()), [7, 5, 3, 1]);
+        assert!(!order_0.is_empty());
+        assert_eq!(bound(&db, &order_0, i64::MAX).await.unwrap(), Bound { rows: 4, last_id: Some(7) }, "the dry-run count");
     }
 
     /// On SQLite (MariaDB's is covered by tests/it/replay.rs): the bound
