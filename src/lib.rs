@@ -26,6 +26,7 @@
 //! | [`dlq`] | dead-letter persister, listing, replay and ignore |
 //! | [`delivery`] | config-driven HTTP delivery to downstream services |
 //! | [`dedup`] | the `event_dedup` guard and its retention cleanup |
+//! | [`explore`] | the topic explorer's reading: records at an offset or time, an order's records by key and partitioner, decoding through the registry; the registry's subjects, versions and diffs (the console's read-only pages) |
 //! | [`lag`] | consumer group lag as the broker sees it (`orderpipe lag`, the persister's exporter) |
 //! | [`reconcile`] | produced-vs-applied reconciliation of a group over a window (`orderpipe reconcile`, `reconcile_runs`, its gauges) |
 //! | [`rewind`] | rewind a stopped group by time (`consume --reset-to`, `deliver --reset-to`): offsets per partition, the dedup rows of what is read again |
@@ -54,6 +55,7 @@ pub mod dedup;
 pub mod delivery;
 pub mod dlq;
 pub mod envelope;
+pub mod explore;
 #[cfg(feature = "harness")]
 pub mod harness;
 pub mod health;

@@ -40,6 +40,8 @@ pub enum Origin {
     Api,
     /// A router (it only reads; a request it writes is a reload of its own).
     Router,
+    /// The operator console (`orderpipe console`).
+    Console,
 }
 
 impl Origin {
@@ -48,6 +50,7 @@ impl Origin {
             Self::Cli => "cli",
             Self::Api => "api",
             Self::Router => "router",
+            Self::Console => "console",
         }
     }
 }
