@@ -369,8 +369,8 @@ def check_cdc_router(docs, values):
             problems.append(f"cdc: replicas {d['spec'].get('replicas')}, strategy {d['spec'].get('strategy')}: "
                             f"one binlog reader per source needs 1 replica replaced with Recreate")
         ready = ((container(d).get("readinessProbe") or {}).get("httpGet") or {}).get("path")
-        if ready != "/health/live":
-            problems.append(f"cdc: readiness probe {ready}: cdc serves no /health/ready (it would never be ready)")
+        if ready != "/health/ready":
+            problems.append(f"cdc: readiness probe {ready}, not /health/ready (binlog stream open, producer initialised)")
         secret_env(d, "ORDERPIPE_CDC__SOURCE", secret_keys.get("cdcSource"), "cdc")
 
     router = values.get("router") or {}

@@ -311,10 +311,10 @@ if "$ROOT/dev/stack.sh" status > /dev/null 2>&1; then
   "${cdc_run[@]}" "$OUT/roles-rendered.yaml" --event none --wait-output "cdc $run: reading" \
     --sql "mysql://orderpipe:orderpipe@127.0.0.1:3306/$db INSERT INTO roles_t VALUES (1, 1)" \
     --check "http GET /metrics 200 contains change=\"insert\""
-  # cdc serves no /health/ready: a readiness probe there would keep the pod out of its Service (no metrics scraped).
-  sed '/readinessProbe:/{n;s|/health/live|/health/ready|}' "$OUT/roles-rendered.yaml" > "$OUT/cdc-ready.yaml"
-  expect_fail "cdc probed on /health/ready" "readinessProbe /health/ready never answered 200" \
-    "${cdc_run[@]}" "$OUT/cdc-ready.yaml" --event none --timeout 5
+  # The probe is /health/ready (above it answered 200): a source that does not answer keeps the pod live, not ready.
+  expect_fail "cdc ready with a source nobody listens on" "readinessProbe /health/ready never answered 200" \
+    "${hooks[@]}" --secret "orderpipe-dev/cdc-source=mysql://orderpipe:orderpipe@127.0.0.1:1" --deployment orderpipe-orderpipe-cdc \
+    "$OUT/roles-rendered.yaml" --event none --timeout 5
   # The token reaches the router from secretKeys.adminToken: a change without it is refused, with it accepted.
   "${hooks[@]}" "$OUT/roles-rendered.yaml" --event none --secret "orderpipe-dev/admin-token=chart-test-admin-token-$run" \
     --deployment orderpipe-orderpipe-router --wait-output "router reconciled" --check "admin GET /bindings 200" \

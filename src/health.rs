@@ -29,6 +29,12 @@ pub struct HealthState {
     lag: AtomicI64,
     lag_threshold: i64,
     max_poll_gap_ms: i64,
+    /// Whether readiness needs the database (`false` for cdc, whose source
+    /// is its own condition).
+    needs_db: bool,
+    /// The role's own conditions of readiness, by name: `None` when met,
+    /// else why not (e.g. cdc's `binlog_stream`, `kafka_producer`).
+    conditions: std::sync::Mutex<Vec<(&'static str, Option<String>)>>,
 }
 
 impl HealthState {
@@ -43,6 +49,24 @@ impl HealthState {
         Arc::new(Self::new(false, i64::MAX, i64::MAX))
     }
 
+    /// A role ready when each named condition is met (no database, no
+    /// partitions); every condition starts unmet with its `why`.
+    pub fn conditions(unmet: &[(&'static str, &str)]) -> Arc<Self> {
+        let mut state = Self::new(false, i64::MAX, i64::MAX);
+        state.needs_db = false;
+        state.conditions = std::sync::Mutex::new(unmet.iter().map(|(name, why)| (*name, Some(why.to_string()))).collect());
+        Arc::new(state)
+    }
+
+    /// Marks condition `name` met (`None`) or unmet, saying why (`Some`).
+    pub fn set_condition(&self, name: &'static str, unmet: Option<String>) {
+        let mut conditions = self.conditions.lock().expect("conditions lock");
+        match conditions.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, why)) => *why = unmet,
+            None => conditions.push((name, unmet)),
+        }
+    }
+
     fn new(consumer: bool, lag_threshold: i64, max_poll_gap_ms: i64) -> Self {
         Self {
             db_ok: AtomicBool::new(false),
@@ -53,6 +77,8 @@ impl HealthState {
             lag: AtomicI64::new(0),
             lag_threshold,
             max_poll_gap_ms,
+            needs_db: true,
+            conditions: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -93,15 +119,28 @@ impl HealthState {
         let db_ok = self.db_ok.load(Ordering::Relaxed);
         let assigned = self.assigned_partitions.load(Ordering::Relaxed);
         let mut reasons = Vec::new();
-        if !db_ok {
+        if self.needs_db && !db_ok {
             let why = self.db_error.lock().await.clone();
             reasons.push(format!("database unavailable: {}", why.unwrap_or_else(|| "not yet reached".into())));
         }
         if self.consumer && assigned == 0 {
             reasons.push("no partitions assigned".to_string());
         }
+        let mut conditions = serde_json::Map::new();
+        for (name, unmet) in self.conditions.lock().expect("conditions lock").iter() {
+            if let Some(why) = unmet {
+                reasons.push(format!("{name}: {why}"));
+            }
+            conditions.insert(name.to_string(), unmet.is_none().into());
+        }
         let ready = reasons.is_empty();
-        (ready, json!({"ready": ready, "database": db_ok, "assigned_partitions": assigned, "reasons": reasons}))
+        let mut body = json!({"ready": ready, "database": db_ok, "assigned_partitions": assigned, "reasons": reasons});
+        if !self.needs_db {
+            body = json!({"ready": ready, "conditions": conditions, "reasons": reasons});
+        } else if !conditions.is_empty() {
+            body["conditions"] = conditions.into();
+        }
+        (ready, body)
     }
 
     fn mq(&self) -> (bool, serde_json::Value) {

@@ -198,7 +198,7 @@ pub async fn connect(url: &str) -> Result<Conn, CdcError> {
         .map_err(|e| CdcError::Source(format!("cdc.source: not a mysql:// URL: {e}")))?;
     Conn::new(opts)
         .await
-        .map_err(|e| CdcError::Source(format!("cannot connect to the source database: {e}")))
+        .map_err(|e| CdcError::Unreachable(format!("cannot connect to the source database: {e}")))
 }
 
 /// Checks the server's binlog settings and that every table exists and

@@ -42,7 +42,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{Codec, CodecError, RegistrySettings};
-use crate::kafka::client::{KafkaSettings, MeasuredProducer, measured_producer};
+use crate::kafka::client::{KafkaSettings, MeasuredProducer};
 use crate::kafka::record::header;
 use crate::producer::ProducerSettings;
 use crate::topics::{EnsureOptions, TopicAdmin, TopicSpec};
@@ -170,9 +170,13 @@ impl CdcSettings {
 /// Why the source stopped or could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum CdcError {
-    /// The source database: connection, settings, binlog stream.
+    /// The source database: settings, tables, binlog stream.
     #[error("source: {0}")]
     Source(String),
+    /// The source database does not answer; `cdc` retries with a backoff
+    /// (not ready meanwhile), `cdc snapshot` stops.
+    #[error("source: {0}")]
+    Unreachable(String),
     /// Reading the checkpoint.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
@@ -214,6 +218,24 @@ pub struct CdcOptions {
     /// Where to start when the source has no checkpoint yet (default: the
     /// binlog's current end).
     pub start_position: Option<BinlogPosition>,
+    /// Where the run reports its readiness (see [`health`]); `None`: nowhere.
+    pub health: Option<std::sync::Arc<crate::health::HealthState>>,
+}
+
+/// Readiness condition: the binlog stream is open (not while connecting
+/// or reconnecting with a backoff).
+pub const READY_BINLOG: &str = "binlog_stream";
+/// Readiness condition: the transactional producer is initialised (the
+/// previous one of the same `transactional.id` fenced).
+pub const READY_PRODUCER: &str = "kafka_producer";
+
+/// The readiness of a `cdc` process: unmet until the run has opened its
+/// binlog stream and initialised its transactional producer.
+pub fn health() -> std::sync::Arc<crate::health::HealthState> {
+    crate::health::HealthState::conditions(&[
+        (READY_BINLOG, "not yet connected to the source"),
+        (READY_PRODUCER, "transactions not yet initialised"),
+    ])
 }
 
 /// Counts of a run, printed at exit.
@@ -249,20 +271,10 @@ impl Publisher {
     /// Builds the source's transactional producer and fences its
     /// predecessor: `init_transactions` aborts what that one left open.
     async fn new(sections: &CdcSections<'_>) -> Result<Self, CdcError> {
-        let mut options =
-            crate::outbox::relay::relay_producer_options(sections.kafka, sections.producer)
-                .map_err(|e| CdcError::Setup(e.to_string()))?;
-        let id = transactional_id(
-            &sections.producer.transactional_id_prefix,
-            &sections.cdc.name,
-        );
-        options.insert("transactional.id".into(), id.clone());
-        options.entry("client.id".into()).or_insert(id);
-        let producer = measured_producer(&options)?;
-        let p = producer.clone();
-        tokio::task::spawn_blocking(move || p.init_transactions(Duration::from_secs(30)))
-            .await
-            .expect("init task does not panic")?;
+        let options = crate::producer::transactional::options(sections.kafka, sections.producer)
+            .map_err(|e| CdcError::Setup(e.to_string()))?;
+        let id = transactional_id(&sections.producer.transactional_id_prefix, &sections.cdc.name);
+        let producer = crate::producer::transactional::fenced(&options, &id).await?;
         Ok(Self {
             producer,
             codecs: HashMap::new(),
@@ -488,12 +500,40 @@ pub async fn run(
     if cdc.tables.is_empty() {
         return Err(CdcError::Setup("cdc.tables is empty: name the tables to capture (db.table), e.g. --table shop.table_user".into()));
     }
+    let ready = |name: &'static str, unmet: Option<String>| {
+        if let Some(health) = &options.health {
+            health.set_condition(name, unmet);
+        }
+    };
+    let mut summary = CdcSummary::default();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut backoff = crate::backoff::Backoff::new();
+    // An unreachable source is waited for (live, not ready); a signal meanwhile stops at once.
     let Started {
         url,
         mut conn,
         mut publisher,
-    } = start(&sections).await?;
-    let mut summary = CdcSummary::default();
+    } = loop {
+        let started = tokio::select! {
+            _ = &mut shutdown => return Ok(summary),
+            started = start(&sections) => started,
+        };
+        match started {
+            Ok(started) => break started,
+            Err(CdcError::Unreachable(why)) => {
+                let delay = backoff.delay();
+                tracing::warn!(error = %why, retry_in_ms = delay.as_millis() as u64, "cdc: the source does not answer; retrying");
+                ready(READY_BINLOG, Some(format!("{why}; retrying in {} ms", delay.as_millis())));
+                tokio::select! {
+                    _ = &mut shutdown => return Ok(summary),
+                    _ = backoff.wait() => {}
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    backoff.reset();
+    ready(READY_PRODUCER, None);
     let mut committed =
         match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {
             Some(checkpoint) => checkpoint.position,
@@ -518,8 +558,6 @@ pub async fn run(
         cdc.tables.join(", ")
     );
     let linger = Duration::from_millis(cdc.batch_linger_ms);
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut backoff = crate::backoff::Backoff::new();
     'connect: loop {
         let mut reader = tokio::select! {
             _ = &mut shutdown => break 'connect,
@@ -527,11 +565,16 @@ pub async fn run(
                 Ok(reader) => reader,
                 Err(e) => {
                     tracing::warn!(error = %e, from = %committed, "cdc: cannot open the binlog stream; retrying");
-                    backoff.wait().await;
+                    ready(READY_BINLOG, Some(format!("{e}; retrying in {} ms", backoff.delay().as_millis())));
+                    tokio::select! {
+                        _ = &mut shutdown => break 'connect,
+                        _ = backoff.wait() => {}
+                    }
                     continue 'connect;
                 }
             },
         };
+        ready(READY_BINLOG, None);
         let mut batch: Vec<BinlogTransaction> = Vec::new();
         let mut rows = 0usize;
         let mut since: Option<Instant> = None;
@@ -563,7 +606,11 @@ pub async fn run(
                 Some(Err(e)) => {
                     // What was read is not published: the next stream starts at the checkpoint.
                     tracing::warn!(error = %e, from = %committed, "cdc: binlog stream failed; reconnecting");
-                    backoff.wait().await;
+                    ready(READY_BINLOG, Some(format!("{e}; reconnecting in {} ms", backoff.delay().as_millis())));
+                    tokio::select! {
+                        _ = &mut shutdown => break 'connect,
+                        _ = backoff.wait() => {}
+                    }
                     continue 'connect;
                 }
                 None => {}

@@ -28,7 +28,9 @@ pub struct CdcArgs {
     /// prints). Default: the binlog's current end. Ignored once a checkpoint exists.
     #[arg(long, value_parser = BinlogPosition::parse)]
     start_position: Option<BinlogPosition>,
-    /// Serve /metrics and /health/live here (port 0 = any free port).
+    /// Serve /metrics, /health/live and /health/ready here (port 0 = any free
+    /// port); ready once the binlog stream is open and the Kafka
+    /// transactional producer initialised.
     #[arg(long)]
     health_addr: Option<SocketAddr>,
     #[command(flatten)]
@@ -68,6 +70,8 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
     {
         return snapshot(settings, table, name, server_id, output).await;
     }
+    // Before start-up: a SIGTERM in it stops the process cleanly rather than killing it.
+    super::signals::install()?;
     let mut cdc = settings.cdc.clone();
     if !args.tables.is_empty() {
         cdc.tables = args.tables;
@@ -79,13 +83,15 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
         cdc.server_id = id;
     }
     crate::metrics::install();
+    let health = crate::cdc::health();
     if let Some(addr) = args.health_addr {
-        let bound = crate::health::serve(addr, crate::health::HealthState::service()).await?;
-        eprintln!("metrics on http://{bound}/metrics");
+        let bound = crate::health::serve(addr, health.clone()).await?;
+        eprintln!("health endpoints on http://{bound}/health/ready");
     }
     let sections = sections(settings, &cdc);
     let options = CdcOptions {
         start_position: args.start_position,
+        health: Some(health),
     };
     let summary = crate::cdc::run(sections, options, shutdown_signal()).await?;
     match args.output.output {

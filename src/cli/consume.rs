@@ -135,6 +135,7 @@ impl GroupArgs {
             group,
             handlers,
             topic,
+            reads: Vec::new(),
             start_from: self.start_from,
             until_idle: self.until_idle.map(Duration::from_secs),
             health_addr: self.health_addr,
@@ -237,6 +238,8 @@ pub async fn deliver(settings: &Settings, config: Option<std::path::PathBuf>, ar
         };
         return args.run.rewind(settings, &group, to).await;
     }
+    // Before start-up: a SIGTERM in it stops the process cleanly rather than killing it.
+    super::signals::install()?;
     let Some(name) = args.subscription else {
         return route(settings, args.group, args.reconcile_interval, args.admin_addr, args.run).await;
     };
@@ -308,21 +311,7 @@ async fn route(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler installs");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-}
+pub use super::signals::shutdown_signal;
 
 /// `--reset-to`: each partition's old and new offset.
 fn rewound_report(

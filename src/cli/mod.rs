@@ -19,6 +19,7 @@ pub mod produce;
 pub mod reconcile;
 pub mod relay;
 pub mod router;
+pub mod signals;
 pub mod subs;
 
 use std::collections::BTreeMap;

@@ -55,19 +55,14 @@ use tokio::sync::{mpsc, watch};
 use super::SHARDS;
 use crate::codec::{Codec, RegistrySettings};
 use crate::db::{Db, DbError};
-use crate::kafka::client::{KafkaSettings, MeasuredProducer, OptionConflict, measured_producer, producer_options};
+use crate::kafka::client::{KafkaSettings, MeasuredProducer, OptionConflict, measured_producer};
 use crate::metrics::name;
-use crate::producer::ProducerSettings;
+use crate::producer::{ProducerSettings, transactional};
 use crate::clock::now_ms;
 use crate::schema::SchemaCatalog;
 use crate::topics::TopicsSettings;
 
-/// Default `transaction.timeout.ms` of the relay's producers. The broker
-/// aborts a transaction left open this long, checking every
-/// `transaction.abort.timed.out.transaction.cleanup.interval.ms` (10 s by
-/// default), so a relay that dies inside a transaction blocks read-committed
-/// consumers for at most 5 + 10 s even when no relay takes over its shards.
-pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 5_000;
+pub use crate::producer::transactional::DEFAULT_TRANSACTION_TIMEOUT_MS;
 
 /// Fatal producer errors on one shard, without a commit between them, after
 /// which the relay exits (non-zero) instead of rebuilding the producer again.
@@ -226,62 +221,6 @@ pub enum RelayError {
     },
 }
 
-/// The relay's producer options: the producer options with a
-/// transaction timeout ([`DEFAULT_TRANSACTION_TIMEOUT_MS`] unless
-/// `producer.options` sets `transaction.timeout.ms`) and a message timeout
-/// no longer than it (librdkafka refuses a longer one).
-pub fn relay_producer_options(
-    kafka: &KafkaSettings,
-    producer: &ProducerSettings,
-) -> Result<BTreeMap<String, String>, OptionConflict> {
-    let mut options = producer_options(&kafka.client_options(), &producer.options)?;
-    let millis = |key: &str, value: &str| {
-        value.trim().parse::<u64>().map_err(|_| {
-            OptionConflict(format!("`{key}` = {value:?} is not a whole number of milliseconds"))
-        })
-    };
-    let transaction_timeout = match options.get("transaction.timeout.ms") {
-        Some(v) => millis("transaction.timeout.ms", v)?,
-        None => DEFAULT_TRANSACTION_TIMEOUT_MS,
-    };
-    options.insert("transaction.timeout.ms".into(), transaction_timeout.to_string());
-    match producer.options.get("message.timeout.ms") {
-        Some(v) if millis("message.timeout.ms", v)? > transaction_timeout => {
-            return Err(OptionConflict(format!(
-                "message.timeout.ms={v} is longer than the relay's transaction.timeout.ms={transaction_timeout}: \
-                 it must be at most that (or set a longer transaction.timeout.ms, which lets a dead relay block \
-                 read-committed consumers longer)"
-            )));
-        }
-        Some(_) => {}
-        None => {
-            options.insert("message.timeout.ms".into(), transaction_timeout.to_string());
-        }
-    }
-    Ok(options)
-}
-
-/// Builds the transactional producer of `shard` and fences every earlier
-/// producer of it: `init_transactions` aborts the transaction a previous
-/// owner left open and makes that owner's next send or commit fail.
-async fn fenced_shard_producer(
-    options: &BTreeMap<String, String>,
-    prefix: &str,
-    shard: i64,
-) -> Result<MeasuredProducer, KafkaError> {
-    let id = transactional_id(prefix, shard);
-    let mut options = options.clone();
-    options.insert("transactional.id".into(), id.clone());
-    // The statistics and the broker's logs then name the shard.
-    options.entry("client.id".into()).or_insert(id);
-    let producer = measured_producer(&options)?;
-    let p = producer.clone();
-    tokio::task::spawn_blocking(move || p.init_transactions(Duration::from_secs(30)))
-        .await
-        .expect("init task does not panic")?;
-    Ok(producer)
-}
-
 /// Whether a producer error leaves the producer unusable: fenced by a newer
 /// producer with the same `transactional.id`, or in librdkafka's fatal state.
 fn is_fatal(error: &KafkaError, producer: &MeasuredProducer) -> bool {
@@ -365,7 +304,7 @@ impl Relay {
             ))
             .into());
         }
-        let producer_options = relay_producer_options(settings.kafka, settings.producer)?;
+        let producer_options = transactional::options(settings.kafka, settings.producer)?;
         // A bad option fails here, at start, not at the first lease.
         let _ = measured_producer(&producer_options)?;
         let catalog = SchemaCatalog::embedded();
@@ -598,7 +537,7 @@ impl Relay {
         let options = &self.producer_options;
         let prefix = &self.options.transactional_id_prefix;
         let built = futures::future::join_all(
-            missing.iter().map(|&shard| async move { (shard, fenced_shard_producer(options, prefix, shard).await) }),
+            missing.iter().map(|&shard| async move { (shard, transactional::fenced(options, &transactional_id(prefix, shard)).await) }),
         )
         .await;
         let mut started = Vec::new();
@@ -770,28 +709,6 @@ fn relay_shards(n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Settings;
-
-    fn options_with(pairs: &[(&str, &str)]) -> Result<BTreeMap<String, String>, OptionConflict> {
-        let mut settings = Settings::default();
-        settings.producer.options = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        relay_producer_options(&settings.kafka, &settings.producer)
-    }
-
-    #[test]
-    fn the_transaction_timeout_bounds_the_message_timeout() {
-        let o = options_with(&[]).unwrap();
-        assert_eq!(o["transaction.timeout.ms"], DEFAULT_TRANSACTION_TIMEOUT_MS.to_string());
-        assert_eq!(o["message.timeout.ms"], DEFAULT_TRANSACTION_TIMEOUT_MS.to_string());
-        let o = options_with(&[("transaction.timeout.ms", "20000")]).unwrap();
-        assert_eq!(o["message.timeout.ms"], "20000");
-        let o = options_with(&[("message.timeout.ms", "3000")]).unwrap();
-        assert_eq!((o["transaction.timeout.ms"].as_str(), o["message.timeout.ms"].as_str()), ("5000", "3000"));
-        let e = options_with(&[("message.timeout.ms", "120000")]).unwrap_err().to_string();
-        assert!(e.contains("message.timeout.ms=120000") && e.contains("transaction.timeout.ms=5000"), "{e}");
-        let e = options_with(&[("transaction.timeout.ms", "10s")]).unwrap_err().to_string();
-        assert!(e.contains("transaction.timeout.ms") && e.contains("milliseconds"), "{e}");
-    }
 
     #[test]
     fn stage_times_use_nearest_rank_percentiles() {

@@ -15,6 +15,8 @@
 //!
 //! [`ProducerSettings`] is the `[producer]` section of the configuration.
 
+pub mod transactional;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};

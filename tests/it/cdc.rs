@@ -330,6 +330,61 @@ async fn inserts_updates_and_deletes_reach_the_topic_in_commit_order_per_key_wit
     cdc.kill().unwrap();
 }
 
+/// Polls `path` on `addr` until it answers `status` (30 s at most); returns the body.
+fn wait_for_status(addr: &str, path: &str, status: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (got, body) = crate::helpers::http_get(addr, path);
+        if got == status {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{path} answered {got}, not {status}: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cdc_is_ready_once_streaming_and_a_source_that_does_not_answer_is_live_not_ready_saying_why() {
+    let mut source = Source::new(&["CREATE TABLE r (id INT PRIMARY KEY)"]).await;
+    let table = format!("{}.r", source.database);
+    let args = [
+        "cdc", "--table", &table, "--server-id", &source.server_id, "--start-position", &source.start,
+        "--health-addr", "127.0.0.1:0",
+    ];
+    // The real source: ready, both conditions met; a change is published.
+    let mut cdc = source.env.spawn(&args);
+    let addr = crate::helpers::health_addr(&mut cdc);
+    let body = tokio::task::block_in_place(|| wait_for_status(&addr, "/health/ready", 200));
+    let ready: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(ready["conditions"], json!({"binlog_stream": true, "kafka_producer": true}), "{body}");
+    source.exec(&["INSERT INTO r VALUES (1)"]).await;
+    assert_eq!(source.changes("r", 1, Duration::from_secs(30)).await.len(), 1);
+    crate::consumer::sigterm(&mut cdc);
+    assert!(cdc.wait().unwrap().success());
+    // Nothing listens on port 1: live, not ready, and the reason names the source; SIGTERM still exits 0.
+    source.env.set_env("ORDERPIPE_CDC__SOURCE", "mysql://orderpipe:orderpipe@127.0.0.1:1/");
+    let mut cdc = source.env.spawn(&args);
+    let addr = crate::helpers::health_addr(&mut cdc);
+    let (body, live) = tokio::task::block_in_place(|| {
+        std::thread::sleep(Duration::from_secs(2));
+        (
+            wait_for_status(&addr, "/health/ready", 503),
+            crate::helpers::http_get(&addr, "/health/live").0,
+        )
+    });
+    assert_eq!(live, 200);
+    let ready: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(ready["conditions"]["binlog_stream"], false, "{body}");
+    let reasons = ready["reasons"].to_string();
+    assert!(
+        reasons.contains("binlog_stream: cannot connect to the source database") && reasons.contains("retrying in"),
+        "{body}"
+    );
+    assert!(matches!(cdc.try_wait(), Ok(None)), "cdc keeps retrying, it does not exit");
+    crate::consumer::sigterm(&mut cdc);
+    assert!(cdc.wait().unwrap().success());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_table_without_a_primary_key_is_refused_by_name() {
     let source = Source::new(&["CREATE TABLE no_key (a INT, b INT)"]).await;

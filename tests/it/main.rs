@@ -33,6 +33,7 @@ mod retry_schedule;
 mod rewind;
 mod router;
 mod schema;
+mod signals;
 mod subscriptions;
 mod topics;
 mod wake;

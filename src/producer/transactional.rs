@@ -1,0 +1,134 @@
+//! The transactional producers of the relay's shards and of `cdc`: their
+//! options ([`options`]) and their start ([`fenced`]), one way for both.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer;
+
+use super::ProducerSettings;
+use crate::kafka::client::{
+    KafkaSettings, MeasuredProducer, OptionConflict, measured_producer, producer_options,
+};
+
+/// Default `transaction.timeout.ms` of the transactional producers. The
+/// broker aborts a transaction left open this long, checking every
+/// `transaction.abort.timed.out.transaction.cleanup.interval.ms` (10 s by
+/// default), so a relay (or cdc) that dies inside a transaction blocks
+/// read-committed consumers for at most 5 + 10 s even when nothing takes over.
+pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 5_000;
+
+/// The transactional producers' options: the producer options with a
+/// transaction timeout ([`DEFAULT_TRANSACTION_TIMEOUT_MS`] unless
+/// `producer.options` sets `transaction.timeout.ms`) and a message timeout
+/// no longer than it (librdkafka refuses a longer one).
+pub fn options(
+    kafka: &KafkaSettings,
+    producer: &ProducerSettings,
+) -> Result<BTreeMap<String, String>, OptionConflict> {
+    let mut options = producer_options(&kafka.client_options(), &producer.options)?;
+    let millis = |key: &str, value: &str| {
+        value.trim().parse::<u64>().map_err(|_| {
+            OptionConflict(format!(
+                "`{key}` = {value:?} is not a whole number of milliseconds"
+            ))
+        })
+    };
+    let transaction_timeout = match options.get("transaction.timeout.ms") {
+        Some(v) => millis("transaction.timeout.ms", v)?,
+        None => DEFAULT_TRANSACTION_TIMEOUT_MS,
+    };
+    options.insert(
+        "transaction.timeout.ms".into(),
+        transaction_timeout.to_string(),
+    );
+    match producer.options.get("message.timeout.ms") {
+        Some(v) if millis("message.timeout.ms", v)? > transaction_timeout => {
+            return Err(OptionConflict(format!(
+                "message.timeout.ms={v} is longer than the relay's transaction.timeout.ms={transaction_timeout}: \
+                 it must be at most that (or set a longer transaction.timeout.ms, which lets a dead relay block \
+                 read-committed consumers longer)"
+            )));
+        }
+        Some(_) => {}
+        None => {
+            options.insert("message.timeout.ms".into(), transaction_timeout.to_string());
+        }
+    }
+    Ok(options)
+}
+
+/// Builds the transactional producer `id` (its `transactional.id`, and its
+/// `client.id` unless `options` sets one) and fences every earlier producer
+/// of that id: `init_transactions` aborts the transaction a previous owner
+/// left open and makes that owner's next send or commit fail.
+pub async fn fenced(
+    options: &BTreeMap<String, String>,
+    id: &str,
+) -> Result<MeasuredProducer, KafkaError> {
+    let mut options = options.clone();
+    options.insert("transactional.id".into(), id.to_string());
+    // The statistics and the broker's logs then name the shard or source.
+    options
+        .entry("client.id".into())
+        .or_insert_with(|| id.to_string());
+    let producer = measured_producer(&options)?;
+    let p = producer.clone();
+    tokio::task::spawn_blocking(move || p.init_transactions(Duration::from_secs(30)))
+        .await
+        .expect("init task does not panic")?;
+    Ok(producer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Settings;
+
+    fn options_with(pairs: &[(&str, &str)]) -> Result<BTreeMap<String, String>, OptionConflict> {
+        let mut settings = Settings::default();
+        settings.producer.options = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        options(&settings.kafka, &settings.producer)
+    }
+
+    #[test]
+    fn the_transaction_timeout_bounds_the_message_timeout() {
+        let o = options_with(&[]).unwrap();
+        assert_eq!(
+            o["transaction.timeout.ms"],
+            DEFAULT_TRANSACTION_TIMEOUT_MS.to_string()
+        );
+        assert_eq!(
+            o["message.timeout.ms"],
+            DEFAULT_TRANSACTION_TIMEOUT_MS.to_string()
+        );
+        let o = options_with(&[("transaction.timeout.ms", "20000")]).unwrap();
+        assert_eq!(o["message.timeout.ms"], "20000");
+        let o = options_with(&[("message.timeout.ms", "3000")]).unwrap();
+        assert_eq!(
+            (
+                o["transaction.timeout.ms"].as_str(),
+                o["message.timeout.ms"].as_str()
+            ),
+            ("5000", "3000")
+        );
+        let e = options_with(&[("message.timeout.ms", "120000")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("message.timeout.ms=120000") && e.contains("transaction.timeout.ms=5000"),
+            "{e}"
+        );
+        let e = options_with(&[("transaction.timeout.ms", "10s")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("transaction.timeout.ms") && e.contains("milliseconds"),
+            "{e}"
+        );
+    }
+}

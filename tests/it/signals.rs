@@ -1,0 +1,79 @@
+//! SIGTERM in the first half second of `cdc` and of the router (`deliver`
+//! without `--subscription`): the handler is installed at process start,
+//! so the process stops with status 0 instead of dying by the signal.
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use crate::helpers::TestEnv;
+
+/// Sends SIGTERM to `child` after `after`; returns its exit status (killed
+/// after 60 s if it never exits) and its stderr.
+fn sigterm_after(mut child: Child, after: Duration) -> (std::process::ExitStatus, String) {
+    std::thread::sleep(after);
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if matches!(child.try_wait(), Ok(None)) {
+        let _ = child.kill();
+    }
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sigterm_in_the_first_half_second_stops_cdc_and_the_router_with_status_0() {
+    let mut env = TestEnv::new().with_database().await;
+    let database = format!("op_{}", env.prefix);
+    let prefix = env.prefix.clone();
+    env.set_env("ORDERPIPE_CDC__NAME", &prefix);
+    env.set_env("ORDERPIPE_CDC__TOPIC_PREFIX", &format!("{prefix}.cdc"));
+    env.set_env(
+        "ORDERPIPE_CDC__OFFSETS_TOPIC",
+        &format!("{prefix}.cdc.offsets"),
+    );
+    // A table of the migrated database (it has a primary key).
+    let table = format!("{database}.event_dedup");
+    let server_id = (10_000 + rand::random::<u32>() % 1_000_000_000).to_string();
+    for after_ms in [80, 300] {
+        let after = Duration::from_millis(after_ms);
+        let cdc = env
+            .command(&[
+                "cdc",
+                "--table",
+                &table,
+                "--server-id",
+                &server_id,
+                "--health-addr",
+                "127.0.0.1:0",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (status, stderr) = tokio::task::block_in_place(|| sigterm_after(cdc, after));
+        assert!(
+            status.success(),
+            "cdc, SIGTERM after {after_ms} ms: {status:?}\n{stderr}"
+        );
+        let router = env
+            .command(&["deliver", "--health-addr", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (status, stderr) = tokio::task::block_in_place(|| sigterm_after(router, after));
+        assert!(
+            status.success(),
+            "router, SIGTERM after {after_ms} ms: {status:?}\n{stderr}"
+        );
+    }
+}
