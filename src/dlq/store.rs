@@ -298,6 +298,13 @@ pub async fn page_newest_first(db: &Db, filter: &Filter, before: Option<i64>, li
     Ok(rows.iter().map(row_to_dead_letter).collect::<Result<_, _>>()?)
 }
 
+/// Rows matching `filter` (the console's "N dead letters match").
+pub async fn count(db: &Db, filter: &Filter) -> Result<i64, DbError> {
+    let mut q = QueryBuilder::<Any>::new("SELECT COUNT(*) FROM dead_letters");
+    filter.push_where(&mut q);
+    Ok(q.build().fetch_one(&db.pool).await?.try_get(0)?)
+}
+
 /// A full row with the record bytes, for `show` and `replay`.
 #[derive(Debug, Clone)]
 pub struct DeadLetterRecord {
@@ -705,6 +712,7 @@ mod tests {
         let order_0 = Filter { key: Some("order-0".into()), ..pending.clone() };
         assert_eq!(ids(page_newest_first(&db, &order_0, None, 10).await.unwrap()), [7, 5, 3, 1]);
         assert!(!order_0.is_empty());
+        assert_eq!(count(&db, &order_0).await.unwrap(), 4);
         assert_eq!(bound(&db, &order_0, i64::MAX).await.unwrap(), Bound { rows: 4, last_id: Some(7) }, "the dry-run count");
     }
 

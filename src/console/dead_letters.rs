@@ -1,0 +1,625 @@
+//! The dead-letter pages (`/dead-letters`): the list filtered by group,
+//! class, event name, order id, status, time and error text, a page at a
+//! time on the server (keyset on the id, newest first:
+//! [`store::page_newest_first`]); the detail view (decoded envelope, every
+//! header, the failure history, the original position, the parked key it
+//! heads); and the actions, through the code `orderpipe dlq` runs:
+//!
+//! | action | route | the CLI's |
+//! |---|---|---|
+//! | replay one | `POST /dead-letters/{id}/replay` | `dlq replay --id` |
+//! | replay a filter | `GET /dead-letters/replay` (dry-run count), then `POST` (confirmed) | `dlq replay --dry-run`, `dlq replay` |
+//! | ignore one | `POST /dead-letters/{id}/ignore` (reason required; for a head with held followers, release or keep) | `dlq ignore --id ... --release-followers / --keep-held` |
+//!
+//! A filter replay is fixed by its dry run: the confirmation form carries the
+//! highest id counted ([`store::Bound`]), so a dead letter persisted after the
+//! count waits for the next replay, as with the CLI. It runs in the console's
+//! process; its progress (delivery reports settled of the count) is the page
+//! `/dead-letters/replays/{run}`, which reloads itself while it runs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use askama::Template;
+use axum::extract::{Form, Path, Query, State};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::auth::Principal;
+use super::{Chrome, ConsoleError, ConsoleState, Page, audit, filters};
+use crate::codec::Codec;
+use crate::dlq::ignore::{self, Followers, IgnoreError};
+use crate::dlq::replay::{self, ReplayOptions, ReplaySummary};
+use crate::dlq::store::{self, Bound, DeadLetter, Filter, Selection, Status};
+use crate::schema::SchemaCatalog;
+
+/// The dead-letter pages.
+pub const PAGE: Page = Page {
+    routes,
+    nav: Some(("Dead letters", "/dead-letters")),
+    actions: &["/dead-letters/1/replay", "/dead-letters/1/ignore", "/dead-letters/replay"],
+};
+
+/// Rows per page of the list.
+pub const PAGE_ROWS: i64 = 50;
+
+/// At most this many rows per filter replay (the CLI's `--limit` default).
+pub const REPLAY_LIMIT: i64 = 1_000_000;
+
+fn routes() -> Router<ConsoleState> {
+    Router::new()
+        .route("/dead-letters", get(list))
+        .route("/dead-letters/replay", get(confirm_replay).post(replay_filter))
+        .route("/dead-letters/replays/{run}", get(progress))
+        .route("/dead-letters/{id}", get(detail))
+        .route("/dead-letters/{id}/replay", post(replay_one))
+        .route("/dead-letters/{id}/ignore", post(ignore_one))
+        // The replays this console runs (per console: a router is built once).
+        .layer(Extension(Arc::new(Runs::default())))
+}
+
+/// The list's filter as the query string (and the confirmation form) carry
+/// it; every field optional, an empty one is no filter.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct FilterForm {
+    /// Consumer group.
+    #[serde(default)]
+    pub group: String,
+    /// Error class (one of [`crate::dlq::ERROR_CLASSES`]).
+    #[serde(default)]
+    pub class: String,
+    /// Event name.
+    #[serde(default)]
+    pub event: String,
+    /// Order id (the record key).
+    #[serde(default)]
+    pub order_id: String,
+    /// pending, replayed or ignored.
+    #[serde(default)]
+    pub status: String,
+    /// Last failure at or after (RFC 3339 or an age).
+    #[serde(default)]
+    pub since: String,
+    /// Last failure before (RFC 3339 or an age).
+    #[serde(default)]
+    pub until: String,
+    /// Error class or message contains.
+    #[serde(default)]
+    pub error: String,
+}
+
+/// The statuses the `status` field accepts.
+const STATUSES: [Status; 3] = [Status::Pending, Status::Replayed, Status::Ignored];
+
+fn some(text: &str) -> Option<String> {
+    Some(text.trim().to_string()).filter(|t| !t.is_empty())
+}
+
+impl FilterForm {
+    /// The store's [`Filter`]; a bad field is a 400 naming it and what it
+    /// accepts (never a filter that silently matches everything).
+    pub fn filter(&self) -> Result<Filter, ConsoleError> {
+        let status = match some(&self.status) {
+            None => None,
+            Some(s) => Some(Selection::Status(STATUSES.into_iter().find(|x| x.as_str() == s).ok_or_else(|| {
+                ConsoleError::bad_input("status", format!("`{s}` is not a status; accepted values: pending, replayed, ignored (or empty: any)"))
+            })?)),
+        };
+        let classes = match some(&self.class) {
+            None => vec![],
+            Some(c) => vec![crate::dlq::known_class(&c).map_err(|e| ConsoleError::bad_input("class", e))?],
+        };
+        let time = |field: &str, text: &str| some(text).map(|t| store::parse_time(&t).map_err(|e| ConsoleError::bad_input(field, e))).transpose();
+        Ok(Filter {
+            group: some(&self.group),
+            event_name: some(&self.event),
+            status,
+            since: time("since", &self.since)?,
+            until: time("until", &self.until)?,
+            error_text: some(&self.error),
+            classes,
+            key: some(&self.order_id),
+            ..Default::default()
+        })
+    }
+
+    /// As a query string (for links carrying the filter).
+    pub fn query(&self) -> String {
+        let mut q = url::form_urlencoded::Serializer::new(String::new());
+        for (name, value) in self.fields() {
+            if !value.trim().is_empty() {
+                q.append_pair(name, value);
+            }
+        }
+        q.finish()
+    }
+
+    /// The same filter with another status (`""`: any).
+    pub fn with_status(&self, status: &str) -> Self {
+        Self { status: status.into(), ..self.clone() }
+    }
+
+    /// Non-empty fields, in form order: the confirmation's hidden inputs.
+    pub fn fields(&self) -> Vec<(&'static str, &str)> {
+        [
+            ("group", &self.group),
+            ("class", &self.class),
+            ("event", &self.event),
+            ("order_id", &self.order_id),
+            ("status", &self.status),
+            ("since", &self.since),
+            ("until", &self.until),
+            ("error", &self.error),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.trim().is_empty())
+        .map(|(n, v)| (n, v.as_str()))
+        .collect()
+    }
+
+    /// The filter in words, for pages and confirmations.
+    pub fn describe(&self) -> String {
+        let fields = self.fields();
+        if fields.is_empty() {
+            return "every dead letter".into();
+        }
+        fields.iter().map(|(n, v)| format!("{n} = {v}")).collect::<Vec<_>>().join(", ")
+    }
+
+    /// As JSON for the audit row.
+    pub fn audit_json(&self) -> serde_json::Value {
+        serde_json::Value::Object(self.fields().into_iter().map(|(n, v)| (n.to_string(), json!(v))).collect())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    #[serde(flatten)]
+    filter: FilterForm,
+    /// Keyset cursor: rows with a smaller id.
+    #[serde(default)]
+    before: String,
+}
+
+#[derive(Template)]
+#[template(path = "dead_letters.html")]
+struct ListPage {
+    chrome: Chrome,
+    form: FilterForm,
+    query: String,
+    classes: &'static [&'static str],
+    rows: Vec<DeadLetter>,
+    matching: i64,
+    older: Option<i64>,
+    first_page: bool,
+    runs: Vec<RunView>,
+}
+
+async fn list(
+    State(state): State<ConsoleState>,
+    Extension(runs): Extension<Arc<Runs>>,
+    principal: Principal,
+    Query(query): Query<ListQuery>,
+) -> Result<Html<String>, ConsoleError> {
+    let filter = query.filter.filter()?;
+    let before = match some(&query.before) {
+        None => None,
+        Some(b) => Some(b.parse::<i64>().map_err(|_| ConsoleError::bad_input("before", format!("`{b}` is not a row id (a whole number)")))?),
+    };
+    let db = state.db();
+    let (rows, matching) = tokio::try_join!(
+        store::page_newest_first(db, &filter, before, PAGE_ROWS),
+        store::count(db, &filter),
+    )?;
+    let older = (rows.len() as i64 == PAGE_ROWS).then(|| rows.last().map(|r| r.id)).flatten();
+    super::render(&ListPage {
+        chrome: state.chrome(&principal, "Dead letters", "/dead-letters"),
+        query: query.filter.query(),
+        form: query.filter,
+        classes: &crate::dlq::ERROR_CLASSES,
+        rows,
+        matching,
+        older,
+        first_page: before.is_none(),
+        runs: runs.views(),
+    })
+}
+
+#[derive(Template)]
+#[template(path = "dead_letter.html")]
+struct DetailPage {
+    chrome: Chrome,
+    row: DeadLetter,
+    key: Option<String>,
+    value_bytes: usize,
+    headers: Vec<(String, String)>,
+    envelope: String,
+    undecodable: Option<String>,
+    original_timestamp: Option<i64>,
+    /// The parked key it heads: (key, state, records held behind it).
+    heads: Option<(String, String, i64)>,
+}
+
+async fn detail(State(state): State<ConsoleState>, principal: Principal, Path(id): Path<i64>) -> Result<Html<String>, ConsoleError> {
+    let db = state.db();
+    let filter = Filter { ids: vec![id], ..Default::default() };
+    let record = store::records(db, &filter, 1)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| ConsoleError::NotFound(format!("no dead letter with id {id}")))?;
+    // Decoded as `orderpipe dlq show` decodes it; undecodable is shown as such.
+    let codec = Codec::new(&state.settings().registry, &record.row.original_topic, SchemaCatalog::embedded().order_events(), false)
+        .map_err(|e| ConsoleError::Internal(format!("codec: {e}")))?;
+    let (envelope, undecodable) = match codec.decode(record.payload.as_deref()).await {
+        Ok(envelope) => (serde_json::to_string_pretty(&envelope).unwrap_or_default(), None),
+        Err(e) => (String::new(), Some(e.to_string())),
+    };
+    let headers: std::collections::BTreeMap<String, String> = serde_json::from_str(&record.headers).unwrap_or_default();
+    let heads = ignore::heading(db, &record).await?.map(|(p, held)| (p.key, p.state.to_string(), held));
+    super::render(&DetailPage {
+        chrome: state.chrome(&principal, &format!("Dead letter {id}"), "/dead-letters"),
+        key: record.key.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()),
+        value_bytes: record.payload.as_ref().map_or(0, Vec::len),
+        headers: headers.into_iter().collect(),
+        envelope,
+        undecodable,
+        original_timestamp: record.original_timestamp,
+        heads,
+        row: record.row,
+    })
+}
+
+/// Replays `filter` up to `bound` with the CLI's defaults, as `dlq replay` does.
+async fn run_replay(state: &ConsoleState, filter: &Filter, bound: Bound, progress: impl FnMut()) -> anyhow::Result<ReplaySummary> {
+    let settings = state.settings();
+    replay::replay(
+        &settings.kafka,
+        &settings.producer,
+        &settings.topics.dead_letter.name,
+        state.db(),
+        filter,
+        bound,
+        ReplayOptions::default(),
+        progress,
+    )
+    .await
+}
+
+/// An audit row; a failure to write it fails the request (an action that
+/// cannot be audited is reported, not hidden).
+async fn audit_row(state: &ConsoleState, principal: &Principal, action: &str, target: serde_json::Value, count: u64, outcome: &str) -> Result<(), ConsoleError> {
+    audit::record(state.db(), principal, action, &target, count, outcome).await?;
+    Ok(())
+}
+
+/// Replays dead letter `id` through `dlq replay --id`'s code and writes
+/// the audit row `action`; an unsent row is an error page (it stays pending).
+pub async fn replay_by_id(state: &ConsoleState, principal: &Principal, id: i64, action: &str) -> Result<ReplaySummary, ConsoleError> {
+    let filter = Filter { ids: vec![id], ..Default::default() }.for_replay().map_err(|e| ConsoleError::bad_input("id", e.to_string()))?;
+    let bound = store::bound(state.db(), &filter, 1).await?;
+    if bound.rows == 0 {
+        return Err(ConsoleError::NotFound(format!("no dead letter with id {id}")));
+    }
+    let result = run_replay(state, &filter, bound, || {}).await;
+    let (count, outcome) = match &result {
+        Ok(s) if s.failed.is_empty() => (s.replayed, "ok".to_string()),
+        Ok(s) => (s.replayed, format!("failed: {}", s.failed.join("; "))),
+        Err(e) => (0, format!("failed: {e:#}")),
+    };
+    audit_row(state, principal, action, json!({"id": id}), count, &outcome).await?;
+    match result {
+        Ok(summary) if summary.failed.is_empty() => Ok(summary),
+        _ => Err(ConsoleError::Unavailable(format!("dead letter {id} was not replayed ({outcome}); it stays pending"))),
+    }
+}
+
+async fn replay_one(State(state): State<ConsoleState>, principal: Principal, Path(id): Path<i64>) -> Result<Response, ConsoleError> {
+    replay_by_id(&state, &principal, id, "dead_letter.replay").await?;
+    Ok(Redirect::to(&format!("/dead-letters/{id}")).into_response())
+}
+
+/// The ignore form: a reason, and for a head with held followers, what
+/// happens to them.
+#[derive(Debug, Deserialize)]
+pub struct IgnoreForm {
+    /// Why (kept with the row).
+    #[serde(default)]
+    pub reason: String,
+    /// `release` or `keep` (required for a head with records held behind it).
+    #[serde(default)]
+    pub followers: String,
+}
+
+/// `followers` as the ignore's choice.
+pub fn followers_choice(text: &str) -> Result<Option<Followers>, ConsoleError> {
+    match text.trim() {
+        "" => Ok(None),
+        "release" => Ok(Some(Followers::Release)),
+        "keep" => Ok(Some(Followers::KeepHeld)),
+        other => Err(ConsoleError::bad_input("followers", format!("`{other}` is not a choice; accepted values: release, keep"))),
+    }
+}
+
+/// Ignores dead letter `id` for `form.reason` through [`ignore::ignore`]:
+/// the audit row names the choice made for its followers.
+pub async fn ignore_row(state: &ConsoleState, principal: &Principal, id: i64, form: &IgnoreForm, action: &str) -> Result<ignore::IgnoreSummary, ConsoleError> {
+    let followers = followers_choice(&form.followers)?;
+    let filter = Filter { ids: vec![id], ..Default::default() }
+        .for_ignore(&form.reason)
+        .map_err(|e| ConsoleError::bad_input("reason", "required: say why the dead letter is ignored (it is kept with the row)".to_string() + &format!(" ({e})")))?;
+    let rows = store::records(state.db(), &filter, 1).await?;
+    if rows.is_empty() {
+        return Err(ConsoleError::NotFound(format!("no dead letter with id {id}")));
+    }
+    let summary = match ignore::ignore(state.db(), &rows, form.reason.trim(), followers).await {
+        Err(IgnoreError::ChoiceNeeded(why)) => {
+            return Err(ConsoleError::bad_input("followers", format!("choose release or keep: {}", why.lines().next().unwrap_or_default())));
+        }
+        Err(IgnoreError::Db(e)) => return Err(e.into()),
+        Ok(summary) => summary,
+    };
+    let target = json!({"id": id, "reason": form.reason.trim(), "followers": form.followers.trim(),
+        "released": summary.released, "kept_held": summary.kept_held});
+    audit_row(state, principal, action, target, summary.ignored as u64, "ok").await?;
+    Ok(summary)
+}
+
+async fn ignore_one(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Path(id): Path<i64>,
+    Form(form): Form<IgnoreForm>,
+) -> Result<Response, ConsoleError> {
+    ignore_row(&state, &principal, id, &form, "dead_letter.ignore").await?;
+    Ok(Redirect::to(&format!("/dead-letters/{id}")).into_response())
+}
+
+#[derive(Template)]
+#[template(path = "dead_letters_replay.html")]
+struct ConfirmPage {
+    chrome: Chrome,
+    form: FilterForm,
+    query: String,
+    description: String,
+    bound: Bound,
+}
+
+async fn confirm_replay(State(state): State<ConsoleState>, principal: Principal, Query(form): Query<FilterForm>) -> Result<Html<String>, ConsoleError> {
+    let filter = form.filter()?.for_replay().map_err(|e| ConsoleError::bad_input("status", e.to_string()))?;
+    // The dry run: how many rows, and the highest id, now.
+    let bound = store::bound(state.db(), &filter, REPLAY_LIMIT).await?;
+    // Without a status, a replay takes the pending ones (as `dlq replay`).
+    let form = if some(&form.status).is_none() { form.with_status("pending") } else { form };
+    super::render(&ConfirmPage {
+        chrome: state.chrome(&principal, "Replay dead letters", "/dead-letters"),
+        query: form.query(),
+        description: form.describe(),
+        form,
+        bound,
+    })
+}
+
+/// The confirmation: the filter again, and what the dry run counted.
+#[derive(Debug, Deserialize)]
+struct ConfirmForm {
+    #[serde(flatten)]
+    filter: FilterForm,
+    /// Rows counted by the dry run.
+    #[serde(default)]
+    count: String,
+    /// Highest id counted.
+    #[serde(default)]
+    upto: String,
+}
+
+async fn replay_filter(
+    State(state): State<ConsoleState>,
+    Extension(runs): Extension<Arc<Runs>>,
+    principal: Principal,
+    Form(form): Form<ConfirmForm>,
+) -> Result<Response, ConsoleError> {
+    let filter = form.filter.filter()?.for_replay().map_err(|e| ConsoleError::bad_input("status", e.to_string()))?;
+    let number = |field: &str, text: &str| {
+        text.trim().parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+            ConsoleError::bad_input(field, format!("`{text}` is not a count from the dry run (a whole number): open the replay page again"))
+        })
+    };
+    let count = number("count", &form.count)?;
+    let upto = number("upto", &form.upto)?;
+    if count == 0 {
+        return Err(ConsoleError::bad_input("count", "the dry run counted no dead letter: nothing to replay"));
+    }
+    let bound = Bound { rows: count, last_id: Some(upto) };
+    let run = runs.start(&principal, &form.filter, count as u64);
+    audit_row(&state, &principal, "dead_letters.replay", json!({"filter": form.filter.audit_json(), "upto_id": upto, "run": run.id}), count as u64, "started")
+        .await?;
+    let (task_state, task_run, task_principal) = (state.clone(), run.clone(), principal.clone());
+    tokio::spawn(async move {
+        let result = run_replay(&task_state, &filter, bound, || {
+            task_run.settled.fetch_add(1, Ordering::Relaxed);
+        })
+        .await;
+        let (replayed, outcome) = match &result {
+            Ok(s) if s.failed.is_empty() => (s.replayed, "ok".to_string()),
+            Ok(s) => (s.replayed, format!("{} failed, e.g. {}", s.failed.len(), s.failed[0])),
+            Err(e) => (0, format!("failed: {e:#}")),
+        };
+        let target = json!({"filter": task_run.filter.audit_json(), "upto_id": upto, "run": task_run.id});
+        if let Err(e) = audit::record(task_state.db(), &task_principal, "dead_letters.replay.done", &target, replayed, &outcome).await {
+            tracing::warn!(error = %e, run = task_run.id, "console: the replay's closing audit row failed");
+        }
+        let _ = task_run.outcome.set(result.map_err(|e| format!("{e:#}")));
+    });
+    Ok(Redirect::to(&format!("/dead-letters/replays/{}", run.id)).into_response())
+}
+
+/// A filter replay started from this console.
+#[derive(Debug)]
+pub struct Run {
+    /// Run number (per console, from 1).
+    pub id: u64,
+    /// Who started it.
+    pub who: String,
+    /// Its filter.
+    pub filter: FilterForm,
+    /// Rows the dry run counted.
+    pub total: u64,
+    /// Delivery reports settled so far (acknowledged or failed).
+    pub settled: AtomicU64,
+    /// When it started (ms).
+    pub started_ms: i64,
+    /// The summary, once it ended.
+    pub outcome: OnceLock<Result<ReplaySummary, String>>,
+}
+
+/// The replays of this console, newest first.
+#[derive(Debug, Default)]
+pub struct Runs(Mutex<Vec<Arc<Run>>>);
+
+/// How many finished runs are kept for their progress page.
+const RUNS_KEPT: usize = 50;
+
+impl Runs {
+    fn start(&self, principal: &Principal, filter: &FilterForm, total: u64) -> Arc<Run> {
+        let mut runs = self.0.lock().expect("runs lock");
+        let id = runs.first().map_or(1, |r| r.id + 1);
+        let run = Arc::new(Run {
+            id,
+            who: principal.who.clone(),
+            filter: filter.clone(),
+            total,
+            settled: AtomicU64::new(0),
+            started_ms: crate::clock::now_ms(),
+            outcome: OnceLock::new(),
+        });
+        runs.insert(0, run.clone());
+        runs.truncate(RUNS_KEPT);
+        run
+    }
+
+    fn get(&self, id: u64) -> Option<Arc<Run>> {
+        self.0.lock().expect("runs lock").iter().find(|r| r.id == id).cloned()
+    }
+
+    fn views(&self) -> Vec<RunView> {
+        self.0.lock().expect("runs lock").iter().map(|r| RunView::of(r)).collect()
+    }
+}
+
+/// A run as the pages show it.
+#[derive(Debug, Clone)]
+pub struct RunView {
+    /// Run number.
+    pub id: u64,
+    /// Who started it.
+    pub who: String,
+    /// The filter in words.
+    pub filter: String,
+    /// The filter as a query string.
+    pub query: String,
+    /// Rows counted.
+    pub total: u64,
+    /// Settled so far.
+    pub settled: u64,
+    /// Percent settled.
+    pub percent: u64,
+    /// Started (ms).
+    pub started_ms: i64,
+    /// Still running.
+    pub running: bool,
+    /// Rows marked replayed (when done).
+    pub replayed: u64,
+    /// Failures (when done), the first few.
+    pub failed: Vec<String>,
+    /// How many failed.
+    pub failed_count: usize,
+    /// Why it stopped early, if it did.
+    pub error: Option<String>,
+}
+
+impl RunView {
+    fn of(run: &Run) -> Self {
+        let settled = run.settled.load(Ordering::Relaxed);
+        let (running, replayed, failed, error) = match run.outcome.get() {
+            None => (true, 0, vec![], None),
+            Some(Ok(s)) => (false, s.replayed, s.failed.clone(), None),
+            Some(Err(e)) => (false, 0, vec![], Some(e.clone())),
+        };
+        Self {
+            id: run.id,
+            who: run.who.clone(),
+            filter: run.filter.describe(),
+            query: run.filter.with_status("").query(),
+            total: run.total,
+            settled,
+            percent: (settled * 100).checked_div(run.total).unwrap_or(100).min(100),
+            started_ms: run.started_ms,
+            running,
+            replayed,
+            failed_count: failed.len(),
+            failed: failed.into_iter().take(20).collect(),
+            error,
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "dead_letters_progress.html")]
+struct ProgressPage {
+    chrome: Chrome,
+    run: RunView,
+}
+
+async fn progress(
+    State(state): State<ConsoleState>,
+    Extension(runs): Extension<Arc<Runs>>,
+    principal: Principal,
+    Path(id): Path<u64>,
+) -> Result<Html<String>, ConsoleError> {
+    let run = runs.get(id).ok_or_else(|| ConsoleError::NotFound(format!("no replay {id} on this console (finished runs are kept until {RUNS_KEPT} newer ones)")))?;
+    let run = RunView::of(&run);
+    let mut chrome = state.chrome(&principal, &format!("Replay {id}"), "/dead-letters");
+    // Reloads itself every second while it runs.
+    chrome.refresh_secs = u32::from(run.running);
+    super::render(&ProgressPage { chrome, run })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_filter_field_is_named_with_the_accepted_values() {
+        let bad = |form: FilterForm| form.filter().unwrap_err().to_string();
+        let e = bad(FilterForm { status: "done".into(), ..Default::default() });
+        assert!(e.starts_with("status:") && e.contains("pending, replayed, ignored"), "{e}");
+        let e = bad(FilterForm { class: "handler_fatl".into(), ..Default::default() });
+        assert!(e.starts_with("class:") && e.contains("accepted values: unavailable"), "{e}");
+        let e = bad(FilterForm { since: "yesterday".into(), ..Default::default() });
+        assert!(e.starts_with("since:") && e.contains("RFC 3339"), "{e}");
+        assert!(followers_choice("maybe").unwrap_err().to_string().contains("release, keep"));
+    }
+
+    #[test]
+    fn a_filter_round_trips_through_its_query_string() {
+        let form = FilterForm { group: "g 1".into(), class: "handler_fatal".into(), order_id: "42".into(), ..Default::default() };
+        assert_eq!(form.query(), "group=g+1&class=handler_fatal&order_id=42");
+        let back: FilterForm = serde_urlencoded_like(&form.query());
+        assert_eq!(back.filter().unwrap().group.as_deref(), Some("g 1"));
+        let filter = form.filter().unwrap();
+        assert_eq!((filter.key.as_deref(), filter.classes.as_slice(), filter.status), (Some("42"), &["handler_fatal".to_string()][..], None));
+        assert!(FilterForm::default().filter().unwrap().is_empty(), "an empty form is no filter");
+        assert_eq!(form.describe(), "group = g 1, class = handler_fatal, order_id = 42");
+        assert_eq!(FilterForm::default().describe(), "every dead letter");
+    }
+
+    fn serde_urlencoded_like(query: &str) -> FilterForm {
+        let pairs: serde_json::Map<String, serde_json::Value> =
+            url::form_urlencoded::parse(query.as_bytes()).map(|(k, v)| (k.into_owned(), json!(v.into_owned()))).collect();
+        serde_json::from_value(serde_json::Value::Object(pairs)).unwrap()
+    }
+}
