@@ -40,6 +40,7 @@
 //! | [`startup`] | builds the roles from the settings: the sections each one reads |
 //! | [`telemetry`] | logging setup |
 //! | `harness` | demo, benchmarks, generator, exactly-once verification, the `chaos` handler: only with the cargo feature `harness` |
+//! | [`console`] | `orderpipe console`: the operator's web UI (overview, dead letters, held orders, topics, schemas, subscriptions), roles, CSRF, audit |
 //! | [`cli`] | the `orderpipe` command line; `src/bin/orderpipe.rs` only calls it |
 
 pub mod api;
@@ -49,6 +50,7 @@ pub mod cli;
 pub mod clock;
 pub mod codec;
 pub mod config;
+pub mod console;
 pub mod consumer;
 pub mod db;
 pub mod dedup;

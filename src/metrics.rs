@@ -104,6 +104,12 @@ pub mod name {
     pub const API_REQUESTS: &str = "orderpipe_api_requests_total";
     /// Admin API requests (`orderpipe subs serve`), by resource, method and status (401/403: refused).
     pub const ADMIN_REQUESTS: &str = "orderpipe_admin_requests_total";
+    /// Console requests (`orderpipe console`), by page, method and status (401/403: refused).
+    pub const CONSOLE_REQUESTS: &str = "orderpipe_console_requests_total";
+    /// Console time to answer a request (query + render), by page.
+    pub const CONSOLE_RENDER: &str = "orderpipe_console_render_seconds";
+    /// Console state changes written to the audit table, by action.
+    pub const CONSOLE_ACTIONS: &str = "orderpipe_console_actions_total";
     /// librdkafka: messages in the client's queues (producer: waiting for delivery), by client.
     pub const KAFKA_QUEUE: &str = "orderpipe_kafka_queue_messages";
     /// librdkafka: average broker round-trip time, by client and broker.

@@ -9,6 +9,7 @@
 //! * `harness` (cargo feature `harness` only): `demo` and the hidden `bench-*` commands.
 
 pub mod cdc;
+pub mod console;
 pub mod consume;
 pub mod dlq;
 #[cfg(feature = "harness")]
@@ -96,6 +97,10 @@ enum Command {
     /// Read the binlog as a replica and publish each row change of the
     /// configured tables to cdc.<db>.<table> (exactly once, checkpointed).
     Cdc(cdc::CdcArgs),
+    /// Serve the operator console: a web UI of lag, dead letters, held
+    /// orders, topics, schemas and subscriptions (needs a [console] token
+    /// or proxy header; see docs/console.md).
+    Console(console::ConsoleArgs),
     /// Run a consumer group applying events exactly once in effect.
     Consume(consume::ConsumeArgs),
     /// Deliver events to a downstream HTTP subscription (a consumer group of its own).
@@ -348,6 +353,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let settings = cli.global.settings()?;
             consume::run(&settings, args).await
         }
+        Command::Console(args) => console::run(&cli.global.settings()?, args).await,
         Command::Lag(args) => lag::run(&cli.global.settings()?, args).await,
         Command::Reconcile(args) => reconcile::run(&cli.global.settings()?, args).await,
         Command::Subs(command) => subs::run(&cli.global.settings()?, command).await,

@@ -65,6 +65,9 @@ pub struct Settings {
     pub admin: crate::subscriptions::admin::AdminSettings,
     /// The binlog source (`[cdc]`, `orderpipe cdc`).
     pub cdc: crate::cdc::CdcSettings,
+    /// The operator console (`[console]`, `orderpipe console`).
+    #[serde(default)]
+    pub console: crate::console::ConsoleSettings,
 }
 
 /// Why a build without the `harness` feature refuses `[chaos]`.
@@ -95,7 +98,15 @@ pub struct ConfigError(String);
 pub const REDACTED: &str = "__REDACTED__";
 
 /// Secret fields, by their path in the config file.
-const SECRET_FIELDS: [&str; 5] = ["kafka.sasl_password", "registry.password", "database.url", "admin.token", "cdc.source"];
+const SECRET_FIELDS: [&str; 7] = [
+    "kafka.sasl_password",
+    "registry.password",
+    "database.url",
+    "admin.token",
+    "cdc.source",
+    "console.viewer_token",
+    "console.operator_token",
+];
 
 /// Tables of pass-through librdkafka options, by their path.
 const OPTION_TABLES: [&str; 3] = ["kafka.options", "producer.options", "consumer.options"];
@@ -177,6 +188,8 @@ impl Settings {
                 "registry.password" => self.registry.password.as_ref(),
                 "admin.token" => self.admin.token.as_ref(),
                 "cdc.source" => self.cdc.source.as_ref(),
+                "console.viewer_token" => self.console.viewer_token.as_ref(),
+                "console.operator_token" => self.console.operator_token.as_ref(),
                 _ => Some(&self.database.url),
             };
             if let Some(value) = value {
@@ -222,6 +235,7 @@ impl Settings {
         self.outbox.validate().map_err(ConfigError)?;
         self.admin.validate().map_err(ConfigError)?;
         self.cdc.validate().map_err(ConfigError)?;
+        self.console.validate().map_err(ConfigError)?;
         Ok(())
     }
 }

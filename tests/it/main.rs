@@ -9,6 +9,9 @@
 
 mod cdc;
 mod console_explore;
+mod console;
+mod console_browser;
+mod console_dlq;
 mod consumer;
 mod crash;
 mod delivery;

@@ -1,0 +1,328 @@
+//! `orderpipe console`: the security gate of every action route (viewer,
+//! CSRF token, read-only), sign-in, the proxy header, the audit trail, the
+//! error page, the metrics, and the overview in a real browser (with the
+//! screenshots of its pages).
+
+use std::time::Duration;
+
+use fantoccini::Locator;
+use orderpipe::console::{self, Principal, Role, audit};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::console_browser::{Browser, TestConsole, meta_csrf};
+use crate::helpers::TestEnv;
+
+/// Every action route, plus a path no page registers: the gate runs before
+/// routing, so even a route added without thought is guarded.
+fn guarded_paths() -> Vec<&'static str> {
+    let mut paths = console::action_paths();
+    paths.push("/no-such-action");
+    paths
+}
+
+#[tokio::test]
+async fn every_action_route_refuses_a_viewer_a_missing_or_foreign_csrf_token_and_a_read_only_console() {
+    let env = TestEnv::new().with_database().await;
+    let console = TestConsole::start(&env, |_| {}).await;
+    let viewer_csrf = console.csrf_of(Role::Viewer).await;
+    let operator_csrf = console.csrf_of(Role::Operator).await;
+    assert_ne!(viewer_csrf, operator_csrf);
+
+    for path in guarded_paths() {
+        let (status, body) = console.post_as(Role::Viewer, path, Some(&viewer_csrf), &[]).await;
+        assert_eq!(status, 403, "viewer POST {path}: {body}");
+        assert!(body.contains("only an operator may change state"), "{path}: {body}");
+
+        let (status, body) = console.post_as(Role::Operator, path, None, &[]).await;
+        assert_eq!(status, 403, "operator POST {path} without a CSRF token: {body}");
+        assert!(body.contains("no CSRF token"), "{path}: {body}");
+
+        let (status, body) = console.post_as(Role::Operator, path, Some(&viewer_csrf), &[]).await;
+        assert_eq!(status, 403, "operator POST {path} with the viewer's CSRF token: {body}");
+        assert!(body.contains("CSRF token is not yours"), "{path}: {body}");
+    }
+    // With its own token the operator passes the gate: the route is there
+    // (405 would mean no POST route, 404 on the probe means unrouted).
+    for path in console::action_paths() {
+        let (status, body) = console.post_as(Role::Operator, path, Some(&operator_csrf), &[]).await;
+        assert!(![401, 403, 405].contains(&status), "operator POST {path} with its token: {status} {body}");
+    }
+    let (status, _) = console.post_as(Role::Operator, "/no-such-action", Some(&operator_csrf), &[]).await;
+    assert_eq!(status, 404);
+
+    // Signing out is a state change too: it needs the token, not the role.
+    assert_eq!(console.post_as(Role::Viewer, "/logout", None, &[]).await.0, 403);
+    assert_eq!(console.post_as(Role::Viewer, "/logout", Some(&viewer_csrf), &[]).await.0, 303);
+
+    let read_only = TestConsole::start(&env, |s| s.console.read_only = true).await;
+    let operator_csrf = read_only.csrf_of(Role::Operator).await;
+    for path in guarded_paths() {
+        let (status, body) = read_only.post_as(Role::Operator, path, Some(&operator_csrf), &[]).await;
+        assert_eq!(status, 403, "read-only console, operator POST {path}: {body}");
+        assert!(body.contains("read-only"), "{path}: {body}");
+    }
+    let (_, page) = read_only.get_as(Role::Operator, "/").await;
+    assert!(page.contains("read-only console"), "{page}");
+}
+
+#[tokio::test]
+async fn sign_in_bad_input_errors_and_the_audit_trail() {
+    let env = TestEnv::new().with_database().await;
+    let console = TestConsole::start(&env, |_| {}).await;
+    let http = TestConsole::http();
+
+    // Nobody signed in: to the login form, and back to the page after it.
+    let response = http.get(format!("{}/audit?limit=5", console.url)).send().await.unwrap();
+    assert_eq!(response.status(), 303);
+    assert_eq!(response.headers()["location"], "/login?next=%2Faudit%3Flimit%3D5");
+
+    // A wrong token is refused on the form; the right one sets a session cookie.
+    let login = |token: &str| {
+        http.post(format!("{}/login", console.url))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("token={token}&next=%2Faudit"))
+            .send()
+    };
+    let refused = login("not-a-console-token-at-all").await.unwrap();
+    assert_eq!(refused.status(), 401);
+    assert!(refused.text().await.unwrap().contains("token: not a console token"));
+    let signed_in = login(crate::console_browser::OPERATOR_TOKEN).await.unwrap();
+    assert_eq!(signed_in.status(), 303);
+    assert_eq!(signed_in.headers()["location"], "/audit");
+    let cookie = signed_in.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(!cookie.contains(crate::console_browser::OPERATOR_TOKEN), "the cookie never holds the token");
+    let session = cookie.split(';').next().unwrap().to_string();
+    let page = http.get(format!("{}/audit", console.url)).header("cookie", &session).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.unwrap();
+    assert!(page.contains("operator-token (operator)"), "{page}");
+    assert!(!page.contains(crate::console_browser::OPERATOR_TOKEN) && !page.contains(crate::console_browser::VIEWER_TOKEN));
+
+    // A bad value is a 400 page naming the field and what it accepts; an unknown page a 404.
+    let (status, body) = console.get_as(Role::Viewer, "/audit?limit=lots").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("<strong>limit</strong>: `lots` is not a whole number from 1 to 5000"), "{body}");
+    assert_eq!(console.get_as(Role::Viewer, "/no/such/page").await.0, 404);
+
+    // An audit row is written and shown, filtered by action.
+    let alice = Principal { who: "alice".into(), role: Role::Operator };
+    let filter = serde_json::json!({"group": "g1", "class": "permanent"});
+    audit::record(console.state.db(), &alice, "test.replay", &filter, 1000, "ok").await.unwrap();
+    audit::record(console.state.db(), &alice, "test.other", &serde_json::json!({}), 1, "ok").await.unwrap();
+    let rows = audit::recent(console.state.db(), Some("test.replay"), 10).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].who.as_str(), rows[0].role.as_str(), rows[0].item_count), ("alice", "operator", 1000));
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&rows[0].target).unwrap(), filter);
+    let (_, page) = console.get_as(Role::Viewer, "/audit?action=test.replay").await;
+    assert!(page.contains("test.replay") && page.contains("alice") && !page.contains("test.other"), "{page}");
+
+    // Console metrics: requests by page and status, answer time, actions.
+    let metrics = http.get(format!("{}/metrics", console.url)).send().await.unwrap().text().await.unwrap();
+    for needle in [
+        r#"orderpipe_console_requests_total{page="audit",method="GET",status="400"}"#,
+        r#"orderpipe_console_render_seconds_bucket{page="audit""#,
+        r#"orderpipe_console_actions_total{action="test.replay"}"#,
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing from /metrics");
+    }
+}
+
+#[tokio::test]
+async fn a_proxy_header_names_the_user_only_when_configured() {
+    let env = TestEnv::new().with_database().await;
+    let proxied = TestConsole::start(&env, |s| {
+        s.console.proxy_user_header = Some("X-Forwarded-User".into());
+        s.console.proxy_role_header = Some("X-Forwarded-Role".into());
+    })
+    .await;
+    let get = |console: &TestConsole, role: Option<&'static str>| {
+        let mut request = TestConsole::http().get(format!("{}/audit", console.url)).header("X-Forwarded-User", "alice");
+        if let Some(role) = role {
+            request = request.header("X-Forwarded-Role", role);
+        }
+        request.send()
+    };
+    let viewer = get(&proxied, None).await.unwrap();
+    assert_eq!(viewer.status(), 200);
+    let page = viewer.text().await.unwrap();
+    assert!(page.contains("alice (viewer)"), "{page}");
+    let csrf = meta_csrf(&page).unwrap();
+    let operator = get(&proxied, Some("operator")).await.unwrap().text().await.unwrap();
+    assert!(operator.contains("alice (operator)"), "{operator}");
+    assert_eq!(get(&proxied, Some("root")).await.unwrap().status(), 403);
+    // The viewer's token does not let alice act as operator.
+    let forged = TestConsole::http()
+        .post(format!("{}/no-such-action", proxied.url))
+        .header("X-Forwarded-User", "alice")
+        .header("X-Forwarded-Role", "operator")
+        .header("x-csrf-token", csrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+
+    let plain = TestConsole::start(&env, |_| {}).await;
+    let untrusted = get(&plain, Some("operator")).await.unwrap();
+    assert_eq!((untrusted.status().as_u16(), untrusted.headers()["location"].to_str().unwrap()), (303, "/login?next=%2Faudit"), "an unconfigured header is not trusted");
+}
+
+/// `count` records on each of `partitions` partitions of a new `topic`;
+/// `group` commits `committed[p]` on partition p and has no member.
+async fn topic_with_idle_group(env: &TestEnv, topic: &str, group: &str, count: i64, committed: &[i64]) {
+    let kafka = env.settings.kafka.client_options();
+    let admin: AdminClient<_> = orderpipe::kafka::client::client_config(&kafka).create().unwrap();
+    let partitions = committed.len() as i32;
+    admin
+        .create_topics(&[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
+        .await
+        .unwrap();
+    let producer: FutureProducer = orderpipe::kafka::client::client_config(&kafka).create().unwrap();
+    for partition in 0..partitions {
+        for i in 0..count {
+            let payload = format!("record {i}");
+            let record = FutureRecord::to(topic).partition(partition).key("k").payload(&payload);
+            producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
+        }
+    }
+    let consumer: BaseConsumer =
+        orderpipe::kafka::client::client_config(&kafka).set("group.id", group).create().unwrap();
+    let mut offsets = TopicPartitionList::new();
+    for (partition, offset) in committed.iter().enumerate() {
+        offsets.add_partition_offset(topic, partition as i32, Offset::Offset(*offset)).unwrap();
+    }
+    consumer.commit(&offsets, CommitMode::Sync).unwrap();
+}
+
+/// Dead letters, a parked key with a held record and recent applied
+/// events of `group`, written as the consumer and persister would.
+async fn group_rows(env: &TestEnv, group: &str, topic: &str) {
+    let db = env.db();
+    let now = orderpipe::clock::now_ms();
+    for (offset, class) in [(0, "permanent"), (1, "permanent"), (2, "transient")] {
+        sqlx::query(
+            "INSERT INTO dead_letters (consumer_group, original_topic, original_partition, original_offset, headers, \
+             event_name, error_class, error_message, attempts, first_failure_ms, last_failure_ms, dlq_partition, \
+             dlq_offset, created_ms, updated_ms) VALUES (?, ?, 0, ?, '{}', 'order.created', ?, 'boom', 1, ?, ?, 0, ?, ?, ?)",
+        )
+        .bind(group)
+        .bind(topic)
+        .bind(offset)
+        .bind(class)
+        .bind(now)
+        .bind(now)
+        .bind(offset)
+        .bind(now)
+        .bind(now)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO parked_keys (consumer_group, record_key, kafka_partition, head_origin, state, parked_ms, updated_ms) \
+         VALUES (?, 'order-7', 0, 'dlq', 'parked', ?, ?)",
+    )
+    .bind(group)
+    .bind(now - 150_000)
+    .bind(now)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO held_records (consumer_group, record_key, source_topic, source_partition, source_offset, payload, headers, held_ms) \
+         VALUES (?, 'order-7', ?, 0, 9, x'00', '{}', ?)",
+    )
+    .bind(group)
+    .bind(topic)
+    .bind(now)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    for i in 0..12 {
+        sqlx::query(
+            "INSERT INTO event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, created_at) \
+             VALUES (?, ?, ?, 1, ?, 'order.created', 'k', UTC_TIMESTAMP(3))",
+        )
+        .bind(group)
+        .bind(uuid::Uuid::new_v4().to_string())
+        .bind(topic)
+        .bind(i)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_overview_shows_each_groups_figures_with_links_and_a_viewer_sees_no_action_in_the_browser() {
+    let env = TestEnv::new().with_database().await;
+    let group = format!("{}.group", env.prefix);
+    let topic = env.settings.topics.order_events.name.clone();
+    topic_with_idle_group(&env, &topic, &group, 5, &[2, 5]).await;
+    group_rows(&env, &group, &topic).await;
+    let console = TestConsole::start(&env, |_| {}).await;
+    let browser = Browser::start(&console).await;
+
+    browser.open("/").await;
+    browser.client.wait().for_element(Locator::Css("#token")).await.unwrap();
+    browser.screenshots("login").await;
+    browser.login(Role::Operator).await;
+    browser.open("/").await;
+    let card = browser.text("section.card").await;
+    for figure in [
+        group.as_str(),
+        "no live member: nobody consumes it",
+        "Lag\n3",
+        "Applied/s\n0.2",
+        "Failure rate\n20.0 %",
+        "Dead letters pending\n3",
+        "Parked keys\n1",
+        "Held records\n1",
+        "Oldest parked\n2m 3",
+        "permanent: 2",
+        "transient: 1",
+    ] {
+        assert!(card.contains(figure), "`{figure}` missing from the overview card:\n{card}");
+    }
+    let hrefs = browser
+        .client
+        .execute("return [...document.querySelectorAll('section.card a')].map(a => a.getAttribute('href'))", vec![])
+        .await
+        .unwrap()
+        .to_string();
+    let group_query = url::form_urlencoded::byte_serialize(group.as_bytes()).collect::<String>();
+    for href in [
+        format!("/dead-letters?group={group_query}&class=permanent&status=pending"),
+        format!("/held?group={group_query}"),
+        format!("/topics?topic={}&partition=0&offset=2", url::form_urlencoded::byte_serialize(topic.as_bytes()).collect::<String>()),
+    ] {
+        assert!(hrefs.contains(&href), "no link to {href}: {hrefs}");
+    }
+    let refresh = browser.client.find(Locator::Css("meta[http-equiv='refresh']")).await.unwrap();
+    assert_eq!(refresh.attr("content").await.unwrap().as_deref(), Some("10"), "the overview refreshes itself");
+    browser.screenshots("overview").await;
+    console::audit::record(
+        console.state.db(),
+        &Principal { who: "operator-token".into(), role: Role::Operator },
+        "dlq.replay",
+        &serde_json::json!({"group": group, "class": "permanent"}),
+        2,
+        "ok",
+    )
+    .await
+    .unwrap();
+    browser.open("/audit").await;
+    browser.screenshots("audit").await;
+
+    // A viewer: every page of the navigation renders without one action form.
+    browser.client.find(Locator::Css("form[action='/logout'] button")).await.unwrap().click().await.unwrap();
+    browser.login(Role::Viewer).await;
+    for page in console::PAGES.iter().filter_map(|p| p.nav) {
+        browser.open(page.1).await;
+        assert_eq!(browser.action_forms().await, 0, "a viewer sees an action form on {}", page.1);
+    }
+    browser.close().await;
+}
