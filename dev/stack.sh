@@ -68,7 +68,8 @@ DB_PASS=orderpipe
 # What building orderpipe needs (bundled librdkafka wants cmake and libcurl
 # headers even with curl off), then what the services need.
 BUILD_PACKAGES=(cmake make g++ libcurl4-openssl-dev libssl-dev libsasl2-dev zlib1g-dev libzstd-dev pkg-config)
-APT_PACKAGES=("${BUILD_PACKAGES[@]}" mariadb-server mariadb-client curl prometheus)
+# chromium + chromium-driver: the console's browser tests (tests/it/console*.rs, WebDriver).
+APT_PACKAGES=("${BUILD_PACKAGES[@]}" mariadb-server mariadb-client curl prometheus chromium chromium-driver)
 SERVICES=(mariadb kafka registry)
 
 # ----------------------------------------------------------------------------- helpers
