@@ -233,18 +233,20 @@ pub struct Endpoint<'a> {
 }
 
 /// Delivers `envelope` to `endpoint` as `{request_id, channel_id,
-/// event_type, data, old, timestamp}`, with the event id as
+/// event_type, data, old, timestamp}` (`data`/`old`: a row change's row and
+/// previous values, an order event's payload and null), with the event id as
 /// `Idempotency-Key` and the trace context in `traceparent`. HTTP 2xx with
 /// body `code == 0` is [`Effect::Applied`]; anything else, or a timeout, a
 /// retryable failure naming the endpoint.
 pub async fn post(client: &reqwest::Client, endpoint: Endpoint<'_>, envelope: &Envelope) -> Result<Effect, HandlerError> {
     let event_id = envelope.event_id.to_string();
+    let (data, old) = envelope.data.data_and_old();
     let body = json!({
         "request_id": event_id,
         "channel_id": endpoint.channel_id,
         "event_type": envelope.event_name.as_str(),
-        "data": envelope.data,
-        "old": null,
+        "data": data,
+        "old": old,
         "timestamp": envelope.event_time.timestamp(),
     });
     let method = reqwest::Method::from_bytes(endpoint.method.as_bytes()).unwrap_or(reqwest::Method::POST);

@@ -25,11 +25,15 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::envelope::EnvelopeError;
+use crate::envelope::{Envelope, EnvelopeError, EventData, EventName, RowChange};
 use crate::schema::TopicSchema;
 
 /// The Avro schema of every `cdc.*` topic's values.
 pub const CHANGE_SCHEMA: &str = include_str!("change.avsc");
+
+/// Full name of the record in [`CHANGE_SCHEMA`]: how a decoder tells a
+/// row change from an order envelope.
+pub const CHANGE_RECORD: &str = "orderpipe.cdc.v1.CdcChangeEnvelope";
 
 /// `event_version` of the changes this version writes.
 pub const CHANGE_EVENT_VERSION: &str = "1.0";
@@ -177,6 +181,33 @@ impl ChangeEvent {
             ),
             ("row_index".into(), Value::Int(self.row_index as i32)),
         ])
+    }
+
+    /// The change as the consumer's envelope: the house fields, and
+    /// [`EventData::RowChange`] as data (`event_name` must be the routing
+    /// key of `database`, `table` and `change`; checked, naming the field).
+    pub fn into_envelope(self) -> Result<Envelope, EnvelopeError> {
+        let row = RowChange {
+            database: self.database,
+            table: self.table,
+            change: self.change.as_str().to_string(),
+            key: self.key,
+            data: self.data,
+            old: self.old,
+        };
+        let event_name = EventName::routing_key(&self.event_name)
+            .map_err(|e| EnvelopeError::field("event_name", e.to_string()))?;
+        let envelope = Envelope {
+            event_id: self.event_id,
+            event_name,
+            event_version: self.event_version,
+            event_time: self.event_time,
+            producer: self.producer,
+            trace_id: self.trace_id,
+            data: EventData::RowChange(row),
+        };
+        envelope.validate()?;
+        Ok(envelope)
     }
 
     /// Reads a decoded `change.avsc` record (any later version with added
@@ -431,6 +462,25 @@ mod tests {
             let back = apache_avro::from_avro_datum(&schema, &mut &bytes[..], None).unwrap();
             assert_eq!(ChangeEvent::from_avro(back).unwrap(), event);
         }
+    }
+
+    #[test]
+    fn a_change_becomes_the_envelope_the_router_delivers() {
+        let envelope = sample().into_envelope().unwrap();
+        assert_eq!(envelope.event_name.as_str(), "shop.table_user.update");
+        assert_eq!(envelope.key(), "42", "the primary key, as published");
+        assert_eq!(envelope.data.event_name(), envelope.event_name);
+        let (data, old) = envelope.data.data_and_old();
+        assert_eq!((data, old), (json!({"id": 42, "status": 2}), json!({"status": 1})));
+        let insert = ChangeEvent { old: None, change: ChangeKind::Insert, event_name: "shop.table_user.insert".into(), ..sample() };
+        assert_eq!(insert.into_envelope().unwrap().data.data_and_old().1, serde_json::Value::Null);
+        // The name must be the change's routing key.
+        let e = ChangeEvent { event_name: "shop.table_user.upsert".into(), ..sample() }.into_envelope().unwrap_err();
+        assert!(e.to_string().contains("event_name") && e.to_string().contains("<insert|update|delete>"), "{e}");
+        let e = ChangeEvent { event_name: "shop.table_user.insert".into(), ..sample() }.into_envelope().unwrap_err();
+        assert!(e.to_string().contains("payload is `shop.table_user.update` but event_name is `shop.table_user.insert`"), "{e}");
+        let e = ChangeEvent { data: json!([1]), ..sample() }.into_envelope().unwrap_err();
+        assert!(e.to_string().contains("data"), "{e}");
     }
 
     #[test]

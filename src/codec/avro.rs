@@ -52,6 +52,8 @@ pub fn to_avro(envelope: &Envelope, schema: &Schema) -> Result<Value, ToAvroErro
         EventData::Refunded(d) => apache_avro::to_value(d)?,
         EventData::StockReserved(d) => apache_avro::to_value(d)?,
         EventData::StockReleased(d) => apache_avro::to_value(d)?,
+        // `orderpipe cdc` writes these (cdc::change::ChangeEvent::to_avro).
+        EventData::RowChange(_) => return Err(ToAvroError::NoBranch("CdcChangeEnvelope")),
     };
     let index = branch_index(schema, envelope.data.record_name())?;
     let text = |s: &str| Value::String(s.to_string());

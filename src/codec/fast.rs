@@ -111,6 +111,9 @@ impl FastWriter {
                 "refused: an earlier record failed the check ({reason}); this codec writes nothing more until restarted"
             )));
         }
+        if let EventData::RowChange(_) = &envelope.data {
+            return Err(CodecError::Avro(avro::ToAvroError::NoBranch("CdcChangeEnvelope").to_string()));
+        }
         self.write(envelope, buf)?;
         let encoded = &self.encoded[envelope.data.kind_index()];
         if encoded
@@ -219,6 +222,9 @@ impl Serialize for WireEnvelope<'_> {
             EventData::Refunded(d) => record.serialize_field("data", d)?,
             EventData::StockReserved(d) => record.serialize_field("data", d)?,
             EventData::StockReleased(d) => record.serialize_field("data", d)?,
+            EventData::RowChange(_) => {
+                return Err(serde::ser::Error::custom("a row change has no branch in the order schemas' `data`"));
+            }
         }
         record.end()
     }

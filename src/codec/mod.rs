@@ -245,15 +245,29 @@ impl Codec {
             })
     }
 
-    /// Decodes and validates one record value.
+    /// Decodes and validates one record value: an order envelope, or a
+    /// row change of a `cdc.*` topic (written with `CdcChangeEnvelope`,
+    /// [`crate::cdc::change`]) as an envelope whose data is
+    /// [`crate::envelope::EventData::RowChange`]. The writer's schema (from
+    /// the frame's id) says which, so a group's retry topic may hold both.
     pub async fn decode(&self, payload: Option<&[u8]>) -> Result<Envelope, CodecError> {
-        Ok(avro::from_avro(self.decode_value(payload).await?)?)
+        let (name, value) = self.decode_named(payload).await?;
+        if name.as_deref() == Some(crate::cdc::change::CHANGE_RECORD) {
+            return Ok(crate::cdc::change::ChangeEvent::from_avro(value)?.into_envelope()?);
+        }
+        Ok(avro::from_avro(value)?)
     }
 
     /// Decodes one record value with its writer's schema (from the
     /// registry) into an Avro value, without the envelope's checks: for
     /// values that are not order envelopes (`cdc.*` changes).
     pub async fn decode_value(&self, payload: Option<&[u8]>) -> Result<Value, CodecError> {
+        Ok(self.decode_named(payload).await?.1)
+    }
+
+    /// [`Codec::decode_value`], with the full name of the writer's record
+    /// (`namespace.name`) when the schema has one.
+    async fn decode_named(&self, payload: Option<&[u8]>) -> Result<(Option<String>, Value), CodecError> {
         let bytes = payload.ok_or_else(|| CodecError::NotFramed("record has no value".into()))?;
         let id = schema_id(bytes)?;
         let decoded = self.decoder.decode(Some(bytes)).await.map_err(|e| {
@@ -267,7 +281,7 @@ impl Codec {
                 CodecError::Avro(text)
             }
         })?;
-        Ok(decoded.value)
+        Ok((decoded.name.map(|n| n.fullname(None)), decoded.value))
     }
 }
 
@@ -309,6 +323,52 @@ mod tests {
             timeout_ms: 5_000,
             auto_register: true,
         }
+    }
+
+    /// One codec decodes both kinds a router group reads: order envelopes
+    /// and `cdc.*` row changes (told apart by the writer's schema).
+    #[tokio::test]
+    async fn decode_reads_order_envelopes_and_row_changes() {
+        let registry = embedded_registry::EmbeddedRegistry::start().await.unwrap();
+        let catalog = SchemaCatalog::embedded();
+        let order = Codec::new(&settings(&registry), "t.order", catalog.order_events(), true).unwrap();
+        let envelope = crate::envelope::Envelope::new("test", EventData::sample_created(5));
+        let bytes = order.encode(&envelope).await.unwrap();
+        let cdc_topic = "t.cdc.shop.table_user";
+        let cdc = Codec::new(&settings(&registry), cdc_topic, &crate::cdc::change::topic_schema(cdc_topic), true).unwrap();
+        let id = crate::cdc::change::change_id("src", "0-1-9", 0);
+        let change = crate::cdc::change::ChangeEvent {
+            event_id: id,
+            event_name: "shop.table_user.insert".into(),
+            event_version: crate::cdc::change::CHANGE_EVENT_VERSION.into(),
+            event_time: chrono::DateTime::from_timestamp(1_764_570_000, 0).unwrap(),
+            producer: "cdc:src".into(),
+            trace_id: crate::cdc::change::trace_id_of(&id),
+            database: "shop".into(),
+            table: "table_user".into(),
+            change: crate::cdc::change::ChangeKind::Insert,
+            key: "9".into(),
+            data: serde_json::json!({"id": 9, "mobile": "138"}),
+            old: None,
+            gtid: None,
+            binlog_file: "b.000001".into(),
+            binlog_pos: 4,
+            xid: None,
+            row_index: 0,
+        };
+        let change_bytes = cdc.encode_value(change.to_avro()).await.unwrap();
+        // Either codec reads either record.
+        for codec in [&order, &cdc] {
+            assert_eq!(codec.decode(Some(&bytes)).await.unwrap(), envelope);
+            let decoded = codec.decode(Some(&change_bytes)).await.unwrap();
+            assert_eq!(decoded.event_name.as_str(), "shop.table_user.insert");
+            assert_eq!(decoded.key(), "9");
+            let EventData::RowChange(row) = &decoded.data else { panic!("{decoded:?}") };
+            assert_eq!(row.data, serde_json::json!({"id": 9, "mobile": "138"}));
+        }
+        // A row change is never written with an order schema.
+        let wrong = order.encode(&order.decode(Some(&change_bytes)).await.unwrap()).await.unwrap_err();
+        assert!(wrong.to_string().contains("CdcChangeEnvelope"), "{wrong}");
     }
 
     /// Every event of both topics, through both paths.

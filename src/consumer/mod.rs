@@ -134,8 +134,13 @@ pub struct ConsumeOptions {
     pub group: String,
     /// Effects applied to every record, in this order.
     pub handlers: Vec<Arc<dyn Handler>>,
-    /// Topic to read.
+    /// Topic to read (unless `reads` says otherwise), and the one the
+    /// error tier is named after (retry topic `<topic>.retry.<group>`).
     pub topic: String,
+    /// Topics to read instead of `topic`: a router binding's (the order
+    /// topic and/or `cdc.<db>.<table>` topics), whose failures all go
+    /// through the one retry topic named after `topic`. Empty: `topic`.
+    pub reads: Vec<String>,
     /// Where a new group starts.
     pub start_from: StartFrom,
     /// Exit after this long without new records (and with nothing pending).
@@ -160,6 +165,13 @@ pub struct ConsumeOptions {
 }
 
 impl ConsumeOptions {
+    /// Every topic the group reads records from (not its retry topic):
+    /// `reads`, or `topic` when that is empty.
+    pub fn read_topics(&self) -> impl Iterator<Item = &str> {
+        let own = self.reads.is_empty().then_some(self.topic.as_str());
+        own.into_iter().chain(self.reads.iter().map(String::as_str))
+    }
+
     /// Whether failures park their key (mode `key`; only with the error
     /// tier, since without it failures wait in place and order holds anyway).
     pub fn keeps_key_order(&self) -> bool {
@@ -341,11 +353,11 @@ pub async fn run(
         &crate::topics::ensure_command(Some(&options.group)),
     )?;
     let forwarder = forwarder(settings, &options)?;
+    let mut subscribed: Vec<&str> = options.read_topics().collect();
     if options.error_tier {
-        consumer.subscribe(&[&options.topic, &forwarder.topics.retry])?;
-    } else {
-        consumer.subscribe(&[&options.topic])?;
+        subscribed.push(&forwarder.topics.retry);
     }
+    consumer.subscribe(&subscribed)?;
 
     let catalog = SchemaCatalog::embedded();
     let codec = Codec::new(settings.registry, &options.topic, catalog.order_events(), false)?;
@@ -432,7 +444,10 @@ pub fn consumer_config(
 pub fn required_topics(topics: &TopicsSettings, options: &ConsumeOptions) -> Vec<crate::topics::Required> {
     use crate::topics::Required;
     let declared = topics.find(&options.topic).map(|spec| spec.partitions);
-    let mut required = vec![Required { topic: options.topic.clone(), partitions: declared }];
+    let mut required: Vec<Required> = options
+        .read_topics()
+        .map(|topic| Required { topic: topic.to_string(), partitions: topics.find(topic).map(|spec| spec.partitions) })
+        .collect();
     if options.error_tier {
         required.push(Required { topic: retry_topic(&options.topic, &options.group), partitions: declared });
         required.push(Required::declared(&topics.dead_letter));
@@ -528,9 +543,14 @@ async fn release_parked(shared: Arc<Shared>) {
             Vec::new()
         });
         for (key, partition) in keys {
-            let pk = (shared.options.topic.clone(), partition);
-            // Only the owner of the key's partition releases it.
-            if let Some(generation) = shared.assignment.generation(&pk) {
+            // Only the owner of the key's partition releases it (parked
+            // keys do not name their topic: of a group reading several, the
+            // first topic whose partition this member owns).
+            let owned = shared.options.read_topics().find_map(|topic| {
+                let pk = (topic.to_string(), partition);
+                shared.assignment.generation(&pk).map(|generation| (pk, generation))
+            });
+            if let Some((pk, generation)) = owned {
                 // Revoked meanwhile: the partition's next owner releases it.
                 let _ = PartitionWorker::new(shared.clone(), pk, generation).release([key]).await;
             }

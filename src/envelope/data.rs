@@ -104,6 +104,34 @@ pub struct InventoryStockReleased {
     pub released_at: String,
 }
 
+/// A row change read from the binlog by `orderpipe cdc` (topic
+/// `cdc.<db>.<table>`, Avro record `CdcChangeEnvelope`), as the consumer
+/// sees it: the row as JSON, and on updates the changed columns' previous
+/// values. Its event name is the routing key `<db>.<table>.<insert|update|delete>`
+/// ([`EventName::routing_key`]); its Kafka key is the primary key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RowChange {
+    /// Database of the table.
+    pub database: String,
+    /// Table name.
+    pub table: String,
+    /// `insert`, `update` or `delete`.
+    pub change: String,
+    /// The primary key as published (also the Kafka key).
+    pub key: String,
+    /// The row after the change (the deleted row for a delete), a JSON object.
+    pub data: serde_json::Value,
+    /// The changed columns' previous values (updates only), a JSON object.
+    pub old: Option<serde_json::Value>,
+}
+
+impl RowChange {
+    /// `<db>.<table>.<change>`: seed 003's routing key.
+    pub fn routing_key(&self) -> String {
+        format!("{}.{}.{}", self.database, self.table, self.change)
+    }
+}
+
 fn default_currency() -> String {
     "CNY".to_string()
 }
@@ -126,6 +154,9 @@ pub enum EventData {
     StockReserved(InventoryStockReserved),
     /// `inventory.stock.released` (on `inventory.events.v1`)
     StockReleased(InventoryStockReleased),
+    /// A row change of a `cdc.<db>.<table>` topic (not an order event: no
+    /// order id, no branch of the order schema; the router delivers it).
+    RowChange(RowChange),
 }
 
 /// Event names with a payload type, and the Avro record of each payload.
@@ -142,17 +173,37 @@ pub const KNOWN_EVENTS: [(&str, &str); 7] = [
 impl EventData {
     /// The event name this payload belongs to.
     pub fn event_name(&self) -> EventName {
-        EventName::parse(KNOWN_EVENTS[self.kind_index()].0).expect("known names are valid")
+        match self {
+            Self::RowChange(c) => EventName::routing_key(&c.routing_key()).expect("a row change's routing key is valid"),
+            _ => EventName::parse(KNOWN_EVENTS[self.kind_index()].0).expect("known names are valid"),
+        }
     }
 
-    /// Name of the Avro record of this payload (a branch of the `data` union).
+    /// Name of the Avro record of this payload (a branch of the `data`
+    /// union; a row change's is the whole `CdcChangeEnvelope`, in no union).
     pub fn record_name(&self) -> &'static str {
-        KNOWN_EVENTS[self.kind_index()].1
+        match self {
+            Self::RowChange(_) => "CdcChangeEnvelope",
+            _ => KNOWN_EVENTS[self.kind_index()].1,
+        }
     }
 
-    /// Index of this payload's event in [`KNOWN_EVENTS`].
+    /// The payload as the seed-003 body's `data` and `old`: a row change's
+    /// row and previous values; an order event's payload and null (order
+    /// events carry no previous values).
+    pub fn data_and_old(&self) -> (serde_json::Value, serde_json::Value) {
+        match self {
+            Self::RowChange(c) => (c.data.clone(), c.old.clone().unwrap_or(serde_json::Value::Null)),
+            other => (serde_json::to_value(other).expect("a payload serializes to JSON"), serde_json::Value::Null),
+        }
+    }
+
+    /// Index of this payload's event in [`KNOWN_EVENTS`]; a row change
+    /// has none and gets `KNOWN_EVENTS.len()` (encoders of the order
+    /// schemas refuse it before indexing).
     pub fn kind_index(&self) -> usize {
         match self {
+            Self::RowChange(_) => KNOWN_EVENTS.len(),
             Self::Created(_) => 0,
             Self::PaymentSucceeded(_) => 1,
             Self::Shipped(_) => 2,
@@ -163,9 +214,11 @@ impl EventData {
         }
     }
 
-    /// The order this event is about.
+    /// The order this event is about; 0 for a row change (it is about a
+    /// table row, keyed by [`RowChange::key`]).
     pub fn order_id(&self) -> i64 {
         match self {
+            Self::RowChange(_) => 0,
             Self::Created(d) => d.order_id,
             Self::PaymentSucceeded(d) => d.order_id,
             Self::Shipped(d) => d.order_id,
@@ -209,6 +262,15 @@ impl EventData {
 
     /// Checks the business rules: positive ids, non-negative money, UTC times.
     pub fn validate(&self) -> Result<(), EnvelopeError> {
+        if let Self::RowChange(c) = self {
+            if !c.data.is_object() {
+                return Err(EnvelopeError::field("data", "a row change's data is not a JSON object"));
+            }
+            if c.old.as_ref().is_some_and(|o| !o.is_object()) {
+                return Err(EnvelopeError::field("old", "a row change's old is not a JSON object"));
+            }
+            return Ok(());
+        }
         if self.order_id() <= 0 {
             return Err(EnvelopeError::field("data.order_id", "must be > 0"));
         }
@@ -259,6 +321,7 @@ impl EventData {
                 positive(d.quantity, "data.quantity")?;
                 parse_utc(&d.released_at, "data.released_at")?;
             }
+            Self::RowChange(_) => {}
         }
         Ok(())
     }

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 pub use data::{
     EventData, InventoryStockReleased, InventoryStockReserved, OrderCanceled, OrderCreated,
-    OrderPaymentSucceeded, OrderRefunded, OrderShipped,
+    OrderPaymentSucceeded, OrderRefunded, OrderShipped, RowChange,
 };
 pub use name::{EventKind, EventName};
 
@@ -104,9 +104,13 @@ impl Envelope {
         }
     }
 
-    /// The Kafka key: the order id, so one order's events share a partition.
+    /// The Kafka key: the order id, so one order's events share a partition
+    /// (a row change's: its primary key).
     pub fn key(&self) -> String {
-        self.data.order_id().to_string()
+        match &self.data {
+            EventData::RowChange(c) => c.key.clone(),
+            data => data.order_id().to_string(),
+        }
     }
 
     /// `event_time` in the canonical ISO 8601 UTC form (`2026-10-14T08:30:00.123Z`).

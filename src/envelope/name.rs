@@ -107,6 +107,24 @@ impl EventName {
         })
     }
 
+    /// Seed 003's routing key of a row change, `<db>.<table>.<insert|update|delete>`:
+    /// database and table names are the source's, not house event names, so
+    /// only the shape is checked (three non-empty segments, the last one of
+    /// insert, update, delete). It counts as an event (a change that happened).
+    pub fn routing_key(name: &str) -> Result<Self, EventNameError> {
+        let segments: Vec<&str> = name.split('.').collect();
+        let valid = segments.len() == 3
+            && segments.iter().all(|s| !s.is_empty())
+            && matches!(segments[2], "insert" | "update" | "delete");
+        if !valid {
+            return Err(EventNameError {
+                name: name.to_string(),
+                reason: "a routing key is <db>.<table>.<insert|update|delete>".into(),
+            });
+        }
+        Ok(Self { name: name.to_string(), kind: EventKind::Event })
+    }
+
     /// The name as written.
     pub fn as_str(&self) -> &str {
         &self.name

@@ -214,6 +214,7 @@ async fn run_group(
         group: group.to_string(),
         handlers,
         topic: topic.to_string(),
+        reads: Vec::new(),
         start_from: StartFrom::Earliest,
         until_idle: Some(Duration::from_secs(3)),
         health_addr: None,

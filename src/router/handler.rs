@@ -61,14 +61,9 @@ impl Handler for BindingDelivery {
     async fn apply(&self, _: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError> {
         // A snapshot: a reload during this delivery does not change it.
         let binding = self.binding.read().expect("binding lock").clone();
-        let data = serde_json::to_value(&envelope.data)
-            .map_err(|e| HandlerError::Fatal(format!("data as JSON: {e}")))?;
         // Order events carry no previous values; `changed` filters see none.
-        match binding.decide(
-            envelope.event_name.as_str(),
-            &data,
-            &serde_json::Value::Null,
-        ) {
+        let (data, old) = envelope.data.data_and_old();
+        match binding.decide(envelope.event_name.as_str(), &data, &old) {
             Decision::NotSubscribed => Ok(Effect::Ignored),
             Decision::Filtered => {
                 counter!(FILTERED, "group" => binding.group.clone()).increment(1);

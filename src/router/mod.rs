@@ -24,10 +24,12 @@
 //!   topics at start and every `--reconcile-interval` (5 min): orphans are
 //!   reported as gauges and a log line, never deleted.
 //!
-//! This router reads the order topic: bindings whose events live on other
-//! topics (`cdc.<db>.<table>`) are reported as not served (gauge
-//! `orderpipe_router_unserved_bindings` and a warning) until the consumer
-//! decodes CDC envelopes.
+//! A group reads every topic its binding's events live on: the order topic
+//! for order events, `cdc.<db>.<table>` for row changes of `orderpipe cdc`
+//! (decoded into [`crate::envelope::EventData::RowChange`], delivered with
+//! `old`). Its retry topic is named after the order topic
+//! (`<order topic>.retry.<group>`) whatever it reads, and holds the failures
+//! of all of them.
 
 pub mod handler;
 pub mod reconcile;
@@ -60,8 +62,6 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Groups running in this router.
 pub const GROUPS: &str = "orderpipe_router_groups";
-/// Desired bindings this router does not serve (events on other topics).
-pub const UNSERVED: &str = "orderpipe_router_unserved_bindings";
 
 /// How the router runs its groups.
 #[derive(Debug, Clone)]
@@ -99,7 +99,6 @@ struct Router {
     store: Store,
     options: RouterOptions,
     running: BTreeMap<String, Running>,
-    unserved: BTreeSet<String>,
     actual: Actual,
     /// Each running group's total lag, as of the last reconciliation.
     lags: BTreeMap<String, i64>,
@@ -122,7 +121,6 @@ pub async fn run(
         store,
         options,
         running: BTreeMap::new(),
-        unserved: BTreeSet::new(),
         actual,
         lags: BTreeMap::new(),
     };
@@ -175,17 +173,8 @@ impl Router {
     /// Re-reads the desired bindings and makes the running groups match.
     async fn sync(&mut self) -> Result<(), crate::subscriptions::SubsError> {
         let desired = self.store.desired(None).await?;
-        let order_topic = self.settings.topics.order_events.name.clone();
         let mut wanted = BTreeSet::new();
-        let mut unserved = BTreeSet::new();
         for binding in desired {
-            if binding.topics != [order_topic.as_str()] {
-                if !self.unserved.contains(&binding.group) {
-                    tracing::warn!(group = %binding.group, topics = ?binding.topics, "binding not served: this router reads order events on {order_topic} only");
-                }
-                unserved.insert(binding.group.clone());
-                continue;
-            }
             wanted.insert(binding.group.clone());
             let restart = match self.running.get(&binding.group) {
                 None => true,
@@ -220,9 +209,7 @@ impl Router {
             tracing::info!(group = %group, "no enabled subscription binds this group any more: stopping it");
             self.stop(&group).await;
         }
-        self.unserved = unserved;
         gauge!(GROUPS).set(self.running.len() as f64);
-        gauge!(UNSERVED).set(self.unserved.len() as f64);
         self.publish_actual();
         Ok(())
     }
@@ -259,7 +246,9 @@ impl Router {
             tracing::error!(group = %group, topic = %retry.name, error = %e, "group not started: its retry topic could not be ensured; tried again at the next re-read");
             return;
         }
+        // The tier is named after the order topic; the binding says what is read.
         let topic = settings.topics.order_events.name.clone();
+        let reads = binding.topics.clone();
         let db = match Db::connect(
             &settings.database,
             consumer::connections_needed(&settings.topics, &topic, true),
@@ -275,6 +264,7 @@ impl Router {
             group: group.clone(),
             handlers: vec![Arc::new(BindingDelivery::new(shared.clone()))],
             topic,
+            reads,
             start_from: self.options.start_from,
             until_idle: None,
             health_addr: None,
@@ -339,18 +329,28 @@ impl Router {
                 tracing::warn!(error = %e, "router reconciliation failed; tried again at the next interval")
             }
         }
-        let topic = &self.settings.topics.order_events.name;
-        match crate::lag::measure(&self.settings.kafka, topic, &running, true).await {
-            Ok(groups) => self.lags = groups.into_iter().map(|g| (g.group, g.total_lag)).collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "router groups' lag not measured; the actual state shows the last values")
+        // A group's lag is the sum over the topics it reads.
+        let mut readers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (group, run) in &self.running {
+            for topic in &run.binding.read().expect("binding lock").topics {
+                readers.entry(topic.clone()).or_default().push(group.clone());
             }
         }
+        let mut lags = BTreeMap::new();
+        for (topic, groups) in readers {
+            match crate::lag::measure(&self.settings.kafka, &topic, &groups, true).await {
+                Ok(measured) => measured.into_iter().for_each(|g| *lags.entry(g.group).or_insert(0) += g.total_lag),
+                Err(e) => {
+                    tracing::warn!(topic = %topic, error = %e, "router groups' lag not measured; the actual state shows the last values");
+                    return self.publish_actual();
+                }
+            }
+        }
+        self.lags = lags;
         self.publish_actual();
     }
 
     fn publish_actual(&self) {
-        let order_topic = self.settings.topics.order_events.name.clone();
         let actual = self
             .running
             .iter()
@@ -358,7 +358,7 @@ impl Router {
                 let binding = running.binding.read().expect("binding lock");
                 ActualBinding {
                     group: group.clone(),
-                    topics: vec![order_topic.clone()],
+                    topics: binding.topics.clone(),
                     subscriptions: binding.routes.iter().map(|r| r.subscription_id).collect(),
                     running: !running.task.is_finished(),
                     lag: self.lags.get(group).copied(),

@@ -13,10 +13,11 @@ use sqlx::{AssertSqlSafe, MySqlPool, Row};
 
 use crate::helpers::{MYSQL_ADMIN_URL, Spawned, TestEnv, header};
 
-/// A test's cdc source: its database, its topics, its server id.
-struct Source {
-    env: TestEnv,
-    database: String,
+/// A test's cdc source: its database, its topics, its server id (the
+/// router's cdc tests use it too).
+pub(crate) struct Source {
+    pub(crate) env: TestEnv,
+    pub(crate) database: String,
     pool: MySqlPool,
     server_id: String,
     start: String,
@@ -24,7 +25,7 @@ struct Source {
 
 impl Source {
     /// A fresh database with `ddl` run in it, and the cdc settings of this test.
-    async fn new(ddl: &[&str]) -> Self {
+    pub(crate) async fn new(ddl: &[&str]) -> Self {
         let mut env = TestEnv::new().with_database().await;
         let database = format!("op_{}", env.prefix);
         let pool = MySqlPool::connect(&format!("{MYSQL_ADMIN_URL}{database}"))
@@ -61,11 +62,11 @@ impl Source {
         }
     }
 
-    fn topic(&self, table: &str) -> String {
+    pub(crate) fn topic(&self, table: &str) -> String {
         format!("{}.cdc.{}.{table}", self.env.prefix, self.database)
     }
 
-    fn spawn(&self, table: &str) -> Spawned {
+    pub(crate) fn spawn(&self, table: &str) -> Spawned {
         let table = format!("{}.{table}", self.database);
         self.env.spawn(&[
             "cdc",
@@ -78,7 +79,7 @@ impl Source {
         ])
     }
 
-    async fn exec(&self, statements: &[&str]) {
+    pub(crate) async fn exec(&self, statements: &[&str]) {
         let mut tx = self.pool.begin().await.unwrap();
         for statement in statements {
             sqlx::query(AssertSqlSafe(statement.to_string()))
@@ -121,7 +122,7 @@ impl Source {
 }
 
 /// Waits until cdc has created `topic` (it does at start-up).
-fn wait_for_topic(env: &TestEnv, topic: &str) {
+pub(crate) fn wait_for_topic(env: &TestEnv, topic: &str) {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let consumer: BaseConsumer =
         orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())

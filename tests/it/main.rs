@@ -35,6 +35,7 @@ mod replay;
 mod retry_schedule;
 mod rewind;
 mod router;
+mod router_cdc;
 mod schema;
 mod signals;
 mod subscriptions;

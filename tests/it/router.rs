@@ -124,7 +124,7 @@ fn announced(log: &Arc<Mutex<Vec<String>>>, prefix: &str) -> String {
 }
 
 /// Collects the router's stderr lines in the background.
-fn stderr_lines(child: &mut std::process::Child) -> Arc<Mutex<Vec<String>>> {
+pub(crate) fn stderr_lines(child: &mut std::process::Child) -> Arc<Mutex<Vec<String>>> {
     let lines = Arc::new(Mutex::new(Vec::new()));
     let stderr = child.stderr.take().unwrap();
     let sink = lines.clone();

@@ -1,0 +1,441 @@
+//! Seed 003 end to end over HTTP: `orderpipe cdc` reads a table's binlog,
+//! the router (`orderpipe deliver` without `--subscription`) delivers the
+//! row changes its subscription tables ask for to a local endpoint, with
+//! `old` filled on updates, in commit order per primary key, filters first;
+//! the error tier and reconciliation work for `cdc.*` groups as for order
+//! groups. Each test has its own database and table (the cdc process tails
+//! the server's whole binlog but publishes only its own table).
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use orderpipe::codec::Codec;
+use orderpipe::envelope::EventData;
+use orderpipe::kafka::record::header;
+use orderpipe::retry::RetryLayer;
+use orderpipe::subscriptions::model::{NewConsumer, NewEvent, NewSubscription, SubscriptionPatch};
+use orderpipe::subscriptions::store::Origin;
+use orderpipe::subscriptions::{FilterSpec, Store, Subscription};
+use rdkafka::Message;
+use serde_json::{Value, json};
+
+use crate::cdc::{Source, wait_for_topic};
+use crate::consumer::sigterm;
+use crate::delivery::{Seen, downstream};
+use crate::helpers::Spawned;
+use crate::router::stderr_lines;
+
+/// Seed 003's example table.
+const USER_TABLE: &str =
+    "CREATE TABLE table_user (id INT PRIMARY KEY, name VARCHAR(64) NOT NULL, status INT NOT NULL)";
+
+/// A test's platform: the source database with `table_user`, `orderpipe
+/// cdc` streaming it, the subscription tables (in the same database), the
+/// three routing keys defined on the test's cdc topic, and a downstream.
+struct Platform {
+    source: Source,
+    store: Store,
+    cdc: Spawned,
+    base: String,
+    seen: Seen,
+    /// stderr of cdc and of every router started (drained, shown on failure).
+    logs: Vec<Arc<Mutex<Vec<String>>>>,
+}
+
+impl Platform {
+    async fn new() -> Self {
+        let source = Source::new(&[USER_TABLE]).await;
+        // The order topic and the dead-letter topic (the routers' groups check them).
+        source.env.cli(&["topics", "ensure"]).success();
+        let mut cdc = source.spawn("table_user");
+        let logs = vec![stderr_lines(&mut cdc)];
+        let topic = source.topic("table_user");
+        tokio::task::block_in_place(|| wait_for_topic(&source.env, &topic));
+        let store = Store::new(source.env.db(), Origin::Cli);
+        let order_topic = source.env.settings.topics.order_events.name.clone();
+        for change in ["insert", "update", "delete"] {
+            let event = NewEvent {
+                routing_key: format!("{}.table_user.{change}", source.database),
+                topic: Some(topic.clone()),
+                ..Default::default()
+            };
+            store.add_event(&event, &order_topic).await.unwrap();
+        }
+        let (base, seen) = downstream().await;
+        Self {
+            source,
+            store,
+            cdc,
+            base,
+            seen,
+            logs,
+        }
+    }
+
+    /// A consumer named `<name><test prefix>` delivering to `/hook/<mode>`.
+    async fn consumer(&self, name: &str, mode: &str, retry: Option<RetryLayer>) -> String {
+        let name = format!("{name}{}", &self.source.env.prefix[1..]);
+        let consumer = NewConsumer {
+            name: name.clone(),
+            url: format!("{}/hook/{mode}", self.base),
+            retry,
+            ..Default::default()
+        };
+        self.store.add_consumer(&consumer).await.unwrap();
+        name
+    }
+
+    /// Subscribes `consumer` to `table_user`'s `change` with `bind_key` and `filters`.
+    async fn subscribe(
+        &self,
+        consumer: &str,
+        change: &str,
+        bind_key: &str,
+        filters: Vec<FilterSpec>,
+    ) -> Subscription {
+        let new = NewSubscription {
+            event: format!("{}.table_user.{change}", self.source.database),
+            consumer: consumer.into(),
+            bind_key: bind_key.into(),
+            filters,
+            ..Default::default()
+        };
+        let order_topic = &self.source.env.settings.topics.order_events.name;
+        self.store
+            .add_subscription(&new, order_topic)
+            .await
+            .unwrap()
+    }
+
+    fn router(&mut self) -> Spawned {
+        let mut router = self
+            .source
+            .env
+            .spawn(&["deliver", "--reconcile-interval", "2s"]);
+        self.logs.push(stderr_lines(&mut router));
+        router
+    }
+
+    /// What cdc and the routers logged.
+    fn log(&self) -> String {
+        self.logs
+            .iter()
+            .map(|l| l.lock().unwrap().join("\n"))
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    }
+
+    /// The bodies the downstream received on `/hook/<mode>`, in arrival order.
+    fn bodies(&self, mode: &str) -> Vec<Value> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, _, _)| m == mode)
+            .map(|(_, _, body)| body.clone())
+            .collect()
+    }
+
+    /// Waits until `/hook/<mode>` got at least `count` bodies; then 2 s more
+    /// for any that should not come, and returns them all.
+    async fn wait_for(&self, mode: &str, count: usize, timeout: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + timeout;
+        while self.bodies(mode).len() < count {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {count} bodies on /hook/{mode} within {timeout:?}: {:?}\n{}",
+                self.bodies(mode).len(),
+                self.bodies(mode),
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.bodies(mode)
+    }
+}
+
+/// `(event_type's change, data, old)` of each body about row `id`, in arrival order.
+fn row_history(bodies: &[Value], id: i64) -> Vec<(String, Value, Value)> {
+    bodies
+        .iter()
+        .filter(|b| b["data"]["id"] == id)
+        .map(|b| {
+            let change = b["event_type"]
+                .as_str()
+                .unwrap()
+                .rsplit('.')
+                .next()
+                .unwrap()
+                .to_string();
+            (change, b["data"].clone(), b["old"].clone())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn row_changes_reach_the_endpoint_with_old_in_commit_order_the_status_filter_and_a_disable_within_seconds()
+ {
+    let mut platform = Platform::new().await;
+    let db = platform.source.database.clone();
+    // Seed 003: the SMS service gets every change of table_user in one
+    // ordered stream (one bind key); a VIP service only status 1 -> 2.
+    let sms = platform.consumer("sms", "ok", None).await;
+    let insert = platform.subscribe(&sms, "insert", "user", vec![]).await;
+    let update = platform.subscribe(&sms, "update", "user", vec![]).await;
+    let delete = platform.subscribe(&sms, "delete", "user", vec![]).await;
+    assert!(
+        insert.group == update.group && update.group == delete.group,
+        "one bind key, one group"
+    );
+    let vip = platform.consumer("vip", "other", None).await;
+    let status_filter = FilterSpec {
+        field: "status".into(),
+        op: "changed".into(),
+        from: Some(json!(1)),
+        to: Some(json!(2)),
+        ..Default::default()
+    };
+    platform
+        .subscribe(&vip, "update", "status", vec![status_filter])
+        .await;
+    let mut router = platform.router();
+
+    // One transaction per statement but the first (three rows).
+    platform
+        .source
+        .exec(&["INSERT INTO table_user VALUES (1, 'ann', 1), (2, 'bob', 1), (3, 'cy', 1)"])
+        .await;
+    for statement in [
+        "UPDATE table_user SET status = 2 WHERE id = 1",
+        "UPDATE table_user SET name = 'bobby' WHERE id = 2",
+        "UPDATE table_user SET status = 3 WHERE id = 3",
+        "UPDATE table_user SET name = 'anne', status = 1 WHERE id = 1",
+        "UPDATE table_user SET status = 2 WHERE id = 1",
+        "DELETE FROM table_user WHERE id = 2",
+    ] {
+        platform.source.exec(&[statement]).await;
+    }
+
+    let bodies = platform.wait_for("ok", 9, Duration::from_secs(60)).await;
+    assert_eq!(bodies.len(), 9, "each change once: {bodies:#?}");
+    for body in &bodies {
+        let fields: BTreeSet<&str> = body
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            fields,
+            BTreeSet::from([
+                "request_id",
+                "channel_id",
+                "event_type",
+                "data",
+                "old",
+                "timestamp"
+            ]),
+            "{body}"
+        );
+        assert!(
+            body["timestamp"]
+                .as_i64()
+                .is_some_and(|t| t > 1_700_000_000),
+            "{body}"
+        );
+        assert!(
+            body["event_type"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{db}.table_user.")),
+            "{body}"
+        );
+    }
+    let ids: BTreeSet<&str> = bodies
+        .iter()
+        .map(|b| b["request_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 9, "one request id per change");
+    let row = |id: i64, name: &str, status: i64| json!({"id": id, "name": name, "status": status});
+    let insert_of = |data: Value| ("insert".to_string(), data, Value::Null);
+    let update_of = |data: Value, old: Value| ("update".to_string(), data, old);
+    // Per primary key, in commit order; `old` holds the changed columns' previous values.
+    assert_eq!(
+        row_history(&bodies, 1),
+        [
+            insert_of(row(1, "ann", 1)),
+            update_of(row(1, "ann", 2), json!({"status": 1})),
+            update_of(row(1, "anne", 1), json!({"name": "ann", "status": 2})),
+            update_of(row(1, "anne", 2), json!({"status": 1})),
+        ]
+    );
+    assert_eq!(
+        row_history(&bodies, 2),
+        [
+            insert_of(row(2, "bob", 1)),
+            update_of(row(2, "bobby", 1), json!({"name": "bob"})),
+            ("delete".into(), row(2, "bobby", 1), Value::Null)
+        ]
+    );
+    assert_eq!(
+        row_history(&bodies, 3),
+        [
+            insert_of(row(3, "cy", 1)),
+            update_of(row(3, "cy", 3), json!({"status": 1}))
+        ]
+    );
+
+    // The filter: only the two updates that moved status from 1 to 2.
+    let vip_bodies = platform.wait_for("other", 2, Duration::from_secs(30)).await;
+    assert_eq!(
+        row_history(&vip_bodies, 1),
+        [
+            update_of(row(1, "ann", 2), json!({"status": 1})),
+            update_of(row(1, "anne", 2), json!({"status": 1}))
+        ],
+        "{vip_bodies:#?}"
+    );
+    assert_eq!(vip_bodies.len(), 2, "{vip_bodies:#?}");
+    // The same change reached both services under the same request id.
+    let sms_ids: BTreeSet<&str> = ids.clone();
+    assert!(
+        vip_bodies
+            .iter()
+            .all(|b| sms_ids.contains(b["request_id"].as_str().unwrap()))
+    );
+
+    // Disable the delete subscription: within seconds, without a restart,
+    // deletes stop while the group's other subscriptions keep delivering.
+    platform
+        .store
+        .update_subscription(
+            delete.id,
+            &SubscriptionPatch {
+                enabled: Some(false),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    platform
+        .source
+        .exec(&["DELETE FROM table_user WHERE id = 3"])
+        .await;
+    platform
+        .source
+        .exec(&["INSERT INTO table_user VALUES (4, 'dee', 1)"])
+        .await;
+    let bodies = platform.wait_for("ok", 10, Duration::from_secs(30)).await;
+    assert_eq!(row_history(&bodies, 4), [insert_of(row(4, "dee", 1))]);
+    assert_eq!(
+        row_history(&bodies, 3).len(),
+        2,
+        "no delete after the disable: {bodies:#?}"
+    );
+    assert_eq!(bodies.len(), 10, "{bodies:#?}");
+    assert!(
+        router.try_wait().unwrap().is_none(),
+        "the router kept running"
+    );
+    sigterm(&mut router);
+    sigterm(&mut platform.cdc);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_row_change_goes_through_the_retry_topic_to_the_dlq_and_a_deleted_cdc_group_is_recreated()
+ {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    let mut platform = Platform::new().await;
+    // No local retry, one delayed attempt through the retry topic, then the DLQ.
+    let retry = RetryLayer {
+        local_retries: Some(0),
+        delays: Some(vec!["300ms".into()]),
+        ..Default::default()
+    };
+    let flaky = platform.consumer("flaky", "broken", Some(retry)).await;
+    let sub = platform.subscribe(&flaky, "insert", "user", vec![]).await;
+    let mut router = platform.router();
+    platform
+        .source
+        .exec(&["INSERT INTO table_user VALUES (7, 'eve', 1)"])
+        .await;
+
+    let env = &platform.source.env;
+    let dlq = env.settings.topics.dead_letter.name.clone();
+    let dead = tokio::task::block_in_place(|| env.read(&dlq, 1, Duration::from_secs(60)));
+    let dead = &dead[0];
+    assert_eq!(
+        crate::helpers::header(dead, header::GROUP).as_deref(),
+        Some(sub.group.as_str())
+    );
+    assert_eq!(
+        crate::helpers::header(dead, header::ORIGINAL_TOPIC),
+        Some(platform.source.topic("table_user"))
+    );
+    assert_eq!(dead.key(), Some(&b"7"[..]), "the primary key stays the key");
+    // The dead letter is the change as published: it decodes as a row change.
+    let codec = Codec::new(
+        &env.settings.registry,
+        &dlq,
+        &orderpipe::cdc::change::topic_schema(&dlq),
+        false,
+    )
+    .unwrap();
+    let envelope = codec.decode(dead.payload()).await.unwrap();
+    let EventData::RowChange(change) = &envelope.data else {
+        panic!("not a row change: {envelope:?}")
+    };
+    assert_eq!(change.data, json!({"id": 7, "name": "eve", "status": 1}));
+    let attempts = platform.bodies("broken");
+    assert_eq!(
+        attempts.len(),
+        2,
+        "the first attempt and the retry topic's: {attempts:#?}"
+    );
+    assert!(
+        attempts
+            .iter()
+            .all(|b| b["request_id"] == envelope.event_id.to_string())
+    );
+    sigterm(&mut router);
+
+    // By hand: the cdc group is deleted; reconciliation reports it missing
+    // and the router recreates it at start.
+    let admin: AdminClient<DefaultClientContext> =
+        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
+            .create()
+            .unwrap();
+    for r in admin
+        .delete_groups(&[&sub.group], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let missing = env.cli(&["subs", "reconcile", "--dry-run"]).failure();
+    assert!(
+        missing.contains(&sub.group) && missing.contains("MISSING: no router runs it"),
+        "{missing}"
+    );
+    let mut router = platform.router();
+    let env = &platform.source.env;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let run = env.cli(&["subs", "reconcile", "--dry-run", "--output", "json"]);
+        let report: Value = serde_json::from_slice(&run.output.stdout).unwrap();
+        if report["report"]["missing"] == json!([]) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the group was not recreated: {report}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    sigterm(&mut router);
+    sigterm(&mut platform.cdc);
+}
