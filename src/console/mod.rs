@@ -26,6 +26,9 @@ pub mod csrf;
 pub mod dead_letters;
 pub mod held;
 pub mod overview;
+pub mod schemas;
+pub mod subscriptions;
+pub mod topics;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -59,7 +62,7 @@ pub struct Page {
 }
 
 /// Every page, in navigation order.
-pub const PAGES: &[Page] = &[overview::PAGE, dead_letters::PAGE, held::PAGE, audit::PAGE];
+pub const PAGES: &[Page] = &[overview::PAGE, dead_letters::PAGE, held::PAGE, topics::PAGE, schemas::PAGE, subscriptions::PAGE, audit::PAGE];
 
 /// Example paths of every action route of every page (for the tests).
 pub fn action_paths() -> Vec<&'static str> {

@@ -232,33 +232,50 @@ fn partition_count(consumer: &BaseConsumer, topic: &str) -> Result<i32, ExploreE
         .ok_or_else(|| ExploreError::NoTopic(topic.to_string()))
 }
 
+/// A topic's name and partition count.
+#[derive(Debug, Clone, Serialize)]
+pub struct TopicName {
+    /// Name.
+    pub name: String,
+    /// Partitions.
+    pub partitions: usize,
+}
+
 /// Every topic of the broker (internal `__*` ones left out), by name, with
-/// each partition's offsets. Blocking.
-pub fn topics(kafka: &KafkaSettings) -> Result<Vec<TopicSummary>, ExploreError> {
+/// its partition count: one metadata request, however many topics. Blocking.
+pub fn topics(kafka: &KafkaSettings) -> Result<Vec<TopicName>, ExploreError> {
     let consumer = reader(kafka)?;
     let metadata = consumer.fetch_metadata(None, REQUEST_TIMEOUT)?;
-    let mut out = Vec::new();
-    for t in metadata
+    let mut out: Vec<TopicName> = metadata
         .topics()
         .iter()
         .filter(|t| !t.name().starts_with("__") && t.error().is_none())
-    {
-        let mut partitions = Vec::new();
-        for p in 0..t.partitions().len() as i32 {
-            let (low, high) = consumer.fetch_watermarks(t.name(), p, REQUEST_TIMEOUT)?;
-            partitions.push(PartitionRange {
-                partition: p,
-                low,
-                high,
-            });
-        }
-        out.push(TopicSummary {
+        .map(|t| TopicName {
             name: t.name().to_string(),
-            partitions,
-        });
-    }
+            partitions: t.partitions().len(),
+        })
+        .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
+}
+
+/// One topic with each partition's offsets. Blocking.
+pub fn describe(kafka: &KafkaSettings, topic: &str) -> Result<TopicSummary, ExploreError> {
+    let consumer = reader(kafka)?;
+    let count = partition_count(&consumer, topic)?;
+    let mut partitions = Vec::with_capacity(count as usize);
+    for partition in 0..count {
+        let (low, high) = consumer.fetch_watermarks(topic, partition, REQUEST_TIMEOUT)?;
+        partitions.push(PartitionRange {
+            partition,
+            low,
+            high,
+        });
+    }
+    Ok(TopicSummary {
+        name: topic.to_string(),
+        partitions,
+    })
 }
 
 /// Reads up to `limit` records of `topic`'s `partition` from `start`; with
@@ -442,10 +459,16 @@ impl Explorer {
         &self.partitioner
     }
 
-    /// Every topic with its partitions' offsets.
-    pub async fn topics(&self) -> Result<Vec<TopicSummary>, ExploreError> {
+    /// Every topic with its partition count.
+    pub async fn topics(&self) -> Result<Vec<TopicName>, ExploreError> {
         let kafka = self.kafka.clone();
         blocking(move || topics(&kafka)).await
+    }
+
+    /// One topic with its partitions' offsets.
+    pub async fn describe(&self, topic: &str) -> Result<TopicSummary, ExploreError> {
+        let (kafka, topic) = (self.kafka.clone(), topic.to_string());
+        blocking(move || describe(&kafka, &topic)).await
     }
 
     /// Up to `limit` records of a partition from `start`, decoded.

@@ -4,13 +4,19 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use fantoccini::Locator;
+use orderpipe::console::{Role, audit};
 use orderpipe::explore::registry::{ChangeKind, RegistryReader};
 use orderpipe::explore::{Decoded, Explorer, Partitioner, Start};
+use orderpipe::subscriptions::Store;
+use orderpipe::subscriptions::model::NewConsumer;
+use orderpipe::subscriptions::store::{Origin, RequestKind};
 use rdkafka::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use schema_registry_converter::async_impl::schema_registry::post_schema;
 use schema_registry_converter::avro_common::get_supplied_schema;
 
+use crate::console_browser::{Browser, TestConsole};
 use crate::helpers::TestEnv;
 
 fn explorer(env: &TestEnv) -> Explorer {
@@ -37,6 +43,16 @@ fn produce_orders(env: &TestEnv, count: usize, orders: usize) {
         ])
         .success();
     assert!(out.contains(&format!("acknowledged {count}")), "{out}");
+}
+
+/// Registers `schema` (Avro JSON) under `subject`; returns its id.
+pub async fn register(env: &TestEnv, subject: &str, schema: &str) -> u32 {
+    let settings = orderpipe::codec::sr_settings(&env.settings.registry).unwrap();
+    let supplied = get_supplied_schema(&apache_avro::Schema::parse_str(schema).unwrap());
+    post_schema(&settings, subject.to_string(), supplied)
+        .await
+        .unwrap()
+        .id
 }
 
 /// Writes raw records (key, value) to `partition` of `topic`.
@@ -167,6 +183,14 @@ fn a_partition_is_read_from_an_offset_a_time_or_its_tail() {
             .collect::<Vec<_>>()
     };
     assert_eq!(keys(&read(Start::Time(between), 50)), ["3", "4", "5"]);
+    let described = runtime.block_on(explorer.describe(&topic)).unwrap();
+    assert_eq!(described.partitions.len(), 12);
+    assert_eq!(
+        (described.partitions[3].low, described.partitions[3].high),
+        (0, 5)
+    );
+    let listed = runtime.block_on(explorer.topics()).unwrap();
+    assert!(listed.iter().any(|t| t.name == topic && t.partitions == 12));
     let from_one = read(Start::Offset(1), 2);
     assert_eq!(keys(&from_one), ["2", "3"]);
     assert_eq!(
@@ -202,15 +226,12 @@ fn poison_records_are_shown_as_undecodable_with_their_class() {
     let unknown_id = [0u8, 0x7f, 0xff, 0xff, 0xf0, 2, b'x'];
     // Avro written with a schema that is not an envelope: registered under its own subject.
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let other = runtime.block_on(async {
-        let settings = orderpipe::codec::sr_settings(&env.settings.registry).unwrap();
-        let schema = r#"{"type":"record","name":"Ping","fields":[{"name":"n","type":"int"}]}"#;
-        let supplied = get_supplied_schema(&apache_avro::Schema::parse_str(schema).unwrap());
-        post_schema(&settings, format!("{}.ping-value", env.prefix), supplied)
-            .await
-            .unwrap()
-            .id
-    });
+    let ping_schema = r#"{"type":"record","name":"Ping","fields":[{"name":"n","type":"int"}]}"#;
+    let other = runtime.block_on(register(
+        &env,
+        &format!("{}.ping-value", env.prefix),
+        ping_schema,
+    ));
     let mut ping = vec![0u8];
     ping.extend(other.to_be_bytes());
     ping.push(14); // zigzag 7
@@ -282,12 +303,8 @@ fn subjects_versions_and_the_diff_of_two_versions() {
     let v2 = r#"{"type":"record","name":"Thing","fields":[{"name":"id","type":"long"},{"name":"old","type":["null","string"],"default":null},{"name":"coupon","type":["null","string"],"default":null}]}"#;
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let settings = orderpipe::codec::sr_settings(&env.settings.registry).unwrap();
         for schema in [v1, v2] {
-            let supplied = get_supplied_schema(&apache_avro::Schema::parse_str(schema).unwrap());
-            post_schema(&settings, subject.clone(), supplied)
-                .await
-                .unwrap();
+            register(&env, &subject, schema).await;
         }
         let reader = RegistryReader::new(&env.settings.registry).unwrap();
         let all = reader.subjects().await.unwrap();
@@ -320,4 +337,363 @@ fn subjects_versions_and_the_diff_of_two_versions() {
         let e = reader.version(&subject, 9).await.unwrap_err().to_string();
         assert!(e.contains("version 9"), "{e}");
     });
+}
+
+/// The texts of every element matching `css`.
+async fn texts(browser: &Browser, css: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in browser.client.find_all(Locator::Css(css)).await.unwrap() {
+        out.push(e.text().await.unwrap());
+    }
+    out
+}
+
+/// Waits (up to 10 s) until the text of `css` satisfies `done` (the page
+/// after a click may still be loading); returns it.
+async fn wait_text(browser: &Browser, css: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = match browser.client.find(Locator::Css(css)).await {
+            Ok(e) => e.text().await.ok(),
+            Err(_) => None,
+        };
+        if let Some(text) = text.filter(|t| done(t)) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{css}: not as expected within 10 s; the page says: {:?}",
+            browser.client.find(Locator::Css("main")).await.ok()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn click(browser: &Browser, css: &str) {
+    browser
+        .client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+async fn fill(browser: &Browser, css: &str, text: &str) {
+    let field = browser
+        .client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"));
+    field.clear().await.unwrap();
+    field.send_keys(text).await.unwrap();
+}
+
+/// In a browser, a viewer finds an order's events by its id: every event
+/// decoded (event name, envelope with the order id, schema id, headers),
+/// and a poison record with the same key shown as undecodable, not as an
+/// error page; the partition view and the schemas pages (diff of two
+/// versions) render too. Screenshots of each page at both widths.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_explorer_finds_an_orders_events_and_shows_a_poison_record_as_undecodable_in_the_browser()
+ {
+    let env = TestEnv::new().with_database().await;
+    let topic = env.settings.topics.order_events.name.clone();
+    let records = tokio::task::block_in_place(|| {
+        produce_orders(&env, 120, 30);
+        env.read(&topic, 120, Duration::from_secs(60))
+    });
+    let mut by_order: BTreeMap<String, usize> = BTreeMap::new();
+    for m in &records {
+        *by_order
+            .entry(String::from_utf8(m.key().unwrap().to_vec()).unwrap())
+            .or_default() += 1;
+    }
+    let (order, events) = by_order.into_iter().max_by_key(|(_, n)| *n).unwrap();
+    assert!(events >= 2, "an order with a few events: {events}");
+    // A poison record of the same order, where the producers put its events.
+    let partitioner =
+        Partitioner::of_producer(&env.settings.kafka, &env.settings.producer).unwrap();
+    let partition = partitioner.partition(order.as_bytes(), 12).unwrap();
+    tokio::task::block_in_place(|| {
+        produce_raw(
+            &env,
+            &topic,
+            partition,
+            &[(&order, b"{\"order_id\": \"json, not avro\"}")],
+        )
+    });
+    let subject = format!("{}.things-value", env.prefix);
+    register(
+        &env,
+        &subject,
+        r#"{"type":"record","name":"Thing","fields":[{"name":"id","type":"long"}]}"#,
+    )
+    .await;
+    register(&env, &subject, r#"{"type":"record","name":"Thing","fields":[{"name":"id","type":"long"},{"name":"coupon","type":["null","string"],"default":null}]}"#).await;
+
+    let console = TestConsole::start(&env, |_| {}).await;
+    let browser = Browser::start(&console).await;
+    browser.login(Role::Viewer).await;
+    browser.open("/topics").await;
+    fill(&browser, "#order_id", &order).await;
+    click(&browser, "form[action='/topics'] button[type='submit']").await;
+    browser
+        .client
+        .wait()
+        .for_element(Locator::Css("#results"))
+        .await
+        .unwrap();
+    assert_eq!(
+        browser.text("h1").await,
+        "Topics",
+        "the results page, not an error page"
+    );
+    let heading = browser.text("#results").await;
+    assert!(
+        heading.contains(&format!(
+            "Order {order} in {topic}: {} record(s) in partition {partition}",
+            events + 1
+        )),
+        "{heading}"
+    );
+    let decoded = texts(&browser, "article[data-kind='envelope']").await;
+    assert_eq!(decoded.len(), events, "every event of the order decoded");
+    for text in &decoded {
+        assert!(
+            text.contains(&format!("\"order_id\": {order}")) && text.contains("order."),
+            "{text}"
+        );
+    }
+    let poison = texts(&browser, "article[data-kind='undecodable']").await;
+    assert_eq!(poison.len(), 1, "{poison:?}");
+    assert!(
+        poison[0].contains("undecodable: not_framed") && poison[0].contains("magic byte is 0x7b"),
+        "{}",
+        poison[0]
+    );
+    assert!(
+        poison[0].contains(&format!("Key\n{order}")) || poison[0].contains(&order),
+        "{}",
+        poison[0]
+    );
+    // The poison record in view for the screenshots.
+    browser
+        .client
+        .execute(
+            "document.querySelector(\"article[data-kind='undecodable']\").scrollIntoView()",
+            vec![],
+        )
+        .await
+        .unwrap();
+    browser.screenshots("topics-order-search").await;
+
+    // The partition, newest records last; the poison record is the last one.
+    browser
+        .open(&format!(
+            "/topics/{topic}?partition={partition}&from=tail&limit=5"
+        ))
+        .await;
+    let kinds = browser
+        .client
+        .find_all(Locator::Css("article.record"))
+        .await
+        .unwrap();
+    let last = kinds.last().unwrap().attr("data-kind").await.unwrap();
+    assert_eq!(last.as_deref(), Some("undecodable"));
+    browser.screenshots("topic-partition").await;
+    // A bad input is a 400 page naming the field.
+    browser
+        .open(&format!("/topics/{topic}?partition=1&offset=-3"))
+        .await;
+    let error = browser.text("main").await;
+    assert!(
+        error.contains("offset") && error.contains("not an offset"),
+        "{error}"
+    );
+
+    browser.open("/schemas").await;
+    let subjects = browser.text("main table").await;
+    assert!(
+        subjects.contains(&subject) && subjects.contains(&format!("{}-value", topic)),
+        "{subjects}"
+    );
+    browser.screenshots("schemas").await;
+    browser.open(&format!("/schemas/{subject}")).await;
+    browser
+        .client
+        .find(Locator::Css("#old option[value='1']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser
+        .client
+        .find(Locator::Css("#new option[value='2']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    click(&browser, "form.filters button[type='submit']").await;
+    browser
+        .client
+        .wait()
+        .for_element(Locator::Css("#changes"))
+        .await
+        .unwrap();
+    let changes = browser.text("#changes").await;
+    assert!(
+        changes.contains("coupon") && changes.contains("Added"),
+        "{changes}"
+    );
+    assert!(browser.text("main").await.contains("Backward compatible"));
+    browser.screenshots("schema-diff").await;
+    browser.close().await;
+}
+
+/// In a browser, an operator creates, edits, disables, enables and
+/// applies subscriptions; each writes an audit row (a refused create
+/// too), through the store the CLI and the admin API use.
+#[tokio::test(flavor = "multi_thread")]
+async fn subscription_actions_in_the_browser_write_audit_rows() {
+    let env = TestEnv::new().with_database().await;
+    let db = env.db();
+    let cli_store = Store::new(db.clone(), Origin::Cli);
+    let consumer = NewConsumer {
+        name: "sms".into(),
+        url: "http://127.0.0.1:9/sms".into(),
+        ..NewConsumer::default()
+    };
+    cli_store.add_consumer(&consumer).await.unwrap();
+
+    let console = TestConsole::start(&env, |_| {}).await;
+    let browser = Browser::start(&console).await;
+    browser.login(Role::Operator).await;
+    browser.open("/subscriptions/new").await;
+    fill(&browser, "#event", "shop.table_user.insert").await;
+    click(&browser, "#consumer option[value='sms']").await;
+    fill(&browser, "#bind_key", "user").await;
+    fill(&browser, "#filters", "status:between:1").await;
+    click(&browser, "form.stack button[type='submit']").await;
+    // Refused, the form shown again naming the field, nothing created.
+    let alert = wait_text(&browser, "[role='alert']", |_| true).await;
+    assert!(
+        alert.starts_with("filters:") && alert.contains("accepted forms"),
+        "{alert}"
+    );
+    assert!(
+        cli_store
+            .list_subscriptions(&Default::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    browser.screenshots("subscription-form").await;
+    fill(&browser, "#filters", "status:eq:1").await;
+    click(&browser, "form.stack button[type='submit']").await;
+    wait_text(&browser, "h1", |t| t == "Subscriptions").await;
+    let subs = cli_store
+        .list_subscriptions(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(subs.len(), 1);
+    let id = subs[0].id;
+    let row = browser.text(&format!("#sub-{id}")).await;
+    assert!(
+        row.contains("shop.table_user.insert") && row.contains("sms.user.consumer"),
+        "{row}"
+    );
+    assert_eq!(browser.text(&format!("#sub-{id} .state")).await, "enabled");
+
+    click(
+        &browser,
+        &format!("#sub-{id} a[href='/subscriptions/{id}/edit']"),
+    )
+    .await;
+    fill(&browser, "#bind_key", "user2").await;
+    fill(&browser, "#filters", "status:changed:1->2").await;
+    click(&browser, "form.stack button[type='submit']").await;
+    wait_text(&browser, &format!("#sub-{id}"), |t| {
+        t.contains("sms.user2.consumer")
+    })
+    .await;
+    let edited = cli_store.subscription(id).await.unwrap();
+    assert_eq!(
+        (edited.bind_key.as_str(), edited.filters[0].to_cli()),
+        ("user2", "status:changed:1->2".to_string())
+    );
+
+    click(&browser, &format!("#sub-{id} form button")).await;
+    wait_text(&browser, &format!("#sub-{id} .state"), |t| t == "disabled").await;
+    assert!(!cli_store.subscription(id).await.unwrap().enabled);
+    click(&browser, &format!("#sub-{id} form button")).await;
+    wait_text(&browser, &format!("#sub-{id} .state"), |t| t == "enabled").await;
+    assert!(cli_store.subscription(id).await.unwrap().enabled);
+
+    click(&browser, "#apply-now").await;
+    let notice = wait_text(&browser, "[role='status']", |_| true).await;
+    let request = cli_store.latest_request().await.unwrap().unwrap();
+    assert_eq!(
+        (request.kind, request.origin.as_str()),
+        (RequestKind::Refresh, "console")
+    );
+    assert!(
+        notice.contains(&format!("Apply request {} written", request.id)),
+        "{notice}"
+    );
+    // Desired vs actual: the group is desired, and no router runs it.
+    let groups = browser.text("#groups").await;
+    assert!(
+        groups.contains("sms.user2.consumer") && groups.contains("missing"),
+        "{groups}"
+    );
+    browser.screenshots("subscriptions").await;
+    browser.close().await;
+
+    let rows = audit::recent(&db, None, 50).await.unwrap();
+    let trail: Vec<(String, String, i64, bool)> = rows
+        .iter()
+        .rev()
+        .map(|r| {
+            (
+                r.action.clone(),
+                r.who.clone(),
+                r.item_count,
+                r.outcome == "ok",
+            )
+        })
+        .collect();
+    let op = |action: &str, count: i64, ok: bool| {
+        (action.to_string(), "operator-token".to_string(), count, ok)
+    };
+    assert_eq!(
+        trail,
+        [
+            op("subs.create", 0, false),
+            op("subs.create", 1, true),
+            op("subs.update", 1, true),
+            op("subs.disable", 1, true),
+            op("subs.enable", 1, true),
+            op("subs.apply", 1, true),
+        ]
+    );
+    assert!(
+        rows.iter()
+            .rev()
+            .next()
+            .unwrap()
+            .outcome
+            .contains("filters"),
+        "the refusal says why"
+    );
+    assert!(
+        rows[0]
+            .target
+            .contains(&format!("\"request\":{}", request.id)),
+        "{}",
+        rows[0].target
+    );
 }
