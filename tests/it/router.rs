@@ -426,6 +426,46 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
     sigterm(&mut router);
 }
 
+/// Deletes consumer group `group` on the broker, as an operator would by hand.
+pub(crate) async fn delete_group(
+    admin: &rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>,
+    group: &str,
+) {
+    let deleted = admin
+        .delete_groups(&[group], &rdkafka::admin::AdminOptions::new())
+        .await
+        .unwrap();
+    for r in deleted {
+        r.unwrap();
+    }
+}
+
+/// `subs reconcile --dry-run` names `group` as missing (exit 1).
+pub(crate) fn assert_missing(env: &TestEnv, group: &str) {
+    let missing = env.cli(&["subs", "reconcile", "--dry-run"]).failure();
+    assert!(
+        missing.contains(group) && missing.contains("MISSING: no router runs it"),
+        "{missing}"
+    );
+}
+
+/// Waits (60 s at most) until `subs reconcile --dry-run` finds no desired group missing.
+pub(crate) async fn wait_until_none_missing(env: &TestEnv) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let run = env.cli(&["subs", "reconcile", "--dry-run", "--output", "json"]);
+        let report: Value = serde_json::from_slice(&run.output.stdout).unwrap();
+        if report["report"]["missing"] == json!([]) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the group was not recreated: {report}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_group_and_retry_topic_deleted_by_hand_are_recreated_by_the_router() {
     use rdkafka::admin::{AdminClient, AdminOptions};
@@ -450,13 +490,7 @@ async fn a_group_and_retry_topic_deleted_by_hand_are_recreated_by_the_router() {
         orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
             .create()
             .unwrap();
-    for r in admin
-        .delete_groups(&[&sub.group], &AdminOptions::new())
-        .await
-        .unwrap()
-    {
-        r.unwrap();
-    }
+    delete_group(&admin, &sub.group).await;
     let retry = format!("{order_topic}.retry.{}", sub.group);
     for r in admin
         .delete_topics(&[&retry], &AdminOptions::new())
@@ -465,27 +499,11 @@ async fn a_group_and_retry_topic_deleted_by_hand_are_recreated_by_the_router() {
     {
         r.unwrap();
     }
-    let missing = env.cli(&["subs", "reconcile", "--dry-run"]).failure();
-    assert!(
-        missing.contains(&sub.group) && missing.contains("MISSING: no router runs it"),
-        "{missing}"
-    );
+    assert_missing(&env, &sub.group);
 
     // The router recreates both, and dedup keeps the downstream from a second delivery.
     let mut router = env.spawn(&["deliver"]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let run = env.cli(&["subs", "reconcile", "--dry-run", "--output", "json"]);
-        let report: Value = serde_json::from_slice(&run.output.stdout).unwrap();
-        if report["report"]["missing"] == json!([]) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the group was not recreated: {report}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_until_none_missing(&env).await;
     let topics = env
         .cli(&[
             "topics", "describe", "--group", &sub.group, "--output", "json",

@@ -24,7 +24,7 @@ use crate::cdc::{Source, wait_for_topic};
 use crate::consumer::sigterm;
 use crate::delivery::{Seen, downstream};
 use crate::helpers::Spawned;
-use crate::router::stderr_lines;
+use crate::router::{assert_missing, delete_group, stderr_lines, wait_until_none_missing};
 
 /// Seed 003's example table.
 const USER_TABLE: &str =
@@ -347,7 +347,7 @@ async fn row_changes_reach_the_endpoint_with_old_in_commit_order_the_status_filt
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failing_row_change_goes_through_the_retry_topic_to_the_dlq_and_a_deleted_cdc_group_is_recreated()
  {
-    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::admin::AdminClient;
     use rdkafka::client::DefaultClientContext;
     let mut platform = Platform::new().await;
     // No local retry, one delayed attempt through the retry topic, then the DLQ.
@@ -409,33 +409,10 @@ async fn a_failing_row_change_goes_through_the_retry_topic_to_the_dlq_and_a_dele
         orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
             .create()
             .unwrap();
-    for r in admin
-        .delete_groups(&[&sub.group], &AdminOptions::new())
-        .await
-        .unwrap()
-    {
-        r.unwrap();
-    }
-    let missing = env.cli(&["subs", "reconcile", "--dry-run"]).failure();
-    assert!(
-        missing.contains(&sub.group) && missing.contains("MISSING: no router runs it"),
-        "{missing}"
-    );
+    delete_group(&admin, &sub.group).await;
+    assert_missing(env, &sub.group);
     let mut router = platform.router();
-    let env = &platform.source.env;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let run = env.cli(&["subs", "reconcile", "--dry-run", "--output", "json"]);
-        let report: Value = serde_json::from_slice(&run.output.stdout).unwrap();
-        if report["report"]["missing"] == json!([]) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the group was not recreated: {report}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_until_none_missing(&platform.source.env).await;
     sigterm(&mut router);
     sigterm(&mut platform.cdc);
 }
