@@ -32,13 +32,22 @@ pub struct SubjectSummary {
     pub compatibility: Compatibility,
 }
 
-/// A compatibility level and where it comes from.
+/// The compatibility level that applies to a subject, and the registry's global one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Compatibility {
-    /// `BACKWARD`, `FULL_TRANSITIVE`, `NONE`, ...
+    /// `BACKWARD`, `FULL_TRANSITIVE`, `NONE`, ...: what applies to the subject.
     pub level: String,
-    /// Set on the subject itself (else the registry's global level applies).
-    pub subject_level: bool,
+    /// The registry's global level (Confluent's registry answers a subject
+    /// without a level of its own with 404, Apicurio with the level that
+    /// applies: a subject's own level shows as one that differs from this).
+    pub global: String,
+}
+
+impl Compatibility {
+    /// Whether the subject has a level other than the global one.
+    pub fn own_level(&self) -> bool {
+        self.level != self.global
+    }
 }
 
 /// One registered version of a subject.
@@ -198,57 +207,61 @@ impl RegistryReader {
         })
     }
 
-    /// The level set on `subject`, or the registry's global one.
+    /// The level that applies to `subject`, and the global one.
     pub async fn compatibility(&self, subject: &str) -> Result<Compatibility, CodecError> {
+        let base = self.registry.url.trim_end_matches('/');
+        let global = self.config_level(&format!("{base}/config")).await?;
+        let subject_url = format!(
+            "{base}/config/{}",
+            url::form_urlencoded::byte_serialize(subject.as_bytes()).collect::<String>()
+        );
+        let level = self.config_level(&subject_url).await?;
+        Ok(Compatibility {
+            level: level
+                .clone()
+                .or_else(|| global.clone())
+                .unwrap_or_else(|| "BACKWARD".into()),
+            global: global.or(level).unwrap_or_else(|| "BACKWARD".into()),
+        })
+    }
+
+    /// The level a `GET /config[/subject]` answers; None for 404 (no level
+    /// of the subject's own) or an answer that names none.
+    async fn config_level(&self, url: &str) -> Result<Option<String>, CodecError> {
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Config {
             compatibility_level: Option<String>,
             compatibility: Option<String>,
         }
-        let base = self.registry.url.trim_end_matches('/');
-        let subject_path = format!(
-            "{base}/config/{}",
-            url::form_urlencoded::byte_serialize(subject.as_bytes()).collect::<String>()
-        );
-        for (url, subject_level) in [(subject_path, true), (format!("{base}/config"), false)] {
-            let mut request = self.http.get(&url);
-            if let Some(user) = &self.registry.username {
-                request = request.basic_auth(
-                    user,
-                    self.registry
-                        .password
-                        .as_ref()
-                        .map(|p| p.expose_secret().to_string()),
-                );
-            }
-            let response = request
-                .send()
-                .await
-                .map_err(|e| CodecError::RegistryUnavailable(format!("GET {url}: {e}")))?;
-            if response.status() == reqwest::StatusCode::NOT_FOUND && subject_level {
-                continue;
-            }
-            if !response.status().is_success() {
-                return Err(CodecError::Registry(format!(
-                    "GET {url}: status {}",
-                    response.status()
-                )));
-            }
-            let config: Config = response
-                .json()
-                .await
-                .map_err(|e| CodecError::Registry(format!("GET {url}: {e}")))?;
-            if let Some(level) = config.compatibility_level.or(config.compatibility) {
-                return Ok(Compatibility {
-                    level,
-                    subject_level,
-                });
-            }
+        let mut request = self.http.get(url);
+        if let Some(user) = &self.registry.username {
+            request = request.basic_auth(
+                user,
+                self.registry
+                    .password
+                    .as_ref()
+                    .map(|p| p.expose_secret().to_string()),
+            );
         }
-        Err(CodecError::Registry(format!(
-            "{base}/config names no compatibility level"
-        )))
+        let response = request
+            .send()
+            .await
+            .map_err(|e| CodecError::RegistryUnavailable(format!("GET {url}: {e}")))?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !response.status().is_success() {
+            return Err(CodecError::Registry(format!(
+                "GET {url}: status {}",
+                response.status()
+            )));
+        }
+        let config: Config = response
+            .json()
+            .await
+            .map_err(|e| CodecError::Registry(format!("GET {url}: {e}")))?;
+        Ok(config.compatibility_level.or(config.compatibility))
     }
 }
 

@@ -293,6 +293,122 @@ fn poison_records_are_shown_as_undecodable_with_their_class() {
     );
 }
 
+/// A row change of a `cdc.*` topic decodes through the change envelope
+/// (the writer's schema says which), with its data and old values.
+#[test]
+fn a_cdc_row_change_is_decoded_as_a_change() {
+    use orderpipe::cdc::change::{self, ChangeEvent, ChangeKind as RowKind};
+    let env = TestEnv::new();
+    let topic = format!("{}.cdc.shop.table_user", env.prefix);
+    env.cli(&["topics", "ensure"]).success();
+    std::process::Command::new(crate::helpers::STACK_SCRIPT)
+        .args([
+            "kafka-topics",
+            "--bootstrap-server",
+            &env.settings.kafka.bootstrap_servers,
+            "--create",
+            "--topic",
+            &topic,
+            "--partitions",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let event_id = change::change_id("src", "0-1-7", 0);
+    let row = ChangeEvent {
+        event_id,
+        event_name: "shop.table_user.update".into(),
+        event_version: change::CHANGE_EVENT_VERSION.into(),
+        event_time: chrono::Utc::now(),
+        producer: "cdc:src".into(),
+        trace_id: change::trace_id_of(&event_id),
+        database: "shop".into(),
+        table: "table_user".into(),
+        change: RowKind::Update,
+        key: "42".into(),
+        data: serde_json::json!({"id": 42, "status": 2}),
+        old: Some(serde_json::json!({"status": 1})),
+        gtid: Some("0-1-7".into()),
+        binlog_file: "mysql-bin.000001".into(),
+        binlog_pos: 1234,
+        xid: Some(9),
+        row_index: 0,
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let codec = orderpipe::codec::Codec::new(
+        &env.settings.registry,
+        &topic,
+        &change::topic_schema(&topic),
+        true,
+    )
+    .unwrap();
+    let value = runtime.block_on(codec.encode_value(row.to_avro())).unwrap();
+    produce_raw(&env, &topic, 0, &[("42", &value)]);
+    let page = runtime
+        .block_on(explorer(&env).read(&topic, 0, Start::Beginning, 10))
+        .unwrap();
+    assert_eq!(page.records.len(), 1);
+    match &page.records[0].decoded {
+        Decoded::Envelope {
+            event_name, json, ..
+        } => {
+            assert_eq!(event_name, "shop.table_user.update");
+            let text = json.to_string();
+            assert!(
+                text.contains("\"status\":2") && text.contains("\"status\":1"),
+                "data and old: {text}"
+            );
+        }
+        other => panic!("not decoded as a change: {other:?}"),
+    }
+}
+
+/// A producer configured with another partitioner (librdkafka's CRC32
+/// `consistent_random`) puts orders elsewhere; the explorer follows the
+/// configuration and still finds them.
+#[test]
+fn the_explorer_follows_a_configured_partitioner() {
+    let mut env = TestEnv::new();
+    env.set_env(
+        "ORDERPIPE_PRODUCER__OPTIONS__PARTITIONER",
+        "consistent_random",
+    );
+    env.settings
+        .producer
+        .options
+        .insert("partitioner".into(), "consistent_random".into());
+    produce_orders(&env, 200, 50);
+    let topic = env.settings.topics.order_events.name.clone();
+    let records = env.read(&topic, 200, Duration::from_secs(60));
+    let crc = Partitioner::of_producer(&env.settings.kafka, &env.settings.producer).unwrap();
+    let murmur2 = Partitioner::named("murmur2_random").unwrap();
+    assert_eq!(crc.name, "consistent_random");
+    let mut elsewhere = 0;
+    for m in &records {
+        let key = m.key().unwrap();
+        assert_eq!(crc.partition(key, 12), Some(m.partition()));
+        elsewhere += usize::from(murmur2.partition(key, 12) != Some(m.partition()));
+    }
+    assert!(
+        elsewhere > 100,
+        "CRC32 and murmur2 place most keys apart: {elsewhere} of 200"
+    );
+    let order = String::from_utf8(records[0].key().unwrap().to_vec()).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let found = runtime
+        .block_on(explorer(&env).find_order(&topic, &order, Start::Beginning, 50))
+        .unwrap();
+    assert_eq!(found.partitioner.name, "consistent_random");
+    assert_eq!(found.page.partition, records[0].partition());
+    assert!(
+        found
+            .page
+            .records
+            .iter()
+            .any(|r| r.offset == records[0].offset())
+    );
+}
+
 /// The registry page's reads: a subject's versions, its compatibility
 /// level, and the diff of two versions with both verdicts.
 #[test]
@@ -317,6 +433,25 @@ fn subjects_versions_and_the_diff_of_two_versions() {
             mine.compatibility.level, "BACKWARD",
             "the registry's default"
         );
+        // A level set on the subject is its own.
+        let url = format!("{}/config/{subject}", env.settings.registry.url);
+        let put = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .put(&url)
+            .json(&serde_json::json!({"compatibility": "FULL"}));
+        assert!(put.send().await.unwrap().status().is_success());
+        let level = reader.compatibility(&subject).await.unwrap();
+        assert_eq!(
+            (
+                level.level.as_str(),
+                level.global.as_str(),
+                level.own_level()
+            ),
+            ("FULL", "BACKWARD", true)
+        );
+        assert!(!mine.compatibility.own_level());
         let diff = reader.diff(&subject, 1, 2).await.unwrap();
         assert_eq!(diff.changes.len(), 1, "{:?}", diff.changes);
         assert_eq!(
