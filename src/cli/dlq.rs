@@ -13,6 +13,7 @@ use super::output::{self, Output};
 use crate::codec::Codec;
 use crate::config::Settings;
 use crate::db::Db;
+use crate::dlq::progress::{Origin, Tracker};
 use crate::dlq::replay::{self, ReplayOptions};
 use crate::dlq::store::{self, Filter, Selection, Status};
 use crate::dlq::ignore::{self, Followers, IgnoreError};
@@ -389,6 +390,9 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 return Ok(ExitCode::FAILURE);
             }
             let bar = output::progress_bar(Some(bound.rows as u64), "replayed");
+            // The same progress a console shows (dlq_replays), for this run too.
+            let who = std::env::var("USER").unwrap_or_else(|_| "cli".into());
+            let tracker = Tracker::start(&db, Origin::Cli, &who, &filter.to_json(), bound.rows as u64).await?;
             let summary = replay::replay(
                 &settings.kafka,
                 &settings.producer,
@@ -397,9 +401,14 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 &filter,
                 bound,
                 options,
-                || bar.inc(1),
+                || {
+                    bar.inc(1);
+                    tracker.settle();
+                },
             )
-            .await?;
+            .await;
+            tracker.finish(&summary).await?;
+            let summary = summary?;
             bar.finish_and_clear();
             tracing::info!(
                 replayed = summary.replayed,

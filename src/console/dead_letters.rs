@@ -17,14 +17,11 @@
 //! process; its progress (delivery reports settled of the count) is the page
 //! `/dead-letters/replays/{run}`, which reloads itself while it runs.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-
 use askama::Template;
 use axum::extract::{Form, Path, Query, State};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Router};
+use axum::Router;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -32,6 +29,7 @@ use super::auth::Principal;
 use super::{Chrome, ConsoleError, ConsoleState, Page, audit, filters};
 use crate::codec::Codec;
 use crate::dlq::ignore::{self, Followers, IgnoreError};
+use crate::dlq::progress::{self, Origin, ReplayRow, Tracker};
 use crate::dlq::replay::{self, ReplayOptions, ReplaySummary};
 use crate::dlq::store::{self, Bound, DeadLetter, Filter, Selection, Status};
 use crate::schema::SchemaCatalog;
@@ -57,8 +55,6 @@ fn routes() -> Router<ConsoleState> {
         .route("/dead-letters/{id}", get(detail))
         .route("/dead-letters/{id}/replay", post(replay_one))
         .route("/dead-letters/{id}/ignore", post(ignore_one))
-        // The replays this console runs (per console: a router is built once).
-        .layer(Extension(Arc::new(Runs::default())))
 }
 
 /// The list's filter as the query string (and the confirmation form) carry
@@ -124,6 +120,25 @@ impl FilterForm {
             key: some(&self.order_id),
             ..Default::default()
         })
+    }
+
+    /// The form of a replay's stored selection ([`Filter::to_json`]), so
+    /// its page links to the list of what it replayed (CLI runs too).
+    pub fn from_selection(selection: &serde_json::Value) -> Self {
+        let text = |name: &str| selection.get(name).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+        let time = |name: &str| {
+            selection.get(name).and_then(|v| v.as_i64()).and_then(chrono::DateTime::from_timestamp_millis).map(|t| t.to_rfc3339()).unwrap_or_default()
+        };
+        Self {
+            group: text("group"),
+            class: selection.get("classes").and_then(|c| c.get(0)).and_then(|c| c.as_str()).unwrap_or_default().to_string(),
+            event: text("event"),
+            order_id: text("key"),
+            status: text("status"),
+            since: time("since_ms"),
+            until: time("until_ms"),
+            error: text("error"),
+        }
     }
 
     /// As a query string (for links carrying the filter).
@@ -200,7 +215,6 @@ struct ListPage {
 
 async fn list(
     State(state): State<ConsoleState>,
-    Extension(runs): Extension<Arc<Runs>>,
     principal: Principal,
     Query(query): Query<ListQuery>,
 ) -> Result<Html<String>, ConsoleError> {
@@ -210,10 +224,12 @@ async fn list(
         Some(b) => Some(b.parse::<i64>().map_err(|_| ConsoleError::bad_input("before", format!("`{b}` is not a row id (a whole number)")))?),
     };
     let db = state.db();
-    let (rows, matching) = tokio::try_join!(
+    let (rows, matching, running) = tokio::try_join!(
         store::page_newest_first(db, &filter, before, PAGE_ROWS),
         store::count(db, &filter),
+        progress::running(db),
     )?;
+    let now = crate::clock::now_ms();
     let older = (rows.len() as i64 == PAGE_ROWS).then(|| rows.last().map(|r| r.id)).flatten();
     super::render(&ListPage {
         chrome: state.chrome(&principal, "Dead letters", "/dead-letters"),
@@ -224,7 +240,7 @@ async fn list(
         matching,
         older,
         first_page: before.is_none(),
-        runs: runs.views(),
+        runs: running.iter().map(|r| RunView::of(r, now)).collect(),
     })
 }
 
@@ -416,12 +432,7 @@ struct ConfirmForm {
     upto: String,
 }
 
-async fn replay_filter(
-    State(state): State<ConsoleState>,
-    Extension(runs): Extension<Arc<Runs>>,
-    principal: Principal,
-    Form(form): Form<ConfirmForm>,
-) -> Result<Response, ConsoleError> {
+async fn replay_filter(State(state): State<ConsoleState>, principal: Principal, Form(form): Form<ConfirmForm>) -> Result<Response, ConsoleError> {
     let filter = form.filter.filter()?.for_replay().map_err(|e| ConsoleError::bad_input("status", e.to_string()))?;
     let number = |field: &str, text: &str| {
         text.trim().parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
@@ -434,136 +445,87 @@ async fn replay_filter(
         return Err(ConsoleError::bad_input("count", "the dry run counted no dead letter: nothing to replay"));
     }
     let bound = Bound { rows: count, last_id: Some(upto) };
-    let run = runs.start(&principal, &form.filter, count as u64);
-    audit_row(&state, &principal, "dead_letters.replay", json!({"filter": form.filter.audit_json(), "upto_id": upto, "run": run.id}), count as u64, "started")
-        .await?;
-    let (task_state, task_run, task_principal) = (state.clone(), run.clone(), principal.clone());
+    // The run's row: its progress page, on any replica, and beside the CLI's.
+    let tracker = Tracker::start(state.db(), Origin::Console, &principal.who, &filter.to_json(), count as u64).await?;
+    let run = tracker.id;
+    let target = json!({"filter": form.filter.audit_json(), "upto_id": upto, "run": run});
+    audit_row(&state, &principal, "dead_letters.replay", target.clone(), count as u64, "started").await?;
+    let task_state = state.clone();
     tokio::spawn(async move {
-        let result = run_replay(&task_state, &filter, bound, || {
-            task_run.settled.fetch_add(1, Ordering::Relaxed);
-        })
-        .await;
+        let result = run_replay(&task_state, &filter, bound, || tracker.settle()).await;
         let (replayed, outcome) = match &result {
             Ok(s) if s.failed.is_empty() => (s.replayed, "ok".to_string()),
             Ok(s) => (s.replayed, format!("{} failed, e.g. {}", s.failed.len(), s.failed[0])),
             Err(e) => (0, format!("failed: {e:#}")),
         };
-        let target = json!({"filter": task_run.filter.audit_json(), "upto_id": upto, "run": task_run.id});
-        if let Err(e) = audit::record(task_state.db(), &task_principal, "dead_letters.replay.done", &target, replayed, &outcome).await {
-            tracing::warn!(error = %e, run = task_run.id, "console: the replay's closing audit row failed");
+        if let Err(e) = tracker.finish(&result).await {
+            tracing::warn!(error = %e, run, "console: the replay's progress row was not closed");
         }
-        let _ = task_run.outcome.set(result.map_err(|e| format!("{e:#}")));
+        if let Err(e) = audit::record(task_state.db(), &principal, "dead_letters.replay.done", &target, replayed, &outcome).await {
+            tracing::warn!(error = %e, run, "console: the replay's closing audit row failed");
+        }
     });
-    Ok(Redirect::to(&format!("/dead-letters/replays/{}", run.id)).into_response())
+    Ok(Redirect::to(&format!("/dead-letters/replays/{run}")).into_response())
 }
 
-/// A filter replay started from this console.
-#[derive(Debug)]
-pub struct Run {
-    /// Run number (per console, from 1).
-    pub id: u64,
-    /// Who started it.
-    pub who: String,
-    /// Its filter.
-    pub filter: FilterForm,
-    /// Rows the dry run counted.
-    pub total: u64,
-    /// Delivery reports settled so far (acknowledged or failed).
-    pub settled: AtomicU64,
-    /// When it started (ms).
-    pub started_ms: i64,
-    /// The summary, once it ended.
-    pub outcome: OnceLock<Result<ReplaySummary, String>>,
-}
-
-/// The replays of this console, newest first.
-#[derive(Debug, Default)]
-pub struct Runs(Mutex<Vec<Arc<Run>>>);
-
-/// How many finished runs are kept for their progress page.
-const RUNS_KEPT: usize = 50;
-
-impl Runs {
-    fn start(&self, principal: &Principal, filter: &FilterForm, total: u64) -> Arc<Run> {
-        let mut runs = self.0.lock().expect("runs lock");
-        let id = runs.first().map_or(1, |r| r.id + 1);
-        let run = Arc::new(Run {
-            id,
-            who: principal.who.clone(),
-            filter: filter.clone(),
-            total,
-            settled: AtomicU64::new(0),
-            started_ms: crate::clock::now_ms(),
-            outcome: OnceLock::new(),
-        });
-        runs.insert(0, run.clone());
-        runs.truncate(RUNS_KEPT);
-        run
-    }
-
-    fn get(&self, id: u64) -> Option<Arc<Run>> {
-        self.0.lock().expect("runs lock").iter().find(|r| r.id == id).cloned()
-    }
-
-    fn views(&self) -> Vec<RunView> {
-        self.0.lock().expect("runs lock").iter().map(|r| RunView::of(r)).collect()
-    }
-}
-
-/// A run as the pages show it.
+/// A replay (the console's or the CLI's) as the pages show it.
 #[derive(Debug, Clone)]
 pub struct RunView {
-    /// Run number.
-    pub id: u64,
-    /// Who started it.
+    /// Run id.
+    pub id: i64,
+    /// Who started it, and where (`alice (cli)`).
     pub who: String,
-    /// The filter in words.
+    /// The selection in words.
     pub filter: String,
-    /// The filter as a query string.
+    /// The selection as the list's query string, any status.
     pub query: String,
     /// Rows counted.
-    pub total: u64,
+    pub total: i64,
     /// Settled so far.
-    pub settled: u64,
+    pub settled: i64,
     /// Percent settled.
-    pub percent: u64,
+    pub percent: i64,
     /// Started (ms).
     pub started_ms: i64,
-    /// Still running.
-    pub running: bool,
+    /// Last written (ms).
+    pub updated_ms: i64,
+    /// running, done or stopped.
+    pub state: String,
+    /// Running, but its process stopped writing.
+    pub stalled: bool,
     /// Rows marked replayed (when done).
-    pub replayed: u64,
-    /// Failures (when done), the first few.
-    pub failed: Vec<String>,
-    /// How many failed.
-    pub failed_count: usize,
-    /// Why it stopped early, if it did.
+    pub replayed: i64,
+    /// Rows that failed (when done; they stay pending).
+    pub failed: i64,
+    /// Why it stopped, or its first failure.
     pub error: Option<String>,
 }
 
 impl RunView {
-    fn of(run: &Run) -> Self {
-        let settled = run.settled.load(Ordering::Relaxed);
-        let (running, replayed, failed, error) = match run.outcome.get() {
-            None => (true, 0, vec![], None),
-            Some(Ok(s)) => (false, s.replayed, s.failed.clone(), None),
-            Some(Err(e)) => (false, 0, vec![], Some(e.clone())),
-        };
+    fn of(row: &ReplayRow, now_ms: i64) -> Self {
+        let selection: serde_json::Value = serde_json::from_str(&row.selection).unwrap_or_default();
+        let form = FilterForm::from_selection(&selection).with_status("");
         Self {
-            id: run.id,
-            who: run.who.clone(),
-            filter: run.filter.describe(),
-            query: run.filter.with_status("").query(),
-            total: run.total,
-            settled,
-            percent: (settled * 100).checked_div(run.total).unwrap_or(100).min(100),
-            started_ms: run.started_ms,
-            running,
-            replayed,
-            failed_count: failed.len(),
-            failed: failed.into_iter().take(20).collect(),
-            error,
+            id: row.id,
+            who: format!("{} ({})", row.started_by, row.origin),
+            filter: FilterForm::from_selection(&selection).describe(),
+            query: form.query(),
+            total: row.total,
+            settled: row.settled,
+            percent: row.percent(),
+            started_ms: row.started_ms,
+            updated_ms: row.updated_ms,
+            state: row.state.clone(),
+            stalled: row.stalled(now_ms),
+            replayed: row.replayed,
+            failed: row.failed,
+            error: row.error.clone(),
         }
+    }
+
+    /// Still running (and writing).
+    pub fn running(&self) -> bool {
+        self.state == "running" && !self.stalled
     }
 }
 
@@ -574,17 +536,12 @@ struct ProgressPage {
     run: RunView,
 }
 
-async fn progress(
-    State(state): State<ConsoleState>,
-    Extension(runs): Extension<Arc<Runs>>,
-    principal: Principal,
-    Path(id): Path<u64>,
-) -> Result<Html<String>, ConsoleError> {
-    let run = runs.get(id).ok_or_else(|| ConsoleError::NotFound(format!("no replay {id} on this console (finished runs are kept until {RUNS_KEPT} newer ones)")))?;
-    let run = RunView::of(&run);
+async fn progress(State(state): State<ConsoleState>, principal: Principal, Path(id): Path<i64>) -> Result<Html<String>, ConsoleError> {
+    let row = progress::get(state.db(), id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no replay {id}")))?;
+    let run = RunView::of(&row, crate::clock::now_ms());
     let mut chrome = state.chrome(&principal, &format!("Replay {id}"), "/dead-letters");
     // Reloads itself every second while it runs.
-    chrome.refresh_secs = u32::from(run.running);
+    chrome.refresh_secs = u32::from(run.running());
     super::render(&ProgressPage { chrome, run })
 }
 

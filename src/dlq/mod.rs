@@ -7,6 +7,8 @@
 //! * [`store`] is the table: upsert, filters, counts, status changes;
 //! * [`persist`] is `orderpipe dlq persist`;
 //! * [`replay`] is `orderpipe dlq replay`;
+//! * [`progress`] is the `dlq_replays` table: bulk replays as they run,
+//!   written by the CLI and the console, read by every console replica;
 //! * [`ignore`] is `orderpipe dlq ignore`, which asks what happens to the
 //!   records held behind a head of a parked key.
 //! * [`held`] is the operators' view of the records held behind parked
@@ -21,6 +23,7 @@ pub mod gauges;
 pub mod held;
 pub mod ignore;
 pub mod persist;
+pub mod progress;
 pub mod replay;
 pub mod store;
 

@@ -148,6 +148,38 @@ impl Filter {
         Ok(self)
     }
 
+    /// The filter as JSON, its set fields only (the `dlq_replays` row's
+    /// selection, audit rows).
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        let mut put = |name: &str, value: serde_json::Value| {
+            out.insert(name.to_string(), value);
+        };
+        if !self.ids.is_empty() {
+            put("ids", self.ids.clone().into());
+        }
+        for (name, value) in [("group", &self.group), ("event", &self.event_name), ("error", &self.error_text), ("key", &self.key)] {
+            if let Some(v) = value {
+                put(name, v.clone().into());
+            }
+        }
+        match self.status {
+            Some(Selection::Status(s)) => put("status", s.as_str().into()),
+            Some(Selection::Held) => put("status", "held".into()),
+            None => {}
+        }
+        if let Some(t) = self.since {
+            put("since_ms", t.into());
+        }
+        if let Some(t) = self.until {
+            put("until_ms", t.into());
+        }
+        if !self.classes.is_empty() {
+            put("classes", self.classes.clone().into());
+        }
+        serde_json::Value::Object(out)
+    }
+
     /// True when the filter selects every row.
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
@@ -713,6 +745,7 @@ mod tests {
         assert_eq!(ids(page_newest_first(&db, &order_0, None, 10).await.unwrap()), [7, 5, 3, 1]);
         assert!(!order_0.is_empty());
         assert_eq!(count(&db, &order_0).await.unwrap(), 4);
+        assert_eq!(order_0.to_json(), serde_json::json!({"key": "order-0", "status": "pending"}));
         assert_eq!(bound(&db, &order_0, i64::MAX).await.unwrap(), Bound { rows: 4, last_id: Some(7) }, "the dry-run count");
     }
 

@@ -247,3 +247,34 @@ async fn the_list_pages_by_keyset_filters_by_order_id_and_names_a_bad_field() {
     assert_eq!(scalar(&env, "SELECT COUNT(*) FROM dead_letters WHERE status = ?", "pending").await, 120);
     assert!(audit_rows(&env).await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_started_from_the_cli_shows_its_progress_in_the_console() {
+    let env = TestEnv::new().with_database().await;
+    let group = "cli-progress.order.consumer";
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    crate::replay::dead_letters(&env, group, 0..600, 10).await;
+    let console = TestConsole::start(&env, |_| {}).await;
+    // Paced (about 3 s), so the console sees it run.
+    let mut replay = env.spawn(&["dlq", "replay", "--group", group, "--rate", "200", "--yes", "--output", "json"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let settled_midway = loop {
+        let (_, list) = console.get_as(Role::Viewer, "/dead-letters").await;
+        let (_, page) = console.get_as(Role::Viewer, "/dead-letters/replays/1").await;
+        let settled = page.split("Running: ").nth(1).and_then(|s| s.split(' ').next()).and_then(|n| n.parse::<u64>().ok());
+        if let Some(n) = settled.filter(|n| *n > 0 && *n < 600) {
+            assert!(list.contains("Replay 1 by") && list.contains("(cli) is running"), "the list names the running replay: {list}");
+            break n;
+        }
+        assert!(Instant::now() < deadline, "no progress seen in the console within 30 s: {page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(replay.wait().unwrap().success());
+    let (status, page) = console.get_as(Role::Viewer, "/dead-letters/replays/1").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("Done: 600 replayed, 0 failed."), "{page}");
+    assert!(page.contains(&format!("group={group}")), "links to the selection in the list: {page}");
+    eprintln!("seen midway: {settled_midway} of 600");
+    let (status, _) = console.get_as(Role::Viewer, "/dead-letters/replays/2").await;
+    assert_eq!(status, 404);
+}
