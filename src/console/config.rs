@@ -34,8 +34,8 @@ pub struct ConsoleSettings {
     /// absent on a request: viewer. Needs `proxy_user_header`.
     #[serde(default)]
     pub proxy_role_header: Option<String>,
-    /// Seconds between two automatic reloads of the overview (and of the
-    /// pages that poll, such as a bulk replay's progress). 0: never.
+    /// Seconds between two automatic reloads of the pages that follow a
+    /// live state (the overview, held orders; [`super::Chrome::refreshing`]). 0: never.
     #[serde(default = "default_refresh_secs")]
     pub refresh_secs: u32,
 }

@@ -276,7 +276,7 @@ mod tests {
         let mut figures = DbFigures::default();
         figures.applied.insert("g".into(), 120);
         figures.failed.insert("g".into(), 30);
-        figures.pending.insert("g".into(), vec![("permanent".into(), 3), ("transient".into(), 1)]);
+        figures.pending.insert("g".into(), vec![("handler_fatal".into(), 3), ("unavailable".into(), 1)]);
         figures.parked.insert("g".into(), (2, Some(crate::clock::now_ms() - 90_000)));
         let cards = cards(Vec::new(), figures);
         assert_eq!(cards.len(), 1);

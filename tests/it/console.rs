@@ -110,7 +110,7 @@ async fn sign_in_bad_input_errors_and_the_audit_trail() {
 
     // An audit row is written and shown, filtered by action.
     let alice = Principal { who: "alice".into(), role: Role::Operator };
-    let filter = serde_json::json!({"group": "g1", "class": "permanent"});
+    let filter = serde_json::json!({"group": "g1", "class": "handler_fatal"});
     audit::record(console.state.db(), &alice, "test.replay", &filter, 1000, "ok").await.unwrap();
     audit::record(console.state.db(), &alice, "test.other", &serde_json::json!({}), 1, "ok").await.unwrap();
     let rows = audit::recent(console.state.db(), Some("test.replay"), 10).await.unwrap();
@@ -202,11 +202,11 @@ async fn topic_with_idle_group(env: &TestEnv, topic: &str, group: &str, count: i
 async fn group_rows(env: &TestEnv, group: &str, topic: &str) {
     let db = env.db();
     let now = orderpipe::clock::now_ms();
-    for (offset, class) in [(0, "permanent"), (1, "permanent"), (2, "transient")] {
+    for (offset, class) in [(0, "handler_fatal"), (1, "handler_fatal"), (2, "unavailable")] {
         sqlx::query(
             "INSERT INTO dead_letters (consumer_group, original_topic, original_partition, original_offset, headers, \
              event_name, error_class, error_message, attempts, first_failure_ms, last_failure_ms, dlq_partition, \
-             dlq_offset, created_ms, updated_ms) VALUES (?, ?, 0, ?, '{}', 'order.created', ?, 'boom', 1, ?, ?, 0, ?, ?, ?)",
+             dlq_offset, created_ms, updated_ms, record_key) VALUES (?, ?, 0, ?, '{}', 'order.created', ?, 'boom', 1, ?, ?, 0, ?, ?, ?, 'order-7')",
         )
         .bind(group)
         .bind(topic)
@@ -221,11 +221,14 @@ async fn group_rows(env: &TestEnv, group: &str, topic: &str) {
         .await
         .unwrap();
     }
+    // order-7 is parked behind its dead letter (offset 0), one record held behind it.
     sqlx::query(
-        "INSERT INTO parked_keys (consumer_group, record_key, kafka_partition, head_origin, state, parked_ms, updated_ms) \
-         VALUES (?, 'order-7', 0, 'dlq', 'parked', ?, ?)",
+        "INSERT INTO parked_keys (consumer_group, record_key, kafka_partition, head_origin, head_topic, head_partition, \
+         head_offset, head_event_name, state, parked_ms, updated_ms) VALUES (?, 'order-7', 0, ?, ?, 0, 0, 'order.created', 'dead', ?, ?)",
     )
     .bind(group)
+    .bind(format!("{topic}/0/0"))
+    .bind(topic)
     .bind(now - 150_000)
     .bind(now)
     .execute(&db.pool)
@@ -282,8 +285,8 @@ async fn the_overview_shows_each_groups_figures_with_links_and_a_viewer_sees_no_
         "Parked keys\n1",
         "Held records\n1",
         "Oldest parked\n2m 3",
-        "permanent: 2",
-        "transient: 1",
+        "handler_fatal: 2",
+        "unavailable: 1",
     ] {
         assert!(card.contains(figure), "`{figure}` missing from the overview card:\n{card}");
     }
@@ -295,12 +298,18 @@ async fn the_overview_shows_each_groups_figures_with_links_and_a_viewer_sees_no_
         .to_string();
     let group_query = url::form_urlencoded::byte_serialize(group.as_bytes()).collect::<String>();
     for href in [
-        format!("/dead-letters?group={group_query}&class=permanent&status=pending"),
+        format!("/dead-letters?group={group_query}&class=handler_fatal&status=pending"),
+        format!("/dead-letters?group={group_query}&since=60s"),
         format!("/held?group={group_query}"),
-        format!("/topics?topic={}&partition=0&offset=2", url::form_urlencoded::byte_serialize(topic.as_bytes()).collect::<String>()),
+        format!("/topics/{topic}?partition=0&offset=2"),
     ] {
         assert!(hrefs.contains(&href), "no link to {href}: {hrefs}");
+        // Each figure leads to a working page, not an error page.
+        browser.open(&href).await;
+        let title = browser.text("h1").await;
+        assert!(!title.starts_with(|c: char| c.is_ascii_digit()), "{href} answers {title}: {}", browser.text("main").await);
     }
+    browser.open("/").await;
     let refresh = browser.client.find(Locator::Css("meta[http-equiv='refresh']")).await.unwrap();
     assert_eq!(refresh.attr("content").await.unwrap().as_deref(), Some("10"), "the overview refreshes itself");
     browser.screenshots("overview").await;
@@ -308,7 +317,7 @@ async fn the_overview_shows_each_groups_figures_with_links_and_a_viewer_sees_no_
         console.state.db(),
         &Principal { who: "operator-token".into(), role: Role::Operator },
         "dlq.replay",
-        &serde_json::json!({"group": group, "class": "permanent"}),
+        &serde_json::json!({"group": group, "class": "handler_fatal"}),
         2,
         "ok",
     )
@@ -325,4 +334,62 @@ async fn the_overview_shows_each_groups_figures_with_links_and_a_viewer_sees_no_
         assert_eq!(browser.action_forms().await, 0, "a viewer sees an action form on {}", page.1);
     }
     browser.close().await;
+}
+
+#[tokio::test]
+async fn the_command_refuses_to_start_without_a_sign_in_and_serves_read_only_with_one() {
+    let mut env = TestEnv::new().with_database().await;
+    let refused = env.cli(&["console", "--listen", "127.0.0.1:0"]).failure();
+    assert!(refused.contains("the console needs a way to sign in") && refused.contains("ORDERPIPE_CONSOLE__VIEWER_TOKEN"), "{refused}");
+    env.set_env("ORDERPIPE_CONSOLE__VIEWER_TOKEN", "short");
+    let refused = env.cli(&["console"]).failure();
+    assert!(refused.contains("console.viewer_token: shorter than 16 characters") && !refused.contains("short\n"), "{refused}");
+
+    env.set_env("ORDERPIPE_CONSOLE__VIEWER_TOKEN", crate::console_browser::VIEWER_TOKEN);
+    env.set_env("ORDERPIPE_CONSOLE__OPERATOR_TOKEN", crate::console_browser::OPERATOR_TOKEN);
+    let mut child = crate::helpers::Spawned(
+        env.command(&["console", "--listen", "127.0.0.1:0", "--read-only"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let announced = rx.recv_timeout(Duration::from_secs(30)).expect("the console announces its address");
+    let url = announced.strip_prefix("console listening on ").unwrap_or_else(|| panic!("{announced}"));
+    let (url, mode) = url.split_once(' ').unwrap_or((url, ""));
+    assert_eq!(mode, "(read-only)");
+    let http = TestConsole::http();
+    assert_eq!(http.get(format!("{url}/health/live")).send().await.unwrap().status(), 200);
+    let page = http.get(format!("{url}/")).bearer_auth(crate::console_browser::OPERATOR_TOKEN).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.unwrap();
+    assert!(page.contains("read-only console"), "{page}");
+    let csrf = meta_csrf(&page).unwrap();
+    let forged = http
+        .post(format!("{url}/no-such-action"))
+        .bearer_auth(crate::console_browser::OPERATOR_TOKEN)
+        .header("x-csrf-token", csrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403, "--read-only refuses an operator's change");
+    // SIGTERM stops it cleanly.
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "the console did not stop on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
 }
