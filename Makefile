@@ -19,7 +19,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-crash
+.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-crash bench-cdc
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -71,3 +71,8 @@ bench-crash: build-deps ## crash safety at 1M: two members SIGKILLed 20 times, e
 	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-crash.sh $(or $(COUNT),1000000) $(or $(KILLS),20)
+
+bench-cdc: build-deps ## binlog source: catch-up rows/s vs the DB's insert rate and vs Debezium, commit-to-consumer lag p50/p99
+	cargo build --release --features harness --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-cdc.sh $(or $(ROWS),100000) $(or $(LAG_ROWS),2000)

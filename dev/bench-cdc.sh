@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# The binlog source's numbers, one run, same MariaDB (binlog on, sync_binlog=1,
+# innodb_flush_log_at_trx_commit=1: durability on) and the same broker:
+#   1. the database's own write rate: ROWS single-row autocommit INSERTs from
+#      CLIENTS parallel clients (the plain insert load cdc has to keep up with);
+#   2. catch-up throughput: `orderpipe cdc` (exactly once: Kafka transactions)
+#      and the peer, Debezium's MariaDB connector in Kafka Connect standalone
+#      (at least once; JSON; tuned: max.batch.size 8192, max.queue.size 32768,
+#      poll.interval.ms 10, producer linger 5 ms), each stopped before the load and restarted after
+#      it, read the same ROWS-change backlog; rows/s over the last 90 % of the
+#      changes arriving at a read_committed consumer;
+#   3. lag: LAG_ROWS single-row inserts 5 ms apart with both running; from the
+#      row's UTC_TIMESTAMP(6) (taken just before its commit) to its arrival at
+#      a read_committed consumer (kafka-console-consumer, fetch.max.wait.ms=10),
+#      p50/p99 each.
+# The peer's jars come from Maven Central (dev/debezium/pom.xml); Kafka 4.4
+# moved a class Debezium 3.5 calls, so a 3-method shim (dev/debezium/Sanitizer.java)
+# goes on the worker's class path. Skip the peer with CDC_PEER=none.
+#
+#   dev/bench-cdc.sh [ROWS] [LAG_ROWS]   (defaults 100000 and 2000; needs `make dev-up`)
+set -euo pipefail
+ROWS="${1:-100000}"
+LAG_ROWS="${2:-2000}"
+CLIENTS="${CLIENTS:-4}"
+PEER="${CDC_PEER:-debezium}"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
+DB="${RUN_ID}"
+WORK="$OUT_DIR/.cdc-$RUN_ID"
+mkdir -p "$WORK"
+KAFKA_LIB="$ROOT/.stack/lib/kafka"
+PLUGINS="$ROOT/.stack/lib/connect-plugins"
+SHIM="$ROOT/.stack/lib/connect-shim/sanitizer-shim.jar"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  SQL -e "DROP DATABASE IF EXISTS $DB" 2>/dev/null || true
+  "$STACK" kafka-topics --delete --topic "__debezium-heartbeat.$RUN_ID.dbz" >/dev/null 2>&1 || true
+  drop_topics
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# Test databases left by earlier test runs (op_t<hex>, as dev/test.sh drops them) fill the buffer pool;
+# only those with no table created in the last 30 minutes: a test running now keeps its database.
+for leftover in $(SQL -e "SELECT table_schema FROM information_schema.tables WHERE table_schema REGEXP '^op_t[0-9a-f]{10}\$'
+    GROUP BY table_schema HAVING MAX(create_time) < NOW() - INTERVAL 30 MINUTE"); do
+  SQL -e "DROP DATABASE \`$leftover\`"
+done
+
+SQL -e "CREATE DATABASE $DB;
+  CREATE TABLE $DB.load (id BIGINT PRIMARY KEY, order_id BIGINT NOT NULL, status INT NOT NULL,
+    amount DECIMAL(12,2) NOT NULL, note VARCHAR(64) NOT NULL, updated_at DATETIME(6) NOT NULL);
+  CREATE TABLE $DB.lat (id BIGINT PRIMARY KEY, written_at DATETIME(6) NOT NULL)"
+CDC_TOPIC="$RUN_ID.cdc.$DB"
+DBZ_TOPIC="$RUN_ID.dbz.$DB"
+export ORDERPIPE_CDC__NAME="$RUN_ID" ORDERPIPE_CDC__TOPIC_PREFIX="$RUN_ID.cdc" ORDERPIPE_CDC__OFFSETS_TOPIC="$RUN_ID.cdc.offsets"
+export ORDERPIPE_CDC__PARTITIONS=3 ORDERPIPE_CDC__SOURCE="$DB_URL_BASE/$DB"
+export ORDERPIPE_PRODUCER__TRANSACTIONAL_ID_PREFIX="$RUN_ID"
+CDC_ARGS=(cdc --table "$DB.load,$DB.lat" --server-id "$((20000 + RANDOM))")
+
+# start_cdc: runs cdc in the background until it reads the binlog.
+start_cdc() {
+  "$BIN" "${CDC_ARGS[@]}" > "$WORK/cdc.out" 2> "$WORK/cdc.err" &
+  CDC_PID=$!; PIDS+=("$CDC_PID")
+  for _ in $(seq 300); do grep -q "reading" "$WORK/cdc.err" && return; sleep 0.1; done
+  cat "$WORK/cdc.err" >&2; echo "cdc did not start" >&2; exit 1
+}
+stop() { kill -TERM "$1"; wait "$1" 2>/dev/null || true; }
+
+# The peer: Debezium's MariaDB connector in Connect standalone.
+peer_ready() {
+  [ "$PEER" = debezium ] || return 1
+  if [ ! -f "$PLUGINS/debezium-mariadb/.complete" ]; then
+    echo "== Debezium: resolving the connector's jars from Maven Central"
+    mvn -B -q --no-transfer-progress -f "$ROOT/dev/debezium/pom.xml" dependency:copy-dependencies \
+      -Ddebezium.lib.dir="$PLUGINS/debezium-mariadb" > "$WORK/mvn.log" 2>&1 \
+      || { tail -20 "$WORK/mvn.log" >&2; return 1; }
+    touch "$PLUGINS/debezium-mariadb/.complete"
+  fi
+  if [ ! -f "$SHIM" ]; then
+    mkdir -p "$(dirname "$SHIM")/classes"
+    javac -d "$(dirname "$SHIM")/classes" -cp "$KAFKA_LIB/*" "$ROOT/dev/debezium/Sanitizer.java" \
+      && jar cf "$SHIM" -C "$(dirname "$SHIM")/classes" . || return 1
+  fi
+  cat > "$WORK/worker.properties" <<PROPS
+bootstrap.servers=$BOOTSTRAP
+key.converter=org.apache.kafka.connect.json.JsonConverter
+value.converter=org.apache.kafka.connect.json.JsonConverter
+key.converter.schemas.enable=false
+value.converter.schemas.enable=false
+offset.storage.file.filename=$WORK/dbz.offsets
+offset.flush.interval.ms=1000
+producer.linger.ms=5
+producer.batch.size=262144
+plugin.path=$PLUGINS
+listeners=http://127.0.0.1:0
+PROPS
+  cat > "$WORK/connector.properties" <<PROPS
+name=$RUN_ID-dbz
+connector.class=io.debezium.connector.mariadb.MariaDbConnector
+database.hostname=127.0.0.1
+database.port=3306
+database.user=orderpipe
+database.password=orderpipe
+database.server.id=$((30000 + RANDOM))
+topic.prefix=$RUN_ID.dbz
+database.include.list=$DB
+table.include.list=$DB.load,$DB.lat
+snapshot.mode=no_data
+include.schema.changes=false
+heartbeat.interval.ms=1000
+max.batch.size=8192
+max.queue.size=32768
+poll.interval.ms=10
+schema.history.internal.kafka.bootstrap.servers=$BOOTSTRAP
+schema.history.internal.kafka.topic=$RUN_ID.dbz.history
+schema.history.internal.store.only.captured.databases.ddl=true
+schema.history.internal.store.only.captured.tables.ddl=true
+topic.creation.default.replication.factor=1
+topic.creation.default.partitions=3
+PROPS
+  printf '%s\n' 'status = error' 'appender.out.type = Console' 'appender.out.name = out' \
+    'appender.out.layout.type = PatternLayout' 'appender.out.layout.pattern = [%d] %p %m (%c)%n' \
+    'rootLogger.level = WARN' 'rootLogger.appenderRef.out.ref = out' \
+    'logger.dbz.name = io.debezium' 'logger.dbz.level = INFO' > "$WORK/log4j2.properties"
+  for t in load lat; do
+    "$STACK" kafka-topics --create --topic "$DBZ_TOPIC.$t" --partitions 3 --replication-factor 1 >/dev/null
+  done
+}
+start_peer() {
+  : > "$WORK/connect.log"
+  java -Xms256m -Xmx1g -Dlog4j2.configurationFile="$WORK/log4j2.properties" -cp "$KAFKA_LIB/*:$SHIM" \
+    org.apache.kafka.connect.cli.ConnectStandalone "$WORK/worker.properties" "$WORK/connector.properties" \
+    >> "$WORK/connect.log" 2>&1 &
+  PEER_PID=$!; PIDS+=("$PEER_PID")
+  for _ in $(seq 600); do grep -q "Keepalive thread is running" "$WORK/connect.log" && return; sleep 0.1; done
+  tail -30 "$WORK/connect.log" >&2; echo "Debezium did not start streaming" >&2; exit 1
+}
+
+# stamp TOPIC N OUT: a read_committed console consumer of TOPIC, each record's key stamped with its
+# arrival time (µs) into OUT, until N records; runs in the background, CONSUMER_PID.
+stamp() {
+  "$STACK" kafka-class org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BOOTSTRAP" \
+    --topic "$1" --from-beginning --max-messages "$2" --isolation-level read_committed \
+    --consumer-property fetch.max.wait.ms=10 --consumer-property group.id="$RUN_ID-$(basename "$3")" \
+    --property print.key=true --property print.value=false 2>> "$WORK/consumer.err" \
+    | python3 -u -c '
+import re, sys, time
+with open(sys.argv[1], "w") as out:
+    for line in sys.stdin:
+        m = re.search(r"-?\d+", line)
+        if m:
+            out.write(f"{time.time_ns() // 1000}\t{m.group(0)}\n"); out.flush()' "$3" &
+  CONSUMER_PID=$!
+  sleep 6  # the JVM starts and joins before the first change arrives
+}
+wait_stamps() { # wait_stamps FILE N TIMEOUT_S
+  for _ in $(seq $(( $3 * 10 ))); do [ "$(wc -l < "$1")" -ge "$2" ] && return 0; sleep 0.1; done
+  echo "only $(wc -l < "$1") of $2 records arrived in $3 s" >&2; return 1
+}
+# rate FILE: rows/s over the last 90 % of the arrivals (the first 10 % include start-up and the
+# first batch arriving at once, for both).
+rate() { python3 -c '
+import sys
+t = sorted(int(l.split()[0]) for l in open(sys.argv[1]))
+first = len(t) // 10
+print(f"{(len(t) - 1 - first) / max((t[-1] - t[first]) / 1e6, 1e-9):.0f}")' "$1"; }
+
+echo "== cdc ${CDC_ARGS[*]}: starts at the binlog's end (checkpoint), then stops"
+start_cdc; stop "$CDC_PID"
+HAVE_PEER=0
+if peer_ready; then
+  echo "== Debezium MariaDB connector: starts streaming, records its offset, then stops"
+  start_peer; sleep 3; stop "$PEER_PID"; HAVE_PEER=1
+else
+  echo "== peer skipped (CDC_PEER=$PEER or its jars could not be resolved)"
+fi
+
+echo "== insert load: $ROWS single-row autocommit INSERTs from $CLIENTS clients (the database's own write rate)"
+python3 - "$WORK" "$ROWS" "$CLIENTS" "$DB" <<'PY'
+import sys
+work, rows, clients, db = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+files = [open(f"{work}/load-{c}.sql", "w") for c in range(clients)]
+for i in range(rows):
+    files[i % clients].write(f"INSERT INTO {db}.load VALUES ({i}, {i // 4}, 1, {i % 1000}.25, 'order {i} note', UTC_TIMESTAMP(6));\n")
+PY
+t0=$(date +%s%N)
+LOADERS=()
+for c in $(seq 0 $((CLIENTS - 1))); do SQL "$DB" < "$WORK/load-$c.sql" & LOADERS+=($!); done
+for p in "${LOADERS[@]}"; do wait "$p"; done
+LOAD_SECS=$(python3 -c "print(($(date +%s%N) - $t0) / 1e9)")
+[ "$(SQL -e "SELECT COUNT(*) FROM $DB.load")" -eq "$ROWS" ] || { echo "the load did not insert $ROWS rows" >&2; exit 1; }
+LOAD_RATE=$(python3 -c "print(f'{$ROWS / $LOAD_SECS:.0f}')")
+echo "   $ROWS rows in ${LOAD_SECS%.*} s: $LOAD_RATE rows/s (= commits/s)"
+result cdc "MariaDB insert load, $CLIENTS clients, sync_binlog=1" "write rate" "$LOAD_RATE" rows/s "" \
+  "$CLIENTS x mariadb < single-row INSERTs (autocommit)"
+
+echo "== cdc catches up the $ROWS-change backlog"
+stamp "$CDC_TOPIC.load" "$ROWS" "$WORK/cdc-load.tsv"; C1=$CONSUMER_PID
+start_cdc
+wait_stamps "$WORK/cdc-load.tsv" "$ROWS" 600
+CDC_RATE=$(rate "$WORK/cdc-load.tsv"); wait "$C1" 2>/dev/null || true
+echo "   cdc: $CDC_RATE rows/s to a read_committed consumer"
+CMD="orderpipe ${CDC_ARGS[*]}"
+result cdc "orderpipe cdc (exactly once), $ROWS-change backlog" "catch-up throughput" "$CDC_RATE" rows/s \
+  "$([ $HAVE_PEER = 1 ] && echo "Debezium MariaDB 3.5.0" || echo "MariaDB insert load")" "$CMD"
+if [ $HAVE_PEER = 1 ]; then
+  stop "$CDC_PID"
+  echo "== Debezium catches up the same backlog"
+  stamp "$DBZ_TOPIC.load" "$ROWS" "$WORK/dbz-load.tsv"; C2=$CONSUMER_PID
+  start_peer
+  wait_stamps "$WORK/dbz-load.tsv" "$ROWS" 600
+  DBZ_RATE=$(rate "$WORK/dbz-load.tsv"); wait "$C2" 2>/dev/null || true
+  echo "   Debezium: $DBZ_RATE rows/s to a read_committed consumer"
+  result cdc "Debezium MariaDB 3.5.0 (Connect standalone, at least once), $ROWS-change backlog" "catch-up throughput" \
+    "$DBZ_RATE" rows/s "" "ConnectStandalone + io.debezium.connector.mariadb.MariaDbConnector (dev/bench-cdc.sh)"
+  start_cdc
+fi
+
+echo "== lag: $LAG_ROWS single-row inserts 5 ms apart, commit -> read_committed consumer"
+stamp "$CDC_TOPIC.lat" "$LAG_ROWS" "$WORK/cdc-lat.tsv"
+[ $HAVE_PEER = 1 ] && stamp "$DBZ_TOPIC.lat" "$LAG_ROWS" "$WORK/dbz-lat.tsv"
+for i in $(seq 0 $((LAG_ROWS - 1))); do
+  echo "INSERT INTO $DB.lat VALUES ($i, UTC_TIMESTAMP(6)); DO SLEEP(0.005);"
+done | SQL "$DB"
+SQL -e "SELECT id, CAST(UNIX_TIMESTAMP(CONVERT_TZ(written_at, '+00:00', @@session.time_zone)) * 1000000 AS INTEGER) FROM $DB.lat" > "$WORK/written.tsv"
+wait_stamps "$WORK/cdc-lat.tsv" "$LAG_ROWS" 120
+[ $HAVE_PEER = 1 ] && wait_stamps "$WORK/dbz-lat.tsv" "$LAG_ROWS" 120
+lag() { python3 - "$WORK/written.tsv" "$1" <<'PY'
+import sys
+written = dict(l.split()[:2] for l in open(sys.argv[1]))
+lags = sorted((int(at) - int(written[k])) / 1000 for at, k in (l.split() for l in open(sys.argv[2])))
+q = lambda p: lags[min(int(p * (len(lags) - 1) + 0.5), len(lags) - 1)]
+print(f"{q(0.5):.1f} {q(0.99):.1f} {lags[-1]:.1f}")
+PY
+}
+read -r P50 P99 MAX <<<"$(lag "$WORK/cdc-lat.tsv")"
+echo "   cdc: p50 $P50 ms, p99 $P99 ms, max $MAX ms"
+for m in p50 p99; do
+  result cdc "orderpipe cdc (exactly once)" "lag $m" "$([ $m = p50 ] && echo "$P50" || echo "$P99")" ms \
+    "$([ $HAVE_PEER = 1 ] && echo "Debezium MariaDB 3.5.0")" "$CMD"
+done
+if [ $HAVE_PEER = 1 ]; then
+  read -r D50 D99 DMAX <<<"$(lag "$WORK/dbz-lat.tsv")"
+  echo "   Debezium: p50 $D50 ms, p99 $D99 ms, max $DMAX ms"
+  for m in p50 p99; do
+    result cdc "Debezium MariaDB 3.5.0 (Connect standalone, at least once)" "lag $m" \
+      "$([ $m = p50 ] && echo "$D50" || echo "$D99")" ms "" "ConnectStandalone + MariaDbConnector"
+  done
+fi
+stop "$CDC_PID"; [ $HAVE_PEER = 1 ] && stop "$PEER_PID"
+echo
+echo "cdc vs the database's own write rate ($CLIENTS clients, durability on): $LOAD_RATE rows/s written, $CDC_RATE rows/s captured$([ $HAVE_PEER = 1 ] && echo ", Debezium $DBZ_RATE rows/s")"
