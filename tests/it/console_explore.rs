@@ -686,6 +686,13 @@ async fn the_explorer_finds_an_orders_events_and_shows_a_poison_record_as_undeco
     );
     assert!(browser.text("main").await.contains("Backward compatible"));
     browser.screenshots("schema-diff").await;
+    // A viewer sees the subscriptions, with no action.
+    browser.open("/subscriptions").await;
+    assert_eq!(browser.action_forms().await, 0);
+    assert!(browser.client.find(Locator::Css("a[href='/subscriptions/new']")).await.is_err());
+    browser.open("/subscriptions/new").await;
+    assert_eq!(browser.action_forms().await, 0);
+    assert!(browser.text("main").await.contains("Only an operator may change subscriptions"));
     browser.close().await;
 }
 
