@@ -232,7 +232,11 @@ struct Inner {
     db: Db,
     auth: auth::Authenticator,
     csrf: csrf::CsrfKey,
+    lag: overview::LagCache,
 }
+
+/// A [`ConsoleState`] that does not keep the console alive (background tasks hold it).
+pub struct WeakConsoleState(std::sync::Weak<Inner>);
 
 impl ConsoleState {
     /// The console of `settings` (its `[console]` section) on `db`.
@@ -249,6 +253,7 @@ impl ConsoleState {
         Ok(Self(Arc::new(Inner {
             auth: auth::Authenticator::new(&settings.console),
             csrf: csrf::CsrfKey::random(),
+            lag: overview::LagCache::default(),
             settings,
             db,
         })))
@@ -277,6 +282,21 @@ impl ConsoleState {
     /// The CSRF key.
     pub fn csrf(&self) -> &csrf::CsrfKey {
         &self.0.csrf
+    }
+
+    /// The broker lag measured in the background (the overview's).
+    pub fn lag_cache(&self) -> &overview::LagCache {
+        &self.0.lag
+    }
+
+    /// A handle that does not keep the console alive.
+    pub fn downgrade(&self) -> WeakConsoleState {
+        WeakConsoleState(Arc::downgrade(&self.0))
+    }
+
+    /// The console of `weak`, unless it is gone.
+    pub fn upgrade(weak: &WeakConsoleState) -> Option<Self> {
+        weak.0.upgrade().map(Self)
     }
 
     /// The layout's data for `principal` on the page `title` at `path`
@@ -328,6 +348,9 @@ pub async fn serve(
     crate::health::watch_db(state.db().clone(), health.clone());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     bound(listener.local_addr()?);
+    // The first lag measurement starts now, so the first overview need not wait for it.
+    let warm = state.clone();
+    tokio::spawn(async move { warm.lag_cache().latest(&warm).await });
     let app = router(state).merge(crate::health::routes(health));
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

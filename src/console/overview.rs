@@ -5,7 +5,9 @@
 //! parked age. Each figure links to the page behind it; the page reloads
 //! itself every `console.refresh_secs`.
 //!
-//! Applied/s counts the group's `event_dedup` rows of the window; the
+//! The lag comes from a background measurement every [`LAG_INTERVAL`]
+//! ([`LagCache`]): the page shows its age. Applied/s counts the group's
+//! `event_dedup` rows of the window; the
 //! failure rate is dead-lettered / (applied + dead-lettered) over it (a
 //! dead letter counts when its last failure is in the window). Kafka not
 //! answering is a notice on the page, not an error page: the database
@@ -97,6 +99,8 @@ pub struct Overview {
     pub groups: Vec<GroupCard>,
     /// Why the broker's lag is missing, if it is.
     pub lag_error: Option<String>,
+    /// How old the lag measurement is (`3s`), when there is one.
+    pub lag_age: Option<String>,
     /// The topic whose lag is shown.
     pub topic: String,
 }
@@ -132,23 +136,82 @@ fn describe(status: GroupStatus, members: usize, lag: i64) -> (String, bool) {
     }
 }
 
-/// Gathers every figure of the overview: the broker's lag and the
-/// database's counts, side by side.
+/// How often the console measures the broker's lag in the background.
+/// Measuring every group of a busy broker takes seconds (one offsets
+/// request per group), far over a page's budget, so a page shows the
+/// latest measurement and its age instead of waiting for a new one.
+pub const LAG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long the first page waits for the first measurement.
+const FIRST_LAG_WAIT: Duration = Duration::from_secs(15);
+
+/// One measurement of the lag: when, and what (or why not).
+#[derive(Debug, Clone)]
+pub struct LagSnapshot {
+    /// When it was taken (ms since the epoch).
+    pub at_ms: i64,
+    /// The groups' lag, or why the broker did not tell.
+    pub result: Result<Vec<GroupLag>, String>,
+}
+
+/// The latest [`LagSnapshot`], kept fresh by a task started on first use
+/// that ends with the console (it holds the state weakly).
+#[derive(Default)]
+pub struct LagCache {
+    latest: std::sync::OnceLock<tokio::sync::watch::Receiver<Option<LagSnapshot>>>,
+}
+
+impl LagCache {
+    /// The latest measurement; the first call starts the measuring task and
+    /// waits for its first result (at most [`FIRST_LAG_WAIT`]).
+    pub async fn latest(&self, state: &ConsoleState) -> Option<LagSnapshot> {
+        let mut latest = self.latest.get_or_init(|| start_measuring(state)).clone();
+        let first = tokio::time::timeout(FIRST_LAG_WAIT, latest.wait_for(Option::is_some))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .and_then(|snapshot| snapshot.clone());
+        first.or_else(|| latest.borrow().clone())
+    }
+}
+
+fn start_measuring(state: &ConsoleState) -> tokio::sync::watch::Receiver<Option<LagSnapshot>> {
+    let (publish, latest) = tokio::sync::watch::channel(None);
+    let weak = state.downgrade();
+    tokio::spawn(async move {
+        loop {
+            let Some(state) = ConsoleState::upgrade(&weak) else { return };
+            let settings = state.settings().clone();
+            drop(state);
+            let topic = settings.topics.order_events.name.clone();
+            let result = async {
+                let (groups, named) =
+                    lag::groups_to_measure(&settings.kafka, &settings.lag, &settings.dlq.persister_group, &[]).await?;
+                lag::measure(&settings.kafka, &topic, &groups, named).await
+            }
+            .await
+            .map_err(|e| e.to_string());
+            if publish.send(Some(LagSnapshot { at_ms: crate::clock::now_ms(), result })).is_err() {
+                return;
+            }
+            tokio::time::sleep(LAG_INTERVAL).await;
+        }
+    });
+    latest
+}
+
+/// Gathers every figure of the overview: the broker's lag (the latest
+/// background measurement) and the database's counts, side by side.
 pub async fn collect(state: &ConsoleState) -> Result<Overview, ConsoleError> {
-    let settings = state.settings();
-    let topic = settings.topics.order_events.name.clone();
-    let lag = async {
-        let (groups, named) =
-            lag::groups_to_measure(&settings.kafka, &settings.lag, &settings.dlq.persister_group, &[]).await?;
-        lag::measure(&settings.kafka, &topic, &groups, named).await
-    };
-    let (lag, figures) = tokio::join!(lag, DbFigures::read(state.db()));
+    let topic = state.settings().topics.order_events.name.clone();
+    let (lag, figures) = tokio::join!(state.lag_cache().latest(state), DbFigures::read(state.db()));
     let figures = figures?;
-    let (lags, lag_error) = match lag {
-        Ok(lags) => (lags, None),
-        Err(e) => (Vec::new(), Some(e.to_string())),
+    let (lags, lag_error, lag_age) = match lag {
+        Some(LagSnapshot { at_ms, result: Ok(lags) }) => (lags, None, Some(age(crate::clock::now_ms() - at_ms))),
+        Some(LagSnapshot { result: Err(e), .. }) => (Vec::new(), Some(e), None),
+        None => (Vec::new(), Some("not measured yet: the broker has not answered".into()), None),
     };
-    Ok(Overview { groups: cards(lags, figures), lag_error, topic })
+    Ok(Overview { groups: cards(lags, figures), lag_error, lag_age, topic })
 }
 
 /// The database's figures, by group.
