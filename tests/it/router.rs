@@ -115,7 +115,7 @@ async fn wait_for(seen: &Seen, mode: &str, want: &BTreeSet<String>, timeout: Dur
 }
 
 /// The rest of the first stderr line starting with `prefix` (an announced address).
-fn announced(log: &Arc<Mutex<Vec<String>>>, prefix: &str) -> String {
+pub(crate) fn announced(log: &Arc<Mutex<Vec<String>>>, prefix: &str) -> String {
     log.lock()
         .unwrap()
         .iter()

@@ -24,7 +24,9 @@ use crate::cdc::{Source, wait_for_topic};
 use crate::consumer::sigterm;
 use crate::delivery::{Seen, downstream};
 use crate::helpers::Spawned;
-use crate::router::{assert_missing, delete_group, stderr_lines, wait_until_none_missing};
+use crate::router::{
+    announced, assert_missing, delete_group, stderr_lines, wait_until_none_missing,
+};
 
 /// Seed 003's example table.
 const USER_TABLE: &str =
@@ -109,10 +111,13 @@ impl Platform {
     }
 
     fn router(&mut self) -> Spawned {
-        let mut router = self
-            .source
-            .env
-            .spawn(&["deliver", "--reconcile-interval", "2s"]);
+        let mut router = self.source.env.spawn(&[
+            "deliver",
+            "--reconcile-interval",
+            "2s",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ]);
         self.logs.push(stderr_lines(&mut router));
         router
     }
@@ -336,6 +341,38 @@ async fn row_changes_reach_the_endpoint_with_old_in_commit_order_the_status_filt
         "no delete after the disable: {bodies:#?}"
     );
     assert_eq!(bodies.len(), 10, "{bodies:#?}");
+    // GET /bindings of the router's admin API: the group reads the cdc
+    // topic, runs the two enabled subscriptions, and its lag (measured on
+    // that topic at each reconciliation) reaches 0: deliveries and filtered
+    // changes alike were committed.
+    let admin = announced(
+        platform.logs.last().unwrap(),
+        "admin API listening on http://",
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = crate::helpers::http_get(&admin, "/bindings");
+        assert_eq!(status, 200, "{body}");
+        let view: Value = serde_json::from_str(body.split("\r\n\r\n").last().unwrap_or(&body))
+            .unwrap_or(Value::Null);
+        let actual = view["actual"].as_array().cloned().unwrap_or_default();
+        let ours = actual.iter().find(|a| a["group"] == insert.group.as_str());
+        if let Some(a) = ours.filter(|a| a["lag"] == 0) {
+            assert_eq!(
+                a["topics"],
+                json!([platform.source.topic("table_user")]),
+                "{view}"
+            );
+            assert_eq!(a["subscriptions"], json!([insert.id, update.id]), "{view}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no lag 0 for {} in GET /bindings: {view}",
+            insert.group
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     assert!(
         router.try_wait().unwrap().is_none(),
         "the router kept running"
