@@ -190,7 +190,8 @@ pub fn subject(topics: &TopicsSettings, schema: &TopicSchema) -> String {
     format!("{}-value", topics.name_for_schema(&schema.topic))
 }
 
-fn registry_error(
+/// A registry client error about `subject`: retryable (unavailable) or not.
+pub(crate) fn registry_error(
     subject: &str,
     e: schema_registry_converter::error::SRCError,
 ) -> CodecError {

@@ -19,7 +19,6 @@ use askama::Template;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -85,11 +84,56 @@ fn subscription_id(text: &str) -> Result<i64, ConsoleError> {
     })
 }
 
-/// The form fields of a urlencoded body, by name (the last value wins).
-fn form(body: &[u8]) -> BTreeMap<String, String> {
-    url::form_urlencoded::parse(body)
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect()
+/// A submitted form's fields, by name (the last value wins).
+struct Fields(BTreeMap<String, String>);
+
+impl Fields {
+    /// The fields of a urlencoded body.
+    fn parse(body: &[u8]) -> Self {
+        Self(
+            url::form_urlencoded::parse(body)
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+        )
+    }
+
+    /// A field's value, trimmed; empty when absent.
+    fn text(&self, name: &str) -> String {
+        self.0
+            .get(name)
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    }
+
+    /// Whether a checkbox was ticked (browsers send only ticked ones).
+    fn checked(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+}
+
+/// Writes the audit row of `action` on `target`, whatever the outcome:
+/// one item and `ok`, or none and why it failed.
+async fn audited<T>(
+    state: &ConsoleState,
+    principal: &Principal,
+    action: &str,
+    target: serde_json::Value,
+    result: &Result<T, ConsoleError>,
+) -> Result<(), ConsoleError> {
+    let outcome = match result {
+        Ok(_) => "ok".to_string(),
+        Err(e) => e.to_string(),
+    };
+    audit::record(
+        state.db(),
+        principal,
+        action,
+        &target,
+        u64::from(result.is_ok()),
+        &outcome,
+    )
+    .await?;
+    Ok(())
 }
 
 /// The filters textarea: one `FIELD:OP:VALUE` per line (`orderpipe subs --filter`'s form).
@@ -111,14 +155,6 @@ fn filters_text(filters: &[PropertyFilter]) -> String {
         .map(PropertyFilter::to_cli)
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The outcome text of an audit row.
-fn outcome<T>(result: &Result<T, ConsoleError>) -> String {
-    match result {
-        Ok(_) => "ok".into(),
-        Err(e) => e.to_string(),
-    }
 }
 
 /// One subscription as listed.
@@ -242,14 +278,13 @@ impl FormPage {
     }
 
     /// The form again, with what was typed and what is wrong (400).
-    fn refused(mut self, fields: &BTreeMap<String, String>, error: ConsoleError) -> Response {
-        let text = |name: &str| fields.get(name).cloned().unwrap_or_default();
-        self.event = text("event");
-        self.consumer = text("consumer");
-        self.bind_key = text("bind_key");
-        self.filters = text("filters");
-        self.description = text("description");
-        self.enabled = fields.contains_key("enabled");
+    fn refused(mut self, fields: &Fields, error: ConsoleError) -> Response {
+        self.event = fields.text("event");
+        self.consumer = fields.text("consumer");
+        self.bind_key = fields.text("bind_key");
+        self.filters = fields.text("filters");
+        self.description = fields.text("description");
+        self.enabled = fields.checked("enabled");
         let status = error.status();
         self.error = Some(match error {
             ConsoleError::BadInput { field, message } => (field, message),
@@ -291,21 +326,15 @@ async fn create(
     principal: Principal,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let fields = form(&body);
-    let text = |name: &str| {
-        fields
-            .get(name)
-            .map(|v| v.trim().to_string())
-            .unwrap_or_default()
-    };
+    let fields = Fields::parse(&body);
     let result = async {
         let new = NewSubscription {
-            event: text("event"),
-            consumer: text("consumer"),
-            bind_key: text("bind_key"),
-            filters: parse_filters(&text("filters"))?,
-            enabled: Some(fields.contains_key("enabled")),
-            description: Some(text("description")).filter(|d| !d.is_empty()),
+            event: fields.text("event"),
+            consumer: fields.text("consumer"),
+            bind_key: fields.text("bind_key"),
+            filters: parse_filters(&fields.text("filters"))?,
+            enabled: Some(fields.checked("enabled")),
+            description: Some(fields.text("description")).filter(|d| !d.is_empty()),
         };
         Ok::<_, ConsoleError>(
             store(&state)
@@ -314,18 +343,10 @@ async fn create(
         )
     }
     .await;
-    let target = json!({"event": text("event"), "consumer": text("consumer"), "bind_key": text("bind_key"),
-        "filters": text("filters"), "enabled": fields.contains_key("enabled"),
+    let target = json!({"event": fields.text("event"), "consumer": fields.text("consumer"),
+        "bind_key": fields.text("bind_key"), "filters": fields.text("filters"), "enabled": fields.checked("enabled"),
         "id": result.as_ref().ok().map(|s| s.id)});
-    audit::record(
-        state.db(),
-        &principal,
-        "subs.create",
-        &target,
-        u64::from(result.is_ok()),
-        &outcome(&result),
-    )
-    .await?;
+    audited(&state, &principal, "subs.create", target, &result).await?;
     match result {
         Ok(sub) => Ok(Redirect::to(&format!("/subscriptions#sub-{}", sub.id)).into_response()),
         Err(e) => Ok(FormPage::new(&state, &principal, None)
@@ -341,34 +362,20 @@ async fn update(
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let id = subscription_id(&id)?;
-    let fields = form(&body);
-    let text = |name: &str| {
-        fields
-            .get(name)
-            .map(|v| v.trim().to_string())
-            .unwrap_or_default()
-    };
+    let fields = Fields::parse(&body);
     let result = async {
         let patch = SubscriptionPatch {
-            bind_key: Some(text("bind_key")),
-            filters: Some(parse_filters(&text("filters"))?),
-            enabled: Some(fields.contains_key("enabled")),
-            description: Some(text("description")),
+            bind_key: Some(fields.text("bind_key")),
+            filters: Some(parse_filters(&fields.text("filters"))?),
+            enabled: Some(fields.checked("enabled")),
+            description: Some(fields.text("description")),
         };
         Ok::<_, ConsoleError>(store(&state).update_subscription(id, &patch).await?)
     }
     .await;
-    let target = json!({"id": id, "bind_key": text("bind_key"), "filters": text("filters"),
-        "enabled": fields.contains_key("enabled")});
-    audit::record(
-        state.db(),
-        &principal,
-        "subs.update",
-        &target,
-        u64::from(result.is_ok()),
-        &outcome(&result),
-    )
-    .await?;
+    let target = json!({"id": id, "bind_key": fields.text("bind_key"), "filters": fields.text("filters"),
+        "enabled": fields.checked("enabled")});
+    audited(&state, &principal, "subs.update", target, &result).await?;
     match result {
         Ok(_) => Ok(Redirect::to(&format!("/subscriptions#sub-{id}")).into_response()),
         Err(e @ ConsoleError::NotFound(_)) => Err(e),
@@ -383,9 +390,9 @@ async fn toggle(
     principal: Principal,
     Path((id, word)): Path<(String, String)>,
 ) -> Result<Response, ConsoleError> {
-    let enabled = match word.as_str() {
-        "enable" => true,
-        "disable" => false,
+    let (enabled, action) = match word.as_str() {
+        "enable" => (true, "subs.enable"),
+        "disable" => (false, "subs.disable"),
         other => {
             return Err(ConsoleError::NotFound(format!(
                 "`{other}` is not an action of a subscription (enable, disable)"
@@ -401,20 +408,7 @@ async fn toggle(
         .update_subscription(id, &patch)
         .await
         .map_err(ConsoleError::from);
-    let action = if enabled {
-        "subs.enable"
-    } else {
-        "subs.disable"
-    };
-    audit::record(
-        state.db(),
-        &principal,
-        action,
-        &json!({"id": id}),
-        u64::from(result.is_ok()),
-        &outcome(&result),
-    )
-    .await?;
+    audited(&state, &principal, action, json!({"id": id}), &result).await?;
     result?;
     Ok(Redirect::to(&format!("/subscriptions#sub-{id}")).into_response())
 }
@@ -424,33 +418,12 @@ async fn apply(
     principal: Principal,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let fields = form(&body);
-    let consumer = fields
-        .get("consumer")
-        .map(|c| c.trim())
-        .filter(|c| !c.is_empty())
-        .map(str::to_string);
+    let consumer = Some(Fields::parse(&body).text("consumer")).filter(|c| !c.is_empty());
     let result = store(&state)
         .request(RequestKind::Refresh, consumer.as_deref())
         .await
         .map_err(ConsoleError::from);
     let target = json!({"consumer": consumer, "request": result.as_ref().ok().map(|r| r.id)});
-    audit::record(
-        state.db(),
-        &principal,
-        "subs.apply",
-        &target,
-        u64::from(result.is_ok()),
-        &outcome(&result),
-    )
-    .await?;
-    let request = result?;
-    Ok((
-        StatusCode::SEE_OTHER,
-        [(
-            axum::http::header::LOCATION,
-            format!("/subscriptions?applied={}", request.id),
-        )],
-    )
-        .into_response())
+    audited(&state, &principal, "subs.apply", target, &result).await?;
+    Ok(Redirect::to(&format!("/subscriptions?applied={}", result?.id)).into_response())
 }

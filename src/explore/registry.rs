@@ -13,13 +13,12 @@ use apache_avro::Schema;
 use schema_registry_converter::async_impl::schema_registry::{
     SrSettings, get_all_subjects, get_all_versions, get_schema_by_subject_and_version,
 };
-use schema_registry_converter::error::SRCError;
 use secrecy::ExposeSecret;
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::codec::{CodecError, RegistrySettings, sr_settings};
-use crate::schema::{CompatLevel, local_compat};
+use crate::schema::{CompatLevel, local_compat, registry_error};
 
 /// A subject and what the registry holds of it.
 #[derive(Debug, Clone, Serialize)]
@@ -108,18 +107,6 @@ pub struct RegistryReader {
     settings: SrSettings,
     registry: RegistrySettings,
     http: reqwest::Client,
-}
-
-fn registry_error(what: &str, e: SRCError) -> CodecError {
-    let text = match &e.cause {
-        Some(cause) => format!("{what}: {} ({cause})", e.error),
-        None => format!("{what}: {}", e.error),
-    };
-    if e.retriable || text.contains("error sending request") {
-        CodecError::RegistryUnavailable(text)
-    } else {
-        CodecError::Registry(text)
-    }
 }
 
 impl RegistryReader {
