@@ -216,3 +216,27 @@ pub async fn serve(addr: SocketAddr, state: Arc<HealthState>) -> std::io::Result
     });
     Ok(bound)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_role_with_conditions_is_ready_only_when_each_is_met_and_says_which_is_not() {
+        let state = HealthState::conditions(&[("binlog_stream", "not yet connected"), ("kafka_producer", "not yet initialised")]);
+        let (ready, body) = state.readiness().await;
+        assert!(!ready);
+        assert_eq!(body["reasons"], json!(["binlog_stream: not yet connected", "kafka_producer: not yet initialised"]));
+        state.set_condition("kafka_producer", None);
+        state.set_condition("binlog_stream", Some("connection refused; retrying in 400 ms".into()));
+        let (ready, body) = state.readiness().await;
+        assert!(!ready);
+        assert_eq!(body["conditions"], json!({"binlog_stream": false, "kafka_producer": true}));
+        assert_eq!(body["reasons"], json!(["binlog_stream: connection refused; retrying in 400 ms"]));
+        state.set_condition("binlog_stream", None);
+        let (ready, body) = state.readiness().await;
+        assert!(ready, "no database needed: {body}");
+        // A service without conditions still needs its database.
+        assert!(!HealthState::service().readiness().await.0);
+    }
+}
