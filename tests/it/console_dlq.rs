@@ -278,3 +278,56 @@ async fn a_replay_started_from_the_cli_shows_its_progress_in_the_console() {
     let (status, _) = console.get_as(Role::Viewer, "/dead-letters/replays/2").await;
     assert_eq!(status, 404);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_then_replay_the_head_applies_it_and_its_followers_in_order_each_audited() {
+    let mut env = TestEnv::new().with_database().await;
+    let group = "console-keep";
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    let events = produce_lifecycles(&env, 300, 30, 83);
+    let path = ["order.created", "order.payment.succeeded", "order.shipped"];
+    let order = order_with_path(&events, &path);
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", &format!("[{order}]"));
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_EVENTS", r#"["order.created"]"#);
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1000");
+    env.set_env("ORDERPIPE_RETRY__LOCAL_RETRIES", "0");
+    env.set_env("ORDERPIPE_RETRY__ATTEMPTS", "1");
+    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "200");
+    assert_eq!(consume(&env, group, "chaos,notification")["held"], 2);
+    persist(&env);
+    let (head,): (i64,) = sqlx::query_as("SELECT id FROM dead_letters WHERE consumer_group = ?").bind(group).fetch_one(&env.db().pool).await.unwrap();
+    let console = TestConsole::start(&env, |_| {}).await;
+    let csrf = console.csrf_of(Role::Operator).await;
+    let key = order.to_string();
+    let form = [("group", group), ("key", key.as_str()), ("reason", "wait for the fix")];
+
+    // Keep: the head is closed, the followers stay held.
+    let (status, body) = console.post_as(Role::Operator, "/held/keep", Some(&csrf), &form).await;
+    assert_eq!(status, 303, "{body}");
+    let (_, page) = console.get_as(Role::Viewer, &format!("/held/key?group={group}&key={key}")).await;
+    assert!(page.contains("dead letter") && page.contains("(ignored)"), "the head's row is ignored, the key still parked: {page}");
+    assert_eq!(scalar(&env, "SELECT COUNT(*) FROM held_records WHERE consumer_group = ?", group).await, 2);
+
+    // The fix ships: replaying the head applies it, then its followers, in order.
+    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", "[]");
+    let (status, body) = console.post_as(Role::Operator, "/held/replay-head", Some(&csrf), &form[..2]).await;
+    assert_eq!(status, 303, "{body}");
+    let after = consume(&env, group, "chaos,notification");
+    assert_eq!((after["applied"].as_i64(), after["released"].as_i64()), (Some(3), Some(2)), "{after}");
+    let applied: Vec<String> = verify::applied_sequence(&env.db(), group, order).await.unwrap().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(applied, path);
+    let (status, _) = console.get_as(Role::Viewer, &format!("/held/key?group={group}&key={key}")).await;
+    assert_eq!(status, 404, "unparked");
+    // A key that is not parked: a clear 404, nothing audited.
+    let (status, body) = console.post_as(Role::Operator, "/held/release", Some(&csrf), &form).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = console.post_as(Role::Operator, "/held/release", Some(&csrf), &[("key", "1")]).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("<strong>group</strong>"), "{body}");
+
+    let audit: Vec<(String, i64, String)> = audit_rows(&env).await.into_iter().map(|r| (r.0, r.2, r.3)).collect();
+    assert_eq!(audit, [("held.keep".to_string(), 1, "ok".to_string()), ("held.replay_head".to_string(), 1, "ok".to_string())]);
+    let (status, replayed): (String, i64) =
+        sqlx::query_as("SELECT status, replay_count FROM dead_letters WHERE id = ?").bind(head).fetch_one(&env.db().pool).await.unwrap();
+    assert_eq!((status.as_str(), replayed), ("replayed", 1));
+}
