@@ -317,13 +317,71 @@ def check_roles(docs, values):
             problems.append(f"schemaRegistration.enabled: no pre-install hook Job runs schema check, then schema register ({steps})")
     problems += check_dlq_cronjobs(docs, values)
     problems += check_cdc_router(docs, values)
+    problems += check_console(docs, values)
     if problems:
         return problems
     print(f"roles: {len(values.get('consumers') or [])} consumer groups, {len(values.get('subscriptions') or [])} "
           f"HTTP subscriptions, schema hook {'on' if (values.get('schemaRegistration') or {}).get('enabled') else 'off'}, "
           f"cdc {'on' if (values.get('cdc') or {}).get('enabled') else 'off'}, "
-          f"router {'on' if (values.get('router') or {}).get('enabled') else 'off'}")
+          f"router {'on' if (values.get('router') or {}).get('enabled') else 'off'}, "
+          f"console {'on' if (values.get('console') or {}).get('enabled') else 'off'}")
     return []
+
+
+def secret_env_problems(deployments, d, name, secret, key, role):
+    """The variable `name` of `d` is read from existingSecret's `key` when set, absent when not,
+    and reaches no other Deployment."""
+    container = lambda x: pod_spec(x)["containers"][0]
+    problems = []
+    got = env_secret(container(d), name)
+    present = any(e["name"] == name for e in container(d).get("env") or [])
+    if key and got != (secret, key):
+        problems.append(f"{role}: {name} is {got}, not existingSecret's key secretKeys ({secret}, {key})")
+    if not key and present:
+        problems.append(f"{role}: {name} is set while its secretKeys entry is empty (an empty value is refused at load)")
+    others = [o["metadata"]["name"] for o in deployments if o is not d
+              and any(e["name"] == name for e in container(o).get("env") or [])]
+    if others:
+        problems.append(f"{role}: {name} also reaches {others} (only this role needs it)")
+    return problems
+
+
+def check_console(docs, values):
+    """console: off renders nothing; on, one Deployment of 1 replica running `console --listen
+    0.0.0.0:<httpPort>` (plus --read-only with readOnly), the tokens from existingSecret's keys (or
+    no variable), the proxy headers as plain values when set, and a Service on its http port."""
+    problems = []
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    container = lambda d: pod_spec(d)["containers"][0]
+    args_of = lambda d: [str(a) for a in container(d).get("args") or []]
+    console = values.get("console") or {}
+    secret_keys = values.get("secretKeys") or {}
+    found = [d for d in deployments if args_of(d)[:1] == ["console"]]
+    services = [s for s in docs if s["kind"] == "Service" and s["metadata"]["name"].endswith("-console")]
+    if not console.get("enabled"):
+        if found or services:
+            problems.append(f"console.enabled is false but {[d['metadata']['name'] for d in found + services]} render")
+        return problems
+    if len(found) != 1:
+        return [f"console.enabled: {len(found)} Deployments run console"]
+    d = found[0]
+    want = ["console", "--listen", f"0.0.0.0:{values.get('httpPort')}"] + (["--read-only"] if console.get("readOnly") else [])
+    if args_of(d) != want:
+        problems.append(f"console: args {args_of(d)}, not {want}")
+    if d["spec"].get("replicas") != 1:
+        problems.append(f"console: replicas {d['spec'].get('replicas')}, not 1 (sessions and the CSRF key live in the pod)")
+    for key, name in (("consoleViewerToken", "ORDERPIPE_CONSOLE__VIEWER_TOKEN"), ("consoleOperatorToken", "ORDERPIPE_CONSOLE__OPERATOR_TOKEN")):
+        problems += secret_env_problems(deployments, d, name, values.get("existingSecret"), secret_keys.get(key), "console")
+    env = {e["name"]: e.get("value") for e in container(d).get("env") or []}
+    for key, name in (("proxyUserHeader", "ORDERPIPE_CONSOLE__PROXY_USER_HEADER"), ("proxyRoleHeader", "ORDERPIPE_CONSOLE__PROXY_ROLE_HEADER")):
+        if env.get(name) != (console.get(key) or None):
+            problems.append(f"console: {name} is {env.get(name)!r}, console.{key} is {console.get(key)!r}")
+    labels = d["spec"]["template"]["metadata"]["labels"]
+    good = [s for s in services if all(labels.get(k) == v for k, v in s["spec"]["selector"].items())
+            and any(p.get("targetPort") == "http" for p in s["spec"]["ports"])]
+    if len(good) != 1:
+        problems.append(f"console.enabled: {len(good)} Services select the console pod's http port")
+    return problems
 
 
 def check_cdc_router(docs, values):
@@ -341,17 +399,7 @@ def check_cdc_router(docs, values):
     http_port = str(values.get("httpPort"))
 
     def secret_env(d, name, key, role):
-        """The variable is read from existingSecret's key when set, and absent when not."""
-        got = env_secret(container(d), name)
-        present = any(e["name"] == name for e in container(d).get("env") or [])
-        if key and got != (secret, key):
-            problems.append(f"{role}: {name} is {got}, not existingSecret's key secretKeys ({secret}, {key})")
-        if not key and present:
-            problems.append(f"{role}: {name} is set while its secretKeys entry is empty (an empty value is refused at load)")
-        others = [o["metadata"]["name"] for o in deployments if o is not d
-                  and any(e["name"] == name for e in container(o).get("env") or [])]
-        if others:
-            problems.append(f"{role}: {name} also reaches {others} (only this role needs it)")
+        problems.extend(secret_env_problems(deployments, d, name, secret, key, role))
 
     cdc = values.get("cdc") or {}
     found = [d for d in deployments if args_of(d)[:1] == ["cdc"]]

@@ -9,7 +9,8 @@
 #   dev/chart-hooks-run.py: the rendered hook Jobs run in Helm's order with the
 #   orderpipe binary against the dev stack (install, upgrade, and a release
 #   failed by an incompatible schema), and so do the cdc and router
-#   Deployments (probes, a captured row, the admin token);
+#   Deployments (probes, a captured row, the admin token); the console role
+#   (no way to sign in and two replicas refused, a lost token or flag caught);
 #   promtool check + unit tests of the
 #   alert rules (each alert fires on a bad series and stays quiet on a good one).
 # Installs what it needs when missing: Helm (go install, from the Go module
@@ -229,6 +230,21 @@ expect_fail "a router without --admin-addr" "router: --admin-addr is None" \
 sed '/^  strategy: {type: Recreate}$/d' "$OUT/production.yaml" > "$OUT/cdc-rolling.yaml"
 expect_fail "a cdc Deployment rolled (two binlog readers during an upgrade)" "cdc: replicas 1, strategy None" \
   python3 "$ROOT/dev/chart-checks.py" roles "$OUT/cdc-rolling.yaml" "${prod[@]}"
+
+echo "== console role: no way to sign in or two replicas fail the render; the checks catch a lost token or flag"
+expect_fail "a console without a way to sign in" 'console.enabled: no way to sign in' render --set console.enabled=true
+expect_fail "two console replicas (sessions and the CSRF key live in the pod)" 'console.replicas is 2; accepted: 1' \
+  render --set console.enabled=true --set console.proxyUserHeader=X-Forwarded-User --set console.replicas=2
+render --set console.enabled=true --set console.readOnly=true --set console.proxyUserHeader=X-Forwarded-User > "$OUT/console-proxy.yaml"
+python3 "$ROOT/dev/chart-checks.py" roles "$OUT/console-proxy.yaml" --values "$CHART/values.yaml" \
+  --values <(printf 'console: {enabled: true, readOnly: true, proxyUserHeader: X-Forwarded-User}\n')
+sed '/- name: ORDERPIPE_CONSOLE__OPERATOR_TOKEN$/,+4d' "$OUT/production.yaml" > "$OUT/console-lost-token.yaml"
+expect_fail "a console without the token of secretKeys.consoleOperatorToken" "console: ORDERPIPE_CONSOLE__OPERATOR_TOKEN is None" \
+  python3 "$ROOT/dev/chart-checks.py" roles "$OUT/console-lost-token.yaml" "${prod[@]}"
+sed '/- --read-only$/d' "$OUT/console-proxy.yaml" > "$OUT/console-lost-read-only.yaml"
+expect_fail "a read-only console rendered without --read-only" "console: args" \
+  python3 "$ROOT/dev/chart-checks.py" roles "$OUT/console-lost-read-only.yaml" --values "$CHART/values.yaml" \
+  --values <(printf 'console: {enabled: true, readOnly: true, proxyUserHeader: X-Forwarded-User}\n')
 
 echo "== dlqPurge and dlqScheduledReplay: bad values fail the render, naming the field; the checks catch a lost flag"
 expect_fail "a dlqPurge.olderThan that is not an age" 'dlqPurge.olderThan is "7days"; accepted forms: <n>s, <n>m, <n>h, <n>d' \
