@@ -233,6 +233,8 @@ expect_fail "a cdc Deployment rolled (two binlog readers during an upgrade)" "cd
 
 echo "== console role: no way to sign in or two replicas fail the render; the checks catch a lost token or flag"
 expect_fail "a console without a way to sign in" 'console.enabled: no way to sign in' render --set console.enabled=true
+expect_fail "a console token inline" 'config.console.operator_token is a secret' \
+  render --set config.console.operator_token=operator-token-0123456789
 expect_fail "two console replicas (sessions and the CSRF key live in the pod)" 'console.replicas is 2; accepted: 1' \
   render --set console.enabled=true --set console.proxyUserHeader=X-Forwarded-User --set console.replicas=2
 render --set console.enabled=true --set console.readOnly=true --set console.proxyUserHeader=X-Forwarded-User > "$OUT/console-proxy.yaml"

@@ -131,6 +131,11 @@ volumeMounts:
 {{- if dig "admin" "token" "" $config -}}
 {{- fail "config.admin.token is a secret: put it in existingSecret and name its key in secretKeys.adminToken" -}}
 {{- end -}}
+{{- range $key, $secretKey := dict "viewer_token" "consoleViewerToken" "operator_token" "consoleOperatorToken" -}}
+{{- if dig "console" $key "" $config -}}
+{{- fail (printf "config.console.%s is a secret: put it in existingSecret and name its key in secretKeys.%s" $key $secretKey) -}}
+{{- end -}}
+{{- end -}}
 {{- $security := include "orderpipe.kafkaSecurity" . | fromJson -}}
 {{- if and $security.sasl (has $security.mechanism (list "PLAIN" "SCRAM-SHA-256" "SCRAM-SHA-512")) -}}
 {{- if not .Values.secretKeys.saslPassword -}}
