@@ -279,11 +279,13 @@ pub struct DeadLetter {
     pub last_replayed_ms: Option<i64>,
     /// Why it was ignored.
     pub ignored_reason: Option<String>,
+    /// The record key, i.e. the order id (as text; None: no key).
+    pub key: Option<String>,
 }
 
 const COLUMNS: &str = "id, consumer_group, original_topic, original_partition, original_offset, event_id, \
      event_name, error_class, error_message, attempts, first_failure_ms, last_failure_ms, status, \
-     replay_count, last_replayed_ms, ignored_reason";
+     replay_count, last_replayed_ms, ignored_reason, record_key";
 
 fn row_to_dead_letter(r: &sqlx::any::AnyRow) -> Result<DeadLetter, sqlx::Error> {
     Ok(DeadLetter {
@@ -303,6 +305,7 @@ fn row_to_dead_letter(r: &sqlx::any::AnyRow) -> Result<DeadLetter, sqlx::Error> 
         replay_count: r.try_get(13)?,
         last_replayed_ms: r.try_get(14)?,
         ignored_reason: r.try_get(15)?,
+        key: r.try_get::<Option<Vec<u8>>, _>(16)?.map(|k| String::from_utf8_lossy(&k).into_owned()),
     })
 }
 
@@ -386,7 +389,7 @@ pub async fn records_page(db: &Db, filter: &Filter, after_id: i64, last_id: i64,
 }
 
 async fn select_records(db: &Db, filter: &Filter, ids: Option<(i64, i64)>, limit: i64) -> Result<Vec<DeadLetterRecord>, DbError> {
-    let mut q = QueryBuilder::<Any>::new(format!("SELECT {COLUMNS}, record_key, payload, headers, original_timestamp FROM dead_letters"));
+    let mut q = QueryBuilder::<Any>::new(format!("SELECT {COLUMNS}, payload, headers, original_timestamp FROM dead_letters"));
     filter.push_where(&mut q);
     if let Some((after, last)) = ids {
         q.push(" AND id > ").push_bind(after).push(" AND id <= ").push_bind(last);
@@ -397,6 +400,7 @@ async fn select_records(db: &Db, filter: &Filter, ids: Option<(i64, i64)>, limit
         .map(|r| {
             Ok(DeadLetterRecord {
                 row: row_to_dead_letter(r)?,
+                // record_key is the last of COLUMNS.
                 key: r.try_get(16)?,
                 payload: r.try_get(17)?,
                 headers: r.try_get(18)?,
@@ -743,6 +747,7 @@ mod tests {
         assert!(page_newest_first(&db, &pending, Some(1), 3).await.unwrap().is_empty());
         let order_0 = Filter { key: Some("order-0".into()), ..pending.clone() };
         assert_eq!(ids(page_newest_first(&db, &order_0, None, 10).await.unwrap()), [7, 5, 3, 1]);
+        assert_eq!(page_newest_first(&db, &order_0, None, 1).await.unwrap()[0].key.as_deref(), Some("order-0"));
         assert!(!order_0.is_empty());
         assert_eq!(count(&db, &order_0).await.unwrap(), 4);
         assert_eq!(order_0.to_json(), serde_json::json!({"key": "order-0", "status": "pending"}));
