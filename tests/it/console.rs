@@ -326,12 +326,32 @@ async fn the_overview_shows_each_groups_figures_with_links_and_a_viewer_sees_no_
     browser.open("/audit").await;
     browser.screenshots("audit").await;
 
-    // A viewer: every page of the navigation renders without one action form.
+    // The pages with actions on this group's rows: the operator sees them...
+    let (dead_letter_id,): (i64,) = sqlx::query_as("SELECT MIN(id) FROM dead_letters").fetch_one(&env.db().pool).await.unwrap();
+    let action_pages = [format!("/dead-letters/{dead_letter_id}"), format!("/held/key?group={group_query}&key=order-7")];
+    for page in &action_pages {
+        browser.open(page).await;
+        assert!(browser.action_forms().await > 0, "the operator sees no action on {page}");
+    }
+    // ... a viewer sees no action form there, nor on any page of the navigation.
     browser.client.find(Locator::Css("form[action='/logout'] button")).await.unwrap().click().await.unwrap();
     browser.login(Role::Viewer).await;
-    for page in console::PAGES.iter().filter_map(|p| p.nav) {
-        browser.open(page.1).await;
-        assert_eq!(browser.action_forms().await, 0, "a viewer sees an action form on {}", page.1);
+    let nav = console::PAGES.iter().filter_map(|p| p.nav).map(|(_, path)| path.to_string());
+    for page in nav.chain(action_pages) {
+        browser.open(&page).await;
+        assert_eq!(browser.action_forms().await, 0, "a viewer sees an action form on {page}");
+        // Accessible forms: every visible field has a label (or an aria-label).
+        let unlabelled = browser
+            .client
+            .execute(
+                "return [...document.querySelectorAll('input:not([type=hidden]), select, textarea')]\
+                 .filter(e => !e.getAttribute('aria-label') && !(e.id && document.querySelector(`label[for=\"${e.id}\"]`)) && !e.closest('label'))\
+                 .map(e => e.outerHTML)",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(unlabelled, serde_json::json!([]), "fields without a label on {page}");
     }
     browser.close().await;
 }
