@@ -109,6 +109,8 @@ impl GroupArgs {
         if let Some(to) = self.reset_to {
             return self.rewind(settings, &group, to).await;
         }
+        // Before start-up: a SIGTERM in it stops the group cleanly rather than killing it.
+        super::signals::install()?;
         crate::consumer::naming::warn_unless_house_pattern(&group);
         let topic = self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
         let needed = consumer::connections_needed(&settings.topics, &topic, error_tier);

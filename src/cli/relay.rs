@@ -75,6 +75,8 @@ pub struct RelayArgs {
 
 /// Runs `orderpipe api`.
 pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode> {
+    // Before start-up: a SIGTERM in it stops the API cleanly rather than killing it.
+    super::signals::install()?;
     let db = Db::connect(&settings.database, settings.database.max_connections)?;
     if args.migrate {
         db.migrate().await?;
@@ -98,6 +100,8 @@ pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode>
 
 /// Runs `orderpipe relay`.
 pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitCode> {
+    // Before start-up: a SIGTERM in it stops the relay cleanly rather than killing it.
+    super::signals::install()?;
     // The shard pipelines share 8 connections: with one per claim and mark
     // (34), the marks of different shards contended on the same
     // clustered-index pages (their ids interleave): 8.0k rows/s against

@@ -1,6 +1,7 @@
-//! SIGTERM in the first half second of `cdc` and of the router (`deliver`
-//! without `--subscription`): the handler is installed at process start,
-//! so the process stops with status 0 instead of dying by the signal.
+//! SIGTERM in the first half second of `cdc`, the router (`deliver`
+//! without `--subscription`), `consume` and `relay`: the handler is
+//! installed at process start, so the process stops with status 0 instead
+//! of dying by the signal.
 
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -30,8 +31,9 @@ fn sigterm_after(mut child: Child, after: Duration) -> (std::process::ExitStatus
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_sigterm_in_the_first_half_second_stops_cdc_and_the_router_with_status_0() {
+async fn a_sigterm_in_the_first_half_second_stops_cdc_the_router_consume_and_relay_with_status_0() {
     let mut env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure", "--group", "sig.consumer"]).success();
     let database = format!("op_{}", env.prefix);
     let prefix = env.prefix.clone();
     env.set_env("ORDERPIPE_CDC__NAME", &prefix);
@@ -43,37 +45,44 @@ async fn a_sigterm_in_the_first_half_second_stops_cdc_and_the_router_with_status
     // A table of the migrated database (it has a primary key).
     let table = format!("{database}.event_dedup");
     let server_id = (10_000 + rand::random::<u32>() % 1_000_000_000).to_string();
+    let cdc = [
+        "cdc",
+        "--table",
+        &table,
+        "--server-id",
+        &server_id,
+        "--health-addr",
+        "127.0.0.1:0",
+    ];
+    let commands: [(&str, &[&str]); 4] = [
+        ("cdc", &cdc),
+        ("router", &["deliver", "--health-addr", "127.0.0.1:0"]),
+        (
+            "consume",
+            &[
+                "consume",
+                "--group",
+                "sig.consumer",
+                "--handler",
+                "inventory",
+            ],
+        ),
+        ("relay", &["relay", "--instance", "sig"]),
+    ];
     for after_ms in [80, 300] {
-        let after = Duration::from_millis(after_ms);
-        let cdc = env
-            .command(&[
-                "cdc",
-                "--table",
-                &table,
-                "--server-id",
-                &server_id,
-                "--health-addr",
-                "127.0.0.1:0",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (status, stderr) = tokio::task::block_in_place(|| sigterm_after(cdc, after));
-        assert!(
-            status.success(),
-            "cdc, SIGTERM after {after_ms} ms: {status:?}\n{stderr}"
-        );
-        let router = env
-            .command(&["deliver", "--health-addr", "127.0.0.1:0"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (status, stderr) = tokio::task::block_in_place(|| sigterm_after(router, after));
-        assert!(
-            status.success(),
-            "router, SIGTERM after {after_ms} ms: {status:?}\n{stderr}"
-        );
+        for (what, args) in commands {
+            let child = env
+                .command(args)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let after = Duration::from_millis(after_ms);
+            let (status, stderr) = tokio::task::block_in_place(|| sigterm_after(child, after));
+            assert!(
+                status.success(),
+                "{what}, SIGTERM after {after_ms} ms: {status:?}\n{stderr}"
+            );
+        }
     }
 }
