@@ -116,6 +116,16 @@ impl Decoder {
     }
 }
 
+/// What `value` is without asking the registry (it did not answer):
+/// `not_framed` when that is plain from the bytes, else `registry_unavailable` with `why`.
+pub fn registry_unavailable(value: Option<&[u8]>, why: &str) -> Decoded {
+    match value.map(schema_id) {
+        None => Decoded::Empty,
+        Some(Err(e)) => undecodable(e, None),
+        Some(Ok(id)) => undecodable(CodecError::RegistryUnavailable(why.to_string()), Some(id)),
+    }
+}
+
 fn undecodable(e: CodecError, schema_id: Option<u32>) -> Decoded {
     Decoded::Undecodable {
         class: e.class(),

@@ -527,8 +527,27 @@ impl Explorer {
     /// Decodes each record of `page`.
     pub async fn view(&self, page: Page<RawRecord>) -> Page<RecordView> {
         let mut records = Vec::with_capacity(page.records.len());
+        // Once the registry does not answer, the rest of the page is not
+        // sent to it: a hung registry would cost its timeout per record.
+        let mut registry_down: Option<String> = None;
         for r in &page.records {
-            let decoded = self.decoder.decode(r.value.as_deref()).await;
+            let decoded = match &registry_down {
+                Some(why) => decode::registry_unavailable(r.value.as_deref(), why),
+                None => self.decoder.decode(r.value.as_deref()).await,
+            };
+            if let Decoded::Undecodable {
+                class: "registry_unavailable",
+                reason,
+                ..
+            } = &decoded
+            {
+                registry_down.get_or_insert_with(|| {
+                    format!(
+                        "not asked: the registry did not answer for offset {} ({reason})",
+                        r.offset
+                    )
+                });
+            }
             let value = r.value.as_deref().unwrap_or_default();
             records.push(RecordView {
                 partition: r.partition,

@@ -409,6 +409,63 @@ fn the_explorer_follows_a_configured_partitioner() {
     );
 }
 
+/// A registry that does not answer makes every framed record
+/// `registry_unavailable` (a page, not an error), asked once per page, not
+/// once per record; a record that is not framed still says so.
+#[test]
+fn a_registry_that_does_not_answer_is_asked_once_per_page() {
+    let env = TestEnv::new();
+    produce_orders(&env, 1, 1);
+    let topic = env.settings.topics.order_events.name.clone();
+    let good = env.read(&topic, 1, Duration::from_secs(60)).remove(0);
+    let framed = good.payload().unwrap();
+    let mut records: Vec<(&str, &[u8])> = vec![("1", framed); 6];
+    records.push(("1", b"text"));
+    // Partition 11 is the order's, or empty: the raw copies follow.
+    let partition = 11;
+    produce_raw(&env, &topic, partition, &records);
+    // A port that accepts connections and never answers: each request waits for the timeout.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut registry = env.settings.registry.clone();
+    registry.url = format!("http://{}/apis/ccompat/v7", silent.local_addr().unwrap());
+    registry.timeout_ms = 1_000;
+    let explorer = Explorer::new(&env.settings.kafka, &env.settings.producer, &registry).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let started = std::time::Instant::now();
+    let page = runtime
+        .block_on(explorer.read(&topic, partition, Start::Tail, 7))
+        .unwrap();
+    assert_eq!(page.records.len(), 7);
+    // One timeout of 1 s, not six.
+    assert!(
+        started.elapsed() < Duration::from_millis(3_500),
+        "asked once, not per record: {:?}",
+        started.elapsed()
+    );
+    let (last, framed) = page.records.split_last().unwrap();
+    for r in framed {
+        match &r.decoded {
+            Decoded::Undecodable {
+                class,
+                schema_id: Some(_),
+                ..
+            } => assert_eq!(*class, "registry_unavailable"),
+            other => panic!("offset {}: {other:?}", r.offset),
+        }
+    }
+    assert!(
+        matches!(
+            &last.decoded,
+            Decoded::Undecodable {
+                class: "not_framed",
+                ..
+            }
+        ),
+        "{:?}",
+        last.decoded
+    );
+}
+
 /// The registry page's reads: a subject's versions, its compatibility
 /// level, and the diff of two versions with both verdicts.
 #[test]
@@ -689,10 +746,21 @@ async fn the_explorer_finds_an_orders_events_and_shows_a_poison_record_as_undeco
     // A viewer sees the subscriptions, with no action.
     browser.open("/subscriptions").await;
     assert_eq!(browser.action_forms().await, 0);
-    assert!(browser.client.find(Locator::Css("a[href='/subscriptions/new']")).await.is_err());
+    assert!(
+        browser
+            .client
+            .find(Locator::Css("a[href='/subscriptions/new']"))
+            .await
+            .is_err()
+    );
     browser.open("/subscriptions/new").await;
     assert_eq!(browser.action_forms().await, 0);
-    assert!(browser.text("main").await.contains("Only an operator may change subscriptions"));
+    assert!(
+        browser
+            .text("main")
+            .await
+            .contains("Only an operator may change subscriptions")
+    );
     browser.close().await;
 }
 
