@@ -712,6 +712,11 @@ async fn the_explorer_finds_an_orders_events_and_shows_a_poison_record_as_undeco
         "{subjects}"
     );
     browser.screenshots("schemas").await;
+    browser.open(&format!("/schemas/{subject}?version=1")).await;
+    let shown = browser.text("#shown").await;
+    assert!(shown.starts_with("Version 1 (schema id"), "{shown}");
+    assert!(!browser.text("main pre.json").await.contains("coupon"), "version 1 has no coupon");
+    browser.screenshots("schema").await;
     browser.open(&format!("/schemas/{subject}")).await;
     browser
         .client
