@@ -57,6 +57,9 @@ export ORDERPIPE_CDC__NAME="$RUN_ID" ORDERPIPE_CDC__TOPIC_PREFIX="$RUN_ID.cdc" O
 export ORDERPIPE_CDC__PARTITIONS=3 ORDERPIPE_CDC__SOURCE="$DB_URL_BASE/$DB"
 export ORDERPIPE_PRODUCER__TRANSACTIONAL_ID_PREFIX="$RUN_ID"
 CDC_ARGS=(cdc --table "$DB.load,$DB.lat" --server-id "$((20000 + RANDOM))")
+# Variant names of the report's rows; a row's peer is the other's variant of the same metric.
+CDC_NAME="orderpipe cdc (exactly once)"
+DBZ_NAME="Debezium MariaDB 3.5.0 (Connect standalone, at least once)"
 
 # start_cdc: runs cdc in the background until it reads the binlog.
 start_cdc() {
@@ -202,8 +205,8 @@ wait_stamps "$WORK/cdc-load.tsv" "$ROWS" 600
 CDC_RATE=$(rate "$WORK/cdc-load.tsv"); wait "$C1" 2>/dev/null || true
 echo "   cdc: $CDC_RATE rows/s to a read_committed consumer"
 CMD="orderpipe ${CDC_ARGS[*]}"
-result cdc "orderpipe cdc (exactly once), $ROWS-change backlog" "catch-up throughput" "$CDC_RATE" rows/s \
-  "$([ $HAVE_PEER = 1 ] && echo "Debezium MariaDB 3.5.0" || echo "MariaDB insert load")" "$CMD"
+result cdc "$CDC_NAME, $ROWS-change backlog" "catch-up throughput" "$CDC_RATE" rows/s \
+  "$([ $HAVE_PEER = 1 ] && echo "$DBZ_NAME, $ROWS-change backlog")" "$CMD"
 if [ $HAVE_PEER = 1 ]; then
   stop "$CDC_PID"
   echo "== Debezium catches up the same backlog"
@@ -212,7 +215,7 @@ if [ $HAVE_PEER = 1 ]; then
   wait_stamps "$WORK/dbz-load.tsv" "$ROWS" 600
   DBZ_RATE=$(rate "$WORK/dbz-load.tsv"); wait "$C2" 2>/dev/null || true
   echo "   Debezium: $DBZ_RATE rows/s to a read_committed consumer"
-  result cdc "Debezium MariaDB 3.5.0 (Connect standalone, at least once), $ROWS-change backlog" "catch-up throughput" \
+  result cdc "$DBZ_NAME, $ROWS-change backlog" "catch-up throughput" \
     "$DBZ_RATE" rows/s "" "ConnectStandalone + io.debezium.connector.mariadb.MariaDbConnector (dev/bench-cdc.sh)"
   start_cdc
 fi
@@ -237,14 +240,14 @@ PY
 read -r P50 P99 MAX <<<"$(lag "$WORK/cdc-lat.tsv")"
 echo "   cdc: p50 $P50 ms, p99 $P99 ms, max $MAX ms"
 for m in p50 p99; do
-  result cdc "orderpipe cdc (exactly once)" "lag $m" "$([ $m = p50 ] && echo "$P50" || echo "$P99")" ms \
-    "$([ $HAVE_PEER = 1 ] && echo "Debezium MariaDB 3.5.0")" "$CMD"
+  result cdc "$CDC_NAME" "lag $m" "$([ $m = p50 ] && echo "$P50" || echo "$P99")" ms \
+    "$([ $HAVE_PEER = 1 ] && echo "$DBZ_NAME")" "$CMD"
 done
 if [ $HAVE_PEER = 1 ]; then
   read -r D50 D99 DMAX <<<"$(lag "$WORK/dbz-lat.tsv")"
   echo "   Debezium: p50 $D50 ms, p99 $D99 ms, max $DMAX ms"
   for m in p50 p99; do
-    result cdc "Debezium MariaDB 3.5.0 (Connect standalone, at least once)" "lag $m" \
+    result cdc "$DBZ_NAME" "lag $m" \
       "$([ $m = p50 ] && echo "$D50" || echo "$D99")" ms "" "ConnectStandalone + MariaDbConnector"
   done
 fi
