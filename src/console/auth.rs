@@ -146,22 +146,22 @@ impl Authenticator {
     /// Who sent these headers, or why nobody: a configured proxy header
     /// first, then a bearer token, then the session cookie.
     pub fn identify(&self, headers: &HeaderMap) -> Result<Principal, ConsoleError> {
-        if let Some(user_header) = &self.proxy_user_header {
-            if let Some(user) = headers.get(user_header.as_str()) {
-                let who = user.to_str().ok().map(str::trim).filter(|u| !u.is_empty()).ok_or_else(|| {
-                    ConsoleError::Unauthenticated(format!("the {user_header} header is empty or not text"))
-                })?;
-                let role = match self.proxy_role_header.as_deref().and_then(|h| headers.get(h)) {
-                    None => Role::Viewer,
-                    Some(value) => value.to_str().ok().and_then(Role::parse).ok_or_else(|| {
-                        ConsoleError::Forbidden(format!(
-                            "the {} header must be viewer or operator",
-                            self.proxy_role_header.as_deref().unwrap_or_default()
-                        ))
-                    })?,
-                };
-                return Ok(Principal { who: who.to_string(), role });
-            }
+        if let Some(user_header) = &self.proxy_user_header
+            && let Some(user) = headers.get(user_header.as_str())
+        {
+            let who = user.to_str().ok().map(str::trim).filter(|u| !u.is_empty()).ok_or_else(|| {
+                ConsoleError::Unauthenticated(format!("the {user_header} header is empty or not text"))
+            })?;
+            let role = match self.proxy_role_header.as_deref().and_then(|h| headers.get(h)) {
+                None => Role::Viewer,
+                Some(value) => value.to_str().ok().and_then(Role::parse).ok_or_else(|| {
+                    ConsoleError::Forbidden(format!(
+                        "the {} header must be viewer or operator",
+                        self.proxy_role_header.as_deref().unwrap_or_default()
+                    ))
+                })?,
+            };
+            return Ok(Principal { who: who.to_string(), role });
         }
         if let Some(value) = headers.get(header::AUTHORIZATION) {
             let token = value
@@ -176,10 +176,10 @@ impl Authenticator {
         }
         if let Some(id) = session_cookie(headers) {
             let sessions = self.sessions.lock().expect("sessions lock");
-            if let Some((principal, at)) = sessions.get(&id) {
-                if at.elapsed() < SESSION_TTL {
-                    return Ok(principal.clone());
-                }
+            if let Some((principal, at)) = sessions.get(&id)
+                && at.elapsed() < SESSION_TTL
+            {
+                return Ok(principal.clone());
             }
         }
         Err(ConsoleError::Unauthenticated(match (&self.proxy_user_header, self.has_tokens()) {

@@ -78,10 +78,10 @@ impl ConsoleSettings {
                 ));
             }
         }
-        if let (Some(viewer), Some(operator)) = (&self.viewer_token, &self.operator_token) {
-            if viewer.expose_secret() == operator.expose_secret() {
-                return Err("console.viewer_token and console.operator_token are the same: a viewer would be an operator".into());
-            }
+        if let (Some(viewer), Some(operator)) = (&self.viewer_token, &self.operator_token)
+            && viewer.expose_secret() == operator.expose_secret()
+        {
+            return Err("console.viewer_token and console.operator_token are the same: a viewer would be an operator".into());
         }
         for (field, header) in [("proxy_user_header", &self.proxy_user_header), ("proxy_role_header", &self.proxy_role_header)] {
             if let Some(name) = header {
