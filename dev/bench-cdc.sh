@@ -24,6 +24,8 @@ LAG_ROWS="${2:-2000}"
 CLIENTS="${CLIENTS:-4}"
 PEER="${CDC_PEER:-debezium}"
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
+# A run id of its own (bench-common's is the second it started: another benchmark started then shares it).
+RUN_ID="cdc$(date +%s)p$$"
 DB="${RUN_ID}"
 WORK="$OUT_DIR/.cdc-$RUN_ID"
 mkdir -p "$WORK"
@@ -198,23 +200,26 @@ echo "   $ROWS rows in ${LOAD_SECS%.*} s: $LOAD_RATE rows/s (= commits/s)"
 result cdc "MariaDB insert load, $CLIENTS clients, sync_binlog=1" "write rate" "$LOAD_RATE" rows/s "" \
   "$CLIENTS x mariadb < single-row INSERTs (autocommit)"
 
+# catch_up WHO TOPIC START: a stamping consumer of TOPIC, then START (start_cdc or start_peer) reads
+# the backlog; sets CAUGHT_UP to the rows/s.
+catch_up() {
+  stamp "$2" "$ROWS" "$WORK/$1-load.tsv"
+  local consumer=$CONSUMER_PID
+  "$3"
+  wait_stamps "$WORK/$1-load.tsv" "$ROWS" 600
+  wait "$consumer" 2>/dev/null || true
+  CAUGHT_UP=$(rate "$WORK/$1-load.tsv")
+  echo "   $1: $CAUGHT_UP rows/s to a read_committed consumer"
+}
 echo "== cdc catches up the $ROWS-change backlog"
-stamp "$CDC_TOPIC.load" "$ROWS" "$WORK/cdc-load.tsv"; C1=$CONSUMER_PID
-start_cdc
-wait_stamps "$WORK/cdc-load.tsv" "$ROWS" 600
-CDC_RATE=$(rate "$WORK/cdc-load.tsv"); wait "$C1" 2>/dev/null || true
-echo "   cdc: $CDC_RATE rows/s to a read_committed consumer"
+catch_up cdc "$CDC_TOPIC.load" start_cdc; CDC_RATE=$CAUGHT_UP
 CMD="orderpipe ${CDC_ARGS[*]}"
 result cdc "$CDC_NAME, $ROWS-change backlog" "catch-up throughput" "$CDC_RATE" rows/s \
   "$([ $HAVE_PEER = 1 ] && echo "$DBZ_NAME, $ROWS-change backlog")" "$CMD"
 if [ $HAVE_PEER = 1 ]; then
   stop "$CDC_PID"
   echo "== Debezium catches up the same backlog"
-  stamp "$DBZ_TOPIC.load" "$ROWS" "$WORK/dbz-load.tsv"; C2=$CONSUMER_PID
-  start_peer
-  wait_stamps "$WORK/dbz-load.tsv" "$ROWS" 600
-  DBZ_RATE=$(rate "$WORK/dbz-load.tsv"); wait "$C2" 2>/dev/null || true
-  echo "   Debezium: $DBZ_RATE rows/s to a read_committed consumer"
+  catch_up debezium "$DBZ_TOPIC.load" start_peer; DBZ_RATE=$CAUGHT_UP
   result cdc "$DBZ_NAME, $ROWS-change backlog" "catch-up throughput" \
     "$DBZ_RATE" rows/s "" "ConnectStandalone + io.debezium.connector.mariadb.MariaDbConnector (dev/bench-cdc.sh)"
   start_cdc
