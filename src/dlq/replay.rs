@@ -35,7 +35,7 @@ use crate::db::{Db, DbError};
 use crate::kafka::client::{KafkaSettings, client_config, producer_options};
 use crate::producer::ProducerSettings;
 use crate::clock::now_ms;
-use crate::kafka::record::FailureHistory;
+use crate::kafka::record::{FailureHistory, header};
 use crate::retry::{Hop, LastFailure, TierRecord, TierTopics, tier_record, topic_read_by};
 
 /// How to replay.
@@ -91,9 +91,13 @@ pub fn replayed_record(dead_letter_topic: &str, dead: &DeadLetterRecord, options
         Hop::Replay { row_id: row.id, due_ms: now_ms }
     };
     let last = LastFailure { class: &row.error_class, message: &row.error_message, at_ms: row.last_failure_ms };
-    let read = topic_read_by(&row.original_topic, &row.consumer_group);
-    let topics = TierTopics::of(read, &row.consumer_group, dead_letter_topic);
     let original: BTreeMap<String, String> = serde_json::from_str(&dead.headers).unwrap_or_default();
+    // The group's retry topic as its forwarder named it; dead letters
+    // written before that header: the one of the topic the group read.
+    let topics = match original.get(header::RETRY_TOPIC) {
+        Some(retry) => TierTopics { retry: retry.clone(), dead_letter: dead_letter_topic.to_string() },
+        None => TierTopics::of(topic_read_by(&row.original_topic, &row.consumer_group), &row.consumer_group, dead_letter_topic),
+    };
     let original = original.iter().map(|(k, v)| (k.as_str(), Some(v.as_bytes())));
     tier_record(original, &history, &row.consumer_group, hop, last, &topics)
 }

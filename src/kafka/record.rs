@@ -61,6 +61,10 @@ pub mod header {
     pub const LAST_FAILURE: &str = "orderpipe.last-failure-ms";
     /// Dead-letter row id a replayed record came from.
     pub const REPLAYED_FROM: &str = "orderpipe.replayed-from";
+    /// The failing group's retry topic, where `dlq replay` sends the record
+    /// back (a router group's is named after the order topic whatever topic
+    /// the record came from, e.g. a `cdc.*` one).
+    pub const RETRY_TOPIC: &str = "orderpipe.retry-topic";
 }
 
 /// A header's value as text.

@@ -204,6 +204,7 @@ pub fn tier_record<'h>(
         (header::FIRST_FAILURE, Some(history.first_failure_ms.unwrap_or(last.at_ms).to_string())),
         (header::LAST_FAILURE, Some(last.at_ms.to_string())),
         (header::REPLAYED_FROM, replayed_from.map(|id| id.to_string())),
+        (header::RETRY_TOPIC, Some(topics.retry.clone())),
     ]
     .into_iter()
     .filter_map(|(k, v)| v.map(|v| (k, v)))

@@ -438,6 +438,47 @@ async fn a_failing_row_change_goes_through_the_retry_topic_to_the_dlq_and_a_dele
             .iter()
             .all(|b| b["request_id"] == envelope.event_id.to_string())
     );
+    // `dlq replay` sends it back to the group's retry topic, the one named
+    // after the order topic (not `<cdc topic>.retry.<group>`, which nothing
+    // reads), and the router delivers it again.
+    env.cli(&["dlq", "persist", "--until-idle", "3"]).success();
+    let listed: Value = serde_json::from_str(
+        &env.cli(&["dlq", "list", "--group", &sub.group, "--output", "json"])
+            .success(),
+    )
+    .unwrap();
+    let id = listed[0]["id"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{listed:#}"))
+        .to_string();
+    let retry = format!(
+        "{}.retry.{}",
+        env.settings.topics.order_events.name, sub.group
+    );
+    let plan: Value = serde_json::from_str(
+        &env.cli(&[
+            "dlq",
+            "replay",
+            "--id",
+            &id,
+            "--dry-run",
+            "--output",
+            "json",
+        ])
+        .success(),
+    )
+    .unwrap();
+    assert_eq!(plan[0]["to"], retry.as_str(), "{plan:#}");
+    env.cli(&["dlq", "replay", "--id", &id, "--yes"]).success();
+    let attempts = platform
+        .wait_for("broken", 3, Duration::from_secs(30))
+        .await;
+    assert!(
+        attempts
+            .iter()
+            .all(|b| b["request_id"] == envelope.event_id.to_string()),
+        "{attempts:#?}"
+    );
     sigterm(&mut router);
 
     // By hand: the cdc group is deleted; reconciliation reports it missing
