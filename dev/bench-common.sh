@@ -31,7 +31,12 @@ RESULTS="${BENCH_RESULTS:-$ROOT/target/bench/results.tsv}"
 mkdir -p "$(dirname "$RESULTS")"
 [ -s "$RESULTS" ] || printf 'benchmark\tvariant\tmetric\tvalue\tunit\tpeer\tcommand\n' > "$RESULTS"
 # result BENCHMARK VARIANT METRIC VALUE UNIT PEER COMMAND
-result() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$RESULTS"; }
+# Exactly 7 fields: an unquoted unit with a space once split a row in two and
+# broke the report.
+result() {
+  (( $# == 7 )) || { echo "bench: result takes 7 fields, got $#: $*" >&2; return 1; }
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$RESULTS"
+}
 # jget FILE EXPR: EXPR evaluated in Python over the JSON object `r` read from FILE.
 jget() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"; }
 # RSS in MB from a `/usr/bin/time -f %M` file (KB).

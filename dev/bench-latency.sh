@@ -118,8 +118,8 @@ run() {
   result relay "API commit → consumer commit, $label" "p99 API commit → Kafka produce" "$(jget "$WORK/lat.json" "r['api_commit_to_kafka_produce']['p99']")" ms "" "$cmd"
   result relay "API commit → consumer commit, $label" "p99 Kafka produce → consumer commit" "$(jget "$WORK/lat.json" "r['kafka_produce_to_applied']['p99']")" ms "" "$cmd"
   if [ "$slug" = "high" ]; then
-    result relay "API commit → consumer commit, $label" "outbox backlog slope" "$(jget "$WORK/slope.json" "r.get('backlog_slope_per_s', 'nan')")" rows/s per s "" "$cmd"
-    result relay "API commit → consumer commit, $label" "consumer lag slope" "$(jget "$WORK/slope.json" "r.get('lag_slope_per_s', 'nan')")" records/s per s "" "$cmd"
+    result relay "API commit → consumer commit, $label" "outbox backlog slope" "$(jget "$WORK/slope.json" "r.get('backlog_slope_per_s', 'nan')")" "rows/s per s" "" "$cmd"
+    result relay "API commit → consumer commit, $label" "consumer lag slope" "$(jget "$WORK/slope.json" "r.get('lag_slope_per_s', 'nan')")" "records/s per s" "" "$cmd"
   fi
 }
 
