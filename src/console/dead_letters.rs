@@ -10,6 +10,7 @@
 //! | replay one | `POST /dead-letters/{id}/replay` | `dlq replay --id` |
 //! | replay a filter | `GET /dead-letters/replay` (dry-run count), then `POST` (confirmed) | `dlq replay --dry-run`, `dlq replay` |
 //! | ignore one | `POST /dead-letters/{id}/ignore` (reason required; for a head with held followers, release or keep) | `dlq ignore --id ... --release-followers / --keep-held` |
+//! | ignore a filter | `GET /dead-letters/ignore` (dry-run count), then `POST` (confirmed, reason required) | `dlq ignore --group ... --reason ... --yes` |
 //!
 //! A filter replay is fixed by its dry run: the confirmation form carries the
 //! highest id counted ([`store::Bound`]), so a dead letter persisted after the
@@ -38,7 +39,7 @@ use crate::schema::SchemaCatalog;
 pub const PAGE: Page = Page {
     routes,
     nav: Some(("Dead letters", "/dead-letters")),
-    actions: &["/dead-letters/1/replay", "/dead-letters/1/ignore", "/dead-letters/replay"],
+    actions: &["/dead-letters/1/replay", "/dead-letters/1/ignore", "/dead-letters/replay", "/dead-letters/ignore"],
 };
 
 /// Rows per page of the list.
@@ -51,6 +52,7 @@ fn routes() -> Router<ConsoleState> {
     Router::new()
         .route("/dead-letters", get(list))
         .route("/dead-letters/replay", get(confirm_replay).post(replay_filter))
+        .route("/dead-letters/ignore", get(confirm_ignore).post(ignore_filter))
         .route("/dead-letters/replays/{run}", get(progress))
         .route("/dead-letters/{id}", get(detail))
         .route("/dead-letters/{id}/replay", post(replay_one))
@@ -466,6 +468,83 @@ async fn replay_filter(State(state): State<ConsoleState>, principal: Principal, 
         }
     });
     Ok(Redirect::to(&format!("/dead-letters/replays/{run}")).into_response())
+}
+
+/// The dead letters an ignore by `form` takes: never every row for want of
+/// a filter (as `dlq ignore`), and never held records. `reason` is checked
+/// when given (the confirmation); the dry run passes a placeholder.
+fn ignore_filter_of(form: &FilterForm, reason: &str) -> Result<Filter, ConsoleError> {
+    form.filter()?.for_ignore(reason).map_err(|e| match e {
+        store::SelectionError::NoReason => ConsoleError::bad_input("reason", "required: say why these dead letters are ignored (it is kept with each row)"),
+        store::SelectionError::IgnoreNeedsSelection => ConsoleError::bad_input(
+            "filter",
+            "an ignore names what it closes: set at least one of group, class, event, order_id, status, since, until, error",
+        ),
+        other => ConsoleError::bad_input("status", other.to_string()),
+    })
+}
+
+#[derive(Template)]
+#[template(path = "dead_letters_ignore.html")]
+struct ConfirmIgnorePage {
+    chrome: Chrome,
+    form: FilterForm,
+    query: String,
+    description: String,
+    bound: Bound,
+}
+
+async fn confirm_ignore(State(state): State<ConsoleState>, principal: Principal, Query(form): Query<FilterForm>) -> Result<Html<String>, ConsoleError> {
+    let filter = ignore_filter_of(&form, "(dry run)")?;
+    let bound = store::bound(state.db(), &filter, REPLAY_LIMIT).await?;
+    super::render(&ConfirmIgnorePage {
+        chrome: state.chrome(&principal, "Ignore dead letters", "/dead-letters"),
+        query: form.query(),
+        description: form.describe(),
+        form,
+        bound,
+    })
+}
+
+/// The bulk ignore's confirmation: the filter, the dry run's count and
+/// highest id, the reason and the followers' choice.
+#[derive(Debug, Deserialize)]
+struct ConfirmIgnoreForm {
+    #[serde(flatten)]
+    filter: FilterForm,
+    #[serde(default)]
+    count: String,
+    #[serde(default)]
+    upto: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    followers: String,
+}
+
+async fn ignore_filter(State(state): State<ConsoleState>, principal: Principal, Form(form): Form<ConfirmIgnoreForm>) -> Result<Response, ConsoleError> {
+    let filter = ignore_filter_of(&form.filter, &form.reason)?;
+    let followers = followers_choice(&form.followers)?;
+    let number = |field: &str, text: &str| {
+        text.trim().parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+            ConsoleError::bad_input(field, format!("`{text}` is not a count from the dry run (a whole number above 0): open the ignore page again"))
+        })
+    };
+    let count = number("count", &form.count)?;
+    let upto = number("upto", &form.upto)?;
+    // What the dry run counted, as it is now: none persisted since, none that left the filter.
+    let rows = store::records_page(state.db(), &filter, i64::MIN, upto, count).await?;
+    let summary = match ignore::ignore(state.db(), &rows, form.reason.trim(), followers).await {
+        Err(IgnoreError::ChoiceNeeded(why)) => {
+            return Err(ConsoleError::bad_input("followers", format!("choose release or keep: {}", why.lines().next().unwrap_or_default())));
+        }
+        Err(IgnoreError::Db(e)) => return Err(e.into()),
+        Ok(summary) => summary,
+    };
+    let target = json!({"filter": form.filter.audit_json(), "upto_id": upto, "reason": form.reason.trim(),
+        "followers": form.followers.trim(), "released": summary.released, "kept_held": summary.kept_held});
+    audit_row(&state, &principal, "dead_letters.ignore", target, summary.ignored as u64, "ok").await?;
+    Ok(Redirect::to(&format!("/dead-letters?{}", form.filter.with_status("ignored").query())).into_response())
 }
 
 /// A replay (the console's or the CLI's) as the pages show it.

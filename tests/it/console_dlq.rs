@@ -331,3 +331,39 @@ async fn keep_then_replay_the_head_applies_it_and_its_followers_in_order_each_au
         sqlx::query_as("SELECT status, replay_count FROM dead_letters WHERE id = ?").bind(head).fetch_one(&env.db().pool).await.unwrap();
     assert_eq!((status.as_str(), replayed), ("replayed", 1));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ignore_by_filter_takes_what_the_dry_run_counted_with_its_reason_and_is_audited() {
+    let env = TestEnv::new().with_database().await;
+    let group = "bulk-ignore.order.consumer";
+    crate::replay::dead_letters(&env, group, 0..30, 3).await;
+    crate::replay::dead_letters(&env, "other.order.consumer", 0..5, 5).await;
+    let console = TestConsole::start(&env, |_| {}).await;
+    let (status, body) = console.get_as(Role::Operator, "/dead-letters/ignore").await;
+    assert_eq!(status, 400, "no filter is never every row: {body}");
+    assert!(body.contains("<strong>filter</strong>"), "{body}");
+    let (status, page) = console.get_as(Role::Operator, &format!("/dead-letters/ignore?group={group}")).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Dry run: <strong>30</strong> dead letters match now."), "{page}");
+    let upto = page.split("name=\"upto\" value=\"").nth(1).and_then(|s| s.split('"').next()).expect("the highest id counted").to_string();
+    // Persisted after the count: not taken.
+    crate::replay::dead_letters(&env, group, 30..31, 3).await;
+    let csrf = console.csrf_of(Role::Operator).await;
+    let form = |reason: &'static str| vec![("group", group), ("count", "30"), ("upto", upto.as_str()), ("reason", reason)];
+    let (status, body) = console.post_as(Role::Operator, "/dead-letters/ignore", Some(&csrf), &form("  ")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("<strong>reason</strong>"), "{body}");
+    let (status, body) = console.post_as(Role::Operator, "/dead-letters/ignore", Some(&csrf), &form("a duplicate import, cleaned up at the source")).await;
+    assert_eq!(status, 303, "{body}");
+    let rows: Vec<(String, Option<String>, i64)> = sqlx::query_as("SELECT status, ignored_reason, COUNT(*) FROM dead_letters WHERE consumer_group = ? GROUP BY status, ignored_reason ORDER BY status")
+        .bind(group)
+        .fetch_all(&env.db().pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, [("ignored".into(), Some("a duplicate import, cleaned up at the source".into()), 30), ("pending".into(), None, 1)]);
+    assert_eq!(scalar(&env, "SELECT COUNT(*) FROM dead_letters WHERE consumer_group = ? AND status = 'pending'", "other.order.consumer").await, 5);
+    let audit = audit_rows(&env).await;
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert_eq!((audit[0].0.as_str(), audit[0].2, audit[0].3.as_str()), ("dead_letters.ignore", 30, "ok"));
+    assert!(audit[0].4.contains(group) && audit[0].4.contains("duplicate import"), "{}", audit[0].4);
+}
