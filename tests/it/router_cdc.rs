@@ -373,6 +373,52 @@ async fn row_changes_reach_the_endpoint_with_old_in_commit_order_the_status_filt
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+
+    // An order event under the same bind key: the group then reads the
+    // order topic and the cdc topic (restarted for the new topic set) and
+    // delivers both; an order event's `old` is null.
+    let order_topic = platform
+        .source
+        .env
+        .settings
+        .topics
+        .order_events
+        .name
+        .clone();
+    let new = NewSubscription {
+        event: "order.created".into(),
+        consumer: sms.clone(),
+        bind_key: "user".into(),
+        ..Default::default()
+    };
+    let created = platform
+        .store
+        .add_subscription(&new, &order_topic)
+        .await
+        .unwrap();
+    assert_eq!(created.group, insert.group, "one bind key, one group");
+    let events = crate::router::produce(&platform.source.env, 10, 5, 1, 81);
+    let want: BTreeSet<String> = events
+        .iter()
+        .filter(|e| e.event_name.as_str() == "order.created")
+        .map(|e| e.event_id.to_string())
+        .collect();
+    platform
+        .source
+        .exec(&["INSERT INTO table_user VALUES (5, 'eli', 1)"])
+        .await;
+    let bodies = platform
+        .wait_for("ok", 11 + want.len(), Duration::from_secs(60))
+        .await;
+    let orders: BTreeSet<String> = bodies
+        .iter()
+        .filter(|b| b["event_type"] == "order.created")
+        .inspect(|b| assert!(b["old"].is_null() && b["data"]["order_id"].is_i64(), "{b}"))
+        .map(|b| b["request_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(orders, want);
+    assert_eq!(row_history(&bodies, 5), [insert_of(row(5, "eli", 1))]);
+    assert_eq!(bodies.len(), 11 + want.len(), "{bodies:#?}");
     assert!(
         router.try_wait().unwrap().is_none(),
         "the router kept running"
