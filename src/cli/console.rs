@@ -28,6 +28,7 @@ pub struct ConsoleArgs {
 
 /// Runs `orderpipe console` until SIGTERM or SIGINT.
 pub async fn run(settings: &Settings, args: ConsoleArgs) -> anyhow::Result<ExitCode> {
+    super::signals::install()?;
     let mut settings = settings.clone();
     if let Some(listen) = args.listen {
         settings.console.listen = listen.to_string();

@@ -295,6 +295,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
     let db = Db::connect(&settings.database, 4)?;
     match command {
         DlqCommand::Persist { until_idle, health_addr, migrate, output } => {
+            super::signals::install()?;
             if migrate {
                 db.migrate().await?;
             }

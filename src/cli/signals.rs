@@ -4,7 +4,8 @@
 //! (after connecting, creating topics, fencing its producer) leaves the
 //! first half second to the default disposition: a SIGTERM then kills the
 //! process (status -15) instead of stopping it. [`install`] is the first
-//! thing `cdc` and `deliver` do: a signal during start-up is remembered,
+//! thing every long-running command does (cdc, deliver, consume, relay, api,
+//! console, dlq persist, subs serve): a signal during start-up is remembered,
 //! and the command stops at its first chance with status 0. A second
 //! signal exits at once (status 130), for a stop that hangs.
 

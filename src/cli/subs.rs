@@ -558,6 +558,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
             request(&store, RequestKind::Reload, consumer, output.output).await?
         }
         SubsCommand::Serve { addr, migrate } => {
+            super::signals::install()?;
             if migrate {
                 db.migrate().await?;
             }

@@ -31,7 +31,7 @@ fn sigterm_after(mut child: Child, after: Duration) -> (std::process::ExitStatus
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_sigterm_in_the_first_half_second_stops_cdc_the_router_consume_and_relay_with_status_0() {
+async fn a_sigterm_in_the_first_half_second_stops_every_long_running_command_with_status_0() {
     let mut env = TestEnv::new().with_database().await;
     env.cli(&["topics", "ensure", "--group", "sig.consumer"]).success();
     let database = format!("op_{}", env.prefix);
@@ -54,7 +54,8 @@ async fn a_sigterm_in_the_first_half_second_stops_cdc_the_router_consume_and_rel
         "--health-addr",
         "127.0.0.1:0",
     ];
-    let commands: [(&str, &[&str]); 4] = [
+    env.set_env("ORDERPIPE_CONSOLE__VIEWER_TOKEN", crate::console_browser::VIEWER_TOKEN);
+    let commands: [(&str, &[&str]); 7] = [
         ("cdc", &cdc),
         ("router", &["deliver", "--health-addr", "127.0.0.1:0"]),
         (
@@ -68,6 +69,12 @@ async fn a_sigterm_in_the_first_half_second_stops_cdc_the_router_consume_and_rel
             ],
         ),
         ("relay", &["relay", "--instance", "sig"]),
+        ("console", &["console", "--listen", "127.0.0.1:0"]),
+        (
+            "dlq persist",
+            &["dlq", "persist", "--health-addr", "127.0.0.1:0"],
+        ),
+        ("subs serve", &["subs", "serve", "--addr", "127.0.0.1:0"]),
     ];
     for after_ms in [80, 300] {
         for (what, args) in commands {
