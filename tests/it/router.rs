@@ -238,43 +238,18 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
     // The admin API in the router's process shows its actual state: the
     // group running both subscriptions, in sync, its lag measured (0).
     let admin = announced(&log, "admin API listening on http://");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (status, body) = crate::helpers::http_get(&admin, "/bindings");
-        assert_eq!(status, 200, "{body}");
-        let view: Value = serde_json::from_str(body.split("\r\n\r\n").last().unwrap_or(&body))
-            .unwrap_or(Value::Null);
-        let actual = view["actual"].as_array().cloned().unwrap_or_default();
-        let ours = actual.iter().find(|a| a["group"] == group.as_str());
-        if let Some(a) = ours.filter(|a| a["lag"] == 0) {
-            assert_eq!(a["running"], true, "{view}");
-            assert_eq!(a["subscriptions"], json!([created.id, paid.id]), "{view}");
-            assert_eq!(
-                view["diff"],
-                json!([{"group": group, "status": "in_sync"}]),
-                "{view}"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no measured lag 0 for {group} in GET /bindings: {view}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let (a, view) = actual_at_lag_zero(&admin, &group).await;
+    assert_eq!(a["running"], true, "{view}");
+    assert_eq!(a["subscriptions"], json!([created.id, paid.id]), "{view}");
+    assert_eq!(
+        view["diff"],
+        json!([{"group": group, "status": "in_sync"}]),
+        "{view}"
+    );
 
     // Disable the payment subscription, change the filter and the URL: the
     // next records, produced 3 s later, see all three changes.
-    store
-        .update_subscription(
-            paid.id,
-            &SubscriptionPatch {
-                enabled: Some(false),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    disable(&store, paid.id).await;
     let second: Vec<Envelope> = LifecycleGenerator::new("x", 10, 1_001, 52)
         .take(40)
         .collect();
@@ -339,16 +314,7 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
 
     // Disabling its only subscription stops that group; the broker keeps
     // its offsets, so reconciliation reports it as orphaned.
-    store
-        .update_subscription(
-            shipped.id,
-            &SubscriptionPatch {
-                enabled: Some(false),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    disable(&store, shipped.id).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let lines = log.lock().unwrap().join("\n");
@@ -424,6 +390,36 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
         "a dry run requests nothing"
     );
     sigterm(&mut router);
+}
+
+/// Disables subscription `id` (as `orderpipe subs disable subscription ID`).
+pub(crate) async fn disable(store: &Store, id: i64) {
+    let patch = SubscriptionPatch {
+        enabled: Some(false),
+        ..Default::default()
+    };
+    store.update_subscription(id, &patch).await.unwrap();
+}
+
+/// Polls `GET /bindings` of the admin API at `admin` (15 s at most) until
+/// `group`'s actual entry shows a measured lag of 0; returns it and the view.
+pub(crate) async fn actual_at_lag_zero(admin: &str, group: &str) -> (Value, Value) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, body) = crate::helpers::http_get(admin, "/bindings");
+        assert_eq!(status, 200, "{body}");
+        let view: Value = serde_json::from_str(body.split("\r\n\r\n").last().unwrap_or(&body))
+            .unwrap_or(Value::Null);
+        let actual = view["actual"].as_array().cloned().unwrap_or_default();
+        if let Some(a) = actual.iter().find(|a| a["group"] == group && a["lag"] == 0) {
+            return (a.clone(), view);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no measured lag 0 for {group} in GET /bindings: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Deletes consumer group `group` on the broker, as an operator would by hand.

@@ -14,7 +14,7 @@ use orderpipe::codec::Codec;
 use orderpipe::envelope::EventData;
 use orderpipe::kafka::record::header;
 use orderpipe::retry::RetryLayer;
-use orderpipe::subscriptions::model::{NewConsumer, NewEvent, NewSubscription, SubscriptionPatch};
+use orderpipe::subscriptions::model::{NewConsumer, NewEvent, NewSubscription};
 use orderpipe::subscriptions::store::Origin;
 use orderpipe::subscriptions::{FilterSpec, Store, Subscription};
 use rdkafka::Message;
@@ -25,7 +25,8 @@ use crate::consumer::sigterm;
 use crate::delivery::{Seen, downstream};
 use crate::helpers::Spawned;
 use crate::router::{
-    announced, assert_missing, delete_group, stderr_lines, wait_until_none_missing,
+    actual_at_lag_zero, announced, assert_missing, delete_group, disable, stderr_lines,
+    wait_until_none_missing,
 };
 
 /// Seed 003's example table.
@@ -313,17 +314,7 @@ async fn row_changes_reach_the_endpoint_with_old_in_commit_order_the_status_filt
 
     // Disable the delete subscription: within seconds, without a restart,
     // deletes stop while the group's other subscriptions keep delivering.
-    platform
-        .store
-        .update_subscription(
-            delete.id,
-            &SubscriptionPatch {
-                enabled: Some(false),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    disable(&platform.store, delete.id).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     platform
         .source
@@ -349,30 +340,13 @@ async fn row_changes_reach_the_endpoint_with_old_in_commit_order_the_status_filt
         platform.logs.last().unwrap(),
         "admin API listening on http://",
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, body) = crate::helpers::http_get(&admin, "/bindings");
-        assert_eq!(status, 200, "{body}");
-        let view: Value = serde_json::from_str(body.split("\r\n\r\n").last().unwrap_or(&body))
-            .unwrap_or(Value::Null);
-        let actual = view["actual"].as_array().cloned().unwrap_or_default();
-        let ours = actual.iter().find(|a| a["group"] == insert.group.as_str());
-        if let Some(a) = ours.filter(|a| a["lag"] == 0) {
-            assert_eq!(
-                a["topics"],
-                json!([platform.source.topic("table_user")]),
-                "{view}"
-            );
-            assert_eq!(a["subscriptions"], json!([insert.id, update.id]), "{view}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no lag 0 for {} in GET /bindings: {view}",
-            insert.group
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let (a, view) = actual_at_lag_zero(&admin, &insert.group).await;
+    assert_eq!(
+        a["topics"],
+        json!([platform.source.topic("table_user")]),
+        "{view}"
+    );
+    assert_eq!(a["subscriptions"], json!([insert.id, update.id]), "{view}");
 
     // An order event under the same bind key: the group then reads the
     // order topic and the cdc topic (restarted for the new topic set) and
