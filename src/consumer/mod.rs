@@ -584,18 +584,58 @@ const POOL_MARGIN: u32 = 2;
 /// a smaller pool workers queue for a connection, and a wait past the
 /// acquire timeout reads as the database being down.
 pub fn connections_needed(topics: &TopicsSettings, topic: &str, error_tier: bool) -> u32 {
-    let partitions = topics
-        .find(topic)
-        .unwrap_or(&topics.order_events)
-        .partitions
-        .max(1) as u32;
-    partitions * if error_tier { 2 } else { 1 } + POOL_MARGIN
+    declared_partitions(topics, topic) * if error_tier { 2 } else { 1 } + POOL_MARGIN
+}
+
+/// [`connections_needed`] of a group that reads several topics
+/// (`options.reads`, a router binding's): one per partition of each, and
+/// with the error tier of its retry topic (declared like `options.topic`),
+/// plus the margin.
+pub fn connections_needed_for(topics: &TopicsSettings, options: &ConsumeOptions) -> u32 {
+    let read: u32 = options.read_topics().map(|t| declared_partitions(topics, t)).sum();
+    let retry = if options.error_tier { declared_partitions(topics, &options.topic) } else { 0 };
+    read + retry + POOL_MARGIN
+}
+
+/// Partitions of `topic` as declared; a topic `[topics]` does not declare
+/// (a `cdc.*` one) is counted like the order topic.
+fn declared_partitions(topics: &TopicsSettings, topic: &str) -> u32 {
+    topics.find(topic).unwrap_or(&topics.order_events).partitions.max(1) as u32
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Settings;
+
+    #[test]
+    fn a_group_reading_several_topics_gets_a_connection_per_partition_of_each() {
+        let settings = Settings::default();
+        let order = settings.topics.order_events.name.clone();
+        let partitions = settings.topics.order_events.partitions as u32;
+        let mut options = ConsumeOptions {
+            group: "g".into(),
+            handlers: Vec::new(),
+            topic: order.clone(),
+            reads: Vec::new(),
+            start_from: StartFrom::Earliest,
+            until_idle: None,
+            health_addr: None,
+            error_tier: true,
+            ordering: OrderingMode::Key,
+            crash_before_forward_ack: false,
+            commit_stamps: None,
+        };
+        assert_eq!(connections_needed_for(&settings.topics, &options), connections_needed(&settings.topics, &order, true));
+        assert_eq!(options.read_topics().collect::<Vec<_>>(), [order.as_str()]);
+        // A router binding: the order topic and an undeclared cdc topic, one retry topic.
+        options.reads = vec![order.clone(), "cdc.shop.table_user".into()];
+        assert_eq!(options.read_topics().collect::<Vec<_>>(), [order.as_str(), "cdc.shop.table_user"]);
+        assert_eq!(connections_needed_for(&settings.topics, &options), 3 * partitions + POOL_MARGIN);
+        options.reads = vec!["cdc.shop.table_user".into()];
+        options.error_tier = false;
+        assert_eq!(connections_needed_for(&settings.topics, &options), partitions + POOL_MARGIN);
+    }
 
     #[test]
     fn prefetch_bounds_reach_librdkafka() {

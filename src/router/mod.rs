@@ -249,16 +249,6 @@ impl Router {
         // The tier is named after the order topic; the binding says what is read.
         let topic = settings.topics.order_events.name.clone();
         let reads = binding.topics.clone();
-        let db = match Db::connect(
-            &settings.database,
-            consumer::connections_needed(&settings.topics, &topic, true),
-        ) {
-            Ok(db) => db,
-            Err(e) => {
-                tracing::error!(group = %group, error = %e, "group not started: no database pool");
-                return;
-            }
-        };
         let shared = Arc::new(RwLock::new(binding));
         let options = ConsumeOptions {
             group: group.clone(),
@@ -272,6 +262,17 @@ impl Router {
             ordering: self.options.ordering,
             crash_before_forward_ack: false,
             commit_stamps: None,
+        };
+        // One worker per partition of every topic read and of the retry topic.
+        let db = match Db::connect(
+            &settings.database,
+            consumer::connections_needed_for(&settings.topics, &options),
+        ) {
+            Ok(db) => db,
+            Err(e) => {
+                tracing::error!(group = %group, error = %e, "group not started: no database pool");
+                return;
+            }
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
