@@ -26,7 +26,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::codec::{CodecError, RegistrySettings};
-use crate::kafka::client::{KafkaSettings, OptionConflict, client_config};
+use crate::kafka::client::{KafkaSettings, OptionConflict};
 use crate::producer::ProducerSettings;
 pub use decode::{Decoded, Decoder};
 pub use partition::Partitioner;
@@ -211,14 +211,7 @@ pub struct Page<R> {
 
 /// A reader of one partition that never joins a group or commits.
 fn reader(kafka: &KafkaSettings) -> Result<BaseConsumer, KafkaError> {
-    client_config(&kafka.client_options())
-        .set("group.id", "orderpipe.console.explore")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
-        .create()
+    crate::kafka::client::assignment_reader(kafka, "orderpipe.console.explore")
 }
 
 fn partition_count(consumer: &BaseConsumer, topic: &str) -> Result<i32, ExploreError> {

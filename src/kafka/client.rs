@@ -302,6 +302,24 @@ pub fn client_config(options: &BTreeMap<String, String>) -> ClientConfig {
     config
 }
 
+/// A consumer that reads partitions by assignment (read_committed, from the
+/// earliest offset, with end-of-partition events) and never joins its group
+/// or commits: the readers of reconciliation's scans and the console's
+/// topic explorer. `group_id` only names it in the broker's logs.
+pub fn assignment_reader(
+    kafka: &KafkaSettings,
+    group_id: &str,
+) -> rdkafka::error::KafkaResult<rdkafka::consumer::BaseConsumer> {
+    client_config(&kafka.client_options())
+        .set("group.id", group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .create()
+}
+
 /// librdkafka statistics that matter: queue depth and broker round trips.
 pub fn kafka_statistics(stats: &rdkafka::Statistics) {
     let client = stats.client_id.clone();

@@ -25,7 +25,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::ReconcileError;
-use crate::kafka::client::{KafkaSettings, client_config};
+use crate::kafka::client::KafkaSettings;
 use crate::kafka::record::{header, header_text};
 
 /// How long one broker request may take.
@@ -89,14 +89,7 @@ impl ScannedRecord {
 
 /// A consumer that reads by assignment and never joins or commits for a group.
 fn reader(kafka: &KafkaSettings) -> Result<BaseConsumer, KafkaError> {
-    client_config(&kafka.client_options())
-        .set("group.id", "orderpipe.reconcile.scan")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
-        .create()
+    crate::kafka::client::assignment_reader(kafka, "orderpipe.reconcile.scan")
 }
 
 /// The offset range of each partition of `topic` between `since_ms` and
