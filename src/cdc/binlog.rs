@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use super::CdcError;
 use super::change::{ChangeKind, changed_columns, json_value, primary_key};
+use super::table_schema::TableColumns;
 
 /// MariaDB's GTID event (not parsed by mysql_common).
 const MARIADB_GTID_EVENT: u8 = 0xa2;
@@ -142,6 +143,8 @@ pub struct RowChange {
     pub data: serde_json::Value,
     /// The changed columns' previous values (updates).
     pub old: Option<serde_json::Value>,
+    /// The table's columns, as the table map (or snapshot query) gave them.
+    pub columns: std::sync::Arc<TableColumns>,
 }
 
 /// A whole committed transaction and the changes of captured tables in it
@@ -451,6 +454,10 @@ impl BinlogReader {
             return Ok(Vec::new());
         }
         let layout = TableLayout::of(tme, &database, &table)?;
+        let columns = std::sync::Arc::new(TableColumns {
+            names: layout.names.clone(),
+            types: layout.types.clone(),
+        });
         let mut changes = Vec::new();
         for row in rows.rows(tme) {
             let (before, after) = row.map_err(|e| {
@@ -479,6 +486,7 @@ impl BinlogReader {
                 key,
                 data: serde_json::Value::Object(data),
                 old,
+                columns: columns.clone(),
             });
         }
         Ok(changes)

@@ -211,9 +211,10 @@ impl ChangeEvent {
     }
 
     /// Reads a decoded `change.avsc` record (any later version with added
-    /// fields too); errors name the field.
+    /// fields too), or a per-table typed change ([`super::table_schema`]);
+    /// errors name the field.
     pub fn from_avro(value: Value) -> Result<Self, EnvelopeError> {
-        let Value::Record(fields) = value else {
+        let Value::Record(fields) = super::table_schema::untyped_value(value) else {
             return Err(EnvelopeError::field(
                 "<root>",
                 "the Avro value is not a record",
@@ -416,12 +417,13 @@ pub fn json_value(value: &BinlogValue<'_>, column_type: Option<ColumnType>) -> s
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use mysql_async::Value as My;
     use serde_json::json;
 
-    fn sample() -> ChangeEvent {
+    /// An update of `shop.table_user` (other modules' tests start from it).
+    pub(crate) fn sample() -> ChangeEvent {
         let event_id = change_id("src", "0-1-7", 2);
         ChangeEvent {
             event_id,

@@ -30,6 +30,7 @@ pub mod binlog;
 pub mod change;
 pub mod checkpoint;
 pub mod snapshot;
+pub mod table_schema;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -93,6 +94,10 @@ pub struct CdcSettings {
     pub batch_max_rows: usize,
     /// How long a batch waits for more transactions once it has a change.
     pub batch_linger_ms: u64,
+    /// `json` (one envelope schema, data/old as JSON text) or `avro` (one
+    /// schema per table, typed data/old, [`table_schema`]).
+    #[serde(default)]
+    pub value_format: table_schema::ValueFormat,
 }
 
 impl CdcSettings {
@@ -262,7 +267,9 @@ pub fn transactional_id(prefix: &str, source: &str) -> String {
 /// transaction each.
 struct Publisher {
     producer: MeasuredProducer,
-    codecs: HashMap<String, Codec>,
+    /// Per topic: the writer schema's text (per-table schemas change with
+    /// the table) and its codec.
+    codecs: HashMap<String, (String, Codec)>,
     registry: RegistrySettings,
     cdc: CdcSettings,
 }
@@ -322,17 +329,37 @@ impl Publisher {
         }
     }
 
-    async fn encode(&mut self, topic: &str, event: &ChangeEvent) -> Result<Vec<u8>, CdcError> {
-        if !self.codecs.contains_key(topic) {
-            let codec = Codec::new(
-                &self.registry,
-                topic,
-                &topic_schema(topic),
-                self.registry.auto_register,
-            )?;
-            self.codecs.insert(topic.to_string(), codec);
+    /// Encodes `event` for `topic`: with the one change schema, or (value
+    /// format avro) with the schema of `change`'s table as its table map
+    /// has it now. A new schema text (a column added) gets a new codec,
+    /// which registers it as the subject's next version.
+    async fn encode(
+        &mut self,
+        topic: &str,
+        change: &binlog::RowChange,
+        event: &ChangeEvent,
+    ) -> Result<Vec<u8>, CdcError> {
+        let (schema, value) = match self.cdc.value_format {
+            table_schema::ValueFormat::Json => (topic_schema(topic), event.to_avro()),
+            table_schema::ValueFormat::Avro => {
+                let schema =
+                    table_schema::table_schema(topic, &change.database, &change.table, &change.columns)
+                        .map_err(CdcError::Setup)?;
+                let value = table_schema::typed_value(
+                    event.to_avro(),
+                    &event.data,
+                    event.old.as_ref(),
+                    &change.columns,
+                )
+                .map_err(|e| CdcError::Setup(format!("{}.{}: {e}", change.database, change.table)))?;
+                (schema, value)
+            }
+        };
+        if self.codecs.get(topic).is_none_or(|(raw, _)| *raw != schema.raw) {
+            let codec = Codec::new(&self.registry, topic, &schema, self.registry.auto_register)?;
+            self.codecs.insert(topic.to_string(), (schema.raw.clone(), codec));
         }
-        Ok(self.codecs[topic].encode_value(event.to_avro()).await?)
+        Ok(self.codecs[topic].1.encode_value(value).await?)
     }
 
     /// One Kafka transaction: every change of `batch`, then `checkpoint`.
@@ -351,7 +378,7 @@ impl Publisher {
                 let topic = self
                     .cdc
                     .topic_of(&format!("{}.{}", change.database, change.table));
-                let value = self.encode(&topic, &event).await?;
+                let value = self.encode(&topic, change, &event).await?;
                 records.push((topic, event, value));
             }
         }
@@ -671,6 +698,22 @@ mod tests {
         );
         let settings = crate::config::Settings::load_with(None, &overrides).unwrap();
         assert!(!format!("{:?}", settings.cdc).contains("s3cret"));
+    }
+
+    #[test]
+    fn value_format_is_json_by_default_and_a_bad_one_names_the_field_and_the_choices() {
+        let load = |v: serde_json::Value| crate::config::Settings::load_with(None, &v);
+        let settings = load(serde_json::json!({})).unwrap();
+        assert_eq!(settings.cdc.value_format, table_schema::ValueFormat::Json);
+        let settings = load(serde_json::json!({"cdc": {"value_format": "avro"}})).unwrap();
+        assert_eq!(settings.cdc.value_format, table_schema::ValueFormat::Avro);
+        let e = load(serde_json::json!({"cdc": {"value_format": "xml"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("value_format") && e.contains("json") && e.contains("avro"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use super::binlog::{self, BinlogPosition, BinlogReader, BinlogTransaction, RowChange};
 use super::change::{ChangeKind, json_value, primary_key};
+use super::table_schema::TableColumns;
 use super::checkpoint::{self, Checkpoint};
 use super::{CdcError, CdcSections, Publisher};
 
@@ -124,6 +125,7 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
         .map_err(sql)?;
     conn.query_drop("COMMIT").await.map_err(sql)?;
     let mut changes = Vec::with_capacity(rows.len());
+    let mut table_columns: Option<std::sync::Arc<TableColumns>> = None;
     for row in rows {
         let columns = row.columns();
         let mut data = serde_json::Map::new();
@@ -149,6 +151,14 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
             key,
             data: serde_json::Value::Object(data),
             old: None,
+            columns: table_columns
+                .get_or_insert_with(|| {
+                    std::sync::Arc::new(TableColumns {
+                        names: columns.iter().map(|c| c.name_str().into_owned()).collect(),
+                        types: columns.iter().map(|c| Some(c.column_type())).collect(),
+                    })
+                })
+                .clone(),
         });
     }
     let rows = changes.len() as u64;

@@ -698,3 +698,77 @@ async fn lag_from_binlog_commit_to_a_read_committed_consumer() {
     assert!(at(0.99) < 5_000.0, "p99 {} ms", at(0.99));
     cdc.kill().unwrap();
 }
+
+/// `[cdc] value_format = "avro"`: a snapshot and the stream write a table's
+/// rows with one per-table schema (the snapshot's query types and the
+/// table map's agree), typed values decoding to the JSON form's.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_value_format_avro_a_snapshot_and_the_stream_share_one_typed_schema() {
+    let mut source = Source::new(&[
+        "CREATE TABLE typed (id BIGINT PRIMARY KEY, small TINYINT, price DOUBLE, name VARCHAR(20), \
+         balance DECIMAL(10,2), at DATETIME(3), body TEXT, born DATE)",
+        "INSERT INTO typed VALUES (1, -3, 1.5, 'ann', 12.50, '2026-12-01 06:00:00.123', 'hi', '2000-01-02')",
+    ])
+    .await;
+    source.env.set_env("ORDERPIPE_CDC__VALUE_FORMAT", "avro");
+    let table = format!("{}.typed", source.database);
+    let args = ["cdc", "snapshot", "--table", &table, "--server-id", &source.server_id];
+    tokio::task::block_in_place(|| source.env.cli(&args)).success();
+    let mut cdc = source.spawn("typed");
+    source
+        .exec(&["INSERT INTO typed (id, small, name) VALUES (2, 7, NULL)"])
+        .await;
+    source
+        .exec(&["UPDATE typed SET name = 'bob', price = 2.25 WHERE id = 2"])
+        .await;
+    let changes = source.changes("typed", 3, Duration::from_secs(60)).await;
+    let ids: HashSet<u32> = changes
+        .iter()
+        .map(|(m, _)| orderpipe::codec::schema_id(m.payload().unwrap()).unwrap())
+        .collect();
+    assert_eq!(ids.len(), 1, "one schema for the snapshot's and the stream's rows");
+    let id = ids.into_iter().next().unwrap();
+    let url = format!("{}/schemas/ids/{id}", source.env.settings.registry.url);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let written: serde_json::Value = http.get(&url).send().await.unwrap().json().await.unwrap();
+    let schema: serde_json::Value =
+        serde_json::from_str(written["schema"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        schema["namespace"],
+        json!(format!("orderpipe.cdc.v1.tables.{}.typed", source.database)),
+        "{schema}"
+    );
+    let row = &schema["fields"].as_array().unwrap().iter().find(|f| f["name"] == "data").unwrap()["type"][1];
+    let types: Vec<(&str, &serde_json::Value)> = row["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["name"].as_str().unwrap(), &f["type"][1]))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            ("id", &json!("long")),
+            ("small", &json!("long")),
+            ("price", &json!("double")),
+            ("name", &json!("string")),
+            ("balance", &json!("string")),
+            ("at", &json!("string")),
+            ("body", &json!("string")),
+            ("born", &json!("string"))
+        ]
+    );
+    let events: Vec<&ChangeEvent> = changes.iter().map(|(_, e)| e).collect();
+    assert_eq!(
+        events[0].data,
+        json!({"id": 1, "small": -3, "price": 1.5, "name": "ann", "balance": "12.50",
+               "at": "2026-12-01T06:00:00.123000", "body": "hi", "born": "2000-01-02"})
+    );
+    assert_eq!(events[1].data["small"], json!(7));
+    assert_eq!(events[1].data["name"], json!(null));
+    assert_eq!(events[2].change, ChangeKind::Update);
+    assert_eq!(events[2].old, Some(json!({"name": null, "price": null})));
+    assert_eq!(events[2].data["price"], json!(2.25));
+    assert!(matches!(cdc.try_wait(), Ok(None)), "cdc still runs");
+    let _ = cdc.kill();
+}

@@ -48,7 +48,13 @@ struct Platform {
 
 impl Platform {
     async fn new() -> Self {
-        let source = Source::new(&[USER_TABLE]).await;
+        Self::with_value_format("json").await
+    }
+
+    /// [`Platform::new`] with cdc writing `[cdc] value_format` (json or avro).
+    async fn with_value_format(format: &str) -> Self {
+        let mut source = Source::new(&[USER_TABLE]).await;
+        source.env.set_env("ORDERPIPE_CDC__VALUE_FORMAT", format);
         // The order topic and the dead-letter topic (the routers' groups check them).
         source.env.cli(&["topics", "ensure"]).success();
         let mut cdc = source.spawn("table_user");
@@ -511,6 +517,117 @@ async fn a_failing_row_change_goes_through_the_retry_topic_to_the_dlq_and_a_dele
     assert_missing(env, &sub.group);
     let mut router = platform.router();
     wait_until_none_missing(&platform.source.env).await;
+    sigterm(&mut router);
+    sigterm(&mut platform.cdc);
+}
+
+/// `[cdc] value_format = "avro"`: per-table typed schemas. A router started
+/// before an `ALTER TABLE ... ADD COLUMN` keeps delivering (with the new
+/// column), the registry holds a second version of the topic's value
+/// subject and calls it compatible with the first, and `old` tells a
+/// column changed from NULL from an unchanged one.
+#[tokio::test(flavor = "multi_thread")]
+async fn typed_avro_changes_reach_the_endpoint_and_a_column_added_mid_stream_is_a_compatible_new_version()
+ {
+    let mut platform = Platform::with_value_format("avro").await;
+    let db = platform.source.database.clone();
+    let topic = platform.source.topic("table_user");
+    let sms = platform.consumer("sms", "ok", None).await;
+    for change in ["insert", "update", "delete"] {
+        platform.subscribe(&sms, change, "user", vec![]).await;
+    }
+    let mut router = platform.router();
+    // A decoder made before the ALTER, as a running consumer has.
+    let registry = &platform.source.env.settings.registry;
+    let schema = orderpipe::cdc::change::topic_schema(&topic);
+    let codec = Codec::new(registry, &topic, &schema, false).unwrap();
+    for statement in [
+        "INSERT INTO table_user VALUES (1, 'ann', 1), (2, 'bob', 1)",
+        "UPDATE table_user SET status = 2 WHERE id = 1",
+        "DELETE FROM table_user WHERE id = 2",
+    ] {
+        platform.source.exec(&[statement]).await;
+    }
+    let before = platform.wait_for("ok", 4, Duration::from_secs(60)).await;
+    let row = |id: i64, name: &str, status: i64| json!({"id": id, "name": name, "status": status});
+    assert_eq!(
+        row_history(&before, 1),
+        [
+            ("insert".to_string(), row(1, "ann", 1), Value::Null),
+            ("update".to_string(), row(1, "ann", 2), json!({"status": 1})),
+        ]
+    );
+    assert_eq!(row_history(&before, 2)[1], ("delete".to_string(), row(2, "bob", 1), Value::Null));
+
+    for statement in [
+        "ALTER TABLE table_user ADD COLUMN note VARCHAR(20) NULL",
+        "INSERT INTO table_user VALUES (3, 'cy', 1, 'n')",
+        "UPDATE table_user SET note = 'x' WHERE id = 1",
+        "UPDATE table_user SET note = NULL WHERE id = 3",
+    ] {
+        platform.source.exec(&[statement]).await;
+    }
+    let after = platform.wait_for("ok", 7, Duration::from_secs(60)).await;
+    assert_eq!(after.len(), 7, "each change once: {after:#?}\n{}", platform.log());
+    let with_note = |id: i64, name: &str, status: i64, note: Value| {
+        json!({"id": id, "name": name, "status": status, "note": note})
+    };
+    assert_eq!(
+        row_history(&after, 1)[2],
+        ("update".to_string(), with_note(1, "ann", 2, json!("x")), json!({"note": null})),
+        "a column changed from NULL is in old, as null"
+    );
+    assert_eq!(
+        row_history(&after, 3),
+        [
+            ("insert".to_string(), with_note(3, "cy", 1, json!("n")), Value::Null),
+            ("update".to_string(), with_note(3, "cy", 1, Value::Null), json!({"note": "n"})),
+        ]
+    );
+    assert!(matches!(router.try_wait(), Ok(None)), "the router still runs\n{}", platform.log());
+
+    // On the topic: typed records, written with two per-table schema versions.
+    let env = &platform.source.env;
+    let messages = tokio::task::block_in_place(|| env.read(&topic, 7, Duration::from_secs(30)));
+    let mut ids = BTreeSet::new();
+    for message in &messages {
+        ids.insert(orderpipe::codec::schema_id(message.payload().unwrap()).unwrap());
+        let value = codec.decode_value(message.payload()).await.unwrap();
+        let apache_avro::types::Value::Record(fields) = value else { panic!("a record") };
+        let data = &fields.iter().find(|(n, _)| n == "data").unwrap().1;
+        assert!(
+            matches!(data, apache_avro::types::Value::Union(1, inner) if matches!(**inner, apache_avro::types::Value::Record(_))),
+            "data is a typed record: {data:?}"
+        );
+        let envelope = codec.decode(message.payload()).await.unwrap();
+        assert!(matches!(envelope.data, EventData::RowChange(_)), "{envelope:?}");
+    }
+    assert_eq!(ids.len(), 2, "one schema before the ALTER, one after");
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let registry = &env.settings.registry.url;
+    let get = |path: String| {
+        let request = http.get(format!("{registry}{path}"));
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let subject = format!("{topic}-value");
+    let versions = get(format!("/subjects/{subject}/versions")).await;
+    assert_eq!(versions, json!([1, 2]));
+    let latest = get(format!("/subjects/{subject}/versions/2")).await;
+    let schema = latest["schema"].as_str().unwrap();
+    let parsed: Value = serde_json::from_str(schema).unwrap();
+    assert_eq!(
+        (parsed["namespace"].as_str(), parsed["name"].as_str()),
+        (Some(format!("orderpipe.cdc.v1.tables.{db}.table_user").as_str()), Some("Change"))
+    );
+    assert!(schema.contains("\"note\""), "{schema}");
+    let verdict: Value = http
+        .post(format!("{registry}/compatibility/subjects/{subject}/versions/1"))
+        .header("content-type", "application/vnd.schemaregistry.v1+json")
+        .json(&json!({"schema": schema}))
+        .send().await.unwrap().json().await.unwrap();
+    assert_eq!(verdict["is_compatible"], json!(true), "{verdict}");
+    let level = get("/config".to_string()).await;
+    assert_eq!(level["compatibilityLevel"], json!("BACKWARD"), "{level}");
     sigterm(&mut router);
     sigterm(&mut platform.cdc);
 }
