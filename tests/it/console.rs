@@ -334,7 +334,7 @@ async fn the_overview_shows_each_groups_figures_with_links_and_a_viewer_sees_no_
         assert!(browser.action_forms().await > 0, "the operator sees no action on {page}");
     }
     // ... a viewer sees no action form there, nor on any page of the navigation.
-    browser.client.find(Locator::Css("form[action='/logout'] button")).await.unwrap().click().await.unwrap();
+    browser.click("form[action='/logout'] button").await;
     browser.login(Role::Viewer).await;
     let nav = console::PAGES.iter().filter_map(|p| p.nav).map(|(_, path)| path.to_string());
     for page in nav.chain(action_pages) {

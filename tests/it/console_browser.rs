@@ -223,16 +223,71 @@ impl Browser {
     /// Signs in with `role`'s token through the login form; lands on the overview.
     pub async fn login(&self, role: Role) {
         self.open("/login").await;
-        self.client.find(Locator::Css("#token")).await.unwrap().send_keys(token(role)).await.unwrap();
-        self.client.find(Locator::Css("form[action='/login'] button[type='submit']")).await.unwrap().click().await.unwrap();
-        self.client.wait().for_element(Locator::Css("header .who")).await.unwrap();
+        self.fill("#token", token(role)).await;
+        self.click("form[action='/login'] button[type='submit']").await;
+        self.find("header .who").await;
         let who = self.text("header .who").await;
         assert!(who.contains(role.as_str()), "signed in as {role:?}: {who}");
     }
 
-    /// The text of the first element matching `css`.
+    /// The first element matching `css`, waiting (up to 30 s) for it: after a
+    /// click the next page may still be loading, the more so on a busy
+    /// machine (a plain `find` failed there once). Panics naming `css` and
+    /// what the page shows.
+    pub async fn find(&self, css: &str) -> fantoccini::elements::Element {
+        match self.client.wait().for_element(Locator::Css(css)).await {
+            Ok(element) => element,
+            Err(e) => panic!("{css}: {e}; the page shows: {:?}", self.try_text("main").await),
+        }
+    }
+
+    /// The text of the first element matching `css` (waiting for it, as [`Self::find`]).
     pub async fn text(&self, css: &str) -> String {
-        self.client.find(Locator::Css(css)).await.unwrap().text().await.unwrap()
+        self.find(css).await.text().await.unwrap()
+    }
+
+    /// The text of `css` on the current page now, or None (absent, or the page reloads).
+    pub async fn try_text(&self, css: &str) -> Option<String> {
+        self.client.find(Locator::Css(css)).await.ok()?.text().await.ok()
+    }
+
+    /// The texts of every element matching `css` on the current page (no wait:
+    /// call it once the page is known to be there).
+    pub async fn texts(&self, css: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in self.client.find_all(Locator::Css(css)).await.unwrap() {
+            out.push(e.text().await.unwrap());
+        }
+        out
+    }
+
+    /// Waits until the text of `css` satisfies `done`; returns it.
+    pub async fn wait_text(&self, css: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(text) = self.try_text(css).await.filter(|t| done(t)) {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{css}: not as expected within {timeout:?}: {:?}; the page shows: {:?}",
+                self.try_text(css).await,
+                self.try_text("main").await
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Clicks the first element matching `css` (waiting for it).
+    pub async fn click(&self, css: &str) {
+        self.find(css).await.click().await.unwrap();
+    }
+
+    /// Replaces the value of the field matching `css` (waiting for it) with `text`.
+    pub async fn fill(&self, css: &str, text: &str) {
+        let field = self.find(css).await;
+        field.clear().await.unwrap();
+        field.send_keys(text).await.unwrap();
     }
 
     /// The POST forms of the page other than sign-out (its action forms).

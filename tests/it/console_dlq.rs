@@ -17,31 +17,6 @@ use crate::consumer::{consume, produce_lifecycles};
 use crate::dlq::{dead_letter_everything, persist};
 use crate::helpers::TestEnv;
 
-/// The text of `css` on the current page, or None while the page reloads.
-async fn try_text(browser: &Browser, css: &str) -> Option<String> {
-    browser.client.find(Locator::Css(css)).await.ok()?.text().await.ok()
-}
-
-/// Waits until the text of `css` satisfies `done`; returns it.
-async fn wait_text(browser: &Browser, css: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(text) = try_text(browser, css).await.filter(|t| done(t)) {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "{css}: not as expected within {timeout:?}: {:?}", try_text(browser, css).await);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
-async fn click(browser: &Browser, css: &str) {
-    browser.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).click().await.unwrap();
-}
-
-async fn type_into(browser: &Browser, css: &str, text: &str) {
-    browser.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).send_keys(text).await.unwrap();
-}
-
 /// (action, who, item_count, outcome) of the audit rows, oldest first.
 async fn audit_rows(env: &TestEnv) -> Vec<(String, String, i64, String, String)> {
     sqlx::query_as("SELECT action, who, item_count, outcome, target FROM console_audit ORDER BY id")
@@ -73,24 +48,24 @@ async fn an_operator_replays_a_filtered_set_of_1000_dead_letters_from_the_browse
     let browser = Browser::start(&console).await;
     browser.login(Role::Operator).await;
     browser.open("/dead-letters").await;
-    type_into(&browser, "form.filters input[name='group']", group).await;
+    browser.fill("form.filters input[name='group']", group).await;
     browser.client.find(Locator::Css("form.filters select[name='class']")).await.unwrap().select_by_value(&class).await.unwrap();
-    click(&browser, "form.filters button[type='submit']").await;
-    let matching = wait_text(&browser, "#matching", Duration::from_secs(10), |t| t.starts_with("1000 dead letters match")).await;
+    browser.click("form.filters button[type='submit']").await;
+    let matching = browser.wait_text("#matching", Duration::from_secs(10), |t| t.starts_with("1000 dead letters match")).await;
     assert!(matching.contains("Replay these"), "an operator sees the action: {matching}");
     let shown = browser.client.find_all(Locator::Css("table tbody tr")).await.unwrap().len();
     assert_eq!(shown, 50, "one page of 50, newest first");
     browser.screenshots("dead-letters").await;
 
     // The dry run counts first; nothing changes until confirmed.
-    click(&browser, "#replay-filter").await;
-    let count = wait_text(&browser, "#dry-run-count", Duration::from_secs(10), |_| true).await;
+    browser.click("#replay-filter").await;
+    let count = browser.wait_text("#dry-run-count", Duration::from_secs(10), |_| true).await;
     assert_eq!(count, "Dry run: 1000 dead letters match now.");
     assert_eq!(browser.text("#confirm-replay").await, "Replay 1000 dead letters");
     browser.screenshots("dead-letters-replay").await;
     assert_eq!(scalar(&env, "SELECT COUNT(*) FROM dead_letters WHERE consumer_group = ? AND status = 'pending'", group).await, 1_000);
-    click(&browser, "#confirm-replay").await;
-    let done = wait_text(&browser, "#replay-state", Duration::from_secs(60), |t| !t.starts_with("Running")).await;
+    browser.click("#confirm-replay").await;
+    let done = browser.wait_text("#replay-state", Duration::from_secs(60), |t| !t.starts_with("Running")).await;
     assert_eq!(done, "Done: 1000 replayed, 0 failed.");
     browser.screenshots("dead-letters-progress").await;
 
@@ -99,8 +74,8 @@ async fn an_operator_replays_a_filtered_set_of_1000_dead_letters_from_the_browse
     assert_eq!(applied["applied"], 1_000, "{applied}");
 
     // The list shows them replayed; nothing of the filter is pending; the other group is untouched.
-    click(&browser, "#replayed-list").await;
-    let listed = wait_text(&browser, "#matching", Duration::from_secs(10), |_| true).await;
+    browser.click("#replayed-list").await;
+    let listed = browser.wait_text("#matching", Duration::from_secs(10), |_| true).await;
     assert!(listed.starts_with("1000 dead letters match"), "{listed}");
     let statuses: Vec<String> = {
         let mut out = Vec::new();
@@ -179,17 +154,17 @@ async fn an_operator_releases_a_parked_orders_followers_and_they_are_applied_in_
     browser.open(&format!("/held?group={group}")).await;
     assert!(browser.text("#parked-count").await.starts_with("1 parked keys"));
     browser.screenshots("held").await;
-    click(&browser, "table tbody td a").await;
-    wait_text(&browser, "#key-state", Duration::from_secs(10), |t| t == "dead").await;
+    browser.click("table tbody td a").await;
+    browser.wait_text("#key-state", Duration::from_secs(10), |t| t == "dead").await;
     let mut names = Vec::new();
     for cell in browser.client.find_all(Locator::Css("#held-order tbody td:nth-child(3)")).await.unwrap() {
         names.push(cell.text().await.unwrap());
     }
     assert_eq!(names, ["order.created", "order.payment.succeeded", "order.shipped"], "the head, then the held records in order");
     browser.screenshots("held-key").await;
-    type_into(&browser, "#head-reason", "created carried a bad address; fixed by hand").await;
-    click(&browser, "#release").await;
-    wait_text(&browser, "#parked-count", Duration::from_secs(10), |_| true).await;
+    browser.fill("#head-reason", "created carried a bad address; fixed by hand").await;
+    browser.click("#release").await;
+    browser.wait_text("#parked-count", Duration::from_secs(10), |_| true).await;
     browser.close().await;
 
     // The group's consumer applies the released records, in order; the head never.

@@ -531,57 +531,6 @@ fn subjects_versions_and_the_diff_of_two_versions() {
     });
 }
 
-/// The texts of every element matching `css`.
-async fn texts(browser: &Browser, css: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in browser.client.find_all(Locator::Css(css)).await.unwrap() {
-        out.push(e.text().await.unwrap());
-    }
-    out
-}
-
-/// Waits (up to 10 s) until the text of `css` satisfies `done` (the page
-/// after a click may still be loading); returns it.
-async fn wait_text(browser: &Browser, css: &str, done: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = match browser.client.find(Locator::Css(css)).await {
-            Ok(e) => e.text().await.ok(),
-            Err(_) => None,
-        };
-        if let Some(text) = text.filter(|t| done(t)) {
-            return text;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{css}: not as expected within 10 s; the page says: {:?}",
-            browser.client.find(Locator::Css("main")).await.ok()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-async fn click(browser: &Browser, css: &str) {
-    browser
-        .client
-        .find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap();
-}
-
-async fn fill(browser: &Browser, css: &str, text: &str) {
-    let field = browser
-        .client
-        .find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"));
-    field.clear().await.unwrap();
-    field.send_keys(text).await.unwrap();
-}
-
 /// In a browser, a viewer finds an order's events by its id: every event
 /// decoded (event name, envelope with the order id, schema id, headers),
 /// and a poison record with the same key shown as undecodable, not as an
@@ -629,8 +578,8 @@ async fn the_explorer_finds_an_orders_events_and_shows_a_poison_record_as_undeco
     let browser = Browser::start(&console).await;
     browser.login(Role::Viewer).await;
     browser.open("/topics").await;
-    fill(&browser, "#order_id", &order).await;
-    click(&browser, "form[action='/topics'] button[type='submit']").await;
+    browser.fill("#order_id", &order).await;
+    browser.click("form[action='/topics'] button[type='submit']").await;
     browser
         .client
         .wait()
@@ -650,7 +599,7 @@ async fn the_explorer_finds_an_orders_events_and_shows_a_poison_record_as_undeco
         )),
         "{heading}"
     );
-    let decoded = texts(&browser, "article[data-kind='envelope']").await;
+    let decoded = browser.texts("article[data-kind='envelope']").await;
     assert_eq!(decoded.len(), events, "every event of the order decoded");
     for text in &decoded {
         assert!(
@@ -658,7 +607,7 @@ async fn the_explorer_finds_an_orders_events_and_shows_a_poison_record_as_undeco
             "{text}"
         );
     }
-    let poison = texts(&browser, "article[data-kind='undecodable']").await;
+    let poison = browser.texts("article[data-kind='undecodable']").await;
     assert_eq!(poison.len(), 1, "{poison:?}");
     assert!(
         poison[0].contains("undecodable: not_framed") && poison[0].contains("magic byte is 0x7b"),
@@ -718,23 +667,9 @@ async fn the_explorer_finds_an_orders_events_and_shows_a_poison_record_as_undeco
     assert!(!browser.text("main pre.json").await.contains("coupon"), "version 1 has no coupon");
     browser.screenshots("schema").await;
     browser.open(&format!("/schemas/{subject}")).await;
-    browser
-        .client
-        .find(Locator::Css("#old option[value='1']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    browser
-        .client
-        .find(Locator::Css("#new option[value='2']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    click(&browser, "form.filters button[type='submit']").await;
+    browser.click("#old option[value='1']").await;
+    browser.click("#new option[value='2']").await;
+    browser.click("form.filters button[type='submit']").await;
     browser
         .client
         .wait()
@@ -788,13 +723,13 @@ async fn subscription_actions_in_the_browser_write_audit_rows() {
     let browser = Browser::start(&console).await;
     browser.login(Role::Operator).await;
     browser.open("/subscriptions/new").await;
-    fill(&browser, "#event", "shop.table_user.insert").await;
-    click(&browser, "#consumer option[value='sms']").await;
-    fill(&browser, "#bind_key", "user").await;
-    fill(&browser, "#filters", "status:between:1").await;
-    click(&browser, "form.stack button[type='submit']").await;
+    browser.fill("#event", "shop.table_user.insert").await;
+    browser.click("#consumer option[value='sms']").await;
+    browser.fill("#bind_key", "user").await;
+    browser.fill("#filters", "status:between:1").await;
+    browser.click("form.stack button[type='submit']").await;
     // Refused, the form shown again naming the field, nothing created.
-    let alert = wait_text(&browser, "[role='alert']", |_| true).await;
+    let alert = browser.wait_text("[role='alert']", Duration::from_secs(20), |_| true).await;
     assert!(
         alert.starts_with("filters:") && alert.contains("accepted forms"),
         "{alert}"
@@ -807,9 +742,9 @@ async fn subscription_actions_in_the_browser_write_audit_rows() {
             .is_empty()
     );
     browser.screenshots("subscription-form").await;
-    fill(&browser, "#filters", "status:eq:1").await;
-    click(&browser, "form.stack button[type='submit']").await;
-    wait_text(&browser, "h1", |t| t == "Subscriptions").await;
+    browser.fill("#filters", "status:eq:1").await;
+    browser.click("form.stack button[type='submit']").await;
+    browser.wait_text("h1", Duration::from_secs(20), |t| t == "Subscriptions").await;
     let subs = cli_store
         .list_subscriptions(&Default::default())
         .await
@@ -823,15 +758,11 @@ async fn subscription_actions_in_the_browser_write_audit_rows() {
     );
     assert_eq!(browser.text(&format!("#sub-{id} .state")).await, "enabled");
 
-    click(
-        &browser,
-        &format!("#sub-{id} a[href='/subscriptions/{id}/edit']"),
-    )
-    .await;
-    fill(&browser, "#bind_key", "user2").await;
-    fill(&browser, "#filters", "status:changed:1->2").await;
-    click(&browser, "form.stack button[type='submit']").await;
-    wait_text(&browser, &format!("#sub-{id}"), |t| {
+    browser.click(&format!("#sub-{id} a[href='/subscriptions/{id}/edit']")).await;
+    browser.fill("#bind_key", "user2").await;
+    browser.fill("#filters", "status:changed:1->2").await;
+    browser.click("form.stack button[type='submit']").await;
+    browser.wait_text(&format!("#sub-{id}"), Duration::from_secs(20), |t| {
         t.contains("sms.user2.consumer")
     })
     .await;
@@ -841,15 +772,15 @@ async fn subscription_actions_in_the_browser_write_audit_rows() {
         ("user2", "status:changed:1->2".to_string())
     );
 
-    click(&browser, &format!("#sub-{id} form button")).await;
-    wait_text(&browser, &format!("#sub-{id} .state"), |t| t == "disabled").await;
+    browser.click(&format!("#sub-{id} form button")).await;
+    browser.wait_text(&format!("#sub-{id} .state"), Duration::from_secs(20), |t| t == "disabled").await;
     assert!(!cli_store.subscription(id).await.unwrap().enabled);
-    click(&browser, &format!("#sub-{id} form button")).await;
-    wait_text(&browser, &format!("#sub-{id} .state"), |t| t == "enabled").await;
+    browser.click(&format!("#sub-{id} form button")).await;
+    browser.wait_text(&format!("#sub-{id} .state"), Duration::from_secs(20), |t| t == "enabled").await;
     assert!(cli_store.subscription(id).await.unwrap().enabled);
 
-    click(&browser, "#apply-now").await;
-    let notice = wait_text(&browser, "[role='status']", |_| true).await;
+    browser.click("#apply-now").await;
+    let notice = browser.wait_text("[role='status']", Duration::from_secs(20), |_| true).await;
     let request = cli_store.latest_request().await.unwrap().unwrap();
     assert_eq!(
         (request.kind, request.origin.as_str()),
