@@ -204,6 +204,23 @@ pub fn routes(state: Arc<HealthState>) -> Router {
         .with_state(state)
 }
 
+/// Serves `app` with the health endpoints merged in on `addr` (port 0 picks
+/// one) until `shutdown`; reports the bound address through `bound`. The
+/// order API, the admin API and the console are served this way.
+pub async fn serve_app(
+    addr: SocketAddr,
+    app: axum::Router,
+    health: Arc<HealthState>,
+    bound: impl FnOnce(SocketAddr),
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    bound(listener.local_addr()?);
+    axum::serve(listener, app.merge(routes(health)))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
 /// Serves the endpoints on `addr` (port 0 picks one); returns the bound address.
 pub async fn serve(addr: SocketAddr, state: Arc<HealthState>) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;

@@ -51,10 +51,7 @@ pub async fn serve(
     bound: impl FnOnce(SocketAddr),
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    bound(listener.local_addr()?);
-    let app = router(service).merge(crate::health::routes(health));
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    crate::health::serve_app(addr, router(service), health, bound, shutdown).await
 }
 
 /// The order routes, with a request counter by route and status.

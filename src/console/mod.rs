@@ -346,13 +346,10 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let health = crate::health::HealthState::service();
     crate::health::watch_db(state.db().clone(), health.clone());
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    bound(listener.local_addr()?);
     // The first lag measurement starts now, so the first overview need not wait for it.
     let warm = state.clone();
     tokio::spawn(async move { warm.lag_cache().latest(&warm).await });
-    let app = router(state).merge(crate::health::routes(health));
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    crate::health::serve_app(addr, router(state), health, bound, shutdown).await
 }
 
 /// The page label of a path for the metrics: its first segment when a

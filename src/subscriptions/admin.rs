@@ -174,12 +174,7 @@ pub async fn serve(
     bound: impl FnOnce(SocketAddr),
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    bound(listener.local_addr()?);
-    let app = router(state).merge(crate::health::routes(health));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    crate::health::serve_app(addr, router(state), health, bound, shutdown).await
 }
 
 /// Counts each request by resource (the path's first segment), method
