@@ -453,7 +453,11 @@ async fn replay_filter(State(state): State<ConsoleState>, principal: Principal, 
     let target = json!({"filter": form.filter.audit_json(), "upto_id": upto, "run": run});
     audit_row(&state, &principal, "dead_letters.replay", target.clone(), count as u64, "started").await?;
     let task_state = state.clone();
-    tokio::spawn(async move {
+    // Polled on a thread of its own, as the CLI's replay is (its runtime's
+    // main thread), not on the workers that also serve the console's pages.
+    let runtime = tokio::runtime::Handle::current();
+    let replay_thread = std::thread::Builder::new().name(format!("console-replay-{run}"));
+    let task = async move {
         let result = run_replay(&task_state, &filter, bound, || tracker.settle()).await;
         let (replayed, outcome) = match &result {
             Ok(s) if s.failed.is_empty() => (s.replayed, "ok".to_string()),
@@ -466,7 +470,10 @@ async fn replay_filter(State(state): State<ConsoleState>, principal: Principal, 
         if let Err(e) = audit::record(task_state.db(), &principal, "dead_letters.replay.done", &target, replayed, &outcome).await {
             tracing::warn!(error = %e, run, "console: the replay's closing audit row failed");
         }
-    });
+    };
+    replay_thread
+        .spawn(move || runtime.block_on(task))
+        .map_err(|e| ConsoleError::Unavailable(format!("replay {run} could not start a thread: {e}")))?;
     Ok(Redirect::to(&format!("/dead-letters/replays/{run}")).into_response())
 }
 
