@@ -27,6 +27,7 @@
 //! [`CdcSettings`] is the `[cdc]` section of the configuration.
 
 pub mod binlog;
+pub mod catalogue;
 pub mod change;
 pub mod checkpoint;
 pub mod snapshot;
@@ -77,6 +78,11 @@ pub struct CdcSettings {
     pub server_id: u32,
     /// Tables captured, `db.table`.
     pub tables: Vec<String>,
+    /// The `cdc_sources` row to capture instead of `tables`: its host,
+    /// port and user, and the tables of its event definitions
+    /// ([`catalogue`]); the password stays in `source` / `database.url`.
+    #[serde(default)]
+    pub source_name: Option<String>,
     /// Change topics are `<topic_prefix>.<db>.<table>`.
     pub topic_prefix: String,
     /// The compacted topic of the checkpoints.

@@ -9,8 +9,10 @@ use super::OutputArg;
 use super::consume::shutdown_signal;
 use super::output::Output;
 use crate::cdc::binlog::BinlogPosition;
-use crate::cdc::{CdcOptions, CdcSections};
+use crate::cdc::catalogue::{Capture, Watch, source_url};
+use crate::cdc::{CdcOptions, CdcSections, CdcSummary};
 use crate::config::Settings;
+use crate::subscriptions::store::Origin;
 
 /// Flags of `orderpipe cdc`; each overrides its `[cdc]` key.
 #[derive(Debug, Args)]
@@ -18,6 +20,10 @@ pub struct CdcArgs {
     /// Table to capture, <database>.<table> (repeatable or comma-separated). Default: cdc.tables.
     #[arg(long = "table", value_delimiter = ',')]
     tables: Vec<String>,
+    /// Capture the cdc_sources row NAME instead: its host, port and user, and the tables of
+    /// its event definitions (password: cdc.source / database.url). Default: cdc.source_name.
+    #[arg(long = "source", value_name = "NAME")]
+    source_name: Option<String>,
     /// Source name: key of its checkpoint, part of its transactional.id. Default: cdc.name.
     #[arg(long)]
     name: Option<String>,
@@ -73,6 +79,11 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
     // Before start-up: a SIGTERM in it stops the process cleanly rather than killing it.
     super::signals::install()?;
     let mut cdc = settings.cdc.clone();
+    let tables_by = if args.tables.is_empty() {
+        "cdc.tables"
+    } else {
+        "--table"
+    };
     if !args.tables.is_empty() {
         cdc.tables = args.tables;
     }
@@ -82,18 +93,67 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
     if let Some(id) = args.server_id {
         cdc.server_id = id;
     }
+    let source_by = if args.source_name.is_some() {
+        "--source"
+    } else {
+        "cdc.source_name"
+    };
+    if let Some(name) = args.source_name {
+        cdc.source_name = Some(name);
+    }
+    // The process's own source URL: the password of a cdc_sources row's user.
+    let own_source = cdc.source.clone();
+    let mut watch = None;
+    if let Some(name) = cdc.source_name.clone() {
+        if !cdc.tables.is_empty() {
+            anyhow::bail!(
+                "{source_by} {name} and {tables_by} both say what to capture: use one \
+                 (the source's event definitions, or a list of tables)"
+            );
+        }
+        let db = crate::db::Db::connect(&settings.database, 1)?;
+        // cdc only reads the control plane; the origin labels writes.
+        let store = crate::subscriptions::Store::new(db, Origin::Cli);
+        let (w, capture) = Watch::start(store, &name, &cdc).await?;
+        apply(settings, &mut cdc, own_source.as_ref(), &capture)?;
+        watch = Some((w, capture));
+    }
     crate::metrics::install();
     let health = crate::cdc::health();
     if let Some(addr) = args.health_addr {
         let bound = crate::health::serve(addr, health.clone()).await?;
         eprintln!("health endpoints on http://{bound}/health/ready");
     }
-    let sections = sections(settings, &cdc);
-    let options = CdcOptions {
-        start_position: args.start_position,
-        health: Some(health),
-    };
-    let summary = crate::cdc::run(sections, options, shutdown_signal()).await?;
+    let mut summary = CdcSummary::default();
+    loop {
+        let options = CdcOptions {
+            start_position: args.start_position.clone(),
+            health: Some(health.clone()),
+        };
+        // Stops the stream at a signal, or (--source) when the control
+        // plane changes what it captures: then it starts again from its checkpoint.
+        let mut next = None;
+        let stop = async {
+            match watch.as_mut() {
+                Some((w, current)) => tokio::select! {
+                    () = shutdown_signal() => {}
+                    capture = w.changed(&cdc, current) => next = Some(capture),
+                },
+                None => shutdown_signal().await,
+            }
+        };
+        let run = crate::cdc::run(sections(settings, &cdc), options, stop).await?;
+        summary.changes += run.changes;
+        summary.binlog_transactions += run.binlog_transactions;
+        summary.kafka_transactions += run.kafka_transactions;
+        summary.started_at = summary.started_at.or(run.started_at);
+        summary.checkpoint = run.checkpoint.or(summary.checkpoint);
+        let (Some(capture), Some((_, current))) = (next, watch.as_mut()) else {
+            break;
+        };
+        apply(settings, &mut cdc, own_source.as_ref(), &capture)?;
+        *current = capture;
+    }
     match args.output.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
         Output::Table => println!(
@@ -110,6 +170,33 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
         ),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Points `cdc` at the source row of `capture` and its tables (see
+/// [`crate::cdc::catalogue`]) and says so; `own_source` (or `database.url`)
+/// gives the password.
+fn apply(
+    settings: &Settings,
+    cdc: &mut crate::cdc::CdcSettings,
+    own_source: Option<&secrecy::SecretString>,
+    capture: &Capture,
+) -> anyhow::Result<()> {
+    let (secret, field) = match own_source {
+        Some(url) => (url, "cdc.source"),
+        None => (&settings.database.url, "database.url"),
+    };
+    cdc.source = Some(source_url(&capture.source, secret, field)?);
+    cdc.tables = capture.tables.clone();
+    eprintln!(
+        "cdc {}: source `{}` ({}:{} as {}) from cdc_sources captures {}",
+        cdc.name,
+        capture.source.name,
+        capture.source.db_host,
+        capture.source.db_port,
+        capture.source.db_user,
+        capture.tables.join(", ")
+    );
+    Ok(())
 }
 
 /// Runs `orderpipe cdc snapshot`.

@@ -72,11 +72,20 @@ pub fn check_routing_key(field: &str, key: &str) -> Result<(), Invalid> {
 /// for a CDC routing key `<db>.<table>.<insert|update|delete>` (what
 /// `orderpipe cdc` writes), otherwise the order topic `order_topic`.
 pub fn default_topic(routing_key: &str, order_topic: &str) -> String {
-    let parts: Vec<&str> = routing_key.split('.').collect();
-    match parts.as_slice() {
-        [db, table, op] if CDC_OPERATIONS.contains(op) => format!("cdc.{db}.{table}"),
-        _ => order_topic.to_string(),
+    match cdc_table(routing_key) {
+        Some(table) => format!("cdc.{table}"),
+        None => order_topic.to_string(),
     }
+}
+
+/// The table `<db>.<table>` of a CDC routing key
+/// `<db>.<table>.<insert|update|delete>`; `None` for an order event name.
+pub fn cdc_table(routing_key: &str) -> Option<&str> {
+    let (table, op) = routing_key.rsplit_once('.')?;
+    let is_table = table
+        .split_once('.')
+        .is_some_and(|(db, t)| !db.is_empty() && !t.is_empty() && !t.contains('.'));
+    (is_table && CDC_OPERATIONS.contains(&op)).then_some(table)
 }
 
 /// A binlog source (seed 003's `maxwell_instance`); its password lives in
@@ -448,6 +457,10 @@ mod tests {
             default_topic("order_db.table_user.insert", "order.events.v1"),
             "cdc.order_db.table_user"
         );
+        assert_eq!(cdc_table("order_db.table_user.update"), Some("order_db.table_user"));
+        for not_cdc in ["order.created", "a.b.c.insert", "a.b.upsert", ".b.insert"] {
+            assert_eq!(cdc_table(not_cdc), None, "{not_cdc}");
+        }
         assert_eq!(
             default_topic("order.payment.succeeded", "order.events.v1"),
             "order.events.v1"

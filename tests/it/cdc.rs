@@ -19,8 +19,8 @@ pub(crate) struct Source {
     pub(crate) env: TestEnv,
     pub(crate) database: String,
     pool: MySqlPool,
-    server_id: String,
-    start: String,
+    pub(crate) server_id: String,
+    pub(crate) start: String,
 }
 
 impl Source {
@@ -92,7 +92,7 @@ impl Source {
 
     /// Reads exactly `count` changes of `table` (read_committed; fails on
     /// fewer within the timeout or on one more) and decodes them.
-    async fn changes(
+    pub(crate) async fn changes(
         &self,
         table: &str,
         count: usize,

@@ -1,0 +1,255 @@
+//! `orderpipe cdc --source NAME`: the source and its tables from the
+//! control plane's tables (seed 003: the control plane names the data
+//! sources and the events, Maxwell captures what they name).
+//!
+//! The `cdc_sources` row `NAME` gives the host, port and replication user;
+//! the password stays in the cdc process's own secret configuration (the
+//! password of `cdc.source`, or of `database.url` when that is unset),
+//! never in the table. The tables captured are those of the event
+//! definitions linked to the source (`event_definitions.source_id`):
+//! routing key `<db>.<table>.<insert|update|delete>` -> table
+//! `<db>.<table>`. A table is captured whole (its inserts, updates and
+//! deletes), so one definition of it is enough; routers deliver only the
+//! routing keys subscribed to.
+//!
+//! Changes apply without a restart, the way routers pick them up: every
+//! write to the control plane adds a `control_requests` row; [`Watch`]
+//! polls the latest id every second and, when it moved, reads the capture
+//! again. A different one (a table more or less, another host, port or
+//! user) stops the running stream cleanly (its last batch and checkpoint
+//! committed) and starts it again with the new tables from that
+//! checkpoint, in the same process: nothing lost, nothing twice.
+//! A change that would be refused at start (source disabled or removed,
+//! no event definition left) is logged and the current capture kept; it
+//! applies (is refused) at the next start.
+
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+
+use super::{CdcError, CdcSettings};
+use crate::subscriptions::model::cdc_table;
+use crate::subscriptions::{Source, Store, SubsError};
+
+/// What the control plane says a source captures.
+#[derive(Debug, Clone)]
+pub struct Capture {
+    /// The `cdc_sources` row.
+    pub source: Source,
+    /// Its tables, `db.table`, sorted, each once.
+    pub tables: Vec<String>,
+}
+
+/// Reads source `name` and its event definitions from `store`; refuses an
+/// unknown or disabled source, a source without CDC event definitions and
+/// a definition whose topic is not the one `cdc` writes for its table.
+pub async fn capture(store: &Store, name: &str, cdc: &CdcSettings) -> Result<Capture, CdcError> {
+    let setup = |what: String| CdcError::Setup(what);
+    // A database that fails is worth retrying ([`Watch`]); a missing row is not.
+    let read = |e: SubsError, what: &str| match e {
+        SubsError::Db(e) => CdcError::Unreachable(format!("--source {name}: reading {what}: {e}")),
+        e => setup(format!("--source {name}: {e} ({what})")),
+    };
+    let source = store
+        .source(name)
+        .await
+        .map_err(|e| read(e, "cdc_sources"))?;
+    if !source.enabled {
+        return Err(setup(format!(
+            "--source {name}: source `{name}` is disabled (cdc_sources.enabled = 0); \
+             enable it with `orderpipe subs enable source {name}`"
+        )));
+    }
+    let events = store
+        .list_events()
+        .await
+        .map_err(|e| read(e, "event_definitions"))?;
+    let mut tables = Vec::new();
+    for event in events.iter().filter(|e| e.source.as_deref() == Some(name)) {
+        let Some(table) = cdc_table(&event.routing_key) else {
+            tracing::warn!(
+                source = name,
+                event = %event.routing_key,
+                "cdc: event definition of this source is not <db>.<table>.<insert|update|delete>; nothing to capture for it"
+            );
+            continue;
+        };
+        let writes = cdc.topic_of(table);
+        if event.topic != writes {
+            return Err(setup(format!(
+                "event definition `{}` of source `{name}` reads topic `{}`, but cdc writes {table} to `{writes}` \
+                 (cdc.topic_prefix = {:?}): change the event's topic (orderpipe subs update event {} --topic {writes}) \
+                 or cdc.topic_prefix",
+                event.routing_key, event.topic, cdc.topic_prefix, event.routing_key
+            )));
+        }
+        tables.push(table.to_string());
+    }
+    tables.sort();
+    tables.dedup();
+    if tables.is_empty() {
+        return Err(setup(format!(
+            "--source {name}: no event definition <db>.<table>.<insert|update|delete> names source `{name}`, \
+             so there is nothing to capture; add one (orderpipe subs add event DB.TABLE.insert --source {name})"
+        )));
+    }
+    Ok(Capture { source, tables })
+}
+
+/// How often [`Watch`] reads the latest control request (as routers do).
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Follows the control plane for one source (see the module docs).
+pub struct Watch {
+    store: Store,
+    name: String,
+    seen: Option<i64>,
+}
+
+impl Watch {
+    /// The capture of source `name` now, and a watch of what changes after it.
+    pub async fn start(
+        store: Store,
+        name: &str,
+        cdc: &CdcSettings,
+    ) -> Result<(Self, Capture), CdcError> {
+        // The request id first: a change made while the capture is read is seen again.
+        let seen = store
+            .latest_request()
+            .await
+            .map_err(|e| {
+                CdcError::Unreachable(format!("--source {name}: reading control_requests: {e}"))
+            })?
+            .map(|r| r.id);
+        let capture = capture(&store, name, cdc).await?;
+        let watch = Self {
+            store,
+            name: name.to_string(),
+            seen,
+        };
+        Ok((watch, capture))
+    }
+
+    /// Resolves with the new capture once the control plane changes what
+    /// `current` captures; until then polls every [`POLL_INTERVAL`]. A
+    /// database that cannot be read, or a capture now refused, is logged
+    /// and waited out.
+    pub async fn changed(&mut self, cdc: &CdcSettings, current: &Capture) -> Capture {
+        loop {
+            tokio::time::sleep(POLL_INTERVAL).await;
+            let latest = match self.store.latest_request().await {
+                Ok(latest) => latest.map(|r| r.id),
+                Err(e) => {
+                    tracing::warn!(source = %self.name, error = %e, "cdc: cannot read control_requests; keeps its capture");
+                    continue;
+                }
+            };
+            if latest == self.seen {
+                continue;
+            }
+            match capture(&self.store, &self.name, cdc).await {
+                Ok(next) => {
+                    self.seen = latest;
+                    if !next.same_as(current) {
+                        return next;
+                    }
+                }
+                Err(CdcError::Setup(e)) => {
+                    self.seen = latest;
+                    tracing::warn!(source = %self.name, error = %e, tables = %current.tables.join(","),
+                        "cdc: the control plane's change is refused; keeps capturing its tables");
+                }
+                Err(e) => {
+                    tracing::warn!(source = %self.name, error = %e, "cdc: cannot read the control plane; keeps its capture")
+                }
+            }
+        }
+    }
+}
+
+impl Capture {
+    /// Whether `other` reads the same server as the same user and the same tables.
+    pub fn same_as(&self, other: &Capture) -> bool {
+        let s = (
+            &self.source.db_host,
+            self.source.db_port,
+            &self.source.db_user,
+        );
+        let o = (
+            &other.source.db_host,
+            other.source.db_port,
+            &other.source.db_user,
+        );
+        s == o && self.tables == other.tables
+    }
+}
+
+/// The URL of `source`'s row: host, port and user from the row, the
+/// password (and options) from `secret`, the process's own source URL
+/// (`field` names where it came from, for errors).
+pub fn source_url(
+    source: &Source,
+    secret: &SecretString,
+    field: &str,
+) -> Result<SecretString, CdcError> {
+    let mut url = url::Url::parse(secret.expose_secret())
+        .map_err(|e| CdcError::Setup(format!("{field}: not a mysql:// URL: {e}")))?;
+    let port = u16::try_from(source.db_port).map_err(|_| {
+        CdcError::Setup(format!(
+            "cdc_sources `{}`: db_port = {} is not a port (1-65535)",
+            source.name, source.db_port
+        ))
+    })?;
+    url.set_host(Some(&source.db_host)).map_err(|e| {
+        CdcError::Setup(format!(
+            "cdc_sources `{}`: db_host = {:?}: {e}",
+            source.name, source.db_host
+        ))
+    })?;
+    // Cannot fail for a URL with a host (set just above).
+    let _ = url.set_port(Some(port));
+    let _ = url.set_username(&source.db_user);
+    Ok(SecretString::from(url.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(host: &str, port: i32, user: &str) -> Source {
+        Source {
+            id: 1,
+            name: "order_db".into(),
+            db_host: host.into(),
+            db_port: port,
+            db_user: user.into(),
+            enabled: true,
+            description: String::new(),
+            created_ms: 0,
+            updated_ms: 0,
+        }
+    }
+
+    #[test]
+    fn the_row_gives_host_port_user_and_the_secret_the_password() {
+        let secret = SecretString::from("mysql://other:s3cret@127.0.0.1:3306/orderpipe");
+        let url = source_url(&row("db-1.internal", 3307, "repl"), &secret, "cdc.source").unwrap();
+        assert_eq!(
+            url.expose_secret(),
+            "mysql://repl:s3cret@db-1.internal:3307/orderpipe"
+        );
+        let err = source_url(&row("h", 70000, "repl"), &secret, "cdc.source").unwrap_err();
+        assert!(err.to_string().contains("db_port = 70000"), "{err}");
+        let err = source_url(
+            &row("h", 1, "u"),
+            &SecretString::from("nope"),
+            "database.url",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("database.url: not a mysql:// URL"),
+            "{err}"
+        );
+    }
+}
