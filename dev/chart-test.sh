@@ -208,6 +208,10 @@ cdc=(--set cdc.enabled=true --set 'config.cdc.tables={shop.table_user}')
 expect_fail "two cdc replicas (one binlog reader per source)" 'cdc.replicas is 2; accepted: 1 (one binlog reader per source' \
   render "${cdc[@]}" --set cdc.replicas=2
 expect_fail "cdc without tables" 'cdc.enabled: config.cdc.tables is empty' render --set cdc.enabled=true
+expect_fail "cdc with tables and a cdc_sources row" 'config.cdc.source_name and config.cdc.tables both say' \
+  render "${cdc[@]}" --set config.cdc.source_name=shop
+render --set cdc.enabled=true --set config.cdc.source_name=shop | grep -q 'source_name' \
+  || { echo "cdc with config.cdc.source_name alone does not render it" >&2; exit 1; }
 expect_fail "the binlog source's credentials inline" 'config.cdc.source is a secret' \
   render "${cdc[@]}" --set config.cdc.source=mysql://repl:pw@db:3306
 expect_fail "the admin token inline" 'config.admin.token is a secret' render --set config.admin.token=0123456789abcdef
