@@ -41,9 +41,26 @@ const HEARTBEAT: Duration = Duration::from_secs(2);
 /// No event (not even a heartbeat) this long: the connection is dead.
 const SILENCE_LIMIT: Duration = Duration::from_secs(15);
 
+/// How `cdc` asks for the binlog when it (re)connects (`[cdc] resume`,
+/// `--resume`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ResumeMode {
+    /// By file and position on the server that wrote the checkpoint; by
+    /// GTID when the server answering has another `@@server_id` (a
+    /// failover). Checkpoints without a server (older ones) resume by position.
+    #[default]
+    Auto,
+    /// Always by file and position (the checkpoint's server must answer).
+    Position,
+    /// Always by the checkpoint's GTID state (any server of the
+    /// replication topology with the GTIDs in its binlog).
+    Gtid,
+}
+
 /// A position in the binlog a reader can resume from: the end of a whole
 /// transaction.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BinlogPosition {
     /// Binlog file name, e.g. `mariadb-bin.000002`.
     pub file: String,
@@ -52,6 +69,53 @@ pub struct BinlogPosition {
     /// The GTID of the transaction that ends here, when known.
     #[serde(default)]
     pub gtid: Option<String>,
+    /// `@@server_id` of the server whose binlog `file` and `pos` are in
+    /// (absent in checkpoints written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_id: Option<u32>,
+    /// The GTID position here: the last GTID of every replication domain
+    /// (`0-1-18,7-1-3`), what `@slave_connect_state` takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gtid_state: Option<String>,
+}
+
+impl BinlogPosition {
+    /// The GTID position to resume from: the recorded state, else (older
+    /// checkpoints, one replication domain) the last transaction's GTID.
+    pub fn resume_gtid_state(&self) -> Option<&str> {
+        self.gtid_state
+            .as_deref()
+            .or(self.gtid.as_deref())
+            .filter(|s| !s.is_empty())
+    }
+}
+
+/// True for a GTID position MariaDB takes: `domain-server-sequence`, comma separated.
+fn is_gtid_state(text: &str) -> bool {
+    !text.is_empty()
+        && text.split(',').all(|gtid| {
+            let parts: Vec<&str> = gtid.trim().split('-').collect();
+            parts.len() == 3
+                && parts
+                    .iter()
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+}
+
+/// The GTID position of `state` (last GTID per domain), domains in order.
+fn render_gtid_state(state: &std::collections::BTreeMap<u32, String>) -> Option<String> {
+    (!state.is_empty()).then(|| state.values().cloned().collect::<Vec<_>>().join(","))
+}
+
+/// Reads a GTID position into its last GTID per domain.
+fn parse_gtid_state(text: &str) -> std::collections::BTreeMap<u32, String> {
+    text.split(',')
+        .filter_map(|gtid| {
+            let gtid = gtid.trim();
+            let domain = gtid.split('-').next()?.parse().ok()?;
+            Some((domain, gtid.to_string()))
+        })
+        .collect()
 }
 
 impl BinlogPosition {
@@ -73,7 +137,7 @@ impl BinlogPosition {
         Ok(Self {
             file: file.to_string(),
             pos,
-            gtid: None,
+            ..Self::default()
         })
     }
 }
@@ -185,6 +249,12 @@ pub struct BinlogReader {
     seen_format: bool,
     /// Where this stream started.
     start: BinlogPosition,
+    /// `@@server_id` of the server streaming.
+    source_server: u32,
+    /// The GTID position this stream started from, when it asked by GTID.
+    by_gtid: Option<String>,
+    /// The last GTID of each replication domain read so far.
+    gtid_state: std::collections::BTreeMap<u32, String>,
 }
 
 /// Server settings `orderpipe cdc` needs, with the value it needs.
@@ -272,23 +342,77 @@ pub async fn current_position(conn: &mut Conn) -> Result<BinlogPosition, CdcErro
         .query_first("SELECT @@gtid_binlog_pos")
         .await
         .unwrap_or(None);
+    let gtid = gtid.flatten().filter(|g| !g.is_empty());
     Ok(BinlogPosition {
         file,
         pos,
-        gtid: gtid.flatten().filter(|g| !g.is_empty()),
+        gtid_state: gtid.clone(),
+        gtid,
+        server_id: Some(server_id(conn).await?),
     })
+}
+
+/// The server's `@@server_id`: which server's binlog a position is in.
+pub async fn server_id(conn: &mut Conn) -> Result<u32, CdcError> {
+    let id: Option<u32> = conn
+        .query_first("SELECT @@server_id")
+        .await
+        .map_err(|e| CdcError::Source(format!("cannot read @@server_id: {e}")))?;
+    id.ok_or_else(|| CdcError::Source("@@server_id is empty".into()))
 }
 
 impl BinlogReader {
     /// Opens a replica connection as `server_id` reading from `from`, keeping
-    /// the changes of `tables` (`db.table`).
+    /// the changes of `tables` (`db.table`). By file and position, or by
+    /// `from`'s GTID position (MariaDB's `@slave_connect_state`) as `resume`
+    /// says; [`ResumeMode::Auto`] asks by GTID when the server answering is
+    /// not the one that wrote `from` (a failover).
     pub async fn open(
         url: &str,
         server_id: u32,
         from: &BinlogPosition,
+        resume: ResumeMode,
         tables: &[String],
     ) -> Result<Self, CdcError> {
         let mut conn = connect(url).await?;
+        let source_server = self::server_id(&mut conn).await?;
+        let by_gtid = match resume {
+            ResumeMode::Position => false,
+            ResumeMode::Gtid => true,
+            ResumeMode::Auto => from.server_id.is_some_and(|s| s != source_server),
+        };
+        let by_gtid = if by_gtid {
+            let state = from.resume_gtid_state().ok_or_else(|| {
+                CdcError::Setup(format!(
+                    "cannot resume by GTID on server {source_server}: the checkpoint {from} has no GTID; \
+                     start a new source name with --start-position FILE:POS on this server"
+                ))
+            })?;
+            if !is_gtid_state(state) {
+                return Err(CdcError::Setup(format!(
+                    "the checkpoint's GTID position {state:?} is not domain-server-sequence[,...]"
+                )));
+            }
+            Some(state.to_string())
+        } else {
+            None
+        };
+        // The GTID position at `from` (every domain, not only the last
+        // transaction's), so the next checkpoints carry a whole one.
+        let gtid_state = match &by_gtid {
+            Some(state) => parse_gtid_state(state),
+            None => {
+                let at: Option<Option<String>> = conn
+                    .exec_first("SELECT BINLOG_GTID_POS(?, ?)", (&from.file, from.pos))
+                    .await
+                    .unwrap_or(None);
+                at.flatten()
+                    .filter(|s| !s.is_empty())
+                    .or_else(|| from.resume_gtid_state().map(str::to_string))
+                    .map(|s| parse_gtid_state(&s))
+                    .unwrap_or_default()
+            }
+        };
         let checksum: Option<String> = conn
             .query_first("SELECT @@binlog_checksum")
             .await
@@ -300,20 +424,38 @@ impl BinlogReader {
         };
         // MariaDB: send its GTID events (capability 4 = GTID) instead of
         // rewriting them as BEGIN queries, and heartbeats while idle.
-        for set in [
+        let mut sets = vec![
             "SET @mariadb_slave_capability = 4".to_string(),
             format!("SET @master_heartbeat_period = {}", HEARTBEAT.as_nanos()),
-        ] {
+        ];
+        if let Some(state) = &by_gtid {
+            // MariaDB's GTID resume: the server starts after these GTIDs
+            // (checked to be digits and dashes above), and in strict mode
+            // refuses a state its binlog does not hold instead of guessing.
+            sets.push(format!("SET @slave_connect_state = '{state}'"));
+            sets.push("SET @slave_gtid_strict_mode = 1".to_string());
+            tracing::info!(gtid = %state, server_id = source_server, checkpoint = %from, "cdc: resuming by GTID");
+        }
+        for set in sets {
             conn.query_drop(&set)
                 .await
                 .map_err(|e| CdcError::Source(format!("{set}: {e}")))?;
         }
-        let request = BinlogStreamRequest::new(server_id)
-            .with_filename(from.file.as_bytes())
-            .with_pos(from.pos);
+        // With @slave_connect_state set, MariaDB ignores the file and
+        // position of COM_BINLOG_DUMP; mysql_async sends an empty file name
+        // unless one is given (its GTID request is MySQL's COM_BINLOG_DUMP_GTID).
+        let request = match &by_gtid {
+            Some(_) => BinlogStreamRequest::new(server_id).with_pos(4),
+            None => BinlogStreamRequest::new(server_id)
+                .with_filename(from.file.as_bytes())
+                .with_pos(from.pos),
+        };
         let stream = conn.get_binlog_stream(request).await.map_err(|e| {
             CdcError::Source(format!(
-                "binlog dump from {from} as server_id {server_id}: {e}"
+                "binlog dump from {} as server_id {server_id}: {e}",
+                by_gtid
+                    .as_ref()
+                    .map_or(from.to_string(), |s| format!("GTID {s}"))
             ))
         })?;
         Ok(Self {
@@ -324,7 +466,20 @@ impl BinlogReader {
             checksum_len,
             seen_format: false,
             start: from.clone(),
+            source_server,
+            by_gtid,
+            gtid_state,
         })
+    }
+
+    /// The GTID position this stream was asked from, when it was asked by GTID.
+    pub fn resumed_by_gtid(&self) -> Option<&str> {
+        self.by_gtid.as_deref()
+    }
+
+    /// `@@server_id` of the server streaming.
+    pub fn source_server(&self) -> u32 {
+        self.source_server
     }
 
     /// The next whole transaction. Cancel-safe: a transaction read halfway
@@ -345,10 +500,11 @@ impl BinlogReader {
                 // 1236 (ER_MASTER_FATAL_ERROR_READING_BINLOG): the position
                 // is not in the server's binlog (purged, or another server's).
                 Ok(Some(Err(mysql_async::Error::Server(e)))) if e.code == 1236 => {
-                    return Err(CdcError::PositionGone(format!(
-                        "{}:{}: {}",
-                        self.start.file, self.start.pos, e.message
-                    )));
+                    let at = match &self.by_gtid {
+                        Some(state) => format!("GTID {state} (server {})", self.source_server),
+                        None => format!("{}:{}", self.start.file, self.start.pos),
+                    };
+                    return Err(CdcError::PositionGone(format!("{at}: {}", e.message)));
                 }
                 Ok(Some(Err(e))) => return Err(CdcError::Source(format!("binlog stream: {e}"))),
                 Ok(Some(Ok(event))) => event,
@@ -364,6 +520,7 @@ impl BinlogReader {
                     MariadbGtid::parse(header.server_id(), event.data()).ok_or_else(|| {
                         CdcError::Source("a MariaDB GTID event shorter than 13 bytes".into())
                     })?;
+                self.gtid_state.insert(gtid.domain, gtid.to_string());
                 self.open = Some(Open {
                     gtid: Some(gtid),
                     changes: Vec::new(),
@@ -382,6 +539,8 @@ impl BinlogReader {
                         file: reader.file.clone(),
                         pos: u64::from(header.log_pos()),
                         gtid: gtid.clone(),
+                        server_id: Some(reader.source_server),
+                        gtid_state: render_gtid_state(&reader.gtid_state),
                     },
                     gtid,
                     xid,
@@ -587,6 +746,28 @@ mod tests {
         assert_eq!(ddl.to_string(), "2-1-20");
         assert!(ddl.is_standalone());
         assert_eq!(MariadbGtid::parse(1, &[1, 2, 3]), None);
+    }
+
+    #[test]
+    fn a_gtid_position_is_the_last_gtid_of_every_domain_and_only_digits_and_dashes_pass() {
+        let state = parse_gtid_state("0-1-18,7-2-3");
+        assert_eq!(render_gtid_state(&state).as_deref(), Some("0-1-18,7-2-3"));
+        assert!(is_gtid_state("0-1-18,7-2-3") && is_gtid_state("0-1-18"));
+        for bad in ["", "0-1", "0-1-x", "0-1-1'; DROP TABLE t; --", "0-1-1,"] {
+            assert!(!is_gtid_state(bad), "{bad}");
+        }
+        // Older checkpoints have only the last transaction's GTID.
+        let old: BinlogPosition =
+            serde_json::from_str(r#"{"file":"b.000001","pos":9,"gtid":"0-1-5"}"#).unwrap();
+        assert_eq!(
+            (old.server_id, old.resume_gtid_state()),
+            (None, Some("0-1-5"))
+        );
+        let new = BinlogPosition {
+            gtid_state: Some("0-1-5,1-1-2".into()),
+            ..old
+        };
+        assert_eq!(new.resume_gtid_state(), Some("0-1-5,1-1-2"));
     }
 
     #[test]

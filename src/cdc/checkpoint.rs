@@ -168,6 +168,7 @@ mod tests {
             file: "mariadb-bin.000002".into(),
             pos: 3127,
             gtid: Some("0-1-18".into()),
+            ..BinlogPosition::default()
         };
         let checkpoint = Checkpoint::new("shop", position.clone());
         let back: Checkpoint = serde_json::from_slice(&checkpoint.to_bytes()).unwrap();

@@ -15,14 +15,13 @@
 //! committed checkpoint after `init_transactions` has aborted whatever the
 //! previous process left open, so every change is seen once.
 //!
-//! Checkpoints are a binlog file and position, not a GTID: mysql_async
-//! requests the stream with `COM_BINLOG_DUMP` (file and position), and
-//! mysql_common does not parse MariaDB's GTID events (it parses MySQL's);
-//! MariaDB's GTID resume (`@slave_connect_state`) is outside what the crate
-//! models. The GTID (read from the raw event, `domain-server-sequence`) is
-//! kept in every event and checkpoint. A file position is only valid on
-//! the server that wrote it: after a failover to another primary, restart
-//! from a position on the new one (`--start-position`).
+//! Checkpoints are a binlog file and position, the `@@server_id` of the
+//! server that wrote them and its GTID position (MariaDB's GTID events are
+//! read from the raw event, `domain-server-sequence`; mysql_common parses
+//! only MySQL's). On the same server `cdc` resumes by file and position;
+//! on another one (a failover) it resumes by GTID, MariaDB's way
+//! (`@slave_connect_state` before `COM_BINLOG_DUMP`), see
+//! [`binlog::ResumeMode`].
 //!
 //! [`CdcSettings`] is the `[cdc]` section of the configuration.
 
@@ -104,6 +103,11 @@ pub struct CdcSettings {
     /// schema per table, typed data/old, [`table_schema`]).
     #[serde(default)]
     pub value_format: table_schema::ValueFormat,
+    /// How to ask for the binlog from the checkpoint: `auto` (by position
+    /// on the server that wrote it, by GTID on another: a failover),
+    /// `position` or `gtid` (`--resume`).
+    #[serde(default)]
+    pub resume: binlog::ResumeMode,
 }
 
 impl CdcSettings {
@@ -594,8 +598,10 @@ pub async fn run(
     'connect: loop {
         let mut reader = tokio::select! {
             _ = &mut shutdown => break 'connect,
-            reader = BinlogReader::open(&url, cdc.server_id, &committed, &cdc.tables) => match reader {
+            reader = BinlogReader::open(&url, cdc.server_id, &committed, cdc.resume, &cdc.tables) => match reader {
                 Ok(reader) => reader,
+                // A checkpoint without a usable GTID: reconnecting cannot fix it.
+                Err(e @ CdcError::Setup(_)) => return Err(e),
                 Err(e) => {
                     tracing::warn!(error = %e, from = %committed, "cdc: cannot open the binlog stream; retrying");
                     ready(READY_BINLOG, Some(format!("{e}; retrying in {} ms", backoff.delay().as_millis())));
@@ -608,6 +614,14 @@ pub async fn run(
             },
         };
         ready(READY_BINLOG, None);
+        if let Some(state) = reader.resumed_by_gtid() {
+            eprintln!(
+                "cdc {}: resuming by GTID {state} on server {} (checkpoint {committed}, server {})",
+                cdc.name,
+                reader.source_server(),
+                committed.server_id.map_or("unknown".to_string(), |s| s.to_string())
+            );
+        }
         let mut batch: Vec<BinlogTransaction> = Vec::new();
         let mut rows = 0usize;
         let mut since: Option<Instant> = None;
@@ -718,6 +732,25 @@ mod tests {
             .to_string();
         assert!(
             e.contains("value_format") && e.contains("json") && e.contains("avro"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn resume_is_auto_by_default_and_a_bad_one_names_the_field_and_the_choices() {
+        let load = |v: serde_json::Value| crate::config::Settings::load_with(None, &v);
+        let settings = load(serde_json::json!({})).unwrap();
+        assert_eq!(settings.cdc.resume, binlog::ResumeMode::Auto);
+        let settings = load(serde_json::json!({"cdc": {"resume": "gtid"}})).unwrap();
+        assert_eq!(settings.cdc.resume, binlog::ResumeMode::Gtid);
+        let e = load(serde_json::json!({"cdc": {"resume": "file"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("resume")
+                && e.contains("auto")
+                && e.contains("position")
+                && e.contains("gtid"),
             "{e}"
         );
     }

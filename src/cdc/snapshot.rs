@@ -98,7 +98,7 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
             pos: pos
                 .parse()
                 .map_err(|_| CdcError::Source(format!("binlog_snapshot_position = {pos:?}")))?,
-            gtid: None,
+            ..BinlogPosition::default()
         },
         _ => {
             return Err(CdcError::Source(
@@ -195,7 +195,7 @@ async fn catch_up(
     if at_or_past(from, to) {
         return Ok(0);
     }
-    let mut reader = BinlogReader::open(url, cdc.server_id, from, &cdc.tables).await?;
+    let mut reader = BinlogReader::open(url, cdc.server_id, from, cdc.resume, &cdc.tables).await?;
     let (mut batch, mut rows, mut published) = (Vec::new(), 0usize, 0u64);
     loop {
         let tx = tokio::time::timeout(Duration::from_secs(60), reader.next_transaction())
@@ -237,7 +237,7 @@ mod tests {
         let p = |file: &str, pos| BinlogPosition {
             file: file.into(),
             pos,
-            gtid: None,
+            ..BinlogPosition::default()
         };
         assert!(at_or_past(
             &p("mariadb-bin.000002", 4),

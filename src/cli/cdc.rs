@@ -34,6 +34,10 @@ pub struct CdcArgs {
     /// prints). Default: the binlog's current end. Ignored once a checkpoint exists.
     #[arg(long, value_parser = BinlogPosition::parse)]
     start_position: Option<BinlogPosition>,
+    /// How to resume from the checkpoint: auto (by position on the server that wrote it, by
+    /// GTID on another one), position, or gtid. Default: cdc.resume.
+    #[arg(long, value_enum)]
+    resume: Option<crate::cdc::binlog::ResumeMode>,
     /// Serve /metrics, /health/live and /health/ready here (port 0 = any free
     /// port); ready once the binlog stream is open and the Kafka
     /// transactional producer initialised.
@@ -92,6 +96,9 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
     }
     if let Some(id) = args.server_id {
         cdc.server_id = id;
+    }
+    if let Some(resume) = args.resume {
+        cdc.resume = resume;
     }
     let source_by = if args.source_name.is_some() {
         "--source"

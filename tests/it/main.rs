@@ -8,6 +8,7 @@
 //! `make test`'s serial phase (`cargo test -- --ignored --test-threads=1`).
 
 mod cdc;
+mod cdc_failover;
 mod cdc_sources;
 mod console_explore;
 mod console;
