@@ -339,3 +339,109 @@ async fn after_a_failover_cdc_resumes_by_gtid_on_the_promoted_replica_without_lo
         "{on_primary}"
     );
 }
+
+/// Spawns `cdc` on `source`'s table with `--resume gtid`, waits until it is
+/// ready (its first checkpoint is then committed); returns it and its stderr
+/// as it comes.
+fn spawn_ready_by_gtid(
+    source: &crate::cdc::Source,
+    server_id: &str,
+) -> (
+    crate::helpers::Spawned,
+    std::sync::Arc<std::sync::Mutex<String>>,
+) {
+    use std::io::BufRead;
+    let table = format!("{}.t", source.database);
+    let mut cdc = source.env.spawn(&[
+        "cdc",
+        "--table",
+        &table,
+        "--server-id",
+        server_id,
+        "--resume",
+        "gtid",
+        "--health-addr",
+        "127.0.0.1:0",
+    ]);
+    let stderr = cdc.stderr.take().unwrap();
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let lines = text.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(rest) = line.strip_prefix("health endpoints on http://") {
+                let _ = tx.send(rest.trim_end_matches("/health/ready").to_string());
+            }
+            let mut all = lines.lock().unwrap();
+            all.push_str(&line);
+            all.push('\n');
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while crate::helpers::http_get(&addr, "/health/ready").0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "cdc not ready: {}",
+            text.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (cdc, text)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_resume_gtid_a_restart_on_the_same_busy_server_resumes_by_gtid_exactly_once() {
+    // The dev stack's MariaDB, with the other tests writing to it meanwhile.
+    let source =
+        crate::cdc::Source::new(&["CREATE TABLE t (id BIGINT PRIMARY KEY, v INT NOT NULL)"]).await;
+    let topic = source.topic("t");
+    let server_id = (10_000 + rand::random::<u32>() % 1_000_000_000).to_string();
+    let (cdc, _) = tokio::task::block_in_place(|| spawn_ready_by_gtid(&source, &server_id));
+    for id in 1..=10 {
+        source
+            .exec(&[&format!("INSERT INTO t VALUES ({id}, 0)")])
+            .await;
+    }
+    changes(&source.env, &topic, 10).await;
+    drop(cdc); // SIGKILL
+    for id in 1..=10 {
+        source
+            .exec(&[&format!("UPDATE t SET v = 1 WHERE id = {id}")])
+            .await;
+    }
+    let (cdc, stderr) = tokio::task::block_in_place(|| spawn_ready_by_gtid(&source, &server_id));
+    for id in 1..=10 {
+        source
+            .exec(&[
+                &format!("UPDATE t SET v = 2 WHERE id = {id}"),
+                &format!("INSERT INTO t VALUES ({}, 0)", id + 10),
+            ])
+            .await;
+    }
+    let all = changes(&source.env, &topic, 40).await;
+    drop(cdc);
+    assert!(
+        stderr.lock().unwrap().contains("resuming by GTID"),
+        "{}",
+        stderr.lock().unwrap()
+    );
+    let ids: HashSet<_> = all.iter().map(|(_, _, e)| e.event_id).collect();
+    assert_eq!(ids.len(), 40, "a change published twice");
+    let mut sorted: Vec<&(i32, i64, ChangeEvent)> = all.iter().collect();
+    sorted.sort_by_key(|(p, o, _)| (*p, *o));
+    let mut per_key: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for (_, _, e) in &sorted {
+        per_key
+            .entry(e.key.parse().unwrap())
+            .or_default()
+            .push(e.data["v"].as_i64().unwrap());
+    }
+    for id in 1..=20i64 {
+        let expected = if id <= 10 { vec![0, 1, 2] } else { vec![0] };
+        assert_eq!(per_key.get(&id), Some(&expected), "key {id}");
+    }
+}
