@@ -19,7 +19,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-crash bench-cdc
+.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-crash bench-cdc bench-console
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -76,3 +76,8 @@ bench-cdc: build-deps ## binlog source: catch-up rows/s vs the DB's insert rate 
 	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-cdc.sh $(or $(ROWS),100000) $(or $(LAG_ROWS),2000)
+
+bench-console: build-deps ## console: page render times with 100k dead letters (12 partitions x 5 groups), bulk replay console vs CLI
+	cargo build --release --features harness --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-console.sh $(or $(DEAD),100000) $(or $(REPLAY),20000) $(or $(RUNS),10) $(or $(PAIRS),5)
