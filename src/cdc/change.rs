@@ -1,7 +1,9 @@
-//! One row change as it travels on `cdc.<db>.<table>`: the house envelope
-//! fields (`event_id`, `event_name`, `event_version`, `event_time`,
-//! `producer`, `trace_id`) and the change (`data`, `old`, the binlog
-//! coordinates), in the Avro schema `change.avsc`.
+//! One row change as it travels on `cdc.<db>.<table>`, from the binlog's
+//! side: column values to JSON, the primary key, the changed columns, and
+//! the change schema as a [`TopicSchema`]. The wire format itself (the
+//! envelope fields, `change.avsc`, encoding and decoding) is
+//! [`crate::codec::row_change`], re-exported here: every consumer decodes
+//! it, so it sits below both this source and the consumers.
 //!
 //! `data` and `old` are JSON objects written as strings: a table's columns
 //! are not a schema orderpipe owns, and a column added by `ALTER TABLE`
@@ -17,100 +19,14 @@
 use std::sync::OnceLock;
 
 use apache_avro::Schema;
-use apache_avro::types::Value;
 use chrono::{DateTime, Utc};
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::consts::ColumnType;
-use serde::Serialize;
-use sha2::{Digest, Sha256};
-use uuid::Uuid;
 
-use crate::envelope::{Envelope, EnvelopeError, EventData, EventName, RowChange};
+pub use crate::codec::row_change::{
+    CHANGE_EVENT_VERSION, CHANGE_RECORD, CHANGE_SCHEMA, ChangeEvent, ChangeKind, change_id, trace_id_of,
+};
 use crate::schema::TopicSchema;
-
-/// The Avro schema of every `cdc.*` topic's values.
-pub const CHANGE_SCHEMA: &str = include_str!("change.avsc");
-
-/// Full name of the record in [`CHANGE_SCHEMA`]: how a decoder tells a
-/// row change from an order envelope.
-pub const CHANGE_RECORD: &str = "orderpipe.cdc.v1.CdcChangeEnvelope";
-
-/// `event_version` of the changes this version writes.
-pub const CHANGE_EVENT_VERSION: &str = "1.0";
-
-/// What happened to the row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ChangeKind {
-    /// A row was inserted.
-    Insert,
-    /// A row was updated.
-    Update,
-    /// A row was deleted.
-    Delete,
-}
-
-impl ChangeKind {
-    /// `insert`, `update` or `delete`: the last segment of the event name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Insert => "insert",
-            Self::Update => "update",
-            Self::Delete => "delete",
-        }
-    }
-
-    fn parse(text: &str) -> Result<Self, EnvelopeError> {
-        match text {
-            "insert" => Ok(Self::Insert),
-            "update" => Ok(Self::Update),
-            "delete" => Ok(Self::Delete),
-            other => Err(EnvelopeError::field(
-                "change",
-                format!("`{other}` is not one of insert, update, delete"),
-            )),
-        }
-    }
-}
-
-/// One row change, as published.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ChangeEvent {
-    /// Derived from source, transaction and `row_index` ([`change_id`]).
-    pub event_id: Uuid,
-    /// `<db>.<table>.<insert|update|delete>`.
-    pub event_name: String,
-    /// [`CHANGE_EVENT_VERSION`].
-    pub event_version: String,
-    /// Commit time from the binlog (whole seconds).
-    pub event_time: DateTime<Utc>,
-    /// `cdc:<source name>`.
-    pub producer: String,
-    /// W3C trace id derived from `event_id`.
-    pub trace_id: String,
-    /// Database of the table.
-    pub database: String,
-    /// Table name.
-    pub table: String,
-    /// What happened.
-    pub change: ChangeKind,
-    /// The primary key (also the Kafka key), see [`primary_key`].
-    pub key: String,
-    /// The row after the change (the deleted row for a delete), a JSON object.
-    pub data: serde_json::Value,
-    /// The changed columns' previous values (updates only), a JSON object.
-    pub old: Option<serde_json::Value>,
-    /// MariaDB GTID of the transaction (`domain-server-sequence`).
-    pub gtid: Option<String>,
-    /// Binlog file of the transaction.
-    pub binlog_file: String,
-    /// End of the transaction in `binlog_file`.
-    pub binlog_pos: u64,
-    /// The XID of the transaction, when the engine wrote one.
-    pub xid: Option<u64>,
-    /// Index of this change within its transaction.
-    pub row_index: u32,
-}
 
 /// The parsed change schema, as a [`TopicSchema`] for `topic` (what
 /// [`crate::codec::Codec::new`] takes).
@@ -125,195 +41,6 @@ pub fn topic_schema(topic: &str) -> TopicSchema {
     }
 }
 
-/// The id of a change: a UUID (version 8) from a SHA-256 of the source
-/// name, the transaction's id (GTID, or binlog file and end position) and
-/// the row's index in it. Reading the same change again gives the same id.
-pub fn change_id(source: &str, transaction: &str, row_index: u32) -> Uuid {
-    let digest = Sha256::digest(format!("{source}\n{transaction}\n{row_index}"));
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    uuid::Builder::from_custom_bytes(bytes).into_uuid()
-}
-
-/// A W3C trace id derived from an event id (32 lower-case hex, never all zero).
-pub fn trace_id_of(event_id: &Uuid) -> String {
-    let digest = Sha256::digest(event_id.as_bytes());
-    let mut text: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    if text.bytes().all(|b| b == b'0') {
-        text.replace_range(31..32, "1");
-    }
-    text
-}
-
-impl ChangeEvent {
-    /// The Avro record of `change.avsc`.
-    pub fn to_avro(&self) -> Value {
-        let text = |s: &str| Value::String(s.to_string());
-        let nullable = |v: Option<Value>| match v {
-            Some(v) => Value::Union(1, Box::new(v)),
-            None => Value::Union(0, Box::new(Value::Null)),
-        };
-        Value::Record(vec![
-            ("event_id".into(), text(&self.event_id.to_string())),
-            ("event_name".into(), text(&self.event_name)),
-            ("event_version".into(), text(&self.event_version)),
-            (
-                "event_time".into(),
-                text(&crate::envelope::format_utc(&self.event_time)),
-            ),
-            ("producer".into(), text(&self.producer)),
-            ("trace_id".into(), text(&self.trace_id)),
-            ("database".into(), text(&self.database)),
-            ("table".into(), text(&self.table)),
-            ("change".into(), text(self.change.as_str())),
-            ("key".into(), text(&self.key)),
-            ("data".into(), text(&self.data.to_string())),
-            (
-                "old".into(),
-                nullable(self.old.as_ref().map(|o| text(&o.to_string()))),
-            ),
-            ("gtid".into(), nullable(self.gtid.as_deref().map(text))),
-            ("binlog_file".into(), text(&self.binlog_file)),
-            ("binlog_pos".into(), Value::Long(self.binlog_pos as i64)),
-            (
-                "xid".into(),
-                nullable(self.xid.map(|x| Value::Long(x as i64))),
-            ),
-            ("row_index".into(), Value::Int(self.row_index as i32)),
-        ])
-    }
-
-    /// The change as the consumer's envelope: the house fields, and
-    /// [`EventData::RowChange`] as data (`event_name` must be the routing
-    /// key of `database`, `table` and `change`; checked, naming the field).
-    pub fn into_envelope(self) -> Result<Envelope, EnvelopeError> {
-        let row = RowChange {
-            database: self.database,
-            table: self.table,
-            change: self.change.as_str().to_string(),
-            key: self.key,
-            data: self.data,
-            old: self.old,
-        };
-        let event_name = EventName::routing_key(&self.event_name)
-            .map_err(|e| EnvelopeError::field("event_name", e.to_string()))?;
-        let envelope = Envelope {
-            event_id: self.event_id,
-            event_name,
-            event_version: self.event_version,
-            event_time: self.event_time,
-            producer: self.producer,
-            trace_id: self.trace_id,
-            data: EventData::RowChange(row),
-        };
-        envelope.validate()?;
-        Ok(envelope)
-    }
-
-    /// Reads a decoded `change.avsc` record (any later version with added
-    /// fields too), or a per-table typed change ([`super::table_schema`]);
-    /// errors name the field.
-    pub fn from_avro(value: Value) -> Result<Self, EnvelopeError> {
-        let Value::Record(fields) = super::table_schema::untyped_value(value) else {
-            return Err(EnvelopeError::field(
-                "<root>",
-                "the Avro value is not a record",
-            ));
-        };
-        let mut fields = Fields(fields.into_iter().collect());
-        let event_id = fields.required("event_id")?;
-        let event_id = Uuid::parse_str(&event_id)
-            .map_err(|e| EnvelopeError::field("event_id", format!("not a UUID: {e}")))?;
-        let event_name = fields.required("event_name")?;
-        let event_version = fields.required("event_version")?;
-        let event_time = crate::envelope::parse_utc(&fields.required("event_time")?, "event_time")?;
-        let producer = fields.required("producer")?;
-        let trace_id = fields.required("trace_id")?;
-        let database = fields.required("database")?;
-        let table = fields.required("table")?;
-        let change = ChangeKind::parse(&fields.required("change")?)?;
-        let key = fields.required("key")?;
-        let json = |name: &str, text: String| {
-            serde_json::from_str::<serde_json::Value>(&text)
-                .map_err(|e| EnvelopeError::field(name, format!("not JSON: {e}")))
-        };
-        let data = json("data", fields.required("data")?)?;
-        let old = fields.string("old")?.map(|t| json("old", t)).transpose()?;
-        let gtid = fields.string("gtid")?;
-        let binlog_file = fields.required("binlog_file")?;
-        let binlog_pos = fields
-            .long("binlog_pos")?
-            .ok_or_else(|| Fields::missing("binlog_pos"))?;
-        let xid = fields.long("xid")?;
-        let row_index = fields
-            .long("row_index")?
-            .ok_or_else(|| Fields::missing("row_index"))? as u32;
-        Ok(Self {
-            event_id,
-            event_name,
-            event_version,
-            event_time,
-            producer,
-            trace_id,
-            database,
-            table,
-            change,
-            key,
-            data,
-            old,
-            gtid,
-            binlog_file,
-            binlog_pos,
-            xid,
-            row_index,
-        })
-    }
-}
-
-/// The fields of a decoded record, taken one by one; errors name the field.
-struct Fields(std::collections::HashMap<String, Value>);
-
-impl Fields {
-    fn missing(name: &str) -> EnvelopeError {
-        EnvelopeError::field(name, "missing required field (or of another type)")
-    }
-
-    /// The value, unwrapped from a union; None when absent or null.
-    fn take(&mut self, name: &str) -> Option<Value> {
-        match self.0.remove(name)? {
-            Value::Union(_, inner) => match *inner {
-                Value::Null => None,
-                v => Some(v),
-            },
-            Value::Null => None,
-            v => Some(v),
-        }
-    }
-
-    fn string(&mut self, name: &str) -> Result<Option<String>, EnvelopeError> {
-        match self.take(name) {
-            Some(Value::String(s)) => Ok(Some(s)),
-            None => Ok(None),
-            Some(_) => Err(Self::missing(name)),
-        }
-    }
-
-    fn required(&mut self, name: &str) -> Result<String, EnvelopeError> {
-        self.string(name)?.ok_or_else(|| Self::missing(name))
-    }
-
-    fn long(&mut self, name: &str) -> Result<Option<u64>, EnvelopeError> {
-        match self.take(name) {
-            Some(Value::Long(n)) if n >= 0 => Ok(Some(n as u64)),
-            Some(Value::Int(n)) if n >= 0 => Ok(Some(n as u64)),
-            None => Ok(None),
-            Some(_) => Err(EnvelopeError::field(name, "not a non-negative integer")),
-        }
-    }
-}
-
-/// The Kafka key of a row: the value of a one-column primary key as text
-/// (a string as is, a number in decimal), a JSON array of the values of a
 /// composite one.
 pub fn primary_key(values: &[&serde_json::Value]) -> String {
     match values {
@@ -419,6 +146,7 @@ pub fn json_value(value: &BinlogValue<'_>, column_type: Option<ColumnType>) -> s
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use apache_avro::types::Value;
     use mysql_async::Value as My;
     use serde_json::json;
 

@@ -25,11 +25,8 @@ use mysql_async::consts::ColumnType;
 use serde::{Deserialize, Serialize};
 
 use super::change::CHANGE_SCHEMA;
+pub use crate::codec::row_change::{TABLES_NAMESPACE, is_table_change, untyped_value};
 use crate::schema::TopicSchema;
-
-/// Namespace prefix of the per-table change schemas; a writer schema whose
-/// full name starts with it (and a dot) is a typed row change.
-pub const TABLES_NAMESPACE: &str = "orderpipe.cdc.v1.tables";
 
 /// How `orderpipe cdc` writes the values of its change topics (`[cdc] value_format`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -51,12 +48,6 @@ pub struct TableColumns {
     pub types: Vec<Option<ColumnType>>,
 }
 
-/// True for the full name of a per-table change record.
-pub fn is_table_change(full_name: &str) -> bool {
-    full_name
-        .strip_prefix(TABLES_NAMESPACE)
-        .is_some_and(|rest| rest.starts_with('.'))
-}
 
 /// The Avro type of a column.
 fn avro_type(column_type: Option<ColumnType>) -> &'static str {
@@ -218,86 +209,6 @@ pub fn typed_value(
     Ok(Value::Record(typed))
 }
 
-/// A decoded typed change as the `change.avsc` record of the same change
-/// (`data` and `old` as JSON text), for [`super::change::ChangeEvent::from_avro`].
-/// Values that are not typed changes are returned as they are.
-pub fn untyped_value(value: Value) -> Value {
-    let Value::Record(fields) = value else {
-        return value;
-    };
-    let unwrap = |v: Value| match v {
-        Value::Union(_, inner) => *inner,
-        v => v,
-    };
-    let is_record = |v: &Value| {
-        matches!(v, Value::Record(_))
-            || matches!(v, Value::Union(_, inner) if matches!(**inner, Value::Record(_)))
-    };
-    if !fields.iter().any(|(n, v)| n == "data" && is_record(v)) {
-        return Value::Record(fields);
-    }
-    let changed: Option<Vec<String>> =
-        fields
-            .iter()
-            .find(|(n, _)| n == "changed")
-            .and_then(|(_, v)| match unwrap(v.clone()) {
-                Value::Array(items) => Some(
-                    items
-                        .into_iter()
-                        .filter_map(|i| match i {
-                            Value::String(s) => Some(s),
-                            _ => None,
-                        })
-                        .collect(),
-                ),
-                _ => None,
-            });
-    let json_of = |record: Value, only: Option<&[String]>| -> serde_json::Value {
-        let Value::Record(columns) = record else {
-            return serde_json::Value::Null;
-        };
-        let mut object = serde_json::Map::new();
-        for (name, value) in columns {
-            if only.is_some_and(|only| !only.contains(&name)) {
-                continue;
-            }
-            let json = match unwrap(value) {
-                Value::Long(n) => serde_json::Value::from(n),
-                Value::Int(n) => serde_json::Value::from(n),
-                Value::Double(f) => serde_json::Number::from_f64(f)
-                    .map_or(serde_json::Value::Null, serde_json::Value::Number),
-                Value::String(s) => serde_json::Value::String(s),
-                _ => serde_json::Value::Null,
-            };
-            object.insert(name, json);
-        }
-        serde_json::Value::Object(object)
-    };
-    let mut untyped = Vec::with_capacity(fields.len());
-    for (name, value) in fields {
-        match name.as_str() {
-            "changed" => {}
-            "data" => untyped.push((
-                name,
-                Value::String(json_of(unwrap(value), None).to_string()),
-            )),
-            "old" => {
-                let value = match unwrap(value) {
-                    Value::Null => Value::Union(0, Box::new(Value::Null)),
-                    record => Value::Union(
-                        1,
-                        Box::new(Value::String(
-                            json_of(record, changed.as_deref()).to_string(),
-                        )),
-                    ),
-                };
-                untyped.push((name, value));
-            }
-            _ => untyped.push((name, value)),
-        }
-    }
-    Value::Record(untyped)
-}
 
 #[cfg(test)]
 mod tests {

@@ -25,6 +25,7 @@
 pub mod avro;
 pub mod embedded_registry;
 pub mod fast;
+pub mod row_change;
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -247,16 +248,16 @@ impl Codec {
 
     /// Decodes and validates one record value: an order envelope, or a
     /// row change of a `cdc.*` topic (written with `CdcChangeEnvelope`,
-    /// [`crate::cdc::change`], or a per-table schema in
-    /// [`crate::cdc::table_schema::TABLES_NAMESPACE`]) as an envelope whose data is
+    /// [`row_change`], or a per-table schema in
+    /// [`row_change::TABLES_NAMESPACE`]) as an envelope whose data is
     /// [`crate::envelope::EventData::RowChange`]. The writer's schema (from
     /// the frame's id) says which, so a group's retry topic may hold both.
     pub async fn decode(&self, payload: Option<&[u8]>) -> Result<Envelope, CodecError> {
         let (name, value) = self.decode_named(payload).await?;
         if name.as_deref().is_some_and(|n| {
-            n == crate::cdc::change::CHANGE_RECORD || crate::cdc::table_schema::is_table_change(n)
+            n == row_change::CHANGE_RECORD || row_change::is_table_change(n)
         }) {
-            return Ok(crate::cdc::change::ChangeEvent::from_avro(value)?.into_envelope()?);
+            return Ok(row_change::ChangeEvent::from_avro(value)?.into_envelope()?);
         }
         Ok(avro::from_avro(value)?)
     }

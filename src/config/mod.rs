@@ -15,6 +15,13 @@
 //! composes them into [`Settings`], layers and validates them, and redacts
 //! secrets; components never import it ([`crate::startup`] hands each role
 //! its sections).
+//!
+//! The exceptions sit above this module and read the whole [`Settings`]:
+//! the CLI, [`crate::startup`], the router and the console. A section of
+//! theirs lives here ([`console::ConsoleSettings`]), so this module never
+//! imports them (`dev/import-cycles.py` checks it).
+
+pub mod console;
 
 use std::path::{Path, PathBuf};
 
@@ -67,7 +74,7 @@ pub struct Settings {
     pub cdc: crate::cdc::CdcSettings,
     /// The operator console (`[console]`, `orderpipe console`).
     #[serde(default)]
-    pub console: crate::console::ConsoleSettings,
+    pub console: console::ConsoleSettings,
 }
 
 /// Why a build without the `harness` feature refuses `[chaos]`.

@@ -23,7 +23,7 @@ use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
 
 use super::ConsoleError;
-use super::config::ConsoleSettings;
+use crate::config::console::ConsoleSettings;
 
 /// How long a login lasts.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 60 * 60);

@@ -21,7 +21,6 @@
 
 pub mod audit;
 pub mod auth;
-pub mod config;
 pub mod csrf;
 pub mod dead_letters;
 pub mod held;
@@ -43,7 +42,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 pub use auth::{Principal, Role};
-pub use config::ConsoleSettings;
+pub use crate::config::console::ConsoleSettings;
 
 use crate::config::Settings;
 use crate::db::{Db, DbError};

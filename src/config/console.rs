@@ -35,7 +35,7 @@ pub struct ConsoleSettings {
     #[serde(default)]
     pub proxy_role_header: Option<String>,
     /// Seconds between two automatic reloads of the pages that follow a
-    /// live state (the overview, held orders; [`super::Chrome::refreshing`]). 0: never.
+    /// live state (the overview, held orders; [`crate::console::Chrome::refreshing`]). 0: never.
     #[serde(default = "default_refresh_secs")]
     pub refresh_secs: u32,
 }

@@ -1,0 +1,386 @@
+//! The row change's wire format, as `orderpipe cdc` writes it on
+//! `cdc.<db>.<table>` and every consumer decodes it: the house envelope
+//! fields (`event_id`, `event_name`, `event_version`, `event_time`,
+//! `producer`, `trace_id`) and the change (`data`, `old`, the binlog
+//! coordinates), in the Avro schema `change.avsc`, or a per-table typed
+//! schema under [`TABLES_NAMESPACE`] (`[cdc] value_format = "avro"`).
+//!
+//! It lives in the codec, not in `cdc`, because [`super::Codec::decode`]
+//! reads row changes next to order envelopes: the source (`crate::cdc`)
+//! depends on the codec, never the other way round. What is specific to the
+//! binlog (column values to JSON, the per-table schemas built from a table
+//! map) stays in `crate::cdc`.
+
+use apache_avro::types::Value;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::envelope::{Envelope, EnvelopeError, EventData, EventName, RowChange};
+
+/// The Avro schema of every `cdc.*` topic's values.
+pub const CHANGE_SCHEMA: &str = include_str!("change.avsc");
+
+/// Full name of the record in [`CHANGE_SCHEMA`]: how a decoder tells a
+/// row change from an order envelope.
+pub const CHANGE_RECORD: &str = "orderpipe.cdc.v1.CdcChangeEnvelope";
+
+/// `event_version` of the changes this version writes.
+pub const CHANGE_EVENT_VERSION: &str = "1.0";
+
+/// What happened to the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    /// A row was inserted.
+    Insert,
+    /// A row was updated.
+    Update,
+    /// A row was deleted.
+    Delete,
+}
+
+impl ChangeKind {
+    /// `insert`, `update` or `delete`: the last segment of the event name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Insert => "insert",
+            Self::Update => "update",
+            Self::Delete => "delete",
+        }
+    }
+
+    fn parse(text: &str) -> Result<Self, EnvelopeError> {
+        match text {
+            "insert" => Ok(Self::Insert),
+            "update" => Ok(Self::Update),
+            "delete" => Ok(Self::Delete),
+            other => Err(EnvelopeError::field(
+                "change",
+                format!("`{other}` is not one of insert, update, delete"),
+            )),
+        }
+    }
+}
+
+/// One row change, as published.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChangeEvent {
+    /// Derived from source, transaction and `row_index` ([`change_id`]).
+    pub event_id: Uuid,
+    /// `<db>.<table>.<insert|update|delete>`.
+    pub event_name: String,
+    /// [`CHANGE_EVENT_VERSION`].
+    pub event_version: String,
+    /// Commit time from the binlog (whole seconds).
+    pub event_time: DateTime<Utc>,
+    /// `cdc:<source name>`.
+    pub producer: String,
+    /// W3C trace id derived from `event_id`.
+    pub trace_id: String,
+    /// Database of the table.
+    pub database: String,
+    /// Table name.
+    pub table: String,
+    /// What happened.
+    pub change: ChangeKind,
+    /// The primary key (also the Kafka key), see `crate::cdc::change::primary_key`.
+    pub key: String,
+    /// The row after the change (the deleted row for a delete), a JSON object.
+    pub data: serde_json::Value,
+    /// The changed columns' previous values (updates only), a JSON object.
+    pub old: Option<serde_json::Value>,
+    /// MariaDB GTID of the transaction (`domain-server-sequence`).
+    pub gtid: Option<String>,
+    /// Binlog file of the transaction.
+    pub binlog_file: String,
+    /// End of the transaction in `binlog_file`.
+    pub binlog_pos: u64,
+    /// The XID of the transaction, when the engine wrote one.
+    pub xid: Option<u64>,
+    /// Index of this change within its transaction.
+    pub row_index: u32,
+}
+
+/// Namespace prefix of the per-table change schemas; a writer schema whose
+/// full name starts with it (and a dot) is a typed row change.
+pub const TABLES_NAMESPACE: &str = "orderpipe.cdc.v1.tables";
+
+/// True for the full name of a per-table change record.
+pub fn is_table_change(full_name: &str) -> bool {
+    full_name
+        .strip_prefix(TABLES_NAMESPACE)
+        .is_some_and(|rest| rest.starts_with('.'))
+}
+
+/// The id of a change: a UUID (version 8) from a SHA-256 of the source
+/// name, the transaction's id (GTID, or binlog file and end position) and
+/// the row's index in it. Reading the same change again gives the same id.
+pub fn change_id(source: &str, transaction: &str, row_index: u32) -> Uuid {
+    let digest = Sha256::digest(format!("{source}\n{transaction}\n{row_index}"));
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+}
+
+/// A W3C trace id derived from an event id (32 lower-case hex, never all zero).
+pub fn trace_id_of(event_id: &Uuid) -> String {
+    let digest = Sha256::digest(event_id.as_bytes());
+    let mut text: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    if text.bytes().all(|b| b == b'0') {
+        text.replace_range(31..32, "1");
+    }
+    text
+}
+
+impl ChangeEvent {
+    /// The Avro record of `change.avsc`.
+    pub fn to_avro(&self) -> Value {
+        let text = |s: &str| Value::String(s.to_string());
+        let nullable = |v: Option<Value>| match v {
+            Some(v) => Value::Union(1, Box::new(v)),
+            None => Value::Union(0, Box::new(Value::Null)),
+        };
+        Value::Record(vec![
+            ("event_id".into(), text(&self.event_id.to_string())),
+            ("event_name".into(), text(&self.event_name)),
+            ("event_version".into(), text(&self.event_version)),
+            (
+                "event_time".into(),
+                text(&crate::envelope::format_utc(&self.event_time)),
+            ),
+            ("producer".into(), text(&self.producer)),
+            ("trace_id".into(), text(&self.trace_id)),
+            ("database".into(), text(&self.database)),
+            ("table".into(), text(&self.table)),
+            ("change".into(), text(self.change.as_str())),
+            ("key".into(), text(&self.key)),
+            ("data".into(), text(&self.data.to_string())),
+            (
+                "old".into(),
+                nullable(self.old.as_ref().map(|o| text(&o.to_string()))),
+            ),
+            ("gtid".into(), nullable(self.gtid.as_deref().map(text))),
+            ("binlog_file".into(), text(&self.binlog_file)),
+            ("binlog_pos".into(), Value::Long(self.binlog_pos as i64)),
+            (
+                "xid".into(),
+                nullable(self.xid.map(|x| Value::Long(x as i64))),
+            ),
+            ("row_index".into(), Value::Int(self.row_index as i32)),
+        ])
+    }
+
+    /// The change as the consumer's envelope: the house fields, and
+    /// [`EventData::RowChange`] as data (`event_name` must be the routing
+    /// key of `database`, `table` and `change`; checked, naming the field).
+    pub fn into_envelope(self) -> Result<Envelope, EnvelopeError> {
+        let row = RowChange {
+            database: self.database,
+            table: self.table,
+            change: self.change.as_str().to_string(),
+            key: self.key,
+            data: self.data,
+            old: self.old,
+        };
+        let event_name = EventName::routing_key(&self.event_name)
+            .map_err(|e| EnvelopeError::field("event_name", e.to_string()))?;
+        let envelope = Envelope {
+            event_id: self.event_id,
+            event_name,
+            event_version: self.event_version,
+            event_time: self.event_time,
+            producer: self.producer,
+            trace_id: self.trace_id,
+            data: EventData::RowChange(row),
+        };
+        envelope.validate()?;
+        Ok(envelope)
+    }
+
+    /// Reads a decoded `change.avsc` record (any later version with added
+    /// fields too), or a per-table typed change ([`TABLES_NAMESPACE`]);
+    /// errors name the field.
+    pub fn from_avro(value: Value) -> Result<Self, EnvelopeError> {
+        let Value::Record(fields) = untyped_value(value) else {
+            return Err(EnvelopeError::field(
+                "<root>",
+                "the Avro value is not a record",
+            ));
+        };
+        let mut fields = Fields(fields.into_iter().collect());
+        let event_id = fields.required("event_id")?;
+        let event_id = Uuid::parse_str(&event_id)
+            .map_err(|e| EnvelopeError::field("event_id", format!("not a UUID: {e}")))?;
+        let event_name = fields.required("event_name")?;
+        let event_version = fields.required("event_version")?;
+        let event_time = crate::envelope::parse_utc(&fields.required("event_time")?, "event_time")?;
+        let producer = fields.required("producer")?;
+        let trace_id = fields.required("trace_id")?;
+        let database = fields.required("database")?;
+        let table = fields.required("table")?;
+        let change = ChangeKind::parse(&fields.required("change")?)?;
+        let key = fields.required("key")?;
+        let json = |name: &str, text: String| {
+            serde_json::from_str::<serde_json::Value>(&text)
+                .map_err(|e| EnvelopeError::field(name, format!("not JSON: {e}")))
+        };
+        let data = json("data", fields.required("data")?)?;
+        let old = fields.string("old")?.map(|t| json("old", t)).transpose()?;
+        let gtid = fields.string("gtid")?;
+        let binlog_file = fields.required("binlog_file")?;
+        let binlog_pos = fields
+            .long("binlog_pos")?
+            .ok_or_else(|| Fields::missing("binlog_pos"))?;
+        let xid = fields.long("xid")?;
+        let row_index = fields
+            .long("row_index")?
+            .ok_or_else(|| Fields::missing("row_index"))? as u32;
+        Ok(Self {
+            event_id,
+            event_name,
+            event_version,
+            event_time,
+            producer,
+            trace_id,
+            database,
+            table,
+            change,
+            key,
+            data,
+            old,
+            gtid,
+            binlog_file,
+            binlog_pos,
+            xid,
+            row_index,
+        })
+    }
+}
+
+/// The fields of a decoded record, taken one by one; errors name the field.
+struct Fields(std::collections::HashMap<String, Value>);
+
+impl Fields {
+    fn missing(name: &str) -> EnvelopeError {
+        EnvelopeError::field(name, "missing required field (or of another type)")
+    }
+
+    /// The value, unwrapped from a union; None when absent or null.
+    fn take(&mut self, name: &str) -> Option<Value> {
+        match self.0.remove(name)? {
+            Value::Union(_, inner) => match *inner {
+                Value::Null => None,
+                v => Some(v),
+            },
+            Value::Null => None,
+            v => Some(v),
+        }
+    }
+
+    fn string(&mut self, name: &str) -> Result<Option<String>, EnvelopeError> {
+        match self.take(name) {
+            Some(Value::String(s)) => Ok(Some(s)),
+            None => Ok(None),
+            Some(_) => Err(Self::missing(name)),
+        }
+    }
+
+    fn required(&mut self, name: &str) -> Result<String, EnvelopeError> {
+        self.string(name)?.ok_or_else(|| Self::missing(name))
+    }
+
+    fn long(&mut self, name: &str) -> Result<Option<u64>, EnvelopeError> {
+        match self.take(name) {
+            Some(Value::Long(n)) if n >= 0 => Ok(Some(n as u64)),
+            Some(Value::Int(n)) if n >= 0 => Ok(Some(n as u64)),
+            None => Ok(None),
+            Some(_) => Err(EnvelopeError::field(name, "not a non-negative integer")),
+        }
+    }
+}
+
+/// The Kafka key of a row: the value of a one-column primary key as text
+/// (a string as is, a number in decimal), a JSON array of the values of a
+
+/// A decoded typed change as the `change.avsc` record of the same change
+/// (`data` and `old` as JSON text), for [`ChangeEvent::from_avro`].
+/// Values that are not typed changes are returned as they are.
+pub fn untyped_value(value: Value) -> Value {
+    let Value::Record(fields) = value else {
+        return value;
+    };
+    let unwrap = |v: Value| match v {
+        Value::Union(_, inner) => *inner,
+        v => v,
+    };
+    let is_record = |v: &Value| {
+        matches!(v, Value::Record(_))
+            || matches!(v, Value::Union(_, inner) if matches!(**inner, Value::Record(_)))
+    };
+    if !fields.iter().any(|(n, v)| n == "data" && is_record(v)) {
+        return Value::Record(fields);
+    }
+    let changed: Option<Vec<String>> =
+        fields
+            .iter()
+            .find(|(n, _)| n == "changed")
+            .and_then(|(_, v)| match unwrap(v.clone()) {
+                Value::Array(items) => Some(
+                    items
+                        .into_iter()
+                        .filter_map(|i| match i {
+                            Value::String(s) => Some(s),
+                            _ => None,
+                        })
+                        .collect(),
+                ),
+                _ => None,
+            });
+    let json_of = |record: Value, only: Option<&[String]>| -> serde_json::Value {
+        let Value::Record(columns) = record else {
+            return serde_json::Value::Null;
+        };
+        let mut object = serde_json::Map::new();
+        for (name, value) in columns {
+            if only.is_some_and(|only| !only.contains(&name)) {
+                continue;
+            }
+            let json = match unwrap(value) {
+                Value::Long(n) => serde_json::Value::from(n),
+                Value::Int(n) => serde_json::Value::from(n),
+                Value::Double(f) => serde_json::Number::from_f64(f)
+                    .map_or(serde_json::Value::Null, serde_json::Value::Number),
+                Value::String(s) => serde_json::Value::String(s),
+                _ => serde_json::Value::Null,
+            };
+            object.insert(name, json);
+        }
+        serde_json::Value::Object(object)
+    };
+    let mut untyped = Vec::with_capacity(fields.len());
+    for (name, value) in fields {
+        match name.as_str() {
+            "changed" => {}
+            "data" => untyped.push((
+                name,
+                Value::String(json_of(unwrap(value), None).to_string()),
+            )),
+            "old" => {
+                let value = match unwrap(value) {
+                    Value::Null => Value::Union(0, Box::new(Value::Null)),
+                    record => Value::Union(
+                        1,
+                        Box::new(Value::String(
+                            json_of(record, changed.as_deref()).to_string(),
+                        )),
+                    ),
+                };
+                untyped.push((name, value));
+            }
+            _ => untyped.push((name, value)),
+        }
+    }
+    Value::Record(untyped)
+}
