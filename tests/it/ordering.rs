@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::consumer::{consume, count_rows, produce_lifecycles, sigterm};
 use crate::exactly_once::{ALL_HANDLERS, assert_exactly_once};
-use crate::helpers::TestEnv;
+use crate::helpers::{Spawned, TestEnv};
 
 /// The chaos handler first, then every business handler.
 fn handlers() -> String {
@@ -60,12 +60,50 @@ async fn assert_business_order(db: &Db, events: &[Envelope]) {
     assert!(wrong.is_empty(), "{} orders applied out of order: {:?}", wrong.len(), &wrong[..wrong.len().min(20)]);
 }
 
-async fn wait_until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+async fn wait_until(what: &str, timeout: Duration, check: impl AsyncFnMut() -> bool) {
+    assert!(waited(timeout, check).await, "timed out waiting for {what}");
+}
+
+/// Polls `check` until it holds (true) or `timeout` passes (false).
+async fn waited(timeout: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    true
+}
+
+/// Like [`wait_until`], but a timeout stops `members` and the panic shows
+/// the parked keys, the held records, what was applied and each member's
+/// output: a failure on a loaded CI machine then says where it stalled.
+async fn wait_or_explain(
+    what: &str,
+    timeout: Duration,
+    check: impl AsyncFnMut() -> bool,
+    db: &Db,
+    group: &str,
+    members: &mut [&mut Spawned],
+) {
+    if waited(timeout, check).await {
+        return;
+    }
+    let parked: Vec<(String, String)> = sqlx::query_as(
+        "SELECT record_key, CONCAT(state, ' at ', parked_ms, ' ms, head ', head_origin) FROM parked_keys ORDER BY parked_ms",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap_or_default();
+    let held = scalar(db, "SELECT COUNT(*) FROM held_records").await;
+    let applied = count_rows(db, group).await;
+    let outputs: Vec<String> = members.iter_mut().map(|m| m.stop_and_output()).collect();
+    panic!(
+        "timed out after {timeout:?} waiting for {what}: parked keys {parked:?}, {held} held records, \
+         {applied} applied by {group}; members:\n{}",
+        outputs.join("\n---\n")
+    );
 }
 
 fn json(out: &str) -> Value {
@@ -241,14 +279,16 @@ async fn parked_keys_and_held_records_survive_sigkill_and_rebalance() {
     let path = ["order.created", "order.payment.succeeded", "order.shipped", "order.refunded"];
     let dead = order_with_path(&events, &path);
     let retried = order_with_path(&events, &["order.created", "order.payment.succeeded", "order.refunded"]);
-    // `dead`'s payment is dead-lettered; `retried`'s payment waits 10 s in
+    // `dead`'s payment is dead-lettered; `retried`'s payment waits 30 s in
     // the retry topic. Each parks its order with the later events held.
+    // Both must be parked at once, and still at the kill: the 30 s are that
+    // window (10 s was missed once on a loaded CI machine).
     env.set_env("ORDERPIPE_CHAOS__PERMANENT_ORDERS", &format!("[{dead}]"));
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", &format!("[{retried}]"));
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_EVENTS", r#"["order.payment.succeeded"]"#);
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1");
     env.set_env("ORDERPIPE_RETRY__LOCAL_RETRIES", "0");
-    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "10000");
+    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "30000");
     let group = "survive";
     let db = env.db();
     let handlers = handlers();
@@ -257,13 +297,13 @@ async fn parked_keys_and_held_records_survive_sigkill_and_rebalance() {
     // `dead`'s created event fails too (permanent order): everything of it
     // is behind its created event; `retried` holds its refund.
     let parked = async || scalar(&db, "SELECT COUNT(*) FROM parked_keys").await == 2;
-    wait_until("two parked keys", Duration::from_secs(60), parked).await;
+    wait_or_explain("two parked keys", Duration::from_secs(60), parked, &db, group, &mut [&mut first]).await;
     let held_before = scalar(&db, "SELECT COUNT(*) FROM held_records").await;
-    wait_until("the rest applied", Duration::from_secs(60), async || {
+    let rest = async || {
         // All but `dead`'s 4 events and `retried`'s payment and refund.
         count_rows(&db, group).await >= (events.len() - 6) as i64
-    })
-    .await;
+    };
+    wait_or_explain("the rest applied", Duration::from_secs(60), rest, &db, group, &mut [&mut first]).await;
     first.kill().unwrap();
     first.wait().unwrap();
     assert_eq!(scalar(&db, "SELECT COUNT(*) FROM parked_keys").await, 2, "parked keys survive SIGKILL");
@@ -274,11 +314,12 @@ async fn parked_keys_and_held_records_survive_sigkill_and_rebalance() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut second = start(&env);
     let retried_done = async || applied_sequence(&db, group, retried).await.len() == 3;
-    wait_until("the retried order applied after the rebalance", Duration::from_secs(90), retried_done).await;
+    let members = &mut [&mut restarted, &mut second];
+    wait_or_explain("the retried order applied after the rebalance", Duration::from_secs(90), retried_done, &db, group, members).await;
     // The key is unparked in the transaction after its last held record's
     // apply commits: a moment after the three events are visible.
     let one_parked = async || scalar(&db, "SELECT COUNT(*) FROM parked_keys").await == 1;
-    wait_until("only the dead-lettered order parked", Duration::from_secs(30), one_parked).await;
+    wait_or_explain("only the dead-lettered order parked", Duration::from_secs(30), one_parked, &db, group, members).await;
     assert_eq!(scalar(&db, "SELECT COUNT(*) FROM parked_keys").await, 1, "only the dead-lettered order stays parked");
     sigterm(&mut restarted);
     sigterm(&mut second);
