@@ -4,6 +4,8 @@
 //! to an OpenTelemetry collector over OTLP/HTTP. Logs go to stderr so stdout
 //! stays clean for command output (tables, JSON summaries).
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 use tracing_subscriber::util::SubscriberInitExt;
@@ -33,7 +35,12 @@ pub fn init(format: LogFormat, default_level: &str, otlp_endpoint: Option<&str>)
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     let logs: Box<dyn Layer<Registry> + Send + Sync> = match format {
-        LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
+        // Colours only for a person at a terminal: a log file or a pod's
+        // log keeps no escape codes to grep around.
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer().json().flatten_event(true).with_writer(std::io::stderr).boxed(),
     };
     let registry = tracing_subscriber::registry().with(logs).with(filter);
