@@ -9,7 +9,7 @@ use super::OutputArg;
 use super::consume::shutdown_signal;
 use super::output::Output;
 use crate::cdc::binlog::BinlogPosition;
-use crate::cdc::catalogue::{Capture, Watch, source_url};
+use crate::cdc::catalogue::{Capture, Watch, capture, source_url};
 use crate::cdc::{CdcOptions, CdcSections, CdcSummary};
 use crate::config::Settings;
 use crate::subscriptions::store::Origin;
@@ -54,6 +54,8 @@ pub struct CdcArgs {
 enum CdcCommand {
     /// Publish a table's existing rows as inserts, between the stream's changes
     /// without a gap; stop the running `cdc` of the same name first, start it after.
+    /// With a source row (`cdc --source NAME snapshot`, or cdc.source_name), from
+    /// that row's database, and only a table its event definitions capture.
     Snapshot {
         /// The table, <database>.<table>.
         #[arg(long)]
@@ -78,7 +80,7 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
         output,
     }) = args.command
     {
-        return snapshot(settings, table, name, server_id, output).await;
+        return snapshot(settings, table, name, args.source_name, server_id, output).await;
     }
     // Before start-up: a SIGTERM in it stops the process cleanly rather than killing it.
     super::signals::install()?;
@@ -118,10 +120,7 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
                  (the source's event definitions, or a list of tables)"
             );
         }
-        let db = crate::db::Db::connect(&settings.database, 1)?;
-        // cdc only reads the control plane; the origin labels writes.
-        let store = crate::subscriptions::Store::new(db, Origin::Cli);
-        let (w, capture) = Watch::start(store, &name, &cdc).await?;
+        let (w, capture) = Watch::start(control_plane(settings)?, &name, &cdc).await?;
         apply(settings, &mut cdc, own_source.as_ref(), &capture)?;
         watch = Some((w, capture));
     }
@@ -179,6 +178,12 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
+/// The control-plane tables, which cdc only reads (the origin labels writes).
+fn control_plane(settings: &Settings) -> anyhow::Result<crate::subscriptions::Store> {
+    let db = crate::db::Db::connect(&settings.database, 1)?;
+    Ok(crate::subscriptions::Store::new(db, Origin::Cli))
+}
+
 /// Points `cdc` at the source row of `capture` and its tables (see
 /// [`crate::cdc::catalogue`]) and says so; `own_source` (or `database.url`)
 /// gives the password.
@@ -206,11 +211,16 @@ fn apply(
     Ok(())
 }
 
-/// Runs `orderpipe cdc snapshot`.
+/// Runs `orderpipe cdc snapshot`. With a source row (`cdc --source NAME
+/// snapshot`, or `cdc.source_name`) it reads from that row's host, port and
+/// user, as the stream does, and only a table the row's event definitions
+/// capture: a snapshot of another database than the stream's would splice
+/// two histories.
 async fn snapshot(
     settings: &Settings,
     table: String,
     name: Option<String>,
+    source_name: Option<String>,
     server_id: Option<u32>,
     output: OutputArg,
 ) -> anyhow::Result<ExitCode> {
@@ -220,6 +230,17 @@ async fn snapshot(
     }
     if let Some(id) = server_id {
         cdc.server_id = id;
+    }
+    if let Some(source) = source_name.or_else(|| cdc.source_name.clone()) {
+        let capture = capture(&control_plane(settings)?, &source, &cdc).await?;
+        if !capture.tables.contains(&table) {
+            anyhow::bail!(
+                "--table {table}: source `{source}` does not capture it; its event definitions capture {}",
+                capture.tables.join(", ")
+            );
+        }
+        let own_source = cdc.source.clone();
+        apply(settings, &mut cdc, own_source.as_ref(), &capture)?;
     }
     let sections = sections(settings, &cdc);
     let summary = crate::cdc::snapshot::run(sections, &table).await?;
