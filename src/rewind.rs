@@ -20,6 +20,8 @@
 //! topic since the time, with `--dedup forget`; `--dedup keep` keeps them (the re-read events are
 //! then counted as duplicates and not applied again).
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
@@ -27,9 +29,12 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::db::{Db, DbError};
-use crate::kafka::client::{KafkaSettings, client_config};
+use crate::kafka::client::{KafkaSettings, assignment_reader, client_config};
+use crate::kafka::offsets;
 use crate::lag;
-use crate::reconcile::ReconcileError;
+
+/// How long one broker request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One partition of a rewound group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -62,9 +67,9 @@ pub enum RewindError {
     /// A Kafka request failed.
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
-    /// Finding the offsets by time failed (e.g. the topic does not exist).
-    #[error(transparent)]
-    Offsets(#[from] ReconcileError),
+    /// A topic of the group does not exist.
+    #[error("topic {0} does not exist")]
+    NoTopic(String),
     /// The committed offsets read back differ from the ones written.
     #[error("the broker holds {found:?} for {topic}[{partition}] after committing {wanted}")]
     NotCommitted {
@@ -109,15 +114,15 @@ fn rewind_blocking(
 ) -> Result<Vec<RewoundPartition>, RewindError> {
     let probe = lag::probe(kafka)?;
     refuse_live_members(&probe, group)?;
+    // Reads by assignment, read_committed: a partition's end is its last stable offset.
+    let reader = assignment_reader(kafka, "orderpipe.rewind")?;
     let mut target = TopicPartitionList::new();
     for topic in topics {
-        // The same first-offset-at-a-time lookup reconciliation plans its windows with.
-        for window in crate::reconcile::scan::plan(kafka, topic, to_ms, to_ms)? {
-            target.add_partition_offset(
-                topic,
-                window.partition,
-                Offset::Offset(window.start_offset),
-            )?;
+        let ranges = offsets::partition_ranges(&reader, topic, REQUEST_TIMEOUT)?
+            .ok_or_else(|| RewindError::NoTopic(topic.clone()))?;
+        let starts = offsets::first_offsets_at(&reader, topic, &ranges, to_ms, REQUEST_TIMEOUT)?;
+        for (range, start) in ranges.iter().zip(starts) {
+            target.add_partition_offset(topic, range.partition, Offset::Offset(start))?;
         }
     }
     let old = lag::committed_offsets(kafka, group, &target)?;

@@ -27,6 +27,8 @@ use serde::Serialize;
 
 use crate::codec::{CodecError, RegistrySettings};
 use crate::kafka::client::{KafkaSettings, OptionConflict};
+use crate::kafka::offsets;
+pub use crate::kafka::offsets::PartitionRange;
 use crate::producer::ProducerSettings;
 pub use decode::{Decoded, Decoder};
 pub use partition::Partitioner;
@@ -78,17 +80,6 @@ impl ExploreError {
             reason: reason.into(),
         }
     }
-}
-
-/// One partition's offsets: records `low..high` can be read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct PartitionRange {
-    /// Partition.
-    pub partition: i32,
-    /// Log start offset.
-    pub low: i64,
-    /// Last stable offset (the end as `read_committed` readers see it).
-    pub high: i64,
 }
 
 /// A topic and its partitions.
@@ -215,13 +206,7 @@ fn reader(kafka: &KafkaSettings) -> Result<BaseConsumer, KafkaError> {
 }
 
 fn partition_count(consumer: &BaseConsumer, topic: &str) -> Result<i32, ExploreError> {
-    let metadata = consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
-    metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic && t.error().is_none())
-        .map(|t| t.partitions().len() as i32)
-        .filter(|n| *n > 0)
+    offsets::partition_count(consumer, topic, REQUEST_TIMEOUT)?
         .ok_or_else(|| ExploreError::NoTopic(topic.to_string()))
 }
 
@@ -255,16 +240,8 @@ pub fn topics(kafka: &KafkaSettings) -> Result<Vec<TopicName>, ExploreError> {
 /// One topic with each partition's offsets. Blocking.
 pub fn describe(kafka: &KafkaSettings, topic: &str) -> Result<TopicSummary, ExploreError> {
     let consumer = reader(kafka)?;
-    let count = partition_count(&consumer, topic)?;
-    let mut partitions = Vec::with_capacity(count as usize);
-    for partition in 0..count {
-        let (low, high) = consumer.fetch_watermarks(topic, partition, REQUEST_TIMEOUT)?;
-        partitions.push(PartitionRange {
-            partition,
-            low,
-            high,
-        });
-    }
+    let partitions = offsets::partition_ranges(&consumer, topic, REQUEST_TIMEOUT)?
+        .ok_or_else(|| ExploreError::NoTopic(topic.to_string()))?;
     Ok(TopicSummary {
         name: topic.to_string(),
         partitions,
@@ -293,25 +270,15 @@ pub fn read(
             ),
         ));
     }
-    let (low, high) = consumer.fetch_watermarks(topic, partition, REQUEST_TIMEOUT)?;
-    let range = PartitionRange {
-        partition,
-        low,
-        high,
-    };
+    let range = PartitionRange::fetch(&consumer, topic, partition, REQUEST_TIMEOUT)?;
+    let (low, high) = (range.low, range.high);
     let start_offset = match start {
         Start::Beginning => low,
         Start::Tail => (high - limit as i64).max(low),
         Start::Offset(o) => o.clamp(low, high),
+        // No record at or after the time: the end (an empty page).
         Start::Time(ms) => {
-            let mut wanted = TopicPartitionList::new();
-            wanted.add_partition_offset(topic, partition, Offset::Offset(ms))?;
-            let found = consumer.offsets_for_times(wanted, REQUEST_TIMEOUT)?;
-            match found.elements().first().map(|e| e.offset()) {
-                Some(Offset::Offset(o)) => o.clamp(low, high),
-                // No record at or after the time.
-                _ => high,
-            }
+            offsets::first_offsets_at(&consumer, topic, &[range], ms, REQUEST_TIMEOUT)?[0]
         }
     };
     let mut page = Page {

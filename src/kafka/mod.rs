@@ -6,6 +6,9 @@
 //!   checked producer options and the measured producer.
 //! * [`record`]: header names, reading and replacing headers, a record's
 //!   failure history.
+//! * [`offsets`]: partition counts, a partition's offset range, and the
+//!   first offset at or after a time.
 
 pub mod client;
+pub mod offsets;
 pub mod record;

@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 
 use super::ReconcileError;
 use crate::kafka::client::KafkaSettings;
+use crate::kafka::offsets;
 use crate::kafka::record::{header, header_text};
 
 /// How long one broker request may take.
@@ -101,46 +102,21 @@ pub fn plan(
     until_ms: i64,
 ) -> Result<Vec<PartitionWindow>, ReconcileError> {
     let consumer = reader(kafka)?;
-    let metadata = consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
-    let partitions = metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic && t.error().is_none())
-        .map(|t| t.partitions().len() as i32)
-        .filter(|n| *n > 0)
+    // read_committed: `high` is the last stable offset.
+    let ranges = offsets::partition_ranges(&consumer, topic, REQUEST_TIMEOUT)?
         .ok_or_else(|| ReconcileError::NoTopic(topic.to_string()))?;
-    let first_at = |ms: i64| -> Result<BTreeMap<i32, Offset>, KafkaError> {
-        let mut wanted = TopicPartitionList::new();
-        for p in 0..partitions {
-            wanted.add_partition_offset(topic, p, Offset::Offset(ms))?;
-        }
-        let found = consumer.offsets_for_times(wanted, REQUEST_TIMEOUT)?;
-        Ok(found
-            .elements()
-            .iter()
-            .map(|e| (e.partition(), e.offset()))
-            .collect())
-    };
-    let since = first_at(since_ms)?;
-    let until = first_at(until_ms)?;
-    let mut windows = Vec::with_capacity(partitions as usize);
-    for p in 0..partitions {
-        // read_committed: `high` is the last stable offset.
-        let (low, high) = consumer.fetch_watermarks(topic, p, REQUEST_TIMEOUT)?;
-        // No record at or after the time: the range starts (or ends) at the log end.
-        let at = |offset: Option<&Offset>| match offset {
-            Some(Offset::Offset(o)) => (*o).clamp(low, high),
-            _ => high,
-        };
-        let start_offset = at(since.get(&p));
-        let end_offset = at(until.get(&p)).max(start_offset);
-        windows.push(PartitionWindow {
-            partition: p,
+    // No record at or after the time: the range starts (or ends) at the log end.
+    let since = offsets::first_offsets_at(&consumer, topic, &ranges, since_ms, REQUEST_TIMEOUT)?;
+    let until = offsets::first_offsets_at(&consumer, topic, &ranges, until_ms, REQUEST_TIMEOUT)?;
+    Ok(ranges
+        .iter()
+        .zip(since.into_iter().zip(until))
+        .map(|(range, (start_offset, end_offset))| PartitionWindow {
+            partition: range.partition,
             start_offset,
-            end_offset,
-        });
-    }
-    Ok(windows)
+            end_offset: end_offset.max(start_offset),
+        })
+        .collect())
 }
 
 /// Reads every record of `windows` and sends them to `chunks`, [`CHUNK`] at
