@@ -11,7 +11,7 @@ use rdkafka::message::OwnedMessage;
 use serde_json::json;
 use sqlx::{AssertSqlSafe, MySqlPool, Row};
 
-use crate::helpers::{MYSQL_ADMIN_URL, Spawned, TestEnv, header};
+use crate::helpers::{MYSQL_ADMIN_URL, Spawned, TestEnv, cdc_server_id, header, wait_for_status};
 
 /// A test's cdc source: its database, its topics, its server id (the
 /// router's cdc tests use it too).
@@ -26,7 +26,7 @@ pub(crate) struct Source {
 impl Source {
     /// A fresh database with `ddl` run in it, and the cdc settings of this test.
     pub(crate) async fn new(ddl: &[&str]) -> Self {
-        let mut env = TestEnv::new().with_database().await;
+        let env = TestEnv::new().with_database().await.with_cdc();
         let database = format!("op_{}", env.prefix);
         let pool = MySqlPool::connect(&format!("{MYSQL_ADMIN_URL}{database}"))
             .await
@@ -37,16 +37,7 @@ impl Source {
                 .await
                 .unwrap();
         }
-        let prefix = env.prefix.clone();
-        env.set_env("ORDERPIPE_CDC__NAME", &prefix);
-        env.set_env("ORDERPIPE_CDC__TOPIC_PREFIX", &format!("{prefix}.cdc"));
-        env.set_env(
-            "ORDERPIPE_CDC__OFFSETS_TOPIC",
-            &format!("{prefix}.cdc.offsets"),
-        );
-        env.set_env("ORDERPIPE_CDC__PARTITIONS", "3");
-        // Replicas of parallel tests need distinct server ids.
-        let server_id = (10_000 + rand::random::<u32>() % 1_000_000_000).to_string();
+        let server_id = cdc_server_id();
         // The binlog's end now: the stream starts before the test's writes.
         let row = sqlx::query("SHOW MASTER STATUS")
             .fetch_one(&pool)
@@ -332,18 +323,6 @@ async fn inserts_updates_and_deletes_reach_the_topic_in_commit_order_per_key_wit
 }
 
 /// Polls `path` on `addr` until it answers `status` (30 s at most); returns the body.
-fn wait_for_status(addr: &str, path: &str, status: u16) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (got, body) = crate::helpers::http_get(addr, path);
-        if got == status {
-            return body;
-        }
-        assert!(Instant::now() < deadline, "{path} answered {got}, not {status}: {body}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn cdc_is_ready_once_streaming_and_a_source_that_does_not_answer_is_live_not_ready_saying_why() {
     let mut source = Source::new(&["CREATE TABLE r (id INT PRIMARY KEY)"]).await;
@@ -355,7 +334,7 @@ async fn cdc_is_ready_once_streaming_and_a_source_that_does_not_answer_is_live_n
     // The real source: ready, both conditions met; a change is published.
     let mut cdc = source.env.spawn(&args);
     let addr = crate::helpers::health_addr(&mut cdc);
-    let body = tokio::task::block_in_place(|| wait_for_status(&addr, "/health/ready", 200));
+    let body = tokio::task::block_in_place(|| wait_for_status(&addr, "/health/ready", 200, "", Duration::from_secs(30)));
     let ready: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(ready["conditions"], json!({"binlog_stream": true, "kafka_producer": true}), "{body}");
     source.exec(&["INSERT INTO r VALUES (1)"]).await;
@@ -366,10 +345,11 @@ async fn cdc_is_ready_once_streaming_and_a_source_that_does_not_answer_is_live_n
     source.env.set_env("ORDERPIPE_CDC__SOURCE", "mysql://orderpipe:orderpipe@127.0.0.1:1/");
     let mut cdc = source.env.spawn(&args);
     let addr = crate::helpers::health_addr(&mut cdc);
+    // Waited for until the reason names the failed connection (not yet
+    // connected at first), not assumed after a fixed 2 s.
     let (body, live) = tokio::task::block_in_place(|| {
-        std::thread::sleep(Duration::from_secs(2));
         (
-            wait_for_status(&addr, "/health/ready", 503),
+            wait_for_status(&addr, "/health/ready", 503, "cannot connect to the source database", Duration::from_secs(30)),
             crate::helpers::http_get(&addr, "/health/live").0,
         )
     });
@@ -645,7 +625,9 @@ async fn lag_from_binlog_commit_to_a_read_committed_consumer() {
         consumer.assign(&assignment).unwrap();
         std::thread::spawn(move || {
             let mut received = Vec::new();
-            let deadline = Instant::now() + Duration::from_secs(120);
+            // The writes alone take 10 s quiet and several times that on a
+            // loaded machine; the lag is measured per change, not by this bound.
+            let deadline = Instant::now() + Duration::from_secs(300);
             while (received.len() as u64) < count && Instant::now() < deadline {
                 if let Some(Ok(message)) = consumer.poll(Duration::from_millis(100)) {
                     received.push((message.detach(), chrono::Utc::now()));
@@ -666,7 +648,8 @@ async fn lag_from_binlog_commit_to_a_read_committed_consumer() {
     assert_eq!(
         received.len() as u64,
         count,
-        "every change reached the consumer"
+        "every change reached the consumer within 300 s: {}",
+        cdc.stop_and_output()
     );
     let codec = Codec::new(
         &source.env.settings.registry,

@@ -19,7 +19,7 @@ use orderpipe::codec::Codec;
 use rdkafka::Message;
 
 use crate::cdc::wait_for_topic;
-use crate::helpers::TestEnv;
+use crate::helpers::{TestEnv, cdc_server_id};
 
 /// A MariaDB of this test: its own datadir, port and socket; stopped and
 /// deleted when dropped (also when the test fails).
@@ -180,17 +180,10 @@ async fn changes(env: &TestEnv, topic: &str, count: usize) -> Vec<(i32, i64, Cha
 
 #[tokio::test(flavor = "multi_thread")]
 async fn after_a_failover_cdc_resumes_by_gtid_on_the_promoted_replica_without_loss_or_duplicate() {
-    let mut env = TestEnv::new();
+    let env = TestEnv::new().with_cdc();
     let prefix = env.prefix.clone();
-    env.set_env("ORDERPIPE_CDC__NAME", &prefix);
-    env.set_env("ORDERPIPE_CDC__TOPIC_PREFIX", &format!("{prefix}.cdc"));
-    env.set_env(
-        "ORDERPIPE_CDC__OFFSETS_TOPIC",
-        &format!("{prefix}.cdc.offsets"),
-    );
-    env.set_env("ORDERPIPE_CDC__PARTITIONS", "3");
     let topic = format!("{prefix}.cdc.shop.t");
-    let cdc_server_id = (10_000 + rand::random::<u32>() % 1_000_000_000).to_string();
+    let cdc_server_id = cdc_server_id();
 
     let mut primary = ScratchMariadb::start(&prefix, "primary", 1);
     let replica = ScratchMariadb::start(&prefix, "replica", 2);
@@ -399,7 +392,7 @@ async fn with_resume_gtid_a_restart_on_the_same_busy_server_resumes_by_gtid_exac
     let source =
         crate::cdc::Source::new(&["CREATE TABLE t (id BIGINT PRIMARY KEY, v INT NOT NULL)"]).await;
     let topic = source.topic("t");
-    let server_id = (10_000 + rand::random::<u32>() % 1_000_000_000).to_string();
+    let server_id = cdc_server_id();
     let (cdc, _) = tokio::task::block_in_place(|| spawn_ready_by_gtid(&source, &server_id));
     for id in 1..=10 {
         source

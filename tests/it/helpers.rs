@@ -61,6 +61,17 @@ impl TestEnv {
         self
     }
 
+    /// Names `orderpipe cdc`'s connector, topics and offsets topic after
+    /// this test's prefix (`<prefix>.cdc.<db>.<table>`, 3 partitions).
+    pub fn with_cdc(mut self) -> Self {
+        let prefix = self.prefix.clone();
+        self.set_env("ORDERPIPE_CDC__NAME", &prefix);
+        self.set_env("ORDERPIPE_CDC__TOPIC_PREFIX", &format!("{prefix}.cdc"));
+        self.set_env("ORDERPIPE_CDC__OFFSETS_TOPIC", &format!("{prefix}.cdc.offsets"));
+        self.set_env("ORDERPIPE_CDC__PARTITIONS", "3");
+        self
+    }
+
     /// This test's database (after [`TestEnv::with_database`]).
     pub fn db(&self) -> orderpipe::db::Db {
         orderpipe::db::Db::connect(&self.settings.database, 4).unwrap()
@@ -86,7 +97,8 @@ impl TestEnv {
     /// `orderpipe ARGS` with this test's environment, not yet started.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_orderpipe"));
-        command.args(args).envs(&self.env).env("RUST_LOG", "warn");
+        // `warn` unless the test set RUST_LOG (to wait for an info line).
+        command.args(args).env("RUST_LOG", "warn").envs(&self.env);
         command
     }
 
@@ -138,6 +150,12 @@ impl TestEnv {
         }
         out
     }
+}
+
+/// A replication server id for a `cdc` of this test: replicas of parallel
+/// tests need distinct ones.
+pub fn cdc_server_id() -> String {
+    (10_000 + rand::random::<u32>() % 1_000_000_000).to_string()
 }
 
 /// The dev stack's MariaDB as the orderpipe user (which may create databases).
@@ -256,6 +274,25 @@ pub fn health_addr(child: &mut std::process::Child) -> String {
         }
     });
     rx.recv_timeout(Duration::from_secs(30)).expect("health endpoint announced")
+}
+
+/// Polls `GET path` until it answers `status` with a body containing
+/// `needle` ("" for any) and returns the body; fails after `timeout` with
+/// the last answer. A health state is waited for, never sampled once: on a
+/// loaded machine it may change a moment later than on a quiet one.
+pub fn wait_for_status(addr: &str, path: &str, status: u16, needle: &str, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (got, body) = http_get(addr, path);
+        if got == status && body.contains(needle) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} answered {got} after {timeout:?}, not {status} with `{needle}`: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// A plain HTTP/1.1 GET; returns (status, body).

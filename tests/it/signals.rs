@@ -32,19 +32,12 @@ fn sigterm_after(mut child: Child, after: Duration) -> (std::process::ExitStatus
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sigterm_in_the_first_half_second_stops_every_long_running_command_with_status_0() {
-    let mut env = TestEnv::new().with_database().await;
+    let mut env = TestEnv::new().with_database().await.with_cdc();
     env.cli(&["topics", "ensure", "--group", "sig.consumer"]).success();
     let database = format!("op_{}", env.prefix);
-    let prefix = env.prefix.clone();
-    env.set_env("ORDERPIPE_CDC__NAME", &prefix);
-    env.set_env("ORDERPIPE_CDC__TOPIC_PREFIX", &format!("{prefix}.cdc"));
-    env.set_env(
-        "ORDERPIPE_CDC__OFFSETS_TOPIC",
-        &format!("{prefix}.cdc.offsets"),
-    );
     // A table of the migrated database (it has a primary key).
     let table = format!("{database}.event_dedup");
-    let server_id = (10_000 + rand::random::<u32>() % 1_000_000_000).to_string();
+    let server_id = crate::helpers::cdc_server_id();
     let cdc = [
         "cdc",
         "--table",
