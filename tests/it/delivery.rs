@@ -124,7 +124,9 @@ fn unknown_subscription_names_the_declared_ones() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_changed_subscription_is_reloaded_without_a_restart() {
-    let env = TestEnv::new().with_database().await;
+    let mut env = TestEnv::new().with_database().await;
+    // The reload's info line says when the change was picked up.
+    env.set_env("RUST_LOG", "warn,orderpipe=info");
     env.cli(&["topics", "ensure", "--group", "http.crm"]).success();
     let (base, seen) = downstream().await;
     let write = |path: &std::path::Path, mode: &str| {
@@ -137,6 +139,7 @@ async fn a_changed_subscription_is_reloaded_without_a_restart() {
     let config = dir.path().join("orderpipe.toml");
     write(&config, "ok");
     let mut deliver = env.spawn(&["--config", config.to_str().unwrap(), "deliver", "--subscription", "crm"]);
+    let log = crate::router::stderr_lines(&mut deliver);
     let produce = |seed: u64| {
         let events: Vec<Envelope> = LifecycleGenerator::new("checkout", 2, 1000 * seed as i64, seed).take(6).collect();
         let file = write_ndjson(&events);
@@ -158,9 +161,10 @@ async fn a_changed_subscription_is_reloaded_without_a_restart() {
     let first = produce(1);
     wait_for("ok", first).await;
 
-    // Point the subscription elsewhere: the running group picks it up.
+    // Point the subscription elsewhere: the running group picks it up (the
+    // file is checked every 2 s; waited for, not assumed done after a sleep).
     write(&config, "other");
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    crate::router::wait_for_line(&log, &["subscription reloaded", "/hook/other"], Duration::from_secs(30)).await;
     let second = produce(2);
     wait_for("other", second).await;
     assert_eq!(seen.lock().unwrap().iter().filter(|(m, ..)| m == "ok").count(), first, "old URL used after reload");

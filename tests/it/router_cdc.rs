@@ -26,7 +26,7 @@ use crate::delivery::{Seen, downstream};
 use crate::helpers::Spawned;
 use crate::router::{
     actual_at_lag_zero, announced, assert_missing, delete_group, disable, stderr_lines,
-    wait_until_none_missing,
+    wait_for_subscriptions, wait_until_none_missing,
 };
 
 /// Seed 003's example table.
@@ -320,8 +320,11 @@ async fn row_changes_reach_the_endpoint_with_old_in_commit_order_the_status_filt
 
     // Disable the delete subscription: within seconds, without a restart,
     // deletes stop while the group's other subscriptions keep delivering.
+    // The next changes are made once the router serves the two others (15 s
+    // at most: it reads the tables every second), not after a fixed sleep.
     disable(&platform.store, delete.id).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let admin = announced(platform.logs.last().unwrap(), "admin API listening on http://");
+    wait_for_subscriptions(&admin, &insert.group, &[insert.id, update.id], Duration::from_secs(15)).await;
     platform
         .source
         .exec(&["DELETE FROM table_user WHERE id = 3"])
@@ -342,10 +345,6 @@ async fn row_changes_reach_the_endpoint_with_old_in_commit_order_the_status_filt
     // topic, runs the two enabled subscriptions, and its lag (measured on
     // that topic at each reconciliation) reaches 0: deliveries and filtered
     // changes alike were committed.
-    let admin = announced(
-        platform.logs.last().unwrap(),
-        "admin API listening on http://",
-    );
     let (a, view) = actual_at_lag_zero(&admin, &insert.group).await;
     assert_eq!(
         a["topics"],
