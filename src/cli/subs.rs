@@ -22,6 +22,7 @@ use crate::health::HealthState;
 use crate::retry::RetryLayer;
 use crate::subscriptions::admin::{self, AdminState};
 use crate::subscriptions::model::*;
+use crate::subscriptions::record::Record;
 use crate::subscriptions::store::{Origin, RequestKind, Store, SubscriptionQuery};
 use crate::subscriptions::{Binding, FilterSpec, Invalid, PropertyFilter, SubsError};
 
@@ -375,8 +376,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 enabled: Some(!a.disabled),
                 description: a.description.clone(),
             };
-            let consumer = store.add_consumer(&new).await.map_err(flag_error)?;
-            print_consumers(&[consumer], a.output.output);
+            added::<Consumer>(&store, &new, order_topic, a.output.output).await?;
         }
         SubsCommand::Add(AddCommand::Subscription(a)) => {
             let new = NewSubscription {
@@ -387,11 +387,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 enabled: Some(!a.disabled),
                 description: a.description,
             };
-            let subscription = store
-                .add_subscription(&new, order_topic)
-                .await
-                .map_err(flag_error)?;
-            print_subscriptions(&[subscription], a.output.output);
+            added::<Subscription>(&store, &new, order_topic, a.output.output).await?;
         }
         SubsCommand::Add(AddCommand::Event(a)) => {
             let new = NewEvent {
@@ -400,11 +396,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 source: a.source,
                 description: a.description,
             };
-            let event = store
-                .add_event(&new, order_topic)
-                .await
-                .map_err(flag_error)?;
-            print_events(&[event], a.output.output);
+            added::<EventDefinition>(&store, &new, order_topic, a.output.output).await?;
         }
         SubsCommand::Add(AddCommand::Source(a)) => {
             let (Some(host), Some(user)) = (a.host, a.user) else {
@@ -418,8 +410,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 enabled: Some(!a.disabled),
                 description: a.description,
             };
-            let source = store.add_source(&new).await.map_err(flag_error)?;
-            print_sources(&[source], a.output.output);
+            added::<Source>(&store, &new, order_topic, a.output.output).await?;
         }
         SubsCommand::List {
             kind,
@@ -437,22 +428,18 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                         event,
                         served_only: false,
                     };
-                    print_subscriptions(&store.list_subscriptions(&query).await?, output.output);
+                    Subscription::print(&store.list_subscriptions(&query).await?, output.output);
                 }
-                Kind::Consumers => print_consumers(&store.list_consumers().await?, output.output),
-                Kind::Events => print_events(&store.list_events().await?, output.output),
-                Kind::Sources => print_sources(&store.list_sources().await?, output.output),
+                Kind::Consumers => Consumer::print(&Consumer::list(&store).await?, output.output),
+                Kind::Events => {
+                    EventDefinition::print(&EventDefinition::list(&store).await?, output.output)
+                }
+                Kind::Sources => Source::print(&Source::list(&store).await?, output.output),
             }
         }
-        SubsCommand::Show { target, output } => match target.kind {
-            TargetKind::Consumer => show(&store.consumer(&target.key).await?, output.output),
-            TargetKind::Subscription => show(
-                &store.subscription(subscription_id(&target.key)?).await?,
-                output.output,
-            ),
-            TargetKind::Event => show(&store.event(&target.key).await?, output.output),
-            TargetKind::Source => show(&store.source(&target.key).await?, output.output),
-        },
+        SubsCommand::Show { target, output } => {
+            target.apply(&store, Action::Show, output.output).await?
+        }
         SubsCommand::Update(UpdateCommand::Consumer(a)) => {
             only_for_add(a.disabled, "consumer", &a.name)?;
             let patch = ConsumerPatch {
@@ -465,11 +452,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 enabled: None,
                 description: a.description.clone(),
             };
-            let consumer = store
-                .update_consumer(&a.name, &patch)
-                .await
-                .map_err(flag_error)?;
-            print_consumers(&[consumer], a.output.output);
+            updated::<Consumer>(&store, &a.name, &patch, a.output.output).await?;
         }
         SubsCommand::Update(UpdateCommand::Subscription(a)) => {
             let replaced = match (a.clear_filters, a.filters.is_empty()) {
@@ -483,11 +466,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 enabled: None,
                 description: a.description,
             };
-            let subscription = store
-                .update_subscription(a.id, &patch)
-                .await
-                .map_err(flag_error)?;
-            print_subscriptions(&[subscription], a.output.output);
+            updated::<Subscription>(&store, &a.id, &patch, a.output.output).await?;
         }
         SubsCommand::Update(UpdateCommand::Event(a)) => {
             let patch = EventPatch {
@@ -495,11 +474,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 source: a.source,
                 description: a.description,
             };
-            let event = store
-                .update_event(&a.routing_key, &patch)
-                .await
-                .map_err(flag_error)?;
-            print_events(&[event], a.output.output);
+            updated::<EventDefinition>(&store, &a.routing_key, &patch, a.output.output).await?;
         }
         SubsCommand::Update(UpdateCommand::Source(a)) => {
             only_for_add(a.disabled, "source", &a.name)?;
@@ -510,37 +485,20 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 enabled: None,
                 description: a.description,
             };
-            let source = store
-                .update_source(&a.name, &patch)
-                .await
-                .map_err(flag_error)?;
-            print_sources(&[source], a.output.output);
+            updated::<Source>(&store, &a.name, &patch, a.output.output).await?;
         }
         SubsCommand::Enable { target, output } => {
-            set_enabled(&store, &target, true, output.output).await?
+            target
+                .apply(&store, Action::SetEnabled(true), output.output)
+                .await?
         }
         SubsCommand::Disable { target, output } => {
-            set_enabled(&store, &target, false, output.output).await?
+            target
+                .apply(&store, Action::SetEnabled(false), output.output)
+                .await?
         }
         SubsCommand::Remove { target, output } => {
-            let removed = match target.kind {
-                TargetKind::Consumer => {
-                    serde_json::to_value(store.remove_consumer(&target.key).await?)?
-                }
-                TargetKind::Subscription => serde_json::to_value(
-                    store
-                        .remove_subscription(subscription_id(&target.key)?)
-                        .await?,
-                )?,
-                TargetKind::Event => serde_json::to_value(store.remove_event(&target.key).await?)?,
-                TargetKind::Source => {
-                    serde_json::to_value(store.remove_source(&target.key).await?)?
-                }
-            };
-            match output.output {
-                Output::Json => output::json(&json!({"removed": removed})),
-                Output::Table => println!("removed {} {}", kind_name(target.kind), target.key),
-            }
+            target.apply(&store, Action::Remove, output.output).await?
         }
         SubsCommand::Bindings { consumer, output } => {
             if let Some(name) = &consumer {
@@ -596,62 +554,81 @@ fn only_for_add(disabled: bool, kind: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn kind_name(kind: TargetKind) -> &'static str {
-    match kind {
-        TargetKind::Consumer => "consumer",
-        TargetKind::Subscription => "subscription",
-        TargetKind::Event => "event",
-        TargetKind::Source => "source",
+/// What `show`, `enable`, `disable` and `remove` do to a [`Target`].
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Show,
+    SetEnabled(bool),
+    Remove,
+}
+
+impl Target {
+    /// Does `action` to the record, whatever its kind.
+    async fn apply(&self, store: &Store, action: Action, format: Output) -> anyhow::Result<()> {
+        match self.kind {
+            TargetKind::Consumer => apply::<Consumer>(store, &self.key, action, format).await,
+            TargetKind::Subscription => {
+                apply::<Subscription>(store, &self.key, action, format).await
+            }
+            TargetKind::Event => apply::<EventDefinition>(store, &self.key, action, format).await,
+            TargetKind::Source => apply::<Source>(store, &self.key, action, format).await,
+        }
     }
 }
 
-fn subscription_id(key: &str) -> anyhow::Result<i64> {
-    key.parse().map_err(|_| {
-        anyhow::anyhow!(
-            "subscription: `{key}` is not a subscription id (a number; see `subs list`)"
-        )
-    })
-}
-
-async fn set_enabled(
+/// [`Target::apply`] for one kind; `key` as typed (only an id can fail to parse).
+async fn apply<R: Printed>(
     store: &Store,
-    target: &Target,
-    enabled: bool,
+    key: &str,
+    action: Action,
     format: Output,
 ) -> anyhow::Result<()> {
-    match target.kind {
-        TargetKind::Consumer => {
-            let patch = ConsumerPatch {
-                enabled: Some(enabled),
-                ..ConsumerPatch::default()
+    let kind = R::KIND;
+    let parsed = R::parse_key(key).map_err(|_| {
+        anyhow::anyhow!("{kind}: `{key}` is not a {kind} id (a number; see `subs list`)")
+    })?;
+    match action {
+        Action::Show => show(&R::get(store, &parsed).await?, format),
+        Action::SetEnabled(enabled) => {
+            let Some(patch) = R::enabled_patch(enabled) else {
+                anyhow::bail!(
+                    "{kind}: {kind}s have no enabled flag; enable or disable the subscriptions or consumers that name it (accepted: consumer, subscription, source)"
+                )
             };
-            print_consumers(&[store.update_consumer(&target.key, &patch).await?], format);
+            R::print(&[R::update(store, &parsed, &patch).await?], format);
         }
-        TargetKind::Subscription => {
-            let patch = SubscriptionPatch {
-                enabled: Some(enabled),
-                ..SubscriptionPatch::default()
-            };
-            print_subscriptions(
-                &[store
-                    .update_subscription(subscription_id(&target.key)?, &patch)
-                    .await?],
-                format,
-            );
-        }
-        TargetKind::Source => {
-            let patch = SourcePatch {
-                enabled: Some(enabled),
-                ..SourcePatch::default()
-            };
-            print_sources(&[store.update_source(&target.key, &patch).await?], format);
-        }
-        TargetKind::Event => {
-            anyhow::bail!(
-                "event: events have no enabled flag; enable or disable the subscriptions or consumers that name it (accepted: consumer, subscription, source)"
-            )
+        Action::Remove => {
+            let removed = R::remove(store, &parsed).await?;
+            match format {
+                Output::Json => output::json(&json!({"removed": removed})),
+                Output::Table => println!("removed {kind} {key}"),
+            }
         }
     }
+    Ok(())
+}
+
+/// Adds a record from its flags and prints it (errors name the flag).
+async fn added<R: Printed>(
+    store: &Store,
+    new: &R::New,
+    order_topic: &str,
+    format: Output,
+) -> anyhow::Result<()> {
+    let record = R::add(store, new, order_topic).await.map_err(flag_error)?;
+    R::print(&[record], format);
+    Ok(())
+}
+
+/// Changes a record from its flags and prints it (errors name the flag).
+async fn updated<R: Printed>(
+    store: &Store,
+    key: &R::Key,
+    patch: &R::Patch,
+    format: Output,
+) -> anyhow::Result<()> {
+    let record = R::update(store, key, patch).await.map_err(flag_error)?;
+    R::print(&[record], format);
     Ok(())
 }
 
@@ -689,71 +666,85 @@ fn filters_cli(filters: &[PropertyFilter]) -> String {
         .join(" AND ")
 }
 
-fn print_consumers(consumers: &[Consumer], format: Output) {
-    let header = [
-        "consumer",
-        "method",
-        "url",
-        "timeout ms",
-        "retry",
-        "channel",
-        "enabled",
-    ];
-    output::print_list(consumers, format, &header, |c| {
-        vec![
-            c.name.clone(),
-            c.method.clone(),
-            c.url.clone(),
-            c.timeout_ms.to_string(),
-            c.retry.as_ref().map_or("([retry])".into(), |r| {
-                serde_json::to_string(r).unwrap_or_default()
-            }),
-            c.channel_id.clone(),
-            yes_no(c.enabled),
-        ]
-    });
+/// A kind of record as `subs` prints a list of it: a table, or the records as JSON.
+trait Printed: Record {
+    /// Prints `records` in `format`.
+    fn print(records: &[Self], format: Output);
 }
 
-fn print_subscriptions(subscriptions: &[Subscription], format: Output) {
-    let header = [
-        "id", "event", "consumer", "bind key", "group", "enabled", "filters",
-    ];
-    output::print_list(subscriptions, format, &header, |s| {
-        vec![
-            s.id.to_string(),
-            s.event.clone(),
-            s.consumer.clone(),
-            s.bind_key.clone(),
-            s.group.clone(),
-            yes_no(s.enabled),
-            filters_cli(&s.filters),
-        ]
-    });
+impl Printed for Consumer {
+    fn print(consumers: &[Self], format: Output) {
+        let header = [
+            "consumer",
+            "method",
+            "url",
+            "timeout ms",
+            "retry",
+            "channel",
+            "enabled",
+        ];
+        output::print_list(consumers, format, &header, |c| {
+            vec![
+                c.name.clone(),
+                c.method.clone(),
+                c.url.clone(),
+                c.timeout_ms.to_string(),
+                c.retry.as_ref().map_or("([retry])".into(), |r| {
+                    serde_json::to_string(r).unwrap_or_default()
+                }),
+                c.channel_id.clone(),
+                yes_no(c.enabled),
+            ]
+        });
+    }
 }
 
-fn print_events(events: &[EventDefinition], format: Output) {
-    let header = ["event", "topic", "source", "description"];
-    output::print_list(events, format, &header, |e| {
-        vec![
-            e.routing_key.clone(),
-            e.topic.clone(),
-            e.source.clone().unwrap_or_default(),
-            e.description.clone(),
-        ]
-    });
+impl Printed for Subscription {
+    fn print(subscriptions: &[Self], format: Output) {
+        let header = [
+            "id", "event", "consumer", "bind key", "group", "enabled", "filters",
+        ];
+        output::print_list(subscriptions, format, &header, |s| {
+            vec![
+                s.id.to_string(),
+                s.event.clone(),
+                s.consumer.clone(),
+                s.bind_key.clone(),
+                s.group.clone(),
+                yes_no(s.enabled),
+                filters_cli(&s.filters),
+            ]
+        });
+    }
 }
 
-fn print_sources(sources: &[Source], format: Output) {
-    let header = ["source", "host", "user", "enabled", "description"];
-    output::print_list(sources, format, &header, |s| {
-        vec![
-            s.name.clone(),
-            format!("{}:{}", s.db_host, s.db_port),
-            s.db_user.clone(),
-            yes_no(s.enabled),
-            s.description.clone(),
-        ]
-    });
+impl Printed for EventDefinition {
+    fn print(events: &[Self], format: Output) {
+        let header = ["event", "topic", "source", "description"];
+        output::print_list(events, format, &header, |e| {
+            vec![
+                e.routing_key.clone(),
+                e.topic.clone(),
+                e.source.clone().unwrap_or_default(),
+                e.description.clone(),
+            ]
+        });
+    }
+}
+
+impl Printed for Source {
+    fn print(sources: &[Self], format: Output) {
+        let header = ["source", "host", "user", "enabled", "description"];
+        output::print_list(sources, format, &header, |s| {
+            vec![
+                s.name.clone(),
+                format!("{}:{}", s.db_host, s.db_port),
+                s.db_user.clone(),
+                yes_no(s.enabled),
+                s.description.clone(),
+            ]
+        });
+    }
 }
 
 fn print_bindings(bindings: &[Binding], format: Output) {

@@ -37,6 +37,7 @@ use sha2::{Digest, Sha256};
 
 use super::bindings::{ActualState, diff};
 use super::model::*;
+use super::record::Record;
 use super::store::{Origin, RequestKind, Store};
 use super::{Invalid, SubsError};
 use crate::db::{Db, DbError};
@@ -123,36 +124,29 @@ fn digest(text: &str) -> [u8; 32] {
 /// The routes (a router may merge them into its own server).
 pub fn router(state: AdminState) -> Router {
     Router::new()
-        .route("/sources", get(list_sources).post(add_source))
+        .route("/sources", get(list::<Source>).post(add::<Source>))
+        .route("/sources/{name}", record_routes::<Source>())
+        .route("/sources/{name}/{toggle}", post(toggle_enabled::<Source>))
         .route(
-            "/sources/{name}",
-            get(show_source).patch(update_source).delete(remove_source),
+            "/events",
+            get(list::<EventDefinition>).post(add::<EventDefinition>),
         )
-        .route("/sources/{name}/{toggle}", post(toggle_source))
-        .route("/events", get(list_events).post(add_event))
+        .route("/events/{key}", record_routes::<EventDefinition>())
+        .route("/consumers", get(list::<Consumer>).post(add::<Consumer>))
+        .route("/consumers/{name}", record_routes::<Consumer>())
         .route(
-            "/events/{key}",
-            get(show_event).patch(update_event).delete(remove_event),
+            "/consumers/{name}/{toggle}",
+            post(toggle_enabled::<Consumer>),
         )
-        .route("/consumers", get(list_consumers).post(add_consumer))
-        .route(
-            "/consumers/{name}",
-            get(show_consumer)
-                .patch(update_consumer)
-                .delete(remove_consumer),
-        )
-        .route("/consumers/{name}/{toggle}", post(toggle_consumer))
         .route(
             "/subscriptions",
-            get(list_subscriptions).post(add_subscription),
+            get(list_subscriptions).post(add::<Subscription>),
         )
+        .route("/subscriptions/{id}", record_routes::<Subscription>())
         .route(
-            "/subscriptions/{id}",
-            get(show_subscription)
-                .patch(update_subscription)
-                .delete(remove_subscription),
+            "/subscriptions/{id}/{toggle}",
+            post(toggle_enabled::<Subscription>),
         )
-        .route("/subscriptions/{id}/{toggle}", post(toggle_subscription))
         .route("/refresh", post(refresh))
         .route("/reload", post(reload))
         .route("/bindings", get(bindings))
@@ -163,6 +157,11 @@ pub fn router(state: AdminState) -> Router {
         // Outside the token check: refused requests are counted too.
         .layer(axum::middleware::from_fn(count_requests))
         .with_state(state)
+}
+
+/// `GET`, `PATCH` and `DELETE` of one record of kind `R`.
+fn record_routes<R: Record>() -> axum::routing::MethodRouter<AdminState> {
+    get(show::<R>).patch(update::<R>).delete(remove::<R>)
 }
 
 /// Serves the API and the health endpoints on `addr` until `shutdown`;
@@ -302,121 +301,52 @@ fn toggle(word: &str) -> Result<bool, ApiError> {
     }
 }
 
-fn subscription_id(text: &str) -> Result<i64, ApiError> {
-    text.parse().map_err(|_| {
-        Invalid::new(
-            "id",
-            format!("`{text}` is not a subscription id (a number)"),
-        )
-        .into()
-    })
+/// `GET /<kind>` (subscriptions: [`list_subscriptions`]).
+async fn list<R: Record>(State(s): State<AdminState>) -> Answer<Vec<R>> {
+    Ok(Json(R::list(&s.store).await?))
 }
 
-async fn list_sources(State(s): State<AdminState>) -> Answer<Vec<Source>> {
-    Ok(Json(s.store.list_sources().await?))
-}
-async fn show_source(State(s): State<AdminState>, Path(name): Path<String>) -> Answer<Source> {
-    Ok(Json(s.store.source(&name).await?))
-}
-async fn add_source(
-    State(s): State<AdminState>,
-    payload: Result<Json<NewSource>, JsonRejection>,
-) -> Result<(StatusCode, Json<Source>), ApiError> {
-    Ok((
-        StatusCode::CREATED,
-        Json(s.store.add_source(&body(payload)?).await?),
-    ))
-}
-async fn update_source(
-    State(s): State<AdminState>,
-    Path(name): Path<String>,
-    payload: Result<Json<SourcePatch>, JsonRejection>,
-) -> Answer<Source> {
-    Ok(Json(s.store.update_source(&name, &body(payload)?).await?))
-}
-async fn toggle_source(
-    State(s): State<AdminState>,
-    Path((name, word)): Path<(String, String)>,
-) -> Answer<Source> {
-    let patch = SourcePatch {
-        enabled: Some(toggle(&word)?),
-        ..SourcePatch::default()
-    };
-    Ok(Json(s.store.update_source(&name, &patch).await?))
-}
-async fn remove_source(State(s): State<AdminState>, Path(name): Path<String>) -> Answer<Source> {
-    Ok(Json(s.store.remove_source(&name).await?))
+/// `GET /<kind>/{key}`.
+async fn show<R: Record>(State(s): State<AdminState>, Path(key): Path<String>) -> Answer<R> {
+    Ok(Json(R::get(&s.store, &R::parse_key(&key)?).await?))
 }
 
-async fn list_events(State(s): State<AdminState>) -> Answer<Vec<EventDefinition>> {
-    Ok(Json(s.store.list_events().await?))
-}
-async fn show_event(
+/// `POST /<kind>`: 201 with the record added.
+async fn add<R: Record>(
     State(s): State<AdminState>,
-    Path(key): Path<String>,
-) -> Answer<EventDefinition> {
-    Ok(Json(s.store.event(&key).await?))
-}
-async fn add_event(
-    State(s): State<AdminState>,
-    payload: Result<Json<NewEvent>, JsonRejection>,
-) -> Result<(StatusCode, Json<EventDefinition>), ApiError> {
-    Ok((
-        StatusCode::CREATED,
-        Json(s.store.add_event(&body(payload)?, &s.order_topic).await?),
-    ))
-}
-async fn update_event(
-    State(s): State<AdminState>,
-    Path(key): Path<String>,
-    payload: Result<Json<EventPatch>, JsonRejection>,
-) -> Answer<EventDefinition> {
-    Ok(Json(s.store.update_event(&key, &body(payload)?).await?))
-}
-async fn remove_event(
-    State(s): State<AdminState>,
-    Path(key): Path<String>,
-) -> Answer<EventDefinition> {
-    Ok(Json(s.store.remove_event(&key).await?))
+    payload: Result<Json<R::New>, JsonRejection>,
+) -> Result<(StatusCode, Json<R>), ApiError> {
+    let added = R::add(&s.store, &body(payload)?, &s.order_topic).await?;
+    Ok((StatusCode::CREATED, Json(added)))
 }
 
-async fn list_consumers(State(s): State<AdminState>) -> Answer<Vec<Consumer>> {
-    Ok(Json(s.store.list_consumers().await?))
-}
-async fn show_consumer(State(s): State<AdminState>, Path(name): Path<String>) -> Answer<Consumer> {
-    Ok(Json(s.store.consumer(&name).await?))
-}
-async fn add_consumer(
+/// `PATCH /<kind>/{key}`.
+async fn update<R: Record>(
     State(s): State<AdminState>,
-    payload: Result<Json<NewConsumer>, JsonRejection>,
-) -> Result<(StatusCode, Json<Consumer>), ApiError> {
-    Ok((
-        StatusCode::CREATED,
-        Json(s.store.add_consumer(&body(payload)?).await?),
+    Path(key): Path<String>,
+    payload: Result<Json<R::Patch>, JsonRejection>,
+) -> Answer<R> {
+    let key = R::parse_key(&key)?;
+    Ok(Json(R::update(&s.store, &key, &body(payload)?).await?))
+}
+
+/// `POST /<kind>/{key}/enable` and `.../disable` (routed for the kinds
+/// with an enabled flag only).
+async fn toggle_enabled<R: Record>(
+    State(s): State<AdminState>,
+    Path((key, word)): Path<(String, String)>,
+) -> Answer<R> {
+    let enabled = toggle(&word)?;
+    let patch = R::enabled_patch(enabled)
+        .ok_or_else(|| Invalid::new("<path>", format!("a {} has no enabled flag", R::KIND)))?;
+    Ok(Json(
+        R::update(&s.store, &R::parse_key(&key)?, &patch).await?,
     ))
 }
-async fn update_consumer(
-    State(s): State<AdminState>,
-    Path(name): Path<String>,
-    payload: Result<Json<ConsumerPatch>, JsonRejection>,
-) -> Answer<Consumer> {
-    Ok(Json(s.store.update_consumer(&name, &body(payload)?).await?))
-}
-async fn toggle_consumer(
-    State(s): State<AdminState>,
-    Path((name, word)): Path<(String, String)>,
-) -> Answer<Consumer> {
-    let patch = ConsumerPatch {
-        enabled: Some(toggle(&word)?),
-        ..ConsumerPatch::default()
-    };
-    Ok(Json(s.store.update_consumer(&name, &patch).await?))
-}
-async fn remove_consumer(
-    State(s): State<AdminState>,
-    Path(name): Path<String>,
-) -> Answer<Consumer> {
-    Ok(Json(s.store.remove_consumer(&name).await?))
+
+/// `DELETE /<kind>/{key}`: the record as it was.
+async fn remove<R: Record>(State(s): State<AdminState>, Path(key): Path<String>) -> Answer<R> {
+    Ok(Json(R::remove(&s.store, &R::parse_key(&key)?).await?))
 }
 
 /// `?consumer=&event=` of `GET /subscriptions`.
@@ -438,59 +368,6 @@ async fn list_subscriptions(
     };
     Ok(Json(s.store.list_subscriptions(&query).await?))
 }
-async fn show_subscription(
-    State(s): State<AdminState>,
-    Path(id): Path<String>,
-) -> Answer<Subscription> {
-    Ok(Json(s.store.subscription(subscription_id(&id)?).await?))
-}
-async fn add_subscription(
-    State(s): State<AdminState>,
-    payload: Result<Json<NewSubscription>, JsonRejection>,
-) -> Result<(StatusCode, Json<Subscription>), ApiError> {
-    Ok((
-        StatusCode::CREATED,
-        Json(
-            s.store
-                .add_subscription(&body(payload)?, &s.order_topic)
-                .await?,
-        ),
-    ))
-}
-async fn update_subscription(
-    State(s): State<AdminState>,
-    Path(id): Path<String>,
-    payload: Result<Json<SubscriptionPatch>, JsonRejection>,
-) -> Answer<Subscription> {
-    Ok(Json(
-        s.store
-            .update_subscription(subscription_id(&id)?, &body(payload)?)
-            .await?,
-    ))
-}
-async fn toggle_subscription(
-    State(s): State<AdminState>,
-    Path((id, word)): Path<(String, String)>,
-) -> Answer<Subscription> {
-    let patch = SubscriptionPatch {
-        enabled: Some(toggle(&word)?),
-        ..SubscriptionPatch::default()
-    };
-    Ok(Json(
-        s.store
-            .update_subscription(subscription_id(&id)?, &patch)
-            .await?,
-    ))
-}
-async fn remove_subscription(
-    State(s): State<AdminState>,
-    Path(id): Path<String>,
-) -> Answer<Subscription> {
-    Ok(Json(
-        s.store.remove_subscription(subscription_id(&id)?).await?,
-    ))
-}
-
 /// `?consumer=NAME` of refresh, reload and bindings.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

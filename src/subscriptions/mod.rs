@@ -27,11 +27,14 @@
 //! * [`admin`]: the admin HTTP API (CRUD, `POST /refresh`, `GET /bindings`,
 //!   `POST /reload`), bearer token for every state change.
 //! * `orderpipe subs ...` ([`crate::cli::subs`]) is the same CRUD on the command line.
+//! * [`record::Record`]: the four kinds behind one trait, so the API and the
+//!   CLI handle show, add, update, enable/disable and remove once for all kinds.
 
 pub mod admin;
 pub mod bindings;
 pub mod filter;
 pub mod model;
+pub mod record;
 pub mod store;
 
 pub use bindings::{ActualBinding, ActualState, Binding, Decision};

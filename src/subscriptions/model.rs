@@ -1,6 +1,11 @@
 //! The control plane's records as the store returns them, the inputs that
 //! create and change them, and the checks on those inputs (each error
 //! names the field and the accepted values).
+//!
+//! The inputs (`New*`, `*Patch`) are the admin API's JSON bodies: a missing
+//! `Option` field is `None` (serde's rule for `Option`), every field of a
+//! patch may be missing (`#[serde(default)]` on the struct), and an unknown
+//! field is refused.
 
 use serde::{Deserialize, Serialize};
 
@@ -196,36 +201,28 @@ pub struct NewSource {
     /// Host.
     pub db_host: String,
     /// Port (default 3306).
-    #[serde(default)]
     pub db_port: Option<i32>,
     /// Replication user.
     pub db_user: String,
     /// Default true.
-    #[serde(default)]
     pub enabled: Option<bool>,
     /// Free text.
-    #[serde(default)]
     pub description: Option<String>,
 }
 
 /// Changes to a source; unset fields stay.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct SourcePatch {
     /// Host.
-    #[serde(default)]
     pub db_host: Option<String>,
     /// Port.
-    #[serde(default)]
     pub db_port: Option<i32>,
     /// Replication user.
-    #[serde(default)]
     pub db_user: Option<String>,
     /// Enabled.
-    #[serde(default)]
     pub enabled: Option<bool>,
     /// Free text.
-    #[serde(default)]
     pub description: Option<String>,
 }
 
@@ -236,28 +233,22 @@ pub struct NewEvent {
     /// See [`check_routing_key`].
     pub routing_key: String,
     /// Default: [`default_topic`].
-    #[serde(default)]
     pub topic: Option<String>,
     /// A source's name.
-    #[serde(default)]
     pub source: Option<String>,
     /// Free text.
-    #[serde(default)]
     pub description: Option<String>,
 }
 
 /// Changes to an event definition; unset fields stay.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct EventPatch {
     /// The topic.
-    #[serde(default)]
     pub topic: Option<String>,
     /// A source's name; `""` detaches it.
-    #[serde(default)]
     pub source: Option<String>,
     /// Free text.
-    #[serde(default)]
     pub description: Option<String>,
 }
 
@@ -270,52 +261,38 @@ pub struct NewConsumer {
     /// http(s) URL.
     pub url: String,
     /// [`METHODS`] (default POST).
-    #[serde(default)]
     pub method: Option<String>,
     /// Default 5000.
-    #[serde(default)]
     pub timeout_ms: Option<i64>,
     /// Retry schedule ([`RetryLayer`]: `{"delays": ["5s","30s","5m"]}`, `{"profile": "seed003"}`).
-    #[serde(default)]
     pub retry: Option<RetryLayer>,
     /// Default `orderpipe`.
-    #[serde(default)]
     pub channel_id: Option<String>,
     /// Default true.
-    #[serde(default)]
     pub enabled: Option<bool>,
     /// Free text.
-    #[serde(default)]
     pub description: Option<String>,
 }
 
 /// Changes to a consumer; unset fields stay (the name never changes).
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct ConsumerPatch {
     /// http(s) URL.
-    #[serde(default)]
     pub url: Option<String>,
     /// [`METHODS`].
-    #[serde(default)]
     pub method: Option<String>,
     /// Per-request timeout.
-    #[serde(default)]
     pub timeout_ms: Option<i64>,
     /// A new retry schedule.
-    #[serde(default)]
     pub retry: Option<RetryLayer>,
     /// True: drop the retry schedule (the group's `[retry]` layers decide).
-    #[serde(default)]
     pub clear_retry: bool,
     /// `channel_id`.
-    #[serde(default)]
     pub channel_id: Option<String>,
     /// Enabled.
-    #[serde(default)]
     pub enabled: Option<bool>,
     /// Free text.
-    #[serde(default)]
     pub description: Option<String>,
 }
 
@@ -334,28 +311,22 @@ pub struct NewSubscription {
     #[serde(default)]
     pub filters: Vec<FilterSpec>,
     /// Default true.
-    #[serde(default)]
     pub enabled: Option<bool>,
     /// Free text.
-    #[serde(default)]
     pub description: Option<String>,
 }
 
 /// Changes to a subscription; unset fields stay. `filters` replaces them all.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct SubscriptionPatch {
     /// A new bind key (moves it to another group, which starts from that group's offsets).
-    #[serde(default)]
     pub bind_key: Option<String>,
     /// The new filters (`[]` removes them all).
-    #[serde(default)]
     pub filters: Option<Vec<FilterSpec>>,
     /// Enabled.
-    #[serde(default)]
     pub enabled: Option<bool>,
     /// Free text.
-    #[serde(default)]
     pub description: Option<String>,
 }
 
@@ -457,13 +428,48 @@ mod tests {
             default_topic("order_db.table_user.insert", "order.events.v1"),
             "cdc.order_db.table_user"
         );
-        assert_eq!(cdc_table("order_db.table_user.update"), Some("order_db.table_user"));
+        assert_eq!(
+            cdc_table("order_db.table_user.update"),
+            Some("order_db.table_user")
+        );
         for not_cdc in ["order.created", "a.b.c.insert", "a.b.upsert", ".b.insert"] {
             assert_eq!(cdc_table(not_cdc), None, "{not_cdc}");
         }
         assert_eq!(
             default_topic("order.payment.succeeded", "order.events.v1"),
             "order.events.v1"
+        );
+    }
+
+    /// The bodies' rules: optional fields may be missing, required ones may
+    /// not, unknown ones are refused.
+    #[test]
+    fn inputs_take_missing_options_and_refuse_unknown_fields() {
+        use serde_json::json;
+        let patch: ConsumerPatch = serde_json::from_value(json!({})).unwrap();
+        assert!(patch.url.is_none() && patch.retry.is_none() && !patch.clear_retry);
+        let patch: SubscriptionPatch = serde_json::from_value(json!({"enabled": false})).unwrap();
+        assert_eq!((patch.enabled, patch.filters), (Some(false), None));
+        let new: NewSubscription =
+            serde_json::from_value(json!({"event": "a.b", "consumer": "c", "bind_key": "k"}))
+                .unwrap();
+        assert!(new.filters.is_empty() && new.enabled.is_none() && new.description.is_none());
+        let new: NewSource =
+            serde_json::from_value(json!({"name": "s", "db_host": "h", "db_user": "u"})).unwrap();
+        assert!(new.db_port.is_none() && new.enabled.is_none());
+        let missing = serde_json::from_value::<NewConsumer>(json!({"url": "http://x"}));
+        assert!(
+            missing
+                .unwrap_err()
+                .to_string()
+                .contains("missing field `name`")
+        );
+        let unknown = serde_json::from_value::<EventPatch>(json!({"topc": "t"}));
+        assert!(
+            unknown
+                .unwrap_err()
+                .to_string()
+                .contains("unknown field `topc`")
         );
     }
 

@@ -247,6 +247,19 @@ impl Store {
         Ok(())
     }
 
+    /// Ends an update: runs `update` (its last two `?`, left unbound, are
+    /// `updated_ms` and the row id) for row `id`, then [`Store::commit_change`].
+    async fn commit_update(
+        &self,
+        mut tx: Tx,
+        update: sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments>,
+        id: i64,
+        consumer: Option<&str>,
+    ) -> Result<(), SubsError> {
+        update.bind(now_ms()).bind(id).execute(&mut *tx).await?;
+        self.commit_change(tx, consumer).await
+    }
+
     /// Asks routers to refresh (recompute and reconcile their groups) or
     /// reload (re-read the tables), for every consumer or `consumer` (which
     /// must exist). Returns the request.
@@ -328,12 +341,9 @@ impl Store {
     /// The source `name`.
     pub async fn source(&self, name: &str) -> Result<Source, SubsError> {
         let sql = format!("SELECT {SOURCE_COLUMNS} FROM cdc_sources WHERE name = ?");
-        match self.select_one(sql, name, source).await? {
-            Some(found) => Ok(found),
-            None => Err(self
-                .not_found("source", name, "SELECT name FROM cdc_sources ORDER BY name")
-                .await),
-        }
+        let names = "SELECT name FROM cdc_sources ORDER BY name";
+        self.select_found(sql, ("source", name), source, Some(names))
+            .await
     }
 
     /// Adds a source.
@@ -345,14 +355,8 @@ impl Store {
             Some(&new.db_user),
             new.description.as_deref(),
         )?;
-        let mut tx = self.db.begin().await?;
-        self.refuse_existing(
-            &mut tx,
-            "source",
-            "SELECT id FROM cdc_sources WHERE name = ?",
-            &new.name,
-        )
-        .await?;
+        let existing = "SELECT id FROM cdc_sources WHERE name = ?";
+        let mut tx = self.begin_add("source", existing, &new.name).await?;
         let now = now_ms();
         sqlx::query(
             "INSERT INTO cdc_sources (name, db_host, db_port, db_user, enabled, description, created_ms, updated_ms) \
@@ -386,24 +390,20 @@ impl Store {
             patch.description.as_deref(),
         )?;
         let current = self.source(name).await?;
-        let mut tx = self.db.begin().await?;
+        let tx = self.db.begin().await?;
         // Only the fields the patch names change, in the statement itself
         // (COALESCE): a concurrent patch of other fields is not undone.
-        sqlx::query(
+        let update = sqlx::query(
             "UPDATE cdc_sources SET db_host = COALESCE(?, db_host), db_port = COALESCE(?, db_port), \
              db_user = COALESCE(?, db_user), enabled = COALESCE(?, enabled), description = COALESCE(?, description), \
              updated_ms = ? WHERE id = ?",
         )
-            .bind(patch.db_host.clone())
-            .bind(patch.db_port)
-            .bind(patch.db_user.clone())
-            .bind(patch.enabled.map(i32::from))
-            .bind(patch.description.clone())
-            .bind(now_ms())
-            .bind(current.id)
-            .execute(&mut *tx)
-            .await?;
-        self.commit_change(tx, None).await?;
+        .bind(patch.db_host.clone())
+        .bind(patch.db_port)
+        .bind(patch.db_user.clone())
+        .bind(patch.enabled.map(i32::from))
+        .bind(patch.description.clone());
+        self.commit_update(tx, update, current.id, None).await?;
         self.source(name).await
     }
 
@@ -434,14 +434,8 @@ impl Store {
     /// The event definition of `routing_key`.
     pub async fn event(&self, routing_key: &str) -> Result<EventDefinition, SubsError> {
         let sql = format!("{EVENT_SELECT} WHERE e.routing_key = ?");
-        match self.select_one(sql, routing_key, event).await? {
-            Some(found) => Ok(found),
-            None => Err(SubsError::NotFound {
-                kind: "event",
-                key: routing_key.into(),
-                known: String::new(),
-            }),
-        }
+        self.select_found(sql, ("event", routing_key), event, None)
+            .await
     }
 
     /// Adds an event definition; `order_topic` is the topic of event names
@@ -451,14 +445,8 @@ impl Store {
         new: &NewEvent,
         order_topic: &str,
     ) -> Result<EventDefinition, SubsError> {
-        let mut tx = self.db.begin().await?;
-        self.refuse_existing(
-            &mut tx,
-            "event",
-            "SELECT id FROM event_definitions WHERE routing_key = ?",
-            &new.routing_key,
-        )
-        .await?;
+        let existing = "SELECT id FROM event_definitions WHERE routing_key = ?";
+        let mut tx = self.begin_add("event", existing, &new.routing_key).await?;
         self.insert_event(&mut tx, new, order_topic).await?;
         self.commit_change(tx, None).await?;
         self.event(&new.routing_key).await
@@ -516,20 +504,16 @@ impl Store {
             Some(name) => Some(self.source_id(&mut tx, name).await?),
         };
         // Only what the patch names changes (see update_source).
-        sqlx::query(
+        let update = sqlx::query(
             "UPDATE event_definitions SET topic = COALESCE(?, topic), \
              source_id = CASE ? WHEN 1 THEN ? ELSE source_id END, description = COALESCE(?, description), \
              updated_ms = ? WHERE id = ?",
         )
-            .bind(patch.topic.clone())
-            .bind(i32::from(patch.source.is_some()))
-            .bind(source_id)
-            .bind(patch.description.clone())
-            .bind(now_ms())
-            .bind(current.id)
-            .execute(&mut *tx)
-            .await?;
-        self.commit_change(tx, None).await?;
+        .bind(patch.topic.clone())
+        .bind(i32::from(patch.source.is_some()))
+        .bind(source_id)
+        .bind(patch.description.clone());
+        self.commit_update(tx, update, current.id, None).await?;
         self.event(routing_key).await
     }
 
@@ -562,16 +546,9 @@ impl Store {
     /// The consumer `name`.
     pub async fn consumer(&self, name: &str) -> Result<Consumer, SubsError> {
         let sql = format!("SELECT {CONSUMER_COLUMNS} FROM downstream_consumers WHERE name = ?");
-        match self.select_one(sql, name, |r| consumer_at(r, 0)).await? {
-            Some(found) => Ok(found),
-            None => Err(self
-                .not_found(
-                    "consumer",
-                    name,
-                    "SELECT name FROM downstream_consumers ORDER BY name",
-                )
-                .await),
-        }
+        let names = "SELECT name FROM downstream_consumers ORDER BY name";
+        self.select_found(sql, ("consumer", name), |r| consumer_at(r, 0), Some(names))
+            .await
     }
 
     /// Adds a consumer.
@@ -582,14 +559,8 @@ impl Store {
         check_retry(new.retry.as_ref())?;
         check_text("channel_id", new.channel_id.as_deref(), 64)?;
         check_text("description", new.description.as_deref(), 255)?;
-        let mut tx = self.db.begin().await?;
-        self.refuse_existing(
-            &mut tx,
-            "consumer",
-            "SELECT id FROM downstream_consumers WHERE name = ?",
-            &new.name,
-        )
-        .await?;
+        let existing = "SELECT id FROM downstream_consumers WHERE name = ?";
+        let mut tx = self.begin_add("consumer", existing, &new.name).await?;
         let now = now_ms();
         sqlx::query(
             "INSERT INTO downstream_consumers (name, http_method, http_url, timeout_ms, retry_json, channel_id, enabled, \
@@ -631,9 +602,9 @@ impl Store {
         check_text("channel_id", patch.channel_id.as_deref(), 64)?;
         check_text("description", patch.description.as_deref(), 255)?;
         let current = self.consumer(name).await?;
-        let mut tx = self.db.begin().await?;
+        let tx = self.db.begin().await?;
         // Only what the patch names changes (see update_source).
-        sqlx::query(
+        let update = sqlx::query(
             "UPDATE downstream_consumers SET http_method = COALESCE(?, http_method), http_url = COALESCE(?, http_url), \
              timeout_ms = COALESCE(?, timeout_ms), retry_json = CASE ? WHEN 1 THEN ? ELSE retry_json END, \
              channel_id = COALESCE(?, channel_id), enabled = COALESCE(?, enabled), \
@@ -646,12 +617,9 @@ impl Store {
         .bind(retry_json(patch.retry.as_ref()))
         .bind(patch.channel_id.clone())
         .bind(patch.enabled.map(i32::from))
-        .bind(patch.description.clone())
-        .bind(now_ms())
-        .bind(current.id)
-        .execute(&mut *tx)
-        .await?;
-        self.commit_change(tx, Some(name)).await?;
+        .bind(patch.description.clone());
+        self.commit_update(tx, update, current.id, Some(name))
+            .await?;
         self.consumer(name).await
     }
 
@@ -823,18 +791,6 @@ impl Store {
         check_text("description", patch.description.as_deref(), 255)?;
         let current = self.subscription(id).await?;
         let mut tx = self.db.begin().await?;
-        // Only what the patch names changes (see update_source).
-        sqlx::query(
-            "UPDATE subscriptions SET bind_key = COALESCE(?, bind_key), enabled = COALESCE(?, enabled), \
-             description = COALESCE(?, description), updated_ms = ? WHERE id = ?",
-        )
-            .bind(patch.bind_key.clone())
-            .bind(patch.enabled.map(i32::from))
-            .bind(patch.description.clone())
-            .bind(now_ms())
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
         if let Some(filters) = filters {
             sqlx::query("DELETE FROM property_filters WHERE subscription_id = ?")
                 .bind(id)
@@ -842,7 +798,16 @@ impl Store {
                 .await?;
             insert_filters(&mut tx, id, &filters).await?;
         }
-        self.commit_change(tx, Some(&current.consumer)).await?;
+        // Only what the patch names changes (see update_source).
+        let update = sqlx::query(
+            "UPDATE subscriptions SET bind_key = COALESCE(?, bind_key), enabled = COALESCE(?, enabled), \
+             description = COALESCE(?, description), updated_ms = ? WHERE id = ?",
+        )
+        .bind(patch.bind_key.clone())
+        .bind(patch.enabled.map(i32::from))
+        .bind(patch.description.clone());
+        self.commit_update(tx, update, id, Some(&current.consumer))
+            .await?;
         self.subscription(id).await
     }
 
@@ -920,19 +885,30 @@ impl Store {
         Ok(rows.iter().map(row).collect::<Result<_, _>>()?)
     }
 
-    /// The row `sql` (one `?`: the key) finds for `key`, as `row` reads it;
-    /// the caller says what a missing one means.
-    async fn select_one<T>(
+    /// The row `sql` (one `?`: the key) finds for `what` (kind, key), as
+    /// `row` reads it; [`SubsError::NotFound`] without one, with the known
+    /// names when `names` lists them.
+    async fn select_found<T>(
         &self,
         sql: String,
-        key: &str,
+        what: (&'static str, &str),
         row: impl Fn(&AnyRow) -> Result<T, sqlx::Error>,
-    ) -> Result<Option<T>, SubsError> {
+        names: Option<&'static str>,
+    ) -> Result<T, SubsError> {
+        let (kind, key) = what;
         let found = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(key)
             .fetch_optional(&self.db.pool)
             .await?;
-        Ok(found.as_ref().map(row).transpose()?)
+        match (found, names) {
+            (Some(found), _) => Ok(row(&found)?),
+            (None, Some(names)) => Err(self.not_found(kind, key, names).await),
+            (None, None) => Err(SubsError::NotFound {
+                kind,
+                key: key.into(),
+                known: String::new(),
+            }),
+        }
     }
 
     /// Deletes row `id` of `what` (kind, key) with `delete` (one `?`: the
@@ -982,23 +958,24 @@ impl Store {
             .map(|(id,)| id))
     }
 
-    /// [`SubsError::Exists`] when `sql` (one `?`: the key) finds a row of
-    /// `kind` with `key`. The unique key still guards a concurrent insert
-    /// ([`duplicate`]); this check gives the common case a clear error first.
-    async fn refuse_existing(
+    /// Begins the transaction of an add: [`SubsError::Exists`] when `sql`
+    /// (one `?`: the key) finds a row of `kind` with `key`. The unique key
+    /// still guards a concurrent insert ([`duplicate`]); this check gives the
+    /// common case a clear error first.
+    async fn begin_add(
         &self,
-        tx: &mut Tx,
         kind: &'static str,
         sql: &'static str,
         key: &str,
-    ) -> Result<(), SubsError> {
-        match self.id_of(tx, sql, key).await? {
+    ) -> Result<Tx, SubsError> {
+        let mut tx = self.db.begin().await?;
+        match self.id_of(&mut tx, sql, key).await? {
             Some(_) => Err(SubsError::Exists {
                 kind,
                 key: key.into(),
                 detail: String::new(),
             }),
-            None => Ok(()),
+            None => Ok(tx),
         }
     }
 
