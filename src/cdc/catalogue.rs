@@ -14,21 +14,20 @@
 //!
 //! Changes apply without a restart, the way routers pick them up: every
 //! write to the control plane adds a `control_requests` row; [`Watch`]
-//! polls the latest id every second and, when it moved, reads the capture
-//! again. A different one (a table more or less, another host, port or
-//! user) stops the running stream cleanly (its last batch and checkpoint
+//! polls the latest id every second ([`ChangeWatch`]) and, when it moved,
+//! reads the capture again. A different one (a table more or less, another
+//! host, port or user) stops the running stream cleanly (its last batch and checkpoint
 //! committed) and starts it again with the new tables from that
 //! checkpoint, in the same process: nothing lost, nothing twice.
 //! A change that would be refused at start (source disabled or removed,
 //! no event definition left) is logged and the current capture kept; it
 //! applies (is refused) at the next start.
 
-use std::time::Duration;
-
 use secrecy::{ExposeSecret, SecretString};
 
 use super::{CdcError, CdcSettings};
 use crate::subscriptions::model::cdc_table;
+use crate::subscriptions::watch::{ChangeWatch, POLL_INTERVAL};
 use crate::subscriptions::{Source, Store, SubsError};
 
 /// What the control plane says a source captures.
@@ -96,14 +95,10 @@ pub async fn capture(store: &Store, name: &str, cdc: &CdcSettings) -> Result<Cap
     Ok(Capture { source, tables })
 }
 
-/// How often [`Watch`] reads the latest control request (as routers do).
-pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
-
 /// Follows the control plane for one source (see the module docs).
 pub struct Watch {
-    store: Store,
+    changes: ChangeWatch,
     name: String,
-    seen: Option<i64>,
 }
 
 impl Watch {
@@ -114,51 +109,48 @@ impl Watch {
         cdc: &CdcSettings,
     ) -> Result<(Self, Capture), CdcError> {
         // The request id first: a change made while the capture is read is seen again.
-        let seen = store
-            .latest_request()
-            .await
-            .map_err(|e| {
-                CdcError::Unreachable(format!("--source {name}: reading control_requests: {e}"))
-            })?
-            .map(|r| r.id);
-        let capture = capture(&store, name, cdc).await?;
+        let changes = ChangeWatch::from_now(store).await.map_err(|e| {
+            CdcError::Unreachable(format!("--source {name}: reading control_requests: {e}"))
+        })?;
+        let capture = capture(changes.store(), name, cdc).await?;
         let watch = Self {
-            store,
+            changes,
             name: name.to_string(),
-            seen,
         };
         Ok((watch, capture))
     }
 
     /// Resolves with the new capture once the control plane changes what
-    /// `current` captures; until then polls every [`POLL_INTERVAL`]. A
-    /// database that cannot be read, or a capture now refused, is logged
-    /// and waited out.
+    /// `current` captures; until then polls every [`POLL_INTERVAL`] (as
+    /// routers do). A database that cannot be read, or a capture now
+    /// refused, is logged and waited out.
     pub async fn changed(&mut self, cdc: &CdcSettings, current: &Capture) -> Capture {
         loop {
             tokio::time::sleep(POLL_INTERVAL).await;
-            let latest = match self.store.latest_request().await {
-                Ok(latest) => latest.map(|r| r.id),
+            let latest = match self.changes.check().await {
+                Ok(latest) => latest,
                 Err(e) => {
                     tracing::warn!(source = %self.name, error = %e, "cdc: cannot read control_requests; keeps its capture");
                     continue;
                 }
             };
-            if latest == self.seen {
+            if !latest.is_new() {
                 continue;
             }
-            match capture(&self.store, &self.name, cdc).await {
+            match capture(self.changes.store(), &self.name, cdc).await {
                 Ok(next) => {
-                    self.seen = latest;
+                    self.changes.acted(latest);
                     if !next.same_as(current) {
                         return next;
                     }
                 }
+                // Refused: acted on (it applies, is refused, at the next start).
                 Err(CdcError::Setup(e)) => {
-                    self.seen = latest;
+                    self.changes.acted(latest);
                     tracing::warn!(source = %self.name, error = %e, tables = %current.tables.join(","),
                         "cdc: the control plane's change is refused; keeps capturing its tables");
                 }
+                // Not read: tried again at the next poll.
                 Err(e) => {
                     tracing::warn!(source = %self.name, error = %e, "cdc: cannot read the control plane; keeps its capture")
                 }

@@ -47,12 +47,11 @@ use crate::consumer::{self, ConsumeOptions, ConsumeSummary, ConsumerError, Start
 use crate::db::Db;
 use crate::ordering::OrderingMode;
 use crate::subscriptions::store::Origin;
+use crate::subscriptions::watch::{ChangeWatch, POLL_INTERVAL};
 use crate::subscriptions::{ActualBinding, ActualState, Binding, Store};
 use crate::topics::{EnsureOptions, TopicAdmin};
 use handler::BindingDelivery;
 
-/// How often the newest control request is polled.
-const POLL: Duration = Duration::from_secs(1);
 /// The tables are re-read at least this often, with or without a request.
 const FULL_RELOAD: Duration = Duration::from_secs(30);
 /// The longest wait between two attempts to read an unavailable database.
@@ -124,20 +123,20 @@ pub async fn run(
         actual,
         lags: BTreeMap::new(),
     };
-    // The newest request acted on; None until the first re-read succeeds.
-    let mut seen: Option<Option<i64>> = None;
+    // Acted on nothing until the first re-read succeeds.
+    let mut changes = ChangeWatch::new(router.store.clone());
     let mut synced = Instant::now();
     let mut reconciled: Option<Instant> = None;
-    let mut wait = POLL;
+    let mut wait = POLL_INTERVAL;
     tokio::pin!(shutdown);
     loop {
-        match router.store.latest_request().await {
-            Ok(request) => {
-                let latest = request.map(|r| r.id);
-                if seen != Some(latest) || synced.elapsed() >= FULL_RELOAD {
+        match changes.check().await {
+            Ok(latest) => {
+                if latest.is_new() || synced.elapsed() >= FULL_RELOAD {
                     match router.sync().await {
                         Ok(()) => {
-                            (seen, synced, wait) = (Some(latest), Instant::now(), POLL);
+                            changes.acted(latest);
+                            (synced, wait) = (Instant::now(), POLL_INTERVAL);
                         }
                         Err(e) => {
                             wait = (wait * 2).min(MAX_WAIT);
@@ -152,7 +151,7 @@ pub async fn run(
             }
         }
         // At start (once the tables were read) and every interval.
-        if seen.is_some()
+        if changes.has_acted()
             && reconciled.is_none_or(|r| r.elapsed() >= router.options.reconcile_interval)
         {
             router.reconcile().await;

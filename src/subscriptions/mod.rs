@@ -36,6 +36,7 @@ pub mod filter;
 pub mod model;
 pub mod record;
 pub mod store;
+pub mod watch;
 
 pub use bindings::{ActualBinding, ActualState, Binding, Decision};
 pub use filter::{Condition, FilterSpec, PropertyFilter};
