@@ -59,10 +59,10 @@ pub fn init(format: LogFormat, default_level: &str, otlp_endpoint: Option<&str>)
 /// OTLP export or without a valid header (the span keeps a trace of its own);
 /// `traceparent` is only read when spans are exported.
 pub fn continue_trace(span: &tracing::Span, traceparent: impl FnOnce() -> Option<String>) {
-    if otlp::exporting() {
-        if let Some(traceparent) = traceparent() {
-            otlp::continue_trace(span, &traceparent);
-        }
+    if otlp::exporting()
+        && let Some(traceparent) = traceparent()
+    {
+        otlp::continue_trace(span, &traceparent);
     }
 }
 

@@ -41,6 +41,8 @@ pub fn topic_schema(topic: &str) -> TopicSchema {
     }
 }
 
+/// The Kafka key of a row: the value of a one-column primary key as text
+/// (a string as is, a number in decimal), a JSON array of the values of a
 /// composite one.
 pub fn primary_key(values: &[&serde_json::Value]) -> String {
     match values {

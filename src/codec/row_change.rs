@@ -301,9 +301,6 @@ impl Fields {
     }
 }
 
-/// The Kafka key of a row: the value of a one-column primary key as text
-/// (a string as is, a number in decimal), a JSON array of the values of a
-
 /// A decoded typed change as the `change.avsc` record of the same change
 /// (`data` and `old` as JSON text), for [`ChangeEvent::from_avro`].
 /// Values that are not typed changes are returned as they are.

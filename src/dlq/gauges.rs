@@ -225,7 +225,7 @@ mod tests {
         let one: Vec<_> = (1..=60)
             .map(|i| row("g", &format!("e{i:02}"), "unavailable", i))
             .collect();
-        let got = bounded(one.into_iter().map(|(g, e, c, n)| (g, e, c, n)));
+        let got = bounded(one.into_iter());
         assert_eq!(got.last().unwrap().0[0], ("group", "g".into()));
     }
 }

@@ -460,14 +460,14 @@ async fn transaction(
         Ok(deliveries) => deliveries,
         Err(e) => return abort_or_fatal(producer, e).await,
     };
-    if !*gate_passed {
-        if let Some(gate) = crash.filter(|g| g.point != CrashPoint::AfterKafkaCommit) {
-            // Crash inside the transaction: every shard's records reach the
-            // log (uncommitted) before the process dies or stops.
-            let _ = producer.flush(Duration::from_secs(10));
-            *gate_passed = true;
-            gate.arrive().await;
-        }
+    if !*gate_passed
+        && let Some(gate) = crash.filter(|g| g.point != CrashPoint::AfterKafkaCommit)
+    {
+        // Crash inside the transaction: every shard's records reach the
+        // log (uncommitted) before the process dies or stops.
+        let _ = producer.flush(Duration::from_secs(10));
+        *gate_passed = true;
+        gate.arrive().await;
     }
     let refused = futures::future::join_all(deliveries).await.into_iter().find_map(|delivery| match delivery {
         Ok(Ok(_)) => None,
