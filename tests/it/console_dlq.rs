@@ -51,7 +51,7 @@ async fn an_operator_replays_a_filtered_set_of_1000_dead_letters_from_the_browse
     browser.fill("form.filters input[name='group']", group).await;
     browser.client.find(Locator::Css("form.filters select[name='class']")).await.unwrap().select_by_value(&class).await.unwrap();
     browser.click("form.filters button[type='submit']").await;
-    let matching = browser.wait_text("#matching", Duration::from_secs(10), |t| t.starts_with("1000 dead letters match")).await;
+    let matching = browser.wait_text("#matching", Duration::from_secs(30), |t| t.starts_with("1000 dead letters match")).await;
     assert!(matching.contains("Replay these"), "an operator sees the action: {matching}");
     let shown = browser.client.find_all(Locator::Css("table tbody tr")).await.unwrap().len();
     assert_eq!(shown, 50, "one page of 50, newest first");
@@ -59,7 +59,7 @@ async fn an_operator_replays_a_filtered_set_of_1000_dead_letters_from_the_browse
 
     // The dry run counts first; nothing changes until confirmed.
     browser.click("#replay-filter").await;
-    let count = browser.wait_text("#dry-run-count", Duration::from_secs(10), |_| true).await;
+    let count = browser.wait_text("#dry-run-count", Duration::from_secs(30), |_| true).await;
     assert_eq!(count, "Dry run: 1000 dead letters match now.");
     assert_eq!(browser.text("#confirm-replay").await, "Replay 1000 dead letters");
     browser.screenshots("dead-letters-replay").await;
@@ -75,7 +75,7 @@ async fn an_operator_replays_a_filtered_set_of_1000_dead_letters_from_the_browse
 
     // The list shows them replayed; nothing of the filter is pending; the other group is untouched.
     browser.click("#replayed-list").await;
-    let listed = browser.wait_text("#matching", Duration::from_secs(10), |_| true).await;
+    let listed = browser.wait_text("#matching", Duration::from_secs(30), |_| true).await;
     assert!(listed.starts_with("1000 dead letters match"), "{listed}");
     let statuses: Vec<String> = {
         let mut out = Vec::new();
@@ -155,7 +155,7 @@ async fn an_operator_releases_a_parked_orders_followers_and_they_are_applied_in_
     assert!(browser.text("#parked-count").await.starts_with("1 parked keys"));
     browser.screenshots("held").await;
     browser.click("table tbody td a").await;
-    browser.wait_text("#key-state", Duration::from_secs(10), |t| t == "dead").await;
+    browser.wait_text("#key-state", Duration::from_secs(30), |t| t == "dead").await;
     let mut names = Vec::new();
     for cell in browser.client.find_all(Locator::Css("#held-order tbody td:nth-child(3)")).await.unwrap() {
         names.push(cell.text().await.unwrap());
@@ -164,7 +164,7 @@ async fn an_operator_releases_a_parked_orders_followers_and_they_are_applied_in_
     browser.screenshots("held-key").await;
     browser.fill("#head-reason", "created carried a bad address; fixed by hand").await;
     browser.click("#release").await;
-    browser.wait_text("#parked-count", Duration::from_secs(10), |_| true).await;
+    browser.wait_text("#parked-count", Duration::from_secs(30), |_| true).await;
     browser.close().await;
 
     // The group's consumer applies the released records, in order; the head never.
@@ -230,18 +230,23 @@ async fn a_replay_started_from_the_cli_shows_its_progress_in_the_console() {
     env.cli(&["topics", "ensure", "--group", group]).success();
     crate::replay::dead_letters(&env, group, 0..600, 10).await;
     let console = TestConsole::start(&env, |_| {}).await;
-    // Paced (about 3 s), so the console sees it run.
-    let mut replay = env.spawn(&["dlq", "replay", "--group", group, "--rate", "200", "--yes", "--output", "json"]);
+    // Paced (about 6 s), so the console sees it run: two page loads per
+    // look may take a second each on a loaded machine (3 s was a short window).
+    let mut replay = env.spawn(&["dlq", "replay", "--group", group, "--rate", "100", "--yes", "--output", "json"]);
     let deadline = Instant::now() + Duration::from_secs(30);
+    // Both pages seen while it runs: the replay's page midway, the list naming it.
     let settled_midway = loop {
-        let (_, list) = console.get_as(Role::Viewer, "/dead-letters").await;
         let (_, page) = console.get_as(Role::Viewer, "/dead-letters/replays/1").await;
+        let (_, list) = console.get_as(Role::Viewer, "/dead-letters").await;
         let settled = page.split("Running: ").nth(1).and_then(|s| s.split(' ').next()).and_then(|n| n.parse::<u64>().ok());
-        if let Some(n) = settled.filter(|n| *n > 0 && *n < 600) {
-            assert!(list.contains("Replay 1 by") && list.contains("(cli) is running"), "the list names the running replay: {list}");
+        let listed = list.contains("Replay 1 by") && list.contains("(cli) is running");
+        if let Some(n) = settled.filter(|n| *n > 0 && *n < 600 && listed) {
             break n;
         }
-        assert!(Instant::now() < deadline, "no progress seen in the console within 30 s: {page}");
+        assert!(
+            Instant::now() < deadline,
+            "no progress seen in the console within 30 s (listed as running: {listed}): {page}\nthe list: {list}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(replay.wait().unwrap().success());
