@@ -12,6 +12,11 @@
 //!
 //! A key whose head is still in the retry topic has no action: its retries
 //! decide. The group's consumer applies released records within seconds.
+//!
+//! A parked key is named by `group`, `key` and, since a group may read
+//! several topics (order 7 and row 7 of a table are different keys),
+//! `topic`: optional while the key is parked in one topic of the group, and
+//! asked for by name when it is parked in several.
 
 use askama::Template;
 use axum::Router;
@@ -23,7 +28,7 @@ use serde::Deserialize;
 use super::auth::Principal;
 use super::dead_letters::IgnoreForm;
 use super::{Chrome, ConsoleError, ConsoleState, Page, filters};
-use crate::dlq::held::{self, HeldView, ParkedView};
+use crate::dlq::held::{self, HeldView, ParkedFilter, ParkedView};
 
 /// The held-orders pages.
 pub const PAGE: Page = Page {
@@ -64,7 +69,8 @@ struct ListPage {
 
 async fn list(State(state): State<ConsoleState>, principal: Principal, Query(query): Query<GroupQuery>) -> Result<Html<String>, ConsoleError> {
     let group = query.group.trim().to_string();
-    let keys = held::parked_views(state.db(), Some(group.as_str()).filter(|g| !g.is_empty()), None, KEYS_SHOWN).await?;
+    let filter = ParkedFilter { group: Some(group.as_str()).filter(|g| !g.is_empty()), ..Default::default() };
+    let keys = held::parked_views(state.db(), filter, KEYS_SHOWN).await?;
     super::render(&ListPage {
         chrome: state.chrome(&principal, "Held orders", "/held").refreshing(&state),
         group,
@@ -73,12 +79,16 @@ async fn list(State(state): State<ConsoleState>, principal: Principal, Query(que
     })
 }
 
-/// A parked key: `group` and `key`, both required.
+/// A parked key: `group` and `key`, both required, and `topic` when the
+/// key is parked in several topics of the group.
 #[derive(Debug, Default, Deserialize)]
 pub struct KeyForm {
     /// The consumer group.
     #[serde(default)]
     pub group: String,
+    /// The key's topic (the main topic the group reads it from).
+    #[serde(default)]
+    pub topic: String,
     /// The record key (order id).
     #[serde(default)]
     pub key: String,
@@ -88,21 +98,31 @@ pub struct KeyForm {
 }
 
 impl KeyForm {
-    /// The parked key named, or 400 naming the missing field / 404.
+    /// The parked key named, or 400 naming the missing field (or `topic`
+    /// when the key is parked in several topics of the group) / 404.
     async fn parked(&self, state: &ConsoleState) -> Result<ParkedView, ConsoleError> {
         let group = self.group.trim();
         let key = self.key.trim();
+        let topic = Some(self.topic.trim()).filter(|t| !t.is_empty());
         if group.is_empty() {
             return Err(ConsoleError::bad_input("group", "required: the consumer group the key is parked for"));
         }
         if key.is_empty() {
             return Err(ConsoleError::bad_input("key", "required: the parked key (order id)"));
         }
-        held::parked_views(state.db(), Some(group), Some(key), 1)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| ConsoleError::NotFound(format!("key {key} is not parked for group {group} (released already?)")))
+        let filter = ParkedFilter { group: Some(group), topic, key: Some(key) };
+        let mut found = held::parked_views(state.db(), filter, KEYS_SHOWN).await?;
+        if found.len() > 1 {
+            let topics: Vec<&str> = found.iter().map(|p| p.parked.key_topic.as_str()).collect();
+            return Err(ConsoleError::bad_input(
+                "topic",
+                format!("key {key} is parked for group {group} in {} topics; name one of: {}", topics.len(), topics.join(", ")),
+            ));
+        }
+        found.pop().ok_or_else(|| {
+            let topic = topic.map(|t| format!(" in topic {t}")).unwrap_or_default();
+            ConsoleError::NotFound(format!("key {key} is not parked for group {group}{topic} (released already?)"))
+        })
     }
 
     /// The head's dead letter, or 409 when the head is not dead-lettered.
@@ -128,6 +148,9 @@ impl KeyForm {
     fn page(&self) -> String {
         let mut q = url::form_urlencoded::Serializer::new(String::new());
         q.append_pair("group", self.group.trim()).append_pair("key", self.key.trim());
+        if !self.topic.trim().is_empty() {
+            q.append_pair("topic", self.topic.trim());
+        }
         format!("/held/key?{}", q.finish())
     }
 }
@@ -142,9 +165,9 @@ struct KeyPage {
 
 async fn key(State(state): State<ConsoleState>, principal: Principal, Query(form): Query<KeyForm>) -> Result<Html<String>, ConsoleError> {
     let parked = form.parked(&state).await?;
-    let records = held::key_views(state.db(), &parked.group, &parked.parked.key, HELD_SHOWN).await?;
+    let records = held::key_views(state.db(), &parked.group, &parked.parked.order_key(), HELD_SHOWN).await?;
     super::render(&KeyPage {
-        chrome: state.chrome(&principal, &format!("Order {} of {}", parked.parked.key, parked.group), "/held"),
+        chrome: state.chrome(&principal, &format!("Order {} of {} ({})", parked.parked.key, parked.group, parked.parked.key_topic), "/held"),
         parked,
         records,
     })

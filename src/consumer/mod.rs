@@ -38,7 +38,7 @@ pub mod naming;
 pub mod version;
 pub mod worker;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -294,7 +294,7 @@ pub(crate) struct Shared {
     pub active: Mutex<Option<(Instant, Instant)>>,
     /// Keys this consumer knows to be parked (mode `key`): only records of
     /// these keys, and retry-topic records, consult `parked_keys`.
-    pub parked: Mutex<HashSet<String>>,
+    pub parked: Mutex<crate::ordering::ParkedSet>,
     /// Partitions paused on the consumer, and why (see `dispatch`).
     pub pauses: Mutex<dispatch::Pauses>,
 }
@@ -307,9 +307,9 @@ impl Shared {
         *n = n.saturating_add_signed(delta);
     }
 
-    /// Whether `key` is in this consumer's parked set.
-    pub(crate) fn is_parked(&self, key: &str) -> bool {
-        self.parked.lock().expect("parked lock").contains(key)
+    /// Whether `key` of `topic` is in this consumer's parked set.
+    pub(crate) fn is_parked(&self, topic: &str, key: &str) -> bool {
+        self.parked.lock().expect("parked lock").contains(topic, key)
     }
 
     fn in_flight_total(&self) -> usize {
@@ -375,7 +375,7 @@ pub async fn run(
         health,
         in_flight: Mutex::new(HashMap::new()),
         active: Mutex::new(None),
-        parked: Mutex::new(HashSet::new()),
+        parked: Mutex::new(crate::ordering::ParkedSet::default()),
         pauses: Mutex::new(dispatch::Pauses::default()),
         batch_size: settings.consumer.batch_size.max(1),
     });
@@ -543,14 +543,9 @@ async fn release_parked(shared: Arc<Shared>) {
             Vec::new()
         });
         for (key, partition) in keys {
-            // Only the owner of the key's partition releases it (parked
-            // keys do not name their topic: of a group reading several, the
-            // first topic whose partition this member owns).
-            let owned = shared.options.read_topics().find_map(|topic| {
-                let pk = (topic.to_string(), partition);
-                shared.assignment.generation(&pk).map(|generation| (pk, generation))
-            });
-            if let Some((pk, generation)) = owned {
+            // Only the owner of the key's partition (of its topic) releases it.
+            let pk = (key.topic.clone(), partition);
+            if let Some(generation) = shared.assignment.generation(&pk) {
                 // Revoked meanwhile: the partition's next owner releases it.
                 let _ = PartitionWorker::new(shared.clone(), pk, generation).release([key]).await;
             }

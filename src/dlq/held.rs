@@ -7,6 +7,9 @@
 //! A head is matched to its dead letter on columns: the parked key's
 //! `head_topic`, `head_partition`, `head_offset` against the dead letter's
 //! `original_*` (both say where the record was first consumed).
+//!
+//! A parked key is a key within a topic ([`OrderKey`]): a group reading
+//! several topics may park order 7 and row 7 of a table apart.
 
 use serde::Serialize;
 use sqlx::Row;
@@ -14,7 +17,7 @@ use sqlx::any::AnyRow;
 
 use crate::db::{Db, DbError};
 use crate::ordering::store::{HELD_COLUMNS, PARKED_COLUMNS};
-use crate::ordering::{HeldRecord, Origin, Parked};
+use crate::ordering::{HeldRecord, OrderKey, Origin, Parked};
 
 /// A held record with the head it waits behind.
 #[derive(Debug, Clone, Serialize)]
@@ -36,7 +39,8 @@ fn select_views(condition: &str) -> sqlx::AssertSqlSafe<String> {
     let parked = prefixed("p", PARKED_COLUMNS);
     sqlx::AssertSqlSafe(format!(
         "SELECT {held}, {parked}, d.id AS d_id FROM held_records h \
-         LEFT JOIN parked_keys p ON p.consumer_group = h.consumer_group AND p.record_key = h.record_key \
+         LEFT JOIN parked_keys p ON p.consumer_group = h.consumer_group AND p.key_topic = h.key_topic \
+         AND p.record_key = h.record_key \
          LEFT JOIN dead_letters d ON d.consumer_group = p.consumer_group AND d.original_topic = p.head_topic \
          AND d.original_partition = p.head_partition AND d.original_offset = p.head_offset \
          WHERE {condition} ORDER BY h.id LIMIT ?"
@@ -52,6 +56,7 @@ fn view_of(r: &AnyRow) -> Result<HeldView, sqlx::Error> {
     let held = HeldRecord {
         id: r.try_get("h_id")?,
         consumer_group: r.try_get("h_consumer_group")?,
+        key_topic: r.try_get("h_key_topic")?,
         key: r.try_get("h_record_key")?,
         source_topic: r.try_get("h_source_topic")?,
         source_partition: r.try_get("h_source_partition")?,
@@ -75,6 +80,7 @@ fn parked_of(r: &AnyRow) -> Result<Option<Parked>, sqlx::Error> {
     };
     let state: String = r.try_get("p_state")?;
     Ok(Some(Parked {
+        key_topic: r.try_get("p_key_topic")?,
         key,
         partition: r.try_get("p_kafka_partition")?,
         head_origin: r.try_get("p_head_origin")?,
@@ -106,12 +112,13 @@ pub async fn held_view(db: &Db, id: i64) -> Result<Option<HeldView>, DbError> {
     Ok(row.as_ref().map(view_of).transpose()?)
 }
 
-/// The held records of one parked key (group and key), in the order they
-/// will be applied, with their head.
-pub async fn key_views(db: &Db, group: &str, key: &str, limit: i64) -> Result<Vec<HeldView>, DbError> {
-    let rows = sqlx::query(select_views("h.consumer_group = ? AND h.record_key = ?"))
+/// The held records of one parked key (group, topic and key), in the
+/// order they will be applied, with their head.
+pub async fn key_views(db: &Db, group: &str, key: &OrderKey, limit: i64) -> Result<Vec<HeldView>, DbError> {
+    let rows = sqlx::query(select_views("h.consumer_group = ? AND h.key_topic = ? AND h.record_key = ?"))
         .bind(group)
-        .bind(key)
+        .bind(&key.topic)
+        .bind(&key.key)
         .bind(limit)
         .fetch_all(&db.pool)
         .await?;
@@ -135,20 +142,42 @@ pub struct ParkedView {
     pub head_status: Option<String>,
 }
 
-/// Parked keys, oldest first, optionally of one group and one key, with
-/// their held counts and heads' dead letters (one statement).
-pub async fn parked_views(db: &Db, group: Option<&str>, key: Option<&str>, limit: i64) -> Result<Vec<ParkedView>, DbError> {
+/// Which parked keys [`parked_views`] lists: each field narrows it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ParkedFilter<'a> {
+    /// The consumer group.
+    pub group: Option<&'a str>,
+    /// The key's topic ([`OrderKey::topic`]).
+    pub topic: Option<&'a str>,
+    /// The record key.
+    pub key: Option<&'a str>,
+}
+
+/// Parked keys, oldest first, narrowed by `filter`, with their held counts
+/// and heads' dead letters (one statement).
+pub async fn parked_views(db: &Db, filter: ParkedFilter<'_>, limit: i64) -> Result<Vec<ParkedView>, DbError> {
     let parked = prefixed("p", PARKED_COLUMNS);
     let sql = sqlx::AssertSqlSafe(format!(
         "SELECT p.consumer_group AS p_group, {parked}, d.id AS d_id, d.status AS d_status, \
-         (SELECT COUNT(*) FROM held_records h WHERE h.consumer_group = p.consumer_group AND h.record_key = p.record_key) AS held \
+         (SELECT COUNT(*) FROM held_records h WHERE h.consumer_group = p.consumer_group AND h.key_topic = p.key_topic \
+         AND h.record_key = p.record_key) AS held \
          FROM parked_keys p \
          LEFT JOIN dead_letters d ON d.consumer_group = p.consumer_group AND d.original_topic = p.head_topic \
          AND d.original_partition = p.head_partition AND d.original_offset = p.head_offset \
-         WHERE (? IS NULL OR p.consumer_group = ?) AND (? IS NULL OR p.record_key = ?) \
-         ORDER BY p.parked_ms, p.consumer_group, p.record_key LIMIT ?"
+         WHERE (? IS NULL OR p.consumer_group = ?) AND (? IS NULL OR p.key_topic = ?) AND (? IS NULL OR p.record_key = ?) \
+         ORDER BY p.parked_ms, p.consumer_group, p.key_topic, p.record_key LIMIT ?"
     ));
-    let rows = sqlx::query(sql).bind(group).bind(group).bind(key).bind(key).bind(limit).fetch_all(&db.pool).await?;
+    let ParkedFilter { group, topic, key } = filter;
+    let rows = sqlx::query(sql)
+        .bind(group)
+        .bind(group)
+        .bind(topic)
+        .bind(topic)
+        .bind(key)
+        .bind(key)
+        .bind(limit)
+        .fetch_all(&db.pool)
+        .await?;
     let view = |r: &AnyRow| -> Result<ParkedView, sqlx::Error> {
         Ok(ParkedView {
             group: r.try_get("p_group")?,
@@ -162,14 +191,16 @@ pub async fn parked_views(db: &Db, group: Option<&str>, key: Option<&str>, limit
 }
 
 /// The key a dead letter heads, if it does: the group's parked row of
-/// `key` whose head was first consumed at `origin`, or is `event_id`.
+/// `key` (in the topic of `origin`, [`Origin::key_topic`]) whose head was
+/// first consumed at `origin`, or is `event_id`.
 pub async fn headed_by(db: &Db, group: &str, key: &str, origin: &Origin, event_id: Option<&str>) -> Result<Option<Parked>, DbError> {
     let sql = sqlx::AssertSqlSafe(format!(
-        "SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ? AND record_key = ? \
+        "SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ? AND key_topic = ? AND record_key = ? \
          AND ((head_topic = ? AND head_partition = ? AND head_offset = ?) OR head_event_id = ?)"
     ));
     Ok(sqlx::query_as(sql)
         .bind(group)
+        .bind(origin.key_topic(group))
         .bind(key)
         .bind(&origin.topic)
         .bind(origin.partition)
@@ -180,10 +211,12 @@ pub async fn headed_by(db: &Db, group: &str, key: &str, origin: &Origin, event_i
 }
 
 /// Records held behind `key` for `group`.
-pub async fn held_count(db: &Db, group: &str, key: &str) -> Result<i64, DbError> {
-    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM held_records WHERE consumer_group = ? AND record_key = ?")
-        .bind(group)
-        .bind(key)
+pub async fn held_count(db: &Db, group: &str, key: &OrderKey) -> Result<i64, DbError> {
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM held_records WHERE consumer_group = ? AND key_topic = ? AND record_key = ?")
+            .bind(group)
+            .bind(&key.topic)
+            .bind(&key.key)
         .fetch_one(&db.pool)
         .await?;
     Ok(n)
@@ -211,9 +244,10 @@ mod tests {
     async fn a_held_record_names_its_heads_dead_letter_on_sqlite() {
         let (_dir, db) = crate::db::sqlite_for_test().await;
         let head = Envelope::new("test", EventData::sample_created(42));
+        let key = OrderKey { topic: "orders".into(), key: "42".into() };
         let mut tx = db.begin().await.unwrap();
-        ordering::park(&mut tx, "g", "42", &record(77), Some(&head), ParkState::Dead, false).await.unwrap();
-        ordering::hold(&mut tx, "g", "42", &record(78), None).await.unwrap();
+        ordering::park(&mut tx, "g", &key, &record(77), Some(&head), ParkState::Dead, false).await.unwrap();
+        ordering::hold(&mut tx, "g", &key, &record(78), None).await.unwrap();
         for offset in [76, 77] {
             let dead = NewDeadLetter {
                 consumer_group: "g".into(),
@@ -247,14 +281,19 @@ mod tests {
         assert_eq!(view.head_dead_letter, Some(2), "the dead letter of offset 77, not 76");
         assert_eq!(held_view(&db, view.held.id).await.unwrap().unwrap().head_dead_letter, Some(2));
         assert!(held_views(&db, Some("other"), 10).await.unwrap().is_empty());
-        assert_eq!(key_views(&db, "g", "42", 10).await.unwrap().len(), 1);
-        assert!(key_views(&db, "g", "43", 10).await.unwrap().is_empty());
-        let parked = parked_views(&db, None, None, 10).await.unwrap();
+        assert_eq!(key_views(&db, "g", &key, 10).await.unwrap().len(), 1);
+        assert!(key_views(&db, "g", &OrderKey { key: "43".into(), ..key.clone() }, 10).await.unwrap().is_empty());
+        assert!(key_views(&db, "g", &OrderKey { topic: "cdc.shop.t".into(), ..key.clone() }, 10).await.unwrap().is_empty());
+        let parked = parked_views(&db, ParkedFilter::default(), 10).await.unwrap();
         assert_eq!(parked.len(), 1);
         let p = &parked[0];
         assert_eq!((p.group.as_str(), p.parked.key.as_str(), p.held), ("g", "42", 1));
         assert_eq!((p.head_dead_letter, p.head_status.as_deref()), (Some(2), Some("pending")), "the head's row, not offset 76's");
-        assert!(parked_views(&db, Some("g"), Some("43"), 10).await.unwrap().is_empty());
-        assert_eq!(held_count(&db, "g", "42").await.unwrap(), 1);
+        assert_eq!(p.parked.key_topic, "orders");
+        assert!(parked_views(&db, ParkedFilter { group: Some("g"), key: Some("43"), ..Default::default() }, 10).await.unwrap().is_empty());
+        let other_topic = ParkedFilter { group: Some("g"), topic: Some("cdc.shop.t"), key: Some("42") };
+        assert!(parked_views(&db, other_topic, 10).await.unwrap().is_empty());
+        assert_eq!(held_count(&db, "g", &key).await.unwrap(), 1);
+        assert_eq!(held_count(&db, "g", &OrderKey { topic: "cdc.shop.t".into(), ..key }).await.unwrap(), 0);
     }
 }

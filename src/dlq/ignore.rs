@@ -61,7 +61,7 @@ pub async fn heading(db: &Db, row: &DeadLetterRecord) -> Result<Option<(ordering
     let Some(parked) = held::headed_by(db, &r.consumer_group, &key, &origin, r.event_id.as_deref()).await? else {
         return Ok(None);
     };
-    let held = held::held_count(db, &r.consumer_group, &key).await?;
+    let held = held::held_count(db, &r.consumer_group, &parked.order_key()).await?;
     Ok(Some((parked, held)))
 }
 
@@ -77,13 +77,13 @@ pub async fn ignore(
     let mut heads = Vec::new();
     for row in rows {
         if let Some((parked, held)) = heading(db, row).await? {
-            heads.push((row.row.id, (row.row.consumer_group.clone(), parked.key, held)));
+            heads.push((row.row.id, (row.row.consumer_group.clone(), parked.order_key(), held)));
         }
     }
     let waiting: Vec<String> = heads
         .iter()
         .filter(|(_, (_, _, held))| *held > 0)
-        .map(|(id, (group, key, held))| format!("dead letter {id} heads key {key} of group {group} with {held} records held behind it"))
+        .map(|(id, (group, key, held))| format!("dead letter {id} heads {key} for group {group} with {held} records held behind it"))
         .collect();
     if followers.is_none() && !waiting.is_empty() {
         return Err(IgnoreError::ChoiceNeeded(format!(
@@ -100,10 +100,10 @@ pub async fn ignore(
     }
     for (_, (group, key, held)) in heads {
         if followers == Some(Followers::KeepHeld) {
-            summary.kept_held.push((group, key, held));
+            summary.kept_held.push((group, key.key, held));
         } else {
             ordering::mark_release(db, &group, &key).await?;
-            summary.released.push((group, key, held));
+            summary.released.push((group, key.key, held));
         }
     }
     Ok(summary)

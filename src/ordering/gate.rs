@@ -4,11 +4,10 @@
 //! or re-heading a key when a record leaves the main path ([`park`]). The
 //! statements they run are in [`super::store`].
 
-use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 
 use super::store::{self, Head, Parked};
-use super::{Origin, ParkState};
+use super::{OrderKey, Origin, ParkState};
 use crate::db::{DbError, Tx};
 use crate::envelope::Envelope;
 
@@ -30,7 +29,7 @@ pub enum Gate {
 pub async fn gate(
     tx: &mut Tx,
     group: &str,
-    key: &str,
+    key: &OrderKey,
     message: &OwnedMessage,
     event: Option<&Envelope>,
 ) -> Result<Gate, DbError> {
@@ -86,7 +85,7 @@ pub async fn head_done(tx: &mut Tx, group: &str, parked: &Parked) -> Result<bool
 pub async fn park(
     tx: &mut Tx,
     group: &str,
-    key: &str,
+    key: &OrderKey,
     message: &OwnedMessage,
     event: Option<&Envelope>,
     state: ParkState,
@@ -98,7 +97,10 @@ pub async fn park(
         event_name: event.map(|e| e.event_name.to_string()),
         state,
     };
-    if store::insert_parked(tx, group, key, message.partition(), &head).await? {
+    // The partition of the key's topic: the head's origin's (a retry
+    // topic may have another partition count than a `cdc.*` topic).
+    let partition = head.origin.partition;
+    if store::insert_parked(tx, group, key, partition, &head).await? {
         return Ok(());
     }
     let current = store::lock(tx, group, key).await?;

@@ -8,6 +8,11 @@
 //! * **Park**: when a record of key K leaves a group's main path (to the
 //!   retry topic or the DLQ), K is parked for that group in `parked_keys`,
 //!   with that record as its *head*.
+//! * **Key**: K is a record key *within its main topic* ([`OrderKey`]): a
+//!   group reading several topics (a router binding over the order topic
+//!   and `cdc.*` topics) keeps order 7 and row 7 of a table apart. A
+//!   retry-topic record belongs to the main topic it was first consumed
+//!   from ([`key_topic`]).
 //! * **Hold**: while K is parked, every later record of K (main or retry
 //!   topic) that is not the head is stored in `held_records`, in arrival
 //!   order, in the same transaction as the rest of its batch; its offset then
@@ -42,13 +47,16 @@
 pub mod gate;
 pub mod store;
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 use rdkafka::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::kafka::record::{FailureHistory, headers_from_json};
+use crate::retry::topic_read_by;
 
 pub use gate::{Gate, decide, gate, head_done, park};
 pub use store::{
@@ -115,6 +123,67 @@ impl TryFrom<String> for ParkState {
     }
 }
 
+/// The unit of per-key order: a record key (the order id, a row's primary
+/// key) within the main topic it belongs to (`parked_keys.key_topic`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct OrderKey {
+    /// The main topic the group reads the key from.
+    pub topic: String,
+    /// The record key.
+    pub key: String,
+}
+
+/// `key 7 of cdc.shop.account`, for log lines and messages.
+impl fmt::Display for OrderKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "key {} of {}", self.key, self.topic)
+    }
+}
+
+/// The main topic a record of `group` belongs to for per-key order: the
+/// topic it was read from, or, for a record read from the group's retry
+/// topic `retry_topic`, the topic it was first consumed from (its
+/// `orderpipe.original-topic` header; one written there by hand, without
+/// it, belongs to the topic the retry topic is named after).
+pub fn key_topic(message: &OwnedMessage, retry_topic: &str, group: &str) -> String {
+    if message.topic() != retry_topic {
+        return message.topic().to_string();
+    }
+    Origin::of(message).key_topic(group).to_string()
+}
+
+/// The keys a consumer knows to be parked, by topic: the hot path asks it
+/// for every record without allocating.
+#[derive(Debug, Default)]
+pub struct ParkedSet(HashMap<String, HashSet<String>>);
+
+impl ParkedSet {
+    /// Whether `key` of `topic` is in the set.
+    pub fn contains(&self, topic: &str, key: &str) -> bool {
+        self.0.get(topic).is_some_and(|keys| keys.contains(key))
+    }
+
+    /// Adds a key.
+    pub fn insert(&mut self, key: OrderKey) {
+        self.0.entry(key.topic).or_default().insert(key.key);
+    }
+
+    /// Forgets a key.
+    pub fn remove(&mut self, key: &OrderKey) {
+        if let Some(keys) = self.0.get_mut(&key.topic) {
+            keys.remove(&key.key);
+        }
+    }
+}
+
+impl Extend<OrderKey> for ParkedSet {
+    fn extend<T: IntoIterator<Item = OrderKey>>(&mut self, keys: T) {
+        for key in keys {
+            self.insert(key);
+        }
+    }
+}
+
 /// Where a record was first consumed: stable across retry hops (the
 /// `orderpipe.original-*` headers) and kept by a dead letter
 /// (`original_topic`, `original_partition`, `original_offset`).
@@ -133,6 +202,13 @@ impl Origin {
     pub fn of(message: &OwnedMessage) -> Self {
         let h = FailureHistory::of(message);
         Self { topic: h.original_topic, partition: h.original_partition, offset: h.original_offset }
+    }
+
+    /// The main topic of a record first consumed here, for `group`: this
+    /// topic, or the one a retry topic of the group is named after (a
+    /// record written to the retry topic by hand carries no origin).
+    pub fn key_topic(&self, group: &str) -> &str {
+        topic_read_by(&self.topic, group)
     }
 }
 
@@ -180,6 +256,22 @@ mod tests {
         );
         let retried = record("order.events.v1.retry.g", 5, hop);
         assert_eq!(Origin::of(&retried), Origin::of(&first), "the same head on the retry topic");
+    }
+
+    #[test]
+    fn a_retry_topic_record_belongs_to_the_main_topic_it_came_from() {
+        let retry = crate::retry::retry_topic("order.events.v1", "g");
+        let main = record("cdc.shop.account", 77, OwnedHeaders::new());
+        assert_eq!(key_topic(&main, &retry, "g"), "cdc.shop.account");
+        let hop = with_headers(&main, &[(header::ORIGINAL_TOPIC, "cdc.shop.account".into()), (header::ORIGINAL_PARTITION, "3".into()), (header::ORIGINAL_OFFSET, "77".into())]);
+        assert_eq!(key_topic(&record(&retry, 5, hop), &retry, "g"), "cdc.shop.account", "not the retry topic's name");
+        assert_eq!(key_topic(&record(&retry, 6, OwnedHeaders::new()), &retry, "g"), "order.events.v1", "by hand, without an origin");
+        let mut parked = ParkedSet::default();
+        parked.extend([OrderKey { topic: "order.events.v1".into(), key: "7".into() }]);
+        assert!(parked.contains("order.events.v1", "7"));
+        assert!(!parked.contains("cdc.shop.account", "7"), "row 7 of a table is another key");
+        parked.remove(&OrderKey { topic: "order.events.v1".into(), key: "7".into() });
+        assert!(!parked.contains("order.events.v1", "7"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 use serde::Serialize;
 
-use super::{Origin, ParkState};
+use super::{OrderKey, Origin, ParkState};
 use crate::clock::now_ms;
 use crate::db::{Db, DbError, Tx};
 use crate::envelope::Envelope;
@@ -22,6 +22,8 @@ use crate::metrics::name;
 /// A parked key (a `parked_keys` row).
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Parked {
+    /// The main topic of the key ([`OrderKey::topic`]).
+    pub key_topic: String,
     /// The record key (order id).
     #[sqlx(rename = "record_key")]
     pub key: String,
@@ -53,47 +55,59 @@ impl Parked {
     pub fn head(&self) -> Origin {
         Origin { topic: self.head_topic.clone(), partition: self.head_partition, offset: self.head_offset }
     }
+
+    /// The parked key.
+    pub fn order_key(&self) -> OrderKey {
+        OrderKey { topic: self.key_topic.clone(), key: self.key.clone() }
+    }
 }
 
 /// The columns of [`Parked`].
-pub(crate) const PARKED_COLUMNS: &str = "record_key, kafka_partition, head_origin, head_topic, head_partition, head_offset, \
+pub(crate) const PARKED_COLUMNS: &str = "key_topic, record_key, kafka_partition, head_origin, head_topic, head_partition, head_offset, \
                                          head_event_id, head_event_name, state, parked_ms";
 
 /// The parked row of a group and key.
 fn select_parked() -> String {
-    format!("SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ? AND record_key = ?")
+    format!("SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ? AND key_topic = ? AND record_key = ?")
 }
 
 /// The parked row of `key`, locked until `tx` ends (SQLite locks the whole
 /// database for a writer, so it needs no row lock).
-pub async fn lock(tx: &mut Tx, group: &str, key: &str) -> Result<Option<Parked>, DbError> {
+pub async fn lock(tx: &mut Tx, group: &str, key: &OrderKey) -> Result<Option<Parked>, DbError> {
     let sql = tx.sql().locking(&select_parked());
-    Ok(sqlx::query_as(sql).bind(group).bind(key).fetch_optional(&mut **tx).await?)
+    Ok(sqlx::query_as(sql).bind(group).bind(&key.topic).bind(&key.key).fetch_optional(&mut **tx).await?)
 }
 
 /// The parked rows of `keys` (distinct), locked until `tx` ends: a batch's
-/// gate reads all its keys in one statement per piece ([`crate::db::rows`]).
-pub async fn lock_keys(tx: &mut Tx, group: &str, keys: &[&str]) -> Result<HashMap<String, Parked>, DbError> {
+/// gate reads all its keys in one statement per topic and piece
+/// ([`crate::db::rows`]; a batch is one partition's, so mostly one topic).
+pub async fn lock_keys(tx: &mut Tx, group: &str, keys: &[&OrderKey]) -> Result<HashMap<OrderKey, Parked>, DbError> {
+    let mut by_topic: HashMap<&str, Vec<&str>> = HashMap::new();
+    for key in keys {
+        by_topic.entry(key.topic.as_str()).or_default().push(key.key.as_str());
+    }
     let mut found = HashMap::with_capacity(keys.len());
     let row_lock = tx.sql().row_lock();
-    for piece in crate::db::rows::pieces(keys) {
-        let select = format!("SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ");
-        let mut query = sqlx::QueryBuilder::<sqlx::Any>::new(select);
-        query.push_bind(group.to_string()).push(" AND record_key IN (");
-        let mut list = query.separated(", ");
-        for key in piece {
-            list.push_bind(key.to_string());
+    for (topic, keys) in by_topic {
+        for piece in crate::db::rows::pieces(&keys) {
+            let select = format!("SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ");
+            let mut query = sqlx::QueryBuilder::<sqlx::Any>::new(select);
+            query.push_bind(group.to_string()).push(" AND key_topic = ").push_bind(topic.to_string()).push(" AND record_key IN (");
+            let mut list = query.separated(", ");
+            for key in piece {
+                list.push_bind(key.to_string());
+            }
+            query.push(")").push(row_lock);
+            let rows: Vec<Parked> = query.build_query_as().fetch_all(&mut **tx).await?;
+            found.extend(rows.into_iter().map(|parked| (parked.order_key(), parked)));
         }
-        query.push(")").push(row_lock);
-        let rows: Vec<Parked> = query.build_query_as().fetch_all(&mut **tx).await?;
-        found.extend(rows.into_iter().map(|parked| (parked.key.clone(), parked)));
     }
     Ok(found)
 }
 
 /// The parked row of `key`, if parked (no lock).
-pub async fn parked(db: &Db, group: &str, key: &str) -> Result<Option<Parked>, DbError> {
-    Ok(sqlx::query_as(sqlx::AssertSqlSafe(select_parked())).bind(group).bind(key).fetch_optional(&db.pool).await?)
+pub async fn parked(db: &Db, group: &str, key: &OrderKey) -> Result<Option<Parked>, DbError> {
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(select_parked())).bind(group).bind(&key.topic).bind(&key.key).fetch_optional(&db.pool).await?)
 }
 
 /// A new head of a parked key: where it was first consumed and what it is.
@@ -109,16 +123,17 @@ pub struct Head {
     pub state: ParkState,
 }
 
-/// Parks `key` (partition `partition`) behind `head`; false if it was parked already.
-pub async fn insert_parked(tx: &mut Tx, group: &str, key: &str, partition: i32, head: &Head) -> Result<bool, DbError> {
+/// Parks `key` (partition `partition` of its topic) behind `head`; false if it was parked already.
+pub async fn insert_parked(tx: &mut Tx, group: &str, key: &OrderKey, partition: i32, head: &Head) -> Result<bool, DbError> {
     let now = now_ms();
     let sql = tx.sql().insert_ignore(
-        "INTO parked_keys (consumer_group, record_key, kafka_partition, head_origin, head_topic, head_partition, head_offset, \
-         head_event_id, head_event_name, state, parked_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INTO parked_keys (consumer_group, key_topic, record_key, kafka_partition, head_origin, head_topic, head_partition, head_offset, \
+         head_event_id, head_event_name, state, parked_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     );
     let inserted = sqlx::query(sql)
         .bind(group)
-        .bind(key)
+        .bind(&key.topic)
+        .bind(&key.key)
         .bind(partition)
         .bind(head.origin.to_string())
         .bind(&head.origin.topic)
@@ -135,10 +150,10 @@ pub async fn insert_parked(tx: &mut Tx, group: &str, key: &str, partition: i32, 
 }
 
 /// Makes `head` the head of the parked `key` (or updates its state).
-pub async fn set_head(tx: &mut Tx, group: &str, key: &str, head: &Head) -> Result<(), DbError> {
+pub async fn set_head(tx: &mut Tx, group: &str, key: &OrderKey, head: &Head) -> Result<(), DbError> {
     sqlx::query(
         "UPDATE parked_keys SET head_origin = ?, head_topic = ?, head_partition = ?, head_offset = ?, head_event_id = ?, \
-         head_event_name = ?, state = ?, updated_ms = ? WHERE consumer_group = ? AND record_key = ?",
+         head_event_name = ?, state = ?, updated_ms = ? WHERE consumer_group = ? AND key_topic = ? AND record_key = ?",
     )
     .bind(head.origin.to_string())
     .bind(&head.origin.topic)
@@ -149,17 +164,19 @@ pub async fn set_head(tx: &mut Tx, group: &str, key: &str, head: &Head) -> Resul
     .bind(head.state.as_str())
     .bind(now_ms())
     .bind(group)
-    .bind(key)
+    .bind(&key.topic)
+    .bind(&key.key)
     .execute(&mut **tx)
     .await?;
     Ok(())
 }
 
 /// Unparks `key` (its head is done and nothing is held behind it).
-pub async fn unpark(tx: &mut Tx, group: &str, key: &str) -> Result<(), DbError> {
-    sqlx::query("DELETE FROM parked_keys WHERE consumer_group = ? AND record_key = ?")
+pub async fn unpark(tx: &mut Tx, group: &str, key: &OrderKey) -> Result<(), DbError> {
+    sqlx::query("DELETE FROM parked_keys WHERE consumer_group = ? AND key_topic = ? AND record_key = ?")
         .bind(group)
-        .bind(key)
+        .bind(&key.topic)
+        .bind(&key.key)
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -167,26 +184,28 @@ pub async fn unpark(tx: &mut Tx, group: &str, key: &str) -> Result<(), DbError> 
 
 /// Releases the followers of a parked key whose head an operator ignored:
 /// the consumer applies them in order and then unparks the key.
-pub async fn mark_release(db: &Db, group: &str, key: &str) -> Result<(), DbError> {
-    sqlx::query("UPDATE parked_keys SET state = ?, updated_ms = ? WHERE consumer_group = ? AND record_key = ?")
+pub async fn mark_release(db: &Db, group: &str, key: &OrderKey) -> Result<(), DbError> {
+    sqlx::query("UPDATE parked_keys SET state = ?, updated_ms = ? WHERE consumer_group = ? AND key_topic = ? AND record_key = ?")
         .bind(ParkState::Release.as_str())
         .bind(now_ms())
         .bind(group)
-        .bind(key)
+        .bind(&key.topic)
+        .bind(&key.key)
         .execute(&db.pool)
         .await?;
     Ok(())
 }
 
 /// Holds `message` behind its parked key (idempotent per source record).
-pub async fn hold(tx: &mut Tx, group: &str, key: &str, message: &OwnedMessage, event: Option<&Envelope>) -> Result<(), DbError> {
+pub async fn hold(tx: &mut Tx, group: &str, key: &OrderKey, message: &OwnedMessage, event: Option<&Envelope>) -> Result<(), DbError> {
     let sql = tx.sql().insert_ignore(
-        "INTO held_records (consumer_group, record_key, source_topic, source_partition, source_offset, \
-         source_timestamp, event_id, event_name, payload, headers, held_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INTO held_records (consumer_group, key_topic, record_key, source_topic, source_partition, source_offset, \
+         source_timestamp, event_id, event_name, payload, headers, held_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     );
     sqlx::query(sql)
         .bind(group)
-        .bind(key)
+        .bind(&key.topic)
+        .bind(&key.key)
         .bind(message.topic())
         .bind(message.partition())
         .bind(message.offset())
@@ -208,6 +227,9 @@ pub struct HeldRecord {
     pub id: i64,
     /// Consumer group.
     pub consumer_group: String,
+    /// The main topic of its key ([`OrderKey::topic`]; `source_topic` may
+    /// be the group's retry topic).
+    pub key_topic: String,
     /// The record key (order id).
     #[sqlx(rename = "record_key")]
     pub key: String,
@@ -234,15 +256,15 @@ pub struct HeldRecord {
 }
 
 /// The columns of [`HeldRecord`].
-pub(crate) const HELD_COLUMNS: &str = "id, consumer_group, record_key, source_topic, source_partition, source_offset, \
+pub(crate) const HELD_COLUMNS: &str = "id, consumer_group, key_topic, record_key, source_topic, source_partition, source_offset, \
                                        source_timestamp, event_id, event_name, payload, headers, held_ms";
 
 /// The oldest record held behind `key`.
-pub async fn first_held(tx: &mut Tx, group: &str, key: &str) -> Result<Option<HeldRecord>, DbError> {
+pub async fn first_held(tx: &mut Tx, group: &str, key: &OrderKey) -> Result<Option<HeldRecord>, DbError> {
     let sql = sqlx::AssertSqlSafe(format!(
-        "SELECT {HELD_COLUMNS} FROM held_records WHERE consumer_group = ? AND record_key = ? ORDER BY id LIMIT 1"
+        "SELECT {HELD_COLUMNS} FROM held_records WHERE consumer_group = ? AND key_topic = ? AND record_key = ? ORDER BY id LIMIT 1"
     ));
-    Ok(sqlx::query_as(sql).bind(group).bind(key).fetch_optional(&mut **tx).await?)
+    Ok(sqlx::query_as(sql).bind(group).bind(&key.topic).bind(&key.key).fetch_optional(&mut **tx).await?)
 }
 
 /// Deletes a held record (applied, or made the new head); false if it was gone.
@@ -251,30 +273,32 @@ pub async fn delete_held(tx: &mut Tx, id: i64) -> Result<bool, DbError> {
     Ok(r.rows_affected() > 0)
 }
 
-/// Parked keys of one partition, to load a consumer's in-memory set when
-/// the partition is assigned.
-pub async fn keys_of_partition(db: &Db, group: &str, partition: i32) -> Result<Vec<String>, DbError> {
-    let rows: Vec<(String,)> = sqlx::query_as("SELECT record_key FROM parked_keys WHERE consumer_group = ? AND kafka_partition = ?")
-        .bind(group)
-        .bind(partition)
-        .fetch_all(&db.pool)
-        .await?;
-    Ok(rows.into_iter().map(|(k,)| k).collect())
+/// Parked keys of one partition of `topic`, to load a consumer's in-memory
+/// set when the partition is assigned.
+pub async fn keys_of_partition(db: &Db, group: &str, topic: &str, partition: i32) -> Result<Vec<OrderKey>, DbError> {
+    let rows: Vec<(String,)> =
+        sqlx::query_as("SELECT record_key FROM parked_keys WHERE consumer_group = ? AND key_topic = ? AND kafka_partition = ?")
+            .bind(group)
+            .bind(topic)
+            .bind(partition)
+            .fetch_all(&db.pool)
+            .await?;
+    Ok(rows.into_iter().map(|(key,)| OrderKey { topic: topic.to_string(), key }).collect())
 }
 
 /// Parked keys whose followers can be released now: the head was applied
 /// (a crash came between its commit and the release) or an operator
-/// released them. With their partition.
-pub async fn releasable(db: &Db, group: &str) -> Result<Vec<(String, i32)>, DbError> {
-    let rows: Vec<(String, i32)> = sqlx::query_as(
-        "SELECT p.record_key, p.kafka_partition FROM parked_keys p WHERE p.consumer_group = ? AND (p.state = ? \
+/// released them. With their partition (of the key's topic).
+pub async fn releasable(db: &Db, group: &str) -> Result<Vec<(OrderKey, i32)>, DbError> {
+    let rows: Vec<(String, String, i32)> = sqlx::query_as(
+        "SELECT p.key_topic, p.record_key, p.kafka_partition FROM parked_keys p WHERE p.consumer_group = ? AND (p.state = ? \
          OR EXISTS (SELECT 1 FROM event_dedup d WHERE d.consumer_group = p.consumer_group AND d.event_id = p.head_event_id))",
     )
     .bind(group)
     .bind(ParkState::Release.as_str())
     .fetch_all(&db.pool)
     .await?;
-    Ok(rows)
+    Ok(rows.into_iter().map(|(topic, key, partition)| (OrderKey { topic, key }, partition)).collect())
 }
 
 /// Parked keys, held records and the oldest parked time of one group.

@@ -433,20 +433,27 @@ async fn a_key_parked_before_the_head_columns_keeps_its_head_after_the_migration
     upgrade_keeps_the_head(&format!("sqlite://{}/t.db?mode=rwc", dir.path().display()), "sql/sqlite").await;
 }
 
-/// Migrates `url` up to 0006 (copies of the shipped files), parks a key the
-/// old way, then applies every migration as `orderpipe migrate` does.
-async fn upgrade_keeps_the_head(url: &str, migrations: &str) {
+/// The database at `url` migrated with the shipped `migrations` before
+/// `first_left_out` (copies of the files), as a release before it left it.
+async fn migrated_before(url: &str, migrations: &str, first_left_out: &str) -> Db {
     let settings = orderpipe::db::DatabaseSettings { url: url.to_string().into(), max_connections: 2 };
     let db = Db::connect(&settings, 2).unwrap();
     let before = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(migrations).unwrap() {
         let path = entry.unwrap().path();
         let file = path.file_name().unwrap().to_str().unwrap().to_string();
-        if file.as_str() < "0007" {
+        if file.as_str() < first_left_out {
             std::fs::copy(&path, before.path().join(file)).unwrap();
         }
     }
     sqlx::migrate::Migrator::new(before.path()).await.unwrap().run(&db.pool).await.unwrap();
+    db
+}
+
+/// Migrates `url` up to 0006, parks a key the old way, then applies every
+/// migration as `orderpipe migrate` does.
+async fn upgrade_keeps_the_head(url: &str, migrations: &str) {
+    let db = migrated_before(url, migrations, "0007").await;
     sqlx::query(
         "INSERT INTO parked_keys (consumer_group, record_key, kafka_partition, head_origin, head_event_id, head_event_name, \
          state, parked_ms, updated_ms) VALUES ('g', '42', 3, 'order.events.v1-eu_2/3/77', NULL, 'order.created', 'dead', 1, 1)",
@@ -462,4 +469,261 @@ async fn upgrade_keeps_the_head(url: &str, migrations: &str) {
     assert_eq!(parked.state, orderpipe::ordering::ParkState::Dead, "{migrations}");
     let elsewhere = orderpipe::ordering::Origin { offset: 78, ..origin };
     assert!(orderpipe::dlq::held::headed_by(&db, "g", "42", &elsewhere, None).await.unwrap().is_none(), "{migrations}");
+}
+
+/// A router group reading the order topic and a cdc topic: order "7" and
+/// row "7" of the table are different keys. The order's first event fails
+/// for good (dead-lettered) and parks order 7; the row's changes, keyed
+/// "7" too, are delivered at once (they used to wait behind the order's
+/// dead letter). The order's later events stay held and are delivered in
+/// order once its dead letter is replayed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parked_order_does_not_hold_a_cdc_row_with_the_same_key() {
+    use std::sync::{Arc, Mutex};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use orderpipe::envelope::EventData;
+    use orderpipe::retry::RetryLayer;
+    use orderpipe::subscriptions::Store;
+    use orderpipe::subscriptions::model::{NewConsumer, NewEvent, NewSubscription};
+    use orderpipe::subscriptions::store::Origin;
+
+    /// Bodies delivered (2xx), in arrival order; whether order 7's creation fails.
+    #[derive(Clone, Default)]
+    struct Downstream {
+        delivered: Arc<Mutex<Vec<Value>>>,
+        failing: Arc<AtomicBool>,
+    }
+    async fn hook(State(down): State<Downstream>, axum::Json(body): axum::Json<Value>) -> (StatusCode, axum::Json<Value>) {
+        let order_7_created = body["event_type"] == "order.created" && body["data"]["order_id"] == 7;
+        if order_7_created && down.failing.load(Ordering::SeqCst) {
+            return (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(serde_json::json!({"message": "boom"})));
+        }
+        down.delivered.lock().unwrap().push(body);
+        (StatusCode::OK, axum::Json(serde_json::json!({"code": 0})))
+    }
+    let down = Downstream::default();
+    down.failing.store(true, Ordering::SeqCst);
+    let app = axum::Router::new().route("/hook", axum::routing::post(hook)).with_state(down.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let source = crate::cdc::Source::new(&["CREATE TABLE account (id INT PRIMARY KEY, name VARCHAR(32) NOT NULL)"]).await;
+    let env = &source.env;
+    env.cli(&["topics", "ensure"]).success();
+    let mut cdc = source.spawn("account");
+    let cdc_topic = source.topic("account");
+    tokio::task::block_in_place(|| crate::cdc::wait_for_topic(env, &cdc_topic));
+    let order_topic = env.settings.topics.order_events.name.clone();
+    let store = Store::new(env.db(), Origin::Cli);
+    for change in ["insert", "update"] {
+        let event = NewEvent { routing_key: format!("{}.account.{change}", source.database), topic: Some(cdc_topic.clone()), ..Default::default() };
+        store.add_event(&event, &order_topic).await.unwrap();
+    }
+    // No local retry, one delayed attempt, then the DLQ.
+    let retry = RetryLayer { local_retries: Some(0), delays: Some(vec!["300ms".into()]), ..Default::default() };
+    let consumer = format!("mix{}", &env.prefix[1..]);
+    store.add_consumer(&NewConsumer { name: consumer.clone(), url, retry: Some(retry), ..Default::default() }).await.unwrap();
+    let order_events = ["order.created", "order.payment.succeeded", "order.shipped"];
+    let row_events = [format!("{}.account.insert", source.database), format!("{}.account.update", source.database)];
+    let mut group = String::new();
+    for event in order_events.iter().map(|e| e.to_string()).chain(row_events.iter().cloned()) {
+        let new = NewSubscription { event, consumer: consumer.clone(), bind_key: "mix".into(), ..Default::default() };
+        group = store.add_subscription(&new, &order_topic).await.unwrap().group;
+    }
+    let events: Vec<Envelope> = EventData::sample_lifecycle(7).into_iter().take(3).map(|d| Envelope::new("test", d)).collect();
+    let ndjson = crate::consumer::write_ndjson(&events);
+    env.cli(&["produce", "--file", ndjson.path().to_str().unwrap()]).success();
+    let mut router = env.spawn(&["deliver", "--reconcile-interval", "2s", "--admin-addr", "127.0.0.1:0"]);
+    let log = crate::router::stderr_lines(&mut router);
+
+    // Order 7's creation is dead-lettered; its payment and shipment wait.
+    let db = env.db();
+    let held_orders = async || -> i64 {
+        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM held_records WHERE consumer_group = ? AND record_key = '7'")
+            .bind(&group)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        n
+    };
+    let dead = async || -> bool {
+        let row: Option<(String,)> = sqlx::query_as("SELECT state FROM parked_keys WHERE consumer_group = ? AND record_key = '7'")
+            .bind(&group)
+            .fetch_optional(&db.pool)
+            .await
+            .unwrap();
+        row.is_some_and(|(state,)| state == "dead")
+    };
+    let parked = waited(Duration::from_secs(60), async || dead().await && held_orders().await == 2).await;
+    assert!(parked, "order 7 dead-lettered with 2 events held behind it; router log:\n{}", log.lock().unwrap().join("\n"));
+
+    // Row 7 of the table: another key, delivered at once.
+    source.exec(&["INSERT INTO account VALUES (7, 'ann')"]).await;
+    source.exec(&["UPDATE account SET name = 'bob' WHERE id = 7"]).await;
+    let rows = || -> Vec<(String, Value)> {
+        let delivered = down.delivered.lock().unwrap();
+        delivered.iter().filter(|b| b["data"]["id"] == 7).map(|b| (b["event_type"].as_str().unwrap().rsplit('.').next().unwrap().to_string(), b["data"]["name"].clone())).collect()
+    };
+    let flowed = waited(Duration::from_secs(30), async || rows().len() == 2).await;
+    let (held_rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM held_records WHERE consumer_group = ? AND source_topic = ?")
+        .bind(&group)
+        .bind(&cdc_topic)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(flowed, "row 7 delivered while order 7 waits in the DLQ: got {:?}, {held_rows} row changes held", rows());
+    assert_eq!(rows(), [("insert".to_string(), serde_json::json!("ann")), ("update".to_string(), serde_json::json!("bob"))]);
+    assert_eq!(held_rows, 0, "no row change held behind the order");
+    let orders = || -> Vec<String> {
+        let delivered = down.delivered.lock().unwrap();
+        delivered.iter().filter(|b| b["data"]["order_id"] == 7).map(|b| b["event_type"].as_str().unwrap().to_string()).collect()
+    };
+    assert!(orders().is_empty(), "order 7's later events stay held: {:?}", orders());
+    assert_eq!(held_orders().await, 2);
+
+    // The downstream is fixed; replaying the head delivers all three in order.
+    down.failing.store(false, Ordering::SeqCst);
+    env.cli(&["dlq", "persist", "--until-idle", "3"]).success();
+    let listed = json(&env.cli(&["dlq", "list", "--group", &group, "--output", "json"]).success());
+    let id = listed[0]["id"].as_i64().unwrap_or_else(|| panic!("{listed:#}")).to_string();
+    env.cli(&["dlq", "replay", "--id", &id, "--yes"]).success();
+    let released = waited(Duration::from_secs(60), async || orders().len() == 3).await;
+    assert!(released, "order 7 released after the replay: {:?}; router log:\n{}", orders(), log.lock().unwrap().join("\n"));
+    assert_eq!(orders(), order_events, "in order");
+    wait_until("order 7 unparked", Duration::from_secs(30), async || {
+        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM parked_keys WHERE consumer_group = ?").bind(&group).fetch_one(&db.pool).await.unwrap();
+        n == 0
+    })
+    .await;
+    assert_eq!(held_orders().await, 0);
+    assert_eq!(rows().len(), 2, "each row change once");
+    sigterm(&mut router);
+    sigterm(&mut cdc);
+}
+
+/// A key parked before migration 0017 (parked keys per topic) belongs to
+/// its head's topic, and so do the records held behind it, whatever topic
+/// they came from: they are released with the head, as before. After it,
+/// key 7 of another topic parks apart. On MariaDB and on SQLite.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_parked_before_key_topics_belongs_to_its_heads_topic_after_the_migration() {
+    let env = TestEnv::new();
+    let name = format!("op_{}_keytopic", env.prefix);
+    let admin = sqlx::MySqlPool::connect(crate::helpers::MYSQL_ADMIN_URL).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`"))).execute(&admin).await.unwrap();
+    upgrade_keeps_the_key_with_its_head(&format!("{}{name}", crate::helpers::MYSQL_ADMIN_URL), "sql/mysql").await;
+    let dir = tempfile::tempdir().unwrap();
+    upgrade_keeps_the_key_with_its_head(&format!("sqlite://{}/t.db?mode=rwc", dir.path().display()), "sql/sqlite").await;
+}
+
+/// Migrates `url` up to 0016, parks key 7 the old way (head in a cdc
+/// topic, one held record of that topic and one of the order topic), then
+/// applies every migration as `orderpipe migrate` does.
+async fn upgrade_keeps_the_key_with_its_head(url: &str, migrations: &str) {
+    use orderpipe::ordering::{self, OrderKey, ParkState};
+    use rdkafka::message::{OwnedHeaders, OwnedMessage};
+    let db = migrated_before(url, migrations, "0017").await;
+    sqlx::query(
+        "INSERT INTO parked_keys (consumer_group, record_key, kafka_partition, head_origin, head_topic, head_partition, head_offset, \
+         head_event_id, head_event_name, state, parked_ms, updated_ms) \
+         VALUES ('g', '7', 3, 'cdc.shop.account/3/77', 'cdc.shop.account', 3, 77, NULL, 'shop.account.insert', 'dead', 1, 1)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    for (topic, offset) in [("cdc.shop.account", 78), ("order.events.v1", 5)] {
+        sqlx::query(
+            "INSERT INTO held_records (consumer_group, record_key, source_topic, source_partition, source_offset, source_timestamp, \
+             event_id, event_name, payload, headers, held_ms) VALUES ('g', '7', ?, 3, ?, NULL, NULL, NULL, ?, '{}', ?)",
+        )
+        .bind(topic)
+        .bind(offset)
+        .bind(b"v".to_vec())
+        .bind(offset)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    db.migrate().await.unwrap();
+
+    let row = OrderKey { topic: "cdc.shop.account".into(), key: "7".into() };
+    let views = orderpipe::dlq::held::parked_views(&db, Default::default(), 10).await.unwrap();
+    assert_eq!(views.len(), 1, "{migrations}");
+    assert_eq!((views[0].parked.order_key(), views[0].held), (row.clone(), 2), "{migrations}: the head's topic, both held behind it");
+    let held = orderpipe::dlq::held::key_views(&db, "g", &row, 10).await.unwrap();
+    let sources: Vec<&str> = held.iter().map(|v| v.held.source_topic.as_str()).collect();
+    assert_eq!(sources, ["cdc.shop.account", "order.events.v1"], "{migrations}: released with the head, in their order");
+    let origin = ordering::Origin { topic: "cdc.shop.account".into(), partition: 3, offset: 77 };
+    assert!(orderpipe::dlq::held::headed_by(&db, "g", "7", &origin, None).await.unwrap().is_some(), "{migrations}");
+
+    // Order 7 now parks apart from row 7.
+    let order = OrderKey { topic: "order.events.v1".into(), key: "7".into() };
+    let message =
+        OwnedMessage::new(Some(b"v".to_vec()), Some(b"7".to_vec()), order.topic.clone(), rdkafka::Timestamp::CreateTime(1), 3, 9, Some(OwnedHeaders::new()));
+    let mut tx = db.begin().await.unwrap();
+    ordering::park(&mut tx, "g", &order, &message, None, ParkState::Retrying, false).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = db.begin().await.unwrap();
+    let parked = ordering::lock(&mut tx, "g", &order).await.unwrap().unwrap_or_else(|| panic!("{migrations}: order 7 parked"));
+    assert_eq!((parked.head_offset, parked.state), (9, ParkState::Retrying), "{migrations}");
+    let row_parked = ordering::lock(&mut tx, "g", &row).await.unwrap().unwrap();
+    assert_eq!((row_parked.head_offset, row_parked.state), (77, ParkState::Dead), "{migrations}: row 7 untouched");
+    assert!(ordering::first_held(&mut tx, "g", &order).await.unwrap().is_none(), "{migrations}: nothing held behind order 7");
+    tx.commit().await.unwrap();
+    assert_eq!(ordering::keys_of_partition(&db, "g", "order.events.v1", 3).await.unwrap(), [order], "{migrations}");
+}
+
+/// The console names a parked key by group, key and topic: with the key
+/// parked in one topic of the group, group and key are enough; parked in
+/// two (order 7 and row 7 of a table), the page and the actions answer 400
+/// naming `topic` and the topics to choose from, and change nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_console_asks_for_the_topic_of_a_key_parked_in_two_topics() {
+    use orderpipe::console::Role;
+    use orderpipe::ordering::{self, OrderKey, ParkState};
+    use rdkafka::message::{OwnedHeaders, OwnedMessage};
+    let env = TestEnv::new().with_database().await;
+    let db = env.db();
+    let (orders, rows) = ("order.events.v1", "cdc.shop.account");
+    let mut tx = db.begin().await.unwrap();
+    for (topic, key, offset) in [(orders, "7", 10), (rows, "7", 11), (rows, "8", 12)] {
+        let message =
+            OwnedMessage::new(Some(b"v".to_vec()), Some(key.as_bytes().to_vec()), topic.into(), rdkafka::Timestamp::CreateTime(1), 0, offset, Some(OwnedHeaders::new()));
+        let key = OrderKey { topic: topic.into(), key: key.into() };
+        ordering::park(&mut tx, "g", &key, &message, None, ParkState::Retrying, false).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let console = crate::console_browser::TestConsole::start(&env, |_| {}).await;
+
+    let (status, list) = console.get_as(Role::Viewer, "/held?group=g").await;
+    assert_eq!(status, 200, "{list}");
+    assert!(list.contains("topic=order.events.v1&amp;key=7") && list.contains("topic=cdc.shop.account&amp;key=7"), "{list}");
+    let (status, body) = console.get_as(Role::Viewer, "/held/key?group=g&key=7").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("<strong>topic</strong>") && body.contains(orders) && body.contains(rows), "{body}");
+    let (status, page) = console.get_as(Role::Viewer, "/held/key?group=g&topic=cdc.shop.account&key=7").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("<code>cdc.shop.account</code>, partition 0") && page.contains("cdc.shop.account/0/11"), "row 7's head: {page}");
+    let (status, _) = console.get_as(Role::Viewer, "/held/key?group=g&key=8").await;
+    assert_eq!(status, 200, "parked in one topic: group and key are enough");
+    let (status, body) = console.get_as(Role::Viewer, "/held/key?group=g&topic=order.events.v1&key=8").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("in topic order.events.v1"), "{body}");
+
+    let csrf = console.csrf_of(Role::Operator).await;
+    let form = [("group", "g"), ("key", "7"), ("reason", "test")];
+    let (status, body) = console.post_as(Role::Operator, "/held/release", Some(&csrf), &form).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("<strong>topic</strong>"), "{body}");
+    let (status, body) = console.post_as(Role::Operator, "/held/release", Some(&csrf), &[("topic", orders), form[0], form[1], form[2]]).await;
+    assert_eq!(status, 409, "the head is retrying, nothing to ignore: {body}");
+    let (states,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM parked_keys WHERE consumer_group = 'g' AND state = 'retrying'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(states, 3, "nothing changed");
 }

@@ -40,7 +40,7 @@ use crate::dedup::{self, Conflict, RecordOrigin};
 use crate::envelope::Envelope;
 use crate::consumer::events::{Applied, ConflictingDuplicate, DuplicateSkipped, Held};
 use crate::metrics::InternalEvent;
-use crate::ordering::{self, Gate};
+use crate::ordering::{self, Gate, OrderKey};
 
 /// What became of one record in the batch's transaction.
 enum Outcome {
@@ -67,9 +67,9 @@ struct Ledger<'a> {
     /// Duplicates whose content differs from the event first applied.
     conflicts: Vec<Conflict>,
     /// Keys in this consumer's parked set that were released elsewhere.
-    reopened: Vec<String>,
+    reopened: Vec<OrderKey>,
     /// Keys whose head was applied: release their followers.
-    heads: Vec<String>,
+    heads: Vec<OrderKey>,
     /// Released records another release had applied first.
     released_elsewhere: u64,
 }
@@ -134,13 +134,15 @@ impl PartitionWorker {
         let unavailable = |e: DbError| BatchError::Unavailable(e.to_string());
         let mut tx = self.shared.db.begin().await.map_err(unavailable)?;
         let mut ledger = Ledger::default();
-        let keys: Vec<Option<String>> = items.iter().map(|item| item.envelope.as_ref().map(Envelope::key)).collect();
+        let keys: Vec<Option<OrderKey>> =
+            items.iter().map(|item| item.envelope.as_ref().map(|e| self.order_key(&item.message, e.key()))).collect();
         // Stage 1 reads the parked rows of every key it asks about at once.
-        let asked: HashSet<&str> = keys.iter().zip(items).filter_map(|(key, item)| key.as_deref().filter(|k| item.held_id.is_none() && self.gated(k))).collect();
+        let asked: HashSet<&OrderKey> =
+            keys.iter().zip(items).filter_map(|(key, item)| key.as_ref().filter(|k| item.held_id.is_none() && self.gated(k))).collect();
         let parked = if asked.is_empty() {
             HashMap::new()
         } else {
-            let asked: Vec<&str> = asked.into_iter().collect();
+            let asked: Vec<&OrderKey> = asked.into_iter().collect();
             ordering::lock_keys(&mut tx, &self.shared.options.group, &asked).await.map_err(unavailable)?
         };
         let mut open = Vec::with_capacity(items.len());
@@ -153,7 +155,7 @@ impl PartitionWorker {
             }
             let span = self.span(&item.message, Some(envelope));
             let gated = async {
-                match self.gate(&mut tx, item, envelope, key, parked.get(key.as_str()), &mut ledger).await? {
+                match self.gate(&mut tx, item, envelope, key, parked.get(key), &mut ledger).await? {
                     Gate::Hold => ledger.note(item, envelope, Outcome::Held, Duration::ZERO),
                     Gate::Duplicate => {
                         self.note_conflict(&mut tx, envelope, &origin(item, envelope), &mut ledger).await?;
@@ -165,23 +167,31 @@ impl PartitionWorker {
             };
             gated.instrument(span).await.map_err(unavailable)?;
         }
-        let deferred = self.apply_waves(&mut tx, items, &open, &mut ledger).await?;
+        let deferred = self.apply_waves(&mut tx, items, &keys, &open, &mut ledger).await?;
         self.commit(tx).await?;
         Ok(Committed { deferred, ..self.bookkeeping(ledger) })
     }
 
     /// Stage 2: the open records, wave after wave, each behind a savepoint
     /// (see the module doc). The records left out, in offset order.
-    async fn apply_waves<'a>(&self, tx: &mut Tx, items: &'a [Item], open: &[usize], ledger: &mut Ledger<'a>) -> Result<Vec<Deferred>, BatchError> {
+    /// `keys` are the records' keys, by position (None for poison).
+    async fn apply_waves<'a>(
+        &self,
+        tx: &mut Tx,
+        items: &'a [Item],
+        keys: &[Option<OrderKey>],
+        open: &[usize],
+        ledger: &mut Ledger<'a>,
+    ) -> Result<Vec<Deferred>, BatchError> {
         let unavailable = |e: sqlx::Error| BatchError::Unavailable(e.to_string());
-        let keys: HashMap<usize, String> = open.iter().map(|&i| (i, envelope_of(&items[i]).key())).collect();
+        let keys: HashMap<usize, &OrderKey> = open.iter().map(|&i| (i, keys[i].as_ref().expect("only decoded records are open"))).collect();
         let mut pending: VecDeque<Vec<usize>> = waves(open, &keys).into();
-        let mut failed_keys: HashSet<&str> = HashSet::new();
+        let mut failed_keys: HashSet<&OrderKey> = HashSet::new();
         let mut deferred = Vec::new();
         while let Some(mut wave) = pending.pop_front() {
             // Behind a failed record of its key: after it, once it is settled.
             wave.retain(|i| {
-                let behind = failed_keys.contains(keys[i].as_str());
+                let behind = failed_keys.contains(keys[i]);
                 if behind {
                     deferred.push(Deferred { index: *i, error: None });
                 }
@@ -212,7 +222,7 @@ impl PartitionWorker {
             tx.rollback_to_savepoint().await.map_err(unavailable)?;
             for (index, error) in failures {
                 wave.retain(|i| *i != index);
-                failed_keys.insert(keys[&index].as_str());
+                failed_keys.insert(keys[&index]);
                 deferred.push(Deferred { index, error: Some(error) });
             }
             pending.push_front(wave);
@@ -277,22 +287,22 @@ impl PartitionWorker {
 
     /// Whether a record of `key` asks the ordering gate: with per-key
     /// ordering, on the retry topic, or when the key may be parked.
-    fn gated(&self, key: &str) -> bool {
-        self.ordered() && (self.is_retry_partition() || self.shared.is_parked(key))
+    fn gated(&self, key: &OrderKey) -> bool {
+        self.ordered() && (self.is_retry_partition() || self.shared.is_parked(&key.topic, &key.key))
     }
 
     /// Stage 1, the ordering gate, for a record read from Kafka whose key
     /// asks ([`Self::gated`]), given its key's parked row (locked): held
     /// behind the head (the hold is written here), the head itself (noted
     /// for release), a redelivery, or open.
-    async fn gate(&self, tx: &mut Tx, item: &Item, envelope: &Envelope, key: &str, parked: Option<&ordering::Parked>, ledger: &mut Ledger<'_>) -> Result<Gate, DbError> {
+    async fn gate(&self, tx: &mut Tx, item: &Item, envelope: &Envelope, key: &OrderKey, parked: Option<&ordering::Parked>, ledger: &mut Ledger<'_>) -> Result<Gate, DbError> {
         let group = self.shared.options.group.as_str();
         let gate = ordering::decide(tx, group, parked, &item.message, Some(envelope)).await?;
         match gate {
             // Parked in this consumer's set but released elsewhere.
-            Gate::Open if !self.is_retry_partition() => ledger.reopened.push(key.to_string()),
+            Gate::Open if !self.is_retry_partition() => ledger.reopened.push(key.clone()),
             Gate::Open | Gate::Duplicate => {}
-            Gate::Head => ledger.heads.push(key.to_string()),
+            Gate::Head => ledger.heads.push(key.clone()),
             Gate::Hold => ordering::hold(tx, group, key, &item.message, Some(envelope)).await?,
         }
         Ok(gate)
@@ -368,11 +378,11 @@ impl PartitionWorker {
 
 /// The waves of `open` (positions in offset order): the k-th record of
 /// each key goes into wave k.
-fn waves(open: &[usize], keys: &HashMap<usize, String>) -> Vec<Vec<usize>> {
-    let mut seen: HashMap<&str, usize> = HashMap::new();
+fn waves<K: Eq + std::hash::Hash>(open: &[usize], keys: &HashMap<usize, K>) -> Vec<Vec<usize>> {
+    let mut seen: HashMap<&K, usize> = HashMap::new();
     let mut waves: Vec<Vec<usize>> = Vec::new();
     for &index in open {
-        let k = seen.entry(keys[&index].as_str()).or_default();
+        let k = seen.entry(&keys[&index]).or_default();
         if *k == waves.len() {
             waves.push(Vec::new());
         }

@@ -106,7 +106,7 @@ enum Decoded {
 #[derive(Default)]
 struct Committed {
     /// Keys whose head was applied in the batch: release their followers.
-    heads: Vec<String>,
+    heads: Vec<crate::ordering::OrderKey>,
     /// Released records that another release of their key had already
     /// applied (both read the same held row; the first delete wins).
     released_elsewhere: u64,

@@ -21,14 +21,14 @@ use super::{Backoff, BatchError, Committed, Decoded, Item, PartitionWorker, Revo
 use crate::backoff::{retry, until_available};
 use crate::consumer::events::Released;
 use crate::metrics::InternalEvent;
-use crate::ordering::{self, Gate, ParkState};
+use crate::ordering::{self, Gate, OrderKey, ParkState};
 
 impl PartitionWorker {
     /// Loads the parked keys of this partition into the consumer's set before
     /// its first record (they may have been parked by its previous owner).
     pub(super) async fn load_parked_keys(&self) -> Result<(), Revoked> {
-        let (db, group, partition) = (&self.shared.db, self.shared.options.group.as_str(), self.key.1);
-        let keys = self.until_db_ok("cannot load parked keys", || ordering::keys_of_partition(db, group, partition)).await?;
+        let (db, group, (topic, partition)) = (&self.shared.db, self.shared.options.group.as_str(), &self.key);
+        let keys = self.until_db_ok("cannot load parked keys", || ordering::keys_of_partition(db, group, topic, *partition)).await?;
         self.shared.parked.lock().expect("parked lock").extend(keys);
         Ok(())
     }
@@ -40,10 +40,11 @@ impl PartitionWorker {
         let Some(key) = record_key(&item.message) else {
             return Ok(false);
         };
-        if !self.ordered() || !(self.is_retry_partition() || self.shared.is_parked(&key)) {
+        let key = self.order_key(&item.message, key);
+        if !self.ordered() || !(self.is_retry_partition() || self.shared.is_parked(&key.topic, &key.key)) {
             return Ok(false);
         }
-        let (db, group, key) = (&self.shared.db, self.shared.options.group.as_str(), key.as_str());
+        let (db, group, key) = (&self.shared.db, self.shared.options.group.as_str(), &key);
         self.until_db_ok("cannot check the parked key of a poison record", move || async move {
             let mut tx = db.begin().await?;
             let gate = ordering::gate(&mut tx, group, key, &item.message, None).await?;
@@ -61,14 +62,14 @@ impl PartitionWorker {
     /// `held_records` in the transaction that applies it. A held record that
     /// fails becomes the new head (it goes through the error tier like any
     /// failure) and the rest stay held. Unparks a key when none remain.
-    pub(crate) async fn release(&self, heads: impl IntoIterator<Item = String>) -> Result<(), Revoked> {
+    pub(crate) async fn release(&self, heads: impl IntoIterator<Item = OrderKey>) -> Result<(), Revoked> {
         for key in heads {
             self.release_key(&key).await?;
         }
         Ok(())
     }
 
-    async fn release_key(&self, key: &str) -> Result<(), Revoked> {
+    async fn release_key(&self, key: &OrderKey) -> Result<(), Revoked> {
         let mut backoff = Backoff::new();
         loop {
             self.still_owned()?;
@@ -99,7 +100,7 @@ impl PartitionWorker {
                 }
                 Err(BatchError::Revoked(revoked)) => return Err(revoked),
                 Err(BatchError::Unavailable(reason)) => {
-                    tracing::warn!(key, %reason, "held record not applied; retrying with backoff");
+                    tracing::warn!(key = %key.key, topic = %key.topic, %reason, "held record not applied; retrying with backoff");
                     backoff.wait().await;
                 }
                 Err(BatchError::Record(error)) => {
@@ -114,7 +115,7 @@ impl PartitionWorker {
 
     /// The oldest record held behind `key`; None when its head is not done
     /// yet, or when nothing is held any more, in which case the key is unparked.
-    async fn next_held(&self, key: &str) -> Result<Option<ordering::HeldRecord>, crate::db::DbError> {
+    async fn next_held(&self, key: &OrderKey) -> Result<Option<ordering::HeldRecord>, crate::db::DbError> {
         let shared = &self.shared;
         let group = shared.options.group.as_str();
         let mut tx = shared.db.begin().await?;
@@ -135,7 +136,7 @@ impl PartitionWorker {
         }
         tx.commit().await?;
         if held.is_none() {
-            tracing::info!(group, key, "key unparked: every record held behind it was applied");
+            tracing::info!(group, key = %key.key, topic = %key.topic, "key unparked: every record held behind it was applied");
         }
         Ok(held)
     }
@@ -148,7 +149,7 @@ impl PartitionWorker {
         if !self.ordered() {
             return Ok(());
         }
-        let parks: Vec<(&Item, ParkState, String)> = forwarded
+        let parks: Vec<(&Item, ParkState, OrderKey)> = forwarded
             .iter()
             .filter_map(|(item, state)| {
                 let key = record_key(&item.message)?;
@@ -159,7 +160,7 @@ impl PartitionWorker {
                     tracing::warn!(chars = key.chars().count(), limit = crate::db::RECORD_KEY_CHARS, "record key too long to park; not parked");
                     return None;
                 }
-                Some((*item, *state, key))
+                Some((*item, *state, self.order_key(&item.message, key)))
             })
             .collect();
         if parks.is_empty() {
@@ -181,9 +182,16 @@ impl PartitionWorker {
         self.shared.parked.lock().expect("parked lock").extend(parks.iter().map(|(_, _, key)| key.clone()));
         for (item, state, key) in &parks {
             let _in_record = self.span(&item.message, item.envelope.as_ref()).entered();
-            tracing::info!(key, state = state.as_str(), "key parked: its later records wait behind this one");
+            tracing::info!(key = %key.key, topic = %key.topic, state = state.as_str(), "key parked: its later records wait behind this one");
         }
         Ok(())
+    }
+
+    /// The unit of order of a record of `key`: the key within the record's
+    /// main topic ([`ordering::key_topic`]).
+    pub(super) fn order_key(&self, message: &OwnedMessage, key: String) -> OrderKey {
+        let group = self.shared.options.group.as_str();
+        OrderKey { topic: ordering::key_topic(message, &self.shared.forwarder.topics.retry, group), key }
     }
 }
 
