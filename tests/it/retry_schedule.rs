@@ -25,7 +25,9 @@ use crate::helpers::{TestEnv, header as header_of};
 /// Every delay of these tests is this fraction of the seed's: the first
 /// delay stays at 500 ms or more, so the fixed cost of a hop (the failing
 /// attempt, an HTTP call, the forward's acknowledgement: 5-20 ms measured)
-/// stays well inside 10 % of it.
+/// stays well inside 10 % of it. That holds on a quiet machine, not on one
+/// running the parallel tests (3-5 times slower): the three schedule tests
+/// are serial.
 const TIME_SCALE: f64 = 0.05;
 
 /// Seed 003's first delay is 5 s: twice the scale.
@@ -164,6 +166,7 @@ fn consume(group: &str) -> [&str; 5] {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: a measurement within ±50 ms; run by `make test` in the serial phase"]
 async fn seed000_profile_of_retry_is_observed_on_the_retry_topic() {
     let mut env = failing_env(TIME_SCALE).await;
     env.set_env("ORDERPIPE_RETRY__PROFILE", "seed000");
@@ -172,6 +175,7 @@ async fn seed000_profile_of_retry_is_observed_on_the_retry_topic() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: a measurement within ±50 ms; run by `make test` in the serial phase"]
 async fn seed001_profile_of_a_group_layer_is_observed_on_the_retry_topic() {
     let mut env = failing_env(TIME_SCALE).await;
     let group = "sched-seed001.order.consumer";
@@ -186,6 +190,7 @@ async fn seed001_profile_of_a_group_layer_is_observed_on_the_retry_topic() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: a measurement within ±50 ms; run by `make test` in the serial phase"]
 async fn seed003_delays_of_a_subscription_are_observed_on_the_retry_topic() {
     let mut env = failing_env(SEED003_TIME_SCALE).await;
     let (base, seen) = crate::delivery::downstream().await;
