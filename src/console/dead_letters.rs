@@ -396,14 +396,84 @@ async fn ignore_one(
     Ok(Redirect::to(&format!("/dead-letters/{id}")).into_response())
 }
 
+/// The two bulk actions a dry run counts and a confirmation starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bulk {
+    Replay,
+    Ignore,
+}
+
+impl Bulk {
+    /// In its path, its button's id and the page's words: `replay`, `ignore`.
+    fn verb(&self) -> &'static str {
+        match self {
+            Self::Replay => "replay",
+            Self::Ignore => "ignore",
+        }
+    }
+
+    /// On its button and in the title: `Replay`, `Ignore`.
+    fn button(&self) -> &'static str {
+        match self {
+            Self::Replay => "Replay",
+            Self::Ignore => "Ignore",
+        }
+    }
+
+    /// `Replaying`, `Ignoring`.
+    fn gerund(&self) -> &'static str {
+        match self {
+            Self::Replay => "Replaying",
+            Self::Ignore => "Ignoring",
+        }
+    }
+
+    /// The ignore also asks for a reason and the followers' choice.
+    fn ignores(&self) -> bool {
+        *self == Self::Ignore
+    }
+
+    /// The dry run's count and highest id from the confirmation form. A
+    /// replay takes a count of 0 (and then says nothing was counted); an
+    /// ignore wants one above 0.
+    fn counted(&self, form: &ConfirmForm) -> Result<(i64, i64), ConsoleError> {
+        let (least, whole) = match self {
+            Self::Replay => (0, "a whole number"),
+            Self::Ignore => (1, "a whole number above 0"),
+        };
+        let number = |field: &str, text: &str| {
+            text.trim().parse::<i64>().ok().filter(|n| *n >= least).ok_or_else(|| {
+                let page = self.verb();
+                ConsoleError::bad_input(field, format!("`{text}` is not a count from the dry run ({whole}): open the {page} page again"))
+            })
+        };
+        Ok((number("count", &form.count)?, number("upto", &form.upto)?))
+    }
+}
+
+/// The dry run of a bulk action: the selection, what it counts now, and
+/// (for an operator) the form that confirms it.
 #[derive(Template)]
-#[template(path = "dead_letters_replay.html")]
+#[template(path = "dead_letters_confirm.html")]
 struct ConfirmPage {
     chrome: Chrome,
     form: FilterForm,
     query: String,
     description: String,
     bound: Bound,
+    bulk: Bulk,
+}
+
+/// Renders the [`ConfirmPage`] of `bulk` for `form` and its dry run `bound`.
+fn confirm_page(state: &ConsoleState, principal: &Principal, bulk: Bulk, form: FilterForm, bound: Bound) -> Result<Html<String>, ConsoleError> {
+    super::render(&ConfirmPage {
+        chrome: state.chrome(principal, &format!("{} dead letters", bulk.button()), "/dead-letters"),
+        query: form.query(),
+        description: form.describe(),
+        form,
+        bound,
+        bulk,
+    })
 }
 
 async fn confirm_replay(State(state): State<ConsoleState>, principal: Principal, Query(form): Query<FilterForm>) -> Result<Html<String>, ConsoleError> {
@@ -412,13 +482,7 @@ async fn confirm_replay(State(state): State<ConsoleState>, principal: Principal,
     let bound = store::bound(state.db(), &filter, REPLAY_LIMIT).await?;
     // Without a status, a replay takes the pending ones (as `dlq replay`).
     let form = if some(&form.status).is_none() { form.with_status("pending") } else { form };
-    super::render(&ConfirmPage {
-        chrome: state.chrome(&principal, "Replay dead letters", "/dead-letters"),
-        query: form.query(),
-        description: form.describe(),
-        form,
-        bound,
-    })
+    confirm_page(&state, &principal, Bulk::Replay, form, bound)
 }
 
 /// The confirmation: the filter again, and what the dry run counted.
@@ -436,13 +500,7 @@ struct ConfirmForm {
 
 async fn replay_filter(State(state): State<ConsoleState>, principal: Principal, Form(form): Form<ConfirmForm>) -> Result<Response, ConsoleError> {
     let filter = form.filter.filter()?.for_replay().map_err(|e| ConsoleError::bad_input("status", e.to_string()))?;
-    let number = |field: &str, text: &str| {
-        text.trim().parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
-            ConsoleError::bad_input(field, format!("`{text}` is not a count from the dry run (a whole number): open the replay page again"))
-        })
-    };
-    let count = number("count", &form.count)?;
-    let upto = number("upto", &form.upto)?;
+    let (count, upto) = Bulk::Replay.counted(&form)?;
     if count == 0 {
         return Err(ConsoleError::bad_input("count", "the dry run counted no dead letter: nothing to replay"));
     }
@@ -491,38 +549,18 @@ fn ignore_filter_of(form: &FilterForm, reason: &str) -> Result<Filter, ConsoleEr
     })
 }
 
-#[derive(Template)]
-#[template(path = "dead_letters_ignore.html")]
-struct ConfirmIgnorePage {
-    chrome: Chrome,
-    form: FilterForm,
-    query: String,
-    description: String,
-    bound: Bound,
-}
-
 async fn confirm_ignore(State(state): State<ConsoleState>, principal: Principal, Query(form): Query<FilterForm>) -> Result<Html<String>, ConsoleError> {
     let filter = ignore_filter_of(&form, "(dry run)")?;
     let bound = store::bound(state.db(), &filter, REPLAY_LIMIT).await?;
-    super::render(&ConfirmIgnorePage {
-        chrome: state.chrome(&principal, "Ignore dead letters", "/dead-letters"),
-        query: form.query(),
-        description: form.describe(),
-        form,
-        bound,
-    })
+    confirm_page(&state, &principal, Bulk::Ignore, form, bound)
 }
 
-/// The bulk ignore's confirmation: the filter, the dry run's count and
-/// highest id, the reason and the followers' choice.
+/// The bulk ignore's confirmation: the replay's (the filter, the dry
+/// run's count and highest id), the reason and the followers' choice.
 #[derive(Debug, Deserialize)]
 struct ConfirmIgnoreForm {
     #[serde(flatten)]
-    filter: FilterForm,
-    #[serde(default)]
-    count: String,
-    #[serde(default)]
-    upto: String,
+    confirmed: ConfirmForm,
     #[serde(default)]
     reason: String,
     #[serde(default)]
@@ -530,15 +568,9 @@ struct ConfirmIgnoreForm {
 }
 
 async fn ignore_filter(State(state): State<ConsoleState>, principal: Principal, Form(form): Form<ConfirmIgnoreForm>) -> Result<Response, ConsoleError> {
-    let filter = ignore_filter_of(&form.filter, &form.reason)?;
+    let filter = ignore_filter_of(&form.confirmed.filter, &form.reason)?;
     let followers = followers_choice(&form.followers)?;
-    let number = |field: &str, text: &str| {
-        text.trim().parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-            ConsoleError::bad_input(field, format!("`{text}` is not a count from the dry run (a whole number above 0): open the ignore page again"))
-        })
-    };
-    let count = number("count", &form.count)?;
-    let upto = number("upto", &form.upto)?;
+    let (count, upto) = Bulk::Ignore.counted(&form.confirmed)?;
     // What the dry run counted, as it is now: none persisted since, none that left the filter.
     let rows = store::records_page(state.db(), &filter, i64::MIN, upto, count).await?;
     let summary = match ignore::ignore(state.db(), &rows, form.reason.trim(), followers).await {
@@ -548,10 +580,10 @@ async fn ignore_filter(State(state): State<ConsoleState>, principal: Principal, 
         Err(IgnoreError::Db(e)) => return Err(e.into()),
         Ok(summary) => summary,
     };
-    let target = json!({"filter": form.filter.audit_json(), "upto_id": upto, "reason": form.reason.trim(),
+    let target = json!({"filter": form.confirmed.filter.audit_json(), "upto_id": upto, "reason": form.reason.trim(),
         "followers": form.followers.trim(), "released": summary.released, "kept_held": summary.kept_held});
     audit_row(&state, &principal, "dead_letters.ignore", target, summary.ignored as u64, "ok").await?;
-    Ok(Redirect::to(&format!("/dead-letters?{}", form.filter.with_status("ignored").query())).into_response())
+    Ok(Redirect::to(&format!("/dead-letters?{}", form.confirmed.filter.with_status("ignored").query())).into_response())
 }
 
 /// A replay (the console's or the CLI's) as the pages show it.
@@ -634,6 +666,40 @@ async fn progress(State(state): State<ConsoleState>, principal: Principal, Path(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One template serves both confirmations: each keeps its own path,
+    /// button and words, and only the ignore asks for a reason and the
+    /// followers' choice.
+    #[test]
+    fn the_replay_and_ignore_confirmations_differ_where_they_should() {
+        let page = |bulk: Bulk, can_act: bool| {
+            let chrome = Chrome { title: "t".into(), who: "w".into(), role: "operator", can_act, read_only: false, csrf: "c".into(), nav: vec![], refresh_secs: 0 };
+            let form = FilterForm { group: "g1".into(), ..FilterForm::default() };
+            let bound = Bound { rows: 5, last_id: Some(42) };
+            ConfirmPage { chrome, query: form.query(), description: form.describe(), form, bound, bulk }.render().unwrap()
+        };
+        let (replay, ignore) = (page(Bulk::Replay, true), page(Bulk::Ignore, true));
+        assert!(replay.contains(r#"action="/dead-letters/replay""#) && replay.contains(r#"id="confirm-replay" class="danger">Replay 5 dead letters<"#), "{replay}");
+        assert!(replay.contains(r#"name="upto" value="42""#) && replay.contains("retry topic"), "{replay}");
+        assert!(!replay.contains(r#"name="reason""#) && !replay.contains(r#"name="followers""#), "{replay}");
+        assert!(ignore.contains(r#"action="/dead-letters/ignore""#) && ignore.contains(r#"id="confirm-ignore" class="danger">Ignore 5 dead letters<"#), "{ignore}");
+        assert!(ignore.contains(r#"<input name="reason" id="ignore-reason" required>"#) && ignore.contains(r#"name="followers" value="keep""#), "{ignore}");
+        assert!(ignore.contains("closes them without replaying") && !ignore.contains("retry topic"), "{ignore}");
+        assert!(page(Bulk::Ignore, false).contains("<p>Ignoring needs the operator role"));
+        assert!(page(Bulk::Replay, false).contains("<p>Replaying needs the operator role"));
+    }
+
+    /// The confirmation's count: a replay takes 0 (and then says so), an ignore wants more.
+    #[test]
+    fn the_dry_run_count_of_a_confirmation_is_checked_per_action() {
+        let form = |count: &str| ConfirmForm { filter: FilterForm::default(), count: count.into(), upto: "9".into() };
+        assert_eq!(Bulk::Replay.counted(&form("0")).unwrap(), (0, 9));
+        assert_eq!(Bulk::Ignore.counted(&form(" 3 ")).unwrap(), (3, 9));
+        let err = Bulk::Ignore.counted(&form("0")).unwrap_err().to_string();
+        assert!(err.contains("count") && err.contains("(a whole number above 0): open the ignore page again"), "{err}");
+        let err = Bulk::Replay.counted(&form("-1")).unwrap_err().to_string();
+        assert!(err.contains("(a whole number): open the replay page again"), "{err}");
+    }
 
     #[test]
     fn a_bad_filter_field_is_named_with_the_accepted_values() {
