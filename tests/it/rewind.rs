@@ -23,6 +23,20 @@ fn rewind(env: &TestEnv, command: &str, group: &str, to: &str, extra: &[&str]) -
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("rewind report is JSON ({e}): {out}"))
 }
 
+/// The group's committed offsets summed over its partitions (`lag`), and
+/// the report.
+fn committed(env: &TestEnv, group: &str) -> (i64, Value) {
+    let out = env.cli(&["lag", "--group", group, "--output", "json"]).success();
+    let lag: Value = serde_json::from_str(&out).unwrap();
+    let offsets = lag["groups"][0]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["committed_offset"].as_i64().unwrap_or(0))
+        .sum();
+    (offsets, lag)
+}
+
 /// Sum of one offset column of a rewind report (`none` counts as 0).
 fn sum(report: &Value, column: &str) -> i64 {
     report["partitions"]
@@ -204,8 +218,18 @@ async fn a_group_with_a_live_member_is_refused_and_keeps_its_offsets() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    // The applied offsets are committed within a second.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The applied offsets are committed within a second or so: waited for
+    // (a fixed 2 s on a loaded machine may not be), so the refusal below
+    // has offsets to keep.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (offsets, lag) = committed(&env, &group);
+        if offsets == 10 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the member's offsets not committed within 30 s: {lag}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 
     let refused = env
         .cli(&[
@@ -227,17 +251,8 @@ async fn a_group_with_a_live_member_is_refused_and_keeps_its_offsets() {
     sigterm(&mut member);
 
     // The offsets are where the member left them: at the log end.
-    let out = env
-        .cli(&["lag", "--group", &group, "--output", "json"])
-        .success();
-    let lag: Value = serde_json::from_str(&out).unwrap();
-    let committed: i64 = lag["groups"][0]["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["committed_offset"].as_i64().unwrap_or(0))
-        .sum();
-    assert_eq!(committed, 10, "{lag}");
+    let (offsets, lag) = committed(&env, &group);
+    assert_eq!(offsets, 10, "{lag}");
 
     // Stopped, the same rewind goes through.
     // Without --dedup the rewind is refused by name: whether the handlers
