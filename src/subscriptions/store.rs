@@ -130,6 +130,43 @@ const SUBSCRIPTION_FROM: &str = "FROM subscriptions s JOIN event_definitions e O
      WHERE (? IS NULL OR c.name = ?) AND (? IS NULL OR e.routing_key = ?) AND (? IS NULL OR s.id = ?) \
      AND (? = 0 OR (s.enabled = 1 AND c.enabled = 1))";
 
+/// How a record of a kind is removed, and what refuses it: the rows that
+/// still refer to it.
+struct Removal {
+    /// The kind, for [`SubsError::InUse`].
+    kind: &'static str,
+    /// The rows that refer to it (one `?`: its id), by their key or id.
+    users: &'static str,
+    /// What `users` lists, in the error (`events`, `subscriptions`).
+    users_are: &'static str,
+    /// The delete (one `?`: its id).
+    delete: &'static str,
+}
+
+/// A source, while event definitions name it.
+const SOURCE_REMOVAL: Removal = Removal {
+    kind: "source",
+    users: "SELECT routing_key FROM event_definitions WHERE source_id = ? ORDER BY routing_key",
+    users_are: "events",
+    delete: "DELETE FROM cdc_sources WHERE id = ?",
+};
+
+/// An event definition, while subscriptions name it.
+const EVENT_REMOVAL: Removal = Removal {
+    kind: "event",
+    users: "SELECT id FROM subscriptions WHERE event_id = ? ORDER BY id",
+    users_are: "subscriptions",
+    delete: "DELETE FROM event_definitions WHERE id = ?",
+};
+
+/// A consumer, while subscriptions name it.
+const CONSUMER_REMOVAL: Removal = Removal {
+    kind: "consumer",
+    users: "SELECT id FROM subscriptions WHERE consumer_id = ? ORDER BY id",
+    users_are: "subscriptions",
+    delete: "DELETE FROM downstream_consumers WHERE id = ?",
+};
+
 /// Row of `SOURCE_COLUMNS`.
 fn source(r: &AnyRow) -> Result<Source, sqlx::Error> {
     Ok(Source {
@@ -410,16 +447,8 @@ impl Store {
     /// Removes a source no event definition refers to.
     pub async fn remove_source(&self, name: &str) -> Result<Source, SubsError> {
         let current = self.source(name).await?;
-        let users =
-            "SELECT routing_key FROM event_definitions WHERE source_id = ? ORDER BY routing_key";
-        self.remove_unused::<String>(
-            ("source", name),
-            current.id,
-            (users, "events"),
-            "DELETE FROM cdc_sources WHERE id = ?",
-            None,
-        )
-        .await?;
+        self.remove_unused::<String>(&SOURCE_REMOVAL, name, current.id, None)
+            .await?;
         Ok(current)
     }
 
@@ -520,18 +549,8 @@ impl Store {
     /// Removes an event definition no subscription names.
     pub async fn remove_event(&self, routing_key: &str) -> Result<EventDefinition, SubsError> {
         let current = self.event(routing_key).await?;
-        let users = (
-            "SELECT id FROM subscriptions WHERE event_id = ? ORDER BY id",
-            "subscriptions",
-        );
-        self.remove_unused::<i64>(
-            ("event", routing_key),
-            current.id,
-            users,
-            "DELETE FROM event_definitions WHERE id = ?",
-            None,
-        )
-        .await?;
+        self.remove_unused::<i64>(&EVENT_REMOVAL, routing_key, current.id, None)
+            .await?;
         Ok(current)
     }
 
@@ -626,12 +645,7 @@ impl Store {
     /// Removes a consumer no subscription names.
     pub async fn remove_consumer(&self, name: &str) -> Result<Consumer, SubsError> {
         let current = self.consumer(name).await?;
-        let users = (
-            "SELECT id FROM subscriptions WHERE consumer_id = ? ORDER BY id",
-            "subscriptions",
-        );
-        let delete = "DELETE FROM downstream_consumers WHERE id = ?";
-        self.remove_unused::<i64>(("consumer", name), current.id, users, delete, Some(name))
+        self.remove_unused::<i64>(&CONSUMER_REMOVAL, name, current.id, Some(name))
             .await?;
         Ok(current)
     }
@@ -911,23 +925,24 @@ impl Store {
         }
     }
 
-    /// Deletes row `id` of `what` (kind, key) with `delete` (one `?`: the
-    /// id), unless `users` (a query with one `?`, the id; and the name of
-    /// what it lists) finds rows that refer to it; writes a change request
+    /// Deletes row `id` (`key`) as `removal` says, unless rows refer to it
+    /// ([`SubsError::InUse`] lists them, as `T`); writes a change request
     /// for `consumer` in the same transaction.
     async fn remove_unused<T>(
         &self,
-        what: (&'static str, &str),
+        removal: &Removal,
+        key: &str,
         id: i64,
-        users: (&'static str, &str),
-        delete: &'static str,
         consumer: Option<&str>,
     ) -> Result<(), SubsError>
     where
         T: ToString + Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Any> + sqlx::Type<sqlx::Any>,
     {
         let mut tx = self.db.begin().await?;
-        let found: Vec<(T,)> = sqlx::query_as(users.0).bind(id).fetch_all(&mut *tx).await?;
+        let found: Vec<(T,)> = sqlx::query_as(removal.users)
+            .bind(id)
+            .fetch_all(&mut *tx)
+            .await?;
         if !found.is_empty() {
             let list = found
                 .iter()
@@ -935,12 +950,15 @@ impl Store {
                 .collect::<Vec<_>>()
                 .join(", ");
             return Err(SubsError::InUse {
-                kind: what.0,
-                key: what.1.into(),
-                by: format!("{} {list}", users.1),
+                kind: removal.kind,
+                key: key.into(),
+                by: format!("{} {list}", removal.users_are),
             });
         }
-        sqlx::query(delete).bind(id).execute(&mut *tx).await?;
+        sqlx::query(removal.delete)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         self.commit_change(tx, consumer).await?;
         Ok(())
     }
