@@ -585,13 +585,15 @@ fn held_records(views: &[crate::dlq::held::HeldView], format: Output) {
             h.id.to_string(),
             h.consumer_group.clone(),
             h.key.clone(),
+            h.key_topic.clone(),
             h.event_name.clone().unwrap_or_else(|| "undecodable".into()),
             format!("{}/{}@{}", h.source_topic, h.source_partition, h.source_offset),
             time_ms(h.held_ms),
             head_place(v),
         ]
     });
-    println!("{}", output::table(&["id", "group", "key", "event", "source", "held since (UTC)", "waiting behind"], rows));
+    // A key is parked per topic: order 7 and row 7 of a table are two keys.
+    println!("{}", output::table(&["id", "group", "key", "key's topic", "event", "source", "held since (UTC)", "waiting behind"], rows));
     println!("{} held records", views.len());
 }
 
@@ -621,7 +623,7 @@ fn held_record(view: &crate::dlq::held::HeldView, format: Output) {
         return output::json(view);
     }
     let h = &view.held;
-    println!("held record {} — group {}, key {}", h.id, h.consumer_group, h.key);
+    println!("held record {} — group {}, key {} of {}", h.id, h.consumer_group, h.key, h.key_topic);
     println!("event:    {} {}", h.event_name.as_deref().unwrap_or("undecodable"), h.event_id.as_deref().unwrap_or("-"));
     println!("source:   {} partition {} offset {}", h.source_topic, h.source_partition, h.source_offset);
     println!("held:     since {}", time_ms(h.held_ms));

@@ -584,6 +584,9 @@ async fn a_parked_order_does_not_hold_a_cdc_row_with_the_same_key() {
     };
     assert!(orders().is_empty(), "order 7's later events stay held: {:?}", orders());
     assert_eq!(held_orders().await, 2);
+    let listed = json(&env.cli(&["dlq", "list", "--status", "held", "--group", &group, "--output", "json"]).success());
+    let topics: Vec<&str> = listed.as_array().unwrap().iter().map(|h| h["key_topic"].as_str().unwrap()).collect();
+    assert_eq!(topics, [order_topic.as_str(); 2], "held behind order 7 of the order topic: {listed:#}");
 
     // The downstream is fixed; replaying the head delivers all three in order.
     down.failing.store(false, Ordering::SeqCst);
