@@ -119,24 +119,40 @@ fn order_with_path(events: &[Envelope], path: &[&str]) -> i64 {
         .unwrap_or_else(|| panic!("no order with path {path:?}"))
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_operator_releases_a_parked_orders_followers_and_they_are_applied_in_order() {
-    let mut env = TestEnv::new().with_database().await;
-    let group = "console-held";
+/// The events of the order [`park_an_order`] parks.
+const PARKED_PATH: [&str; 3] = ["order.created", "order.payment.succeeded", "order.shipped"];
+
+/// Runs `group` over 300 events (`seed`) with one order's created event
+/// failing for good (its one delayed attempt fails too): it is
+/// dead-lettered and persisted, the order's payment and shipment held
+/// behind it. Returns the order and the head's dead-letter id.
+async fn park_an_order(env: &mut TestEnv, group: &str, seed: u64) -> (i64, i64) {
     env.cli(&["topics", "ensure", "--group", group]).success();
-    let events = produce_lifecycles(&env, 300, 30, 79);
-    let order = order_with_path(&events, &["order.created", "order.payment.succeeded", "order.shipped"]);
-    // The order's created event fails for good: its payment and shipment are held behind it.
+    let events = produce_lifecycles(env, 300, 30, seed);
+    let order = order_with_path(&events, &PARKED_PATH);
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", &format!("[{order}]"));
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_EVENTS", r#"["order.created"]"#);
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1000");
     env.set_env("ORDERPIPE_RETRY__LOCAL_RETRIES", "0");
     env.set_env("ORDERPIPE_RETRY__ATTEMPTS", "1");
     env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "200");
-    let summary = consume(&env, group, "chaos,notification");
+    let summary = consume(env, group, "chaos,notification");
     assert_eq!(summary["held"], 2, "{summary}");
-    persist(&env);
-    let (head,): (i64,) = sqlx::query_as("SELECT id FROM dead_letters WHERE consumer_group = ?").bind(group).fetch_one(&env.db().pool).await.unwrap();
+    persist(env);
+    let (head,): (i64,) = sqlx::query_as("SELECT id FROM dead_letters WHERE consumer_group = ?")
+        .bind(group)
+        .fetch_one(&env.db().pool)
+        .await
+        .unwrap();
+    (order, head)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_releases_a_parked_orders_followers_and_they_are_applied_in_order() {
+    let mut env = TestEnv::new().with_database().await;
+    let group = "console-held";
+    // The order's created event fails for good: its payment and shipment are held behind it.
+    let (order, head) = park_an_order(&mut env, group, 79).await;
 
     let console = TestConsole::start(&env, |_| {}).await;
     // Ignoring the head without a choice for its followers is refused, naming the field.
@@ -160,7 +176,7 @@ async fn an_operator_releases_a_parked_orders_followers_and_they_are_applied_in_
     for cell in browser.client.find_all(Locator::Css("#held-order tbody td:nth-child(3)")).await.unwrap() {
         names.push(cell.text().await.unwrap());
     }
-    assert_eq!(names, ["order.created", "order.payment.succeeded", "order.shipped"], "the head, then the held records in order");
+    assert_eq!(names, PARKED_PATH, "the head, then the held records in order");
     browser.screenshots("held-key").await;
     browser.fill("#head-reason", "created carried a bad address; fixed by hand").await;
     browser.click("#release").await;
@@ -263,19 +279,7 @@ async fn a_replay_started_from_the_cli_shows_its_progress_in_the_console() {
 async fn keep_then_replay_the_head_applies_it_and_its_followers_in_order_each_audited() {
     let mut env = TestEnv::new().with_database().await;
     let group = "console-keep";
-    env.cli(&["topics", "ensure", "--group", group]).success();
-    let events = produce_lifecycles(&env, 300, 30, 83);
-    let path = ["order.created", "order.payment.succeeded", "order.shipped"];
-    let order = order_with_path(&events, &path);
-    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", &format!("[{order}]"));
-    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_EVENTS", r#"["order.created"]"#);
-    env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "1000");
-    env.set_env("ORDERPIPE_RETRY__LOCAL_RETRIES", "0");
-    env.set_env("ORDERPIPE_RETRY__ATTEMPTS", "1");
-    env.set_env("ORDERPIPE_RETRY__INITIAL_DELAY_MS", "200");
-    assert_eq!(consume(&env, group, "chaos,notification")["held"], 2);
-    persist(&env);
-    let (head,): (i64,) = sqlx::query_as("SELECT id FROM dead_letters WHERE consumer_group = ?").bind(group).fetch_one(&env.db().pool).await.unwrap();
+    let (order, head) = park_an_order(&mut env, group, 83).await;
     let console = TestConsole::start(&env, |_| {}).await;
     let csrf = console.csrf_of(Role::Operator).await;
     let key = order.to_string();
@@ -295,7 +299,7 @@ async fn keep_then_replay_the_head_applies_it_and_its_followers_in_order_each_au
     let after = consume(&env, group, "chaos,notification");
     assert_eq!((after["applied"].as_i64(), after["released"].as_i64()), (Some(3), Some(2)), "{after}");
     let applied: Vec<String> = verify::applied_sequence(&env.db(), group, order).await.unwrap().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(applied, path);
+    assert_eq!(applied, PARKED_PATH);
     let (status, _) = console.get_as(Role::Viewer, &format!("/held/key?group={group}&key={key}")).await;
     assert_eq!(status, 404, "unparked");
     // A key that is not parked: a clear 404, nothing audited.

@@ -13,8 +13,6 @@ use orderpipe::harness::generator::LifecycleGenerator;
 use orderpipe::kafka::client::client_config;
 use orderpipe::schema::SchemaCatalog;
 use rand::Rng;
-use rdkafka::admin::{AdminClient, AdminOptions};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
@@ -94,11 +92,7 @@ async fn the_same_event_delivered_twice_is_applied_once() {
 
     // Same offsets: drop the group's committed offsets so every record is
     // delivered again; nothing is applied twice.
-    let admin: AdminClient<DefaultClientContext> =
-        client_config(&env.settings.kafka.client_options()).create().unwrap();
-    for r in admin.delete_groups(&["dup-group"], &AdminOptions::new()).await.unwrap() {
-        r.unwrap();
-    }
+    crate::router::delete_group(&env.admin(), "dup-group").await;
     let again = consume(&env, "dup-group", ALL_HANDLERS);
     assert_eq!(again["applied"], 0, "{again}");
     assert_eq!(again["duplicates"], 25, "{again}");

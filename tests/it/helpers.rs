@@ -72,6 +72,12 @@ impl TestEnv {
         self
     }
 
+    /// An admin client of the dev stack's broker (for changes an operator
+    /// would make by hand).
+    pub fn admin(&self) -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> {
+        client_config(&self.settings.kafka.client_options()).create().expect("admin client")
+    }
+
     /// This test's database (after [`TestEnv::with_database`]).
     pub fn db(&self) -> orderpipe::db::Db {
         orderpipe::db::Db::connect(&self.settings.database, 4).unwrap()

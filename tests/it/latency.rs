@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use orderpipe::clock::now_us;
 use orderpipe::envelope::Envelope;
 
-use crate::consumer::{produce_lifecycles, write_ndjson};
+use crate::consumer::{consume, produce_lifecycles, write_ndjson};
 use crate::helpers::TestEnv;
 
 /// `<event_id>\t<µs>[\t<Kafka timestamp ms>]` lines of a stamp file.
@@ -41,20 +41,7 @@ async fn the_consumer_stamps_each_applied_event_once_after_its_commit() {
     let file = dir.path().join("applied.tsv");
     env.set_env("ORDERPIPE_CHAOS__COMMIT_STAMPS", file.to_str().unwrap());
     let started = now_us();
-    let out = env
-        .cli(&[
-            "consume",
-            "--group",
-            "stamped",
-            "--handler",
-            "notification",
-            "--until-idle",
-            "3",
-            "--output",
-            "json",
-        ])
-        .success();
-    let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let summary = consume(&env, "stamped", "notification");
     assert_eq!(
         (summary["applied"].as_u64(), summary["duplicates"].as_u64()),
         (Some(200), Some(10)),

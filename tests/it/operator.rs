@@ -372,20 +372,7 @@ async fn a_key_longer_than_its_columns_is_dead_lettered_and_persisted_whole_and_
         .await
         .unwrap();
 
-    let out = env
-        .cli(&[
-            "consume",
-            "--group",
-            group,
-            "--handler",
-            "inventory",
-            "--until-idle",
-            "3",
-            "--output",
-            "json",
-        ])
-        .success();
-    let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let summary = crate::consumer::consume(&env, group, "inventory");
     assert_eq!(summary["dead_lettered"], 1, "{summary}");
     assert_eq!(summary["applied"], 0, "{summary}");
     let dead = env.read(

@@ -506,8 +506,7 @@ pub(crate) async fn wait_until_none_missing(env: &TestEnv) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_group_and_retry_topic_deleted_by_hand_are_recreated_by_the_router() {
-    use rdkafka::admin::{AdminClient, AdminOptions};
-    use rdkafka::client::DefaultClientContext;
+    use rdkafka::admin::AdminOptions;
     let env = TestEnv::new().with_database().await;
     let order_topic = env.settings.topics.order_events.name.clone();
     env.cli(&["topics", "ensure"]).success();
@@ -524,10 +523,7 @@ async fn a_group_and_retry_topic_deleted_by_hand_are_recreated_by_the_router() {
     sigterm(&mut router);
 
     // By hand: the group and its retry topic are deleted.
-    let admin: AdminClient<DefaultClientContext> =
-        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
-            .create()
-            .unwrap();
+    let admin = env.admin();
     delete_group(&admin, &sub.group).await;
     let retry = format!("{order_topic}.retry.{}", sub.group);
     for r in admin

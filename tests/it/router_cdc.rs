@@ -409,8 +409,6 @@ async fn row_changes_reach_the_endpoint_with_old_in_commit_order_the_status_filt
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failing_row_change_goes_through_the_retry_topic_to_the_dlq_and_a_deleted_cdc_group_is_recreated()
  {
-    use rdkafka::admin::AdminClient;
-    use rdkafka::client::DefaultClientContext;
     let mut platform = Platform::new().await;
     // No local retry, one delayed attempt through the retry topic, then the DLQ.
     let retry = RetryLayer {
@@ -508,11 +506,7 @@ async fn a_failing_row_change_goes_through_the_retry_topic_to_the_dlq_and_a_dele
 
     // By hand: the cdc group is deleted; reconciliation reports it missing
     // and the router recreates it at start.
-    let admin: AdminClient<DefaultClientContext> =
-        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
-            .create()
-            .unwrap();
-    delete_group(&admin, &sub.group).await;
+    delete_group(&env.admin(), &sub.group).await;
     assert_missing(env, &sub.group);
     let mut router = platform.router();
     wait_until_none_missing(&platform.source.env).await;

@@ -3,8 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{AdminOptions, AlterConfig, ResourceSpecifier};
 use serde_json::Value;
 
 use crate::helpers::TestEnv;
@@ -35,8 +34,7 @@ fn describe(env: &TestEnv, extra: &[&str]) -> std::collections::BTreeMap<String,
 
 /// Sets topic configs by hand, as an operator with kafka-configs would.
 fn alter_by_hand(env: &TestEnv, topic: &str, configs: &[(&str, &str)]) {
-    let admin: AdminClient<DefaultClientContext> =
-        client_config(&env.settings.kafka.client_options()).create().unwrap();
+    let admin = env.admin();
     let alter = configs
         .iter()
         .fold(AlterConfig::new(ResourceSpecifier::Topic(topic)), |a, (k, v)| a.set(k, v));
