@@ -82,7 +82,8 @@ pub async fn lock(tx: &mut Tx, group: &str, key: &OrderKey) -> Result<Option<Par
 /// gate reads all its keys in one statement per topic and piece
 /// ([`crate::db::rows`]; a batch is one partition's, so mostly one topic).
 pub async fn lock_keys(tx: &mut Tx, group: &str, keys: &[&OrderKey]) -> Result<HashMap<OrderKey, Parked>, DbError> {
-    let mut by_topic: HashMap<&str, Vec<&str>> = HashMap::new();
+    // Topics in a fixed order: two transactions lock rows of two topics alike.
+    let mut by_topic: std::collections::BTreeMap<&str, Vec<&str>> = std::collections::BTreeMap::new();
     for key in keys {
         by_topic.entry(key.topic.as_str()).or_default().push(key.key.as_str());
     }
