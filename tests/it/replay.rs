@@ -123,9 +123,11 @@ async fn a_dead_letter_persisted_during_a_replay_waits_for_the_next_one() {
     let group = "bound.order.consumer";
     env.cli(&["topics", "ensure", "--group", group]).success();
     dead_letters(&env, group, 0..600, 10).await;
-    // Paced (about 2.4 s), so rows are marked while it runs.
+    // Paced (about 6 s), so rows are marked while it runs and the look below,
+    // a query of 600 rows, sees it midway even on a loaded machine (2.4 s
+    // was a short window).
     let mut replay =
-        env.spawn(&["dlq", "replay", "--group", group, "--rate", "250", "--page-size", "50", "--yes", "--output", "json"]);
+        env.spawn(&["dlq", "replay", "--group", group, "--rate", "100", "--page-size", "50", "--yes", "--output", "json"]);
     let deadline = Instant::now() + Duration::from_secs(30);
     let marked = loop {
         let marked = rows(&env, group).await.iter().filter(|r| r.1 == "replayed").count();
@@ -178,9 +180,9 @@ async fn a_replay_killed_midway_leaves_its_unmarked_rows_pending_and_nothing_is_
     let group = "crash.order.consumer";
     let events = dead_letter_everything(&mut env, group, 800).await;
     assert_eq!(persist(&env)["read"], 800);
-    // Paced (about 4 s), so it is killed with rows sent, some of them
-    // acknowledged but not yet marked.
-    let mut replay = env.spawn(&["dlq", "replay", "--group", group, "--rate", "200", "--page-size", "50", "--yes"]);
+    // Paced (about 8 s; killed at the first mark, so it costs nothing), so it
+    // is killed with rows sent, some of them acknowledged but not yet marked.
+    let mut replay = env.spawn(&["dlq", "replay", "--group", group, "--rate", "100", "--page-size", "50", "--yes"]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !rows(&env, group).await.iter().any(|r| r.1 == "replayed") {
         assert!(Instant::now() < deadline, "no row marked within 30 s");
