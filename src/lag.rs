@@ -216,13 +216,7 @@ pub(crate) fn probe(kafka: &KafkaSettings) -> Result<BaseConsumer, KafkaError> {
 
 /// Partition count of `topic`, None if it does not exist.
 fn partitions(probe: &BaseConsumer, topic: &str) -> Result<Option<i32>, KafkaError> {
-    let metadata = probe.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
-    Ok(metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic && t.error().is_none())
-        .map(|t| t.partitions().len() as i32)
-        .filter(|n| *n > 0))
+    crate::kafka::offsets::partition_count(probe, topic, REQUEST_TIMEOUT)
 }
 
 /// Groups measured at once: each asks the broker a few round trips, and a
