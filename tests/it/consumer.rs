@@ -17,7 +17,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
 use crate::exactly_once::{ALL_HANDLERS, assert_applied_in_order, assert_exactly_once};
-use crate::helpers::{TestEnv, http_get, stack, wait_for_status};
+use crate::helpers::{Spawned, TestEnv, http_get, stack, wait_for_status};
 
 /// Runs the group to idleness and returns its JSON summary.
 pub fn consume(env: &TestEnv, group: &str, handlers: &str) -> Value {
@@ -54,15 +54,20 @@ pub async fn count_rows(db: &Db, group: &str) -> i64 {
     n
 }
 
-/// Waits until `group` has applied `target` events.
-async fn wait_for_rows(pool: &Db, group: &str, target: i64, timeout: Duration) {
+/// Waits until `group` has applied `target` events. A timeout stops
+/// `members` and the panic shows what each printed: a stall on a loaded
+/// machine then says where it stood.
+async fn wait_for_rows(pool: &Db, group: &str, target: i64, timeout: Duration, members: &mut [&mut Spawned]) {
     let deadline = Instant::now() + timeout;
     loop {
         let n = count_rows(pool, group).await;
         if n >= target {
             return;
         }
-        assert!(Instant::now() < deadline, "{group} applied only {n} of {target} within {timeout:?}");
+        if Instant::now() >= deadline {
+            let outputs: Vec<String> = members.iter_mut().map(|m| m.stop_and_output()).collect();
+            panic!("{group} applied only {n} of {target} within {timeout:?}; members:\n{}", outputs.join("\n---\n"));
+        }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
@@ -222,20 +227,20 @@ async fn rebalance_safety_members_join_and_leave() {
     let pool = env.db();
     let group = "rebalance.order.consumer";
     let start = || env.spawn(&["consume", "--group", group, "--handler", ALL_HANDLERS]);
-    let progress = |n: i64| wait_for_rows(&pool, group, n, Duration::from_secs(120));
+    let wait = Duration::from_secs(120);
 
     let mut first = start();
-    progress(5_000).await;
+    wait_for_rows(&pool, group, 5_000, wait, &mut [&mut first]).await;
     let mut second = start();
-    progress(15_000).await;
+    wait_for_rows(&pool, group, 15_000, wait, &mut [&mut first, &mut second]).await;
     let mut third = start();
-    progress(25_000).await;
+    wait_for_rows(&pool, group, 25_000, wait, &mut [&mut first, &mut second, &mut third]).await;
     sigterm(&mut first); // leaves cleanly
-    progress(35_000).await;
+    wait_for_rows(&pool, group, 35_000, wait, &mut [&mut second, &mut third]).await;
     second.kill().unwrap(); // dies
     second.wait().unwrap();
     let mut fourth = start();
-    progress(total as i64).await;
+    wait_for_rows(&pool, group, total as i64, wait, &mut [&mut third, &mut fourth]).await;
     sigterm(&mut third);
     sigterm(&mut fourth);
     assert_exactly_once(&pool, group, &events).await;
@@ -271,7 +276,7 @@ async fn database_outage(outage: Duration) {
         "--first-order-id", "1", "--rate", "1000",
     ]);
     let events: Vec<Envelope> = LifecycleGenerator::new("x", 1000, 1, 51).take(total).collect();
-    wait_for_rows(&pool, group, 2_000, Duration::from_secs(60)).await;
+    wait_for_rows(&pool, group, 2_000, Duration::from_secs(60), &mut [&mut consumer, &mut producer]).await;
     tokio::task::block_in_place(|| wait_for_status(&health, "/health/ready", 200, "", Duration::from_secs(30)));
 
     stack(&["stop", "mariadb"]);
@@ -290,7 +295,7 @@ async fn database_outage(outage: Duration) {
     assert!(consumer.try_wait().unwrap().is_none(), "the consumer died during the outage");
 
     let pool = env.db();
-    wait_for_rows(&pool, group, total as i64, Duration::from_secs(180)).await;
+    wait_for_rows(&pool, group, total as i64, Duration::from_secs(180), &mut [&mut consumer, &mut producer]).await;
     assert!(producer.wait().unwrap().success(), "producer failed");
     // Ready again: waited for, the last rows may be applied a moment before the state flips.
     tokio::task::block_in_place(|| wait_for_status(&health, "/health/ready", 200, "", Duration::from_secs(60)));
