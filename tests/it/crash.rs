@@ -14,18 +14,22 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::consumer::{consume, count_rows, produce_lifecycles, sigterm};
 use crate::exactly_once::{ALL_HANDLERS, assert_applied_in_order, assert_exactly_once};
-use crate::helpers::{TestEnv, header};
+use crate::helpers::{Spawned, TestEnv, header};
 
 /// Waits until `group` has applied `target` events (polled once a second:
-/// counting a million dedup rows is itself work for the database).
-async fn wait_for_applied(db: &Db, group: &str, target: i64, timeout: Duration) -> i64 {
+/// counting a million dedup rows is itself work for the database). A
+/// timeout stops `members` and the panic shows what each printed.
+async fn wait_for_applied(db: &Db, group: &str, target: i64, timeout: Duration, members: &mut [Spawned]) -> i64 {
     let deadline = Instant::now() + timeout;
     loop {
         let n = count_rows(db, group).await;
         if n >= target {
             return n;
         }
-        assert!(Instant::now() < deadline, "{group} applied only {n} of {target} within {timeout:?}");
+        if Instant::now() >= deadline {
+            let outputs: Vec<String> = members.iter_mut().map(Spawned::stop_and_output).collect();
+            panic!("{group} applied only {n} of {target} within {timeout:?}; members:\n{}", outputs.join("\n---\n"));
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
@@ -54,7 +58,7 @@ async fn kill_two_members_during_a_run(total: usize, orders: usize, kills: usize
     for kill in 0..kills {
         // Kill k at (k + 1) / (kills + 2) of the run, give or take a moment.
         let target = (total * (kill + 1) / (kills + 2)) as i64;
-        wait_for_applied(&db, group, target, Duration::from_secs(180)).await;
+        wait_for_applied(&db, group, target, Duration::from_secs(180), &mut members).await;
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..700))).await;
         let victim = kill % 2;
         members[victim].kill().unwrap();
@@ -68,7 +72,7 @@ async fn kill_two_members_during_a_run(total: usize, orders: usize, kills: usize
         );
         members[victim] = start();
     }
-    wait_for_applied(&db, group, total as i64, Duration::from_secs(300)).await;
+    wait_for_applied(&db, group, total as i64, Duration::from_secs(300), &mut members).await;
     eprintln!("all {total} applied {:.1} s after the members started", consuming.elapsed().as_secs_f64());
     for member in &mut members {
         sigterm(member);
