@@ -257,8 +257,8 @@ struct DetailPage {
     envelope: String,
     undecodable: Option<String>,
     original_timestamp: Option<i64>,
-    /// The parked key it heads: (key, state, records held behind it).
-    heads: Option<(String, String, i64)>,
+    /// The parked key it heads: (key, state, records held behind it, its page).
+    heads: Option<(String, String, i64, String)>,
 }
 
 async fn detail(State(state): State<ConsoleState>, principal: Principal, Path(id): Path<i64>) -> Result<Html<String>, ConsoleError> {
@@ -277,7 +277,11 @@ async fn detail(State(state): State<ConsoleState>, principal: Principal, Path(id
         Err(e) => (String::new(), Some(e.to_string())),
     };
     let headers: std::collections::BTreeMap<String, String> = serde_json::from_str(&record.headers).unwrap_or_default();
-    let heads = ignore::heading(db, &record).await?.map(|(p, held)| (p.key, p.state.to_string(), held));
+    let group = &record.row.consumer_group;
+    let heads = ignore::heading(db, &record).await?.map(|(p, held)| {
+        let page = super::held::key_page(group, &p.key_topic, &p.key);
+        (p.key, p.state.to_string(), held, page)
+    });
     super::render(&DetailPage {
         chrome: state.chrome(&principal, &format!("Dead letter {id}"), "/dead-letters"),
         key: record.key.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()),

@@ -146,13 +146,19 @@ impl KeyForm {
 
     /// This key's page.
     fn page(&self) -> String {
-        let mut q = url::form_urlencoded::Serializer::new(String::new());
-        q.append_pair("group", self.group.trim()).append_pair("key", self.key.trim());
-        if !self.topic.trim().is_empty() {
-            q.append_pair("topic", self.topic.trim());
-        }
-        format!("/held/key?{}", q.finish())
+        key_page(self.group.trim(), self.topic.trim(), self.key.trim())
     }
+}
+
+/// The page of `key` parked for `group` in `topic` (left out when empty:
+/// the page then asks for it only if the key is parked in several topics).
+pub(super) fn key_page(group: &str, topic: &str, key: &str) -> String {
+    let mut q = url::form_urlencoded::Serializer::new(String::new());
+    q.append_pair("group", group).append_pair("key", key);
+    if !topic.is_empty() {
+        q.append_pair("topic", topic);
+    }
+    format!("/held/key?{}", q.finish())
 }
 
 #[derive(Template)]

@@ -284,6 +284,12 @@ async fn keep_then_replay_the_head_applies_it_and_its_followers_in_order_each_au
     let csrf = console.csrf_of(Role::Operator).await;
     let key = order.to_string();
     let form = [("group", group), ("key", key.as_str()), ("reason", "wait for the fix")];
+    // The head's page links to its key's page, naming the key's topic (a
+    // key is parked per topic).
+    let (_, page) = console.get_as(Role::Viewer, &format!("/dead-letters/{head}")).await;
+    let topic = &env.settings.topics.order_events.name;
+    let link = format!("href=\"/held/key?group={group}&#38;key={key}&#38;topic={topic}\"");
+    assert!(page.contains(&link) && page.contains("2 records held behind it"), "{link} in {page}");
 
     // Keep: the head is closed, the followers stay held.
     let (status, body) = console.post_as(Role::Operator, "/held/keep", Some(&csrf), &form).await;
