@@ -662,9 +662,13 @@ fn records_of(events: &[Envelope]) -> usize {
 }
 
 /// The bound of issue 11: a dead relay blocks read-committed consumers for 15 s at most.
+/// Measured 6 to 12.6 s on a quiet machine, most of it wall-clock waits (the
+/// 10 s lease, the broker's 10 s check): the tests that measure it are
+/// serial, since the parallel phase's load can add the few seconds left.
 const BLOCK_BOUND: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: a measurement against the 15 s bound; run by `make test` in the serial phase"]
 async fn a_relay_killed_inside_a_transaction_and_replaced_under_another_pod_name_blocks_consumers_15s_at_most() {
     let env = TestEnv::new().with_database().await;
     let elapsed = kill_inside_transaction(&env, &[], Some("relay-new"), false, Duration::from_secs(60)).await;
@@ -672,6 +676,7 @@ async fn a_relay_killed_inside_a_transaction_and_replaced_under_another_pod_name
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: a measurement against the 15 s bound; run by `make test` in the serial phase"]
 async fn the_new_owner_of_a_shard_fences_the_killed_relay_and_aborts_its_transaction_at_once() {
     // A 60 s transaction timeout: only fencing by the replacement can end the
     // open transaction within the bound.
@@ -683,6 +688,7 @@ async fn the_new_owner_of_a_shard_fences_the_killed_relay_and_aborts_its_transac
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: a measurement against the 15 s bound; run by `make test` in the serial phase"]
 async fn a_relay_killed_inside_a_transaction_with_no_replacement_blocks_consumers_15s_at_most() {
     // Nobody takes the shards over: the broker aborts the transaction after
     // transaction.timeout.ms (5 s) at its next timeout check (every 10 s).
