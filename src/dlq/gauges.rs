@@ -225,7 +225,7 @@ mod tests {
         let one: Vec<_> = (1..=60)
             .map(|i| row("g", &format!("e{i:02}"), "unavailable", i))
             .collect();
-        let got = bounded(one.into_iter());
+        let got = bounded(one);
         assert_eq!(got.last().unwrap().0[0], ("group", "g".into()));
     }
 }

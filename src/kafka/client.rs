@@ -154,13 +154,14 @@ fn check_conflicts(options: &BTreeMap<String, String>) -> Result<(), OptionConfl
         return Ok(());
     }
     let acks = get("acks").or_else(|| get("request.required.acks"));
-    if let Some(acks) = acks {
-        if acks != "all" && acks != "-1" {
-            return Err(OptionConflict(format!(
-                "acks={acks} with enable.idempotence=true: idempotence needs acks=all (or -1); \
-                 set enable.idempotence=false to accept possible loss or duplicates"
-            )));
-        }
+    if let Some(acks) = acks
+        && acks != "all"
+        && acks != "-1"
+    {
+        return Err(OptionConflict(format!(
+            "acks={acks} with enable.idempotence=true: idempotence needs acks=all (or -1); \
+             set enable.idempotence=false to accept possible loss or duplicates"
+        )));
     }
     let in_flight = get("max.in.flight.requests.per.connection").or_else(|| get("max.in.flight"));
     if let Some(n) = in_flight {
@@ -174,12 +175,10 @@ fn check_conflicts(options: &BTreeMap<String, String>) -> Result<(), OptionConfl
             }
         }
     }
-    if let Some(retries) = get("retries").or_else(|| get("message.send.max.retries")) {
-        if retries == "0" {
-            return Err(OptionConflict(
-                "retries=0 with enable.idempotence=true: idempotence needs retries > 0".into(),
-            ));
-        }
+    if get("retries").or_else(|| get("message.send.max.retries")).is_some_and(|r| r == "0") {
+        return Err(OptionConflict(
+            "retries=0 with enable.idempotence=true: idempotence needs retries > 0".into(),
+        ));
     }
     Ok(())
 }

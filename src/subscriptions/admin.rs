@@ -78,12 +78,12 @@ impl AdminSettings {
         self.listen
             .parse::<SocketAddr>()
             .map_err(|_| format!("admin.listen: `{}` is not HOST:PORT with an IP address (e.g. 127.0.0.1:8090, 0.0.0.0:8090)", self.listen))?;
-        if let Some(token) = &self.token {
-            if token.expose_secret().chars().count() < MIN_TOKEN_CHARS {
-                return Err(format!(
-                    "admin.token: shorter than {MIN_TOKEN_CHARS} characters (its value is not shown)"
-                ));
-            }
+        if let Some(token) = &self.token
+            && token.expose_secret().chars().count() < MIN_TOKEN_CHARS
+        {
+            return Err(format!(
+                "admin.token: shorter than {MIN_TOKEN_CHARS} characters (its value is not shown)"
+            ));
         }
         Ok(())
     }

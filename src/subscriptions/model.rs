@@ -343,13 +343,13 @@ pub fn check_endpoint(url: Option<&str>, method: Option<&str>) -> Result<(), Inv
             ));
         }
     }
-    if let Some(method) = method {
-        if !METHODS.split(", ").any(|m| m == method) {
-            return Err(Invalid::new(
-                "method",
-                format!("`{method}` is not one of {METHODS}"),
-            ));
-        }
+    if let Some(method) = method
+        && !METHODS.split(", ").any(|m| m == method)
+    {
+        return Err(Invalid::new(
+            "method",
+            format!("`{method}` is not one of {METHODS}"),
+        ));
     }
     Ok(())
 }

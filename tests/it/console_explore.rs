@@ -827,9 +827,7 @@ async fn subscription_actions_in_the_browser_write_audit_rows() {
         ]
     );
     assert!(
-        rows.iter()
-            .rev()
-            .next()
+        rows.last()
             .unwrap()
             .outcome
             .contains("filters"),

@@ -75,12 +75,11 @@ async fn bad_input_matrix_each_ends_as_one_dead_letter_with_its_reason() {
     let writer = Codec::new(&env.settings.registry, &format!("{topic}-lacking"), &lacking, true).unwrap();
     let payment = events.iter().find(|e| matches!(e.data, EventData::PaymentSucceeded(_))).unwrap().clone();
     let mut value = to_avro(&payment, schema).unwrap();
-    if let Avro::Record(fields) = &mut value {
-        if let Avro::Union(_, inner) = &mut fields[6].1 {
-            if let Avro::Record(data) = inner.as_mut() {
-                data.retain(|(name, _)| name != "amount");
-            }
-        }
+    if let Avro::Record(fields) = &mut value
+        && let Avro::Union(_, inner) = &mut fields[6].1
+        && let Avro::Record(data) = inner.as_mut()
+    {
+        data.retain(|(name, _)| name != "amount");
     }
     let missing_field = writer.encode_value(value).await.unwrap();
 
