@@ -2,7 +2,9 @@
 //! TOML (or JSON) file, then `ORDERPIPE_*` environment variables, then command-line
 //! flags. Nested keys use `__` in the environment:
 //! `ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS=broker:9092`,
-//! `ORDERPIPE_DATABASE__URL=mysql://...`.
+//! `ORDERPIPE_DATABASE__URL=mysql://...`. Other `ORDERPIPE_*` variables (a
+//! pod's service links, `dev/stack.sh`'s knobs) are not settings and are
+//! ignored ([`env`]).
 //!
 //! Secrets (database URL, registry password, SASL password) are
 //! [`SecretString`](secrecy::SecretString)s: `Debug` prints `[REDACTED]`, so
@@ -22,11 +24,12 @@
 //! imports them (`dev/import-cycles.py` checks it).
 
 pub mod console;
+mod env;
 
 use std::path::{Path, PathBuf};
 
 use figment::Figment;
-use figment::providers::{Env, Format, Json, Serialized, Toml};
+use figment::providers::{Format, Json, Serialized, Toml};
 use secrecy::ExposeSecret;
 use serde::Deserialize;
 
@@ -134,7 +137,11 @@ impl Settings {
     /// [`Settings::load`] with `overrides` (command-line flags, as a
     /// document shaped like the config file) as the last layer.
     pub fn load_with(file: Option<&Path>, overrides: &serde_json::Value) -> Result<Self, ConfigError> {
-        let settings: Settings = Self::layers(file, overrides)?.extract().map_err(|e| ConfigError(e.to_string()))?;
+        let foreign = env::foreign_variables();
+        if !foreign.is_empty() {
+            tracing::debug!(variables = ?foreign, "ORDERPIPE_* variables that name no setting (service links, other tools' knobs): ignored");
+        }
+        let settings: Settings = Self::layers(file, overrides)?.extract().map_err(|e| ConfigError(env::explain(e)))?;
         settings.validate()?;
         Ok(settings)
     }
@@ -146,7 +153,7 @@ impl Settings {
     /// or secret.
     pub fn redacted_document(file: Option<&Path>, overrides: &serde_json::Value) -> Result<serde_json::Value, ConfigError> {
         Self::load_with(file, overrides)?;
-        let mut document: serde_json::Value = Self::layers(file, overrides)?.extract().map_err(|e| ConfigError(e.to_string()))?;
+        let mut document: serde_json::Value = Self::layers(file, overrides)?.extract().map_err(|e| ConfigError(env::explain(e)))?;
         for path in SECRET_FIELDS {
             let Some(value) = document.pointer_mut(&format!("/{}", path.replace('.', "/"))) else { continue };
             let redacted = match value.as_str() {
@@ -181,9 +188,7 @@ impl Settings {
             None if default_file.exists() => figment = figment.merge(Toml::file(default_file)),
             None => {}
         }
-        Ok(figment
-            .merge(Env::prefixed("ORDERPIPE_").split("__").ignore(&["config"]))
-            .merge(Serialized::defaults(overrides)))
+        Ok(figment.merge(env::provider()).merge(Serialized::defaults(overrides)))
     }
 
     /// Secret values with their field names (see [`SECRET_FIELDS`]).
