@@ -3,6 +3,12 @@
 REPO_ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 STACK := $(REPO_ROOT)/dev/stack.sh
 
+# `make` alone lists the targets.
+.DEFAULT_GOAL := help
+.PHONY: help
+help: ## this list: every target and what it does
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
 .PHONY: deps dev-up dev-down dev-status
 
 deps: ## apt packages, Kafka jars and the Apicurio tarball, each only if missing
