@@ -23,6 +23,15 @@ Secret) must answer STATUS (with TEXT in the body) within 20 s; then
 SIGTERM, and it must exit 0. --sql "MYSQL-URL STATEMENT" runs once the
 Deployments' checks start (to make a change the checks then see).
 
+Every container starts with the environment a kubelet gives a pod
+(pkg/kubelet/envvars): the `kubernetes` Service's variables always, and, when
+the pod's enableServiceLinks is true or unset (or --service-links on), the
+service links of every Service rendered in the release's namespace, each with
+a made-up ClusterIP: {SVC}_SERVICE_HOST, {SVC}_SERVICE_PORT[_{PORT_NAME}],
+{SVC}_PORT and {SVC}_PORT_{port}_{PROTO}[_PROTO|_PORT|_ADDR], the name upper
+cased with '-' as '_'. The container's own env wins over a link of the same
+name, as in the kubelet.
+
 Prints one line per step; exit 0 when every hook succeeded, else 1.
 """
 import argparse
@@ -47,6 +56,8 @@ class Cluster:
 
     def __init__(self, workdir, user_secrets):
         self.workdir, self.objects = workdir, {}
+        # The release's Services (for the kubelet's service links) and the links mode (--service-links).
+        self.services, self.links = [], "pod"
         for spec, value in user_secrets.items():
             name, key = spec.split("/", 1)
             self.objects.setdefault(("Secret", name), {})[key] = value
@@ -81,8 +92,50 @@ class Cluster:
         return path
 
 
-def container_env(cluster, job, c, dirs):
-    """The container's environment as a process sees it: volume paths mapped to DIR, secrets resolved."""
+def env_name(name):
+    return name.upper().replace("-", "_")
+
+
+def service_link_env(service, cluster_ip):
+    """The kubelet's variables for one Service (envvars.FromServices), in its order."""
+    prefix, ports, env = env_name(service["metadata"]["name"]), service["spec"].get("ports") or [], {}
+    if not ports:
+        return env
+    env[f"{prefix}_SERVICE_HOST"] = cluster_ip
+    env[f"{prefix}_SERVICE_PORT"] = str(ports[0]["port"])
+    for p in ports:
+        if p.get("name"):
+            env[f"{prefix}_SERVICE_PORT_{env_name(p['name'])}"] = str(p["port"])
+    for i, p in enumerate(ports):
+        proto = p.get("protocol") or "TCP"
+        url = f"{proto.lower()}://{cluster_ip}:{p['port']}"
+        if i == 0:
+            env[f"{prefix}_PORT"] = url
+        port_prefix = f"{prefix}_PORT_{p['port']}_{proto.upper()}"
+        env.update({port_prefix: url, f"{port_prefix}_PROTO": proto.lower(), f"{port_prefix}_PORT": str(p["port"]),
+                    f"{port_prefix}_ADDR": cluster_ip})
+    return env
+
+
+KUBERNETES_SERVICE = {"metadata": {"name": "kubernetes"}, "spec": {"ports": [{"name": "https", "port": 443}]}}
+
+
+def kubelet_env(services, pod_spec, links):
+    """What the kubelet injects into a pod: the API server's Service, plus the namespace's service links when
+    enabled (the pod's enableServiceLinks, true when unset; links="on" forces them)."""
+    env = service_link_env(KUBERNETES_SERVICE, "10.96.0.1")
+    if links == "on" or pod_spec.get("enableServiceLinks", True):
+        for i, service in enumerate(services):
+            ip = service["spec"].get("clusterIP")
+            if ip in ("None", ""):  # headless: no links
+                continue
+            env.update(service_link_env(service, ip or f"10.96.1.{10 + i}"))
+    return env
+
+
+def container_env(cluster, job, c, dirs, base=None):
+    """The container's environment as a process sees it: the kubelet's variables (base), then the container's
+    env with volume paths mapped to DIR and secrets resolved."""
     mounts = [(m["mountPath"].rstrip("/"), dirs.get(m["name"])) for m in c.get("volumeMounts") or []]
 
     def local(value):
@@ -91,7 +144,7 @@ def container_env(cluster, job, c, dirs):
                 return path + value[len(mount):]
         return value
 
-    env = {"PATH": os.environ["PATH"], "HOME": cluster.workdir}
+    env = {"PATH": os.environ["PATH"], "HOME": cluster.workdir, **(base or {})}
     for e in c.get("env") or []:
         source = e.get("valueFrom") or {}
         if "value" in e:
@@ -137,7 +190,7 @@ def run_deployment(cluster, doc, binary, checks, wait_output=None, sql=None, tim
     spec = doc["spec"]["template"]["spec"]
     dirs = {v["name"]: cluster.volume_dir(name, v) for v in spec.get("volumes") or []}
     c = spec["containers"][0]
-    env = container_env(cluster, name, c, dirs)
+    env = container_env(cluster, name, c, dirs, kubelet_env(cluster.services, spec, cluster.links))
     ports = {p["name"]: p["containerPort"] for p in c.get("ports") or []}
     command = [binary] + [str(a) for a in c.get("args") or []]
     log = open(os.path.join(cluster.workdir, f"{name}.log"), "w")
@@ -216,7 +269,7 @@ def run_job(cluster, doc, binary):
     spec = doc["spec"]["template"]["spec"]
     dirs = {v["name"]: cluster.volume_dir(job, v) for v in spec.get("volumes") or []}
     for c in (spec.get("initContainers") or []) + spec["containers"]:
-        env = container_env(cluster, job, c, dirs)
+        env = container_env(cluster, job, c, dirs, kubelet_env(cluster.services, spec, cluster.links))
         command = [binary] + [str(a) for a in c.get("args") or []]
         started = time.monotonic()
         done = subprocess.run(command, env=env, cwd=cluster.workdir, capture_output=True, text=True)
@@ -241,11 +294,19 @@ def main():
     parser.add_argument("--wait-output", help="with --deployment: wait for this in the process output before the checks")
     parser.add_argument("--timeout", type=float, default=90, help="with --deployment: seconds for the probes to answer")
     parser.add_argument("--sql", help='with --deployment: "MYSQL-URL STATEMENT" run before the checks')
+    parser.add_argument("--service-links", choices=["pod", "on"], default="pod",
+                        help="the kubelet's service links: as each pod's enableServiceLinks says, or on for every pod")
     args = parser.parse_args()
     docs = [d for d in yaml.safe_load_all(open(args.manifest)) if d]
     hooks = [d for d in docs if args.event in [e.strip() for e in annotations(d).get("helm.sh/hook", "").split(",")]]
     hooks.sort(key=lambda d: (int(annotations(d).get("helm.sh/hook-weight", "0")), d["metadata"]["name"]))
     cluster = Cluster(os.path.abspath(args.workdir), dict(s.split("=", 1) for s in args.secret))
+    cluster.services = [d for d in docs if d["kind"] == "Service"]
+    cluster.links = args.service_links
+    linked = kubelet_env(cluster.services, {"enableServiceLinks": True}, "on")
+    print(f"  kubelet: {len(cluster.services)} Services, {len(linked)} service-link variables "
+          f"({args.service_links}: {'every pod' if args.service_links == 'on' else 'as each pod says'}), "
+          f"e.g. {', '.join(sorted(k for k in linked if k.startswith('ORDERPIPE'))[:3])}")
     for d in hooks:
         weight = annotations(d).get("helm.sh/hook-weight", "0")
         if d["kind"] in ("ConfigMap", "Secret"):

@@ -341,6 +341,46 @@ if "$ROOT/dev/stack.sh" status > /dev/null 2>&1; then
   "${hooks[@]}" "$OUT/roles-rendered.yaml" --event none --secret "orderpipe-dev/admin-token=chart-test-admin-token-$run" \
     --deployment orderpipe-orderpipe-router --wait-output "router reconciled" --check "admin GET /bindings 200" \
     --check "admin POST /refresh 401" --check "admin POST /refresh 200 bearer ORDERPIPE_ADMIN__TOKEN"
+
+  echo "== every role's Deployment starts and becomes ready in a kubelet's environment (service links of every Service)"
+  # The default and the production-like values, the latter pointed at the dev stack (no SASL/TLS, no
+  # external hosts); each Deployment runs as rendered with the variables a kubelet injects for the
+  # release's Services, once as the pod says (enableServiceLinks: false) and once with the links on.
+  hook_values "$run.kube." > "$OUT/kubelet-default.yaml"
+  printf 'httpPort: %s\nrouter: {admin: {port: %s}}\n' "$(free_port)" "$(free_port)" >> "$OUT/kubelet-default.yaml"
+  python3 - "$CHART/ci/production-values.yaml" "$OUT/kubelet-default.yaml" "$OUT/kubelet-production.yaml" "$db" <<'PY'
+import sys, yaml
+prod, dev, db = yaml.safe_load(open(sys.argv[1])), yaml.safe_load(open(sys.argv[2])), sys.argv[4]
+prod["existingSecret"] = dev["existingSecret"]
+prod["secretKeys"] = {k: v for k, v in prod["secretKeys"].items() if k in ("databaseUrl", "adminToken", "consoleOperatorToken")}
+prod["config"]["kafka"] = dev["config"]["kafka"]
+prod["config"]["registry"] = dev["config"]["registry"]
+prod["config"]["topics"] = dev["config"]["topics"]
+run = dev["config"]["topics"]["order_events"]["name"].split(".")[0]
+prod["config"]["cdc"].update(name=f"{run}-prod", server_id=9100 + hash(run) % 800, tables=[f"{db}.roles_t"],
+                             topic_prefix=f"{run}.prod.cdc", offsets_topic=f"{run}.prod.cdc.offsets",
+                             partitions=1, replication_factor=1, min_insync_replicas=1)
+prod["httpPort"], prod["router"]["admin"]["port"] = dev["httpPort"], dev["router"]["admin"]["port"]
+prod["subscriptions"] = [dict(s, url="http://127.0.0.1:9/hooks") for s in prod["subscriptions"]]
+yaml.safe_dump(prod, open(sys.argv[3], "w"))
+PY
+  for values in default production; do
+    render -f "$OUT/kubelet-$values.yaml" > "$OUT/kubelet-$values-rendered.yaml"
+    # Its hooks first (migrations, topics of every group, schemas), as at an install.
+    "${hooks[@]}" "$OUT/kubelet-$values-rendered.yaml" --event pre-install > "$OUT/kubelet.txt" \
+      || { cat "$OUT/kubelet.txt" >&2; exit 1; }
+    deployments=$(python3 -c 'import sys, yaml; print(" ".join(d["metadata"]["name"] for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Deployment"))' \
+      "$OUT/kubelet-$values-rendered.yaml")
+    for links in pod on; do
+      args=(); for d in $deployments; do args+=(--deployment "$d"); done
+      "${hooks[@]}" "$OUT/kubelet-$values-rendered.yaml" --event none --service-links "$links" "${args[@]}" \
+        --secret "orderpipe-dev/cdc-source-url=mysql://orderpipe:orderpipe@127.0.0.1:3306" \
+        --secret "orderpipe-dev/admin-api-token=chart-test-admin-token-$run" \
+        --secret "orderpipe-dev/console-operator-token=chart-test-console-token-$run" > "$OUT/kubelet.txt" \
+        || { echo "$values values, service links $links:" >&2; cat "$OUT/kubelet.txt" >&2; exit 1; }
+      grep -E "^  kubelet|Deployments started" "$OUT/kubelet.txt"
+    done
+  done
 else
   echo "SKIPPED: the dev stack is not running (make test starts it before this script)"
 fi
