@@ -11,7 +11,9 @@ processes of ORDERPIPE with the container's args and env, and the ConfigMap
 and Secret volumes it mounts mapped to DIR. As in a cluster, a Job whose
 ConfigMap or Secret does not exist yet cannot start, and a failing step fails
 the hook and stops the phase (Helm fails the release). Secrets the user
-provides (existingSecret) come from --secret.
+provides (existingSecret) come from --secret. A ServiceAccount hook is
+"created" too: a pod naming a ServiceAccount the chart renders cannot start
+before it exists (one the chart does not render is the cluster's).
 
 With --deployment NAME (repeatable), after the hooks: the release's other
 ConfigMaps are created, and each named Deployment's container runs as a
@@ -58,6 +60,8 @@ class Cluster:
         self.workdir, self.objects = workdir, {}
         # The release's Services (for the kubelet's service links) and the links mode (--service-links).
         self.services, self.links = [], "pod"
+        # The ServiceAccounts the chart renders (the others are the cluster's).
+        self.accounts = set()
         for spec, value in user_secrets.items():
             name, key = spec.split("/", 1)
             self.objects.setdefault(("Secret", name), {})[key] = value
@@ -66,6 +70,12 @@ class Cluster:
         data = dict(doc.get("data") or {})
         data.update(doc.get("stringData") or {})
         self.objects[(doc["kind"], doc["metadata"]["name"])] = data
+
+    def check_account(self, spec):
+        """A pod cannot start before the ServiceAccount it names exists (when the chart renders it)."""
+        account = spec.get("serviceAccountName")
+        if account in self.accounts:
+            self.get("ServiceAccount", account)
 
     def get(self, kind, name):
         if (kind, name) not in self.objects:
@@ -188,6 +198,7 @@ def run_deployment(cluster, doc, binary, checks, wait_output=None, sql=None, tim
     """Runs the Deployment's container until its probes answer, runs the checks, stops it with SIGTERM."""
     name = doc["metadata"]["name"]
     spec = doc["spec"]["template"]["spec"]
+    cluster.check_account(spec)
     dirs = {v["name"]: cluster.volume_dir(name, v) for v in spec.get("volumes") or []}
     c = spec["containers"][0]
     env = container_env(cluster, name, c, dirs, kubelet_env(cluster.services, spec, cluster.links))
@@ -267,6 +278,7 @@ def run_deployment(cluster, doc, binary, checks, wait_output=None, sql=None, tim
 def run_job(cluster, doc, binary):
     job = doc["metadata"]["name"]
     spec = doc["spec"]["template"]["spec"]
+    cluster.check_account(spec)
     dirs = {v["name"]: cluster.volume_dir(job, v) for v in spec.get("volumes") or []}
     for c in (spec.get("initContainers") or []) + spec["containers"]:
         env = container_env(cluster, job, c, dirs, kubelet_env(cluster.services, spec, cluster.links))
@@ -303,13 +315,14 @@ def main():
     cluster = Cluster(os.path.abspath(args.workdir), dict(s.split("=", 1) for s in args.secret))
     cluster.services = [d for d in docs if d["kind"] == "Service"]
     cluster.links = args.service_links
+    cluster.accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
     linked = kubelet_env(cluster.services, {"enableServiceLinks": True}, "on")
     print(f"  kubelet: {len(cluster.services)} Services, {len(linked)} service-link variables "
           f"({args.service_links}: {'every pod' if args.service_links == 'on' else 'as each pod says'}), "
           f"e.g. {', '.join(sorted(k for k in linked if k.startswith('ORDERPIPE'))[:3])}")
     for d in hooks:
         weight = annotations(d).get("helm.sh/hook-weight", "0")
-        if d["kind"] in ("ConfigMap", "Secret"):
+        if d["kind"] in ("ConfigMap", "Secret", "ServiceAccount"):
             cluster.create(d)
             print(f"  {args.event} {d['kind']} {d['metadata']['name']} (weight {weight}) created")
         elif d["kind"] == "Job":
@@ -327,7 +340,7 @@ def main():
     if not args.deployment:
         return
     for d in docs:
-        if d["kind"] in ("ConfigMap", "Secret") and d not in hooks:
+        if d["kind"] in ("ConfigMap", "Secret", "ServiceAccount") and d not in hooks:
             cluster.create(d)
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     for name in args.deployment:

@@ -343,3 +343,36 @@ readinessProbe:
 {{- range $i := until $n -}}{{- $attempts = append $attempts (toString (add1 $i)) -}}{{- end -}}
 {{- join "|" $attempts -}}
 {{- end -}}
+
+{{/* The ServiceAccount of the release's pods: serviceAccount.name, else the
+     release's full name when the chart creates it, else the namespace's default. */}}
+{{- define "orderpipe.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "orderpipe.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ServiceAccount of the hook Jobs: a hook copy (<name>-hooks) when the chart
+     creates the account (Helm creates hooks before the release's other objects,
+     so the hooks cannot use it on a first install), else the user's account. */}}
+{{- define "orderpipe.hookServiceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- printf "%s-hooks" (include "orderpipe.serviceAccountName" .) | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- include "orderpipe.serviceAccountName" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A pod's identity: "orderpipe.podAccount" (list . HOOK). orderpipe never calls the
+     Kubernetes API: no pod mounts a service account token. */}}
+{{- define "orderpipe.podAccount" -}}
+{{- $root := index . 0 -}}
+{{- if index . 1 -}}
+serviceAccountName: {{ include "orderpipe.hookServiceAccountName" $root }}
+{{- else -}}
+serviceAccountName: {{ include "orderpipe.serviceAccountName" $root }}
+{{- end }}
+automountServiceAccountToken: false
+{{- end -}}
