@@ -32,6 +32,19 @@
       Every container's args parse in the binary (ORDERPIPE ARGS --help): the
       chart passes no subcommand or flag the binary does not have.
 
+  chart-checks.py netpol MANIFEST --values values.yaml [--values FILE ...]
+      NetworkPolicies (networkPolicy.enabled): every ingress rule names its
+      peers (a rule without `from` admits every source), every port a rule
+      opens is a container port of the pods it selects, the router's admin
+      port admits exactly networkPolicy.adminFrom and the console's port
+      exactly consoleFrom (plus metricsFrom on httpPort), and no policy
+      selects another role's pods (the order API stays open to its clients).
+
+  chart-checks.py accounts MANIFEST
+      Every pod (Deployments, Jobs, CronJobs) runs as a ServiceAccount and
+      mounts no token (automountServiceAccountToken: false on the pod and on
+      every ServiceAccount the chart renders).
+
 MANIFEST `-` reads stdin. Exit 0 and one summary line when the chart passes;
 exit 1 with one line per problem otherwise.
 """
@@ -504,9 +517,103 @@ def check_args(docs, binary):
     return []
 
 
+def selects(policy, labels):
+    """Whether a NetworkPolicy's podSelector (matchLabels) selects pods of these labels."""
+    match = (policy["spec"].get("podSelector") or {}).get("matchLabels") or {}
+    return all(labels.get(k) == v for k, v in match.items())
+
+
+def check_netpol(docs, values):
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    pods = [(d["metadata"]["name"], d["spec"]["template"]["metadata"]["labels"], d["spec"]["template"]["spec"])
+            for d in docs if d["kind"] == "Deployment"]
+    problems = []
+    for p in policies:
+        name = p["metadata"]["name"]
+        selected = [(n, spec) for n, labels, spec in pods if selects(p, labels)]
+        if not selected:
+            problems.append(f"NetworkPolicy {name} selects no pod of the release")
+        for n, _ in selected:
+            role = n.rsplit("-", 1)[-1]
+            if role not in ("router", "console"):
+                problems.append(f"NetworkPolicy {name} selects {n}: only the router and the console are restricted")
+        for i, rule in enumerate(p["spec"].get("ingress") or []):
+            if not rule.get("from"):
+                problems.append(f"NetworkPolicy {name} ingress[{i}] has no `from`: it admits every source")
+            for port in rule.get("ports") or []:
+                for n, spec in selected:
+                    names = {cp.get("name") for c in spec["containers"] for cp in c.get("ports") or []}
+                    numbers = {cp["containerPort"] for c in spec["containers"] for cp in c.get("ports") or []}
+                    if port.get("port") not in names | numbers:
+                        problems.append(f"NetworkPolicy {name} ingress[{i}] opens port {port.get('port')}, "
+                                        f"not a container port of {n} ({sorted(names)})")
+    np = values.get("networkPolicy") or {}
+    if not np.get("enabled"):
+        if policies:
+            problems.append(f"networkPolicy.enabled is false, but {len(policies)} NetworkPolicies are rendered")
+        elif not problems:
+            print("netpol: networkPolicy.enabled is false, no NetworkPolicy rendered")
+        return problems
+
+    def admitted(component, port):
+        """The peers admitted to PORT of the component's pods, over every policy selecting them."""
+        labels = next((l for n, l, _ in pods if l.get("app.kubernetes.io/component") == component), None)
+        if labels is None:
+            return None
+        peers = []
+        for p in policies:
+            if selects(p, labels):
+                for rule in p["spec"].get("ingress") or []:
+                    if any(x.get("port") == port for x in rule.get("ports") or []):
+                        peers += rule.get("from") or [{"everyone": True}]
+        return peers if any(selects(p, labels) for p in policies) else None
+
+    router = values.get("router") or {}
+    expected = []
+    if router.get("enabled") and (router.get("admin") or {}).get("enabled"):
+        expected.append(("router", "admin", "networkPolicy.adminFrom", np.get("adminFrom") or []))
+        expected.append(("router", "http", "networkPolicy.metricsFrom", np.get("metricsFrom") or []))
+    if (values.get("console") or {}).get("enabled"):
+        expected.append(("console", "http", "networkPolicy.consoleFrom + metricsFrom",
+                         (np.get("consoleFrom") or []) + (np.get("metricsFrom") or [])))
+    for component, port, field, peers in expected:
+        got = admitted(component, port)
+        if got is None:
+            problems.append(f"no NetworkPolicy selects the {component} pods: its {port} port is open to every pod")
+        elif got != peers:
+            problems.append(f"the {component} pods' {port} port admits {got}, {field} says {peers}")
+    if problems:
+        return problems
+    print(f"netpol: {len(policies)} NetworkPolicies; " + "; ".join(f"{c} {p} from {len(x)} peers" for c, p, _, x in expected))
+    return []
+
+
+def check_accounts(docs):
+    accounts = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceAccount"}
+    problems, pods = [], 0
+    for name, a in accounts.items():
+        if a.get("automountServiceAccountToken") is not False:
+            problems.append(f"ServiceAccount {name}: automountServiceAccountToken is not false")
+    for d in docs:
+        spec = pod_spec(d)
+        if spec is None:
+            continue
+        pods += 1
+        what = f"{d['kind']} {d['metadata']['name']}"
+        if spec.get("automountServiceAccountToken") is not False:
+            problems.append(f"{what}: automountServiceAccountToken is {spec.get('automountServiceAccountToken')}, not false")
+        if not spec.get("serviceAccountName"):
+            problems.append(f"{what}: no serviceAccountName (it would run as the namespace's default account)")
+    if problems:
+        return problems
+    print(f"accounts: {pods} pod specs run as {sorted({pod_spec(d)['serviceAccountName'] for d in docs if pod_spec(d)})} "
+          f"without a token; {len(accounts)} ServiceAccounts rendered, none mounting one")
+    return []
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=["hooks", "keda", "roles", "args"])
+    parser.add_argument("check", choices=["hooks", "keda", "roles", "args", "netpol", "accounts"])
     parser.add_argument("manifest")
     parser.add_argument("--user-secret", action="append", default=[],
                         help="hooks: a Secret the user provides (existingSecret); repeatable")
@@ -524,6 +631,10 @@ def main():
         problems = check_keda(docs, args.require_auth)
     elif args.check == "roles":
         problems = check_roles(docs, merged_values(args.values))
+    elif args.check == "netpol":
+        problems = check_netpol(docs, merged_values(args.values))
+    elif args.check == "accounts":
+        problems = check_accounts(docs)
     else:
         problems = check_args(docs, args.bin)
     for p in problems:

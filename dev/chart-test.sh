@@ -64,10 +64,11 @@ for d in docs:
             sc = c.get("securityContext", {})
             assert sc.get("readOnlyRootFilesystem") and sc.get("allowPrivilegeEscalation") is False, d["metadata"]["name"]
             assert spec["securityContext"].get("runAsNonRoot"), d["metadata"]["name"]
+            assert spec.get("automountServiceAccountToken") is False and spec.get("serviceAccountName"), d["metadata"]["name"]
             assert "limits" in c.get("resources", {}), d["metadata"]["name"]
             for e in c.get("env", []):
                 assert "value" not in e or not any(k in e["name"] for k in ("PASSWORD", "DATABASE__URL", "TOKEN", "CDC__SOURCE")), "inline secret"
-print(f"{len(docs)} manifests: non-root, read-only, no privilege escalation, limits set, secrets by reference")
+print(f"{len(docs)} manifests: non-root, read-only, no privilege escalation, limits set, secrets by reference, no service account token")
 PY
   echo "== the rendered config loads"
   ORDERPIPE_DATABASE__URL=mysql://check:check@db/orderpipe "$BIN" --config "$OUT/$name.json" config > /dev/null
@@ -273,16 +274,147 @@ sed 's/- replayed$/- pending/' "$OUT/default.yaml" > "$OUT/purge-pending.yaml"
 expect_fail "a purge of statuses the values do not name" "dlqPurge" \
   python3 "$ROOT/dev/chart-checks.py" roles "$OUT/purge-pending.yaml" --values "$CHART/values.yaml"
 
+# ---- adoption basics (issue 25): values.schema.json, NOTES.txt, ServiceAccount, NetworkPolicy ----
+echo "== values.schema.json: a misspelled or mistyped value fails the render, naming it"
+schema_err='values don.t meet the specifications of the schema'
+expect_fail "a misspelled top-level value (replicaCount)" "additional properties 'replicaCount' not allowed" render --set replicaCount=3
+expect_fail "a misspelled top-level value (consumer)" "additional properties 'consumer' not allowed" \
+  render --set 'consumer[0].group=inventory-service.order.consumer'
+expect_fail "a misspelled key of a consumers[] item (handler)" "at '/consumers/0': additional properties 'handler' not allowed" \
+  render --set 'consumers[0].group=inventory-service.order.consumer' --set 'consumers[0].handler={inventory}'
+expect_fail "a misspelled key of a section (relay.replcas)" "at '/relay': additional properties 'replcas' not allowed" render --set relay.replcas=3
+expect_fail "a misspelled config section (config.kafak)" "at '/config': additional properties 'kafak' not allowed" \
+  render --set config.kafak.bootstrap_servers=k:9092
+expect_fail "a string for httpPort" "at '/httpPort': got string, want integer" render --set httpPort=eighty
+expect_fail "a string for a boolean (router.enabled)" "at '/router/enabled': got string, want boolean" render --set-string router.enabled=yes
+expect_fail "an image.pullPolicy Kubernetes does not have" "at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'" \
+  render --set image.pullPolicy=Sometimes
+expect_fail "helm lint with a misspelled value" "additional properties 'replicaCount' not allowed" \
+  "$HELM" lint --strict "$CHART" --set replicaCount=3
+grep -q "$schema_err" "$OUT/neg.txt" || { echo "helm lint's refusal is not the schema's" >&2; exit 1; }
+# The schema knows every section orderpipe's config has and every key of an HTTP subscription (the binary
+# names its own when it refuses an unknown one): a setting added to the binary but not to the schema fails here.
+printf 'zzz = 1\n' > "$OUT/unknown-top.toml"
+printf '[[http.subscriptions]]\nname = "a"\nevents = ["x"]\nurl = "http://a"\nzzz = 1\n' > "$OUT/unknown-sub.toml"
+for f in unknown-top unknown-sub; do
+  ORDERPIPE_DATABASE__URL=mysql://check:check@db/orderpipe "$BIN" --config "$OUT/$f.toml" config > /dev/null 2> "$OUT/$f.txt" || true
+done
+python3 - "$CHART/values.schema.json" "$OUT/unknown-top.txt" "$OUT/unknown-sub.txt" <<'PY'
+import json, re, sys
+schema = json.load(open(sys.argv[1]))
+def expected(path):
+    text = open(path).read()
+    m = re.search(r"expected `one of (.*?)`` for key", text)
+    assert m, f"the binary did not list the accepted keys: {text}"
+    return set(re.findall(r"`([a-z_]+)", m.group(1)))
+config = set(schema["properties"]["config"]["properties"])
+binary = expected(sys.argv[2])
+assert config == binary, f"values.schema.json config sections {sorted(config)} != the binary's {sorted(binary)}"
+item = set(schema["properties"]["subscriptions"]["items"]["properties"])
+chart = {"replicas", "resources", "group", "ordering"}
+binary_sub = expected(sys.argv[3])
+assert item == binary_sub | chart, \
+    f"values.schema.json subscriptions[] keys: missing {sorted(binary_sub | chart - item)}, extra {sorted(item - binary_sub - chart)}"
+print(f"schema: {len(config)} config sections and {len(binary_sub)} subscription keys, as the binary has them")
+PY
+
+echo "== NOTES.txt renders what was installed and how to check it (helm template does not render NOTES: a copy renders it)"
+rm -rf "$OUT/notes-chart" && cp -r "$CHART" "$OUT/notes-chart" && cp "$CHART/templates/NOTES.txt" "$OUT/notes-chart/notes-src.txt"
+printf 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: {{ tpl (.Files.Get "notes-src.txt") . | toJson }}\n' \
+  > "$OUT/notes-chart/templates/zz-notes.yaml"
+notes_check() {  # notes_check VALUES-NAME MANIFEST [helm flags]: the NOTES name exactly the rendered Deployments and hook Jobs
+  local name="$1" manifest="$2"; shift 2
+  "$HELM" template orderpipe "$OUT/notes-chart" --kube-version "$KUBE_VERSION" --show-only templates/zz-notes.yaml "$@" \
+    | python3 -c 'import sys, yaml; sys.stdout.write(yaml.safe_load(sys.stdin)["data"]["notes"])' > "$OUT/notes-$name.txt"
+  python3 - "$OUT/notes-$name.txt" "$manifest" <<'PY'
+import re, sys, yaml
+notes = open(sys.argv[1]).read()
+docs = [d for d in yaml.safe_load_all(open(sys.argv[2])) if d]
+deployments = {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}
+hooks = {d["metadata"]["name"] for d in docs if d["kind"] == "Job"}
+named = set(re.findall(r"^  (orderpipe-orderpipe-[a-z0-9-]+) ", notes, re.M))
+problems = [f"Deployment {n} is not in the NOTES" for n in sorted(deployments - named)]
+problems += [f"the NOTES name {n}, which is not rendered" for n in sorted(named - deployments - hooks)]
+problems += [f"hook Job {n} is not in the NOTES" for n in sorted(hooks - named)]
+for needed in ("kubectl -n default get pods,jobs", "/health/ready", "orderpipe lag", "orderpipe dlq stats", "orderpipe-orderpipe-metrics"):
+    if needed not in notes:
+        problems.append(f"the NOTES do not show {needed!r}")
+if problems:
+    sys.exit("\n".join(problems))
+print(f"NOTES: {len(deployments)} Deployments, {len(hooks)} hook Jobs named, and how to check them ({len(notes.splitlines())} lines)")
+PY
+}
+"$HELM" lint --strict "$CHART" > /dev/null  # lint renders NOTES.txt too
+notes_check default "$OUT/default.yaml"
+notes_check production "$OUT/production.yaml" -f "$CHART/ci/production-values.yaml"
+grep -q "orderpipe-orderpipe-cdc\|router-admin\|-console " "$OUT/notes-default.txt" \
+  && { echo "the default NOTES mention cdc, the router or the console, which are off" >&2; exit 1; }
+expect_fail "NOTES that miss the roles of the values" "Deployment orderpipe-orderpipe-cdc is not in the NOTES" \
+  notes_check mismatch "$OUT/production.yaml"
+
+echo "== ServiceAccount: every pod runs as the release's account (hooks as its hook copy) and mounts no token"
+for name in default production; do
+  python3 "$ROOT/dev/chart-checks.py" accounts "$OUT/$name.yaml"
+done
+sed '/^      automountServiceAccountToken: false$/d' "$OUT/production.yaml" > "$OUT/token-mounted.yaml"
+expect_fail "a pod that mounts its service account token" "automountServiceAccountToken is None, not false" \
+  python3 "$ROOT/dev/chart-checks.py" accounts "$OUT/token-mounted.yaml"
+sed 's/^automountServiceAccountToken: false$/automountServiceAccountToken: true/' "$OUT/default.yaml" > "$OUT/account-token.yaml"
+expect_fail "a ServiceAccount that mounts tokens" "ServiceAccount orderpipe-orderpipe: automountServiceAccountToken is not false" \
+  python3 "$ROOT/dev/chart-checks.py" accounts "$OUT/account-token.yaml"
+# Helm creates hooks first: a hook Job on the release's own account would wait for it on a first install.
+sed 's/^      serviceAccountName: orderpipe-orderpipe-hooks$/      serviceAccountName: orderpipe-orderpipe/' "$OUT/default.yaml" > "$OUT/hook-plain-account.yaml"
+expect_fail "a hook Job on the non-hook ServiceAccount" "reads ServiceAccount orderpipe-orderpipe, which is not a hook" \
+  python3 "$ROOT/dev/chart-checks.py" hooks "$OUT/hook-plain-account.yaml" --values "$CHART/values.yaml"
+python3 -c 'import sys, yaml; docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]; [d["metadata"].pop("annotations", None) for d in docs if d["kind"] == "ServiceAccount"]; yaml.safe_dump_all(docs, open(sys.argv[2], "w"))' \
+  "$OUT/default.yaml" "$OUT/hook-account-late.yaml"
+expect_fail "hook Jobs whose ServiceAccount is created after them" "ServiceAccount orderpipe-orderpipe-hooks does not exist (yet)" \
+  python3 "$ROOT/dev/chart-hooks-run.py" "$OUT/hook-account-late.yaml" --bin "$BIN" --workdir "$OUT" --event pre-install
+render --set serviceAccount.create=false --set serviceAccount.name=platform-runner > "$OUT/own-account.yaml"
+python3 "$ROOT/dev/chart-checks.py" accounts "$OUT/own-account.yaml" | grep -q "run as \['platform-runner'\] without a token; 0 ServiceAccounts" \
+  || { echo "serviceAccount.create=false, name=platform-runner: the pods do not all run as platform-runner" >&2; exit 1; }
+render --set-json 'serviceAccount.annotations={"eks.amazonaws.com/role-arn":"arn:aws:iam::1:role/orderpipe"}' \
+  --show-only templates/serviceaccount.yaml | grep -c 'eks.amazonaws.com/role-arn: arn:aws:iam::1:role/orderpipe' | grep -qx 2 \
+  || { echo "serviceAccount.annotations are not on both ServiceAccounts" >&2; exit 1; }
+
+echo "== NetworkPolicy: only the listed peers reach the router's admin API and the console (production-like values)"
+prodv=(--values "$CHART/values.yaml" --values "$CHART/ci/production-values.yaml")
+python3 "$ROOT/dev/chart-checks.py" netpol "$OUT/default.yaml" --values "$CHART/values.yaml"
+python3 "$ROOT/dev/chart-checks.py" netpol "$OUT/production.yaml" "${prodv[@]}"
+sed 's/^    - from:$/    - peers:/' "$OUT/production.yaml" > "$OUT/netpol-open.yaml"
+expect_fail "an ingress rule without from (it admits every source)" "ingress\[0\] has no \`from\`: it admits every source" \
+  python3 "$ROOT/dev/chart-checks.py" netpol "$OUT/netpol-open.yaml" "${prodv[@]}"
+sed 's/kubernetes.io\/metadata.name: ingress-nginx/kubernetes.io\/metadata.name: default/' "$OUT/production.yaml" > "$OUT/netpol-peers.yaml"
+expect_fail "a console policy admitting other peers than consoleFrom" "the console pods' http port admits" \
+  python3 "$ROOT/dev/chart-checks.py" netpol "$OUT/netpol-peers.yaml" "${prodv[@]}"
+python3 -c 'import sys, yaml; docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and not (d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-router"))]; yaml.safe_dump_all(docs, open(sys.argv[2], "w"))' \
+  "$OUT/production.yaml" "$OUT/netpol-lost.yaml"
+expect_fail "the router's admin port without a policy" "no NetworkPolicy selects the router pods" \
+  python3 "$ROOT/dev/chart-checks.py" netpol "$OUT/netpol-lost.yaml" "${prodv[@]}"
+# Empty lists admit nobody (no rule at all, never a rule without `from`); egress rules, when given, are rendered.
+render -f "$CHART/ci/production-values.yaml" --set-json 'networkPolicy.adminFrom=[]' --set-json 'networkPolicy.metricsFrom=[]' \
+  --set-json 'networkPolicy.egress=[{"to":[{"ipBlock":{"cidr":"10.0.0.0/8"}}]}]' > "$OUT/netpol-closed.yaml"
+render -f "$CHART/ci/production-values.yaml" --set-json 'networkPolicy.adminFrom=[]' --set-json 'networkPolicy.metricsFrom=[]' \
+  --set-json 'networkPolicy.egress=[{"to":[{"ipBlock":{"cidr":"10.0.0.0/8"}}]}]' --show-only templates/networkpolicy.yaml > "$OUT/netpol-closed-only.yaml"
+kubernetes-validate --strict -k "$KUBE_VERSION" --quiet "$OUT/netpol-closed-only.yaml"
+python3 "$ROOT/dev/chart-checks.py" netpol "$OUT/netpol-closed.yaml" "${prodv[@]}" \
+  --values <(printf 'networkPolicy: {adminFrom: [], metricsFrom: []}\n')
+python3 -c 'import sys, yaml; p = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-router")); assert p["spec"]["ingress"] == [] and p["spec"]["policyTypes"] == ["Ingress", "Egress"] and p["spec"]["egress"][0]["to"][0]["ipBlock"]["cidr"] == "10.0.0.0/8", p["spec"]' \
+  "$OUT/netpol-closed.yaml"
+# ---- end of adoption basics ----
+
 echo "== the hooks run in Helm's order against the dev stack: install, upgrade, an incompatible schema fails"
 if "$ROOT/dev/stack.sh" status > /dev/null 2>&1; then
   run="chart$(date +%s)$$"; db="chart_hooks_$run"
-  hook_values() {  # hook_values PREFIX: the chart pointed at the dev stack, topics under PREFIX
+  hook_values() {  # hook_values PREFIX [CDC]: the chart pointed at the dev stack, topics under PREFIX, config.cdc CDC
     printf 'existingSecret: orderpipe-dev\nconfig:\n  kafka: {bootstrap_servers: "127.0.0.1:9092"}\n'
     printf '  registry: {url: "http://127.0.0.1:8081/apis/ccompat/v7"}\n  topics:\n'
     for t in order_events:order.events.v1 inventory_events:inventory.events.v1 dead_letter:order.events.v1.dlq; do
       printf '    %s: {name: %s%s, partitions: 3, replication_factor: 1, min_insync_replicas: 1, retention_ms: 2592000000}\n' \
         "${t%%:*}" "$1" "${t#*:}"
     done
+    # The chart's change topics default to replication 3 / min ISR 2 too: 1/1 on the single dev broker.
+    printf '  cdc: {replication_factor: 1, min_insync_replicas: 1%s}\n' "${2:+, $2}"
   }
   mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "CREATE DATABASE $db"
   trap 'mariadb -h127.0.0.1 -uorderpipe -porderpipe -e "DROP DATABASE IF EXISTS $db" || true; rm -rf "$OUT"' EXIT
@@ -321,9 +453,8 @@ if "$ROOT/dev/stack.sh" status > /dev/null 2>&1; then
   echo "== the cdc and router Deployments run as rendered against the dev stack: probes, a captured change, the admin token"
   free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
   mariadb -h127.0.0.1 -uorderpipe -porderpipe "$db" -e "CREATE TABLE roles_t (id INT PRIMARY KEY, v INT)"
-  { hook_values "$run.roles."
-    printf '  cdc: {name: %s, server_id: %d, tables: [%s.roles_t], topic_prefix: %s.cdc, offsets_topic: %s.cdc.offsets, partitions: 1}\n' \
-      "$run" "$((5000 + RANDOM % 4000))" "$db" "$run" "$run"
+  { hook_values "$run.roles." "$(printf 'name: %s, server_id: %d, tables: [%s.roles_t], topic_prefix: %s.cdc, offsets_topic: %s.cdc.offsets, partitions: 1' \
+      "$run" "$((5000 + RANDOM % 4000))" "$db" "$run" "$run")"
     printf 'httpPort: %s\ncdc: {enabled: true}\nrouter: {enabled: true, admin: {enabled: true, port: %s}}\n' "$(free_port)" "$(free_port)"
     printf 'secretKeys: {cdcSource: cdc-source, adminToken: admin-token}\n'
   } > "$OUT/roles.yaml"
