@@ -11,6 +11,9 @@
 #   failed by an incompatible schema), and so do the cdc and router
 #   Deployments (probes, a captured row, the admin token); the console role
 #   (no way to sign in and two replicas refused, a lost token or flag caught);
+#   values.schema.json refuses typos naming them, NOTES.txt names what is rendered,
+#   every pod runs as a ServiceAccount without a token, the NetworkPolicies admit
+#   only networkPolicy.adminFrom/consoleFrom/metricsFrom (dev/chart-checks.py accounts, netpol);
 #   promtool check + unit tests of the
 #   alert rules (each alert fires on a bad series and stays quiet on a good one).
 # Installs what it needs when missing: Helm (go install, from the Go module
