@@ -22,10 +22,16 @@
 //! (`http.crm`) whose [`HttpDelivery`] handler POSTs each matching event as
 //! `{request_id, channel_id, event_type, data, old, timestamp}` with the
 //! event id as `Idempotency-Key` (and as `request_id`, so a redelivery
-//! carries the same key) and the trace context in `traceparent`. Success is
-//! HTTP 2xx with body `code == 0`; anything else, or a timeout, is a
-//! retryable failure that goes through the error tier. The dedup row is
-//! written only in the transaction of a successful delivery.
+//! carries the same key) and the trace context in `traceparent`. Whether an
+//! answer is a delivery is the subscription's [`SuccessRule`] (default
+//! `2xx`: any 2xx, and when the body is JSON with a `code`, that code is 0,
+//! which fits plain webhooks answering `204` or `200 {}` and seed 003's
+//! `{"code": 0}` alike). A 4xx other than 408 and 429 is the downstream
+//! refusing the record for good: dead-lettered at once as
+//! `downstream_rejected`, with the status and up to 1 KB of the body.
+//! Anything else, or a timeout, is a retryable failure that goes through
+//! the error tier. The dedup row is written only in the transaction of a
+//! successful delivery.
 //!
 //! Subscriptions reload on SIGHUP and when the config file changes; a
 //! delivery in flight finishes with the settings it started with.
@@ -74,6 +80,87 @@ pub struct Subscription {
     /// Off: matching events are consumed and not delivered.
     #[serde(default = "default_enabled")]
     pub enabled: bool,
+    /// Which answers are deliveries ([`SuccessRule`]).
+    #[serde(default)]
+    pub success: SuccessRule,
+}
+
+/// Which HTTP answers count as a delivery (`success` of a subscription or
+/// a downstream consumer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+pub enum SuccessRule {
+    /// Any 2xx; when the body is JSON with a `code` field, it must also be
+    /// 0. Plain webhooks (`204`, `200 {}`, `200 OK`) and seed 003's
+    /// `{"code": 0}` are both deliveries.
+    #[default]
+    #[serde(rename = "2xx")]
+    TwoXx,
+    /// 2xx and a JSON body whose `code` is 0: seed 003's contract, strictly
+    /// (an answer without `code` is a failure).
+    #[serde(rename = "2xx-and-code")]
+    TwoXxAndCode,
+    /// The body's `code` alone: 0 is a delivery whatever the status (for
+    /// downstreams that answer every request with one status).
+    #[serde(rename = "code")]
+    Code,
+}
+
+impl SuccessRule {
+    /// The accepted spellings, in order.
+    pub const NAMES: [&'static str; 3] = ["2xx", "2xx-and-code", "code"];
+
+    /// The rule's name (what config, tables and flags say).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TwoXx => Self::NAMES[0],
+            Self::TwoXxAndCode => Self::NAMES[1],
+            Self::Code => Self::NAMES[2],
+        }
+    }
+
+    /// `text` as a rule; the error names `field` and the accepted values.
+    pub fn parse(field: &str, text: &str) -> Result<Self, String> {
+        match text {
+            "2xx" => Ok(Self::TwoXx),
+            "2xx-and-code" => Ok(Self::TwoXxAndCode),
+            "code" => Ok(Self::Code),
+            other => Err(format!("{field}: `{other}` is not a success rule; accepted values: {}", Self::NAMES.join(", "))),
+        }
+    }
+
+    /// Whether an answer of `status` with `body` is a delivery; when it is
+    /// not, why (the body's `code`, or its absence).
+    fn judge(self, status: reqwest::StatusCode, body: &str) -> Result<(), String> {
+        let code = serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| v.get("code").cloned());
+        let code_is_zero = || match &code {
+            Some(c) if c.as_i64() == Some(0) || c.as_str() == Some("0") => Ok(()),
+            Some(c) => Err(format!("HTTP {status}, answered code {c}")),
+            None => Err(format!("HTTP {status} without a JSON `code` (success rule {})", self.as_str())),
+        };
+        match self {
+            Self::TwoXx if !status.is_success() => Err(format!("HTTP {status}")),
+            Self::TwoXx if code.is_none() => Ok(()),
+            Self::TwoXx => code_is_zero(),
+            Self::TwoXxAndCode if !status.is_success() => Err(format!("HTTP {status}")),
+            Self::TwoXxAndCode | Self::Code => code_is_zero(),
+        }
+    }
+}
+
+/// A 4xx the downstream will answer again, whatever the retry: the record
+/// is refused for good (408 Request Timeout and 429 Too Many Requests are
+/// about the moment, not the record, and retry).
+fn is_rejection(status: reqwest::StatusCode) -> bool {
+    status.is_client_error() && !matches!(status.as_u16(), 408 | 429)
+}
+
+/// At most `max` bytes of `text`, cut at a character boundary.
+fn prefix(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 fn default_method() -> String {
@@ -230,14 +317,18 @@ pub struct Endpoint<'a> {
     pub timeout_ms: u64,
     /// `channel_id` in the body.
     pub channel_id: &'a str,
+    /// Which answers are deliveries.
+    pub success: SuccessRule,
 }
 
 /// Delivers `envelope` to `endpoint` as `{request_id, channel_id,
 /// event_type, data, old, timestamp}` (`data`/`old`: a row change's row and
 /// previous values, an order event's payload and null), with the event id as
-/// `Idempotency-Key` and the trace context in `traceparent`. HTTP 2xx with
-/// body `code == 0` is [`Effect::Applied`]; anything else, or a timeout, a
-/// retryable failure naming the endpoint.
+/// `Idempotency-Key` and the trace context in `traceparent`. An answer the
+/// endpoint's [`SuccessRule`] accepts is [`Effect::Applied`]; a 4xx other
+/// than 408 and 429 is [`HandlerError::Rejected`] (the status and up to
+/// 1 KB of the body); anything else, or a timeout, a retryable failure.
+/// Every error names the endpoint.
 pub async fn post(client: &reqwest::Client, endpoint: Endpoint<'_>, envelope: &Envelope) -> Result<Effect, HandlerError> {
     let event_id = envelope.event_id.to_string();
     let (data, old) = envelope.data.data_and_old();
@@ -271,14 +362,15 @@ pub async fn post(client: &reqwest::Client, endpoint: Endpoint<'_>, envelope: &E
         })?;
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
-    if !status.is_success() {
-        return Err(fail(format!("HTTP {status}: {}", text.chars().take(200).collect::<String>())));
-    }
-    let code = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["code"].as_i64());
-    match code {
-        Some(0) => Ok(Effect::Applied),
-        Some(code) => Err(fail(format!("answered code {code}: {}", text.chars().take(200).collect::<String>()))),
-        None => Err(fail(format!("HTTP {status} without a JSON `code`: {}", text.chars().take(200).collect::<String>()))),
+    match endpoint.success.judge(status, &text) {
+        Ok(()) => Ok(Effect::Applied),
+        Err(why) if is_rejection(status) && endpoint.success != SuccessRule::Code => Err(HandlerError::Rejected(format!(
+            "{} {}: {why}: {}",
+            endpoint.method,
+            endpoint.url,
+            prefix(&text, 1024)
+        ))),
+        Err(why) => Err(fail(format!("{why}: {}", prefix(&text, 200)))),
     }
 }
 
@@ -301,7 +393,13 @@ impl Handler for HttpDelivery {
         if !sub.enabled || !sub.matches(envelope.event_name.as_str()) {
             return Ok(Effect::Ignored);
         }
-        let endpoint = Endpoint { url: &sub.url, method: &sub.method, timeout_ms: sub.timeout_ms, channel_id: &sub.channel_id };
+        let endpoint = Endpoint {
+            url: &sub.url,
+            method: &sub.method,
+            timeout_ms: sub.timeout_ms,
+            channel_id: &sub.channel_id,
+            success: sub.success,
+        };
         post(&self.client, endpoint, envelope).await
     }
 }
@@ -359,6 +457,29 @@ pub fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn success_rules_judge_status_and_code() {
+        use SuccessRule::*;
+        let ok = |rule: SuccessRule, status: u16, body: &str| rule.judge(reqwest::StatusCode::from_u16(status).unwrap(), body).is_ok();
+        for (status, body) in [(200, ""), (204, ""), (200, "{}"), (202, "accepted"), (201, r#"{"code": 0}"#), (200, r#"{"code": "0"}"#)] {
+            assert!(ok(TwoXx, status, body), "2xx: {status} {body:?}");
+        }
+        for (status, body) in [(200, r#"{"code": 1}"#), (500, r#"{"code": 0}"#), (301, ""), (429, "")] {
+            assert!(!ok(TwoXx, status, body), "2xx: {status} {body:?}");
+        }
+        assert!(ok(TwoXxAndCode, 200, r#"{"code": 0}"#) && !ok(TwoXxAndCode, 204, "") && !ok(TwoXxAndCode, 200, "{}"));
+        assert!(ok(Code, 500, r#"{"code": 0}"#) && !ok(Code, 200, "{}") && !ok(Code, 200, r#"{"code": 3}"#));
+        assert!(is_rejection(reqwest::StatusCode::BAD_REQUEST) && is_rejection(reqwest::StatusCode::GONE));
+        assert!(!is_rejection(reqwest::StatusCode::REQUEST_TIMEOUT) && !is_rejection(reqwest::StatusCode::TOO_MANY_REQUESTS));
+        assert!(!is_rejection(reqwest::StatusCode::SERVICE_UNAVAILABLE));
+        for name in SuccessRule::NAMES {
+            assert_eq!(SuccessRule::parse("f", name).unwrap().as_str(), name);
+        }
+        let e = SuccessRule::parse("http.subscriptions[crm].success", "200").unwrap_err();
+        assert!(e.contains("http.subscriptions[crm].success") && e.contains("2xx, 2xx-and-code, code"), "{e}");
+        assert_eq!(prefix("añb", 2), "a", "cut at a character boundary");
+    }
 
     #[test]
     fn patterns_match_event_names() {

@@ -18,6 +18,7 @@ use super::consume::shutdown_signal;
 use super::output::{self, Output};
 use crate::config::Settings;
 use crate::db::Db;
+use crate::delivery::SuccessRule;
 use crate::health::HealthState;
 use crate::retry::RetryLayer;
 use crate::subscriptions::admin::{self, AdminState};
@@ -209,6 +210,9 @@ pub struct ConsumerArgs {
     /// `channel_id` of the body (add: orderpipe).
     #[arg(long)]
     channel_id: Option<String>,
+    /// Which answers are deliveries: 2xx (any 2xx; a JSON `code` must be 0), 2xx-and-code, code (add: 2xx).
+    #[arg(long, value_parser = |s: &str| SuccessRule::parse("--success", s))]
+    success: Option<SuccessRule>,
     /// Free text.
     #[arg(long)]
     description: Option<String>,
@@ -373,6 +377,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 timeout_ms: a.timeout_ms,
                 retry: a.retry(),
                 channel_id: a.channel_id.clone(),
+                success: a.success,
                 enabled: Some(!a.disabled),
                 description: a.description.clone(),
             };
@@ -449,6 +454,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 retry: a.retry(),
                 clear_retry: a.clear_retry,
                 channel_id: a.channel_id.clone(),
+                success: a.success,
                 enabled: None,
                 description: a.description.clone(),
             };
@@ -681,6 +687,7 @@ impl Printed for Consumer {
             "timeout ms",
             "retry",
             "channel",
+            "success",
             "enabled",
         ];
         output::print_list(consumers, format, &header, |c| {
@@ -693,6 +700,7 @@ impl Printed for Consumer {
                     serde_json::to_string(r).unwrap_or_default()
                 }),
                 c.channel_id.clone(),
+                c.success.as_str().into(),
                 yes_no(c.enabled),
             ]
         });

@@ -37,6 +37,10 @@ pub enum HandlerError {
     /// This record never will (invalid for the business state): the DLQ at once.
     #[error("fatal: {0}")]
     Fatal(String),
+    /// A downstream refused the record for good (an HTTP 4xx other than
+    /// 408 and 429): the DLQ at once, as `downstream_rejected`.
+    #[error("rejected: {0}")]
+    Rejected(String),
 }
 
 impl HandlerError {
@@ -46,6 +50,7 @@ impl HandlerError {
             Self::Unavailable(_) => "unavailable",
             Self::Retryable(_) => "handler_retryable",
             Self::Fatal(_) => "handler_fatal",
+            Self::Rejected(_) => "downstream_rejected",
         }
     }
 }

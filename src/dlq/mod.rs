@@ -61,10 +61,11 @@ impl DlqSettings {
 /// [`crate::consumer::version::UNSUPPORTED_VERSION`]) and `unknown` (a DLQ
 /// record without the class header, see [`persist::dead_letter_of`]). A
 /// fixed set: the gauges' `class` label and `--class` take only these.
-pub const ERROR_CLASSES: [&str; 15] = [
+pub const ERROR_CLASSES: [&str; 16] = [
     "unavailable",
     "handler_retryable",
     "handler_fatal",
+    "downstream_rejected",
     "not_framed",
     "unknown_schema",
     "registry_unavailable",
@@ -109,7 +110,7 @@ mod tests {
             CodecError::NotWarmedUp(text()),
             CodecError::Mismatch(text()),
         ];
-        let handler = [HandlerError::Unavailable(text()), HandlerError::Retryable(text()), HandlerError::Fatal(text())];
+        let handler = [HandlerError::Unavailable(text()), HandlerError::Retryable(text()), HandlerError::Fatal(text()), HandlerError::Rejected(text())];
         for class in codec.iter().map(CodecError::class).chain(handler.iter().map(HandlerError::class)) {
             assert!(known_class(class).is_ok(), "{class} is missing from ERROR_CLASSES");
         }

@@ -165,6 +165,7 @@ async fn deliver_payments(settings: &Settings, db: &Db, topic: &str, events: &[E
         retry: None,
         channel_id: "orderpipe-demo".into(),
         enabled: true,
+        success: Default::default(),
     };
     let (handler, _) = HttpDelivery::new(subscription.clone());
     let group = run_group(settings, db, HTTP_GROUP, vec![Arc::new(handler)], topic).await?;

@@ -76,6 +76,7 @@ impl Handler for BindingDelivery {
                     method: &consumer.method,
                     timeout_ms: u64::try_from(consumer.timeout_ms).unwrap_or(0),
                     channel_id: &consumer.channel_id,
+                    success: consumer.success,
                 };
                 let effect = post(&self.client, endpoint, envelope).await?;
                 counter!(DELIVERED, "group" => binding.group.clone()).increment(1);

@@ -199,6 +199,7 @@ mod tests {
                 timeout_ms: 5000,
                 retry: None,
                 channel_id: "orderpipe".into(),
+                success: Default::default(),
                 enabled: true,
                 description: String::new(),
                 created_ms: 0,

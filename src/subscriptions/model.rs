@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::Invalid;
 use super::filter::{FilterSpec, PropertyFilter};
 use crate::retry::RetryLayer;
+use crate::delivery::SuccessRule;
 
 /// A name: lower case letters, digits, `-` and `_`, starting with a letter
 /// or digit, at most 64 characters. Consumer names and bind keys are such
@@ -154,6 +155,8 @@ pub struct Consumer {
     pub retry: Option<RetryLayer>,
     /// `channel_id` of the seed-003 body.
     pub channel_id: String,
+    /// Which answers are deliveries.
+    pub success: SuccessRule,
     /// Off: none of its subscriptions is served.
     pub enabled: bool,
     /// Free text.
@@ -268,6 +271,8 @@ pub struct NewConsumer {
     pub retry: Option<RetryLayer>,
     /// Default `orderpipe`.
     pub channel_id: Option<String>,
+    /// Which answers are deliveries (default `2xx`).
+    pub success: Option<SuccessRule>,
     /// Default true.
     pub enabled: Option<bool>,
     /// Free text.
@@ -290,6 +295,8 @@ pub struct ConsumerPatch {
     pub clear_retry: bool,
     /// `channel_id`.
     pub channel_id: Option<String>,
+    /// Which answers are deliveries.
+    pub success: Option<SuccessRule>,
     /// Enabled.
     pub enabled: Option<bool>,
     /// Free text.

@@ -25,6 +25,7 @@ use sqlx::any::AnyRow;
 
 use super::bindings::{Binding, Route};
 use super::filter::{FilterSpec, PropertyFilter};
+use crate::delivery::SuccessRule;
 use super::model::*;
 use super::{Invalid, SubsError};
 use crate::clock::now_ms;
@@ -124,7 +125,7 @@ const SOURCE_COLUMNS: &str =
     "id, name, db_host, db_port, db_user, enabled, description, created_ms, updated_ms";
 const EVENT_SELECT: &str = "SELECT e.id, e.routing_key, e.topic, s.name, e.description, e.created_ms, e.updated_ms \
      FROM event_definitions e LEFT JOIN cdc_sources s ON s.id = e.source_id";
-const CONSUMER_COLUMNS: &str = "id, name, http_method, http_url, timeout_ms, retry_json, channel_id, enabled, description, created_ms, updated_ms";
+const CONSUMER_COLUMNS: &str = "id, name, http_method, http_url, timeout_ms, retry_json, channel_id, enabled, description, created_ms, updated_ms, success";
 const SUBSCRIPTION_FROM: &str = "FROM subscriptions s JOIN event_definitions e ON e.id = s.event_id \
      JOIN downstream_consumers c ON c.id = s.consumer_id \
      WHERE (? IS NULL OR c.name = ?) AND (? IS NULL OR e.routing_key = ?) AND (? IS NULL OR s.id = ?) \
@@ -214,6 +215,8 @@ fn consumer_at(r: &AnyRow, at: usize) -> Result<Consumer, sqlx::Error> {
         description: r.try_get(at + 8)?,
         created_ms: r.try_get(at + 9)?,
         updated_ms: r.try_get(at + 10)?,
+        success: SuccessRule::parse("downstream_consumers.success", &r.try_get::<String, _>(at + 11)?)
+            .map_err(|e| sqlx::Error::Decode(e.into()))?,
     })
 }
 
@@ -583,7 +586,7 @@ impl Store {
         let now = now_ms();
         sqlx::query(
             "INSERT INTO downstream_consumers (name, http_method, http_url, timeout_ms, retry_json, channel_id, enabled, \
-             description, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             description, created_ms, updated_ms, success) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&new.name)
         .bind(new.method.clone().unwrap_or_else(|| "POST".into()))
@@ -595,6 +598,7 @@ impl Store {
         .bind(new.description.clone().unwrap_or_default())
         .bind(now)
         .bind(now)
+        .bind(new.success.unwrap_or_default().as_str())
         .execute(&mut *tx)
         .await
         .map_err(|e| duplicate(e, "consumer", &new.name))?;
@@ -627,7 +631,7 @@ impl Store {
             "UPDATE downstream_consumers SET http_method = COALESCE(?, http_method), http_url = COALESCE(?, http_url), \
              timeout_ms = COALESCE(?, timeout_ms), retry_json = CASE ? WHEN 1 THEN ? ELSE retry_json END, \
              channel_id = COALESCE(?, channel_id), enabled = COALESCE(?, enabled), \
-             description = COALESCE(?, description), updated_ms = ? WHERE id = ?",
+             description = COALESCE(?, description), success = COALESCE(?, success), updated_ms = ? WHERE id = ?",
         )
         .bind(patch.method.clone())
         .bind(patch.url.clone())
@@ -636,7 +640,8 @@ impl Store {
         .bind(retry_json(patch.retry.as_ref()))
         .bind(patch.channel_id.clone())
         .bind(patch.enabled.map(i32::from))
-        .bind(patch.description.clone());
+        .bind(patch.description.clone())
+        .bind(patch.success.map(SuccessRule::as_str));
         self.commit_update(tx, update, current.id, Some(name))
             .await?;
         self.consumer(name).await

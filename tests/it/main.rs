@@ -43,3 +43,4 @@ mod signals;
 mod subscriptions;
 mod topics;
 mod wake;
+mod webhooks;

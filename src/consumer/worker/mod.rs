@@ -434,7 +434,7 @@ impl PartitionWorker {
                 // Infrastructure: wait in place; it does not use up attempts.
                 HandlerError::Unavailable(_) => backoff.wait().await,
                 HandlerError::Retryable(_) if executions <= local_retries => executions += 1,
-                HandlerError::Retryable(_) | HandlerError::Fatal(_) => break,
+                HandlerError::Retryable(_) | HandlerError::Fatal(_) | HandlerError::Rejected(_) => break,
             }
             match self.apply_one(item).await {
                 Ok(committed) => {
