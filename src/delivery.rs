@@ -455,6 +455,8 @@ pub fn watch(
 }
 
 #[cfg(test)]
+// figment::Jail's closures return figment::Error, whose size is figment's choice.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
 

@@ -81,9 +81,9 @@ fn error(status: StatusCode, code: u32, message: String) -> Response {
     (status, Json(json!({"error_code": code, "message": message}))).into_response()
 }
 
-fn parse(text: &str) -> Result<Schema, Response> {
+fn parse(text: &str) -> Result<Schema, Box<Response>> {
     Schema::parse_str(text)
-        .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, 42201, format!("invalid schema: {e}")))
+        .map_err(|e| Box::new(error(StatusCode::UNPROCESSABLE_ENTITY, 42201, format!("invalid schema: {e}"))))
 }
 
 /// BACKWARD: the new schema (reader) can read data of the latest (writer).
@@ -109,7 +109,7 @@ async fn register(
 ) -> Response {
     let parsed = match parse(&body.schema) {
         Ok(p) => p,
-        Err(e) => return e,
+        Err(e) => return *e,
     };
     let canonical = parsed.canonical_form();
     let mut registry = state.lock().expect("registry lock");
@@ -175,7 +175,7 @@ async fn compatibility(
 ) -> Response {
     let parsed = match parse(&body.schema) {
         Ok(p) => p,
-        Err(e) => return e,
+        Err(e) => return *e,
     };
     let registry = state.lock().expect("registry lock");
     let verdict = backward_compatible(&registry, &subject, &parsed);

@@ -137,6 +137,8 @@ pub(crate) fn explain(error: figment::Error) -> String {
 }
 
 #[cfg(test)]
+// figment::Jail's closures return figment::Error, whose size is figment's choice.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
 

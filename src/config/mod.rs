@@ -280,6 +280,8 @@ fn redact_url_password(url: &str) -> String {
 }
 
 #[cfg(test)]
+// figment::Jail's closures return figment::Error, whose size is figment's choice.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
     use secrecy::SecretString;

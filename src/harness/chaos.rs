@@ -139,6 +139,8 @@ impl Handler for Chaos {
 }
 
 #[cfg(test)]
+// figment::Jail's closures return figment::Error, whose size is figment's choice.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
 

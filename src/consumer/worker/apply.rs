@@ -86,6 +86,8 @@ pub(super) struct Deferred {
 }
 
 /// What one attempt at a wave gave.
+// Done is the common case: boxing it would allocate once per wave for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Wave<'a> {
     /// Written: what to add to the batch's ledger.
     Done(Ledger<'a>),
