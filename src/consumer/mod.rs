@@ -68,6 +68,10 @@ pub struct ConsumerSettings {
     pub options: BTreeMap<String, String>,
     /// Records of one partition applied in one DB transaction, at most.
     pub batch_size: usize,
+    /// How long a partition's batch waits, after its first record, for
+    /// more before it is applied (0: it takes what is already waiting).
+    #[serde(default)]
+    pub batch_linger_ms: u64,
     /// `/health/mq` fails past this total lag.
     pub lag_threshold: i64,
     /// `/health/mq` fails when the loop has not polled for this long.
@@ -290,6 +294,8 @@ pub(crate) struct Shared {
     /// dropped on revoke), per partition.
     pub in_flight: Mutex<HashMap<PartitionKey, usize>>,
     pub batch_size: usize,
+    /// `consumer.batch_linger_ms`.
+    pub batch_linger: std::time::Duration,
     /// First record received, last batch committed.
     pub active: Mutex<Option<(Instant, Instant)>>,
     /// Keys this consumer knows to be parked (mode `key`): only records of
@@ -378,6 +384,7 @@ pub async fn run(
         parked: Mutex::new(crate::ordering::ParkedSet::default()),
         pauses: Mutex::new(dispatch::Pauses::default()),
         batch_size: settings.consumer.batch_size.max(1),
+        batch_linger: std::time::Duration::from_millis(settings.consumer.batch_linger_ms),
     });
     // Report the database state from the start, not only after the first record.
     match shared.db.ping().await {

@@ -138,6 +138,12 @@ async fn a_crash_between_the_commit_and_a_forwards_acknowledgement_loses_nothing
     let db = env.db();
 
     env.set_env("ORDERPIPE_CHAOS__CRASH_BEFORE_FORWARD_ACK", "true");
+    // The situation under test needs the failed record's batch to hold the
+    // records behind it: every record is in the topic before the consumer
+    // starts, and each partition's first batch waits 2 s for the fetch to
+    // hand it everything (a loaded machine otherwise starts a batch with the
+    // failed record alone, and nothing behind it is committed before the crash).
+    env.set_env("ORDERPIPE_CONSUMER__BATCH_LINGER_MS", "2000");
     let crashed = env.cli(&["consume", "--group", group, "--handler", &handlers, "--until-idle", "30"]);
     assert_eq!(crashed.output.status.signal(), Some(6), "SIGABRT at the hook:\n{}", crashed.text());
     assert!(crashed.elapsed < Duration::from_secs(30), "aborted before going idle: {:?}", crashed.elapsed);
@@ -157,6 +163,7 @@ async fn a_crash_between_the_commit_and_a_forwards_acknowledgement_loses_nothing
     eprintln!("crashed: {applied_before} applied, {dlq_before} copies of the failed record reached the DLQ before the crash");
 
     env.set_env("ORDERPIPE_CHAOS__CRASH_BEFORE_FORWARD_ACK", "false");
+    env.set_env("ORDERPIPE_CONSUMER__BATCH_LINGER_MS", "0");
     let summary = consume(&env, group, &handlers);
     assert_eq!(summary["dead_lettered"], 1, "{summary}");
     assert_eq!(summary["held"], failing.len() - 1, "the order's later events wait behind it: {summary}");

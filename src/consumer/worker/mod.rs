@@ -212,6 +212,9 @@ impl PartitionWorker {
         }
         while let Some(first) = rx.recv().await {
             let mut batch = vec![first];
+            if !self.shared.batch_linger.is_zero() {
+                tokio::time::sleep(self.shared.batch_linger).await;
+            }
             while batch.len() < self.shared.batch_size {
                 match rx.try_recv() {
                     Ok(m) => batch.push(m),
