@@ -30,11 +30,21 @@ pub use tx::Tx;
 pub struct DatabaseSettings {
     /// `mysql://user:pass@host:port/db` or `sqlite://path`.
     pub url: SecretString,
-    /// Pool size.
-    pub max_connections: u32,
+    /// Pool size; unset: [`DEFAULT_POOL`], and a consumer sizes its pool
+    /// to its partition workers.
+    #[serde(default)]
+    pub max_connections: Option<u32>,
 }
 
+/// The pool size of a role when `database.max_connections` is unset.
+pub const DEFAULT_POOL: u32 = 16;
+
 impl DatabaseSettings {
+    /// The pool size of a role that needs no more than the setting says.
+    pub fn pool_size(&self) -> u32 {
+        self.max_connections.unwrap_or(DEFAULT_POOL)
+    }
+
     /// Rejects a URL of a database orderpipe does not speak.
     pub fn validate(&self) -> Result<(), String> {
         let url = self.url.expose_secret();
@@ -221,7 +231,7 @@ pub async fn sqlite_for_test() -> (tempfile::TempDir, Db) {
     let dir = tempfile::tempdir().unwrap();
     let settings = DatabaseSettings {
         url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(),
-        max_connections: 1,
+        max_connections: Some(1),
     };
     let db = Db::connect(&settings, 1).unwrap();
     db.migrate().await.unwrap();

@@ -39,7 +39,7 @@ pub async fn run(settings: &Settings, args: ConsoleArgs) -> anyhow::Result<ExitC
         .listen
         .parse()
         .map_err(|_| anyhow::anyhow!("console.listen: `{}` is not HOST:PORT", settings.console.listen))?;
-    let db = Db::connect(&settings.database, settings.database.max_connections)?;
+    let db = Db::connect(&settings.database, settings.database.pool_size())?;
     if args.migrate {
         db.migrate().await?;
     }

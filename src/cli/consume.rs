@@ -114,15 +114,20 @@ impl GroupArgs {
         crate::consumer::naming::warn_unless_house_pattern(&group);
         let topic = self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
         let needed = consumer::connections_needed(&settings.topics, &topic, error_tier);
-        let configured = settings.database.max_connections;
-        if configured < needed {
-            tracing::warn!(
-                configured,
-                needed,
-                "database.max_connections is below what this consumer's partition workers use at once; the pool is raised to {needed}"
-            );
-        }
-        let db = Db::connect(&settings.database, configured.max(needed))?;
+        // Unset, the pool is what the workers need; a value set below that is raised, and said so.
+        let pool = match settings.database.max_connections {
+            Some(configured) if configured < needed => {
+                tracing::warn!(
+                    configured,
+                    needed,
+                    "database.max_connections is below what this consumer's partition workers use at once; the pool is raised to {needed}"
+                );
+                needed
+            }
+            Some(configured) => configured,
+            None => needed.max(crate::db::DEFAULT_POOL),
+        };
+        let db = Db::connect(&settings.database, pool)?;
         if self.migrate {
             db.migrate().await?;
         }

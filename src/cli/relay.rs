@@ -77,7 +77,7 @@ pub struct RelayArgs {
 pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode> {
     // Before start-up: a SIGTERM in it stops the API cleanly rather than killing it.
     super::signals::install()?;
-    let db = Db::connect(&settings.database, settings.database.max_connections)?;
+    let db = Db::connect(&settings.database, settings.database.pool_size())?;
     if args.migrate {
         db.migrate().await?;
     }

@@ -422,3 +422,17 @@ async fn a_key_longer_than_its_columns_is_dead_lettered_and_persisted_whole_and_
     );
     assert_eq!(class, "invalid_key");
 }
+
+/// A plain start with the default settings warns about nothing: the pool
+/// is sized to the partition workers when `database.max_connections` is
+/// unset (it used to warn that the default 16 was below their 25).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_consumer_started_with_default_settings_prints_no_warning() {
+    let env = TestEnv::new().with_database().await;
+    let group = "quiet-service.order.consumer";
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    let run = env.cli(&["consume", "--group", group, "--handler", "notification", "--until-idle", "2"]);
+    run.success();
+    let text = run.text();
+    assert!(!text.contains("WARN"), "a default start warned:\n{text}");
+}

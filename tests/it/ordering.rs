@@ -441,7 +441,7 @@ async fn a_key_parked_before_the_head_columns_keeps_its_head_after_the_migration
 /// The database at `url` migrated with the shipped `migrations` before
 /// `first_left_out` (copies of the files), as a release before it left it.
 async fn migrated_before(url: &str, migrations: &str, first_left_out: &str) -> Db {
-    let settings = orderpipe::db::DatabaseSettings { url: url.to_string().into(), max_connections: 2 };
+    let settings = orderpipe::db::DatabaseSettings { url: url.to_string().into(), max_connections: Some(2) };
     let db = Db::connect(&settings, 2).unwrap();
     let before = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(migrations).unwrap() {
