@@ -18,9 +18,11 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY src src
 COPY schemas schemas
 COPY sql sql
-# No --features harness: the demo, bench-* commands, produce --count and the
-# chaos handler stay out of the image (make test checks: dev/no-harness-check.sh).
-RUN cargo build --release --locked --bin orderpipe
+# The production build: OTLP export in (--otlp-endpoint), no --features harness:
+# the demo, bench-* commands, produce --count and the chaos handler stay out of
+# the image (make test checks: dev/no-harness-check.sh, and tests/otlp.rs runs
+# this binary's consume against a collector).
+RUN cargo build --release --locked --features otlp --bin orderpipe
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 libsasl2-2 libzstd1 zlib1g \

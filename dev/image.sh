@@ -167,8 +167,9 @@ cmd_build() {
   read_dockerfile
   # --locked as in the Dockerfile: a Cargo.lock that docker build would
   # refuse fails here too.
-  step "release binary: cargo build --release --locked --bin orderpipe"
-  (cd "$ROOT" && cargo build --release --locked --bin orderpipe)
+  # The Dockerfile's build stage: the production features (OTLP), no harness.
+  step "release binary: cargo build --release --locked --features otlp --bin orderpipe"
+  (cd "$ROOT" && cargo build --release --locked --features otlp --bin orderpipe)
   ensure_base
 
   # The build stage's output, as a directory: the binary at the path the

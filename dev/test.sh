@@ -85,5 +85,5 @@ fi
 
 # Last: building with the feature changes target/debug/orderpipe, which the
 # tests above use (a target dir of its own would cost a full second build).
-echo "== OTLP export (built with --features otlp)"
-cargo test --features otlp,harness --test otlp
+echo "== OTLP export: the release image's binary (--features otlp, no harness) consumes and exports its spans"
+OTLP_CONSUMER_BINARY="$ROOT/target/release/orderpipe" cargo test --features otlp,harness --test otlp -- --nocapture

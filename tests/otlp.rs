@@ -1,7 +1,9 @@
 //! OTLP export (built with `--features otlp`), against the dev stack: a
 //! consumer's spans reach a local OTLP/HTTP endpoint, and each record span
 //! continues the trace of the record's `traceparent` header. `make test`
-//! runs it as `CARGO_TARGET_DIR=target/otlp cargo test --features otlp --test otlp`.
+//! runs it with the release image's binary as the consumer
+//! (`OTLP_CONSUMER_BINARY=target/release/orderpipe cargo test --features otlp,harness --test otlp`):
+//! the production build exports traces.
 #![cfg(feature = "otlp")]
 
 #[allow(dead_code)]
@@ -74,9 +76,14 @@ async fn record_spans_are_exported_over_otlp_http_as_children_of_the_records_tra
     assert_eq!(sent.len(), 40);
 
     let (endpoint, requests, spans) = collector().await;
+    // The consumer: the release image's binary when make test names it
+    // (OTLP_CONSUMER_BINARY=target/release/orderpipe, the file dev/image.sh
+    // copies into the image), else this build's.
+    let binary = std::env::var("OTLP_CONSUMER_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_orderpipe").to_string());
+    eprintln!("consumer binary: {binary}");
     // The record spans are at info (the helpers' RUST_LOG=warn would drop them).
     let out = env
-        .command(&["--otlp-endpoint", &endpoint, "consume", "--group", group, "--handler", "notification", "--until-idle", "3"])
+        .command_of(&binary, &["--otlp-endpoint", &endpoint, "consume", "--group", group, "--handler", "notification", "--until-idle", "3"])
         .env("RUST_LOG", "warn,orderpipe=info")
         .output()
         .unwrap();

@@ -102,7 +102,13 @@ impl TestEnv {
 
     /// `orderpipe ARGS` with this test's environment, not yet started.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_orderpipe"));
+        self.command_of(env!("CARGO_BIN_EXE_orderpipe"), args)
+    }
+
+    /// `PROGRAM ARGS` (another orderpipe binary, e.g. the release image's)
+    /// with this test's environment, not yet started.
+    pub fn command_of(&self, program: &str, args: &[&str]) -> Command {
+        let mut command = Command::new(program);
         // `warn` unless the test set RUST_LOG (to wait for an info line).
         command.args(args).env("RUST_LOG", "warn").envs(&self.env);
         command
