@@ -316,6 +316,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 &settings.kafka,
                 &settings.dlq,
                 &settings.topics.dead_letter,
+                Some(&settings.cdc.dead_letter_topic()),
                 &db,
                 until_idle.map(Duration::from_secs),
                 shutdown_signal(),
