@@ -329,6 +329,8 @@ struct Publisher {
     kafka: KafkaSettings,
     /// The producer's librdkafka options (its `message.max.bytes`).
     options: BTreeMap<String, String>,
+    /// Its `transactional.id`.
+    transactional_id: String,
     /// Per topic, the largest record it takes: read once per topic, lowered
     /// when the broker refuses a record anyway.
     limits: HashMap<String, RecordLimit>,
@@ -387,7 +389,7 @@ struct TxFailure {
 
 /// Times a batch is built again after records were refused for their size
 /// (each time with a lower limit for their topics, so they are dead-lettered).
-const SIZE_REFUSAL_RETRIES: usize = 3;
+const SIZE_REFUSAL_RETRIES: usize = 8;
 
 fn is_size_refusal(e: &KafkaError) -> bool {
     matches!(
@@ -411,6 +413,7 @@ impl Publisher {
             cdc: sections.cdc.clone(),
             kafka: sections.kafka.clone(),
             options,
+            transactional_id: id,
             limits: HashMap::new(),
         })
     }
@@ -499,6 +502,36 @@ impl Publisher {
         let limit = RecordLimit::new(&self.options, topic_max);
         self.limits.insert(topic.to_string(), limit.clone());
         limit
+    }
+
+    /// After the broker refused `refused` records for their size: reads
+    /// their topics' limits again, so those over the new limit are
+    /// dead-lettered when the batch is built again. The broker refuses a
+    /// whole produce batch, small records with the big one; when the limit
+    /// read again still admits every refused record (it cannot be read, or
+    /// librdkafka batched records together past it: see `batch.size` in
+    /// docs/cdc.md), the largest refused record's size becomes the limit,
+    /// so each attempt dead-letters at least one record and the stream goes on.
+    async fn relearn_limits(&mut self, records: &[Outgoing], refused: &[usize]) {
+        let mut by_topic: BTreeMap<&str, usize> = BTreeMap::new();
+        for record in refused.iter().map(|&i| &records[i]) {
+            let largest = by_topic.entry(&record.topic).or_default();
+            *largest = (*largest).max(record.size);
+        }
+        for (topic, largest) in by_topic {
+            let read = topic_max_message_bytes(&self.kafka, topic).await;
+            let mut limit = RecordLimit::new(&self.options, read.map(|max| (topic.to_string(), max)));
+            if limit.fits(largest) {
+                limit = RecordLimit {
+                    max_bytes: largest - 1,
+                    from: format!("the broker refused a record of {largest} bytes on {topic} ({} admits it)", limit.from),
+                };
+            } else {
+                limit.from = format!("{}, read again after the broker refused a record of {largest} bytes", limit.from);
+            }
+            tracing::warn!(%topic, largest, limit = limit.max_bytes, limit_from = %limit.from, "cdc: the broker refused records for their size; building the batch again with this limit");
+            self.limits.insert(topic.to_string(), limit);
+        }
     }
 
     /// The record of the `index`-th change of `tx`: on its change topic
@@ -623,10 +656,11 @@ impl Publisher {
     /// One Kafka transaction: every change of `batch` (or its dead
     /// letter), then `checkpoint`. Every record's fate is decided before
     /// the transaction begins; should the broker refuse one for its size
-    /// anyway (its limit lower than read), the transaction is aborted, that
-    /// topic's limit lowered below the refused size and the batch built
-    /// again, so the refused change becomes a dead letter and the stream
-    /// goes on. Returns the number of records of changes.
+    /// anyway (its limit lowered since it was read), the transaction is
+    /// aborted, the limit learnt again ([`Self::relearn_limits`]), the
+    /// producer renewed and the batch built again, so the refused change
+    /// becomes a dead letter and the stream goes on. Returns the number of
+    /// records of changes.
     async fn publish(
         &mut self,
         batch: &[BinlogTransaction],
@@ -656,19 +690,12 @@ impl Publisher {
             if failure.refused.is_empty() || attempt > SIZE_REFUSAL_RETRIES {
                 return Err(failure.error);
             }
-            for index in failure.refused {
-                let record = &records[index];
-                let previous = self.limit(&record.topic).await;
-                let lowered = RecordLimit {
-                    max_bytes: previous.max_bytes.min(record.size.saturating_sub(1)),
-                    from: format!(
-                        "the broker refused a record of {} bytes on {} (read: {})",
-                        record.size, record.topic, previous.from
-                    ),
-                };
-                tracing::warn!(topic = %record.topic, size = record.size, limit = lowered.max_bytes, "cdc: a record was refused for its size; lowering the topic's limit and building the batch again");
-                self.limits.insert(record.topic.clone(), lowered);
-            }
+            self.relearn_limits(&records, &failure.refused).await;
+            // A refused record leaves a gap in the idempotent producer's
+            // sequence numbers that the abort does not close (the next
+            // transaction fails with OUT_OF_ORDER_SEQUENCE_NUMBER): a new
+            // producer of the same transactional.id starts a new epoch.
+            self.producer = crate::producer::transactional::fenced(&self.options, &self.transactional_id).await?;
         };
         for record in &records {
             if let Some(change) = record.change {

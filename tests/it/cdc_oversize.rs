@@ -243,3 +243,37 @@ async fn the_limit_is_what_librdkafka_and_the_broker_refuse() {
     assert_eq!(refused.0, "broker", "{refused:?}");
     assert_eq!(refused.1.rdkafka_error_code(), Some(RDKafkaErrorCode::MessageSizeTooLarge), "{refused:?}");
 }
+
+/// A topic whose limit drops after cdc read it: the broker refuses the
+/// record cdc thought fit; cdc aborts, lowers that topic's limit, builds
+/// the batch again with the row as a dead letter, and goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_the_broker_refuses_anyway_becomes_a_dead_letter_and_the_stream_goes_on() {
+    let source = Source::new(&[DDL]).await;
+    let mut cdc = source.spawn("docs");
+    source.exec(&["INSERT INTO docs VALUES (1, 'before', 'small')"]).await;
+    // Row 1 is published: cdc has read the topic's limit (the broker's 1048588).
+    source.changes("docs", 1, Duration::from_secs(90)).await;
+    let topic = source.topic("docs");
+    let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&topic)).set("max.message.bytes", "200000");
+    source.env.admin().alter_configs([&alter], &rdkafka::admin::AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    // 600 kB of random letters: lz4 leaves it over 200000 bytes.
+    let body: String = (0..600_000).map(|_| (b'a' + rand::random::<u8>() % 26) as char).collect();
+    let mut conn = MySqlConnection::connect(&format!("{MYSQL_ADMIN_URL}{}", source.database)).await.unwrap();
+    sqlx::query("INSERT INTO docs VALUES (2, 'random', ?)").bind(&body).execute(&mut conn).await.unwrap();
+    source.exec(&["INSERT INTO docs VALUES (3, 'after', 'small')"]).await;
+
+    let changes = source.changes("docs", 2, Duration::from_secs(90)).await;
+    assert_eq!(changes.iter().map(|(_, e)| e.key.as_str()).collect::<Vec<_>>(), ["1", "3"]);
+    let dlq = dead_letter_topic(&source);
+    let records = tokio::task::block_in_place(|| source.env.read(&dlq, 1, Duration::from_secs(30)));
+    let value: Value = serde_json::from_slice(records[0].payload().unwrap()).unwrap();
+    assert_eq!(value["event"]["key"], "2");
+    // The limit read again after the refusal: the topic's new one.
+    let from = value["limit_from"].as_str().unwrap();
+    assert!(from.starts_with(&format!("topic {topic} max.message.bytes = 200000 (less the 61-byte batch header), read again")), "{value:#}");
+    assert_eq!(value["limit"], 200_000 - 61);
+    assert!(value["size"].as_u64().unwrap() > 600_000);
+    assert_eq!(value["event"]["data"]["body"], body.as_str(), "the whole row: it fits the DLQ topic");
+    assert!(matches!(cdc.try_wait(), Ok(None)), "cdc goes on: {}", cdc.stop_and_output());
+}
