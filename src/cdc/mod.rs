@@ -1064,6 +1064,24 @@ mod tests {
     }
 
     #[test]
+    fn oversize_is_dead_letter_by_default_and_a_bad_one_names_the_field_and_the_choices() {
+        let load = |v: serde_json::Value| crate::config::Settings::load_with(None, &v);
+        let settings = load(serde_json::json!({})).unwrap();
+        assert_eq!(settings.cdc.oversize, oversize::OversizeAction::DeadLetter);
+        assert_eq!(settings.cdc.dead_letter_topic(), "cdc.dlq");
+        let settings = load(serde_json::json!({"cdc": {"oversize": "truncate", "truncate_columns": {"shop.docs": ["body"]}}})).unwrap();
+        assert_eq!(settings.cdc.oversize, oversize::OversizeAction::Truncate);
+        assert_eq!(settings.cdc.truncate_columns["shop.docs"], ["body"]);
+        let e = load(serde_json::json!({"cdc": {"oversize": "drop"}})).unwrap_err().to_string();
+        assert!(
+            e.contains("oversize") && e.contains("dead_letter") && e.contains("truncate") && e.contains("fail"),
+            "{e}"
+        );
+        let e = load(serde_json::json!({"cdc": {"truncate_columns": {"docs": ["body"]}}})).unwrap_err().to_string();
+        assert!(e.contains("cdc.truncate_columns.\"docs\"") && e.contains("<database>.<table>"), "{e}");
+    }
+
+    #[test]
     fn topics_are_one_per_table_and_a_compacted_offsets_topic() {
         let mut s = settings();
         s.tables = vec!["shop.table_user".into()];
@@ -1077,6 +1095,7 @@ mod tests {
             ),
             (1, "compact")
         );
+        assert_eq!((specs[2].name.as_str(), specs[2].partitions), ("cdc.dlq", 1));
         assert_eq!(
             transactional_id("orderpipe-relay", "shop"),
             "orderpipe-relay-cdc-shop"

@@ -92,10 +92,19 @@ pub struct RowPlace(String);
 impl RowPlace {
     /// The place of `event`.
     pub fn of(event: &ChangeEvent) -> Self {
-        let gtid = event.gtid.as_deref().map(|g| format!(", GTID {g}")).unwrap_or_default();
+        let gtid = event
+            .gtid
+            .as_deref()
+            .map(|g| format!(", GTID {g}"))
+            .unwrap_or_default();
         Self(format!(
             "{}.{} key {} at binlog {}:{}{gtid}, row {}",
-            event.database, event.table, event.key, event.binlog_file, event.binlog_pos, event.row_index
+            event.database,
+            event.table,
+            event.key,
+            event.binlog_file,
+            event.binlog_pos,
+            event.row_index
         ))
     }
 }
@@ -149,17 +158,25 @@ pub(crate) const SLACK: usize = 64;
 /// `old` (of a column in `allowed`; any column when `None`) by `over`
 /// bytes (the caller measures again and repeats while the record is over), at a character boundary (a whole byte of `0x` hex), and notes its
 /// original length in `truncated`. False when there is none to cut.
-pub(crate) fn cut_longest(event: &mut ChangeEvent, allowed: Option<&[String]>, over: usize, truncated: &mut Truncated) -> bool {
-    let longest = [event.data.as_object_mut(), event.old.as_mut().and_then(|o| o.as_object_mut())]
-        .into_iter()
-        .flatten()
-        .flat_map(|m| m.iter_mut())
-        .filter(|(name, _)| allowed.is_none_or(|a| a.contains(name)))
-        .filter_map(|(name, value)| match value {
-            serde_json::Value::String(s) if !s.is_empty() => Some((name, s)),
-            _ => None,
-        })
-        .max_by_key(|(_, s)| s.len());
+pub(crate) fn cut_longest(
+    event: &mut ChangeEvent,
+    allowed: Option<&[String]>,
+    over: usize,
+    truncated: &mut Truncated,
+) -> bool {
+    let longest = [
+        event.data.as_object_mut(),
+        event.old.as_mut().and_then(|o| o.as_object_mut()),
+    ]
+    .into_iter()
+    .flatten()
+    .flat_map(|m| m.iter_mut())
+    .filter(|(name, _)| allowed.is_none_or(|a| a.contains(name)))
+    .filter_map(|(name, value)| match value {
+        serde_json::Value::String(s) if !s.is_empty() => Some((name, s)),
+        _ => None,
+    })
+    .max_by_key(|(_, s)| s.len());
     let Some((name, text)) = longest else {
         return false;
     };
@@ -222,7 +239,11 @@ pub struct DeadLetterRecord {
 impl DeadLetterRecord {
     /// Its size as librdkafka counts it.
     pub fn size(&self) -> usize {
-        let headers: Vec<(&str, &[u8])> = self.headers.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+        let headers: Vec<(&str, &[u8])> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (*k, v.as_slice()))
+            .collect();
         RecordLimit::record_size(&self.key, &self.value, &headers)
     }
 }
@@ -253,7 +274,14 @@ pub fn dead_letter(
         };
         let mut id = uuid::Uuid::encode_buffer();
         let headers: Vec<(&'static str, Vec<u8>)> = [
-            (header::EVENT_ID, event.event_id.hyphenated().encode_lower(&mut id).to_string()),
+            (
+                header::EVENT_ID,
+                event
+                    .event_id
+                    .hyphenated()
+                    .encode_lower(&mut id)
+                    .to_string(),
+            ),
             (header::EVENT_NAME, event.event_name.clone()),
             (header::TRACE_ID, event.trace_id.clone()),
             (header::CONTENT_TYPE, JSON_CONTENT_TYPE.to_string()),
@@ -319,7 +347,8 @@ impl InternalEvent for OversizeRow<'_> {
             action = self.action.as_str(),
             "cdc: row change over the record limit"
         );
-        counter!(OVERSIZE_METRIC, "table" => self.table, "action" => self.action.as_str()).increment(1);
+        counter!(OVERSIZE_METRIC, "table" => self.table, "action" => self.action.as_str())
+            .increment(1);
     }
 }
 
@@ -345,7 +374,8 @@ impl InternalEvent for RowDeadLettered<'_> {
             dead_letter_topic = self.topic,
             "cdc: row change dead-lettered"
         );
-        counter!(DEAD_LETTERS_METRIC, "table" => self.table, "class" => self.why.class).increment(1);
+        counter!(DEAD_LETTERS_METRIC, "table" => self.table, "class" => self.why.class)
+            .increment(1);
     }
 }
 
@@ -380,7 +410,10 @@ mod tests {
     #[test]
     fn the_place_names_table_key_position_gtid_and_row() {
         let e = event(serde_json::json!({}), None);
-        assert_eq!(RowPlace::of(&e).to_string(), "shop.docs key 42 at binlog mariadb-bin.000003:1234, GTID 0-1-5, row 1");
+        assert_eq!(
+            RowPlace::of(&e).to_string(),
+            "shop.docs key 42 at binlog mariadb-bin.000003:1234, GTID 0-1-5, row 1"
+        );
     }
 
     /// What `Publisher::oversized` does with `truncate`: cut, measure, repeat.
@@ -412,7 +445,11 @@ mod tests {
         assert_eq!(cut["body"], 10_000);
         assert!(body.starts_with(e.data["body"].as_str().unwrap()));
         assert_eq!(cut["bin"], 8002);
-        assert_eq!(e.data["bin"].as_str().unwrap().len() % 2, 0, "hex keeps whole bytes");
+        assert_eq!(
+            e.data["bin"].as_str().unwrap().len() % 2,
+            0,
+            "hex keeps whole bytes"
+        );
         // Already fits: nothing cut. Only a column not allowed is big: no fit.
         assert!(cut_to_fit(&mut e, &columns, 100_000).unwrap().is_empty());
         let mut e = event(serde_json::json!({"title": "t".repeat(9000)}), None);
@@ -421,9 +458,20 @@ mod tests {
 
     #[test]
     fn a_dead_letter_fits_its_limit_and_says_where_what_and_how_big() {
-        let e = event(serde_json::json!({"id": 42, "body": "x".repeat(50_000)}), None);
-        let limit = RecordLimit { max_bytes: 10_000, from: "producer message.max.bytes = 10000".into() };
-        let why = Unpublishable { class: OVERSIZED, error: "record of 50200 bytes".into(), size: Some(50_200), limit: Some(limit.clone()) };
+        let e = event(
+            serde_json::json!({"id": 42, "body": "x".repeat(50_000)}),
+            None,
+        );
+        let limit = RecordLimit {
+            max_bytes: 10_000,
+            from: "producer message.max.bytes = 10000".into(),
+        };
+        let why = Unpublishable {
+            class: OVERSIZED,
+            error: "record of 50200 bytes".into(),
+            size: Some(50_200),
+            limit: Some(limit.clone()),
+        };
         let record = dead_letter("cdc:s", "cdc.shop.docs", &e, &why, &limit, 7);
         assert!(limit.fits(record.size()), "{}", record.size());
         let value: serde_json::Value = serde_json::from_slice(&record.value).unwrap();
@@ -432,9 +480,17 @@ mod tests {
         assert_eq!(value["truncated"]["body"], 50_000);
         assert_eq!(value["event"]["key"], "42");
         assert_eq!(value["event"]["binlog_pos"], 1234);
-        assert!(value["error"].as_str().unwrap().starts_with("shop.docs key 42 at binlog mariadb-bin.000003:1234"));
-        let headers: BTreeMap<&str, String> =
-            record.headers.iter().map(|(k, v)| (*k, String::from_utf8(v.clone()).unwrap())).collect();
+        assert!(
+            value["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("shop.docs key 42 at binlog mariadb-bin.000003:1234")
+        );
+        let headers: BTreeMap<&str, String> = record
+            .headers
+            .iter()
+            .map(|(k, v)| (*k, String::from_utf8(v.clone()).unwrap()))
+            .collect();
         assert_eq!(headers[header::GROUP], "cdc:s");
         assert_eq!(headers[header::ORIGINAL_TOPIC], "cdc.shop.docs");
         assert_eq!(headers[header::ORIGINAL_PARTITION], "-1");
@@ -451,9 +507,16 @@ mod tests {
     fn only_text_and_blob_columns_are_cut_unless_named() {
         let columns = TableColumns {
             names: vec!["id".into(), "title".into(), "body".into()],
-            types: vec![Some(ColumnType::MYSQL_TYPE_LONG), Some(ColumnType::MYSQL_TYPE_VARCHAR), Some(ColumnType::MYSQL_TYPE_BLOB)],
+            types: vec![
+                Some(ColumnType::MYSQL_TYPE_LONG),
+                Some(ColumnType::MYSQL_TYPE_VARCHAR),
+                Some(ColumnType::MYSQL_TYPE_BLOB),
+            ],
         };
         assert_eq!(cuttable_columns(&columns, None), vec!["title", "body"]);
-        assert_eq!(cuttable_columns(&columns, Some(&vec!["body".into()])), vec!["body"]);
+        assert_eq!(
+            cuttable_columns(&columns, Some(&vec!["body".into()])),
+            vec!["body"]
+        );
     }
 }
