@@ -349,6 +349,14 @@ struct Outgoing {
 }
 
 impl Outgoing {
+    /// The change record of `event` on `topic`; `truncated` marks its cut columns.
+    fn change(topic: &str, event: &ChangeEvent, value: Vec<u8>, truncated: Option<&oversize::Truncated>) -> Self {
+        let headers = change_headers(event, truncated);
+        let key = event.key.clone().into_bytes();
+        let size = Self::size_of(&key, &value, &headers);
+        Self { topic: topic.to_string(), key, value, headers, change: Some(event.change.as_str()), size }
+    }
+
     fn size_of(key: &[u8], value: &[u8], headers: &[(&'static str, Vec<u8>)]) -> usize {
         let headers: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_slice())).collect();
         RecordLimit::record_size(key, value, &headers)
@@ -562,20 +570,12 @@ impl Publisher {
                 return Ok(self.dead_letter(&topic, &event, why).await);
             }
         };
-        let headers = change_headers(&event, None);
-        let size = Outgoing::size_of(event.key.as_bytes(), &value, &headers);
+        let record = Outgoing::change(&topic, &event, value, None);
         let limit = self.limit(&topic).await;
-        if limit.fits(size) {
-            return Ok(Outgoing {
-                topic,
-                key: event.key.clone().into_bytes(),
-                value,
-                headers,
-                change: Some(event.change.as_str()),
-                size,
-            });
+        if limit.fits(record.size) {
+            return Ok(record);
         }
-        self.oversized(topic, change, event, size, limit).await
+        self.oversized(topic, change, event, record.size, limit).await
     }
 
     /// What `cdc.oversize` says for a change whose record (`size`) is over `limit`.
@@ -611,19 +611,11 @@ impl Publisher {
                 let mut over = size - limit.max_bytes + oversize::SLACK;
                 while oversize::cut_longest(&mut cut, Some(&columns), over, &mut truncated) {
                     let value = self.encode(&topic, change, &cut).await?;
-                    let headers = change_headers(&cut, Some(&truncated));
-                    let size = Outgoing::size_of(cut.key.as_bytes(), &value, &headers);
-                    if limit.fits(size) {
-                        return Ok(Outgoing {
-                            topic,
-                            key: cut.key.clone().into_bytes(),
-                            value,
-                            headers,
-                            change: Some(cut.change.as_str()),
-                            size,
-                        });
+                    let record = Outgoing::change(&topic, &cut, value, Some(&truncated));
+                    if limit.fits(record.size) {
+                        return Ok(record);
                     }
-                    over = size - limit.max_bytes + oversize::SLACK;
+                    over = record.size - limit.max_bytes + oversize::SLACK;
                 }
                 why.error = format!(
                     "{}; cutting its columns {columns:?} (cdc.truncate_columns) is not enough",

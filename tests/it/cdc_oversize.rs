@@ -90,6 +90,11 @@ async fn body_of(source: &Source, id: i32, prefix: &str) -> (usize, bool) {
     (row.get::<i64, _>(0) as usize, row.get::<i64, _>(1) == 1)
 }
 
+/// What `orderpipe ARGS` prints as JSON.
+fn json_of(env: &TestEnv, args: &[&str]) -> Value {
+    serde_json::from_str(&env.cli(args).success()).unwrap()
+}
+
 fn dead_letter_topic(source: &Source) -> String {
     format!("{}.cdc.dlq", source.env.prefix)
 }
@@ -205,13 +210,13 @@ async fn by_default_a_row_over_the_limit_is_dead_lettered_with_its_place_and_the
         .cli(&["dlq", "persist", "--until-idle", "3"])
         .success();
     let group = format!("cdc:{}", source.env.prefix);
-    let listed: Value = serde_json::from_str(
-        &source
-            .env
-            .cli(&["dlq", "list", "--group", &group, "--output", "json"])
-            .success(),
-    )
-    .unwrap();
+    let list = || {
+        json_of(
+            &source.env,
+            &["dlq", "list", "--group", &group, "--output", "json"],
+        )
+    };
+    let listed = list();
     let rows = listed.as_array().unwrap();
     assert_eq!(rows.len(), 1, "{listed:#}");
     assert_eq!(rows[0]["original_topic"], source.topic("docs").as_str());
@@ -230,23 +235,10 @@ async fn by_default_a_row_over_the_limit_is_dead_lettered_with_its_place_and_the
         .env
         .cli(&["dlq", "persist", "--until-idle", "3"])
         .success();
-    let again: Value = serde_json::from_str(
-        &source
-            .env
-            .cli(&["dlq", "list", "--group", &group, "--output", "json"])
-            .success(),
-    )
-    .unwrap();
-    assert_eq!(again.as_array().unwrap().len(), 1);
+    assert_eq!(list().as_array().unwrap().len(), 1);
     // `dlq show` gives the JSON value: the place, the size, the cut row.
     let id = rows[0]["id"].as_i64().unwrap().to_string();
-    let shown: Value = serde_json::from_str(
-        &source
-            .env
-            .cli(&["dlq", "show", &id, "--output", "json"])
-            .success(),
-    )
-    .unwrap();
+    let shown = json_of(&source.env, &["dlq", "show", &id, "--output", "json"]);
     assert_eq!(shown["envelope"]["event"]["key"], "2", "{shown:#}");
     assert_eq!(shown["envelope"]["size"], size);
     let replay = source
