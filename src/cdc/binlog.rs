@@ -585,7 +585,15 @@ impl BinlogReader {
                     }
                 }
                 Some(EventData::RowsEvent(rows)) => {
-                    let changes = self.changes_of(&rows)?;
+                    // Name where: the event's end position in its file.
+                    let changes = self.changes_of(&rows).map_err(|e| match e {
+                        CdcError::Source(why) => CdcError::Source(format!(
+                            "{why} (rows event ending at binlog {}:{})",
+                            self.file,
+                            header.log_pos()
+                        )),
+                        e => e,
+                    })?;
                     let open = self.open.get_or_insert_with(|| Open {
                         timestamp: header.timestamp(),
                         ..Open::default()

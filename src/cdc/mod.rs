@@ -23,16 +23,23 @@
 //! (`@slave_connect_state` before `COM_BINLOG_DUMP`), see
 //! [`binlog::ResumeMode`].
 //!
+//! A row change that cannot be published as it is (bigger than a Kafka
+//! record may be, or refused by the encoder) never stops the stream: its
+//! fate is decided before the Kafka transaction begins ([`oversize`]):
+//! a dead-letter record on cdc's DLQ topic in the same transaction (the
+//! default), its columns cut to fit, or a stop naming the row.
+//!
 //! [`CdcSettings`] is the `[cdc]` section of the configuration.
 
 pub mod binlog;
 pub mod catalogue;
 pub mod change;
 pub mod checkpoint;
+pub mod oversize;
 pub mod snapshot;
 pub mod table_schema;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge};
@@ -45,6 +52,8 @@ use serde::{Deserialize, Serialize};
 use crate::codec::{Codec, CodecError, RegistrySettings};
 use crate::kafka::client::{KafkaSettings, MeasuredProducer};
 use crate::kafka::record::header;
+use crate::kafka::size_limit::{RecordLimit, topic_max_message_bytes};
+use crate::metrics::InternalEvent;
 use crate::producer::ProducerSettings;
 use crate::topics::{EnsureOptions, TopicAdmin, TopicSpec};
 use binlog::{BinlogPosition, BinlogReader, BinlogTransaction};
@@ -108,6 +117,18 @@ pub struct CdcSettings {
     /// `position` or `gtid` (`--resume`).
     #[serde(default)]
     pub resume: binlog::ResumeMode,
+    /// What to do with a row change whose record is over the Kafka limit
+    /// ([`oversize::OversizeAction`]): `dead_letter` (default), `truncate`
+    /// or `fail`.
+    #[serde(default)]
+    pub oversize: oversize::OversizeAction,
+    /// Per table (`db.table`), the columns `oversize = "truncate"` may cut;
+    /// a table not named here: all its text and blob columns.
+    #[serde(default)]
+    pub truncate_columns: BTreeMap<String, Vec<String>>,
+    /// cdc's dead-letter topic; unset: `<topic_prefix>.dlq`.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
 }
 
 impl CdcSettings {
@@ -132,6 +153,16 @@ impl CdcSettings {
                 ));
             }
         }
+        for table in self.truncate_columns.keys() {
+            if table.split_once('.').is_none_or(|(db, t)| db.is_empty() || t.is_empty()) {
+                return Err(format!(
+                    "cdc.truncate_columns.{table:?}: expected <database>.<table> = [columns], e.g. \"shop.docs\" = [\"body\"]"
+                ));
+            }
+        }
+        if self.dead_letter_topic.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err("cdc.dead_letter_topic is empty: name a topic, or leave it unset for <topic_prefix>.dlq".into());
+        }
         if self.batch_max_rows == 0 {
             return Err("cdc.batch_max_rows = 0: must be at least 1".into());
         }
@@ -152,7 +183,15 @@ impl CdcSettings {
         format!("{}.{table}", self.topic_prefix)
     }
 
-    /// The topics the source writes: one per table, then the offsets topic.
+    /// cdc's dead-letter topic: `dead_letter_topic`, or `<topic_prefix>.dlq`.
+    pub fn dead_letter_topic(&self) -> String {
+        self.dead_letter_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.dlq", self.topic_prefix))
+    }
+
+    /// The topics the source writes: one per table, the offsets topic, then
+    /// the dead-letter topic (one partition: its records keep their order).
     pub fn topic_specs(&self) -> Vec<TopicSpec> {
         let spec = |name: String, partitions: i32, retention_ms: i64, configs: &[(&str, &str)]| {
             TopicSpec {
@@ -178,6 +217,7 @@ impl CdcSettings {
             -1,
             &[("cleanup.policy", "compact")],
         ));
+        specs.push(spec(self.dead_letter_topic(), 1, self.retention_ms, &[]));
         specs
     }
 }
@@ -211,6 +251,10 @@ pub enum CdcError {
     /// Configuration or topics.
     #[error("{0}")]
     Setup(String),
+    /// A row change stopped the source (`oversize = "fail"`, or an error
+    /// worth a restart such as an unreachable registry); names the row.
+    #[error("{0}")]
+    Row(String),
 }
 
 /// What `orderpipe cdc` reads: its section and the ones it shares.
@@ -282,6 +326,84 @@ struct Publisher {
     codecs: HashMap<String, (String, Codec)>,
     registry: RegistrySettings,
     cdc: CdcSettings,
+    kafka: KafkaSettings,
+    /// The producer's librdkafka options (its `message.max.bytes`).
+    options: BTreeMap<String, String>,
+    /// Its `transactional.id`.
+    transactional_id: String,
+    /// Per topic, the largest record it takes: read once per topic, lowered
+    /// when the broker refuses a record anyway.
+    limits: HashMap<String, RecordLimit>,
+}
+
+/// One record of a batch's Kafka transaction: a change, or a dead letter.
+struct Outgoing {
+    topic: String,
+    key: Vec<u8>,
+    value: Vec<u8>,
+    headers: Vec<(&'static str, Vec<u8>)>,
+    /// The change it carries (a change topic's record), for the metrics.
+    change: Option<&'static str>,
+    /// Its size as librdkafka counts it.
+    size: usize,
+}
+
+impl Outgoing {
+    /// The change record of `event` on `topic`; `truncated` marks its cut columns.
+    fn change(topic: &str, event: &ChangeEvent, value: Vec<u8>, truncated: Option<&oversize::Truncated>) -> Self {
+        let headers = change_headers(event, truncated);
+        let key = event.key.clone().into_bytes();
+        let size = Self::size_of(&key, &value, &headers);
+        Self { topic: topic.to_string(), key, value, headers, change: Some(event.change.as_str()), size }
+    }
+
+    fn size_of(key: &[u8], value: &[u8], headers: &[(&'static str, Vec<u8>)]) -> usize {
+        let headers: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+        RecordLimit::record_size(key, value, &headers)
+    }
+}
+
+/// The headers of a change record; `truncated` marks its cut columns.
+fn change_headers(event: &ChangeEvent, truncated: Option<&oversize::Truncated>) -> Vec<(&'static str, Vec<u8>)> {
+    let mut id = uuid::Uuid::encode_buffer();
+    let event_id = event.event_id.hyphenated().encode_lower(&mut id).to_string();
+    let traceparent = format!(
+        "00-{}-{}-01",
+        event.trace_id,
+        &event.event_id.simple().to_string()[..16]
+    );
+    let mut headers = vec![
+        (header::EVENT_ID, event_id.into_bytes()),
+        (header::EVENT_NAME, event.event_name.clone().into_bytes()),
+        (header::TRACE_ID, event.trace_id.clone().into_bytes()),
+        (header::TRACEPARENT, traceparent.into_bytes()),
+        (header::CONTENT_TYPE, header::AVRO_CONFLUENT.as_bytes().to_vec()),
+    ];
+    if let Some(truncated) = truncated.filter(|t| !t.is_empty()) {
+        headers.push((
+            oversize::TRUNCATED_HEADER,
+            serde_json::to_vec(truncated).expect("a map of lengths serializes"),
+        ));
+    }
+    headers
+}
+
+/// Why a Kafka transaction failed, and the records the broker (or
+/// librdkafka) refused for their size.
+struct TxFailure {
+    error: CdcError,
+    refused: Vec<usize>,
+}
+
+/// Times a batch is built again after records were refused for their size
+/// (each time with a lower limit for their topics, so they are dead-lettered).
+const SIZE_REFUSAL_RETRIES: usize = 8;
+
+fn is_size_refusal(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::MessageBatchTooLarge)
+    )
 }
 
 impl Publisher {
@@ -297,6 +419,10 @@ impl Publisher {
             codecs: HashMap::new(),
             registry: sections.registry.clone(),
             cdc: sections.cdc.clone(),
+            kafka: sections.kafka.clone(),
+            options,
+            transactional_id: id,
+            limits: HashMap::new(),
         })
     }
 
@@ -372,82 +498,239 @@ impl Publisher {
         Ok(self.codecs[topic].1.encode_value(value).await?)
     }
 
-    /// One Kafka transaction: every change of `batch`, then `checkpoint`.
-    /// Returns the number of records of changes.
+    /// The largest record `topic` takes (its `max.message.bytes` is read
+    /// once, at its first record).
+    async fn limit(&mut self, topic: &str) -> RecordLimit {
+        if let Some(limit) = self.limits.get(topic) {
+            return limit.clone();
+        }
+        let topic_max = topic_max_message_bytes(&self.kafka, topic)
+            .await
+            .map(|max| (topic.to_string(), max));
+        let limit = RecordLimit::new(&self.options, topic_max);
+        self.limits.insert(topic.to_string(), limit.clone());
+        limit
+    }
+
+    /// After the broker refused `refused` records for their size: reads
+    /// their topics' limits again, so those over the new limit are
+    /// dead-lettered when the batch is built again. The broker refuses a
+    /// whole produce batch, small records with the big one; when the limit
+    /// read again still admits every refused record (it cannot be read, or
+    /// librdkafka batched records together past it: see `batch.size` in
+    /// docs/cdc.md), the largest refused record's size becomes the limit,
+    /// so each attempt dead-letters at least one record and the stream goes on.
+    async fn relearn_limits(&mut self, records: &[Outgoing], refused: &[usize]) {
+        let mut by_topic: BTreeMap<&str, usize> = BTreeMap::new();
+        for record in refused.iter().map(|&i| &records[i]) {
+            let largest = by_topic.entry(&record.topic).or_default();
+            *largest = (*largest).max(record.size);
+        }
+        for (topic, largest) in by_topic {
+            let read = topic_max_message_bytes(&self.kafka, topic).await;
+            let mut limit = RecordLimit::new(&self.options, read.map(|max| (topic.to_string(), max)));
+            if limit.fits(largest) {
+                limit = RecordLimit {
+                    max_bytes: largest - 1,
+                    from: format!("the broker refused a record of {largest} bytes on {topic} ({} admits it)", limit.from),
+                };
+            } else {
+                limit.from = format!("{}, read again after the broker refused a record of {largest} bytes", limit.from);
+            }
+            tracing::warn!(%topic, largest, limit = limit.max_bytes, limit_from = %limit.from, "cdc: the broker refused records for their size; building the batch again with this limit");
+            self.limits.insert(topic.to_string(), limit);
+        }
+    }
+
+    /// The record of the `index`-th change of `tx`: on its change topic
+    /// when it can be, else what `cdc.oversize` says, or a dead letter
+    /// when the encoder refuses it. Errors name the row.
+    async fn record_of(
+        &mut self,
+        tx: &BinlogTransaction,
+        index: usize,
+        change: &binlog::RowChange,
+    ) -> Result<Outgoing, CdcError> {
+        let event = self.event(tx, index, change);
+        let topic = self
+            .cdc
+            .topic_of(&format!("{}.{}", change.database, change.table));
+        let value = match self.encode(&topic, change, &event).await {
+            Ok(value) => value,
+            Err(e) => {
+                let why = match e {
+                    // The registry is away, not the row at fault: a restart retries it.
+                    CdcError::Codec(e @ CodecError::RegistryUnavailable(_)) => {
+                        return Err(CdcError::Row(format!("{}: {e}", oversize::RowPlace::of(&event))));
+                    }
+                    CdcError::Codec(e) => oversize::Unpublishable { class: e.class(), error: e.to_string(), size: None, limit: None },
+                    CdcError::Setup(e) => oversize::Unpublishable { class: oversize::UNENCODABLE, error: e, size: None, limit: None },
+                    e => return Err(CdcError::Row(format!("{}: {e}", oversize::RowPlace::of(&event)))),
+                };
+                return Ok(self.dead_letter(&topic, &event, why).await);
+            }
+        };
+        let record = Outgoing::change(&topic, &event, value, None);
+        let limit = self.limit(&topic).await;
+        if limit.fits(record.size) {
+            return Ok(record);
+        }
+        self.oversized(topic, change, event, record.size, limit).await
+    }
+
+    /// What `cdc.oversize` says for a change whose record (`size`) is over `limit`.
+    async fn oversized(
+        &mut self,
+        topic: String,
+        change: &binlog::RowChange,
+        event: ChangeEvent,
+        size: usize,
+        limit: RecordLimit,
+    ) -> Result<Outgoing, CdcError> {
+        let place = oversize::RowPlace::of(&event);
+        let table = format!("{}.{}", change.database, change.table);
+        let action = self.cdc.oversize;
+        oversize::OversizeRow { place: &place, table: table.clone(), size, limit: &limit, action }.emit();
+        let over = format!(
+            "record of {size} bytes is over the limit of {} bytes ({})",
+            limit.max_bytes, limit.from
+        );
+        let mut why = oversize::Unpublishable { class: oversize::OVERSIZED, error: over, size: Some(size), limit: Some(limit.clone()) };
+        match action {
+            oversize::OversizeAction::Fail => {
+                return Err(CdcError::Row(format!(
+                    "{place}: {}; cdc.oversize = \"fail\" stops here (\"dead_letter\" or \"truncate\" would go on)",
+                    why.error
+                )));
+            }
+            oversize::OversizeAction::DeadLetter => {}
+            oversize::OversizeAction::Truncate => {
+                let columns = oversize::cuttable_columns(&change.columns, self.cdc.truncate_columns.get(&table));
+                let mut cut = event.clone();
+                let mut truncated = oversize::Truncated::new();
+                let mut over = size - limit.max_bytes + oversize::SLACK;
+                while oversize::cut_longest(&mut cut, Some(&columns), over, &mut truncated) {
+                    let value = self.encode(&topic, change, &cut).await?;
+                    let record = Outgoing::change(&topic, &cut, value, Some(&truncated));
+                    if limit.fits(record.size) {
+                        return Ok(record);
+                    }
+                    over = record.size - limit.max_bytes + oversize::SLACK;
+                }
+                why.error = format!(
+                    "{}; cutting its columns {columns:?} (cdc.truncate_columns) is not enough",
+                    why.error
+                );
+            }
+        }
+        Ok(self.dead_letter(&topic, &event, why).await)
+    }
+
+    /// The dead-letter record of `event` (headed for `topic`) on cdc's DLQ topic.
+    async fn dead_letter(&mut self, topic: &str, event: &ChangeEvent, why: oversize::Unpublishable) -> Outgoing {
+        let dead_letter_topic = self.cdc.dead_letter_topic();
+        let limit = self.limit(&dead_letter_topic).await;
+        let group = format!("cdc:{}", self.cdc.name);
+        let record = oversize::dead_letter(&group, topic, event, &why, &limit, crate::clock::now_ms());
+        let place = oversize::RowPlace::of(event);
+        let table = format!("{}.{}", event.database, event.table);
+        oversize::RowDeadLettered { place: &place, table, why: &why, topic: &dead_letter_topic }.emit();
+        Outgoing {
+            size: record.size(),
+            topic: dead_letter_topic,
+            key: record.key,
+            value: record.value,
+            headers: record.headers,
+            change: None,
+        }
+    }
+
+    /// One Kafka transaction: every change of `batch` (or its dead
+    /// letter), then `checkpoint`. Every record's fate is decided before
+    /// the transaction begins; should the broker refuse one for its size
+    /// anyway (its limit lowered since it was read), the transaction is
+    /// aborted, the limit learnt again ([`Self::relearn_limits`]), the
+    /// producer renewed and the batch built again, so the refused change
+    /// becomes a dead letter and the stream goes on. Returns the number of
+    /// records of changes.
     async fn publish(
         &mut self,
         batch: &[BinlogTransaction],
         checkpoint: &Checkpoint,
     ) -> Result<u64, CdcError> {
-        // Encode first (the registry is asked once per topic), then send
-        // without waiting inside the transaction.
-        let mut records = Vec::new();
-        for tx in batch {
-            for (index, change) in tx.changes.iter().enumerate() {
-                let event = self.event(tx, index, change);
-                let topic = self
-                    .cdc
-                    .topic_of(&format!("{}.{}", change.database, change.table));
-                let value = self.encode(&topic, change, &event).await?;
-                records.push((topic, event, value));
+        let mut attempt = 0;
+        let records = loop {
+            // Encode first (the registry is asked once per topic), then send
+            // without waiting inside the transaction.
+            let mut records = Vec::new();
+            for tx in batch {
+                for (index, change) in tx.changes.iter().enumerate() {
+                    records.push(self.record_of(tx, index, change).await?);
+                }
             }
-        }
-        tracing::debug!(records = records.len(), checkpoint = %checkpoint.position, "cdc: publishing a batch");
-        self.producer.begin_transaction()?;
-        let result = self.send_and_commit(&records, checkpoint).await;
-        tracing::debug!(ok = result.is_ok(), "cdc: Kafka transaction done");
-        if let Err(e) = &result {
-            tracing::warn!(error = %e, "cdc: Kafka transaction failed; aborting it");
+            tracing::debug!(records = records.len(), checkpoint = %checkpoint.position, "cdc: publishing a batch");
+            self.producer.begin_transaction()?;
+            let result = self.send_and_commit(&records, checkpoint).await;
+            tracing::debug!(ok = result.is_ok(), "cdc: Kafka transaction done");
+            let Err(failure) = result else { break records };
+            tracing::warn!(error = %failure.error, "cdc: Kafka transaction failed; aborting it");
             let p = self.producer.clone();
             let _ =
                 tokio::task::spawn_blocking(move || p.abort_transaction(Duration::from_secs(30)))
                     .await;
-        }
-        result?;
-        for (topic, event, _) in &records {
-            counter!(CHANGES_METRIC, "topic" => topic.clone(), "change" => event.change.as_str())
-                .increment(1);
+            attempt += 1;
+            if failure.refused.is_empty() || attempt > SIZE_REFUSAL_RETRIES {
+                return Err(failure.error);
+            }
+            self.relearn_limits(&records, &failure.refused).await;
+            // A refused record leaves a gap in the idempotent producer's
+            // sequence numbers that the abort does not close (the next
+            // transaction fails with OUT_OF_ORDER_SEQUENCE_NUMBER): a new
+            // producer of the same transactional.id starts a new epoch.
+            self.producer = crate::producer::transactional::fenced(&self.options, &self.transactional_id).await?;
+        };
+        for record in &records {
+            if let Some(change) = record.change {
+                counter!(CHANGES_METRIC, "topic" => record.topic.clone(), "change" => change)
+                    .increment(1);
+            }
         }
         counter!(TRANSACTIONS_METRIC).increment(1);
         if let Some(last) = batch.last() {
             gauge!(LAG_METRIC)
                 .set((chrono::Utc::now().timestamp() - i64::from(last.timestamp)).max(0) as f64);
         }
-        Ok(records.len() as u64)
+        Ok(records.iter().filter(|r| r.change.is_some()).count() as u64)
     }
 
+    /// Sends `records` and the checkpoint and commits. On failure, the
+    /// records refused for their size (by librdkafka at once, or by the
+    /// broker in their delivery report).
     async fn send_and_commit(
         &self,
-        records: &[(String, ChangeEvent, Vec<u8>)],
+        records: &[Outgoing],
         checkpoint: &Checkpoint,
-    ) -> Result<(), CdcError> {
-        for (topic, event, value) in records {
-            let mut id = uuid::Uuid::encode_buffer();
-            let event_id = event.event_id.hyphenated().encode_lower(&mut id);
-            let traceparent = format!(
-                "00-{}-{}-01",
-                event.trace_id,
-                &event.event_id.simple().to_string()[..16]
+    ) -> Result<(), TxFailure> {
+        let failed = |error: CdcError| TxFailure { error, refused: Vec::new() };
+        let mut deliveries = Vec::with_capacity(records.len());
+        for (index, record) in records.iter().enumerate() {
+            let headers = record.headers.iter().fold(
+                OwnedHeaders::new_with_capacity(record.headers.len()),
+                |h, (key, value)| h.insert(Header { key, value: Some(value.as_slice()) }),
             );
-            let headers = [
-                (header::EVENT_ID, event_id as &str),
-                (header::EVENT_NAME, event.event_name.as_str()),
-                (header::TRACE_ID, event.trace_id.as_str()),
-                (header::TRACEPARENT, traceparent.as_str()),
-                (header::CONTENT_TYPE, header::AVRO_CONFLUENT),
-            ]
-            .iter()
-            .fold(OwnedHeaders::new_with_capacity(5), |h, (key, value)| {
-                h.insert(Header {
-                    key,
-                    value: Some(value.as_bytes()),
-                })
-            });
-            let record = FutureRecord::to(topic)
-                .key(event.key.as_bytes())
-                .payload(value.as_slice())
-                .headers(headers);
-            self.send(record).await?;
+            let sent = self
+                .send(
+                    FutureRecord::to(&record.topic)
+                        .key(record.key.as_slice())
+                        .payload(record.value.as_slice())
+                        .headers(headers),
+                )
+                .await;
+            match sent {
+                Ok(delivery) => deliveries.push((index, delivery)),
+                Err(e) if is_size_refusal(&e) => return Err(TxFailure { error: e.into(), refused: vec![index] }),
+                Err(e) => return Err(failed(e.into())),
+            }
         }
         let value = checkpoint.to_bytes();
         self.send(
@@ -455,26 +738,43 @@ impl Publisher {
                 .key(checkpoint.source.as_bytes())
                 .payload(value.as_slice()),
         )
-        .await?;
+        .await
+        .map_err(|e| failed(e.into()))?;
         // Commit flushes: every record above is acknowledged or the commit fails.
         let p = self.producer.clone();
-        tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(60)))
-            .await
-            .expect("commit task does not panic")?;
+        let committed =
+            tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(60)))
+                .await
+                .expect("commit task does not panic");
+        if let Err(e) = committed {
+            // The flush before the commit delivered every report: which records were too big?
+            let mut refused = Vec::new();
+            for (index, delivery) in deliveries {
+                if let Ok(Ok(Err((e, _)))) = tokio::time::timeout(Duration::from_secs(5), delivery).await
+                    && is_size_refusal(&e)
+                {
+                    refused.push(index);
+                }
+            }
+            return Err(TxFailure { error: e.into(), refused });
+        }
         Ok(())
     }
 
-    /// Hands a record to librdkafka, waiting (not failing) while its queue is full.
-    async fn send(&self, mut record: FutureRecord<'_, [u8], [u8]>) -> Result<(), CdcError> {
+    /// Hands a record to librdkafka, waiting (not failing) while its queue
+    /// is full; the delivery report is not awaited (the commit covers it).
+    async fn send(
+        &self,
+        mut record: FutureRecord<'_, [u8], [u8]>,
+    ) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
         loop {
             match self.producer.send_result(record) {
-                // The delivery report is not awaited: the commit covers it.
-                Ok(_delivery) => return Ok(()),
+                Ok(delivery) => return Ok(delivery),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                Err((e, _)) => return Err(e.into()),
+                Err((e, _)) => return Err(e),
             }
         }
     }
@@ -756,6 +1056,24 @@ mod tests {
     }
 
     #[test]
+    fn oversize_is_dead_letter_by_default_and_a_bad_one_names_the_field_and_the_choices() {
+        let load = |v: serde_json::Value| crate::config::Settings::load_with(None, &v);
+        let settings = load(serde_json::json!({})).unwrap();
+        assert_eq!(settings.cdc.oversize, oversize::OversizeAction::DeadLetter);
+        assert_eq!(settings.cdc.dead_letter_topic(), "cdc.dlq");
+        let settings = load(serde_json::json!({"cdc": {"oversize": "truncate", "truncate_columns": {"shop.docs": ["body"]}}})).unwrap();
+        assert_eq!(settings.cdc.oversize, oversize::OversizeAction::Truncate);
+        assert_eq!(settings.cdc.truncate_columns["shop.docs"], ["body"]);
+        let e = load(serde_json::json!({"cdc": {"oversize": "drop"}})).unwrap_err().to_string();
+        assert!(
+            e.contains("oversize") && e.contains("dead_letter") && e.contains("truncate") && e.contains("fail"),
+            "{e}"
+        );
+        let e = load(serde_json::json!({"cdc": {"truncate_columns": {"docs": ["body"]}}})).unwrap_err().to_string();
+        assert!(e.contains("cdc.truncate_columns.\"docs\"") && e.contains("<database>.<table>"), "{e}");
+    }
+
+    #[test]
     fn topics_are_one_per_table_and_a_compacted_offsets_topic() {
         let mut s = settings();
         s.tables = vec!["shop.table_user".into()];
@@ -769,6 +1087,7 @@ mod tests {
             ),
             (1, "compact")
         );
+        assert_eq!((specs[2].name.as_str(), specs[2].partitions), ("cdc.dlq", 1));
         assert_eq!(
             transactional_id("orderpipe-relay", "shop"),
             "orderpipe-relay-cdc-shop"

@@ -316,6 +316,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 &settings.kafka,
                 &settings.dlq,
                 &settings.topics.dead_letter,
+                Some(&settings.cdc.dead_letter_topic()),
                 &db,
                 until_idle.map(Duration::from_secs),
                 shutdown_signal(),
@@ -358,9 +359,10 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 SchemaCatalog::embedded().order_events(),
                 false,
             )?;
-            let decoded = match codec.decode(record.payload.as_deref()).await {
-                Ok(envelope) => serde_json::to_value(&envelope)?,
-                Err(e) => json!({"undecodable": e.to_string()}),
+            let decoded = match (record.json_value(), codec.decode(record.payload.as_deref()).await) {
+                (Some(json), _) => json,
+                (None, Ok(envelope)) => serde_json::to_value(&envelope)?,
+                (None, Err(e)) => json!({"undecodable": e.to_string()}),
             };
             let heads = ignore::heading(&db, &record).await?;
             dead_letter(&record, &decoded, heads.as_ref(), output.output);

@@ -272,9 +272,11 @@ async fn detail(State(state): State<ConsoleState>, principal: Principal, Path(id
     // Decoded as `orderpipe dlq show` decodes it; undecodable is shown as such.
     let codec = Codec::new(&state.settings().registry, &record.row.original_topic, SchemaCatalog::embedded().order_events(), false)
         .map_err(|e| ConsoleError::Internal(format!("codec: {e}")))?;
-    let (envelope, undecodable) = match codec.decode(record.payload.as_deref()).await {
-        Ok(envelope) => (serde_json::to_string_pretty(&envelope).unwrap_or_default(), None),
-        Err(e) => (String::new(), Some(e.to_string())),
+    // cdc's dead letters are JSON (the row cut to fit, its place, size and limit).
+    let (envelope, undecodable) = match (record.json_value(), codec.decode(record.payload.as_deref()).await) {
+        (Some(json), _) => (serde_json::to_string_pretty(&json).unwrap_or_default(), None),
+        (None, Ok(envelope)) => (serde_json::to_string_pretty(&envelope).unwrap_or_default(), None),
+        (None, Err(e)) => (String::new(), Some(e.to_string())),
     };
     let headers: std::collections::BTreeMap<String, String> = serde_json::from_str(&record.headers).unwrap_or_default();
     let group = &record.row.consumer_group;

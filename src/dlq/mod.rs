@@ -1,7 +1,9 @@
 //! Dead letters: records a consumer group could not apply.
 //!
 //! The consumer's error tier writes them to `order.events.v1.dlq` (see
-//! [`crate::retry`]); [`persist`] stores them in the `dead_letters` table;
+//! [`crate::retry`]), `cdc` the row changes it cannot publish to its own
+//! DLQ topic (see [`crate::cdc::oversize`]); [`persist`] stores both in
+//! the `dead_letters` table;
 //! operators list, inspect, replay or ignore them from the CLI.
 //!
 //! * [`store`] is the table: upsert, filters, counts, status changes;
@@ -58,8 +60,10 @@ impl DlqSettings {
 /// ([`crate::codec::CodecError::class`]), the handlers'
 /// ([`crate::consumer::handler::HandlerError::class`]), the consumer's own
 /// checks before decoding (`oversized`, `invalid_key`,
-/// [`crate::consumer::version::UNSUPPORTED_VERSION`]) and `unknown` (a DLQ
-/// record without the class header, see [`persist::dead_letter_of`]). A
+/// [`crate::consumer::version::UNSUPPORTED_VERSION`]), cdc's
+/// ([`crate::cdc::oversize`]: `oversized` too, and `unencodable`) and
+/// `unknown` (a DLQ record without the class header, see
+/// [`persist::dead_letter_of`]). A
 /// fixed set: the gauges' `class` label and `--class` take only these.
 pub const ERROR_CLASSES: [&str; 16] = [
     "unavailable",
@@ -77,6 +81,7 @@ pub const ERROR_CLASSES: [&str; 16] = [
     "oversized",
     "invalid_key",
     crate::consumer::version::UNSUPPORTED_VERSION,
+    crate::cdc::oversize::UNENCODABLE,
     "unknown",
 ];
 

@@ -1,5 +1,13 @@
 //! `orderpipe dlq persist`: the DLQ topic into the `dead_letters` table.
 //!
+//! It also reads cdc's DLQ topic (`cdc.dead_letter_topic`, the row changes
+//! `cdc` could not publish, see [`crate::cdc::oversize`]) when there is one:
+//! such a record never reached its change topic, so it has no original
+//! partition or offset (its original partition header is -1); its row is
+//! keyed by where it is on the cdc DLQ topic instead (original partition
+//! `-1 - p`, original offset its offset in partition `p`), which is unique
+//! per record and the same at every re-read.
+//!
 //! Records are read in batches, upserted in one transaction (unique on
 //! group + original topic/partition/offset, so re-reading after a crash
 //! inserts nothing twice), and only then are the offsets stored. A database
@@ -32,13 +40,20 @@ pub struct PersistSummary {
     pub write_failures: u64,
 }
 
+/// How often the persister looks for cdc's DLQ topic while it does not exist.
+pub const CDC_TOPIC_CHECK: Duration = Duration::from_secs(30);
+
 /// Characters of `dead_letters.event_id` and `.event_name`.
 const EVENT_ID_CHARS: usize = 64;
 const EVENT_NAME_CHARS: usize = 128;
 
 /// The table row for one DLQ record.
 pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
-    let history = FailureHistory::of(message);
+    let mut history = FailureHistory::of(message);
+    if history.original_partition < 0 && header_text(message, header::ORIGINAL_OFFSET).is_none() {
+        history.original_partition = -1 - message.partition();
+        history.original_offset = message.offset();
+    }
     let num = |name| header_text(message, name).and_then(|v| v.parse::<i64>().ok());
     let appended = message.timestamp().to_millis().unwrap_or_else(now_ms);
     NewDeadLetter {
@@ -65,11 +80,14 @@ pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
 }
 
 /// Runs the persister until `shutdown`, or until the topic was idle
-/// `until_idle`: group `dlq.persister_group`, reading `dead_letter`.
+/// `until_idle`: group `dlq.persister_group`, reading `dead_letter` and
+/// cdc's `cdc_dead_letter` topic once it exists (looked for again every
+/// [`CDC_TOPIC_CHECK`] while it does not).
 pub async fn run(
     kafka: &KafkaSettings,
     dlq: &super::DlqSettings,
     dead_letter: &crate::topics::TopicSpec,
+    cdc_dead_letter: Option<&str>,
     db: &Db,
     until_idle: Option<Duration>,
     shutdown: impl std::future::Future<Output = ()>,
@@ -89,7 +107,21 @@ pub async fn run(
         &[crate::topics::Required::declared(dead_letter)],
         &crate::topics::ensure_command(None),
     )?;
-    consumer.subscribe(&[&dead_letter.name])?;
+    // cdc's topic is created by `orderpipe cdc`; where none runs (yet) there is none,
+    // and subscribing to a missing topic makes every poll an error.
+    let mut cdc_missing = cdc_dead_letter;
+    let mut cdc_checked = Instant::now();
+    let subscribe = |cdc_missing: &mut Option<&str>| -> anyhow::Result<()> {
+        let mut topics = vec![dead_letter.name.as_str()];
+        if let Some(topic) = cdc_missing.filter(|t| topic_exists(&consumer, t)) {
+            topics.push(topic);
+            *cdc_missing = None;
+        }
+        tracing::info!(?topics, "dlq persist: reading");
+        consumer.subscribe(&topics)?;
+        Ok(())
+    };
+    subscribe(&mut cdc_missing)?;
     let mut summary = PersistSummary::default();
     let mut last_record = Instant::now();
     tokio::pin!(shutdown);
@@ -97,6 +129,10 @@ pub async fn run(
         let first = tokio::select! {
             _ = &mut shutdown => break,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                if cdc_missing.is_some() && cdc_checked.elapsed() >= CDC_TOPIC_CHECK {
+                    cdc_checked = Instant::now();
+                    subscribe(&mut cdc_missing)?;
+                }
                 // Idle time counts from the assignment on: joining the group
                 // can take longer than the idle window, and must not end the run.
                 if !consumer.assignment().is_ok_and(|a| a.count() > 0) {
@@ -137,6 +173,13 @@ pub async fn run(
     }
     let _ = consumer.commit_consumer_state(CommitMode::Sync);
     Ok(summary)
+}
+
+/// Whether `topic` is on the cluster (a metadata failure counts as no).
+fn topic_exists(consumer: &StreamConsumer, topic: &str) -> bool {
+    consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .is_ok_and(|m| m.topics().first().is_some_and(|t| t.error().is_none() && !t.partitions().is_empty()))
 }
 
 async fn write(db: &Db, rows: &[NewDeadLetter]) -> Result<(), crate::db::DbError> {

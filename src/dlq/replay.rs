@@ -15,6 +15,11 @@
 //!
 //! Replaying twice applies nothing twice: the event id is unchanged, so the
 //! group's `event_dedup` row skips it.
+//!
+//! cdc's dead letters (group `cdc:<source>`: row changes that never reached
+//! their change topic) are refused, each reported in the summary: their
+//! record holds the row cut to fit, not the change, and no group waits for
+//! it on a retry topic ([`not_replayable`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -104,7 +109,21 @@ pub fn replayed_record(dead_letter_topic: &str, dead: &DeadLetterRecord, options
 
 /// Where a row would go.
 fn destination(dead_letter_topic: &str, row: &DeadLetterRecord, options: ReplayOptions) -> String {
-    replayed_record(dead_letter_topic, row, options, 0).topic
+    match not_replayable(row) {
+        Some(_) => "(not replayable: a cdc dead letter)".into(),
+        None => replayed_record(dead_letter_topic, row, options, 0).topic,
+    }
+}
+
+/// Why `dead` cannot be replayed: a cdc dead letter (see the module docs).
+pub fn not_replayable(dead: &DeadLetterRecord) -> Option<String> {
+    dead.row.consumer_group.starts_with("cdc:").then(|| {
+        format!(
+            "dead letter {}: a row change {} could not publish ({}); its record holds the row cut to fit, not the change: \
+             read the row from the database by its key (docs/cdc.md, \"Rows that cannot be published\"), then `dlq ignore` it",
+            dead.row.id, dead.row.consumer_group, dead.row.error_class
+        )
+    })
 }
 
 /// A row of `dlq replay --dry-run`: a dead letter and where it would go.
@@ -226,6 +245,11 @@ pub async fn replay(
                 tokio::time::sleep_until(started + Duration::from_secs_f64(sent as f64 / f64::from(rate))).await;
             }
             sent += 1;
+            if let Some(why) = not_replayable(&dead) {
+                acks.summary.failed.push(why);
+                progress();
+                continue;
+            }
             let (id, class, record) = (dead.row.id, dead.row.error_class.clone(), replayed_record(dead_letter_topic, &dead, options, now));
             loop {
                 while in_flight.len() >= window {

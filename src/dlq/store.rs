@@ -355,6 +355,18 @@ pub struct DeadLetterRecord {
     pub original_timestamp: Option<i64>,
 }
 
+impl DeadLetterRecord {
+    /// The value as JSON when its content type says it is (cdc's dead
+    /// letters, [`crate::cdc::oversize`]); `None` for Avro envelopes.
+    pub fn json_value(&self) -> Option<serde_json::Value> {
+        let headers: BTreeMap<String, String> = serde_json::from_str(&self.headers).ok()?;
+        if headers.get(crate::kafka::record::header::CONTENT_TYPE)?.as_str() != crate::cdc::oversize::JSON_CONTENT_TYPE {
+            return None;
+        }
+        serde_json::from_slice(self.payload.as_deref()?).ok()
+    }
+}
+
 /// Rows with their record bytes.
 pub async fn records(db: &Db, filter: &Filter, limit: i64) -> Result<Vec<DeadLetterRecord>, DbError> {
     select_records(db, filter, None, limit).await

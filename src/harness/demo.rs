@@ -396,6 +396,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         &settings.kafka,
         &settings.dlq,
         &settings.topics.dead_letter,
+        None,
         &db,
         Some(Duration::from_secs(2)),
         std::future::pending(),
