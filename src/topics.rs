@@ -349,7 +349,7 @@ impl TopicAdmin {
     }
 
     /// Current configs of `topic`: (value, set dynamically on the topic?).
-    async fn configs(&self, topic: &str) -> Result<BTreeMap<String, (String, bool)>, TopicsError> {
+    pub(crate) async fn configs(&self, topic: &str) -> Result<BTreeMap<String, (String, bool)>, TopicsError> {
         let results = self
             .admin
             .describe_configs([&ResourceSpecifier::Topic(topic)], &Self::options())

@@ -8,7 +8,10 @@
 //!   failure history.
 //! * [`offsets`]: partition counts, a partition's offset range, and the
 //!   first offset at or after a time.
+//! * [`size_limit`]: the largest record a producer and a topic accept
+//!   ([`size_limit::RecordLimit`]), checked before a record is produced.
 
 pub mod client;
 pub mod offsets;
 pub mod record;
+pub mod size_limit;
