@@ -15,6 +15,10 @@
 //!
 //! Replaying twice applies nothing twice: the event id is unchanged, so the
 //! group's `event_dedup` row skips it.
+//!
+//! The relay's dead letters (group [`crate::outbox::dead_letter::GROUP`])
+//! are not republished: their value is cut to fit, and the whole event is
+//! in its outbox row, which is re-queued instead.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -226,7 +230,22 @@ pub async fn replay(
                 tokio::time::sleep_until(started + Duration::from_secs_f64(sent as f64 / f64::from(rate))).await;
             }
             sent += 1;
-            let (id, class, record) = (dead.row.id, dead.row.error_class.clone(), replayed_record(dead_letter_topic, &dead, options, now));
+            // The relay's dead letters hold a cut value: the event is in
+            // the outbox, re-queued there (docs/operations.md).
+            if dead.row.consumer_group == crate::outbox::dead_letter::GROUP {
+                acks.summary.failed.push(format!(
+                    "dead letter {}: an outbox row the relay could not publish (its value is cut): re-queue outbox row {} instead \
+                     (docs/operations.md, \"Outbox rows over the record limit\")",
+                    dead.row.id, dead.row.original_offset
+                ));
+                progress();
+                continue;
+            }
+            let (id, class, record) = (
+                dead.row.id,
+                dead.row.error_class.clone(),
+                replayed_record(dead_letter_topic, &dead, options, now),
+            );
             loop {
                 while in_flight.len() >= window {
                     let done = in_flight.next().await.expect("the window is not empty");
