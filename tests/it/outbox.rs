@@ -630,7 +630,7 @@ async fn kill_inside_transaction(
 }
 
 /// Stops a relay (SIGTERM) and returns its JSON summary.
-fn stop(relay: &mut Spawned) -> Value {
+pub(crate) fn stop(relay: &mut Spawned) -> Value {
     use std::io::Read;
     sigterm(relay);
     assert!(relay.try_wait().unwrap().is_some_and(|s| s.success()), "the relay failed");

@@ -116,20 +116,6 @@ fn set_topic_limit(env: &TestEnv, topic: &str, bytes: usize) {
     });
 }
 
-/// Stops a relay (SIGTERM) and returns its JSON summary.
-fn stop(relay: &mut crate::helpers::Spawned) -> Value {
-    use std::io::Read;
-    crate::consumer::sigterm(relay);
-    let mut out = String::new();
-    relay
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("summary is JSON ({e}): {out}"))
-}
-
 /// A SKU that does not compress (the broker judges compressed batches).
 fn incompressible(len: usize) -> String {
     use rand::Rng;
@@ -303,7 +289,7 @@ async fn an_outbox_row_over_the_limit_is_dead_lettered_and_its_shard_flows_on() 
         "relay: {}",
         relay.stop_and_output()
     );
-    let summary = stop(&mut relay);
+    let summary = crate::outbox::stop(&mut relay);
     assert_eq!(summary["dead_lettered"], 1, "{summary}");
     assert_eq!(summary["published"], 6, "{summary}");
 }
