@@ -98,6 +98,8 @@ pub mod name {
     pub const OUTBOX_BACKLOG: &str = "orderpipe_outbox_backlog_rows";
     /// Age of the oldest unsent outbox row.
     pub const OUTBOX_OLDEST_AGE: &str = "orderpipe_outbox_oldest_age_seconds";
+    /// Outbox rows the relay dead-lettered (over the record limit), by topic, event name and error class.
+    pub const OUTBOX_DEAD_LETTERED: &str = "orderpipe_outbox_dead_lettered_rows_total";
     /// Dedup rows removed by cleanup.
     pub const DEDUP_CLEANUP_DELETED: &str = "orderpipe_dedup_cleanup_deleted_total";
     /// API requests, by route and status.

@@ -89,15 +89,27 @@ impl IntoResponse for ApiError {
         let status = match &self {
             ApiError::Invalid { .. } => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::IllegalTransition { .. } => StatusCode::CONFLICT,
             ApiError::Unavailable(_) | ApiError::Conflict(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let field = match &self {
-            ApiError::Invalid { field, .. } => Some(field.clone()),
+            ApiError::Invalid { field, .. } | ApiError::TooLarge { field, .. } => {
+                Some(field.clone())
+            }
             _ => None,
         };
-        (status, Json(json!({"error": self.to_string(), "field": field}))).into_response()
+        let mut body = json!({"error": self.to_string(), "field": field});
+        if let ApiError::TooLarge {
+            topic, size, limit, ..
+        } = &self
+        {
+            body["topic"] = json!(topic);
+            body["size_bytes"] = json!(size);
+            body["limit_bytes"] = json!(limit);
+        }
+        (status, Json(body)).into_response()
     }
 }
 
@@ -137,6 +149,45 @@ async fn act(
     let value = body(payload)?;
     let action = Action::parse(&action, value)?;
     Ok(Json(service.act(id, action, trace_id(&headers)).await?))
+}
+
+/// The record limits of the topics the API writes events for: the
+/// producer's `message.max.bytes` and each topic's `max.message.bytes`, read
+/// from the broker now (up to 10 s; unknown: the producer's limit only) and
+/// every minute after, so a limit an operator changes is followed.
+pub async fn record_limits(
+    kafka: &crate::kafka::client::KafkaSettings,
+    producer: &crate::producer::ProducerSettings,
+    topics: &crate::topics::TopicsSettings,
+) -> Arc<crate::outbox::limits::Limits> {
+    let limits = Arc::new(crate::outbox::limits::Limits::new(
+        Some(kafka.clone()),
+        producer.options.clone(),
+    ));
+    let names = [
+        topics.order_events.name.clone(),
+        topics.inventory_events.name.clone(),
+    ];
+    let load = {
+        let (limits, names) = (limits.clone(), names.clone());
+        async move { limits.load(&[&names[0], &names[1]]).await }
+    };
+    if tokio::time::timeout(std::time::Duration::from_secs(10), load)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "the topics' max.message.bytes not read within 10 s: events are sized against the producer's limit until they are"
+        );
+    }
+    let refresh = limits.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+            refresh.load(&[&names[0], &names[1]]).await;
+        }
+    });
+    limits
 }
 
 /// A service on `db` writing events for the declared `topics`.

@@ -13,7 +13,9 @@ use crate::envelope::{
     OrderPaymentSucceeded, OrderRefunded, OrderShipped, format_utc, new_trace_id,
 };
 use crate::outbox;
+use crate::outbox::limits::{Limits, record_size_of};
 use crate::outbox::wake::WakeNotifier;
+use crate::schema::SchemaCatalog;
 
 /// A request the service refuses, or cannot serve.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,26 @@ pub enum ApiError {
     /// The transaction kept losing deadlocks; try again.
     #[error("busy, try again: {0}")]
     Conflict(String),
+    /// An event of the request would be a record over its topic's limit:
+    /// it could never be published, so nothing is written.
+    #[error(
+        "{field}: the {event_name} event would be a record of {size} bytes, over the limit of {limit} bytes for topic {topic} \
+         ({from}); nothing was changed"
+    )]
+    TooLarge {
+        /// The request field that makes the event big (its longest text).
+        field: String,
+        /// The event.
+        event_name: String,
+        /// Its topic.
+        topic: String,
+        /// The record's size ([`crate::kafka::size_limit::RecordLimit::record_size`]).
+        size: usize,
+        /// The limit.
+        limit: usize,
+        /// Where the limit comes from.
+        from: String,
+    },
     /// Something else failed; nothing was written.
     #[error("internal error, nothing was changed: {0}")]
     Internal(String),
@@ -260,6 +282,10 @@ pub struct OrderService {
     inventory_topic: String,
     /// Wakes the relays after each commit (see [`crate::outbox::wake`]).
     wake: Option<WakeNotifier>,
+    /// The record limits of the topics it writes events for.
+    limits: std::sync::Arc<Limits>,
+    /// The schemas the relay writes them with, by topic.
+    schemas: std::collections::BTreeMap<String, apache_avro::Schema>,
     /// Benchmarks only: told each transaction's event ids after its commit.
     stamps: Option<std::sync::Arc<dyn crate::clock::CommitStamps>>,
 }
@@ -267,15 +293,38 @@ pub struct OrderService {
 impl OrderService {
     /// A service writing events for the declared `topics`, as the
     /// producer's `service_name`.
+    /// Until [`Self::with_record_limits`], events are sized against the
+    /// producer's `message.max.bytes` only.
     pub fn new(db: Db, producer: &ProducerSettings, topics: &TopicsSettings) -> Self {
+        let catalog = SchemaCatalog::embedded();
+        let mut schemas = std::collections::BTreeMap::new();
+        schemas.insert(
+            topics.order_events.name.clone(),
+            catalog.order_events().parsed.clone(),
+        );
+        if let Ok(inventory) = catalog.inventory_events() {
+            schemas.insert(
+                topics.inventory_events.name.clone(),
+                inventory.parsed.clone(),
+            );
+        }
         Self {
             db,
             producer: producer.service_name.clone(),
             order_topic: topics.order_events.name.clone(),
             inventory_topic: topics.inventory_events.name.clone(),
             wake: None,
+            limits: std::sync::Arc::new(Limits::new(None, producer.options.clone())),
+            schemas,
             stamps: None,
         }
+    }
+
+    /// The same service, refusing events over `limits` (the topics' own
+    /// limits as the broker describes them, see [`super::record_limits`]).
+    pub fn with_record_limits(mut self, limits: std::sync::Arc<Limits>) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The same service, telling `stamps` each transaction's event ids
@@ -454,12 +503,57 @@ impl OrderService {
         for (topic, data) in events {
             let mut envelope = Envelope::new(&self.producer, data);
             envelope.trace_id = trace_id.to_string();
-            envelope.validate().map_err(|e| invalid("<event>", e.to_string()))?;
+            envelope
+                .validate()
+                .map_err(|e| invalid("<event>", e.to_string()))?;
+            self.check_size(topic, &envelope)?;
             outbox::record(tx, tx_id, topic, &envelope).await?;
             ids.push(envelope.event_id);
         }
         Ok(ids)
     }
+}
+
+impl OrderService {
+    /// Refuses an event whose record would be over its topic's limit:
+    /// returned inside the transaction, it rolls the whole request back.
+    fn check_size(&self, topic: &str, envelope: &Envelope) -> Result<(), ApiError> {
+        let Some(schema) = self.schemas.get(topic) else {
+            return Ok(());
+        };
+        let size = record_size_of(envelope, schema).map_err(ApiError::Internal)?;
+        let limit = self.limits.cached(topic);
+        if limit.fits(size) {
+            return Ok(());
+        }
+        let error = ApiError::TooLarge {
+            field: longest_text_field(envelope),
+            event_name: envelope.event_name.as_str().to_string(),
+            topic: topic.to_string(),
+            size,
+            limit: limit.max_bytes,
+            from: limit.from,
+        };
+        tracing::warn!(error = %error, "order request refused: its event would be over the record limit");
+        Err(error)
+    }
+}
+
+/// The field of the event's payload with the longest text (the one the
+/// caller sent that makes the record big).
+fn longest_text_field(envelope: &Envelope) -> String {
+    let data = serde_json::to_value(&envelope.data).unwrap_or_default();
+    let mut fields: Vec<(&String, &serde_json::Value)> =
+        data.as_object().into_iter().flatten().collect();
+    // A payload nested in its variant's name: its fields.
+    if let [(_, serde_json::Value::Object(inner))] = fields.as_slice() {
+        fields = inner.iter().collect();
+    }
+    fields
+        .into_iter()
+        .filter_map(|(name, value)| value.as_str().map(|text| (text.len(), name)))
+        .max()
+        .map_or_else(|| "<body>".to_string(), |(_, name)| name.clone())
 }
 
 fn order_of(row: &sqlx::any::AnyRow) -> Result<Order, ApiError> {

@@ -92,9 +92,19 @@ pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode>
     if let Some(n) = &notifier {
         eprintln!("waking relays at {:?} after each commit", n.targets());
     }
-    let service = crate::api::service(&settings.producer, &settings.topics, db).with_wake(notifier);
-    crate::api::serve(args.addr, service, health, |bound| eprintln!("order API listening on http://{bound}"), shutdown_signal())
-        .await?;
+    let limits =
+        crate::api::record_limits(&settings.kafka, &settings.producer, &settings.topics).await;
+    let service = crate::api::service(&settings.producer, &settings.topics, db)
+        .with_wake(notifier)
+        .with_record_limits(limits);
+    crate::api::serve(
+        args.addr,
+        service,
+        health,
+        |bound| eprintln!("order API listening on http://{bound}"),
+        shutdown_signal(),
+    )
+    .await?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -133,8 +143,17 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
     };
     serve_health(args.health_addr, &db).await?;
     // Read-only rights on topics: check them, never create or alter them.
-    let required = [&settings.topics.order_events, &settings.topics.inventory_events].map(crate::topics::Required::declared);
-    crate::topics::require_with(&settings.kafka, &required, &crate::topics::ensure_command(None))?;
+    let required = [
+        &settings.topics.order_events,
+        &settings.topics.inventory_events,
+        &settings.topics.dead_letter,
+    ]
+    .map(crate::topics::Required::declared);
+    crate::topics::require_with(
+        &settings.kafka,
+        &required,
+        &crate::topics::ensure_command(None),
+    )?;
     let relay = Relay::new(crate::startup::relay_sections(settings), db, options).await?;
     // A shard producer that keeps failing fatally ends the process non-zero.
     let summary = relay.run(shutdown_signal()).await?;
@@ -159,8 +178,12 @@ pub async fn serve_health(addr: Option<SocketAddr>, db: &Db) -> anyhow::Result<(
 /// `orderpipe relay` (at exit).
 fn print_relay(summary: &crate::outbox::relay::RelaySummary) {
     println!(
-        "relay: published {} outbox rows in {} Kafka transactions ({} aborted), purged {} sent rows",
-        summary.published, summary.transactions, summary.aborted, summary.purged
+        "relay: published {} outbox rows in {} Kafka transactions ({} aborted), dead-lettered {}, purged {} sent rows",
+        summary.published,
+        summary.transactions,
+        summary.aborted,
+        summary.dead_lettered,
+        summary.purged
     );
     let rows = summary.by_topic.iter().map(|(t, n)| vec![t.clone(), n.to_string()]);
     println!("{}", output::table(&["topic", "records"], rows));

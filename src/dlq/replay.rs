@@ -17,9 +17,11 @@
 //! group's `event_dedup` row skips it.
 //!
 //! cdc's dead letters (group `cdc:<source>`: row changes that never reached
-//! their change topic) are refused, each reported in the summary: their
-//! record holds the row cut to fit, not the change, and no group waits for
-//! it on a retry topic ([`not_replayable`]).
+//! their change topic) and the relay's (group
+//! [`crate::outbox::dead_letter::GROUP`]: outbox rows over the record limit)
+//! are refused, each reported in the summary: their record holds a value
+//! cut to fit, not the event, and no group waits for it on a retry topic
+//! ([`not_replayable`]); the relay's outbox row is re-queued instead.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -110,13 +112,21 @@ pub fn replayed_record(dead_letter_topic: &str, dead: &DeadLetterRecord, options
 /// Where a row would go.
 fn destination(dead_letter_topic: &str, row: &DeadLetterRecord, options: ReplayOptions) -> String {
     match not_replayable(row) {
-        Some(_) => "(not replayable: a cdc dead letter)".into(),
+        Some(_) => "(not replayable: a value cut to fit)".into(),
         None => replayed_record(dead_letter_topic, row, options, 0).topic,
     }
 }
 
-/// Why `dead` cannot be replayed: a cdc dead letter (see the module docs).
+/// Why `dead` cannot be replayed: a cdc or relay dead letter (see the module docs).
 pub fn not_replayable(dead: &DeadLetterRecord) -> Option<String> {
+    if dead.row.consumer_group == crate::outbox::dead_letter::GROUP {
+        // The relay's dead letters hold a cut value: the event is in the outbox, re-queued there.
+        return Some(format!(
+            "dead letter {}: an outbox row the relay could not publish (its value is cut): re-queue outbox row {} instead \
+             (docs/operations.md, \"Outbox rows over the record limit\")",
+            dead.row.id, dead.row.original_offset
+        ));
+    }
     dead.row.consumer_group.starts_with("cdc:").then(|| {
         format!(
             "dead letter {}: a row change {} could not publish ({}); its record holds the row cut to fit, not the change: \

@@ -9,7 +9,14 @@
 //! Rows are spread over [`SHARDS`] shards by order id. A relay instance owns
 //! whole shards through leases (`relay_leases`), so one order's events are
 //! always published by one relay, in id order, even with several relays.
+//!
+//! A row that can never be published as it is (over Kafka's record limit,
+//! [`limits`]) is dead-lettered by the relay ([`dead_letter`]) and marked
+//! dead; the later rows of its order wait behind it until an operator
+//! re-queues or gives it up (docs/operations.md).
 
+pub mod dead_letter;
+pub mod limits;
 pub mod relay;
 pub mod wake;
 
@@ -108,10 +115,19 @@ pub async fn backlog(db: &crate::db::Db) -> Result<Backlog, DbError> {
     })
 }
 
-/// Deletes sent rows older than `older_than_ms`, `batch` at a time; returns how many.
-pub async fn purge_sent(db: &crate::db::Db, older_than_ms: i64, batch: i64) -> Result<u64, DbError> {
+/// Deletes sent rows older than `older_than_ms`, `batch` at a time; returns
+/// how many. Dead rows stay: their envelope is what an operator re-queues.
+pub async fn purge_sent(
+    db: &crate::db::Db,
+    older_than_ms: i64,
+    batch: i64,
+) -> Result<u64, DbError> {
     let cutoff = crate::clock::now_ms() - older_than_ms;
-    let sql = db.sql().delete_limited("outbox_messages", "id", &format!("{} AND sent_ms < ?", every_shard()));
+    let sql = db.sql().delete_limited(
+        "outbox_messages",
+        "id",
+        &format!("{} AND sent_ms < ? AND dead_ms IS NULL", every_shard()),
+    );
     let mut removed = 0;
     loop {
         let r = sqlx::query(sql.clone()).bind(cutoff).bind(batch).execute(&db.pool).await?;

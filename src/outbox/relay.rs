@@ -36,6 +36,11 @@
 //! one order's rows are published by one instance in order. A shard given
 //! back is stopped first (its current transaction finished, its commits
 //! marked), so its next owner does not publish those rows again.
+//!
+//! A row that can never be published (over the record limit) never stops
+//! its shard: it is dead-lettered to `topics.dead_letter` in the batch's
+//! Kafka transaction and marked dead, and the later rows of its order wait
+//! behind it ([`shard`]; docs/operations.md).
 
 mod shard;
 
@@ -53,6 +58,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
 use super::SHARDS;
+use super::limits::Limits;
 use crate::codec::{Codec, RegistrySettings};
 use crate::db::{Db, DbError};
 use crate::kafka::client::{KafkaSettings, MeasuredProducer, OptionConflict, measured_producer};
@@ -102,7 +108,8 @@ pub struct RelaySections<'a> {
     pub producer: &'a ProducerSettings,
     /// The registry the codecs use.
     pub registry: &'a RegistrySettings,
-    /// The order and inventory topics it writes.
+    /// The order and inventory topics it writes, and the dead-letter topic
+    /// of rows it cannot publish.
     pub topics: &'a TopicsSettings,
 }
 
@@ -136,6 +143,8 @@ pub struct RelayOptions {
 pub struct RelaySummary {
     /// Rows published and marked sent.
     pub published: u64,
+    /// Rows dead-lettered (over the record limit) and marked dead.
+    pub dead_lettered: u64,
     /// Kafka transactions committed.
     pub transactions: u64,
     /// Kafka transactions aborted.
@@ -307,6 +316,18 @@ impl Relay {
         let producer_options = transactional::options(settings.kafka, settings.producer)?;
         // A bad option fails here, at start, not at the first lease.
         let _ = measured_producer(&producer_options)?;
+        let limits = Arc::new(Limits::new(
+            Some(settings.kafka.clone()),
+            producer_options.clone(),
+        ));
+        let topics = settings.topics;
+        limits
+            .load(&[
+                &topics.order_events.name,
+                &topics.inventory_events.name,
+                &topics.dead_letter.name,
+            ])
+            .await;
         let catalog = SchemaCatalog::embedded();
         let mut codecs = BTreeMap::new();
         for (topic, schema) in [
@@ -322,6 +343,8 @@ impl Relay {
         let shared = Arc::new(shard::ShardShared {
             db: db.clone(),
             codecs,
+            limits,
+            dead_letter_topic: topics.dead_letter.name.clone(),
             batch_size: options.batch_size.max(1) as usize,
             poll_interval: options.poll_interval,
             stop_grace: options.lease_ttl / 3,
@@ -433,9 +456,15 @@ impl Relay {
     /// Adds a shard's report to the summary; true when rows were published.
     fn record(&mut self, event: shard::ShardEvent) -> bool {
         match event {
-            shard::ShardEvent::Committed { shard, rows, by_topic } => {
+            shard::ShardEvent::Committed {
+                shard,
+                rows,
+                dead,
+                by_topic,
+            } => {
                 self.fatal_in_a_row.remove(&shard);
                 self.summary.published += rows;
+                self.summary.dead_lettered += dead;
                 self.summary.transactions += 1;
                 for (topic, n) in by_topic {
                     *self.summary.by_topic.entry(topic).or_default() += n;

@@ -30,6 +30,7 @@ mod observability;
 mod operator;
 mod ordering;
 mod outbox;
+mod outbox_oversize;
 mod partitioner;
 mod producer;
 mod readme;

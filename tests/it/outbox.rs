@@ -20,7 +20,14 @@ use crate::helpers::{Spawned, TestEnv, header};
 
 /// The order API of this test, served in-process on a free port.
 pub async fn start_api(env: &TestEnv) -> String {
-    let service = orderpipe::api::service(&env.settings.producer, &env.settings.topics, env.db());
+    let limits = orderpipe::api::record_limits(
+        &env.settings.kafka,
+        &env.settings.producer,
+        &env.settings.topics,
+    )
+    .await;
+    let service = orderpipe::api::service(&env.settings.producer, &env.settings.topics, env.db())
+        .with_record_limits(limits);
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(orderpipe::api::serve(
         SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -623,7 +630,7 @@ async fn kill_inside_transaction(
 }
 
 /// Stops a relay (SIGTERM) and returns its JSON summary.
-fn stop(relay: &mut Spawned) -> Value {
+pub(crate) fn stop(relay: &mut Spawned) -> Value {
     use std::io::Read;
     sigterm(relay);
     assert!(relay.try_wait().unwrap().is_some_and(|s| s.success()), "the relay failed");

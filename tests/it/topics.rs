@@ -33,7 +33,7 @@ fn describe(env: &TestEnv, extra: &[&str]) -> std::collections::BTreeMap<String,
 }
 
 /// Sets topic configs by hand, as an operator with kafka-configs would.
-fn alter_by_hand(env: &TestEnv, topic: &str, configs: &[(&str, &str)]) {
+pub(crate) fn alter_by_hand(env: &TestEnv, topic: &str, configs: &[(&str, &str)]) {
     let admin = env.admin();
     let alter = configs
         .iter()
