@@ -58,8 +58,13 @@ impl Source {
     }
 
     pub(crate) fn spawn(&self, table: &str) -> Spawned {
+        self.spawn_with(table, &[])
+    }
+
+    /// [`Source::spawn`] with more flags.
+    pub(crate) fn spawn_with(&self, table: &str, extra: &[&str]) -> Spawned {
         let table = format!("{}.{table}", self.database);
-        self.env.spawn(&[
+        let mut args = vec![
             "cdc",
             "--table",
             &table,
@@ -67,7 +72,9 @@ impl Source {
             &self.server_id,
             "--start-position",
             &self.start,
-        ])
+        ];
+        args.extend_from_slice(extra);
+        self.env.spawn(&args)
     }
 
     pub(crate) async fn exec(&self, statements: &[&str]) {

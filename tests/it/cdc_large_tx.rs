@@ -29,18 +29,7 @@ const UPDATED: u64 = 100;
 /// Spawns `cdc` on the table `big` with `extra` flags; its stderr lines
 /// come through the receiver (drained in a thread, so it never blocks).
 fn spawn(source: &Source, extra: &[&str]) -> (Spawned, Receiver<String>) {
-    let table = format!("{}.big", source.database);
-    let mut args = vec![
-        "cdc",
-        "--table",
-        &table,
-        "--server-id",
-        &source.server_id,
-        "--start-position",
-        &source.start,
-    ];
-    args.extend_from_slice(extra);
-    let mut cdc = source.env.spawn(&args);
+    let mut cdc = source.spawn_with("big", extra);
     let stderr = cdc.stderr.take().expect("stderr piped");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
