@@ -15,8 +15,13 @@
 //!
 //! A transaction starts at a MariaDB GTID event (or a `BEGIN` query) and
 //! ends at its XID event, a `COMMIT` query, or — for a standalone GTID
-//! (DDL, non-transactional statements) — its one query. Only the ends of
-//! whole transactions are positions a reader may resume from.
+//! (DDL, non-transactional statements) — its one query. The ends of whole
+//! transactions are positions a reader may resume from; so is the start of
+//! a transaction with a count of its changes already published
+//! ([`InsideTransaction`]): a transaction with a GTID that holds more than
+//! a [`PieceLimit`] of changes is handed out in pieces, so the reader never
+//! holds a huge one whole, and a reader opened inside one skips the changes
+//! already published.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -77,6 +82,44 @@ pub struct BinlogPosition {
     /// (`0-1-18,7-1-3`), what `@slave_connect_state` takes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gtid_state: Option<String>,
+    /// Set when this is the start of a transaction published in pieces:
+    /// which one, and how many of its changes are out. Absent in
+    /// checkpoints at a transaction's end (and in older ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inside: Option<InsideTransaction>,
+}
+
+/// A transaction published in part: the position it is in starts it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InsideTransaction {
+    /// Its GTID: the transaction the stream must start with on resume.
+    pub gtid: String,
+    /// Its changes (of captured tables, in binlog order) already published:
+    /// skipped on resume, and the row index the next change gets.
+    pub published: u64,
+}
+
+/// How much of an open transaction the reader holds before it hands the
+/// changes out as a piece (`cdc.batch_max_rows`, `cdc.batch_max_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PieceLimit {
+    /// Changes.
+    pub rows: usize,
+    /// Bytes of the rows events they came in (the binlog's size of the rows).
+    pub bytes: usize,
+}
+
+impl PieceLimit {
+    /// No limit: whole transactions only.
+    pub const WHOLE: Self = Self {
+        rows: usize::MAX,
+        bytes: usize::MAX,
+    };
+
+    /// Whether `rows` changes in `bytes` of rows events reach the limit.
+    pub fn reached(&self, rows: usize, bytes: usize) -> bool {
+        rows >= self.rows || bytes >= self.bytes
+    }
 }
 
 impl BinlogPosition {
@@ -148,6 +191,13 @@ impl std::fmt::Display for BinlogPosition {
         if let Some(gtid) = &self.gtid {
             write!(f, " (gtid {gtid})")?;
         }
+        if let Some(inside) = &self.inside {
+            write!(
+                f,
+                " inside {} after {} changes",
+                inside.gtid, inside.published
+            )?;
+        }
         Ok(())
     }
 }
@@ -211,20 +261,40 @@ pub struct RowChange {
     pub columns: std::sync::Arc<TableColumns>,
 }
 
-/// A whole committed transaction and the changes of captured tables in it
-/// (possibly none).
-#[derive(Debug, Clone, PartialEq)]
+/// A committed transaction and the changes of captured tables in it
+/// (possibly none), or a piece of one (see [`PieceLimit`]).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct BinlogTransaction {
-    /// Its GTID, when the server wrote one.
+    /// Its GTID, when the server wrote one (always, for a piece).
     pub gtid: Option<String>,
-    /// Its XID, when the engine wrote one.
+    /// Its XID, when the engine wrote one (on its last piece).
     pub xid: Option<u64>,
-    /// Where it ends: the position to resume after it.
+    /// Where it ends: the position to resume after it. For a piece that
+    /// does not end its transaction: where the piece was read up to (the
+    /// end of its last rows event), not a position to resume from.
     pub end: BinlogPosition,
     /// Commit time (seconds since the epoch) from the event headers.
     pub timestamp: u32,
     /// Changes of the captured tables, in binlog order.
     pub changes: Vec<RowChange>,
+    /// The index in the whole transaction of `changes[0]`: 0 but for the
+    /// pieces after the first, so row indexes (and event ids) are the ones
+    /// the whole transaction has.
+    pub first_row: usize,
+    /// Bytes of the rows events `changes` came in.
+    pub bytes: usize,
+    /// Set on a piece that does not end its transaction: the position to
+    /// resume from (the transaction's start, with the changes published
+    /// up to the end of this piece).
+    pub continues: Option<BinlogPosition>,
+}
+
+impl BinlogTransaction {
+    /// The checkpoint's position once this (and everything before it) is
+    /// published: the end, or for a piece, inside the transaction.
+    pub fn resume_point(&self) -> &BinlogPosition {
+        self.continues.as_ref().unwrap_or(&self.end)
+    }
 }
 
 /// The transaction being read.
@@ -233,6 +303,18 @@ struct Open {
     gtid: Option<MariadbGtid>,
     changes: Vec<RowChange>,
     timestamp: u32,
+    /// Where it starts (its GTID event), with the GTID position before it.
+    start: BinlogPosition,
+    /// Its changes handed out in earlier pieces (or, resumed inside it,
+    /// published by an earlier process): the row index of `changes[0]`.
+    published: usize,
+    /// Changes still to drop: published before the stream was opened.
+    skip: usize,
+    /// Bytes of the rows events of `changes`.
+    bytes: usize,
+    /// More changes than the limit, but no GTID to resume inside it by:
+    /// already warned about.
+    warned: bool,
 }
 
 /// Reads whole transactions from a replica connection.
@@ -255,6 +337,9 @@ pub struct BinlogReader {
     by_gtid: Option<String>,
     /// The last GTID of each replication domain read so far.
     gtid_state: std::collections::BTreeMap<u32, String>,
+    /// Opened inside a transaction published in part: the first
+    /// transaction must be that one, and its first changes are dropped.
+    resume_inside: Option<InsideTransaction>,
 }
 
 /// Server settings `orderpipe cdc` needs, with the value it needs.
@@ -349,6 +434,7 @@ pub async fn current_position(conn: &mut Conn) -> Result<BinlogPosition, CdcErro
         gtid_state: gtid.clone(),
         gtid,
         server_id: Some(server_id(conn).await?),
+        inside: None,
     })
 }
 
@@ -469,6 +555,7 @@ impl BinlogReader {
             source_server,
             by_gtid,
             gtid_state,
+            resume_inside: from.inside.clone(),
         })
     }
 
@@ -482,9 +569,41 @@ impl BinlogReader {
         self.source_server
     }
 
-    /// The next whole transaction. Cancel-safe: a transaction read halfway
-    /// stays in the reader and the next call goes on with it.
-    pub async fn next_transaction(&mut self) -> Result<BinlogTransaction, CdcError> {
+    /// Where this stream was asked from, for errors.
+    fn asked_at(&self) -> String {
+        match &self.by_gtid {
+            Some(state) => format!("GTID {state} (server {})", self.source_server),
+            None => format!("{}:{}", self.start.file, self.start.pos),
+        }
+    }
+
+    /// At the first transaction of a stream opened inside one: checks it
+    /// is that one and returns how many of its changes to drop.
+    fn resumed_into(&mut self, gtid: Option<&MariadbGtid>) -> Result<usize, CdcError> {
+        let Some(inside) = self.resume_inside.take() else {
+            return Ok(0);
+        };
+        let found = gtid.map_or("a transaction without GTID".to_string(), |g| g.to_string());
+        if found != inside.gtid {
+            return Err(CdcError::PositionGone(format!(
+                "{}: the checkpoint is inside transaction {} after {} of its changes, but the stream starts with {found}",
+                self.asked_at(),
+                inside.gtid,
+                inside.published
+            )));
+        }
+        Ok(inside.published as usize)
+    }
+
+    /// The next whole transaction, or the next piece of one: a transaction
+    /// with a GTID is handed out as soon as the changes read of it reach
+    /// `limit` (then the next call goes on with it), so the reader holds at
+    /// most about `limit` of a huge one. Cancel-safe: a transaction read
+    /// halfway stays in the reader and the next call goes on with it.
+    pub async fn next_transaction(
+        &mut self,
+        limit: PieceLimit,
+    ) -> Result<BinlogTransaction, CdcError> {
         loop {
             let event = match tokio::time::timeout(SILENCE_LIMIT, self.stream.next()).await {
                 Err(_) => {
@@ -500,11 +619,11 @@ impl BinlogReader {
                 // 1236 (ER_MASTER_FATAL_ERROR_READING_BINLOG): the position
                 // is not in the server's binlog (purged, or another server's).
                 Ok(Some(Err(mysql_async::Error::Server(e)))) if e.code == 1236 => {
-                    let at = match &self.by_gtid {
-                        Some(state) => format!("GTID {state} (server {})", self.source_server),
-                        None => format!("{}:{}", self.start.file, self.start.pos),
-                    };
-                    return Err(CdcError::PositionGone(format!("{at}: {}", e.message)));
+                    return Err(CdcError::PositionGone(format!(
+                        "{}: {}",
+                        self.asked_at(),
+                        e.message
+                    )));
                 }
                 Ok(Some(Err(e))) => return Err(CdcError::Source(format!("binlog stream: {e}"))),
                 Ok(Some(Ok(event))) => event,
@@ -520,11 +639,25 @@ impl BinlogReader {
                     MariadbGtid::parse(header.server_id(), event.data()).ok_or_else(|| {
                         CdcError::Source("a MariaDB GTID event shorter than 13 bytes".into())
                     })?;
+                // The transaction starts at its GTID event, after the GTID
+                // position without it: a checkpoint inside it resumes there.
+                let start = BinlogPosition {
+                    file: self.file.clone(),
+                    pos: u64::from(header.log_pos()).saturating_sub(u64::from(header.event_size())),
+                    gtid: self.gtid_state.get(&gtid.domain).cloned(),
+                    server_id: Some(self.source_server),
+                    gtid_state: render_gtid_state(&self.gtid_state),
+                    inside: None,
+                };
                 self.gtid_state.insert(gtid.domain, gtid.to_string());
+                let skip = self.resumed_into(Some(&gtid))?;
                 self.open = Some(Open {
                     gtid: Some(gtid),
-                    changes: Vec::new(),
                     timestamp: header.timestamp(),
+                    start,
+                    published: skip,
+                    skip,
+                    ..Open::default()
                 });
                 continue;
             }
@@ -541,6 +674,7 @@ impl BinlogReader {
                         gtid: gtid.clone(),
                         server_id: Some(reader.source_server),
                         gtid_state: render_gtid_state(&reader.gtid_state),
+                        inside: None,
                     },
                     gtid,
                     xid,
@@ -550,6 +684,9 @@ impl BinlogReader {
                         header.timestamp()
                     },
                     changes: open.changes,
+                    first_row: open.published,
+                    bytes: open.bytes,
+                    continues: None,
                 }
             };
             match data {
@@ -570,6 +707,9 @@ impl BinlogReader {
                     let text = query.query();
                     let text = text.trim();
                     if text.eq_ignore_ascii_case("BEGIN") {
+                        if self.open.is_none() {
+                            self.resumed_into(None)?;
+                        }
                         self.open.get_or_insert_with(|| Open {
                             timestamp: header.timestamp(),
                             ..Open::default()
@@ -586,7 +726,7 @@ impl BinlogReader {
                 }
                 Some(EventData::RowsEvent(rows)) => {
                     // Name where: the event's end position in its file.
-                    let changes = self.changes_of(&rows).map_err(|e| match e {
+                    let mut changes = self.changes_of(&rows).map_err(|e| match e {
                         CdcError::Source(why) => CdcError::Source(format!(
                             "{why} (rows event ending at binlog {}:{})",
                             self.file,
@@ -594,11 +734,64 @@ impl BinlogReader {
                         )),
                         e => e,
                     })?;
+                    if self.open.is_none() {
+                        self.resumed_into(None)?;
+                    }
                     let open = self.open.get_or_insert_with(|| Open {
                         timestamp: header.timestamp(),
                         ..Open::default()
                     });
+                    // Published before this stream was opened inside the transaction.
+                    let skipped = open.skip.min(changes.len());
+                    changes.drain(..skipped);
+                    open.skip -= skipped;
+                    if changes.is_empty() {
+                        continue;
+                    }
+                    open.bytes += header.event_size() as usize;
                     open.changes.extend(changes);
+                    if !limit.reached(open.changes.len(), open.bytes) {
+                        continue;
+                    }
+                    let Some(gtid) = open.gtid.map(|g| g.to_string()) else {
+                        // Without a GTID a later stream could not tell it
+                        // is back in this transaction: it stays whole.
+                        if !open.warned {
+                            open.warned = true;
+                            tracing::warn!(
+                                changes = open.changes.len(),
+                                "cdc: a transaction without GTID over cdc.batch_max_rows/batch_max_bytes is held whole"
+                            );
+                        }
+                        continue;
+                    };
+                    let changes = std::mem::take(&mut open.changes);
+                    let first_row = open.published;
+                    open.published += changes.len();
+                    let continues = BinlogPosition {
+                        inside: Some(InsideTransaction {
+                            gtid: gtid.clone(),
+                            published: open.published as u64,
+                        }),
+                        ..open.start.clone()
+                    };
+                    return Ok(BinlogTransaction {
+                        end: BinlogPosition {
+                            file: self.file.clone(),
+                            pos: u64::from(header.log_pos()),
+                            gtid: Some(gtid.clone()),
+                            server_id: Some(self.source_server),
+                            gtid_state: render_gtid_state(&self.gtid_state),
+                            inside: None,
+                        },
+                        gtid: Some(gtid),
+                        xid: None,
+                        timestamp: open.timestamp,
+                        changes,
+                        first_row,
+                        bytes: std::mem::take(&mut open.bytes),
+                        continues: Some(continues),
+                    });
                 }
                 _ => {}
             }

@@ -3,6 +3,12 @@
 //! compacted offsets topic (`cdc.offsets`), written in the same Kafka
 //! transaction as the changes it covers.
 //!
+//! A batch that ends inside a binlog transaction published in pieces
+//! checkpoints that transaction's start with `position.inside` (its GTID
+//! and how many of its changes are out); checkpoints without it (at a
+//! transaction's end, and every one written before it existed) read as
+//! before.
+//!
 //! On start the source reads its last committed checkpoint with a
 //! read_committed consumer, after its producer's `init_transactions` has
 //! aborted whatever a killed predecessor left open: what it reads is
@@ -177,6 +183,48 @@ mod tests {
         assert!(
             text.contains(r#""file":"mariadb-bin.000002","pos":3127"#),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_without_inside_reads_as_before_and_one_inside_a_transaction_round_trips() {
+        // As written before a transaction could be published in pieces (docs/cdc.md).
+        let old = r#"{"source":"shop","position":{"file":"mariadb-bin.000002","pos":3127,"gtid":"0-1-18","server_id":1,"gtid_state":"0-1-18"},"committed_at":"2026-12-01T09:00:00Z"}"#;
+        let old: Checkpoint = serde_json::from_str(old).unwrap();
+        assert_eq!(old.position.inside, None);
+        assert_eq!(old.position.resume_gtid_state(), Some("0-1-18"));
+        // Older still: no server, no GTID position.
+        let oldest: Checkpoint = serde_json::from_str(
+            r#"{"source":"shop","position":{"file":"b.000001","pos":9,"gtid":null},"committed_at":"x"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (oldest.position.inside, oldest.position.server_id),
+            (None, None)
+        );
+        // At a transaction's end the record is what it was: no `inside` key.
+        let text =
+            String::from_utf8(Checkpoint::new("shop", old.position.clone()).to_bytes()).unwrap();
+        assert!(!text.contains("inside"), "{text}");
+        // Inside transaction 0-1-19 (starting at 3127) after 5000 changes.
+        let inside = BinlogPosition {
+            inside: Some(super::super::binlog::InsideTransaction {
+                gtid: "0-1-19".into(),
+                published: 5000,
+            }),
+            ..old.position.clone()
+        };
+        let checkpoint = Checkpoint::new("shop", inside.clone());
+        let text = String::from_utf8(checkpoint.to_bytes()).unwrap();
+        assert!(
+            text.contains(r#""inside":{"gtid":"0-1-19","published":5000}"#),
+            "{text}"
+        );
+        let back: Checkpoint = serde_json::from_slice(&checkpoint.to_bytes()).unwrap();
+        assert_eq!(back.position, inside);
+        assert_eq!(
+            inside.to_string(),
+            "mariadb-bin.000002:3127 (gtid 0-1-18) inside 0-1-19 after 5000 changes"
         );
     }
 }

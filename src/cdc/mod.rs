@@ -6,14 +6,20 @@
 //! `<topic_prefix>.<db>.<table>`, keyed by the primary key, so one row's
 //! changes stay in commit order in one partition.
 //!
-//! Exactly once for read_committed consumers: whole binlog transactions
-//! are gathered into a batch (up to `batch_max_rows` rows or
+//! Exactly once for read_committed consumers: binlog transactions are
+//! gathered into a batch (up to `batch_max_rows` rows, `batch_max_bytes` or
 //! `batch_linger_ms`), and one Kafka transaction carries the batch's records
 //! and the checkpoint — the binlog position after its last transaction —
 //! to the compacted offsets topic, keyed by the source name
-//! ([`checkpoint`]). A restart (or a SIGKILL) resumes from the last
-//! committed checkpoint after `init_transactions` has aborted whatever the
-//! previous process left open, so every change is seen once.
+//! ([`checkpoint`]). A transaction larger than `batch_max_rows` or
+//! `batch_max_bytes` comes from the reader in pieces, each published in its
+//! own Kafka transaction with a checkpoint inside it (its start, and how
+//! many of its changes are out, [`binlog::InsideTransaction`]): memory and
+//! Kafka transactions stay bounded however large the database's
+//! transaction, and a restart skips the changes already published.
+//! A restart (or a SIGKILL) resumes from the last committed checkpoint
+//! after `init_transactions` has aborted whatever the previous process left
+//! open, so every change is seen once.
 //!
 //! Checkpoints are a binlog file and position, the `@@server_id` of the
 //! server that wrote them and its GTID position (MariaDB's GTID events are
@@ -103,9 +109,13 @@ pub struct CdcSettings {
     pub min_insync_replicas: i32,
     /// `retention.ms` of the change topics.
     pub retention_ms: i64,
-    /// Row changes per Kafka transaction, at most (whole binlog transactions
-    /// are never split, so one larger transaction makes a larger batch).
+    /// Row changes per Kafka transaction: a batch is published once it
+    /// holds this many, and a binlog transaction with more is published in
+    /// pieces of about this many (each with a checkpoint inside it).
     pub batch_max_rows: usize,
+    /// The same bound in bytes of the binlog's rows events (the rows' size
+    /// as the database wrote them, not as JSON).
+    pub batch_max_bytes: usize,
     /// How long a batch waits for more transactions once it has a change.
     pub batch_linger_ms: u64,
     /// `json` (one envelope schema, data/old as JSON text) or `avro` (one
@@ -166,6 +176,9 @@ impl CdcSettings {
         if self.batch_max_rows == 0 {
             return Err("cdc.batch_max_rows = 0: must be at least 1".into());
         }
+        if self.batch_max_bytes == 0 {
+            return Err("cdc.batch_max_bytes = 0: must be at least 1 (bytes of binlog rows events per Kafka transaction)".into());
+        }
         if self.partitions < 1 || self.replication_factor < 1 {
             return Err("cdc.partitions and cdc.replication_factor must be at least 1".into());
         }
@@ -176,6 +189,15 @@ impl CdcSettings {
             ));
         }
         Ok(())
+    }
+
+    /// How much a Kafka transaction holds, at most about (and so the
+    /// largest piece of a binlog transaction).
+    pub fn piece_limit(&self) -> binlog::PieceLimit {
+        binlog::PieceLimit {
+            rows: self.batch_max_rows,
+            bytes: self.batch_max_bytes,
+        }
     }
 
     /// The change topic of `table` (`db.table`).
@@ -437,6 +459,8 @@ impl Publisher {
             .gtid
             .clone()
             .unwrap_or_else(|| format!("{}:{}", tx.end.file, tx.end.pos));
+        // The index in the whole transaction, however it was cut in pieces.
+        let index = tx.first_row + index;
         let event_id = change_id(&self.cdc.name, &transaction, index as u32);
         ChangeEvent {
             event_id,
@@ -895,6 +919,7 @@ pub async fn run(
         cdc.tables.join(", ")
     );
     let linger = Duration::from_millis(cdc.batch_linger_ms);
+    let limit = cdc.piece_limit();
     'connect: loop {
         let mut reader = tokio::select! {
             _ = &mut shutdown => break 'connect,
@@ -923,10 +948,13 @@ pub async fn run(
             );
         }
         let mut batch: Vec<BinlogTransaction> = Vec::new();
-        let mut rows = 0usize;
+        let (mut rows, mut bytes) = (0usize, 0usize);
+        // Changes, or the end of a transaction published in pieces (its
+        // checkpoint is inside it until then): published after the linger.
+        let mut due = false;
         let mut since: Option<Instant> = None;
         loop {
-            let wait = since.map(|s| s + if rows > 0 { linger } else { IDLE_CHECKPOINT });
+            let wait = since.map(|s| s + if due { linger } else { IDLE_CHECKPOINT });
             let flush_due = async {
                 match wait {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -936,16 +964,20 @@ pub async fn run(
             let (stop, next) = tokio::select! {
                 _ = &mut shutdown => (true, None),
                 _ = flush_due => (false, None),
-                tx = reader.next_transaction() => (false, Some(tx)),
+                tx = reader.next_transaction(limit) => (false, Some(tx)),
             };
             match next {
                 Some(Ok(tx)) => {
                     backoff.reset();
-                    summary.binlog_transactions += 1;
+                    if tx.continues.is_none() {
+                        summary.binlog_transactions += 1;
+                    }
                     rows += tx.changes.len();
+                    bytes += tx.bytes;
+                    due |= !tx.changes.is_empty() || tx.first_row > 0;
                     since.get_or_insert_with(Instant::now);
                     batch.push(tx);
-                    if rows < cdc.batch_max_rows {
+                    if !limit.reached(rows, bytes) {
                         continue;
                     }
                 }
@@ -963,7 +995,7 @@ pub async fn run(
                 None => {}
             }
             if let Some(last) = batch.last() {
-                let position = last.end.clone();
+                let position = last.resume_point().clone();
                 summary.changes += publisher
                     .publish(&batch, &Checkpoint::new(&cdc.name, position.clone()))
                     .await?;
@@ -972,7 +1004,7 @@ pub async fn run(
                 summary.checkpoint = Some(committed.clone());
             }
             batch.clear();
-            rows = 0;
+            (rows, bytes, due) = (0, 0, false);
             since = None;
             if stop {
                 break 'connect;

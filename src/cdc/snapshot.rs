@@ -168,6 +168,7 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
         end: position.clone(),
         timestamp: chrono::Utc::now().timestamp() as u32,
         changes,
+        ..BinlogTransaction::default()
     };
     publisher
         .publish(
@@ -196,16 +197,17 @@ async fn catch_up(
         return Ok(0);
     }
     let mut reader = BinlogReader::open(url, cdc.server_id, from, cdc.resume, &cdc.tables).await?;
-    let (mut batch, mut rows, mut published) = (Vec::new(), 0usize, 0u64);
+    let limit = cdc.piece_limit();
+    let (mut batch, mut rows, mut bytes, mut published) = (Vec::new(), 0usize, 0usize, 0u64);
     loop {
-        let tx = tokio::time::timeout(Duration::from_secs(60), reader.next_transaction())
+        let tx = tokio::time::timeout(Duration::from_secs(60), reader.next_transaction(limit))
             .await
             .map_err(|_| {
                 CdcError::Source(format!(
                     "no transaction ends at the snapshot's position {to} within 60 s"
                 ))
             })??;
-        let done = tx.end.file == to.file && tx.end.pos == to.pos;
+        let done = tx.continues.is_none() && tx.end.file == to.file && tx.end.pos == to.pos;
         if !done && at_or_past(&tx.end, to) {
             return Err(CdcError::Source(format!(
                 "the snapshot's position {to} is not a transaction boundary (read past it to {})",
@@ -213,14 +215,16 @@ async fn catch_up(
             )));
         }
         rows += tx.changes.len();
+        bytes += tx.bytes;
         batch.push(tx);
-        if done || rows >= cdc.batch_max_rows {
-            let end = batch.last().expect("a transaction was pushed").end.clone();
+        if done || limit.reached(rows, bytes) {
+            let end = batch.last().expect("a transaction was pushed");
+            let end = end.resume_point().clone();
             published += publisher
                 .publish(&batch, &Checkpoint::new(&cdc.name, end))
                 .await?;
             batch.clear();
-            rows = 0;
+            (rows, bytes) = (0, 0);
         }
         if done {
             return Ok(published);

@@ -18,7 +18,7 @@ use crate::helpers::{MYSQL_ADMIN_URL, Spawned, TestEnv, cdc_server_id, header, w
 pub(crate) struct Source {
     pub(crate) env: TestEnv,
     pub(crate) database: String,
-    pool: MySqlPool,
+    pub(crate) pool: MySqlPool,
     pub(crate) server_id: String,
     pub(crate) start: String,
 }
@@ -58,8 +58,13 @@ impl Source {
     }
 
     pub(crate) fn spawn(&self, table: &str) -> Spawned {
+        self.spawn_with(table, &[])
+    }
+
+    /// [`Source::spawn`] with more flags.
+    pub(crate) fn spawn_with(&self, table: &str, extra: &[&str]) -> Spawned {
         let table = format!("{}.{table}", self.database);
-        self.env.spawn(&[
+        let mut args = vec![
             "cdc",
             "--table",
             &table,
@@ -67,7 +72,9 @@ impl Source {
             &self.server_id,
             "--start-position",
             &self.start,
-        ])
+        ];
+        args.extend_from_slice(extra);
+        self.env.spawn(&args)
     }
 
     pub(crate) async fn exec(&self, statements: &[&str]) {
@@ -89,7 +96,17 @@ impl Source {
         count: usize,
         timeout: Duration,
     ) -> Vec<(OwnedMessage, ChangeEvent)> {
-        let topic = self.topic(table);
+        self.changes_on(&self.topic(table), count, timeout).await
+    }
+
+    /// [`Source::changes`] of any change topic.
+    pub(crate) async fn changes_on(
+        &self,
+        topic: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> Vec<(OwnedMessage, ChangeEvent)> {
+        let topic = topic.to_string();
         let codec = Codec::new(
             &self.env.settings.registry,
             &topic,
@@ -140,7 +157,9 @@ pub(crate) fn wait_for_topic(env: &TestEnv, topic: &str) {
 }
 
 /// Changes per Kafka key, in offset order (one key is in one partition).
-fn by_key(changes: &[(OwnedMessage, ChangeEvent)]) -> BTreeMap<String, Vec<&ChangeEvent>> {
+pub(crate) fn by_key(
+    changes: &[(OwnedMessage, ChangeEvent)],
+) -> BTreeMap<String, Vec<&ChangeEvent>> {
     let mut sorted: Vec<&(OwnedMessage, ChangeEvent)> = changes.iter().collect();
     sorted.sort_by_key(|(m, _)| (m.partition(), m.offset()));
     let mut keys: BTreeMap<String, Vec<&ChangeEvent>> = BTreeMap::new();

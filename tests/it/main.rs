@@ -9,6 +9,7 @@
 
 mod cdc;
 mod cdc_failover;
+mod cdc_large_tx;
 mod cdc_oversize;
 mod cdc_sources;
 mod console_explore;
