@@ -65,7 +65,7 @@ impl DlqSettings {
 /// `unknown` (a DLQ record without the class header, see
 /// [`persist::dead_letter_of`]). A
 /// fixed set: the gauges' `class` label and `--class` take only these.
-pub const ERROR_CLASSES: [&str; 16] = [
+pub const ERROR_CLASSES: [&str; 17] = [
     "unavailable",
     "handler_retryable",
     "handler_fatal",
