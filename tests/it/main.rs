@@ -10,6 +10,7 @@
 mod cdc;
 mod cdc_failover;
 mod cdc_sources;
+mod cdc_types;
 mod console_explore;
 mod console;
 mod console_browser;
