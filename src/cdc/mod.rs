@@ -29,6 +29,8 @@ pub mod binlog;
 pub mod catalogue;
 pub mod change;
 pub mod checkpoint;
+pub mod column;
+pub mod row_image;
 pub mod snapshot;
 pub mod table_schema;
 

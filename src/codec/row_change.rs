@@ -301,6 +301,27 @@ impl Fields {
     }
 }
 
+/// An integer-valued Avro decimal (scale 0) as a JSON number.
+fn decimal_integer(decimal: &apache_avro::Decimal) -> serde_json::Value {
+    let Ok(bytes) = Vec::<u8>::try_from(decimal) else {
+        return serde_json::Value::Null;
+    };
+    if bytes.len() > 16 {
+        return serde_json::Value::Null;
+    }
+    // Big-endian two's complement.
+    let negative = bytes.first().is_some_and(|b| b & 0x80 != 0);
+    let n = bytes
+        .iter()
+        .fold(if negative { -1i128 } else { 0 }, |n, &b| {
+            (n << 8) | i128::from(b)
+        });
+    u64::try_from(n)
+        .map(serde_json::Value::from)
+        .or_else(|_| i64::try_from(n).map(serde_json::Value::from))
+        .unwrap_or(serde_json::Value::Null)
+}
+
 /// A decoded typed change as the `change.avsc` record of the same change
 /// (`data` and `old` as JSON text), for [`ChangeEvent::from_avro`].
 /// Values that are not typed changes are returned as they are.
@@ -347,8 +368,23 @@ pub fn untyped_value(value: Value) -> Value {
             let json = match unwrap(value) {
                 Value::Long(n) => serde_json::Value::from(n),
                 Value::Int(n) => serde_json::Value::from(n),
+                // An f32 as its shortest text (as the JSON form writes FLOAT).
+                Value::Float(f) => f
+                    .to_string()
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(serde_json::Number::from_f64)
+                    .map_or(serde_json::Value::Null, serde_json::Value::Number),
                 Value::Double(f) => serde_json::Number::from_f64(f)
                     .map_or(serde_json::Value::Null, serde_json::Value::Number),
+                // Integers beyond a long (BIGINT UNSIGNED, BIT(64)): decimal(20,0).
+                Value::Decimal(d) => decimal_integer(&d),
+                // Binary columns: `0x` hex, as in the JSON form.
+                Value::Bytes(b) => {
+                    let mut text = String::from("0x");
+                    b.iter().for_each(|x| text.push_str(&format!("{x:02x}")));
+                    serde_json::Value::String(text)
+                }
                 Value::String(s) => serde_json::Value::String(s),
                 _ => serde_json::Value::Null,
             };
