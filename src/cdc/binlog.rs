@@ -1018,18 +1018,9 @@ fn kind_of(
             charset,
         },
         MYSQL_TYPE_STRING => match charset {
-            Charset::Binary => {
-                let (byte0, byte1) = (usize::from(meta_at(0)), usize::from(meta_at(1)));
-                // The length shares the two bytes with the real type (MySQL bug #37426).
-                let length = if byte0 & 0x30 != 0x30 {
-                    byte1 | (((byte0 & 0x30) ^ 0x30) << 4)
-                } else {
-                    byte1
-                };
-                Kind::Bytes {
-                    pad_to: Some(length),
-                }
-            }
+            Charset::Binary => Kind::Bytes {
+                pad_to: Some(super::row_image::string_length(meta)),
+            },
             charset => Kind::Text { charset },
         },
         MYSQL_TYPE_VARCHAR

@@ -62,9 +62,12 @@ impl Charset {
                         _ => u16::from_le_bytes([c[0], c[1]]),
                     })
                     .collect();
-                (bytes.len() % 2 == 0).then(|| String::from_utf16(&units).ok())?
+                bytes
+                    .len()
+                    .is_multiple_of(2)
+                    .then(|| String::from_utf16(&units).ok())?
             }
-            Self::Utf32 => (bytes.len() % 4 == 0).then(|| {
+            Self::Utf32 => bytes.len().is_multiple_of(4).then(|| {
                 bytes
                     .chunks_exact(4)
                     .map(|c| char::from_u32(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
@@ -309,24 +312,7 @@ impl Column {
     }
 }
 
-/// `0x` and the lower-case hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    let mut text = String::with_capacity(2 + 2 * bytes.len());
-    text.push_str("0x");
-    for b in bytes {
-        text.push_str(&format!("{b:02x}"));
-    }
-    text
-}
-
-/// An f32 as the shortest JSON number that reads back as it (3.14159, not 3.141590118408203).
-pub fn float_json(f: f32) -> Json {
-    f.to_string()
-        .parse::<f64>()
-        .ok()
-        .and_then(serde_json::Number::from_f64)
-        .map_or_else(|| Json::String(f.to_string()), Json::Number)
-}
+pub use crate::codec::row_change::{float_json, hex};
 
 /// An f64 as the shortest JSON number that reads back as it.
 pub fn double_json(f: f64) -> Json {
@@ -563,8 +549,8 @@ mod tests {
         assert_eq!(decimal.json(&Value::Bytes(b"-.5".to_vec())), json!("-0.50"));
         assert_eq!(decimal.json(&Value::Bytes(b"-0".to_vec())), json!("0.00"));
         assert_eq!(
-            col(Kind::Float).json(&Value::Float(3.14159)).to_string(),
-            "3.14159"
+            col(Kind::Float).json(&Value::Float(1.23456)).to_string(),
+            "1.23456"
         );
         assert_eq!(
             col(Kind::Double).json(&Value::Double(-0.0)).to_string(),

@@ -313,17 +313,24 @@ fn value(data: &mut &[u8], column_type: ColumnType, meta: &[u8], kind: &Kind) ->
             string_kind(prefixed(data, if max < 256 { 1 } else { 2 })?, kind)
         }
         MYSQL_TYPE_STRING => {
-            // The real type and the length share the two metadata bytes (MySQL bug #37426).
-            let (byte0, byte1) = (usize::from(meta_at(0)), usize::from(meta_at(1)));
-            let max = if byte0 & 0x30 != 0x30 {
-                byte1 | (((byte0 & 0x30) ^ 0x30) << 4)
-            } else {
-                byte1
-            };
+            let max = string_length(meta);
             string_kind(prefixed(data, if max < 256 { 1 } else { 2 })?, kind)
         }
         other => return Err(bad(format!("cannot decode a {other:?} value"))),
     })
+}
+
+/// The byte length of a `MYSQL_TYPE_STRING` column (CHAR, BINARY) from
+/// its table map metadata: the real type and the length share the two
+/// bytes (MySQL bug #37426).
+pub(crate) fn string_length(meta: &[u8]) -> usize {
+    let byte0 = usize::from(meta.first().copied().unwrap_or(0));
+    let byte1 = usize::from(meta.get(1).copied().unwrap_or(0));
+    if byte0 & 0x30 != 0x30 {
+        byte1 | (((byte0 & 0x30) ^ 0x30) << 4)
+    } else {
+        byte1
+    }
 }
 
 /// A string-typed value of a MariaDB type stored as bytes (UUID, INET6,
