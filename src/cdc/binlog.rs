@@ -28,13 +28,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use mysql_async::binlog::events::{EventData, OptionalMetadataField, RowsEventData, TableMapEvent};
-use mysql_async::binlog::row::BinlogRow;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
 use serde::{Deserialize, Serialize};
 
 use super::CdcError;
-use super::change::{ChangeKind, changed_columns, json_value, primary_key};
+use super::change::{ChangeKind, changed_columns, primary_key};
+use super::column::{Charset, Column, INFORMATION_SCHEMA_QUERY, InformationSchemaColumn, Kind};
 use super::table_schema::TableColumns;
 
 /// MariaDB's GTID event (not parsed by mysql_common).
@@ -340,6 +340,24 @@ pub struct BinlogReader {
     /// Opened inside a transaction published in part: the first
     /// transaction must be that one, and its first changes are dropped.
     resume_inside: Option<InsideTransaction>,
+    /// The captured tables' columns, by table id ([`BinlogReader::describe_tables`]).
+    tables_described: TableDescriptions,
+}
+
+/// What the table maps of captured tables say, with what only
+/// `information_schema` knows, cached per table id (a new table map id
+/// follows every DDL). Looked up through a second connection, between
+/// events: a lookup cancelled with `next_transaction` loses no event.
+struct TableDescriptions {
+    url: String,
+    conn: Option<Conn>,
+    /// Collation id -> character set name (`information_schema.COLLATIONS`).
+    collations: std::collections::HashMap<u16, String>,
+    /// Table ids mapped but not described yet.
+    pending: Vec<u64>,
+    /// The lookup running for the first of them.
+    lookup: Option<(u64, tokio::task::JoinHandle<Result<Looked, CdcError>>)>,
+    layouts: std::collections::HashMap<u64, std::sync::Arc<TableLayout>>,
 }
 
 /// Server settings `orderpipe cdc` needs, with the value it needs.
@@ -556,7 +574,93 @@ impl BinlogReader {
             by_gtid,
             gtid_state,
             resume_inside: from.inside.clone(),
+            tables_described: TableDescriptions {
+                url: url.to_string(),
+                conn: None,
+                collations: std::collections::HashMap::new(),
+                pending: Vec::new(),
+                lookup: None,
+                layouts: std::collections::HashMap::new(),
+            },
         })
+    }
+
+    /// Describes the captured tables whose table maps came since the last
+    /// call ([`TableLayout::of`]): asks `information_schema` what the
+    /// table map cannot say. Called before the next event is read; the
+    /// lookup runs in its own task, so a `next_transaction` cancelled while
+    /// it runs loses neither an event nor the connection's state.
+    async fn describe_tables(&mut self) -> Result<(), CdcError> {
+        while let Some(&table_id) = self.tables_described.pending.first() {
+            let Some(tme) = self.stream.get_tme(table_id) else {
+                self.tables_described.pending.remove(0);
+                continue;
+            };
+            let (database, table) = (
+                tme.database_name().into_owned(),
+                tme.table_name().into_owned(),
+            );
+            let described = &mut self.tables_described;
+            if described
+                .lookup
+                .as_ref()
+                .is_none_or(|(id, _)| *id != table_id)
+            {
+                let (url, conn, need_collations) = (
+                    described.url.clone(),
+                    described.conn.take(),
+                    described.collations.is_empty(),
+                );
+                let (db, name) = (database.clone(), table.clone());
+                described.lookup = Some((
+                    table_id,
+                    tokio::spawn(lookup(url, conn, need_collations, db, name)),
+                ));
+            }
+            let (_, handle) = described.lookup.as_mut().expect("started above");
+            let looked_up = handle.await;
+            described.lookup = None;
+            let (conn, collations, info) = looked_up.map_err(|e| {
+                CdcError::Source(format!(
+                    "the column lookup of {database}.{table} failed: {e}"
+                ))
+            })??;
+            described.conn = Some(conn);
+            if let Some(collations) = collations {
+                described.collations = collations;
+            }
+            let tme = self.stream.get_tme(table_id).expect("looked up above");
+            let layout = TableLayout::of(
+                tme,
+                &database,
+                &table,
+                &info,
+                &self.tables_described.collations,
+            )?;
+            let described = &mut self.tables_described;
+            // Older ids of the same table are not mapped again.
+            described.layouts.retain(|_, l| {
+                (l.database.as_str(), l.table.as_str()) != (database.as_str(), table.as_str())
+            });
+            described
+                .layouts
+                .insert(table_id, std::sync::Arc::new(layout));
+            described.pending.remove(0);
+        }
+        Ok(())
+    }
+
+    /// Notes the table map of a captured table not described yet.
+    fn table_mapped(&mut self, tme: &TableMapEvent<'_>) {
+        let name = format!("{}.{}", tme.database_name(), tme.table_name());
+        let id = tme.table_id();
+        let described = &mut self.tables_described;
+        if self.tables.contains(&name)
+            && !described.layouts.contains_key(&id)
+            && !described.pending.contains(&id)
+        {
+            described.pending.push(id);
+        }
     }
 
     /// The GTID position this stream was asked from, when it was asked by GTID.
@@ -605,6 +709,7 @@ impl BinlogReader {
         limit: PieceLimit,
     ) -> Result<BinlogTransaction, CdcError> {
         loop {
+            self.describe_tables().await?;
             let event = match tokio::time::timeout(SILENCE_LIMIT, self.stream.next()).await {
                 Err(_) => {
                     return Err(CdcError::Source(format!(
@@ -702,6 +807,7 @@ impl BinlogReader {
                     })?;
                 }
                 Some(EventData::FormatDescriptionEvent(_)) => self.seen_format = true,
+                Some(EventData::TableMapEvent(tme)) => self.table_mapped(&tme),
                 Some(EventData::XidEvent(xid)) => return Ok(end(self, Some(xid.xid))),
                 Some(EventData::QueryEvent(query)) => {
                     let text = query.query();
@@ -813,16 +919,22 @@ impl BinlogReader {
         if !self.tables.contains(&format!("{database}.{table}")) {
             return Ok(Vec::new());
         }
-        let layout = TableLayout::of(tme, &database, &table)?;
-        let columns = std::sync::Arc::new(TableColumns {
-            names: layout.names.clone(),
-            types: layout.types.clone(),
-        });
+        let layout = match self.tables_described.layouts.get(&rows.table_id()) {
+            Some(layout) => layout.clone(),
+            // Not described (cannot happen: a table map comes first): the table map alone.
+            None => std::sync::Arc::new(TableLayout::of(
+                tme,
+                &database,
+                &table,
+                &[],
+                &Default::default(),
+            )?),
+        };
+        let images = super::row_image::rows(rows, tme, &layout.columns.columns).map_err(|e| {
+            CdcError::Source(format!("cannot decode a row of {database}.{table}: {e}"))
+        })?;
         let mut changes = Vec::new();
-        for row in rows.rows(tme) {
-            let (before, after) = row.map_err(|e| {
-                CdcError::Source(format!("cannot decode a row of {database}.{table}: {e}"))
-            })?;
+        for (before, after) in images {
             let before = before.map(|r| layout.json(&r));
             let after = after.map(|r| layout.json(&r));
             let (kind, data, old) = match (before, after) {
@@ -846,24 +958,85 @@ impl BinlogReader {
                 key,
                 data: serde_json::Value::Object(data),
                 old,
-                columns: columns.clone(),
+                columns: layout.columns.clone(),
             });
         }
         Ok(changes)
     }
 }
 
-/// Column names, types and primary key of a table map.
+/// A lookup's result: the connection (kept for the next), the collations
+/// when they were asked for, the table's columns.
+type Looked = (
+    Conn,
+    Option<std::collections::HashMap<u16, String>>,
+    Vec<InformationSchemaColumn>,
+);
+
+/// Asks `information_schema` for `database.table`'s columns (and the
+/// collations' charsets when `need_collations`), on `conn` or a new connection.
+async fn lookup(
+    url: String,
+    conn: Option<Conn>,
+    need_collations: bool,
+    database: String,
+    table: String,
+) -> Result<Looked, CdcError> {
+    let sql = |e: mysql_async::Error| {
+        CdcError::Source(format!(
+            "cannot read the columns of {database}.{table} from information_schema: {e}"
+        ))
+    };
+    let mut conn = match conn {
+        Some(conn) => conn,
+        None => connect(&url).await?,
+    };
+    let collations = if need_collations {
+        // MariaDB 10.10+ lists collations without an id too.
+        let rows: Vec<(u16, String)> = conn
+            .query(
+                "SELECT ID, CHARACTER_SET_NAME FROM information_schema.COLLATIONS \
+                 WHERE ID IS NOT NULL AND CHARACTER_SET_NAME IS NOT NULL",
+            )
+            .await
+            .map_err(sql)?;
+        Some(rows.into_iter().collect())
+    } else {
+        None
+    };
+    let rows: Vec<mysql_async::Row> = conn
+        .exec(INFORMATION_SCHEMA_QUERY, (&database, &table))
+        .await
+        .map_err(sql)?;
+    let info = rows.iter().map(InformationSchemaColumn::from_row).collect();
+    Ok((conn, collations, info))
+}
+
+/// A captured table as a table map describes it: its columns (refined by
+/// `information_schema`) and its primary key.
 struct TableLayout {
-    names: Vec<String>,
-    types: Vec<Option<mysql_async::consts::ColumnType>>,
+    database: String,
+    table: String,
+    columns: std::sync::Arc<TableColumns>,
     key: Vec<String>,
 }
 
 impl TableLayout {
-    fn of(tme: &TableMapEvent<'_>, database: &str, table: &str) -> Result<Self, CdcError> {
+    /// The layout of `tme`: names, primary key, types with their metadata,
+    /// signedness, charsets and ENUM/SET labels from the table map
+    /// (`binlog_row_metadata=FULL`), refined by `info` (the table's
+    /// `information_schema.COLUMNS`: UUID, INET6, INET4, generated columns);
+    /// `collations` names the charset of a collation id.
+    fn of(
+        tme: &TableMapEvent<'_>,
+        database: &str,
+        table: &str,
+        info: &[InformationSchemaColumn],
+        collations: &std::collections::HashMap<u16, String>,
+    ) -> Result<Self, CdcError> {
         let mut names = Vec::new();
         let mut key_indexes = Vec::new();
+        let (mut enum_labels, mut set_labels) = (Vec::new(), Vec::new());
         let bad =
             |e: std::io::Error| CdcError::Source(format!("table map of {database}.{table}: {e}"));
         for field in tme.iter_optional_meta() {
@@ -883,11 +1056,35 @@ impl TableLayout {
                         key_indexes.push(k.map_err(bad)?.column_index() as usize);
                     }
                 }
+                OptionalMetadataField::EnumStrValue(values) => {
+                    for labels in values.iter_values() {
+                        let labels = labels.map_err(bad)?;
+                        enum_labels.push(
+                            labels
+                                .values()
+                                .iter()
+                                .map(|l| l.value_raw().to_vec())
+                                .collect::<Vec<_>>(),
+                        );
+                    }
+                }
+                OptionalMetadataField::SetStrValue(values) => {
+                    for labels in values.iter_values() {
+                        let labels = labels.map_err(bad)?;
+                        set_labels.push(
+                            labels
+                                .values()
+                                .iter()
+                                .map(|l| l.value_raw().to_vec())
+                                .collect::<Vec<_>>(),
+                        );
+                    }
+                }
                 _ => {}
             }
         }
-        let columns = tme.columns_count() as usize;
-        if names.len() != columns {
+        let count = tme.columns_count() as usize;
+        if names.len() != count {
             return Err(CdcError::Source(format!(
                 "the binlog's table map of {database}.{table} carries no column names: set binlog_row_metadata=FULL on the source"
             )));
@@ -901,18 +1098,62 @@ impl TableLayout {
                 "{database}.{table} has no primary key in the binlog's table map"
             )));
         }
-        let types = (0..columns)
-            .map(|i| tme.get_column_type(i).ok().flatten())
-            .collect();
-        Ok(Self { names, types, key })
+        let extractor =
+            mysql_async::binlog::events::OptionalMetaExtractor::new(tme.iter_optional_meta())
+                .map_err(bad)?;
+        let mut unsigned = extractor.iter_signedness();
+        let mut charsets = extractor.iter_charset();
+        let mut enum_set_charsets = extractor.iter_enum_and_set_charset();
+        let (mut enums, mut sets) = (enum_labels.into_iter(), set_labels.into_iter());
+        let mut columns = Vec::with_capacity(count);
+        for (i, name) in names.iter().enumerate() {
+            let info = info.iter().find(|c| &c.name == name);
+            let column_type = tme.get_column_type(i).ok().flatten();
+            let meta = tme.get_column_metadata(i).unwrap_or(&[]);
+            let unsigned = match column_type {
+                Some(t) if t.is_numeric_type() => unsigned.next().unwrap_or(false),
+                _ => false,
+            };
+            // The collation id of the table map, else information_schema's charset.
+            let charset_of = |id: Option<Result<u16, std::io::Error>>| {
+                id.and_then(Result::ok)
+                    .and_then(|id| collations.get(&id))
+                    .map(|name| Charset::named(name))
+                    .or_else(|| info.and_then(|i| i.charset.as_deref()).map(Charset::named))
+                    .unwrap_or(Charset::Binary)
+            };
+            let charset = match column_type {
+                Some(t) if t.is_character_type() => Some(charset_of(charsets.next())),
+                Some(t) if t.is_enum_or_set_type() => Some(charset_of(enum_set_charsets.next())),
+                _ => None,
+            };
+            let kind = kind_of(column_type, meta, unsigned, charset, &mut enums, &mut sets);
+            columns.push(
+                Column {
+                    name: name.clone(),
+                    kind,
+                    generated: None,
+                }
+                .refined(info),
+            );
+        }
+        Ok(Self {
+            database: database.to_string(),
+            table: table.to_string(),
+            columns: std::sync::Arc::new(TableColumns { columns }),
+            key,
+        })
     }
 
-    fn json(&self, row: &BinlogRow) -> serde_json::Map<String, serde_json::Value> {
+    fn json(
+        &self,
+        row: &[Option<mysql_async::Value>],
+    ) -> serde_json::Map<String, serde_json::Value> {
         let mut object = serde_json::Map::new();
-        for (i, name) in self.names.iter().enumerate() {
+        for (column, value) in self.columns.columns.iter().zip(row) {
             // FULL row images hold every column; a missing one is left out rather than invented.
-            if let Some(value) = row.as_ref(i) {
-                object.insert(name.clone(), json_value(value, self.types[i]));
+            if let Some(value) = value {
+                object.insert(column.name.clone(), column.json(value));
             }
         }
         object
@@ -926,6 +1167,75 @@ impl TableLayout {
             .map(|c| row.get(c).unwrap_or(&null))
             .collect();
         primary_key(&values)
+    }
+}
+
+/// The kind of a table map column: its type and metadata bytes, the
+/// signedness and charset of the optional metadata, and the next ENUM or
+/// SET labels.
+fn kind_of(
+    column_type: Option<mysql_async::consts::ColumnType>,
+    meta: &[u8],
+    unsigned: bool,
+    charset: Option<Charset>,
+    enums: &mut impl Iterator<Item = Vec<Vec<u8>>>,
+    sets: &mut impl Iterator<Item = Vec<Vec<u8>>>,
+) -> Kind {
+    use mysql_async::consts::ColumnType::*;
+    let meta_at = |i: usize| meta.get(i).copied().unwrap_or(0);
+    let charset = charset.unwrap_or(Charset::Binary);
+    let Some(column_type) = column_type else {
+        return Kind::Unknown;
+    };
+    match column_type {
+        MYSQL_TYPE_TINY => Kind::Int { bits: 8, unsigned },
+        MYSQL_TYPE_SHORT => Kind::Int { bits: 16, unsigned },
+        MYSQL_TYPE_INT24 => Kind::Int { bits: 24, unsigned },
+        MYSQL_TYPE_LONG => Kind::Int { bits: 32, unsigned },
+        MYSQL_TYPE_LONGLONG => Kind::Int { bits: 64, unsigned },
+        MYSQL_TYPE_NEWDECIMAL => Kind::Decimal {
+            precision: meta_at(0),
+            scale: meta_at(1),
+        },
+        MYSQL_TYPE_FLOAT => Kind::Float,
+        MYSQL_TYPE_DOUBLE => Kind::Double,
+        MYSQL_TYPE_BIT => Kind::Bit {
+            bits: meta_at(1) * 8 + meta_at(0),
+        },
+        MYSQL_TYPE_YEAR => Kind::Year,
+        MYSQL_TYPE_DATE | MYSQL_TYPE_NEWDATE => Kind::Date,
+        MYSQL_TYPE_DATETIME => Kind::DateTime { fsp: 0 },
+        MYSQL_TYPE_DATETIME2 => Kind::DateTime { fsp: meta_at(0) },
+        MYSQL_TYPE_TIMESTAMP => Kind::Timestamp { fsp: 0 },
+        MYSQL_TYPE_TIMESTAMP2 => Kind::Timestamp { fsp: meta_at(0) },
+        MYSQL_TYPE_TIME => Kind::Time { fsp: 0 },
+        MYSQL_TYPE_TIME2 => Kind::Time { fsp: meta_at(0) },
+        MYSQL_TYPE_ENUM => Kind::Enum {
+            labels: enums.next().unwrap_or_default(),
+            charset,
+        },
+        MYSQL_TYPE_SET => Kind::Set {
+            labels: sets.next().unwrap_or_default(),
+            charset,
+        },
+        MYSQL_TYPE_STRING => match charset {
+            Charset::Binary => Kind::Bytes {
+                pad_to: Some(super::row_image::string_length(meta)),
+            },
+            charset => Kind::Text { charset },
+        },
+        MYSQL_TYPE_VARCHAR
+        | MYSQL_TYPE_VAR_STRING
+        | MYSQL_TYPE_BLOB
+        | MYSQL_TYPE_TINY_BLOB
+        | MYSQL_TYPE_MEDIUM_BLOB
+        | MYSQL_TYPE_LONG_BLOB => match charset {
+            Charset::Binary => Kind::Bytes { pad_to: None },
+            charset => Kind::Text { charset },
+        },
+        MYSQL_TYPE_GEOMETRY => Kind::Geometry,
+        MYSQL_TYPE_JSON => Kind::Json,
+        _ => Kind::Unknown,
     }
 }
 

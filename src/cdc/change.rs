@@ -10,21 +10,16 @@
 //! then shows up in `data` without a new schema version, so every consumer
 //! keeps decoding. The seed-003 HTTP body carries them as JSON anyway.
 //!
-//! Column values become JSON as follows: integers and floats are numbers;
-//! DECIMAL is a string (exact); DATETIME is `YYYY-MM-DDTHH:MM:SS[.ffffff]`
-//! (no zone, as stored), TIMESTAMP is ISO 8601 UTC with `Z`, DATE is
-//! `YYYY-MM-DD`, TIME is `[-]HH:MM:SS[.ffffff]`; text is a string; bytes
-//! that are not UTF-8 are hex prefixed `0x`; NULL is null.
+//! Column values become JSON in [`super::column`] (the database's value
+//! per type; the table is in `docs/cdc.md`).
 
 use std::sync::OnceLock;
 
 use apache_avro::Schema;
-use chrono::{DateTime, Utc};
-use mysql_async::binlog::value::BinlogValue;
-use mysql_async::consts::ColumnType;
 
 pub use crate::codec::row_change::{
-    CHANGE_EVENT_VERSION, CHANGE_RECORD, CHANGE_SCHEMA, ChangeEvent, ChangeKind, change_id, trace_id_of,
+    CHANGE_EVENT_VERSION, CHANGE_RECORD, CHANGE_SCHEMA, ChangeEvent, ChangeKind, change_id,
+    trace_id_of,
 };
 use crate::schema::TopicSchema;
 
@@ -65,91 +60,11 @@ pub fn changed_columns(
         .collect()
 }
 
-/// One column value as JSON (see the module docs for the mapping);
-/// `column_type` is the column's type from the table map.
-pub fn json_value(value: &BinlogValue<'_>, column_type: Option<ColumnType>) -> serde_json::Value {
-    use mysql_async::Value as My;
-    use serde_json::Value as Json;
-    let value = match value {
-        BinlogValue::Value(v) => v,
-        BinlogValue::Jsonb(j) => {
-            return serde_json::Value::try_from(j.clone())
-                .unwrap_or_else(|e| Json::String(format!("<json: {e}>")));
-        }
-        // Partial JSON updates only exist with binlog_row_value_options=PARTIAL_JSON (MySQL),
-        // which the start-up check refuses.
-        BinlogValue::JsonDiff(_) => return Json::String("<partial json update>".into()),
-    };
-    let is = |t: ColumnType| column_type == Some(t);
-    match value {
-        My::NULL => Json::Null,
-        My::Int(n) => Json::from(*n),
-        My::UInt(n) => Json::from(*n),
-        My::Float(f) => serde_json::Number::from_f64(f64::from(*f))
-            .map_or_else(|| Json::String(f.to_string()), Json::Number),
-        My::Double(f) => serde_json::Number::from_f64(*f)
-            .map_or_else(|| Json::String(f.to_string()), Json::Number),
-        My::Bytes(bytes)
-            if is(ColumnType::MYSQL_TYPE_TIMESTAMP2) || is(ColumnType::MYSQL_TYPE_TIMESTAMP) =>
-        {
-            // Seconds since the epoch (UTC), with a fraction when the column has one.
-            let text = String::from_utf8_lossy(bytes);
-            let (secs, frac) = text.split_once('.').unwrap_or((&text, ""));
-            let micros: u32 = format!("{frac:0<6}")[..6].parse().unwrap_or(0);
-            match secs
-                .parse::<i64>()
-                .ok()
-                .and_then(|s| DateTime::<Utc>::from_timestamp(s, micros * 1000))
-            {
-                Some(at) if frac.is_empty() => {
-                    Json::String(at.format("%Y-%m-%dT%H:%M:%SZ").to_string())
-                }
-                Some(at) => Json::String(at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()),
-                None => Json::String(text.into_owned()),
-            }
-        }
-        My::Bytes(bytes) => match std::str::from_utf8(bytes) {
-            Ok(text) => Json::String(text.to_string()),
-            Err(_) => Json::String(format!(
-                "0x{}",
-                bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
-            )),
-        },
-        My::Date(y, m, d, ..)
-            if is(ColumnType::MYSQL_TYPE_DATE) || is(ColumnType::MYSQL_TYPE_NEWDATE) =>
-        {
-            Json::String(format!("{y:04}-{m:02}-{d:02}"))
-        }
-        My::Date(y, m, d, h, i, s, us) => {
-            let mut text = format!("{y:04}-{m:02}-{d:02}T{h:02}:{i:02}:{s:02}");
-            if *us > 0 {
-                text.push_str(&format!(".{us:06}"));
-            }
-            // A TIMESTAMP read by a query (the snapshot, session time zone UTC).
-            if is(ColumnType::MYSQL_TYPE_TIMESTAMP) || is(ColumnType::MYSQL_TYPE_TIMESTAMP2) {
-                text.push('Z');
-            }
-            Json::String(text)
-        }
-        My::Time(negative, days, h, i, s, us) => {
-            let hours = u32::from(*h) + days * 24;
-            let mut text = format!(
-                "{}{hours:02}:{i:02}:{s:02}",
-                if *negative { "-" } else { "" }
-            );
-            if *us > 0 {
-                text.push_str(&format!(".{us:06}"));
-            }
-            Json::String(text)
-        }
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use apache_avro::types::Value;
-    use mysql_async::Value as My;
+    use chrono::DateTime;
     use serde_json::json;
 
     /// An update of `shop.table_user` (other modules' tests start from it).
@@ -203,15 +118,50 @@ pub(crate) mod tests {
         assert_eq!(envelope.key(), "42", "the primary key, as published");
         assert_eq!(envelope.data.event_name(), envelope.event_name);
         let (data, old) = envelope.data.data_and_old();
-        assert_eq!((data, old), (json!({"id": 42, "status": 2}), json!({"status": 1})));
-        let insert = ChangeEvent { old: None, change: ChangeKind::Insert, event_name: "shop.table_user.insert".into(), ..sample() };
-        assert_eq!(insert.into_envelope().unwrap().data.data_and_old().1, serde_json::Value::Null);
+        assert_eq!(
+            (data, old),
+            (json!({"id": 42, "status": 2}), json!({"status": 1}))
+        );
+        let insert = ChangeEvent {
+            old: None,
+            change: ChangeKind::Insert,
+            event_name: "shop.table_user.insert".into(),
+            ..sample()
+        };
+        assert_eq!(
+            insert.into_envelope().unwrap().data.data_and_old().1,
+            serde_json::Value::Null
+        );
         // The name must be the change's routing key.
-        let e = ChangeEvent { event_name: "shop.table_user.upsert".into(), ..sample() }.into_envelope().unwrap_err();
-        assert!(e.to_string().contains("event_name") && e.to_string().contains("<insert|update|delete>"), "{e}");
-        let e = ChangeEvent { event_name: "shop.table_user.insert".into(), ..sample() }.into_envelope().unwrap_err();
-        assert!(e.to_string().contains("payload is `shop.table_user.update` but event_name is `shop.table_user.insert`"), "{e}");
-        let e = ChangeEvent { data: json!([1]), ..sample() }.into_envelope().unwrap_err();
+        let e = ChangeEvent {
+            event_name: "shop.table_user.upsert".into(),
+            ..sample()
+        }
+        .into_envelope()
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("event_name")
+                && e.to_string().contains("<insert|update|delete>"),
+            "{e}"
+        );
+        let e = ChangeEvent {
+            event_name: "shop.table_user.insert".into(),
+            ..sample()
+        }
+        .into_envelope()
+        .unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "payload is `shop.table_user.update` but event_name is `shop.table_user.insert`"
+            ),
+            "{e}"
+        );
+        let e = ChangeEvent {
+            data: json!([1]),
+            ..sample()
+        }
+        .into_envelope()
+        .unwrap_err();
         assert!(e.to_string().contains("data"), "{e}");
     }
 
@@ -268,74 +218,6 @@ pub(crate) mod tests {
         assert_eq!(
             serde_json::Value::Object(old),
             json!({"status": 1, "note": null})
-        );
-    }
-
-    #[test]
-    fn column_values_become_the_documented_json() {
-        let v = |value: My, t: Option<ColumnType>| json_value(&BinlogValue::Value(value), t);
-        assert_eq!(v(My::NULL, None), json!(null));
-        assert_eq!(v(My::Int(-3), Some(ColumnType::MYSQL_TYPE_LONG)), json!(-3));
-        assert_eq!(
-            v(My::UInt(u64::MAX), Some(ColumnType::MYSQL_TYPE_LONGLONG)),
-            json!(u64::MAX)
-        );
-        assert_eq!(
-            v(
-                My::Bytes(b"12.50".to_vec()),
-                Some(ColumnType::MYSQL_TYPE_NEWDECIMAL)
-            ),
-            json!("12.50")
-        );
-        assert_eq!(
-            v(
-                My::Bytes(vec![0, 0xff]),
-                Some(ColumnType::MYSQL_TYPE_VARCHAR)
-            ),
-            json!("0x00ff")
-        );
-        assert_eq!(
-            v(
-                My::Date(2026, 12, 1, 6, 0, 0, 123_000),
-                Some(ColumnType::MYSQL_TYPE_DATETIME2)
-            ),
-            json!("2026-12-01T06:00:00.123000")
-        );
-        assert_eq!(
-            v(
-                My::Date(2026, 12, 1, 0, 0, 0, 0),
-                Some(ColumnType::MYSQL_TYPE_DATE)
-            ),
-            json!("2026-12-01")
-        );
-        assert_eq!(
-            v(
-                My::Bytes(b"1764568800".to_vec()),
-                Some(ColumnType::MYSQL_TYPE_TIMESTAMP2)
-            ),
-            json!("2025-12-01T06:00:00Z")
-        );
-        assert_eq!(
-            v(
-                My::Bytes(b"1764568800.5".to_vec()),
-                Some(ColumnType::MYSQL_TYPE_TIMESTAMP2)
-            ),
-            json!("2025-12-01T06:00:00.500000Z")
-        );
-        assert_eq!(
-            v(
-                My::Time(true, 1, 2, 3, 4, 0),
-                Some(ColumnType::MYSQL_TYPE_TIME2)
-            ),
-            json!("-26:03:04")
-        );
-        // A TIMESTAMP read by the snapshot's query (session time zone UTC).
-        assert_eq!(
-            v(
-                My::Date(2025, 12, 1, 6, 0, 0, 0),
-                Some(ColumnType::MYSQL_TYPE_TIMESTAMP)
-            ),
-            json!("2025-12-01T06:00:00Z")
         );
     }
 }

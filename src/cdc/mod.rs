@@ -41,7 +41,9 @@ pub mod binlog;
 pub mod catalogue;
 pub mod change;
 pub mod checkpoint;
+pub mod column;
 pub mod oversize;
+pub mod row_image;
 pub mod snapshot;
 pub mod table_schema;
 

@@ -25,10 +25,10 @@
 use std::collections::BTreeMap;
 
 use metrics::counter;
-use mysql_async::consts::ColumnType;
 use serde::{Deserialize, Serialize};
 
 use super::change::ChangeEvent;
+use super::column::Kind;
 use super::table_schema::TableColumns;
 use crate::kafka::record::header;
 use crate::kafka::size_limit::RecordLimit;
@@ -115,21 +115,9 @@ impl std::fmt::Display for RowPlace {
     }
 }
 
-/// Whether a column of this type holds text or bytes that may be cut.
-fn is_text_or_blob(column_type: Option<ColumnType>) -> bool {
-    use ColumnType::*;
-    matches!(
-        column_type,
-        Some(
-            MYSQL_TYPE_VARCHAR
-                | MYSQL_TYPE_VAR_STRING
-                | MYSQL_TYPE_STRING
-                | MYSQL_TYPE_BLOB
-                | MYSQL_TYPE_TINY_BLOB
-                | MYSQL_TYPE_MEDIUM_BLOB
-                | MYSQL_TYPE_LONG_BLOB
-        )
-    )
+/// Whether a column of this kind holds text or bytes that may be cut.
+fn is_text_or_blob(kind: &Kind) -> bool {
+    matches!(kind, Kind::Text { .. } | Kind::Bytes { .. })
 }
 
 /// The columns `truncate` may cut in a table: the ones `configured` names,
@@ -137,13 +125,7 @@ fn is_text_or_blob(column_type: Option<ColumnType>) -> bool {
 pub fn cuttable_columns(columns: &TableColumns, configured: Option<&Vec<String>>) -> Vec<String> {
     match configured {
         Some(names) if !names.is_empty() => names.clone(),
-        _ => columns
-            .names
-            .iter()
-            .zip(&columns.types)
-            .filter(|(_, t)| is_text_or_blob(**t))
-            .map(|(n, _)| n.clone())
-            .collect(),
+        _ => columns.columns.iter().filter(|c| is_text_or_blob(&c.kind)).map(|c| c.name.clone()).collect(),
     }
 }
 
@@ -382,6 +364,7 @@ impl InternalEvent for RowDeadLettered<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cdc::column::{Charset, Column};
     use crate::cdc::change::{ChangeKind, change_id, trace_id_of};
 
     fn event(data: serde_json::Value, old: Option<serde_json::Value>) -> ChangeEvent {
@@ -505,12 +488,12 @@ mod tests {
 
     #[test]
     fn only_text_and_blob_columns_are_cut_unless_named() {
+        let column = |name: &str, kind: Kind| Column { name: name.into(), kind, generated: None };
         let columns = TableColumns {
-            names: vec!["id".into(), "title".into(), "body".into()],
-            types: vec![
-                Some(ColumnType::MYSQL_TYPE_LONG),
-                Some(ColumnType::MYSQL_TYPE_VARCHAR),
-                Some(ColumnType::MYSQL_TYPE_BLOB),
+            columns: vec![
+                column("id", Kind::Int { bits: 32, unsigned: false }),
+                column("title", Kind::Text { charset: Charset::Utf8 }),
+                column("body", Kind::Bytes { pad_to: None }),
             ],
         };
         assert_eq!(cuttable_columns(&columns, None), vec!["title", "body"]);

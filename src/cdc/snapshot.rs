@@ -24,9 +24,10 @@ use mysql_async::prelude::Queryable;
 use serde::Serialize;
 
 use super::binlog::{self, BinlogPosition, BinlogReader, BinlogTransaction, RowChange};
-use super::change::{ChangeKind, json_value, primary_key};
-use super::table_schema::TableColumns;
+use super::change::{ChangeKind, primary_key};
 use super::checkpoint::{self, Checkpoint};
+use super::column::{Column, INFORMATION_SCHEMA_QUERY, InformationSchemaColumn};
+use super::table_schema::TableColumns;
 use super::{CdcError, CdcSections, Publisher};
 
 /// What a snapshot did.
@@ -76,6 +77,11 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
     conn.query_drop("SET time_zone = '+00:00'")
         .await
         .map_err(sql)?;
+    // Text as stored, in the column's own charset, as the binlog carries it:
+    // one decoding (src/cdc/column.rs) for both.
+    conn.query_drop("SET character_set_results = NULL")
+        .await
+        .map_err(sql)?;
     conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
         .await
         .map_err(sql)?;
@@ -118,24 +124,36 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
         )
         .await
         .map_err(sql)?;
+    // The columns, described as the stream describes them (src/cdc/column.rs).
+    let info: Vec<mysql_async::Row> = conn
+        .exec(INFORMATION_SCHEMA_QUERY, (db, name))
+        .await
+        .map_err(sql)?;
+    let columns = std::sync::Arc::new(TableColumns {
+        columns: info
+            .iter()
+            .map(|row| Column::from_information_schema(&InformationSchemaColumn::from_row(row)))
+            .collect(),
+    });
+    let list: Vec<String> = columns
+        .names()
+        .map(|c| format!("`{}`", c.replace('`', "``")))
+        .collect();
     // The binary protocol (a prepared statement) returns typed values.
     let rows: Vec<mysql_async::Row> = conn
-        .exec(format!("SELECT * FROM `{db}`.`{name}`"), ())
+        .exec(
+            format!("SELECT {} FROM `{db}`.`{name}`", list.join(", ")),
+            (),
+        )
         .await
         .map_err(sql)?;
     conn.query_drop("COMMIT").await.map_err(sql)?;
     let mut changes = Vec::with_capacity(rows.len());
-    let mut table_columns: Option<std::sync::Arc<TableColumns>> = None;
     for row in rows {
-        let columns = row.columns();
         let mut data = serde_json::Map::new();
-        for (i, column) in columns.iter().enumerate() {
+        for (i, column) in columns.columns.iter().enumerate() {
             let value = row.as_ref(i).cloned().unwrap_or(mysql_async::Value::NULL);
-            let value = json_value(
-                &mysql_async::binlog::value::BinlogValue::Value(value),
-                Some(column.column_type()),
-            );
-            data.insert(column.name_str().into_owned(), value);
+            data.insert(column.name.clone(), column.json(&value));
         }
         let null = serde_json::Value::Null;
         let key = primary_key(
@@ -151,14 +169,7 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
             key,
             data: serde_json::Value::Object(data),
             old: None,
-            columns: table_columns
-                .get_or_insert_with(|| {
-                    std::sync::Arc::new(TableColumns {
-                        names: columns.iter().map(|c| c.name_str().into_owned()).collect(),
-                        types: columns.iter().map(|c| Some(c.column_type())).collect(),
-                    })
-                })
-                .clone(),
+            columns: columns.clone(),
         });
     }
     let rows = changes.len() as u64;

@@ -13,18 +13,22 @@
 //! columns, because in a nullable record a column whose previous value was
 //! NULL could not be told from an unchanged one.
 //!
-//! Column types: integer types and YEAR are `long`, FLOAT and DOUBLE are
-//! `double`, everything else is `string` with the JSON form's text
-//! ([`super::change`]'s mapping; a JSON column is its JSON text). Decoding
-//! turns a typed change back into the JSON `data`/`old` the JSON form
-//! carries, so consumers see one [`crate::envelope::EventData::RowChange`].
+//! Column types ([`super::column::avro_type`], the table in `docs/cdc.md`):
+//! integers, BIT and YEAR are `long`, except BIGINT UNSIGNED and BIT(64)
+//! (values above 2^63-1), which are `bytes` with the `decimal` logical type
+//! (precision 20, scale 0); FLOAT is `float`, DOUBLE `double`, binary
+//! columns and spatial values `bytes`; everything else `string` with the
+//! JSON form's text. Each Avro type stands for one JSON form, so decoding
+//! ([`untyped_value`]) turns a typed change back into exactly the JSON
+//! `data`/`old` the JSON form carries, and consumers see one
+//! [`crate::envelope::EventData::RowChange`].
 
 use apache_avro::Schema;
 use apache_avro::types::Value;
-use mysql_async::consts::ColumnType;
 use serde::{Deserialize, Serialize};
 
 use super::change::CHANGE_SCHEMA;
+use super::column::{Column, avro_type, avro_value};
 pub use crate::codec::row_change::{TABLES_NAMESPACE, is_table_change, untyped_value};
 use crate::schema::TopicSchema;
 
@@ -39,26 +43,19 @@ pub enum ValueFormat {
     Avro,
 }
 
-/// A table's columns in table order, from a table map (or a snapshot's query).
+/// A table's columns in table order, from a table map (refined by
+/// `information_schema`) or, for the snapshot, from `information_schema`:
+/// the one description the stream and the snapshot share.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TableColumns {
-    /// Column names.
-    pub names: Vec<String>,
-    /// Column types, when known.
-    pub types: Vec<Option<ColumnType>>,
+    /// The columns.
+    pub columns: Vec<Column>,
 }
 
-
-/// The Avro type of a column.
-fn avro_type(column_type: Option<ColumnType>) -> &'static str {
-    use ColumnType::*;
-    match column_type {
-        Some(
-            MYSQL_TYPE_TINY | MYSQL_TYPE_SHORT | MYSQL_TYPE_INT24 | MYSQL_TYPE_LONG
-            | MYSQL_TYPE_LONGLONG | MYSQL_TYPE_YEAR,
-        ) => "long",
-        Some(MYSQL_TYPE_FLOAT | MYSQL_TYPE_DOUBLE) => "double",
-        _ => "string",
+impl TableColumns {
+    /// The column names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.columns.iter().map(|c| c.name.as_str())
     }
 }
 
@@ -82,7 +79,7 @@ pub fn table_schema(
 ) -> Result<TopicSchema, String> {
     for (what, name) in [("database", database), ("table", table)]
         .into_iter()
-        .chain(columns.names.iter().map(|c| ("column", c.as_str())))
+        .chain(columns.names().map(|c| ("column", c)))
     {
         if !is_avro_name(name) {
             return Err(format!(
@@ -93,10 +90,9 @@ pub fn table_schema(
     let mut envelope: serde_json::Value =
         serde_json::from_str(CHANGE_SCHEMA).expect("change.avsc is JSON");
     let row_fields: Vec<serde_json::Value> = columns
-        .names
+        .columns
         .iter()
-        .zip(&columns.types)
-        .map(|(name, t)| serde_json::json!({"name": name, "type": ["null", avro_type(*t)], "default": null}))
+        .map(|c| serde_json::json!({"name": c.name, "type": ["null", avro_type(&c.kind)], "default": null}))
         .collect();
     let namespace = format!("{TABLES_NAMESPACE}.{database}.{table}");
     envelope["name"] = "Change".into();
@@ -141,30 +137,19 @@ fn row_value(
     only: Option<&serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Value, String> {
     let null = Value::Union(0, Box::new(Value::Null));
-    let mut fields = Vec::with_capacity(columns.names.len());
-    for (name, t) in columns.names.iter().zip(&columns.types) {
+    let mut fields = Vec::with_capacity(columns.columns.len());
+    for column in &columns.columns {
+        let name = &column.name;
         let json = match only {
             Some(only) => only.get(name),
             None => record.get(name),
         };
-        let value = match (json, avro_type(*t)) {
-            (None | Some(serde_json::Value::Null), _) => null.clone(),
-            (Some(j), "long") => Value::Union(
+        let value = match json {
+            None | Some(serde_json::Value::Null) => null.clone(),
+            Some(j) => Value::Union(
                 1,
-                Box::new(Value::Long(j.as_i64().ok_or_else(|| {
-                    format!("column `{name}`: {j} does not fit an Avro long")
-                })?)),
+                Box::new(avro_value(&column.kind, j).map_err(|e| format!("column `{name}`: {e}"))?),
             ),
-            (Some(j), "double") => Value::Union(
-                1,
-                Box::new(Value::Double(j.as_f64().ok_or_else(|| {
-                    format!("column `{name}`: {j} is not a number")
-                })?)),
-            ),
-            (Some(serde_json::Value::String(s)), _) => {
-                Value::Union(1, Box::new(Value::String(s.clone())))
-            }
-            (Some(j), _) => Value::Union(1, Box::new(Value::String(j.to_string()))),
         };
         fields.push((name.clone(), value));
     }
@@ -209,7 +194,6 @@ pub fn typed_value(
     Ok(Value::Record(typed))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,29 +201,59 @@ mod tests {
     use serde_json::json;
 
     fn columns(extra: bool) -> TableColumns {
-        let mut names = vec![
-            "id".to_string(),
-            "status".into(),
-            "name".into(),
-            "price".into(),
-        ];
-        let mut types = vec![
-            Some(ColumnType::MYSQL_TYPE_LONGLONG),
-            Some(ColumnType::MYSQL_TYPE_TINY),
-            Some(ColumnType::MYSQL_TYPE_VARCHAR),
-            Some(ColumnType::MYSQL_TYPE_DOUBLE),
+        use crate::cdc::column::{Charset, Kind};
+        let column = |name: &str, kind| Column {
+            name: name.into(),
+            kind,
+            generated: None,
+        };
+        let mut columns = vec![
+            column(
+                "id",
+                Kind::Int {
+                    bits: 64,
+                    unsigned: false,
+                },
+            ),
+            column(
+                "status",
+                Kind::Int {
+                    bits: 8,
+                    unsigned: false,
+                },
+            ),
+            column(
+                "name",
+                Kind::Text {
+                    charset: Charset::Utf8,
+                },
+            ),
+            column("price", Kind::Double),
+            column(
+                "big",
+                Kind::Int {
+                    bits: 64,
+                    unsigned: true,
+                },
+            ),
+            column("raw", Kind::Bytes { pad_to: None }),
+            column("ratio", Kind::Float),
         ];
         if extra {
-            names.push("note".into());
-            types.push(Some(ColumnType::MYSQL_TYPE_VARCHAR));
+            columns.push(column(
+                "note",
+                Kind::Text {
+                    charset: Charset::Utf8,
+                },
+            ));
         }
-        TableColumns { names, types }
+        TableColumns { columns }
     }
 
     fn update() -> ChangeEvent {
         ChangeEvent {
-            data: json!({"id": 42, "status": 2, "name": null, "price": 1.5}),
-            old: Some(json!({"status": 1, "name": "was"})),
+            data: json!({"id": 42, "status": 2, "name": null, "price": 1.5, "big": u64::MAX, "raw": "0x00ff", "ratio": crate::cdc::column::float_json(1.23456)}),
+            old: Some(json!({"status": 1, "name": "was", "big": 0})),
             ..crate::cdc::change::tests::sample()
         }
     }
@@ -255,7 +269,7 @@ mod tests {
         assert!(!is_table_change("orderpipe.cdc.v1.CdcChangeEnvelope"));
         let null_to = ChangeEvent {
             old: Some(json!({"name": null})),
-            data: json!({"id": 42, "status": 2, "name": "now", "price": 1.5}),
+            data: json!({"id": 42, "status": 2, "name": "now", "price": 1.5, "big": 9_223_372_036_854_775_808u64, "raw": "0x", "ratio": -0.0}),
             ..update()
         };
         let insert = ChangeEvent {
@@ -295,9 +309,13 @@ mod tests {
 
     #[test]
     fn names_avro_cannot_carry_and_values_that_do_not_fit_are_refused_by_name() {
+        let unknown = |name: &str| Column {
+            name: name.into(),
+            kind: crate::cdc::column::Kind::Unknown,
+            generated: None,
+        };
         let bad = TableColumns {
-            names: vec!["id".into(), "my-col".into()],
-            types: vec![None, None],
+            columns: vec![unknown("id"), unknown("my-col")],
         };
         let e = table_schema("t", "shop", "u", &bad).unwrap_err();
         assert!(

@@ -301,6 +301,50 @@ impl Fields {
     }
 }
 
+/// `0x` and the lower-case hex of `bytes`: the JSON form of binary columns.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut text = String::with_capacity(2 + 2 * bytes.len());
+    text.push_str("0x");
+    for b in bytes {
+        text.push_str(&format!("{b:02x}"));
+    }
+    text
+}
+
+/// An f32 as the shortest JSON number that reads back as it (3.14159, not
+/// 3.141590118408203): the JSON form of FLOAT columns.
+pub fn float_json(f: f32) -> serde_json::Value {
+    f.to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or_else(
+            || serde_json::Value::String(f.to_string()),
+            serde_json::Value::Number,
+        )
+}
+
+/// An integer-valued Avro decimal (scale 0) as a JSON number.
+fn decimal_integer(decimal: &apache_avro::Decimal) -> serde_json::Value {
+    let Ok(bytes) = Vec::<u8>::try_from(decimal) else {
+        return serde_json::Value::Null;
+    };
+    if bytes.len() > 16 {
+        return serde_json::Value::Null;
+    }
+    // Big-endian two's complement.
+    let negative = bytes.first().is_some_and(|b| b & 0x80 != 0);
+    let n = bytes
+        .iter()
+        .fold(if negative { -1i128 } else { 0 }, |n, &b| {
+            (n << 8) | i128::from(b)
+        });
+    u64::try_from(n)
+        .map(serde_json::Value::from)
+        .or_else(|_| i64::try_from(n).map(serde_json::Value::from))
+        .unwrap_or(serde_json::Value::Null)
+}
+
 /// A decoded typed change as the `change.avsc` record of the same change
 /// (`data` and `old` as JSON text), for [`ChangeEvent::from_avro`].
 /// Values that are not typed changes are returned as they are.
@@ -347,8 +391,14 @@ pub fn untyped_value(value: Value) -> Value {
             let json = match unwrap(value) {
                 Value::Long(n) => serde_json::Value::from(n),
                 Value::Int(n) => serde_json::Value::from(n),
+                // An f32 as its shortest text (as the JSON form writes FLOAT).
+                Value::Float(f) => float_json(f),
                 Value::Double(f) => serde_json::Number::from_f64(f)
                     .map_or(serde_json::Value::Null, serde_json::Value::Number),
+                // Integers beyond a long (BIGINT UNSIGNED, BIT(64)): decimal(20,0).
+                Value::Decimal(d) => decimal_integer(&d),
+                // Binary columns: `0x` hex, as in the JSON form.
+                Value::Bytes(b) => serde_json::Value::String(hex(&b)),
                 Value::String(s) => serde_json::Value::String(s),
                 _ => serde_json::Value::Null,
             };

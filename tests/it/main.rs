@@ -12,6 +12,7 @@ mod cdc_failover;
 mod cdc_large_tx;
 mod cdc_oversize;
 mod cdc_sources;
+mod cdc_types;
 mod console_explore;
 mod console;
 mod console_browser;
