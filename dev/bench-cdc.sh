@@ -81,7 +81,7 @@ peer_ready() {
     "$STACK" kafka-topics --create --topic "$DBZ_TOPIC.$t" --partitions 3 --replication-factor 1 >/dev/null
   done
 }
-start_peer() { dbz_start; }
+start_peer() { dbz_start || exit 1; }
 
 # stamp TOPIC N OUT: a read_committed console consumer of TOPIC, each record's key stamped with its
 # arrival time (µs) into OUT, until N records; runs in the background, CONSUMER_PID.

@@ -97,7 +97,8 @@ for line in open(f"{work}/columns.tsv"):
     q = f"`{c}`"
     if dtype == "bit":
         expr = f"CAST({q} + 0 AS CHAR)"
-    elif dtype in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"):
+    elif dtype in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "geometry", "point",
+                   "linestring", "polygon", "multipoint", "multilinestring", "multipolygon", "geometrycollection"):
         expr = f"CONCAT('0x', HEX({q}))"
     elif dtype == "float":
         expr = f"CAST(CAST({q} AS DOUBLE) AS CHAR)"
@@ -123,6 +124,7 @@ print(f"   {n} DML statements")
 PY
 
 : > "$WORK/topics.tsv"
+: > "$WORK/stopped.txt"  # sources that exited: not waited for
 # start_cdc FORMAT: `orderpipe cdc` of every table with value_format FORMAT, returning once it reads.
 start_cdc() {
   local f=$1 prefix="$RUN_ID.cdc$1"
@@ -143,16 +145,30 @@ done
 
 echo "== Debezium MariaDB connector $DBZ_VERSION (Connect standalone, JSON converter, schemas enabled)"
 dbz_resolve || { echo "Debezium's jars could not be resolved" >&2; exit 1; }
-dbz_config true "$DB" "$(printf "$DB.%s," "${TABLES[@]}" | sed 's/,$//')"
 # Every value option at Debezium's default, written out so the run records them.
 DBZ_OPTIONS=(decimal.handling.mode=precise time.precision.mode=adaptive_time_microseconds
   binary.handling.mode=bytes bigint.unsigned.handling.mode=long enable.time.adjuster=true
   event.converting.failure.handling.mode=warn tombstones.on.delete=true
   topic.creation.default.partitions=1)
-printf '%s\n' "${DBZ_OPTIONS[@]}" >> "$WORK/connector.properties"
 echo "   ${DBZ_OPTIONS[*]}"
-for t in "${TABLES[@]}"; do echo -e "dbz\t$t\t$RUN_ID.dbz.$DB.$t" >> "$WORK/topics.tsv"; done
-dbz_start
+# A table whose DDL Debezium's parser refuses stops the connector at start: it is left out (and
+# said so), the others are captured.
+DBZ_TABLES=("${TABLES[@]}")
+while :; do
+  dbz_config true "$DB" "$(printf "$DB.%s," "${DBZ_TABLES[@]}" | sed 's/,$//')"
+  printf '%s\n' "${DBZ_OPTIONS[@]}" >> "$WORK/connector.properties"
+  # a schema history and offsets of this attempt's own
+  printf '%s\n' "schema.history.internal.kafka.topic=$RUN_ID.dbz.history${#DBZ_TABLES[@]}" >> "$WORK/connector.properties"
+  rm -f "$WORK/dbz.offsets"
+  dbz_start 2> "$WORK/dbz-start.err" && break
+  kill "$PEER_PID" 2>/dev/null || true; wait "$PEER_PID" 2>/dev/null || true
+  bad=$(grep -m1 -o "couldn't be parsed.* with the statement 'CREATE TABLE \`[^\`]*" "$WORK/connect.log" | sed 's/.*`//' || true)
+  if [ -z "$bad" ] || [ ${#DBZ_TABLES[@]} = 1 ]; then cat "$WORK/dbz-start.err" >&2; exit 1; fi
+  why=$(grep -m1 -o 'no viable alternative at input.*' "$WORK/connect.log" | tail -c 40 || true)
+  echo "   Debezium cannot parse the DDL of $bad (no viable alternative at ...$why): left out"
+  mapfile -t DBZ_TABLES < <(printf '%s\n' "${DBZ_TABLES[@]}" | grep -vx "$bad")
+done
+for t in "${DBZ_TABLES[@]}"; do echo -e "dbz\t$t\t$RUN_ID.dbz.$DB.$t" >> "$WORK/topics.tsv"; done
 
 echo "== the fixture's DML, each statement followed by MariaDB's rows"
 SQL --raw "$DB" < "$WORK/dml.sql" > "$WORK/timeline.txt"
@@ -171,9 +187,11 @@ for _ in $(seq 60); do
   [ $rc = 3 ] || exit $rc
   for f in $FORMATS; do
     pid_var="CDC_PID_$f"
-    if ! kill -0 "${!pid_var}" 2>/dev/null && grep -q "^op-$f" "$WORK/topics.tsv"; then
-      echo "   orderpipe cdc ($f) exited:"; grep -v '^\s*$' "$WORK/cdc-$f.err" | tail -5 | sed 's/^/     /'
-      sed -i "/^op-$f\t/d" "$WORK/topics.tsv"
+    if ! kill -0 "${!pid_var}" 2>/dev/null && ! grep -qx "op-$f" "$WORK/stopped.txt"; then
+      # what it published before it stopped is still compared; the rest is missing
+      echo "   orderpipe cdc ($f) exited:"
+      { grep -A1 "panicked at" "$WORK/cdc-$f.err" || grep -v '^\s*$' "$WORK/cdc-$f.err" | tail -2; } | sed 's/^/     /'
+      echo "op-$f" >> "$WORK/stopped.txt"
     fi
   done
   if grep -q "unrecoverable exception" "$WORK/connect.log"; then

@@ -69,15 +69,20 @@ PROPS
 }
 
 # dbz_start: Connect standalone with $WORK's properties in the background (PEER_PID, log
-# $WORK/connect.log), returning once the connector streams the binlog.
+# $WORK/connect.log), returning once the connector streams the binlog; 1 (the log's tail
+# printed) when it does not.
 dbz_start() {
   : > "$WORK/connect.log"
   java -Xms256m -Xmx1g -Dlog4j2.configurationFile="$WORK/log4j2.properties" -cp "$KAFKA_LIB/*:$SHIM" \
     org.apache.kafka.connect.cli.ConnectStandalone "$WORK/worker.properties" "$WORK/connector.properties" \
     >> "$WORK/connect.log" 2>&1 &
   PEER_PID=$!; PIDS+=("$PEER_PID")
-  for _ in $(seq 600); do grep -q "Keepalive thread is running" "$WORK/connect.log" && return; sleep 0.1; done
-  tail -30 "$WORK/connect.log" >&2; echo "Debezium did not start streaming" >&2; exit 1
+  for _ in $(seq 600); do
+    grep -q "Keepalive thread is running" "$WORK/connect.log" && return
+    grep -q "ERROR Producer failure" "$WORK/connect.log" && break
+    sleep 0.1
+  done
+  tail -30 "$WORK/connect.log" >&2; echo "Debezium did not start streaming" >&2; return 1
 }
 
 # dbz_cleanup: the heartbeat topic (outside $RUN_ID.*, which drop_topics deletes).
