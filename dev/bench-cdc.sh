@@ -24,20 +24,7 @@ CLIENTS="${CLIENTS:-4}"
 PEER="${CDC_PEER:-debezium}"
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 source "$ROOT/dev/debezium-lib.sh"
-# A run id of its own (bench-common's is the second it started: another benchmark started then shares it).
-RUN_ID="cdc$(date +%s)p$$"
-DB="${RUN_ID}"
-WORK="$OUT_DIR/.cdc-$RUN_ID"
-mkdir -p "$WORK"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  SQL -e "DROP DATABASE IF EXISTS $DB" 2>/dev/null || true
-  dbz_cleanup
-  drop_topics
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+dbz_run cdc
 
 # Test databases left by earlier test runs (op_t<hex>, as dev/test.sh drops them) fill the buffer pool;
 # only those with no table created in the last 30 minutes: a test running now keeps its database.

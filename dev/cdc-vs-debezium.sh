@@ -29,21 +29,8 @@ FIXTURE="$(realpath "${1:-$ROOT/tests/fixtures/cdc_types.sql}")"
 FORMATS="${CDC_FORMATS:-json avro}"
 [ -f "$FIXTURE" ] || { echo "no fixture at $FIXTURE" >&2; exit 1; }
 STARTED=$(date +%s)
-RUN_ID="dbzcmp$(date +%s)p$$"
-DB="$RUN_ID"
-WORK="$OUT_DIR/.dbzcmp-$RUN_ID"
+dbz_run dbzcmp
 REGISTRY="${ORDERPIPE_REGISTRY__URL:-http://127.0.0.1:8081/apis/ccompat/v7}"
-mkdir -p "$WORK"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  SQL -e "DROP DATABASE IF EXISTS $DB" 2>/dev/null || true
-  dbz_cleanup
-  drop_topics
-  [ -n "${KEEP_WORK:-}" ] && echo "kept $WORK" || rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 # The fixture split into statements: SET statements go to both phases (session state: sql_mode,
 # time_zone), DDL to the first, everything else to the second.

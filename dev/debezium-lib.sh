@@ -2,12 +2,33 @@
 # Debezium's MariaDB connector in Kafka Connect standalone, the peer of `orderpipe cdc`.
 # Its jars come from Maven Central (dev/debezium/pom.xml) into the stack's plugin folder; Kafka 4.4
 # moved a class Debezium 3.5 calls, so a 3-method shim (dev/debezium/Sanitizer.java) goes on the
-# worker's class path. Callers set RUN_ID (topic names), WORK (a scratch folder) and PIDS (an array
-# their cleanup kills), and call dbz_cleanup from it.
+# worker's class path. Callers start with dbz_run.
 KAFKA_LIB="$ROOT/.stack/lib/kafka"
 PLUGINS="$ROOT/.stack/lib/connect-plugins"
 SHIM="$ROOT/.stack/lib/connect-shim/sanitizer-shim.jar"
 DBZ_VERSION="$(sed -n 's:.*<debezium.version>\(.*\)</debezium.version>.*:\1:p' "$ROOT/dev/debezium/pom.xml")"
+
+# dbz_run PREFIX: a run of its own: RUN_ID (PREFIX, the second and the pid: bench-common's RUN_ID is
+# the second alone, which another benchmark started then shares; the topics' prefix), the database
+# name DB, the scratch folder WORK and PIDS, the processes it starts. On exit those processes, the
+# database, the topics and the folder go (KEEP_WORK=1 keeps the folder for a look).
+dbz_run() {
+  RUN_ID="$1$(date +%s)p$$"
+  DB="$RUN_ID"
+  WORK="$OUT_DIR/.$RUN_ID"
+  mkdir -p "$WORK"
+  PIDS=()
+  trap dbz_run_cleanup EXIT
+}
+dbz_run_cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  SQL -e "DROP DATABASE IF EXISTS $DB" 2>/dev/null || true
+  # the heartbeat topic is outside $RUN_ID.*, which drop_topics deletes
+  "$STACK" kafka-topics --delete --topic "__debezium-heartbeat.$RUN_ID.dbz" >/dev/null 2>&1 || true
+  drop_topics
+  if [ -n "${KEEP_WORK:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
+}
 
 # dbz_resolve: the connector's jars and the shim, each only if missing; 1 when they cannot be had.
 dbz_resolve() {
@@ -83,9 +104,4 @@ dbz_start() {
     sleep 0.1
   done
   tail -30 "$WORK/connect.log" >&2; echo "Debezium did not start streaming" >&2; return 1
-}
-
-# dbz_cleanup: the heartbeat topic (outside $RUN_ID.*, which drop_topics deletes).
-dbz_cleanup() {
-  "$STACK" kafka-topics --delete --topic "__debezium-heartbeat.$RUN_ID.dbz" >/dev/null 2>&1 || true
 }
