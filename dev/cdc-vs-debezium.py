@@ -445,11 +445,13 @@ def main():
         print(f"{cut(typ)}: {line}")
         for who, (db, got, state) in examples[typ].items():
             print(f"    {who} ({state}): MariaDB {show(db)} | {got}")
+    why = {(w, t): r for w, t, r in (l.rstrip("\n").split("\t", 2) for l in open(f"{WORK}/left-out.tsv") if l.strip())}
     for who in sources:
         total = sum((who, st[0]) in captured for st in order)
-        left_out = sorted({t for t in COLUMNS if (who, t) not in captured})
         print(f"{who}: {total - missing[who]} of {total} row states of the tables it captured found, "
-              f"{unmatched[who]} images matched no state" + (f"; left out: {', '.join(left_out)}" if left_out else ""))
+              f"{unmatched[who]} images matched no state")
+        for t in sorted(t for t in COLUMNS if (who, t) not in captured):
+            print(f"    left out: {t}: {why.get((who, t), '?')}")
     sys.exit(0 if all(missing[w] == 0 and unmatched[w] == 0 for w in sources) else 1)
 
 
