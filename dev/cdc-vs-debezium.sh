@@ -46,15 +46,12 @@ for line in text.splitlines():
         stmts.append("\n".join(cur)); cur = []
 if cur:
     stmts.append("\n".join(cur))
-ddl = open(f"{sys.argv[2]}/ddl.sql", "w")
-with open(f"{sys.argv[2]}/dml.txt", "w") as dml:
+with open(f"{sys.argv[2]}/ddl.sql", "w") as ddl, open(f"{sys.argv[2]}/dml.txt", "w") as dml:
     for s in stmts:
         verb = re.sub(r"^(\s|--[^\n]*\n|/\*.*?\*/)*", "", s, flags=re.S).split(None, 1)[0].upper()
-        if verb in ("SET", "USE"):
+        if verb in ("SET", "USE", "CREATE", "ALTER", "DROP", "RENAME", "TRUNCATE"):
             ddl.write(s + "\n")
-        if verb in ("CREATE", "ALTER", "DROP", "RENAME", "TRUNCATE"):
-            ddl.write(s + "\n")
-        else:
+        if verb not in ("CREATE", "ALTER", "DROP", "RENAME", "TRUNCATE"):
             # one statement per record: its verb, then its text (NUL-separated)
             dml.write(f"{verb}\0{s}\0")
 PY
