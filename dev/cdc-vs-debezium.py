@@ -138,6 +138,8 @@ def canon_text(v, dtype):
     if v is None:
         return None
     fam = family(dtype)
+    if isinstance(v, bytes):  # an Avro bytes field: the bytes, or a big-endian two's-complement integer
+        return v if fam == "bytes" else int.from_bytes(v, "big", signed=True) if fam == "int" else v.decode()
     if fam == "int":
         if isinstance(v, bool):
             return int(v)
