@@ -25,7 +25,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-crash bench-cdc bench-console
+.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-crash bench-cdc bench-console cdc-vs-debezium
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -82,6 +82,11 @@ bench-cdc: build-deps ## binlog source: catch-up rows/s vs the DB's insert rate 
 	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-cdc.sh $(or $(ROWS),100000) $(or $(LAG_ROWS),2000)
+
+cdc-vs-debezium: build-deps ## orderpipe cdc (json, avro) vs Debezium's MariaDB connector, every column of tests/fixtures/cdc_types.sql against MariaDB's own values (debug build; ORDERPIPE_BIN= another)
+	cargo build --features harness --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/cdc-vs-debezium.sh
 
 bench-console: build-deps ## console: page render times with 100k dead letters (12 partitions x 5 groups), bulk replay console vs CLI
 	cargo build --release --features harness --bin orderpipe

@@ -13,9 +13,8 @@
 #      row's UTC_TIMESTAMP(6) (taken just before its commit) to its arrival at
 #      a read_committed consumer (kafka-console-consumer, fetch.max.wait.ms=10),
 #      p50/p99 each.
-# The peer's jars come from Maven Central (dev/debezium/pom.xml); Kafka 4.4
-# moved a class Debezium 3.5 calls, so a 3-method shim (dev/debezium/Sanitizer.java)
-# goes on the worker's class path. Skip the peer with CDC_PEER=none.
+# The peer runs through dev/debezium-lib.sh (its jars from Maven Central, a
+# shim for Kafka 4.4). Skip the peer with CDC_PEER=none.
 #
 #   dev/bench-cdc.sh [ROWS] [LAG_ROWS]   (defaults 100000 and 2000; needs `make dev-up`)
 set -euo pipefail
@@ -24,23 +23,8 @@ LAG_ROWS="${2:-2000}"
 CLIENTS="${CLIENTS:-4}"
 PEER="${CDC_PEER:-debezium}"
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
-# A run id of its own (bench-common's is the second it started: another benchmark started then shares it).
-RUN_ID="cdc$(date +%s)p$$"
-DB="${RUN_ID}"
-WORK="$OUT_DIR/.cdc-$RUN_ID"
-mkdir -p "$WORK"
-KAFKA_LIB="$ROOT/.stack/lib/kafka"
-PLUGINS="$ROOT/.stack/lib/connect-plugins"
-SHIM="$ROOT/.stack/lib/connect-shim/sanitizer-shim.jar"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  SQL -e "DROP DATABASE IF EXISTS $DB" 2>/dev/null || true
-  "$STACK" kafka-topics --delete --topic "__debezium-heartbeat.$RUN_ID.dbz" >/dev/null 2>&1 || true
-  drop_topics
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+source "$ROOT/dev/debezium-lib.sh"
+dbz_run cdc
 
 # Test databases left by earlier test runs (op_t<hex>, as dev/test.sh drops them) fill the buffer pool;
 # only those with no table created in the last 30 minutes: a test running now keeps its database.
@@ -72,75 +56,19 @@ start_cdc() {
 }
 stop() { kill -TERM "$1"; wait "$1" 2>/dev/null || true; }
 
-# The peer: Debezium's MariaDB connector in Connect standalone.
+# The peer: Debezium's MariaDB connector in Connect standalone (dev/debezium-lib.sh), JSON without
+# schemas, tuned for throughput.
 peer_ready() {
   [ "$PEER" = debezium ] || return 1
-  if [ ! -f "$PLUGINS/debezium-mariadb/.complete" ]; then
-    echo "== Debezium: resolving the connector's jars from Maven Central"
-    mvn -B -q --no-transfer-progress -f "$ROOT/dev/debezium/pom.xml" dependency:copy-dependencies \
-      -Ddebezium.lib.dir="$PLUGINS/debezium-mariadb" > "$WORK/mvn.log" 2>&1 \
-      || { tail -20 "$WORK/mvn.log" >&2; return 1; }
-    touch "$PLUGINS/debezium-mariadb/.complete"
-  fi
-  if [ ! -f "$SHIM" ]; then
-    mkdir -p "$(dirname "$SHIM")/classes"
-    javac -d "$(dirname "$SHIM")/classes" -cp "$KAFKA_LIB/*" "$ROOT/dev/debezium/Sanitizer.java" \
-      && jar cf "$SHIM" -C "$(dirname "$SHIM")/classes" . || return 1
-  fi
-  cat > "$WORK/worker.properties" <<PROPS
-bootstrap.servers=$BOOTSTRAP
-key.converter=org.apache.kafka.connect.json.JsonConverter
-value.converter=org.apache.kafka.connect.json.JsonConverter
-key.converter.schemas.enable=false
-value.converter.schemas.enable=false
-offset.storage.file.filename=$WORK/dbz.offsets
-offset.flush.interval.ms=1000
-producer.linger.ms=5
-producer.batch.size=262144
-plugin.path=$PLUGINS
-listeners=http://127.0.0.1:0
-PROPS
-  cat > "$WORK/connector.properties" <<PROPS
-name=$RUN_ID-dbz
-connector.class=io.debezium.connector.mariadb.MariaDbConnector
-database.hostname=127.0.0.1
-database.port=3306
-database.user=orderpipe
-database.password=orderpipe
-database.server.id=$((30000 + RANDOM))
-topic.prefix=$RUN_ID.dbz
-database.include.list=$DB
-table.include.list=$DB.load,$DB.lat
-snapshot.mode=no_data
-include.schema.changes=false
-heartbeat.interval.ms=1000
-max.batch.size=8192
-max.queue.size=32768
-poll.interval.ms=10
-schema.history.internal.kafka.bootstrap.servers=$BOOTSTRAP
-schema.history.internal.kafka.topic=$RUN_ID.dbz.history
-schema.history.internal.store.only.captured.databases.ddl=true
-schema.history.internal.store.only.captured.tables.ddl=true
-topic.creation.default.replication.factor=1
-topic.creation.default.partitions=3
-PROPS
-  printf '%s\n' 'status = error' 'appender.out.type = Console' 'appender.out.name = out' \
-    'appender.out.layout.type = PatternLayout' 'appender.out.layout.pattern = [%d] %p %m (%c)%n' \
-    'rootLogger.level = WARN' 'rootLogger.appenderRef.out.ref = out' \
-    'logger.dbz.name = io.debezium' 'logger.dbz.level = INFO' > "$WORK/log4j2.properties"
+  dbz_resolve || return 1
+  dbz_config false "$DB" "$DB.load,$DB.lat"
+  printf '%s\n' producer.linger.ms=5 producer.batch.size=262144 >> "$WORK/worker.properties"
+  printf '%s\n' max.batch.size=8192 max.queue.size=32768 poll.interval.ms=10 >> "$WORK/connector.properties"
   for t in load lat; do
     "$STACK" kafka-topics --create --topic "$DBZ_TOPIC.$t" --partitions 3 --replication-factor 1 >/dev/null
   done
 }
-start_peer() {
-  : > "$WORK/connect.log"
-  java -Xms256m -Xmx1g -Dlog4j2.configurationFile="$WORK/log4j2.properties" -cp "$KAFKA_LIB/*:$SHIM" \
-    org.apache.kafka.connect.cli.ConnectStandalone "$WORK/worker.properties" "$WORK/connector.properties" \
-    >> "$WORK/connect.log" 2>&1 &
-  PEER_PID=$!; PIDS+=("$PEER_PID")
-  for _ in $(seq 600); do grep -q "Keepalive thread is running" "$WORK/connect.log" && return; sleep 0.1; done
-  tail -30 "$WORK/connect.log" >&2; echo "Debezium did not start streaming" >&2; exit 1
-}
+start_peer() { dbz_start || exit 1; }
 
 # stamp TOPIC N OUT: a read_committed console consumer of TOPIC, each record's key stamped with its
 # arrival time (µs) into OUT, until N records; runs in the background, CONSUMER_PID.
