@@ -38,7 +38,10 @@ impl Backoff {
 
     /// 100 ms doubling up to `cap` (at least 100 ms).
     pub fn capped(cap: Duration) -> Self {
-        Self { next: FIRST, cap: cap.max(FIRST) }
+        Self {
+            next: FIRST,
+            cap: cap.max(FIRST),
+        }
     }
 
     /// How long the next [`Backoff::wait`] sleeps.
@@ -118,11 +121,18 @@ mod tests {
         }
         for (slept, want) in slept.iter().zip([100, 200, 350, 350]) {
             let want = Duration::from_millis(want);
-            assert!(*slept >= want && *slept < want + Duration::from_millis(90), "slept {slept:?}, wanted {want:?}");
+            assert!(
+                *slept >= want && *slept < want + Duration::from_millis(90),
+                "slept {slept:?}, wanted {want:?}"
+            );
         }
         b.reset();
         assert_eq!(b.delay(), FIRST);
-        assert_eq!(Backoff::capped(Duration::ZERO).cap, FIRST, "a cap below the first delay is the first delay");
+        assert_eq!(
+            Backoff::capped(Duration::ZERO).cap,
+            FIRST,
+            "a cap below the first delay is the first delay"
+        );
         assert_eq!(Backoff::new().cap, CAP);
     }
 
@@ -135,7 +145,13 @@ mod tests {
             || {
                 calls.set(calls.get() + 1);
                 let n = calls.get();
-                async move { if n < 4 { Err(format!("down {n}")) } else { Ok(n) } }
+                async move {
+                    if n < 4 {
+                        Err(format!("down {n}"))
+                    } else {
+                        Ok(n)
+                    }
+                }
             },
             |e: String| {
                 reported.push(e.clone());
@@ -155,15 +171,36 @@ mod tests {
             calls.set(calls.get() + 1);
             async { Err::<(), _>("refused") }
         };
-        let fatal = until_available("step", attempt, |e: &str| async move { Err(format!("fatal: {e}")) }, || Ok(())).await;
+        let fatal = until_available(
+            "step",
+            attempt,
+            |e: &str| async move { Err(format!("fatal: {e}")) },
+            || Ok(()),
+        )
+        .await;
         assert_eq!(fatal, Err("fatal: refused".to_string()));
         assert_eq!(calls.get(), 1, "a fatal error is not retried");
 
         calls.set(0);
         let started = tokio::time::Instant::now();
-        let stopped = until_available("step", attempt, retry, || if calls.get() >= 2 { Err("revoked") } else { Ok(()) }).await;
+        let stopped = until_available("step", attempt, retry, || {
+            if calls.get() >= 2 {
+                Err("revoked")
+            } else {
+                Ok(())
+            }
+        })
+        .await;
         assert_eq!(stopped, Err("revoked"));
-        assert_eq!(calls.get(), 2, "the stop condition is checked after each wait");
-        assert!(started.elapsed() >= Duration::from_millis(300), "waited 100 ms, then 200 ms: {:?}", started.elapsed());
+        assert_eq!(
+            calls.get(),
+            2,
+            "the stop condition is checked after each wait"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "waited 100 ms, then 200 ms: {:?}",
+            started.elapsed()
+        );
     }
 }

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
+use sqlx::AnyPool;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::migrate::Migrator;
-use sqlx::AnyPool;
 
 pub mod rows;
 pub mod statements;
@@ -48,7 +48,10 @@ impl DatabaseSettings {
     /// Rejects a URL of a database orderpipe does not speak.
     pub fn validate(&self) -> Result<(), String> {
         let url = self.url.expose_secret();
-        if !url.starts_with("mysql://") && !url.starts_with("mariadb://") && !url.starts_with("sqlite:") {
+        if !url.starts_with("mysql://")
+            && !url.starts_with("mariadb://")
+            && !url.starts_with("sqlite:")
+        {
             return Err("database.url must start with mysql://, mariadb:// or sqlite:".into());
         }
         Ok(())
@@ -65,7 +68,8 @@ static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("sql/sqlite");
 /// databases configured with `sql_mode = ''` otherwise truncate).
 /// `INSERT IGNORE` still turns such errors into warnings, so values written
 /// that way are checked before they get there ([`fits_column`]).
-pub const STRICT_SESSION: &str = "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',STRICT_TRANS_TABLES')";
+pub const STRICT_SESSION: &str =
+    "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',STRICT_TRANS_TABLES')";
 
 /// Characters of the `consumer_group` columns (`event_dedup`,
 /// `dead_letters`, `parked_keys`, `held_records`: `sql/mysql/*.sql`).

@@ -68,11 +68,19 @@ pub fn content_digest(envelope: &Envelope) -> String {
         data: &envelope.data,
     };
     let json = serde_json::to_vec(&content).expect("an envelope serializes to JSON");
-    Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(&json)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Inserts the dedup row; `true` when this group sees the event for the first time.
-pub async fn claim(tx: &mut Tx, group: &str, envelope: &Envelope, origin: &RecordOrigin) -> Result<bool, DbError> {
+pub async fn claim(
+    tx: &mut Tx,
+    group: &str,
+    envelope: &Envelope,
+    origin: &RecordOrigin,
+) -> Result<bool, DbError> {
     Ok(claim_batch(tx, group, &[(envelope, origin)]).await?[0])
 }
 
@@ -83,7 +91,11 @@ pub async fn claim(tx: &mut Tx, group: &str, envelope: &Envelope, origin: &Recor
 /// exists) is not listed. Rows go in in the order given and `apply_seq`
 /// numbers them in that order; an id given twice is claimed by its first
 /// occurrence, the second is a duplicate.
-pub async fn claim_batch(tx: &mut Tx, group: &str, events: &[(&Envelope, &RecordOrigin)]) -> Result<Vec<bool>, DbError> {
+pub async fn claim_batch(
+    tx: &mut Tx,
+    group: &str,
+    events: &[(&Envelope, &RecordOrigin)],
+) -> Result<Vec<bool>, DbError> {
     if events.is_empty() {
         return Ok(Vec::new());
     }
@@ -94,7 +106,10 @@ pub async fn claim_batch(tx: &mut Tx, group: &str, events: &[(&Envelope, &Record
     let (columns, first_seq) = match tx.sql() {
         Dialect::MySql => (CLAIM_COLUMNS, None),
         Dialect::Sqlite => {
-            let (max,): (i64,) = sqlx::query_as("SELECT COALESCE(MAX(apply_seq), 0) FROM event_dedup").fetch_one(&mut **tx).await?;
+            let (max,): (i64,) =
+                sqlx::query_as("SELECT COALESCE(MAX(apply_seq), 0) FROM event_dedup")
+                    .fetch_one(&mut **tx)
+                    .await?;
             (CLAIM_COLUMNS_NUMBERED, Some(max + 1))
         }
     };
@@ -133,11 +148,9 @@ pub async fn claim_batch(tx: &mut Tx, group: &str, events: &[(&Envelope, &Record
 }
 
 /// The `event_dedup` columns a claim writes (`apply_seq` is AUTO_INCREMENT).
-const CLAIM_COLUMNS: &str =
-    "event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest)";
+const CLAIM_COLUMNS: &str = "event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest)";
 /// The same with `apply_seq` given (SQLite has no auto-increment on a non-key column).
-const CLAIM_COLUMNS_NUMBERED: &str =
-    "event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest, apply_seq)";
+const CLAIM_COLUMNS_NUMBERED: &str = "event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest, apply_seq)";
 
 /// A duplicate whose content differs from the event first applied under
 /// its id, as stored in `event_conflicts`.
@@ -175,7 +188,12 @@ pub struct Conflict {
 /// digest with its dedup row's. A differing digest is stored in
 /// `event_conflicts` (once per record) and returned; a true duplicate, or a
 /// row written before digests existed (no digest: unknown), gives None.
-pub async fn check_duplicate(tx: &mut Tx, group: &str, envelope: &Envelope, origin: &RecordOrigin) -> Result<Option<Conflict>, DbError> {
+pub async fn check_duplicate(
+    tx: &mut Tx,
+    group: &str,
+    envelope: &Envelope,
+    origin: &RecordOrigin,
+) -> Result<Option<Conflict>, DbError> {
     let event_id = envelope.event_id.to_string();
     let first: Option<(String, i32, i64, Option<String>)> = sqlx::query_as(
         "SELECT topic, kafka_partition, kafka_offset, payload_digest FROM event_dedup WHERE consumer_group = ? AND event_id = ?",
@@ -230,7 +248,21 @@ pub async fn check_duplicate(tx: &mut Tx, group: &str, envelope: &Envelope, orig
 
 /// Stored conflicting duplicates (of `group`, or all), newest first, at most `limit`.
 pub async fn conflicts(db: &Db, group: Option<&str>, limit: i64) -> Result<Vec<Conflict>, DbError> {
-    type Row = (i64, String, String, String, String, i32, i64, String, String, i32, i64, String, i64);
+    type Row = (
+        i64,
+        String,
+        String,
+        String,
+        String,
+        i32,
+        i64,
+        String,
+        String,
+        i32,
+        i64,
+        String,
+        i64,
+    );
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT id, consumer_group, event_id, event_name, first_topic, first_partition, first_offset, first_digest, \
          topic, kafka_partition, kafka_offset, digest, detected_ms FROM event_conflicts \
@@ -278,9 +310,12 @@ pub const CLEANUP_BATCH: u32 = 1000;
 /// Deletes dedup rows older than `older_than`, `batch` rows per statement
 /// (each its own short transaction); returns how many were removed.
 pub async fn cleanup(db: &Db, older_than: Duration, batch: u32) -> Result<u64, DbError> {
-    let cutoff = Utc::now() - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+    let cutoff =
+        Utc::now() - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
     let cutoff = cutoff.format("%Y-%m-%d %H:%M:%S%.3f").to_string();
-    let sql = db.sql().delete_limited("event_dedup", "rowid", "created_at < ?");
+    let sql = db
+        .sql()
+        .delete_limited("event_dedup", "rowid", "created_at < ?");
     let mut removed = 0;
     loop {
         let result = sqlx::query(sql.clone())
@@ -339,7 +374,12 @@ mod tests {
     #[tokio::test]
     async fn sqlite_records_a_reused_id_once_and_not_a_true_or_pre_digest_duplicate() {
         let (_dir, db) = crate::db::sqlite_for_test().await;
-        let origin = |offset| RecordOrigin { topic: "t".into(), partition: 3, offset, key: "42".into() };
+        let origin = |offset| RecordOrigin {
+            topic: "t".into(),
+            partition: 3,
+            offset,
+            key: "42".into(),
+        };
         let first = created();
         let mut reused = first.clone();
         if let EventData::Created(d) = &mut reused.data {
@@ -348,19 +388,45 @@ mod tests {
         let mut tx = db.begin().await.unwrap();
         assert!(claim(&mut tx, "g", &first, &origin(10)).await.unwrap());
         assert!(!claim(&mut tx, "g", &first, &origin(11)).await.unwrap());
-        assert!(check_duplicate(&mut tx, "g", &first, &origin(11)).await.unwrap().is_none());
+        assert!(
+            check_duplicate(&mut tx, "g", &first, &origin(11))
+                .await
+                .unwrap()
+                .is_none()
+        );
         assert!(!claim(&mut tx, "g", &reused, &origin(12)).await.unwrap());
-        let conflict = check_duplicate(&mut tx, "g", &reused, &origin(12)).await.unwrap().unwrap();
+        let conflict = check_duplicate(&mut tx, "g", &reused, &origin(12))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!((conflict.first_offset, conflict.offset), (10, 12));
         // The same conflicting record redelivered is listed once.
-        check_duplicate(&mut tx, "g", &reused, &origin(12)).await.unwrap().unwrap();
+        check_duplicate(&mut tx, "g", &reused, &origin(12))
+            .await
+            .unwrap()
+            .unwrap();
         // A row from before the migration has no digest: unknown, not a conflict.
-        sqlx::query("UPDATE event_dedup SET payload_digest = NULL").execute(&mut *tx).await.unwrap();
-        assert!(check_duplicate(&mut tx, "g", &reused, &origin(13)).await.unwrap().is_none());
+        sqlx::query("UPDATE event_dedup SET payload_digest = NULL")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        assert!(
+            check_duplicate(&mut tx, "g", &reused, &origin(13))
+                .await
+                .unwrap()
+                .is_none()
+        );
         tx.commit().await.unwrap();
         let listed = conflicts(&db, Some("g"), 10).await.unwrap();
         assert_eq!(listed.len(), 1, "{listed:?}");
-        assert_eq!((listed[0].first_partition, listed[0].first_offset, listed[0].offset), (3, 10, 12));
+        assert_eq!(
+            (
+                listed[0].first_partition,
+                listed[0].first_offset,
+                listed[0].offset
+            ),
+            (3, 10, 12)
+        );
         assert_eq!(listed[0].first_digest, content_digest(&first));
         assert_eq!(listed[0].digest, content_digest(&reused));
         assert!(conflicts(&db, Some("other"), 10).await.unwrap().is_empty());

@@ -45,8 +45,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::consumer::handler::{Effect, Handler, HandlerError};
-use crate::db::Tx;
 use crate::consumer::version::MAJOR_1;
+use crate::db::Tx;
 use crate::envelope::{Envelope, EventName};
 use crate::retry::{RetryLayer, RetryPolicy, RetrySettings};
 
@@ -124,18 +124,26 @@ impl SuccessRule {
             "2xx" => Ok(Self::TwoXx),
             "2xx-and-code" => Ok(Self::TwoXxAndCode),
             "code" => Ok(Self::Code),
-            other => Err(format!("{field}: `{other}` is not a success rule; accepted values: {}", Self::NAMES.join(", "))),
+            other => Err(format!(
+                "{field}: `{other}` is not a success rule; accepted values: {}",
+                Self::NAMES.join(", ")
+            )),
         }
     }
 
     /// Whether an answer of `status` with `body` is a delivery; when it is
     /// not, why (the body's `code`, or its absence).
     fn judge(self, status: reqwest::StatusCode, body: &str) -> Result<(), String> {
-        let code = serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| v.get("code").cloned());
+        let code = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("code").cloned());
         let code_is_zero = || match &code {
             Some(c) if c.as_i64() == Some(0) || c.as_str() == Some("0") => Ok(()),
             Some(c) => Err(format!("HTTP {status}, answered code {c}")),
-            None => Err(format!("HTTP {status} without a JSON `code` (success rule {})", self.as_str())),
+            None => Err(format!(
+                "HTTP {status} without a JSON `code` (success rule {})",
+                self.as_str()
+            )),
         };
         match self {
             Self::TwoXx if !status.is_success() => Err(format!("HTTP {status}")),
@@ -188,12 +196,16 @@ pub struct HttpSettings {
 impl HttpSettings {
     /// Checks every subscription ([`Subscription::validate`]).
     pub fn validate(&self) -> Result<(), String> {
-        self.subscriptions.iter().try_for_each(Subscription::validate)
+        self.subscriptions
+            .iter()
+            .try_for_each(Subscription::validate)
     }
 
     /// Every subscription's schedule for its default group resolves over `retry`.
     pub fn validate_retry(&self, retry: &RetrySettings) -> Result<(), String> {
-        self.subscriptions.iter().try_for_each(|s| s.retry_policy(retry, &default_group(&s.name)).map(drop))
+        self.subscriptions
+            .iter()
+            .try_for_each(|s| s.retry_policy(retry, &default_group(&s.name)).map(drop))
     }
 }
 
@@ -207,15 +219,28 @@ impl Subscription {
     pub fn validate(&self) -> Result<(), String> {
         let field = |f: &str| format!("http.subscriptions[{}].{f}", self.name);
         if !self.url.starts_with("http://") && !self.url.starts_with("https://") {
-            return Err(format!("{}: `{}` is not an http(s) URL", field("url"), self.url));
+            return Err(format!(
+                "{}: `{}` is not an http(s) URL",
+                field("url"),
+                self.url
+            ));
         }
         if !matches!(self.method.as_str(), "POST" | "PUT") {
-            return Err(format!("{}: `{}` is not one of POST, PUT", field("method"), self.method));
+            return Err(format!(
+                "{}: `{}` is not one of POST, PUT",
+                field("method"),
+                self.method
+            ));
         }
         if self.events.is_empty() {
-            return Err(format!("{}: name at least one event pattern, e.g. \"order.*\"", field("events")));
+            return Err(format!(
+                "{}: name at least one event pattern, e.g. \"order.*\"",
+                field("events")
+            ));
         }
-        self.retry_layer()?.check(&field("retry")).map_err(|e| e.to_string())
+        self.retry_layer()?
+            .check(&field("retry"))
+            .map_err(|e| e.to_string())
     }
 
     /// The subscription's retry layer: `retry`, with `retry_profile` as its
@@ -224,7 +249,11 @@ impl Subscription {
         let mut layer = self.retry.clone().unwrap_or_default();
         if let Some(profile) = &self.retry_profile {
             if layer.profile.is_some() || layer.delays.is_some() {
-                let other = if layer.profile.is_some() { "retry.profile" } else { "retry.delays" };
+                let other = if layer.profile.is_some() {
+                    "retry.profile"
+                } else {
+                    "retry.delays"
+                };
                 return Err(format!(
                     "http.subscriptions[{0}].retry_profile and http.subscriptions[{0}].{other}: both set; \
                      keep one (retry_profile is the older spelling of retry.profile)",
@@ -239,14 +268,19 @@ impl Subscription {
     /// The layer `deliver` puts on top of its group's
     /// ([`RetrySettings::top`]): the path naming it in errors, and [`Subscription::retry_layer`].
     pub fn retry_top(&self) -> Result<(String, RetryLayer), String> {
-        Ok((format!("http.subscriptions[{}].retry", self.name), self.retry_layer()?))
+        Ok((
+            format!("http.subscriptions[{}].retry", self.name),
+            self.retry_layer()?,
+        ))
     }
 
     /// The schedule of this subscription's `group`: `[retry]`, the
     /// group's layer, then the subscription's.
     pub fn retry_policy(&self, retry: &RetrySettings, group: &str) -> Result<RetryPolicy, String> {
         let (prefix, layer) = self.retry_top()?;
-        retry.policy_with(group, Some((&prefix, &layer))).map_err(|e| e.to_string())
+        retry
+            .policy_with(group, Some((&prefix, &layer)))
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -281,7 +315,14 @@ pub fn find(http: &HttpSettings, name: &str) -> Result<Subscription, String> {
     let found = http.subscriptions.iter().find(|s| s.name == name).cloned();
     let known: Vec<&str> = http.subscriptions.iter().map(|s| s.name.as_str()).collect();
     let subscription = found.ok_or_else(|| {
-        format!("--subscription: no subscription `{name}` in [[http.subscriptions]]; declared: {}", if known.is_empty() { "none".to_string() } else { known.join(", ") })
+        format!(
+            "--subscription: no subscription `{name}` in [[http.subscriptions]]; declared: {}",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        )
     })?;
     subscription.validate()?;
     Ok(subscription)
@@ -297,13 +338,22 @@ impl HttpDelivery {
     /// A handler delivering to `subscription`; keep the returned handle to reload it.
     pub fn new(subscription: Subscription) -> (Self, Arc<RwLock<Subscription>>) {
         let shared = Arc::new(RwLock::new(subscription));
-        (Self { subscription: shared.clone(), client: http_client() }, shared)
+        (
+            Self {
+                subscription: shared.clone(),
+                client: http_client(),
+            },
+            shared,
+        )
     }
 }
 
 /// The HTTP client of the deliveries (no proxy from the environment).
 pub fn http_client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().expect("HTTP client builds")
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("HTTP client builds")
 }
 
 /// Where and how one change is delivered.
@@ -329,7 +379,11 @@ pub struct Endpoint<'a> {
 /// than 408 and 429 is [`HandlerError::Rejected`] (the status and up to
 /// 1 KB of the body); anything else, or a timeout, a retryable failure.
 /// Every error names the endpoint.
-pub async fn post(client: &reqwest::Client, endpoint: Endpoint<'_>, envelope: &Envelope) -> Result<Effect, HandlerError> {
+pub async fn post(
+    client: &reqwest::Client,
+    endpoint: Endpoint<'_>,
+    envelope: &Envelope,
+) -> Result<Effect, HandlerError> {
     let event_id = envelope.event_id.to_string();
     let (data, old) = envelope.data.data_and_old();
     let body = json!({
@@ -340,8 +394,11 @@ pub async fn post(client: &reqwest::Client, endpoint: Endpoint<'_>, envelope: &E
         "old": old,
         "timestamp": envelope.event_time.timestamp(),
     });
-    let method = reqwest::Method::from_bytes(endpoint.method.as_bytes()).unwrap_or(reqwest::Method::POST);
-    let fail = |what: String| HandlerError::Retryable(format!("{} {}: {what}", endpoint.method, endpoint.url));
+    let method =
+        reqwest::Method::from_bytes(endpoint.method.as_bytes()).unwrap_or(reqwest::Method::POST);
+    let fail = |what: String| {
+        HandlerError::Retryable(format!("{} {}: {what}", endpoint.method, endpoint.url))
+    };
     let response = client
         .request(method, endpoint.url)
         .timeout(Duration::from_millis(endpoint.timeout_ms))
@@ -364,12 +421,14 @@ pub async fn post(client: &reqwest::Client, endpoint: Endpoint<'_>, envelope: &E
     let text = response.text().await.unwrap_or_default();
     match endpoint.success.judge(status, &text) {
         Ok(()) => Ok(Effect::Applied),
-        Err(why) if is_rejection(status) && endpoint.success != SuccessRule::Code => Err(HandlerError::Rejected(format!(
-            "{} {}: {why}: {}",
-            endpoint.method,
-            endpoint.url,
-            prefix(&text, 1024)
-        ))),
+        Err(why) if is_rejection(status) && endpoint.success != SuccessRule::Code => {
+            Err(HandlerError::Rejected(format!(
+                "{} {}: {why}: {}",
+                endpoint.method,
+                endpoint.url,
+                prefix(&text, 1024)
+            )))
+        }
         Err(why) => Err(fail(format!("{why}: {}", prefix(&text, 200)))),
     }
 }
@@ -384,7 +443,11 @@ impl Handler for HttpDelivery {
     /// the subscription does not stop it.
     fn supported_majors(&self, event_name: &EventName) -> &[u32] {
         let sub = self.subscription.read().expect("subscription lock");
-        if sub.enabled && sub.matches(event_name.as_str()) { MAJOR_1 } else { &[] }
+        if sub.enabled && sub.matches(event_name.as_str()) {
+            MAJOR_1
+        } else {
+            &[]
+        }
     }
 
     async fn apply(&self, _: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError> {
@@ -448,7 +511,9 @@ pub fn watch(
                         *current = fresh;
                     }
                 }
-                Err(e) => tracing::error!(subscription = %name, error = %e, "subscription not reloaded; keeping the previous one"),
+                Err(e) => {
+                    tracing::error!(subscription = %name, error = %e, "subscription not reloaded; keeping the previous one")
+                }
             }
         }
     });
@@ -463,23 +528,55 @@ mod tests {
     #[test]
     fn success_rules_judge_status_and_code() {
         use SuccessRule::*;
-        let ok = |rule: SuccessRule, status: u16, body: &str| rule.judge(reqwest::StatusCode::from_u16(status).unwrap(), body).is_ok();
-        for (status, body) in [(200, ""), (204, ""), (200, "{}"), (202, "accepted"), (201, r#"{"code": 0}"#), (200, r#"{"code": "0"}"#)] {
+        let ok = |rule: SuccessRule, status: u16, body: &str| {
+            rule.judge(reqwest::StatusCode::from_u16(status).unwrap(), body)
+                .is_ok()
+        };
+        for (status, body) in [
+            (200, ""),
+            (204, ""),
+            (200, "{}"),
+            (202, "accepted"),
+            (201, r#"{"code": 0}"#),
+            (200, r#"{"code": "0"}"#),
+        ] {
             assert!(ok(TwoXx, status, body), "2xx: {status} {body:?}");
         }
-        for (status, body) in [(200, r#"{"code": 1}"#), (500, r#"{"code": 0}"#), (301, ""), (429, "")] {
+        for (status, body) in [
+            (200, r#"{"code": 1}"#),
+            (500, r#"{"code": 0}"#),
+            (301, ""),
+            (429, ""),
+        ] {
             assert!(!ok(TwoXx, status, body), "2xx: {status} {body:?}");
         }
-        assert!(ok(TwoXxAndCode, 200, r#"{"code": 0}"#) && !ok(TwoXxAndCode, 204, "") && !ok(TwoXxAndCode, 200, "{}"));
-        assert!(ok(Code, 500, r#"{"code": 0}"#) && !ok(Code, 200, "{}") && !ok(Code, 200, r#"{"code": 3}"#));
-        assert!(is_rejection(reqwest::StatusCode::BAD_REQUEST) && is_rejection(reqwest::StatusCode::GONE));
-        assert!(!is_rejection(reqwest::StatusCode::REQUEST_TIMEOUT) && !is_rejection(reqwest::StatusCode::TOO_MANY_REQUESTS));
+        assert!(
+            ok(TwoXxAndCode, 200, r#"{"code": 0}"#)
+                && !ok(TwoXxAndCode, 204, "")
+                && !ok(TwoXxAndCode, 200, "{}")
+        );
+        assert!(
+            ok(Code, 500, r#"{"code": 0}"#)
+                && !ok(Code, 200, "{}")
+                && !ok(Code, 200, r#"{"code": 3}"#)
+        );
+        assert!(
+            is_rejection(reqwest::StatusCode::BAD_REQUEST)
+                && is_rejection(reqwest::StatusCode::GONE)
+        );
+        assert!(
+            !is_rejection(reqwest::StatusCode::REQUEST_TIMEOUT)
+                && !is_rejection(reqwest::StatusCode::TOO_MANY_REQUESTS)
+        );
         assert!(!is_rejection(reqwest::StatusCode::SERVICE_UNAVAILABLE));
         for name in SuccessRule::NAMES {
             assert_eq!(SuccessRule::parse("f", name).unwrap().as_str(), name);
         }
         let e = SuccessRule::parse("http.subscriptions[crm].success", "200").unwrap_err();
-        assert!(e.contains("http.subscriptions[crm].success") && e.contains("2xx, 2xx-and-code, code"), "{e}");
+        assert!(
+            e.contains("http.subscriptions[crm].success") && e.contains("2xx, 2xx-and-code, code"),
+            "{e}"
+        );
         assert_eq!(prefix("añb", 2), "a", "cut at a character boundary");
     }
 
@@ -511,26 +608,56 @@ mod tests {
             write("retry = {delays = [\"5s\", \"30s\", \"5m\"]}");
             let settings = crate::config::Settings::load(Some(&path)).unwrap();
             let crm = find(&settings.http, "crm").unwrap();
-            let policy = crm.retry_policy(&settings.retry, "crm.order.consumer").unwrap();
-            assert_eq!(policy.delays, [5, 30, 300].map(Duration::from_secs), "the subscription's list over seed000");
+            let policy = crm
+                .retry_policy(&settings.retry, "crm.order.consumer")
+                .unwrap();
+            assert_eq!(
+                policy.delays,
+                [5, 30, 300].map(Duration::from_secs),
+                "the subscription's list over seed000"
+            );
             assert_eq!(policy.jitter, 0.1, "the group's jitter stays");
             // Without a retry table: the [retry] layers decide (seed000 here).
             write("");
             let settings = crate::config::Settings::load(Some(&path)).unwrap();
             let crm = find(&settings.http, "crm").unwrap();
-            assert_eq!(crm.retry_policy(&settings.retry, "http.crm").unwrap().delays, [10, 60, 300].map(Duration::from_secs));
+            assert_eq!(
+                crm.retry_policy(&settings.retry, "http.crm")
+                    .unwrap()
+                    .delays,
+                [10, 60, 300].map(Duration::from_secs)
+            );
             write("retry_profile = \"seed003\"");
             let settings = crate::config::Settings::load(Some(&path)).unwrap();
             let crm = find(&settings.http, "crm").unwrap();
-            assert_eq!(crm.retry_policy(&settings.retry, "http.crm").unwrap().delays, [5, 30, 300].map(Duration::from_secs));
+            assert_eq!(
+                crm.retry_policy(&settings.retry, "http.crm")
+                    .unwrap()
+                    .delays,
+                [5, 30, 300].map(Duration::from_secs)
+            );
             for (retry, want) in [
-                ("retry_profile = \"seed003\"\nretry = {delays = [\"1s\"]}", "http.subscriptions[crm].retry_profile and http.subscriptions[crm].retry.delays: both set"),
-                ("retry = {delays = [\"1 minute\"]}", "http.subscriptions[crm].retry.delays[0]: `1 minute` is not a delay; accepted forms: <n>ms, <n>s, <n>m or <n>h"),
-                ("retry = {jitter = 2}", "http.subscriptions[crm].retry.jitter: 2 is outside 0 to 1"),
-                ("retry = {attempts = 5, profile = \"seed001\"}", "http.subscriptions[crm].retry.attempts: profile seed001 is a fixed list"),
+                (
+                    "retry_profile = \"seed003\"\nretry = {delays = [\"1s\"]}",
+                    "http.subscriptions[crm].retry_profile and http.subscriptions[crm].retry.delays: both set",
+                ),
+                (
+                    "retry = {delays = [\"1 minute\"]}",
+                    "http.subscriptions[crm].retry.delays[0]: `1 minute` is not a delay; accepted forms: <n>ms, <n>s, <n>m or <n>h",
+                ),
+                (
+                    "retry = {jitter = 2}",
+                    "http.subscriptions[crm].retry.jitter: 2 is outside 0 to 1",
+                ),
+                (
+                    "retry = {attempts = 5, profile = \"seed001\"}",
+                    "http.subscriptions[crm].retry.attempts: profile seed001 is a fixed list",
+                ),
             ] {
                 write(retry);
-                let err = crate::config::Settings::load(Some(&path)).unwrap_err().to_string();
+                let err = crate::config::Settings::load(Some(&path))
+                    .unwrap_err()
+                    .to_string();
                 assert!(err.contains(want), "{retry}: {err}");
             }
             Ok(())
@@ -544,20 +671,40 @@ mod tests {
         std::fs::write(&json, r#"{"retry": {"groups": {"inventory-service.order.consumer": {"delays": ["10s", "1m"]}}}}"#).unwrap();
         figment::Jail::expect_with(|_| {
             let settings = crate::config::Settings::load(Some(&json)).unwrap();
-            let policy = settings.retry.policy_for("inventory-service.order.consumer").unwrap();
-            assert_eq!(policy.delays, [Duration::from_secs(10), Duration::from_secs(60)]);
-            assert_eq!(settings.retry.policy_for("other.order.consumer").unwrap().delays.len(), 5, "other groups: default");
+            let policy = settings
+                .retry
+                .policy_for("inventory-service.order.consumer")
+                .unwrap();
+            assert_eq!(
+                policy.delays,
+                [Duration::from_secs(10), Duration::from_secs(60)]
+            );
+            assert_eq!(
+                settings
+                    .retry
+                    .policy_for("other.order.consumer")
+                    .unwrap()
+                    .delays
+                    .len(),
+                5,
+                "other groups: default"
+            );
             Ok(())
         });
     }
 
     #[test]
     fn declares_major_1_of_the_events_it_delivers_only() {
-        let subscription: Subscription =
-            serde_json::from_str(r#"{"name": "crm", "events": ["order.payment.*"], "url": "http://127.0.0.1:1/"}"#).unwrap();
+        let subscription: Subscription = serde_json::from_str(
+            r#"{"name": "crm", "events": ["order.payment.*"], "url": "http://127.0.0.1:1/"}"#,
+        )
+        .unwrap();
         let (handler, _) = HttpDelivery::new(subscription);
         let name = |n: &str| EventName::parse(n).unwrap();
-        assert_eq!(handler.supported_majors(&name("order.payment.succeeded")), MAJOR_1);
+        assert_eq!(
+            handler.supported_majors(&name("order.payment.succeeded")),
+            MAJOR_1
+        );
         assert!(handler.supported_majors(&name("order.created")).is_empty());
     }
 }

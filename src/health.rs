@@ -41,7 +41,11 @@ impl HealthState {
     /// A consumer's state: `/health/mq` fails past `lag_threshold` records of
     /// lag or `max_poll_gap` without polling.
     pub fn consumer(lag_threshold: i64, max_poll_gap: std::time::Duration) -> Arc<Self> {
-        Arc::new(Self::new(true, lag_threshold, max_poll_gap.as_millis() as i64))
+        Arc::new(Self::new(
+            true,
+            lag_threshold,
+            max_poll_gap.as_millis() as i64,
+        ))
     }
 
     /// A role that does not consume (relay, API, persister).
@@ -54,7 +58,12 @@ impl HealthState {
     pub fn conditions(unmet: &[(&'static str, &str)]) -> Arc<Self> {
         let mut state = Self::new(false, i64::MAX, i64::MAX);
         state.needs_db = false;
-        state.conditions = std::sync::Mutex::new(unmet.iter().map(|(name, why)| (*name, Some(why.to_string()))).collect());
+        state.conditions = std::sync::Mutex::new(
+            unmet
+                .iter()
+                .map(|(name, why)| (*name, Some(why.to_string())))
+                .collect(),
+        );
         Arc::new(state)
     }
 
@@ -121,7 +130,10 @@ impl HealthState {
         let mut reasons = Vec::new();
         if self.needs_db && !db_ok {
             let why = self.db_error.lock().await.clone();
-            reasons.push(format!("database unavailable: {}", why.unwrap_or_else(|| "not yet reached".into())));
+            reasons.push(format!(
+                "database unavailable: {}",
+                why.unwrap_or_else(|| "not yet reached".into())
+            ));
         }
         if self.consumer && assigned == 0 {
             reasons.push("no partitions assigned".to_string());
@@ -148,10 +160,16 @@ impl HealthState {
         let since_poll = now_ms() - self.last_poll_ms.load(Ordering::Relaxed);
         let mut reasons = Vec::new();
         if since_poll > self.max_poll_gap_ms {
-            reasons.push(format!("consumer has not polled for {since_poll} ms (limit {} ms)", self.max_poll_gap_ms));
+            reasons.push(format!(
+                "consumer has not polled for {since_poll} ms (limit {} ms)",
+                self.max_poll_gap_ms
+            ));
         }
         if lag > self.lag_threshold {
-            reasons.push(format!("lag {lag} records is over the threshold {}", self.lag_threshold));
+            reasons.push(format!(
+                "lag {lag} records is over the threshold {}",
+                self.lag_threshold
+            ));
         }
         let healthy = reasons.is_empty();
         (
@@ -166,7 +184,11 @@ async fn live() -> Json<serde_json::Value> {
 }
 
 fn answer(ok: bool, body: serde_json::Value) -> (StatusCode, Json<serde_json::Value>) {
-    let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (status, Json(body))
 }
 
@@ -197,7 +219,10 @@ pub fn watch_db(db: crate::db::Db, state: Arc<HealthState>) {
 pub fn routes(state: Arc<HealthState>) -> Router {
     let metrics = crate::metrics::install();
     Router::new()
-        .route("/metrics", get(move || std::future::ready(metrics.render())))
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        )
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
         .route("/health/mq", get(mq))
@@ -240,16 +265,34 @@ mod tests {
 
     #[tokio::test]
     async fn a_role_with_conditions_is_ready_only_when_each_is_met_and_says_which_is_not() {
-        let state = HealthState::conditions(&[("binlog_stream", "not yet connected"), ("kafka_producer", "not yet initialised")]);
+        let state = HealthState::conditions(&[
+            ("binlog_stream", "not yet connected"),
+            ("kafka_producer", "not yet initialised"),
+        ]);
         let (ready, body) = state.readiness().await;
         assert!(!ready);
-        assert_eq!(body["reasons"], json!(["binlog_stream: not yet connected", "kafka_producer: not yet initialised"]));
+        assert_eq!(
+            body["reasons"],
+            json!([
+                "binlog_stream: not yet connected",
+                "kafka_producer: not yet initialised"
+            ])
+        );
         state.set_condition("kafka_producer", None);
-        state.set_condition("binlog_stream", Some("connection refused; retrying in 400 ms".into()));
+        state.set_condition(
+            "binlog_stream",
+            Some("connection refused; retrying in 400 ms".into()),
+        );
         let (ready, body) = state.readiness().await;
         assert!(!ready);
-        assert_eq!(body["conditions"], json!({"binlog_stream": false, "kafka_producer": true}));
-        assert_eq!(body["reasons"], json!(["binlog_stream: connection refused; retrying in 400 ms"]));
+        assert_eq!(
+            body["conditions"],
+            json!({"binlog_stream": false, "kafka_producer": true})
+        );
+        assert_eq!(
+            body["reasons"],
+            json!(["binlog_stream: connection refused; retrying in 400 ms"])
+        );
         state.set_condition("binlog_stream", None);
         let (ready, body) = state.readiness().await;
         assert!(ready, "no database needed: {body}");

@@ -28,8 +28,8 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{InternalEvent, SeriesOwner, name};
 use crate::kafka::client::{KafkaSettings, client_config};
+use crate::metrics::{InternalEvent, SeriesOwner, name};
 use crate::retry::retry_topic;
 
 /// How long one broker request may take.
@@ -328,16 +328,30 @@ fn measure_groups(
 /// The broker's state of `group` (`Stable`, `Empty`, `Dead`, ...) and its
 /// live members, each as `client_id@host (member id)`; `("Dead", [])` when
 /// the broker does not know the group. Blocking (also used by `crate::rewind`).
-pub(crate) fn describe_group(probe: &BaseConsumer, group: &str) -> Result<(String, Vec<String>), KafkaError> {
+pub(crate) fn describe_group(
+    probe: &BaseConsumer,
+    group: &str,
+) -> Result<(String, Vec<String>), KafkaError> {
     let described = retry_coordinator(|| probe.fetch_group_list(Some(group), REQUEST_TIMEOUT))?;
-    Ok(described.groups().iter().find(|g| g.name() == group).map_or(("Dead".to_string(), Vec::new()), |g| {
-        let members = g
-            .members()
-            .iter()
-            .map(|m| format!("{}@{} ({})", m.client_id(), m.client_host().trim_start_matches('/'), m.id()))
-            .collect();
-        (g.state().to_string(), members)
-    }))
+    Ok(described
+        .groups()
+        .iter()
+        .find(|g| g.name() == group)
+        .map_or(("Dead".to_string(), Vec::new()), |g| {
+            let members = g
+                .members()
+                .iter()
+                .map(|m| {
+                    format!(
+                        "{}@{} ({})",
+                        m.client_id(),
+                        m.client_host().trim_start_matches('/'),
+                        m.id()
+                    )
+                })
+                .collect();
+            (g.state().to_string(), members)
+        }))
 }
 
 /// Runs a group request again while the group's coordinator is moving or
@@ -512,21 +526,34 @@ pub struct PartitionLagGauges {
 impl PartitionLagGauges {
     /// The gauges of one member of `group`; its series go when it is dropped.
     pub fn new(group: &str) -> Self {
-        Self { group: group.to_string(), owner: SeriesOwner::default() }
+        Self {
+            group: group.to_string(),
+            owner: SeriesOwner::default(),
+        }
     }
 
     /// The lag (records) of each (topic, partition) the member owns now;
     /// series of partitions not listed go.
     pub fn report(&self, lags: &[(String, i32, i64)]) {
         let series = lags.iter().map(|(topic, partition, lag)| {
-            (vec![("group", self.group.clone()), ("topic", topic.clone()), ("partition", partition.to_string())], *lag as f64)
+            (
+                vec![
+                    ("group", self.group.clone()),
+                    ("topic", topic.clone()),
+                    ("partition", partition.to_string()),
+                ],
+                *lag as f64,
+            )
         });
         self.owner.replace(name::LAG, series);
     }
 
     /// A partition was revoked: its series goes now.
     pub fn revoked(&self, topic: &str, partition: i32) {
-        self.owner.remove(name::LAG, &[("topic", topic), ("partition", &partition.to_string())]);
+        self.owner.remove(
+            name::LAG,
+            &[("topic", topic), ("partition", &partition.to_string())],
+        );
     }
 }
 
@@ -545,7 +572,11 @@ impl InternalEvent for GroupLagMeasured<'_> {
             tracing::debug!(group = group.group, members = group.members, lag = group.total_lag, status = ?group.status, "group lag measured");
             members.push((vec![("group", group.group.clone())], group.members as f64));
             for p in &group.partitions {
-                let labels = vec![("group", group.group.clone()), ("topic", p.topic.clone()), ("partition", p.partition.to_string())];
+                let labels = vec![
+                    ("group", group.group.clone()),
+                    ("topic", p.topic.clone()),
+                    ("partition", p.partition.to_string()),
+                ];
                 lags.push((labels.clone(), p.lag as f64));
                 ages.push((labels, p.oldest_unconsumed_age_seconds.unwrap_or(0.0)));
             }
@@ -565,7 +596,10 @@ pub struct GroupLagFailed<'a> {
 
 impl InternalEvent for GroupLagFailed<'_> {
     fn emit(self) {
-        tracing::warn!(error = self.error, "group lag not measured; the last values stay exported");
+        tracing::warn!(
+            error = self.error,
+            "group lag not measured; the last values stay exported"
+        );
         counter!(name::GROUP_LAG_FAILURES).increment(1);
     }
 }

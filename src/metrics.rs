@@ -207,7 +207,10 @@ impl SeriesOwner {
         let mut owned = OWNED.lock().expect("owned series lock");
         if let Some(by_labels) = owned.get_mut(name) {
             by_labels.retain(|labels, (owner, _)| {
-                *owner != self.0 || !matching.iter().all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
+                *owner != self.0
+                    || !matching
+                        .iter()
+                        .all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
             });
         }
     }
@@ -229,7 +232,10 @@ fn render_owned(text: &mut String) {
     for (name, by_labels) in owned.iter().filter(|(_, s)| !s.is_empty()) {
         let _ = writeln!(text, "# TYPE {name} gauge");
         for (labels, (_, value)) in by_labels {
-            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape_label(v))).collect();
+            let labels: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape_label(v)))
+                .collect();
             let _ = writeln!(text, "{name}{{{}}} {value}", labels.join(","));
         }
         text.push('\n');
@@ -237,7 +243,10 @@ fn render_owned(text: &mut String) {
 }
 
 fn escape_label(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -248,7 +257,10 @@ mod tests {
     fn rendered(name: &str) -> Vec<String> {
         let mut text = String::new();
         render_owned(&mut text);
-        text.lines().filter(|l| l.starts_with(&format!("{name}{{"))).map(str::to_string).collect()
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .map(str::to_string)
+            .collect()
     }
 
     #[test]
@@ -257,19 +269,32 @@ mod tests {
         gauges.report(&[("t".into(), 0, 5), ("t".into(), 1, 7)]);
         let other = PartitionLagGauges::new("g-other");
         other.report(&[("t".into(), 2, 1)]);
-        let mine = |lines: Vec<String>| lines.into_iter().filter(|l| l.contains("g-owned")).collect::<Vec<_>>();
+        let mine = |lines: Vec<String>| {
+            lines
+                .into_iter()
+                .filter(|l| l.contains("g-owned"))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(
             mine(rendered(name::LAG)),
-            [r#"orderpipe_consumer_lag_records{group="g-owned",topic="t",partition="0"} 5"#,
-             r#"orderpipe_consumer_lag_records{group="g-owned",topic="t",partition="1"} 7"#]
+            [
+                r#"orderpipe_consumer_lag_records{group="g-owned",topic="t",partition="0"} 5"#,
+                r#"orderpipe_consumer_lag_records{group="g-owned",topic="t",partition="1"} 7"#
+            ]
         );
         gauges.revoked("t", 0);
         assert_eq!(mine(rendered(name::LAG)).len(), 1);
         gauges.report(&[("t".into(), 3, 2)]);
-        assert_eq!(mine(rendered(name::LAG)), [r#"orderpipe_consumer_lag_records{group="g-owned",topic="t",partition="3"} 2"#]);
+        assert_eq!(
+            mine(rendered(name::LAG)),
+            [r#"orderpipe_consumer_lag_records{group="g-owned",topic="t",partition="3"} 2"#]
+        );
         drop(gauges);
         assert!(mine(rendered(name::LAG)).is_empty());
-        assert!(rendered(name::LAG).iter().any(|l| l.contains("g-other")), "another owner's series stay");
+        assert!(
+            rendered(name::LAG).iter().any(|l| l.contains("g-other")),
+            "another owner's series stay"
+        );
     }
 
     #[test]

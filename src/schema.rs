@@ -30,8 +30,14 @@ pub const ORDER_EVENTS_TOPIC: &str = "order.events.v1";
 pub const INVENTORY_EVENTS_TOPIC: &str = "inventory.events.v1";
 
 const EMBEDDED: &[(&str, &str)] = &[
-    (ORDER_EVENTS_TOPIC, include_str!("../schemas/order.events.v1.avsc")),
-    (INVENTORY_EVENTS_TOPIC, include_str!("../schemas/inventory.events.v1.avsc")),
+    (
+        ORDER_EVENTS_TOPIC,
+        include_str!("../schemas/order.events.v1.avsc"),
+    ),
+    (
+        INVENTORY_EVENTS_TOPIC,
+        include_str!("../schemas/inventory.events.v1.avsc"),
+    ),
 ];
 
 /// Errors reading schema files.
@@ -114,7 +120,11 @@ impl SchemaCatalog {
                 path: path.display().to_string(),
                 reason: e.to_string(),
             })?;
-            let topic = path.file_stem().unwrap_or_default().to_string_lossy().to_string();
+            let topic = path
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
             schemas.push(TopicSchema { topic, raw, parsed });
         }
         let catalog = Self { schemas };
@@ -140,7 +150,8 @@ impl SchemaCatalog {
 
     /// The schema of `order.events.v1`.
     pub fn order_events(&self) -> &TopicSchema {
-        self.get(ORDER_EVENTS_TOPIC).expect("catalogs always hold the order events schema")
+        self.get(ORDER_EVENTS_TOPIC)
+            .expect("catalogs always hold the order events schema")
     }
 
     /// The schema of `inventory.events.v1`, if the catalog has one.
@@ -174,9 +185,13 @@ pub async fn register(
     let mut out = Vec::new();
     for schema in catalog.iter() {
         let subject = subject(topics, schema);
-        let registered = post_schema(&client, subject.clone(), get_supplied_schema(&schema.parsed))
-            .await
-            .map_err(|e| registry_error(&subject, e))?;
+        let registered = post_schema(
+            &client,
+            subject.clone(),
+            get_supplied_schema(&schema.parsed),
+        )
+        .await
+        .map_err(|e| registry_error(&subject, e))?;
         out.push(Registered {
             subject,
             id: registered.id,
@@ -265,7 +280,13 @@ pub fn local_compat(old: &Schema, new: &Schema, level: CompatLevel) -> Option<St
 /// writer branch must be readable by the reader's branch of the same name,
 /// so a field added without a default inside one event's payload is caught.
 fn can_read(writer: &Schema, reader: &Schema, path: &str) -> Result<(), String> {
-    let join = |name: &str| if path.is_empty() { name.to_string() } else { format!("{path}.{name}") };
+    let join = |name: &str| {
+        if path.is_empty() {
+            name.to_string()
+        } else {
+            format!("{path}.{name}")
+        }
+    };
     match (writer, reader) {
         (Schema::Record(w), Schema::Record(r)) => {
             for field in &r.fields {
@@ -343,10 +364,13 @@ pub async fn check(
             CodecError::Registry(format!("{subject}: registered schema does not parse: {e}"))
         })?;
         let local_problem = local_compat(&old, &schema.parsed, level);
-        let registry_compatible =
-            is_compatible_schema(&client, subject.clone(), get_supplied_schema(&schema.parsed))
-                .await
-                .map_err(|e| registry_error(&subject, e))?;
+        let registry_compatible = is_compatible_schema(
+            &client,
+            subject.clone(),
+            get_supplied_schema(&schema.parsed),
+        )
+        .await
+        .map_err(|e| registry_error(&subject, e))?;
         out.push(CompatReport {
             subject,
             registered_id: Some(latest.id),

@@ -67,7 +67,10 @@ pub fn declared_topics(settings: &Settings, groups: &[String]) -> Vec<TopicSpec>
         .subscriptions
         .iter()
         .map(|s| crate::delivery::default_group(&s.name));
-    crate::topics::declared(&settings.topics, groups.iter().cloned().chain(subscription_groups))
+    crate::topics::declared(
+        &settings.topics,
+        groups.iter().cloned().chain(subscription_groups),
+    )
 }
 
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
@@ -88,7 +91,11 @@ mod tests {
             libc::malloc_info(0, stream);
             libc::fclose(stream);
             let mut text = String::new();
-            std::io::Read::read_to_string(&mut std::fs::File::open(format!("/proc/self/fd/{fd}")).unwrap(), &mut text).unwrap();
+            std::io::Read::read_to_string(
+                &mut std::fs::File::open(format!("/proc/self/fd/{fd}")).unwrap(),
+                &mut text,
+            )
+            .unwrap();
             text
         };
         text.matches("<heap nr=").count()
@@ -108,7 +115,9 @@ mod tests {
                 })
             })
             .collect();
-        threads.into_iter().for_each(|t| assert_eq!(t.join().unwrap(), 200));
+        threads
+            .into_iter()
+            .for_each(|t| assert_eq!(t.join().unwrap(), 200));
     }
 
     #[test]
@@ -122,21 +131,40 @@ mod tests {
         }
         let run = |mode: &str, arena_max: Option<&str>| {
             let mut child = std::process::Command::new(std::env::current_exe().unwrap());
-            child.args(["--exact", "startup::tests::malloc_arenas_are_capped_unless_the_environment_sets_them", "--nocapture", "--test-threads=1"]);
+            child.args([
+                "--exact",
+                "startup::tests::malloc_arenas_are_capped_unless_the_environment_sets_them",
+                "--nocapture",
+                "--test-threads=1",
+            ]);
             child.env(CHILD, mode).env_remove("MALLOC_ARENA_MAX");
             if let Some(max) = arena_max {
                 child.env("MALLOC_ARENA_MAX", max);
             }
             let out = child.output().unwrap();
             let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-            assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-            let arenas = stdout.split("arenas=").nth(1).and_then(|rest| rest.split_whitespace().next()).unwrap();
+            assert!(
+                out.status.success(),
+                "{stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let arenas = stdout
+                .split("arenas=")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .unwrap();
             arenas.parse::<usize>().unwrap()
         };
         let capped = run("cap", None);
-        assert!(capped <= MALLOC_ARENAS as usize, "{capped} arenas with the cap");
+        assert!(
+            capped <= MALLOC_ARENAS as usize,
+            "{capped} arenas with the cap"
+        );
         // The environment wins, and without a cap the same threads take more arenas.
         let uncapped = run("env", Some("16"));
-        assert!(uncapped > MALLOC_ARENAS as usize, "{uncapped} arenas with MALLOC_ARENA_MAX=16");
+        assert!(
+            uncapped > MALLOC_ARENAS as usize,
+            "{uncapped} arenas with MALLOC_ARENA_MAX=16"
+        );
     }
 }

@@ -7,8 +7,8 @@
 use std::io::IsTerminal;
 
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::{EnvFilter, Layer, Registry};
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -26,7 +26,11 @@ pub struct TelemetryError(String);
 
 /// Installs the global subscriber. `RUST_LOG` wins over `default_level`.
 /// `otlp_endpoint` (e.g. `http://collector:4318/v1/traces`) exports spans.
-pub fn init(format: LogFormat, default_level: &str, otlp_endpoint: Option<&str>) -> Result<(), TelemetryError> {
+pub fn init(
+    format: LogFormat,
+    default_level: &str,
+    otlp_endpoint: Option<&str>,
+) -> Result<(), TelemetryError> {
     // Exported spans need orderpipe's info-level record spans, so with OTLP
     // on, orderpipe logs at info at least.
     let level = match otlp_endpoint {
@@ -41,7 +45,11 @@ pub fn init(format: LogFormat, default_level: &str, otlp_endpoint: Option<&str>)
             .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr)
             .boxed(),
-        LogFormat::Json => tracing_subscriber::fmt::layer().json().flatten_event(true).with_writer(std::io::stderr).boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_writer(std::io::stderr)
+            .boxed(),
     };
     let registry = tracing_subscriber::registry().with(logs).with(filter);
     match otlp_endpoint {
@@ -80,7 +88,8 @@ mod otlp {
     use super::TelemetryError;
 
     /// Kept to flush the batch exporter at exit.
-    static PROVIDER: std::sync::OnceLock<opentelemetry_sdk::trace::SdkTracerProvider> = std::sync::OnceLock::new();
+    static PROVIDER: std::sync::OnceLock<opentelemetry_sdk::trace::SdkTracerProvider> =
+        std::sync::OnceLock::new();
 
     /// Sends what the batch exporter still holds.
     pub fn shutdown() {
@@ -101,8 +110,10 @@ mod otlp {
         use opentelemetry::trace::TraceContextExt;
         use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-        let carrier = std::collections::HashMap::from([("traceparent".to_string(), traceparent.to_string())]);
-        let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+        let carrier =
+            std::collections::HashMap::from([("traceparent".to_string(), traceparent.to_string())]);
+        let parent =
+            opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
         if parent.span().span_context().is_valid() {
             // Err only when the span is disabled by the log filter.
             let _ = span.set_parent(parent);
@@ -111,7 +122,11 @@ mod otlp {
 
     pub fn init<S>(registry: S, endpoint: &str) -> Result<(), TelemetryError>
     where
-        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync + 'static,
+        S: tracing::Subscriber
+            + for<'a> tracing_subscriber::registry::LookupSpan<'a>
+            + Send
+            + Sync
+            + 'static,
         S: tracing_subscriber::layer::SubscriberExt,
     {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -121,11 +136,17 @@ mod otlp {
             .map_err(|e| TelemetryError(format!("OTLP exporter for {endpoint}: {e}")))?;
         let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
-            .with_resource(opentelemetry_sdk::Resource::builder().with_service_name("orderpipe").build())
+            .with_resource(
+                opentelemetry_sdk::Resource::builder()
+                    .with_service_name("orderpipe")
+                    .build(),
+            )
             .build();
         let tracer = provider.tracer("orderpipe");
         let _ = PROVIDER.set(provider);
-        let _ = registry.with(tracing_opentelemetry::layer().with_tracer(tracer)).try_init();
+        let _ = registry
+            .with(tracing_opentelemetry::layer().with_tracer(tracer))
+            .try_init();
         Ok(())
     }
 }

@@ -23,11 +23,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use rdkafka::ClientContext;
 use rdkafka::admin::{
     AdminClient, AdminOptions, AlterConfig, ConfigSource, NewPartitions, NewTopic,
     ResourceSpecifier, TopicReplication,
 };
-use rdkafka::ClientContext;
 use rdkafka::client::{Client, DefaultClientContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use serde::{Deserialize, Serialize};
@@ -72,7 +72,10 @@ impl TopicSpec {
     /// Every config `topics ensure` enforces, including min ISR and retention.
     pub fn desired_configs(&self) -> BTreeMap<String, String> {
         let mut configs = self.configs.clone();
-        configs.insert("min.insync.replicas".into(), self.min_insync_replicas.to_string());
+        configs.insert(
+            "min.insync.replicas".into(),
+            self.min_insync_replicas.to_string(),
+        );
         configs.insert("retention.ms".into(), self.retention_ms.to_string());
         configs
     }
@@ -81,7 +84,11 @@ impl TopicSpec {
 impl TopicsSettings {
     /// The three declared topics, in the order of the config file.
     fn specs(&self) -> [&TopicSpec; 3] {
-        [&self.order_events, &self.inventory_events, &self.dead_letter]
+        [
+            &self.order_events,
+            &self.inventory_events,
+            &self.dead_letter,
+        ]
     }
 
     /// The declared topic named `name`, if one is.
@@ -114,9 +121,21 @@ impl TopicsSettings {
     /// order topic's spec): at least 30 days, or forever.
     pub fn validate_retention(&self) -> Result<(), String> {
         for (key, spec, why) in [
-            ("order_events", &self.order_events, "order events are kept for audit"),
-            ("inventory_events", &self.inventory_events, "inventory events are audited with the order events"),
-            ("dead_letter", &self.dead_letter, "dead letters must outlive a persister outage and stay replayable"),
+            (
+                "order_events",
+                &self.order_events,
+                "order events are kept for audit",
+            ),
+            (
+                "inventory_events",
+                &self.inventory_events,
+                "inventory events are audited with the order events",
+            ),
+            (
+                "dead_letter",
+                &self.dead_letter,
+                "dead letters must outlive a persister outage and stay replayable",
+            ),
         ] {
             if spec.retention_ms >= 0 && spec.retention_ms < 30 * DAY_MS {
                 return Err(format!(
@@ -133,7 +152,11 @@ impl TopicsSettings {
     pub fn name_for_schema(&self, schema_topic: &str) -> String {
         self.specs()
             .into_iter()
-            .zip(["order.events.v1", "inventory.events.v1", "order.events.v1.dlq"])
+            .zip([
+                "order.events.v1",
+                "inventory.events.v1",
+                "order.events.v1.dlq",
+            ])
             .find(|(_, default)| *default == schema_topic)
             .map_or_else(|| schema_topic.to_string(), |(spec, _)| spec.name.clone())
     }
@@ -289,14 +312,22 @@ impl std::fmt::Display for Change {
             Self::GrewPartitions { topic, from, to } => {
                 write!(f, "grew      {topic} partitions {from} -> {to}")
             }
-            Self::ConfigSet { topic, key, from, to } => write!(
+            Self::ConfigSet {
+                topic,
+                key,
+                from,
+                to,
+            } => write!(
                 f,
                 "config    {topic} {key}: {} -> {to}",
                 from.as_deref().unwrap_or("(default)")
             ),
             Self::Warning { topic, message } => write!(f, "WARNING   {topic}: {message}"),
             Self::Undeclared { topic } => {
-                write!(f, "undeclared {topic} exists but is not declared (left alone)")
+                write!(
+                    f,
+                    "undeclared {topic} exists but is not declared (left alone)"
+                )
             }
         }
     }
@@ -349,7 +380,10 @@ impl TopicAdmin {
     }
 
     /// Current configs of `topic`: (value, set dynamically on the topic?).
-    pub(crate) async fn configs(&self, topic: &str) -> Result<BTreeMap<String, (String, bool)>, TopicsError> {
+    pub(crate) async fn configs(
+        &self,
+        topic: &str,
+    ) -> Result<BTreeMap<String, (String, bool)>, TopicsError> {
         let results = self
             .admin
             .describe_configs([&ResourceSpecifier::Topic(topic)], &Self::options())
@@ -371,7 +405,11 @@ impl TopicAdmin {
 
     /// Reconciles the cluster to `specs`. Plans first; applies nothing when
     /// `dry_run`, or when the plan holds a refused repartition.
-    pub async fn ensure(&self, specs: &[&TopicSpec], options: EnsureOptions) -> Result<Vec<Change>, TopicsError> {
+    pub async fn ensure(
+        &self,
+        specs: &[&TopicSpec],
+        options: EnsureOptions,
+    ) -> Result<Vec<Change>, TopicsError> {
         // Mutations done so far, over all attempts.
         let mut applied = Vec::new();
         let mut attempt = 1;
@@ -379,9 +417,19 @@ impl TopicAdmin {
             let layout = self.layout().await?;
             let mut plans = Vec::new();
             for spec in specs {
-                plans.push(self.plan(spec, layout.get(&spec.name).copied(), options.allow_repartition).await?);
+                plans.push(
+                    self.plan(
+                        spec,
+                        layout.get(&spec.name).copied(),
+                        options.allow_repartition,
+                    )
+                    .await?,
+                );
             }
-            let refused = plans.iter().flat_map(|p| &p.changes).any(Change::is_refused);
+            let refused = plans
+                .iter()
+                .flat_map(|p| &p.changes)
+                .any(Change::is_refused);
             let mut stale = false;
             if !options.dry_run && !refused {
                 for plan in &plans {
@@ -400,7 +448,10 @@ impl TopicAdmin {
             let mut changes: Vec<Change> = if options.dry_run || refused {
                 planned.collect()
             } else {
-                applied.into_iter().chain(planned.filter(|c| !c.is_mutation())).collect()
+                applied
+                    .into_iter()
+                    .chain(planned.filter(|c| !c.is_mutation()))
+                    .collect()
             };
             changes.extend(undeclared(layout.keys(), specs));
             return Ok(changes);
@@ -425,7 +476,9 @@ impl TopicAdmin {
             let layout = self.layout().await?;
             let mut pending: Vec<_> = expected
                 .iter()
-                .filter(|(topic, partitions)| layout.get(*topic).is_none_or(|(p, _)| p != partitions))
+                .filter(|(topic, partitions)| {
+                    layout.get(*topic).is_none_or(|(p, _)| p != partitions)
+                })
                 .map(|(topic, partitions)| (topic.to_string(), format!("{partitions} partitions")))
                 .collect();
             for change in applied {
@@ -490,7 +543,11 @@ impl TopicAdmin {
     /// Carries out the mutations of a plan, adding each done to `applied`.
     /// True when the plan was made on stale metadata (a topic it would
     /// create exists already): the rest of the plan is left undone.
-    async fn apply(&self, plan: &TopicPlan<'_>, applied: &mut Vec<Change>) -> Result<bool, TopicsError> {
+    async fn apply(
+        &self,
+        plan: &TopicPlan<'_>,
+        applied: &mut Vec<Change>,
+    ) -> Result<bool, TopicsError> {
         let spec = plan.spec;
         // Keep every dynamic config already set, then apply ours on top.
         let mut merged = plan.dynamic.clone();
@@ -505,7 +562,11 @@ impl TopicAdmin {
                 }
                 Change::GrewPartitions { to, .. } => {
                     let grow = NewPartitions::new(&spec.name, *to as usize);
-                    for r in self.admin.create_partitions([&grow], &Self::options()).await? {
+                    for r in self
+                        .admin
+                        .create_partitions([&grow], &Self::options())
+                        .await?
+                    {
                         r.map_err(|(_, e)| admin_error(&spec.name, "add partitions", e))?;
                     }
                     applied.push(change.clone());
@@ -519,12 +580,15 @@ impl TopicAdmin {
             }
         }
         if alter {
-            let request = merged
-                .iter()
-                .fold(AlterConfig::new(ResourceSpecifier::Topic(&spec.name)), |a, (k, v)| {
-                    a.set(k, v)
-                });
-            for r in self.admin.alter_configs([&request], &Self::options()).await? {
+            let request = merged.iter().fold(
+                AlterConfig::new(ResourceSpecifier::Topic(&spec.name)),
+                |a, (k, v)| a.set(k, v),
+            );
+            for r in self
+                .admin
+                .alter_configs([&request], &Self::options())
+                .await?
+            {
                 r.map_err(|(_, e)| admin_error(&spec.name, "alter configs", e))?;
             }
         }
@@ -574,10 +638,16 @@ impl TopicAdmin {
                 drift.push(format!("partitions: {partitions} != {}", spec.partitions));
             }
             if replicas != spec.replication_factor {
-                drift.push(format!("replication_factor: {replicas} != {}", spec.replication_factor));
+                drift.push(format!(
+                    "replication_factor: {replicas} != {}",
+                    spec.replication_factor
+                ));
             }
             for (key, want) in spec.desired_configs() {
-                let have = current.get(&key).map(|(v, _)| v.as_str()).unwrap_or("(default)");
+                let have = current
+                    .get(&key)
+                    .map(|(v, _)| v.as_str())
+                    .unwrap_or("(default)");
                 if have != want {
                     drift.push(format!("{key}: {have} != {want}"));
                 }
@@ -608,7 +678,12 @@ struct TopicPlan<'a> {
 }
 
 /// Partition and replica differences of an existing topic.
-fn layout_changes(spec: &TopicSpec, partitions: i32, replicas: i32, allow_repartition: bool) -> Vec<Change> {
+fn layout_changes(
+    spec: &TopicSpec,
+    partitions: i32,
+    replicas: i32,
+    allow_repartition: bool,
+) -> Vec<Change> {
     let mut changes = Vec::new();
     let topic = spec.name.clone();
     if partitions < spec.partitions && allow_repartition {
@@ -689,20 +764,31 @@ fn retains_longer(key: &str, have: &str, want: &str) -> bool {
 /// Partition and replica counts of every topic the client may describe,
 /// from one metadata request for all topics (which, unlike a request naming
 /// a topic, never auto-creates one).
-fn layout<C: ClientContext>(client: &Client<C>, servers: &str) -> Result<BTreeMap<String, (i32, i32)>, TopicsError> {
+fn layout<C: ClientContext>(
+    client: &Client<C>,
+    servers: &str,
+) -> Result<BTreeMap<String, (i32, i32)>, TopicsError> {
     let timeout = Duration::from_secs(10);
-    let metadata = client.fetch_metadata(None, timeout).map_err(|e| TopicsError::Unreachable {
-        servers: servers.to_string(),
-        seconds: timeout.as_secs(),
-        cause: e.to_string(),
-    })?;
+    let metadata = client
+        .fetch_metadata(None, timeout)
+        .map_err(|e| TopicsError::Unreachable {
+            servers: servers.to_string(),
+            seconds: timeout.as_secs(),
+            cause: e.to_string(),
+        })?;
     Ok(metadata
         .topics()
         .iter()
         .filter(|t| t.error().is_none())
         .map(|t| {
-            let replicas = t.partitions().first().map_or(0, |p| p.replicas().len() as i32);
-            (t.name().to_string(), (t.partitions().len() as i32, replicas))
+            let replicas = t
+                .partitions()
+                .first()
+                .map_or(0, |p| p.replicas().len() as i32);
+            (
+                t.name().to_string(),
+                (t.partitions().len() as i32, replicas),
+            )
         })
         .collect())
 }
@@ -767,9 +853,14 @@ pub fn require<C: ClientContext>(
 
 /// [`require`] with a metadata-only client of its own, for roles whose
 /// Kafka clients are built elsewhere (the relay).
-pub fn require_with(kafka: &KafkaSettings, required: &[Required], fix: &str) -> Result<(), TopicsError> {
+pub fn require_with(
+    kafka: &KafkaSettings,
+    required: &[Required],
+    fix: &str,
+) -> Result<(), TopicsError> {
     use rdkafka::producer::Producer;
-    let client: rdkafka::producer::BaseProducer = client_config(&kafka.client_options()).create()?;
+    let client: rdkafka::producer::BaseProducer =
+        client_config(&kafka.client_options()).create()?;
     require(client.client(), &kafka.bootstrap_servers, required, fix)
 }
 
@@ -783,21 +874,27 @@ fn admin_error(topic: &str, action: &'static str, e: impl std::fmt::Display) -> 
 
 /// Existing topics of the orderpipe family (named `<declared topic>.*`, such
 /// as a retry or DLQ topic) that no spec declares.
-fn undeclared<'a>(
-    existing: impl Iterator<Item = &'a String>,
-    specs: &[&TopicSpec],
-) -> Vec<Change> {
+fn undeclared<'a>(existing: impl Iterator<Item = &'a String>, specs: &[&TopicSpec]) -> Vec<Change> {
     existing
         .filter(|name| !specs.iter().any(|s| &s.name == *name))
-        .filter(|name| specs.iter().any(|s| name.starts_with(&format!("{}.", s.name))))
-        .map(|name| Change::Undeclared { topic: name.clone() })
+        .filter(|name| {
+            specs
+                .iter()
+                .any(|s| name.starts_with(&format!("{}.", s.name)))
+        })
+        .map(|name| Change::Undeclared {
+            topic: name.clone(),
+        })
         .collect()
 }
 
 /// The declared topics plus the retry topics of `groups` (each once).
 /// [`crate::startup::declared_topics`] adds the groups of the HTTP
 /// subscriptions.
-pub fn declared(topics: &TopicsSettings, groups: impl IntoIterator<Item = String>) -> Vec<TopicSpec> {
+pub fn declared(
+    topics: &TopicsSettings,
+    groups: impl IntoIterator<Item = String>,
+) -> Vec<TopicSpec> {
     let mut specs: Vec<TopicSpec> = topics.specs().into_iter().cloned().collect();
     for group in groups {
         let spec = retry_spec(topics, &group);
@@ -855,24 +952,42 @@ mod tests {
         let refused = layout_changes(&spec, 4, 1, false);
         assert_eq!(
             refused,
-            vec![Change::RepartitionRefused { topic: spec.name.clone(), from: 4, to: 12 }]
+            vec![Change::RepartitionRefused {
+                topic: spec.name.clone(),
+                from: 4,
+                to: 12
+            }]
         );
         assert!(refused[0].is_refused() && !refused[0].is_mutation());
         let grown = layout_changes(&spec, 4, 1, true);
-        assert_eq!(grown[0], Change::GrewPartitions { topic: spec.name.clone(), from: 4, to: 12 });
-        assert!(matches!(&grown[1], Change::Warning { message, .. } if message == REPARTITION_WARNING));
+        assert_eq!(
+            grown[0],
+            Change::GrewPartitions {
+                topic: spec.name.clone(),
+                from: 4,
+                to: 12
+            }
+        );
+        assert!(
+            matches!(&grown[1], Change::Warning { message, .. } if message == REPARTITION_WARNING)
+        );
         let more = layout_changes(&spec, 24, 1, true);
-        assert!(matches!(&more[..], [Change::Warning { message, .. }] if message.contains("never removed")), "{more:?}");
+        assert!(
+            matches!(&more[..], [Change::Warning { message, .. }] if message.contains("never removed")),
+            "{more:?}"
+        );
         assert!(layout_changes(&spec, 12, 1, false).is_empty());
     }
 
     #[test]
     fn a_longer_retention_is_reported_and_a_shorter_one_fixed() {
         let spec = Settings::default().topics.inventory_events;
-        let current = |ms: &str| BTreeMap::from([
-            ("retention.ms".to_string(), (ms.to_string(), true)),
-            ("min.insync.replicas".to_string(), ("1".to_string(), false)),
-        ]);
+        let current = |ms: &str| {
+            BTreeMap::from([
+                ("retention.ms".to_string(), (ms.to_string(), true)),
+                ("min.insync.replicas".to_string(), ("1".to_string(), false)),
+            ])
+        };
         let shorter = config_changes(&spec, &current("86400000"));
         assert_eq!(
             shorter,
@@ -899,7 +1014,10 @@ mod tests {
     fn declared_topics_include_the_retry_topics_of_named_and_subscription_groups() {
         let mut settings = Settings::default();
         settings.http.subscriptions = toml_subscriptions("crm");
-        let specs = crate::startup::declared_topics(&settings, &["payments".to_string(), "payments".to_string()]);
+        let specs = crate::startup::declared_topics(
+            &settings,
+            &["payments".to_string(), "payments".to_string()],
+        );
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
             names,
@@ -912,18 +1030,25 @@ mod tests {
             ]
         );
         assert_eq!(specs[3].partitions, settings.topics.order_events.partitions);
-        assert_eq!(specs[3].retention_ms, settings.topics.order_events.retention_ms);
+        assert_eq!(
+            specs[3].retention_ms,
+            settings.topics.order_events.retention_ms
+        );
     }
 
     fn toml_subscriptions(name: &str) -> Vec<crate::delivery::Subscription> {
-        let text = format!("[[subscriptions]]\nname = \"{name}\"\nevents = [\"order.*\"]\nurl = \"http://x/\"\n");
+        let text = format!(
+            "[[subscriptions]]\nname = \"{name}\"\nevents = [\"order.*\"]\nurl = \"http://x/\"\n"
+        );
         let settings: crate::delivery::HttpSettings = toml_from(&text);
         settings.subscriptions
     }
 
     fn toml_from<T: serde::de::DeserializeOwned>(text: &str) -> T {
         use figment::providers::Format;
-        figment::Figment::from(figment::providers::Toml::string(text)).extract().expect("valid TOML")
+        figment::Figment::from(figment::providers::Toml::string(text))
+            .extract()
+            .expect("valid TOML")
     }
 
     /// The check runs on librdkafka's mock cluster: a missing topic and a
@@ -939,19 +1064,38 @@ mod tests {
             .create()
             .unwrap();
         let servers = cluster.bootstrap_servers();
-        let need = |topic: &str, partitions: Option<i32>| Required { topic: topic.into(), partitions };
-        require(client.client(), &servers, &[need("present", Some(12)), need("narrow", None)], "fix").unwrap();
+        let need = |topic: &str, partitions: Option<i32>| Required {
+            topic: topic.into(),
+            partitions,
+        };
+        require(
+            client.client(),
+            &servers,
+            &[need("present", Some(12)), need("narrow", None)],
+            "fix",
+        )
+        .unwrap();
         let err = require(
             client.client(),
             &servers,
-            &[need("present", Some(12)), need("narrow", Some(12)), need("absent", None)],
+            &[
+                need("present", Some(12)),
+                need("narrow", Some(12)),
+                need("absent", None),
+            ],
             "orderpipe topics ensure --group g",
         )
         .unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("topic narrow has 3 partitions, declared 12"), "{text}");
+        assert!(
+            text.contains("topic narrow has 3 partitions, declared 12"),
+            "{text}"
+        );
         assert!(text.contains("topic absent is missing"), "{text}");
-        assert!(text.contains("run `orderpipe topics ensure --group g`"), "{text}");
+        assert!(
+            text.contains("run `orderpipe topics ensure --group g`"),
+            "{text}"
+        );
         assert!(!text.contains("present"), "{text}");
     }
 }

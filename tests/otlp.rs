@@ -27,10 +27,13 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn attribute(span: &Span, key: &str) -> Option<String> {
-    span.attributes.iter().find(|kv| kv.key == key).and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
-        Value::StringValue(s) => Some(s.clone()),
-        _ => None,
-    })
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            Value::StringValue(s) => Some(s.clone()),
+            _ => None,
+        })
 }
 
 /// An OTLP/HTTP collector on a free port: its endpoint, the content types
@@ -42,9 +45,14 @@ async fn collector() -> (String, Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<Span>>>)
     let app = Router::new().route(
         "/v1/traces",
         post(move |headers: HeaderMap, body: axum::body::Bytes| {
-            let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+            let content_type = headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
             seen.lock().unwrap().push(content_type);
-            let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf trace export");
+            let request =
+                ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf trace export");
             let mut collected = collected.lock().unwrap();
             for resource in request.resource_spans {
                 for scope in resource.scope_spans {
@@ -65,13 +73,29 @@ async fn record_spans_are_exported_over_otlp_http_as_children_of_the_records_tra
     let env = helpers::TestEnv::new().with_database().await;
     let group = "otlp";
     env.cli(&["topics", "ensure", "--group", group]).success();
-    env.cli(&["produce", "--count", "40", "--orders", "10", "--seed", "4", "--first-order-id", "1"]).success();
+    env.cli(&[
+        "produce",
+        "--count",
+        "40",
+        "--orders",
+        "10",
+        "--seed",
+        "4",
+        "--first-order-id",
+        "1",
+    ])
+    .success();
     // What the producer sent: event id -> traceparent header.
     let topic = env.settings.topics.order_events.name.clone();
     let sent: BTreeMap<String, String> = env
         .read(&topic, 40, Duration::from_secs(30))
         .iter()
-        .map(|m| (helpers::header(m, "event_id").unwrap(), helpers::header(m, "traceparent").unwrap()))
+        .map(|m| {
+            (
+                helpers::header(m, "event_id").unwrap(),
+                helpers::header(m, "traceparent").unwrap(),
+            )
+        })
         .collect();
     assert_eq!(sent.len(), 40);
 
@@ -79,29 +103,64 @@ async fn record_spans_are_exported_over_otlp_http_as_children_of_the_records_tra
     // The consumer: the release image's binary when make test names it
     // (OTLP_CONSUMER_BINARY=target/release/orderpipe, the file dev/image.sh
     // copies into the image), else this build's.
-    let binary = std::env::var("OTLP_CONSUMER_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_orderpipe").to_string());
+    let binary = std::env::var("OTLP_CONSUMER_BINARY")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_orderpipe").to_string());
     eprintln!("consumer binary: {binary}");
     // The record spans are at info (the helpers' RUST_LOG=warn would drop them).
     let out = env
-        .command_of(&binary, &["--otlp-endpoint", &endpoint, "consume", "--group", group, "--handler", "notification", "--until-idle", "3"])
+        .command_of(
+            &binary,
+            &[
+                "--otlp-endpoint",
+                &endpoint,
+                "consume",
+                "--group",
+                group,
+                "--handler",
+                "notification",
+                "--until-idle",
+                "3",
+            ],
+        )
         .env("RUST_LOG", "warn,orderpipe=info")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let requests = requests.lock().unwrap();
     assert!(!requests.is_empty(), "no spans were exported");
-    assert!(requests.iter().all(|ct| ct == "application/x-protobuf"), "{requests:?}");
+    assert!(
+        requests.iter().all(|ct| ct == "application/x-protobuf"),
+        "{requests:?}"
+    );
 
     // traceparent = 00-<trace id>-<parent span id>-<flags>
     let spans = spans.lock().unwrap();
     let mut children = BTreeMap::new();
     for span in spans.iter().filter(|s| s.name == "record") {
         let event_id = attribute(span, "event_id").expect("record span has an event_id");
-        let traceparent = sent.get(&event_id).unwrap_or_else(|| panic!("a span of an event never produced: {event_id}"));
+        let traceparent = sent
+            .get(&event_id)
+            .unwrap_or_else(|| panic!("a span of an event never produced: {event_id}"));
         let parts: Vec<&str> = traceparent.split('-').collect();
-        assert_eq!(hex(&span.trace_id), parts[1], "record span of {event_id} is not in its traceparent's trace");
-        assert_eq!(hex(&span.parent_span_id), parts[2], "record span of {event_id} is not a child of its traceparent");
+        assert_eq!(
+            hex(&span.trace_id),
+            parts[1],
+            "record span of {event_id} is not in its traceparent's trace"
+        );
+        assert_eq!(
+            hex(&span.parent_span_id),
+            parts[2],
+            "record span of {event_id} is not a child of its traceparent"
+        );
         children.insert(event_id, ());
     }
-    assert_eq!(children.len(), sent.len(), "every consumed record has a record span");
+    assert_eq!(
+        children.len(),
+        sent.len(),
+        "every consumed record has a record span"
+    );
 }

@@ -136,7 +136,10 @@ async fn create(
     Ok((StatusCode::CREATED, Json(order)))
 }
 
-async fn fetch(State(service): State<Arc<OrderService>>, Path(id): Path<i64>) -> Result<Json<orders::Order>, ApiError> {
+async fn fetch(
+    State(service): State<Arc<OrderService>>,
+    Path(id): Path<i64>,
+) -> Result<Json<orders::Order>, ApiError> {
     Ok(Json(service.get(id).await?))
 }
 

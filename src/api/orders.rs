@@ -5,17 +5,17 @@ use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use uuid::Uuid;
 
-use crate::producer::ProducerSettings;
-use crate::topics::TopicsSettings;
 use crate::db::{Db, DbError, Tx};
 use crate::envelope::{
-    Envelope, EventData, InventoryStockReleased, InventoryStockReserved, OrderCanceled, OrderCreated,
-    OrderPaymentSucceeded, OrderRefunded, OrderShipped, format_utc, new_trace_id,
+    Envelope, EventData, InventoryStockReleased, InventoryStockReserved, OrderCanceled,
+    OrderCreated, OrderPaymentSucceeded, OrderRefunded, OrderShipped, format_utc, new_trace_id,
 };
 use crate::outbox;
 use crate::outbox::limits::{Limits, record_size_of};
 use crate::outbox::wake::WakeNotifier;
+use crate::producer::ProducerSettings;
 use crate::schema::SchemaCatalog;
+use crate::topics::TopicsSettings;
 
 /// A request the service refuses, or cannot serve.
 #[derive(Debug, thiserror::Error)]
@@ -110,7 +110,10 @@ impl From<sqlx::Error> for ApiError {
 }
 
 fn invalid(field: &str, reason: impl Into<String>) -> ApiError {
-    ApiError::Invalid { field: field.into(), reason: reason.into() }
+    ApiError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 /// `POST /orders` body.
@@ -217,7 +220,10 @@ fn text(value: &str, field: &str) -> Result<(), ApiError> {
 
 fn cents(amount: i64, field: &str) -> Result<(), ApiError> {
     if amount < 0 {
-        return Err(invalid(field, format!("{amount} is negative; amounts are integer cents >= 0")));
+        return Err(invalid(
+            field,
+            format!("{amount} is negative; amounts are integer cents >= 0"),
+        ));
     }
     Ok(())
 }
@@ -230,13 +236,19 @@ impl Action {
                 let b: PayBody = parse_body(body)?;
                 text(&b.payment_id, "payment_id")?;
                 cents(b.amount, "amount")?;
-                Self::Pay { payment_id: b.payment_id, amount: b.amount }
+                Self::Pay {
+                    payment_id: b.payment_id,
+                    amount: b.amount,
+                }
             }
             "ship" => {
                 let b: ShipBody = parse_body(body)?;
                 text(&b.shipment_id, "shipment_id")?;
                 text(&b.carrier, "carrier")?;
-                Self::Ship { shipment_id: b.shipment_id, carrier: b.carrier }
+                Self::Ship {
+                    shipment_id: b.shipment_id,
+                    carrier: b.carrier,
+                }
             }
             "cancel" => {
                 let b: CancelBody = parse_body(body)?;
@@ -247,9 +259,17 @@ impl Action {
                 let b: RefundBody = parse_body(body)?;
                 text(&b.refund_id, "refund_id")?;
                 cents(b.amount, "amount")?;
-                Self::Refund { refund_id: b.refund_id, amount: b.amount }
+                Self::Refund {
+                    refund_id: b.refund_id,
+                    amount: b.amount,
+                }
             }
-            other => return Err(invalid("action", format!("`{other}` is not one of pay, ship, cancel, refund"))),
+            other => {
+                return Err(invalid(
+                    "action",
+                    format!("`{other}` is not one of pay, ship, cancel, refund"),
+                ));
+            }
         };
         Ok(action)
     }
@@ -329,7 +349,10 @@ impl OrderService {
 
     /// The same service, telling `stamps` each transaction's event ids
     /// right after its commit (the benchmarks' latency stamps).
-    pub fn with_commit_stamps(mut self, stamps: std::sync::Arc<dyn crate::clock::CommitStamps>) -> Self {
+    pub fn with_commit_stamps(
+        mut self,
+        stamps: std::sync::Arc<dyn crate::clock::CommitStamps>,
+    ) -> Self {
         self.stamps = Some(stamps);
         self
     }
@@ -366,13 +389,21 @@ impl OrderService {
         cents(new.amount, "amount")?;
         let currency = new.currency.clone().unwrap_or_else(|| "CNY".into());
         if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_uppercase()) {
-            return Err(invalid("currency", format!("`{currency}` is not an ISO 4217 code like CNY")));
+            return Err(invalid(
+                "currency",
+                format!("`{currency}` is not an ISO 4217 code like CNY"),
+            ));
         }
         let trace_id = trace_id.unwrap_or_else(new_trace_id);
         with_conflict_retry(|| self.create_once(&new, &currency, &trace_id)).await
     }
 
-    async fn create_once(&self, new: &NewOrder, currency: &str, trace_id: &str) -> Result<Order, ApiError> {
+    async fn create_once(
+        &self,
+        new: &NewOrder,
+        currency: &str,
+        trace_id: &str,
+    ) -> Result<Order, ApiError> {
         let new = new.clone();
         let currency = currency.to_string();
         let now = format_utc(&chrono::Utc::now());
@@ -415,7 +446,14 @@ impl OrderService {
             reserved_at: now,
         });
         let event_ids = self
-            .record(&mut tx, trace_id, vec![(&self.order_topic, created), (&self.inventory_topic, reserved)])
+            .record(
+                &mut tx,
+                trace_id,
+                vec![
+                    (&self.order_topic, created),
+                    (&self.inventory_topic, reserved),
+                ],
+            )
             .await?;
         self.commit(tx, &event_ids).await?;
         Ok(order)
@@ -434,7 +472,12 @@ impl OrderService {
     }
 
     /// Applies `action` to order `id` under the state machine and records its event(s).
-    pub async fn act(&self, id: i64, action: Action, trace_id: Option<String>) -> Result<Order, ApiError> {
+    pub async fn act(
+        &self,
+        id: i64,
+        action: Action,
+        trace_id: Option<String>,
+    ) -> Result<Order, ApiError> {
         let trace_id = trace_id.unwrap_or_else(new_trace_id);
         with_conflict_retry(|| self.act_once(id, action.clone(), &trace_id)).await
     }
@@ -442,7 +485,11 @@ impl OrderService {
     async fn act_once(&self, id: i64, action: Action, trace_id: &str) -> Result<Order, ApiError> {
         let mut tx = self.db.begin().await?;
         let sql = tx.sql().locking("SELECT order_id, user_id, sku, quantity, amount, currency, status FROM orders WHERE order_id = ?");
-        let row = sqlx::query(sql).bind(id).fetch_optional(&mut *tx).await?.ok_or(ApiError::NotFound(id))?;
+        let row = sqlx::query(sql)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(ApiError::NotFound(id))?;
         let mut order = order_of(&row)?;
         let (from, to) = action.transition();
         if !from.contains(&order.status.as_str()) {
@@ -457,15 +504,44 @@ impl OrderService {
         let events = match action {
             Action::Pay { payment_id, amount } => {
                 if amount != order.amount {
-                    return Err(invalid("amount", format!("{amount} is not the order total {}", order.amount)));
+                    return Err(invalid(
+                        "amount",
+                        format!("{amount} is not the order total {}", order.amount),
+                    ));
                 }
-                vec![(&self.order_topic, EventData::PaymentSucceeded(OrderPaymentSucceeded { order_id: id, payment_id, amount, paid_at: now.clone() }))]
+                vec![(
+                    &self.order_topic,
+                    EventData::PaymentSucceeded(OrderPaymentSucceeded {
+                        order_id: id,
+                        payment_id,
+                        amount,
+                        paid_at: now.clone(),
+                    }),
+                )]
             }
-            Action::Ship { shipment_id, carrier } => {
-                vec![(&self.order_topic, EventData::Shipped(OrderShipped { order_id: id, shipment_id, carrier, shipped_at: now.clone() }))]
+            Action::Ship {
+                shipment_id,
+                carrier,
+            } => {
+                vec![(
+                    &self.order_topic,
+                    EventData::Shipped(OrderShipped {
+                        order_id: id,
+                        shipment_id,
+                        carrier,
+                        shipped_at: now.clone(),
+                    }),
+                )]
             }
             Action::Cancel { reason } => vec![
-                (&self.order_topic, EventData::Canceled(OrderCanceled { order_id: id, reason, canceled_at: now.clone() })),
+                (
+                    &self.order_topic,
+                    EventData::Canceled(OrderCanceled {
+                        order_id: id,
+                        reason,
+                        canceled_at: now.clone(),
+                    }),
+                ),
                 (
                     &self.inventory_topic,
                     EventData::StockReleased(InventoryStockReleased {
@@ -478,9 +554,20 @@ impl OrderService {
             ],
             Action::Refund { refund_id, amount } => {
                 if amount > order.amount {
-                    return Err(invalid("amount", format!("{amount} is more than the order total {}", order.amount)));
+                    return Err(invalid(
+                        "amount",
+                        format!("{amount} is more than the order total {}", order.amount),
+                    ));
                 }
-                vec![(&self.order_topic, EventData::Refunded(OrderRefunded { order_id: id, refund_id, amount, refunded_at: now.clone() }))]
+                vec![(
+                    &self.order_topic,
+                    EventData::Refunded(OrderRefunded {
+                        order_id: id,
+                        refund_id,
+                        amount,
+                        refunded_at: now.clone(),
+                    }),
+                )]
             }
         };
         sqlx::query("UPDATE orders SET status = ?, updated_at = ? WHERE order_id = ?")
@@ -497,7 +584,12 @@ impl OrderService {
 
     /// Writes the events of one business transaction into the outbox;
     /// returns their ids.
-    async fn record(&self, tx: &mut Tx, trace_id: &str, events: Vec<(&String, EventData)>) -> Result<Vec<Uuid>, ApiError> {
+    async fn record(
+        &self,
+        tx: &mut Tx,
+        trace_id: &str,
+        events: Vec<(&String, EventData)>,
+    ) -> Result<Vec<Uuid>, ApiError> {
         let tx_id = Uuid::new_v4();
         let mut ids = Vec::with_capacity(events.len());
         for (topic, data) in events {

@@ -166,13 +166,20 @@ impl CdcSettings {
             }
         }
         for table in self.truncate_columns.keys() {
-            if table.split_once('.').is_none_or(|(db, t)| db.is_empty() || t.is_empty()) {
+            if table
+                .split_once('.')
+                .is_none_or(|(db, t)| db.is_empty() || t.is_empty())
+            {
                 return Err(format!(
                     "cdc.truncate_columns.{table:?}: expected <database>.<table> = [columns], e.g. \"shop.docs\" = [\"body\"]"
                 ));
             }
         }
-        if self.dead_letter_topic.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        if self
+            .dead_letter_topic
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
             return Err("cdc.dead_letter_topic is empty: name a topic, or leave it unset for <topic_prefix>.dlq".into());
         }
         if self.batch_max_rows == 0 {
@@ -374,11 +381,23 @@ struct Outgoing {
 
 impl Outgoing {
     /// The change record of `event` on `topic`; `truncated` marks its cut columns.
-    fn change(topic: &str, event: &ChangeEvent, value: Vec<u8>, truncated: Option<&oversize::Truncated>) -> Self {
+    fn change(
+        topic: &str,
+        event: &ChangeEvent,
+        value: Vec<u8>,
+        truncated: Option<&oversize::Truncated>,
+    ) -> Self {
         let headers = change_headers(event, truncated);
         let key = event.key.clone().into_bytes();
         let size = Self::size_of(&key, &value, &headers);
-        Self { topic: topic.to_string(), key, value, headers, change: Some(event.change.as_str()), size }
+        Self {
+            topic: topic.to_string(),
+            key,
+            value,
+            headers,
+            change: Some(event.change.as_str()),
+            size,
+        }
     }
 
     fn size_of(key: &[u8], value: &[u8], headers: &[(&'static str, Vec<u8>)]) -> usize {
@@ -388,9 +407,16 @@ impl Outgoing {
 }
 
 /// The headers of a change record; `truncated` marks its cut columns.
-fn change_headers(event: &ChangeEvent, truncated: Option<&oversize::Truncated>) -> Vec<(&'static str, Vec<u8>)> {
+fn change_headers(
+    event: &ChangeEvent,
+    truncated: Option<&oversize::Truncated>,
+) -> Vec<(&'static str, Vec<u8>)> {
     let mut id = uuid::Uuid::encode_buffer();
-    let event_id = event.event_id.hyphenated().encode_lower(&mut id).to_string();
+    let event_id = event
+        .event_id
+        .hyphenated()
+        .encode_lower(&mut id)
+        .to_string();
     let traceparent = format!(
         "00-{}-{}-01",
         event.trace_id,
@@ -401,7 +427,10 @@ fn change_headers(event: &ChangeEvent, truncated: Option<&oversize::Truncated>) 
         (header::EVENT_NAME, event.event_name.clone().into_bytes()),
         (header::TRACE_ID, event.trace_id.clone().into_bytes()),
         (header::TRACEPARENT, traceparent.into_bytes()),
-        (header::CONTENT_TYPE, header::AVRO_CONFLUENT.as_bytes().to_vec()),
+        (
+            header::CONTENT_TYPE,
+            header::AVRO_CONFLUENT.as_bytes().to_vec(),
+        ),
     ];
     if let Some(truncated) = truncated.filter(|t| !t.is_empty()) {
         headers.push((
@@ -436,7 +465,10 @@ impl Publisher {
     async fn new(sections: &CdcSections<'_>) -> Result<Self, CdcError> {
         let options = crate::producer::transactional::options(sections.kafka, sections.producer)
             .map_err(|e| CdcError::Setup(e.to_string()))?;
-        let id = transactional_id(&sections.producer.transactional_id_prefix, &sections.cdc.name);
+        let id = transactional_id(
+            &sections.producer.transactional_id_prefix,
+            &sections.cdc.name,
+        );
         let producer = crate::producer::transactional::fenced(&options, &id).await?;
         Ok(Self {
             producer,
@@ -504,22 +536,33 @@ impl Publisher {
         let (schema, value) = match self.cdc.value_format {
             table_schema::ValueFormat::Json => (topic_schema(topic), event.to_avro()),
             table_schema::ValueFormat::Avro => {
-                let schema =
-                    table_schema::table_schema(topic, &change.database, &change.table, &change.columns)
-                        .map_err(CdcError::Setup)?;
+                let schema = table_schema::table_schema(
+                    topic,
+                    &change.database,
+                    &change.table,
+                    &change.columns,
+                )
+                .map_err(CdcError::Setup)?;
                 let value = table_schema::typed_value(
                     event.to_avro(),
                     &event.data,
                     event.old.as_ref(),
                     &change.columns,
                 )
-                .map_err(|e| CdcError::Setup(format!("{}.{}: {e}", change.database, change.table)))?;
+                .map_err(|e| {
+                    CdcError::Setup(format!("{}.{}: {e}", change.database, change.table))
+                })?;
                 (schema, value)
             }
         };
-        if self.codecs.get(topic).is_none_or(|(raw, _)| *raw != schema.raw) {
+        if self
+            .codecs
+            .get(topic)
+            .is_none_or(|(raw, _)| *raw != schema.raw)
+        {
             let codec = Codec::new(&self.registry, topic, &schema, self.registry.auto_register)?;
-            self.codecs.insert(topic.to_string(), (schema.raw.clone(), codec));
+            self.codecs
+                .insert(topic.to_string(), (schema.raw.clone(), codec));
         }
         Ok(self.codecs[topic].1.encode_value(value).await?)
     }
@@ -554,14 +597,21 @@ impl Publisher {
         }
         for (topic, largest) in by_topic {
             let read = topic_max_message_bytes(&self.kafka, topic).await;
-            let mut limit = RecordLimit::new(&self.options, read.map(|max| (topic.to_string(), max)));
+            let mut limit =
+                RecordLimit::new(&self.options, read.map(|max| (topic.to_string(), max)));
             if limit.fits(largest) {
                 limit = RecordLimit {
                     max_bytes: largest - 1,
-                    from: format!("the broker refused a record of {largest} bytes on {topic} ({} admits it)", limit.from),
+                    from: format!(
+                        "the broker refused a record of {largest} bytes on {topic} ({} admits it)",
+                        limit.from
+                    ),
                 };
             } else {
-                limit.from = format!("{}, read again after the broker refused a record of {largest} bytes", limit.from);
+                limit.from = format!(
+                    "{}, read again after the broker refused a record of {largest} bytes",
+                    limit.from
+                );
             }
             tracing::warn!(%topic, largest, limit = limit.max_bytes, limit_from = %limit.from, "cdc: the broker refused records for their size; building the batch again with this limit");
             self.limits.insert(topic.to_string(), limit);
@@ -587,11 +637,29 @@ impl Publisher {
                 let why = match e {
                     // The registry is away, not the row at fault: a restart retries it.
                     CdcError::Codec(e @ CodecError::RegistryUnavailable(_)) => {
-                        return Err(CdcError::Row(format!("{}: {e}", oversize::RowPlace::of(&event))));
+                        return Err(CdcError::Row(format!(
+                            "{}: {e}",
+                            oversize::RowPlace::of(&event)
+                        )));
                     }
-                    CdcError::Codec(e) => oversize::Unpublishable { class: e.class(), error: e.to_string(), size: None, limit: None },
-                    CdcError::Setup(e) => oversize::Unpublishable { class: oversize::UNENCODABLE, error: e, size: None, limit: None },
-                    e => return Err(CdcError::Row(format!("{}: {e}", oversize::RowPlace::of(&event)))),
+                    CdcError::Codec(e) => oversize::Unpublishable {
+                        class: e.class(),
+                        error: e.to_string(),
+                        size: None,
+                        limit: None,
+                    },
+                    CdcError::Setup(e) => oversize::Unpublishable {
+                        class: oversize::UNENCODABLE,
+                        error: e,
+                        size: None,
+                        limit: None,
+                    },
+                    e => {
+                        return Err(CdcError::Row(format!(
+                            "{}: {e}",
+                            oversize::RowPlace::of(&event)
+                        )));
+                    }
                 };
                 return Ok(self.dead_letter(&topic, &event, why).await);
             }
@@ -601,7 +669,8 @@ impl Publisher {
         if limit.fits(record.size) {
             return Ok(record);
         }
-        self.oversized(topic, change, event, record.size, limit).await
+        self.oversized(topic, change, event, record.size, limit)
+            .await
     }
 
     /// What `cdc.oversize` says for a change whose record (`size`) is over `limit`.
@@ -616,12 +685,24 @@ impl Publisher {
         let place = oversize::RowPlace::of(&event);
         let table = format!("{}.{}", change.database, change.table);
         let action = self.cdc.oversize;
-        oversize::OversizeRow { place: &place, table: table.clone(), size, limit: &limit, action }.emit();
+        oversize::OversizeRow {
+            place: &place,
+            table: table.clone(),
+            size,
+            limit: &limit,
+            action,
+        }
+        .emit();
         let over = format!(
             "record of {size} bytes is over the limit of {} bytes ({})",
             limit.max_bytes, limit.from
         );
-        let mut why = oversize::Unpublishable { class: oversize::OVERSIZED, error: over, size: Some(size), limit: Some(limit.clone()) };
+        let mut why = oversize::Unpublishable {
+            class: oversize::OVERSIZED,
+            error: over,
+            size: Some(size),
+            limit: Some(limit.clone()),
+        };
         match action {
             oversize::OversizeAction::Fail => {
                 return Err(CdcError::Row(format!(
@@ -631,7 +712,10 @@ impl Publisher {
             }
             oversize::OversizeAction::DeadLetter => {}
             oversize::OversizeAction::Truncate => {
-                let columns = oversize::cuttable_columns(&change.columns, self.cdc.truncate_columns.get(&table));
+                let columns = oversize::cuttable_columns(
+                    &change.columns,
+                    self.cdc.truncate_columns.get(&table),
+                );
                 let mut cut = event.clone();
                 let mut truncated = oversize::Truncated::new();
                 let mut over = size - limit.max_bytes + oversize::SLACK;
@@ -653,14 +737,26 @@ impl Publisher {
     }
 
     /// The dead-letter record of `event` (headed for `topic`) on cdc's DLQ topic.
-    async fn dead_letter(&mut self, topic: &str, event: &ChangeEvent, why: oversize::Unpublishable) -> Outgoing {
+    async fn dead_letter(
+        &mut self,
+        topic: &str,
+        event: &ChangeEvent,
+        why: oversize::Unpublishable,
+    ) -> Outgoing {
         let dead_letter_topic = self.cdc.dead_letter_topic();
         let limit = self.limit(&dead_letter_topic).await;
         let group = format!("cdc:{}", self.cdc.name);
-        let record = oversize::dead_letter(&group, topic, event, &why, &limit, crate::clock::now_ms());
+        let record =
+            oversize::dead_letter(&group, topic, event, &why, &limit, crate::clock::now_ms());
         let place = oversize::RowPlace::of(event);
         let table = format!("{}.{}", event.database, event.table);
-        oversize::RowDeadLettered { place: &place, table, why: &why, topic: &dead_letter_topic }.emit();
+        oversize::RowDeadLettered {
+            place: &place,
+            table,
+            why: &why,
+            topic: &dead_letter_topic,
+        }
+        .emit();
         Outgoing {
             size: record.size(),
             topic: dead_letter_topic,
@@ -713,7 +809,9 @@ impl Publisher {
             // sequence numbers that the abort does not close (the next
             // transaction fails with OUT_OF_ORDER_SEQUENCE_NUMBER): a new
             // producer of the same transactional.id starts a new epoch.
-            self.producer = crate::producer::transactional::fenced(&self.options, &self.transactional_id).await?;
+            self.producer =
+                crate::producer::transactional::fenced(&self.options, &self.transactional_id)
+                    .await?;
         };
         for record in &records {
             if let Some(change) = record.change {
@@ -737,12 +835,20 @@ impl Publisher {
         records: &[Outgoing],
         checkpoint: &Checkpoint,
     ) -> Result<(), TxFailure> {
-        let failed = |error: CdcError| TxFailure { error, refused: Vec::new() };
+        let failed = |error: CdcError| TxFailure {
+            error,
+            refused: Vec::new(),
+        };
         let mut deliveries = Vec::with_capacity(records.len());
         for (index, record) in records.iter().enumerate() {
             let headers = record.headers.iter().fold(
                 OwnedHeaders::new_with_capacity(record.headers.len()),
-                |h, (key, value)| h.insert(Header { key, value: Some(value.as_slice()) }),
+                |h, (key, value)| {
+                    h.insert(Header {
+                        key,
+                        value: Some(value.as_slice()),
+                    })
+                },
             );
             let sent = self
                 .send(
@@ -754,7 +860,12 @@ impl Publisher {
                 .await;
             match sent {
                 Ok(delivery) => deliveries.push((index, delivery)),
-                Err(e) if is_size_refusal(&e) => return Err(TxFailure { error: e.into(), refused: vec![index] }),
+                Err(e) if is_size_refusal(&e) => {
+                    return Err(TxFailure {
+                        error: e.into(),
+                        refused: vec![index],
+                    });
+                }
                 Err(e) => return Err(failed(e.into())),
             }
         }
@@ -776,13 +887,17 @@ impl Publisher {
             // The flush before the commit delivered every report: which records were too big?
             let mut refused = Vec::new();
             for (index, delivery) in deliveries {
-                if let Ok(Ok(Err((e, _)))) = tokio::time::timeout(Duration::from_secs(5), delivery).await
+                if let Ok(Ok(Err((e, _)))) =
+                    tokio::time::timeout(Duration::from_secs(5), delivery).await
                     && is_size_refusal(&e)
                 {
                     refused.push(index);
                 }
             }
-            return Err(TxFailure { error: e.into(), refused });
+            return Err(TxFailure {
+                error: e.into(),
+                refused,
+            });
         }
         Ok(())
     }
@@ -886,7 +1001,10 @@ pub async fn run(
             Err(CdcError::Unreachable(why)) => {
                 let delay = backoff.delay();
                 tracing::warn!(error = %why, retry_in_ms = delay.as_millis() as u64, "cdc: the source does not answer; retrying");
-                ready(READY_BINLOG, Some(format!("{why}; retrying in {} ms", delay.as_millis())));
+                ready(
+                    READY_BINLOG,
+                    Some(format!("{why}; retrying in {} ms", delay.as_millis())),
+                );
                 tokio::select! {
                     _ = &mut shutdown => return Ok(summary),
                     _ = backoff.wait() => {}
@@ -946,7 +1064,9 @@ pub async fn run(
                 "cdc {}: resuming by GTID {state} on server {} (checkpoint {committed}, server {})",
                 cdc.name,
                 reader.source_server(),
-                committed.server_id.map_or("unknown".to_string(), |s| s.to_string())
+                committed
+                    .server_id
+                    .map_or("unknown".to_string(), |s| s.to_string())
             );
         }
         let mut batch: Vec<BinlogTransaction> = Vec::new();
@@ -987,7 +1107,13 @@ pub async fn run(
                 Some(Err(e)) => {
                     // What was read is not published: the next stream starts at the checkpoint.
                     tracing::warn!(error = %e, from = %committed, "cdc: binlog stream failed; reconnecting");
-                    ready(READY_BINLOG, Some(format!("{e}; reconnecting in {} ms", backoff.delay().as_millis())));
+                    ready(
+                        READY_BINLOG,
+                        Some(format!(
+                            "{e}; reconnecting in {} ms",
+                            backoff.delay().as_millis()
+                        )),
+                    );
                     tokio::select! {
                         _ = &mut shutdown => break 'connect,
                         _ = backoff.wait() => {}
@@ -1098,13 +1224,23 @@ mod tests {
         let settings = load(serde_json::json!({"cdc": {"oversize": "truncate", "truncate_columns": {"shop.docs": ["body"]}}})).unwrap();
         assert_eq!(settings.cdc.oversize, oversize::OversizeAction::Truncate);
         assert_eq!(settings.cdc.truncate_columns["shop.docs"], ["body"]);
-        let e = load(serde_json::json!({"cdc": {"oversize": "drop"}})).unwrap_err().to_string();
+        let e = load(serde_json::json!({"cdc": {"oversize": "drop"}}))
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.contains("oversize") && e.contains("dead_letter") && e.contains("truncate") && e.contains("fail"),
+            e.contains("oversize")
+                && e.contains("dead_letter")
+                && e.contains("truncate")
+                && e.contains("fail"),
             "{e}"
         );
-        let e = load(serde_json::json!({"cdc": {"truncate_columns": {"docs": ["body"]}}})).unwrap_err().to_string();
-        assert!(e.contains("cdc.truncate_columns.\"docs\"") && e.contains("<database>.<table>"), "{e}");
+        let e = load(serde_json::json!({"cdc": {"truncate_columns": {"docs": ["body"]}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cdc.truncate_columns.\"docs\"") && e.contains("<database>.<table>"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1121,7 +1257,10 @@ mod tests {
             ),
             (1, "compact")
         );
-        assert_eq!((specs[2].name.as_str(), specs[2].partitions), ("cdc.dlq", 1));
+        assert_eq!(
+            (specs[2].name.as_str(), specs[2].partitions),
+            ("cdc.dlq", 1)
+        );
         assert_eq!(
             transactional_id("orderpipe-relay", "shop"),
             "orderpipe-relay-cdc-shop"

@@ -125,7 +125,12 @@ fn is_text_or_blob(kind: &Kind) -> bool {
 pub fn cuttable_columns(columns: &TableColumns, configured: Option<&Vec<String>>) -> Vec<String> {
     match configured {
         Some(names) if !names.is_empty() => names.clone(),
-        _ => columns.columns.iter().filter(|c| is_text_or_blob(&c.kind)).map(|c| c.name.clone()).collect(),
+        _ => columns
+            .columns
+            .iter()
+            .filter(|c| is_text_or_blob(&c.kind))
+            .map(|c| c.name.clone())
+            .collect(),
     }
 }
 
@@ -364,8 +369,8 @@ impl InternalEvent for RowDeadLettered<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cdc::column::{Charset, Column};
     use crate::cdc::change::{ChangeKind, change_id, trace_id_of};
+    use crate::cdc::column::{Charset, Column};
 
     fn event(data: serde_json::Value, old: Option<serde_json::Value>) -> ChangeEvent {
         let event_id = change_id("s", "0-1-5", 1);
@@ -488,11 +493,26 @@ mod tests {
 
     #[test]
     fn only_text_and_blob_columns_are_cut_unless_named() {
-        let column = |name: &str, kind: Kind| Column { name: name.into(), kind, generated: None };
+        let column = |name: &str, kind: Kind| Column {
+            name: name.into(),
+            kind,
+            generated: None,
+        };
         let columns = TableColumns {
             columns: vec![
-                column("id", Kind::Int { bits: 32, unsigned: false }),
-                column("title", Kind::Text { charset: Charset::Utf8 }),
+                column(
+                    "id",
+                    Kind::Int {
+                        bits: 32,
+                        unsigned: false,
+                    },
+                ),
+                column(
+                    "title",
+                    Kind::Text {
+                        charset: Charset::Utf8,
+                    },
+                ),
                 column("body", Kind::Bytes { pad_to: None }),
             ],
         };

@@ -34,11 +34,12 @@ pub async fn run(settings: &Settings, args: ConsoleArgs) -> anyhow::Result<ExitC
         settings.console.listen = listen.to_string();
     }
     settings.console.read_only |= args.read_only;
-    let addr: SocketAddr = settings
-        .console
-        .listen
-        .parse()
-        .map_err(|_| anyhow::anyhow!("console.listen: `{}` is not HOST:PORT", settings.console.listen))?;
+    let addr: SocketAddr = settings.console.listen.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "console.listen: `{}` is not HOST:PORT",
+            settings.console.listen
+        )
+    })?;
     let db = Db::connect(&settings.database, settings.database.pool_size())?;
     if args.migrate {
         db.migrate().await?;

@@ -22,7 +22,11 @@ pub struct ConsumeArgs {
     group: String,
     /// Handler(s) to apply, in order (repeatable or comma-separated):
     /// inventory, payment, logistics, notification, points.
-    #[arg(long = "handler", required_unless_present = "reset_to", value_delimiter = ',')]
+    #[arg(
+        long = "handler",
+        required_unless_present = "reset_to",
+        value_delimiter = ','
+    )]
     handlers: Vec<String>,
     /// Benchmark baseline only: no retry topic or DLQ; failures wait in place.
     #[arg(long, hide = true)]
@@ -83,9 +87,17 @@ impl GroupArgs {
     /// `--reset-to`: rewinds `group` on the topic it reads, forgets the dedup
     /// rows of what it will read again (with `--dedup forget`) and prints
     /// each partition's old and new offset.
-    async fn rewind(self, settings: &Settings, group: &str, to: chrono::DateTime<chrono::Utc>) -> anyhow::Result<ExitCode> {
-        let topic = self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
-        let rewound = crate::rewind::rewind(&settings.kafka, group, std::slice::from_ref(&topic), to).await?;
+    async fn rewind(
+        self,
+        settings: &Settings,
+        group: &str,
+        to: chrono::DateTime<chrono::Utc>,
+    ) -> anyhow::Result<ExitCode> {
+        let topic = self
+            .topic
+            .unwrap_or_else(|| settings.topics.order_events.name.clone());
+        let rewound =
+            crate::rewind::rewind(&settings.kafka, group, std::slice::from_ref(&topic), to).await?;
         let forgotten = if self.dedup != Some(DedupOnRewind::Forget) {
             None
         } else {
@@ -112,7 +124,9 @@ impl GroupArgs {
         // Before start-up: a SIGTERM in it stops the group cleanly rather than killing it.
         super::signals::install()?;
         crate::consumer::naming::warn_unless_house_pattern(&group);
-        let topic = self.topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
+        let topic = self
+            .topic
+            .unwrap_or_else(|| settings.topics.order_events.name.clone());
         let needed = consumer::connections_needed(&settings.topics, &topic, error_tier);
         // Unset, the pool is what the workers need; a value set below that is raised, and said so.
         let pool = match settings.database.max_connections {
@@ -151,7 +165,13 @@ impl GroupArgs {
             crash_before_forward_ack: crash_before_forward_ack(settings)?,
             commit_stamps: commit_stamps(settings)?,
         };
-        let summary = consumer::run(crate::startup::consumer_sections(settings), db, options, shutdown_signal()).await;
+        let summary = consumer::run(
+            crate::startup::consumer_sections(settings),
+            db,
+            options,
+            shutdown_signal(),
+        )
+        .await;
         gauges.abort();
         consume(&summary?, self.output.output);
         Ok(ExitCode::SUCCESS)
@@ -168,7 +188,8 @@ fn handler_by_name(name: &str, settings: &Settings) -> Result<Arc<dyn Handler>, 
 /// The test hook `chaos.crash_before_forward_ack` (a `harness` build only).
 #[cfg(feature = "harness")]
 fn crash_before_forward_ack(settings: &Settings) -> anyhow::Result<bool> {
-    let chaos = crate::harness::chaos::ChaosSettings::from_settings(settings).map_err(anyhow::Error::msg)?;
+    let chaos = crate::harness::chaos::ChaosSettings::from_settings(settings)
+        .map_err(anyhow::Error::msg)?;
     Ok(chaos.crash_before_forward_ack)
 }
 
@@ -181,9 +202,14 @@ fn crash_before_forward_ack(_settings: &Settings) -> anyhow::Result<bool> {
 /// The benchmark hook `chaos.commit_stamps` (a `harness` build only): the
 /// file the applied events' after-commit stamps are appended to.
 #[cfg(feature = "harness")]
-fn commit_stamps(settings: &Settings) -> anyhow::Result<Option<Arc<dyn crate::clock::CommitStamps>>> {
-    let chaos = crate::harness::chaos::ChaosSettings::from_settings(settings).map_err(anyhow::Error::msg)?;
-    let Some(path) = chaos.commit_stamps else { return Ok(None) };
+fn commit_stamps(
+    settings: &Settings,
+) -> anyhow::Result<Option<Arc<dyn crate::clock::CommitStamps>>> {
+    let chaos = crate::harness::chaos::ChaosSettings::from_settings(settings)
+        .map_err(anyhow::Error::msg)?;
+    let Some(path) = chaos.commit_stamps else {
+        return Ok(None);
+    };
     let file = crate::harness::latency::StampFile::append(&path)
         .map_err(|e| anyhow::anyhow!("chaos.commit_stamps {}: {e}", path.display()))?;
     Ok(Some(Arc::new(file)))
@@ -191,7 +217,9 @@ fn commit_stamps(settings: &Settings) -> anyhow::Result<Option<Arc<dyn crate::cl
 
 /// Without the harness there are no commit stamps.
 #[cfg(not(feature = "harness"))]
-fn commit_stamps(_settings: &Settings) -> anyhow::Result<Option<Arc<dyn crate::clock::CommitStamps>>> {
+fn commit_stamps(
+    _settings: &Settings,
+) -> anyhow::Result<Option<Arc<dyn crate::clock::CommitStamps>>> {
     Ok(None)
 }
 
@@ -210,7 +238,9 @@ pub async fn run(settings: &Settings, args: ConsumeArgs) -> anyhow::Result<ExitC
         .map(|name| handler_by_name(name.trim(), settings))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| anyhow::anyhow!("--handler: {e}"))?;
-    args.run.run(settings, args.group, handlers, !args.without_error_tier).await
+    args.run
+        .run(settings, args.group, handlers, !args.without_error_tier)
+        .await
 }
 
 /// Flags of `orderpipe deliver`.
@@ -236,33 +266,53 @@ pub struct DeliverArgs {
 }
 
 /// Runs `orderpipe deliver`: a consumer group delivering one subscription.
-pub async fn deliver(settings: &Settings, config: Option<std::path::PathBuf>, args: DeliverArgs) -> anyhow::Result<ExitCode> {
+pub async fn deliver(
+    settings: &Settings,
+    config: Option<std::path::PathBuf>,
+    args: DeliverArgs,
+) -> anyhow::Result<ExitCode> {
     if let Some(to) = args.run.reset_to {
         let group = match (args.group, &args.subscription) {
             (Some(group), _) => group,
             (None, Some(name)) => crate::delivery::default_group(name),
-            (None, None) => anyhow::bail!("--reset-to: name the group to rewind with --group G (or --subscription NAME for its group http.NAME)"),
+            (None, None) => anyhow::bail!(
+                "--reset-to: name the group to rewind with --group G (or --subscription NAME for its group http.NAME)"
+            ),
         };
         return args.run.rewind(settings, &group, to).await;
     }
     // Before start-up: a SIGTERM in it stops the process cleanly rather than killing it.
     super::signals::install()?;
     let Some(name) = args.subscription else {
-        return route(settings, args.group, args.reconcile_interval, args.admin_addr, args.run).await;
+        return route(
+            settings,
+            args.group,
+            args.reconcile_interval,
+            args.admin_addr,
+            args.run,
+        )
+        .await;
     };
     let subscription = crate::delivery::find(&settings.http, &name).map_err(anyhow::Error::msg)?;
-    let group = args.group.unwrap_or_else(|| crate::delivery::default_group(&name));
+    let group = args
+        .group
+        .unwrap_or_else(|| crate::delivery::default_group(&name));
     let mut settings = settings.clone();
     // The subscription's retry table goes on top of its group's layers.
     settings.retry.top = Some(subscription.retry_top().map_err(anyhow::Error::msg)?);
     settings.retry.policy_for(&group)?;
     let (handler, shared) = crate::delivery::HttpDelivery::new(subscription);
-    let path = config.unwrap_or_else(|| std::path::PathBuf::from(crate::config::DEFAULT_CONFIG_FILE));
+    let path =
+        config.unwrap_or_else(|| std::path::PathBuf::from(crate::config::DEFAULT_CONFIG_FILE));
     let reload_path = path.clone();
     crate::delivery::watch(path, shared, move || {
-        Settings::load(Some(&reload_path)).map_err(|e| e.to_string()).and_then(|s| crate::delivery::find(&s.http, &name))
+        Settings::load(Some(&reload_path))
+            .map_err(|e| e.to_string())
+            .and_then(|s| crate::delivery::find(&s.http, &name))
     });
-    args.run.run(&settings, group, vec![Arc::new(handler)], true).await
+    args.run
+        .run(&settings, group, vec![Arc::new(handler)], true)
+        .await
 }
 
 /// `orderpipe deliver` without `--subscription`: the router, until SIGINT or SIGTERM.
@@ -303,11 +353,21 @@ async fn route(
         None => None,
         Some(addr) => {
             use crate::subscriptions::admin::{self, AdminState};
-            let state = AdminState::new(db.clone(), &settings.topics.order_events.name, settings.admin.token.as_ref())
-                .with_actual(Arc::new(actual.clone()));
+            let state = AdminState::new(
+                db.clone(),
+                &settings.topics.order_events.name,
+                settings.admin.token.as_ref(),
+            )
+            .with_actual(Arc::new(actual.clone()));
             let health = crate::health::HealthState::service();
             crate::health::watch_db(db.clone(), health.clone());
-            Some(tokio::spawn(admin::serve(addr, state, health, |bound| eprintln!("admin API listening on http://{bound}"), std::future::pending())))
+            Some(tokio::spawn(admin::serve(
+                addr,
+                state,
+                health,
+                |bound| eprintln!("admin API listening on http://{bound}"),
+                std::future::pending(),
+            )))
         }
     };
     eprintln!("router started: serving every enabled subscription (stop with SIGTERM)");
@@ -337,15 +397,33 @@ fn rewound_report(
         }));
     }
     let rows = rewound.iter().map(|p| {
-        let old = p.old_offset.map_or_else(|| "none".to_string(), |o| o.to_string());
-        let moved = p.old_offset.map_or_else(|| "-".to_string(), |o| format!("{:+}", p.new_offset - o));
-        vec![p.topic.clone(), p.partition.to_string(), old, p.new_offset.to_string(), moved]
+        let old = p
+            .old_offset
+            .map_or_else(|| "none".to_string(), |o| o.to_string());
+        let moved = p
+            .old_offset
+            .map_or_else(|| "-".to_string(), |o| format!("{:+}", p.new_offset - o));
+        vec![
+            p.topic.clone(),
+            p.partition.to_string(),
+            old,
+            p.new_offset.to_string(),
+            moved,
+        ]
     });
     println!("group {group} rewound to {}:", to.to_rfc3339());
-    println!("{}", output::table(&["topic", "partition", "old offset", "new offset", "moved"], rows));
+    println!(
+        "{}",
+        output::table(
+            &["topic", "partition", "old offset", "new offset", "moved"],
+            rows
+        )
+    );
     match dedup_rows_forgotten {
         Some(n) => println!("dedup rows forgotten: {n} (the records read again are applied again)"),
-        None => println!("dedup rows kept (--dedup keep): records read again that the group applied are skipped as duplicates"),
+        None => println!(
+            "dedup rows kept (--dedup keep): records read again that the group applied are skipped as duplicates"
+        ),
     }
 }
 
@@ -377,7 +455,18 @@ fn consume(summary: &crate::consumer::ConsumeSummary, format: Output) {
         );
     }
     let rows = summary.handlers.iter().map(|(name, c)| {
-        vec![name.clone(), c.applied.to_string(), c.already_done.to_string(), c.ignored.to_string()]
+        vec![
+            name.clone(),
+            c.applied.to_string(),
+            c.already_done.to_string(),
+            c.ignored.to_string(),
+        ]
     });
-    println!("{}", output::table(&["handler", "applied", "already done", "not its event"], rows));
+    println!(
+        "{}",
+        output::table(
+            &["handler", "applied", "already done", "not its event"],
+            rows
+        )
+    );
 }

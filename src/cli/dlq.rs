@@ -13,10 +13,10 @@ use super::output::{self, Output};
 use crate::codec::Codec;
 use crate::config::Settings;
 use crate::db::Db;
+use crate::dlq::ignore::{self, Followers, IgnoreError};
 use crate::dlq::progress::{Origin, Tracker};
 use crate::dlq::replay::{self, ReplayOptions};
 use crate::dlq::store::{self, Filter, Selection, Status};
-use crate::dlq::ignore::{self, Followers, IgnoreError};
 use crate::dlq::{gauges, persist};
 use crate::schema::SchemaCatalog;
 
@@ -294,7 +294,12 @@ fn confirm(what: &str, filter: &Filter, rows: usize, yes: bool) -> anyhow::Resul
 pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<ExitCode> {
     let db = Db::connect(&settings.database, 4)?;
     match command {
-        DlqCommand::Persist { until_idle, health_addr, migrate, output } => {
+        DlqCommand::Persist {
+            until_idle,
+            health_addr,
+            migrate,
+            output,
+        } => {
             super::signals::install()?;
             if migrate {
                 db.migrate().await?;
@@ -333,23 +338,41 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 ),
             }
         }
-        DlqCommand::List { filter, limit, output } => {
+        DlqCommand::List {
+            filter,
+            limit,
+            output,
+        } => {
             let filter = Filter::from(filter);
             if filter.status == Some(Selection::Held) {
-                let views = crate::dlq::held::held_views(&db, filter.group.as_deref(), limit).await?;
+                let views =
+                    crate::dlq::held::held_views(&db, filter.group.as_deref(), limit).await?;
                 held_records(&views, output.output);
             } else {
                 dead_letters(&store::list(&db, &filter, limit).await?, output.output);
             }
         }
-        DlqCommand::Show { id, held: true, output } => {
+        DlqCommand::Show {
+            id,
+            held: true,
+            output,
+        } => {
             let Some(view) = crate::dlq::held::held_view(&db, id).await? else {
-                anyhow::bail!("no held record with id {id} (released already, or see `orderpipe dlq list --status held`)");
+                anyhow::bail!(
+                    "no held record with id {id} (released already, or see `orderpipe dlq list --status held`)"
+                );
             };
             held_record(&view, output.output);
         }
-        DlqCommand::Show { id, held: false, output } => {
-            let filter = Filter { ids: vec![id], ..Default::default() };
+        DlqCommand::Show {
+            id,
+            held: false,
+            output,
+        } => {
+            let filter = Filter {
+                ids: vec![id],
+                ..Default::default()
+            };
             let Some(record) = store::records(&db, &filter, 1).await?.into_iter().next() else {
                 anyhow::bail!("no dead letter with id {id}");
             };
@@ -359,7 +382,10 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 SchemaCatalog::embedded().order_events(),
                 false,
             )?;
-            let decoded = match (record.json_value(), codec.decode(record.payload.as_deref()).await) {
+            let decoded = match (
+                record.json_value(),
+                codec.decode(record.payload.as_deref()).await,
+            ) {
                 (Some(json), _) => json,
                 (None, Ok(envelope)) => serde_json::to_value(&envelope)?,
                 (None, Err(e)) => json!({"undecodable": e.to_string()}),
@@ -367,8 +393,15 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             let heads = ignore::heading(&db, &record).await?;
             dead_letter(&record, &decoded, heads.as_ref(), output.output);
         }
-        DlqCommand::Conflicts { group, limit, output } => {
-            conflicts(&crate::dedup::conflicts(&db, group.as_deref(), limit).await?, output.output);
+        DlqCommand::Conflicts {
+            group,
+            limit,
+            output,
+        } => {
+            conflicts(
+                &crate::dedup::conflicts(&db, group.as_deref(), limit).await?,
+                output.output,
+            );
         }
         DlqCommand::Stats { filter, output } => {
             dlq_stats(&store::stats(&db, &filter.into()).await?, output.output);
@@ -384,7 +417,14 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 in_flight: args.in_flight as usize,
             };
             if args.dry_run {
-                let plan = replay::dry_run(&db, &settings.topics.dead_letter.name, &filter, bound, options).await?;
+                let plan = replay::dry_run(
+                    &db,
+                    &settings.topics.dead_letter.name,
+                    &filter,
+                    bound,
+                    options,
+                )
+                .await?;
                 replay_plan(&plan, args.output.output);
                 return Ok(ExitCode::SUCCESS);
             }
@@ -395,7 +435,9 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             let bar = output::progress_bar(Some(bound.rows as u64), "replayed");
             // The same progress a console shows (dlq_replays), for this run too.
             let who = std::env::var("USER").unwrap_or_else(|_| "cli".into());
-            let tracker = Tracker::start(&db, Origin::Cli, &who, &filter.to_json(), bound.rows as u64).await?;
+            let tracker =
+                Tracker::start(&db, Origin::Cli, &who, &filter.to_json(), bound.rows as u64)
+                    .await?;
             let summary = replay::replay(
                 &settings.kafka,
                 &settings.producer,
@@ -450,7 +492,14 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             );
             purged(&summary, args.older_than, args.output.output);
         }
-        DlqCommand::Ignore { filter, reason, release_followers, keep_held, yes, output } => {
+        DlqCommand::Ignore {
+            filter,
+            reason,
+            release_followers,
+            keep_held,
+            yes,
+            output,
+        } => {
             let filter = Filter::from(filter).for_ignore(&reason)?;
             let rows = store::records(&db, &filter, i64::MAX).await?;
             if !confirm("Ignore", &filter, rows.len(), yes)? {
@@ -500,7 +549,10 @@ pub fn dead_letters(rows: &[crate::dlq::store::DeadLetter], format: Output) {
             r.status.clone(),
             r.consumer_group.clone(),
             r.event_name.clone().unwrap_or_else(|| "-".into()),
-            format!("{}/{}@{}", r.original_topic, r.original_partition, r.original_offset),
+            format!(
+                "{}/{}@{}",
+                r.original_topic, r.original_partition, r.original_offset
+            ),
             r.error_class.clone(),
             short(&r.error_message, 60),
             r.attempts.to_string(),
@@ -511,7 +563,18 @@ pub fn dead_letters(rows: &[crate::dlq::store::DeadLetter], format: Output) {
     println!(
         "{}",
         output::table(
-            &["id", "status", "group", "event", "origin", "class", "error", "attempts", "last failure (UTC)", "replays"],
+            &[
+                "id",
+                "status",
+                "group",
+                "event",
+                "origin",
+                "class",
+                "error",
+                "attempts",
+                "last failure (UTC)",
+                "replays"
+            ],
             table_rows
         )
     );
@@ -538,9 +601,19 @@ fn dead_letter(
     if format == Output::Json {
         return output::json(&doc);
     }
-    println!("dead letter {} — {} (group {})", r.id, r.status, r.consumer_group);
-    println!("origin:   {} partition {} offset {}", r.original_topic, r.original_partition, r.original_offset);
-    println!("event:    {} {}", r.event_name.as_deref().unwrap_or("-"), r.event_id.as_deref().unwrap_or("-"));
+    println!(
+        "dead letter {} — {} (group {})",
+        r.id, r.status, r.consumer_group
+    );
+    println!(
+        "origin:   {} partition {} offset {}",
+        r.original_topic, r.original_partition, r.original_offset
+    );
+    println!(
+        "event:    {} {}",
+        r.event_name.as_deref().unwrap_or("-"),
+        r.event_id.as_deref().unwrap_or("-")
+    );
     println!("error:    [{}] {}", r.error_class, r.error_message);
     println!(
         "history:  {} attempts, first failure {}, last failure {}, replayed {} times{}",
@@ -548,7 +621,9 @@ fn dead_letter(
         time_ms(r.first_failure_ms),
         time_ms(r.last_failure_ms),
         r.replay_count,
-        r.last_replayed_ms.map(|t| format!(" (last {})", time_ms(t))).unwrap_or_default()
+        r.last_replayed_ms
+            .map(|t| format!(" (last {})", time_ms(t)))
+            .unwrap_or_default()
     );
     if let Some(reason) = &r.ignored_reason {
         println!("ignored:  {reason}");
@@ -563,16 +638,31 @@ fn dead_letter(
         );
     }
     println!("key:      {}", doc["key"]);
-    println!("headers:\n{}", serde_json::to_string_pretty(&headers).unwrap_or_default());
-    println!("envelope:\n{}", serde_json::to_string_pretty(decoded).unwrap_or_default());
+    println!(
+        "headers:\n{}",
+        serde_json::to_string_pretty(&headers).unwrap_or_default()
+    );
+    println!(
+        "envelope:\n{}",
+        serde_json::to_string_pretty(decoded).unwrap_or_default()
+    );
 }
 
 /// Where a parked key's head is: its dead-letter row, or the retry topic.
 fn head_place(view: &crate::dlq::held::HeldView) -> String {
     match (&view.head, view.head_dead_letter) {
         (None, _) => "- (unparked; being released)".into(),
-        (Some(h), Some(id)) => format!("dead letter {id} ({}, {})", h.head_event_name.as_deref().unwrap_or("undecodable"), h.state),
-        (Some(h), None) => format!("{} at {} ({})", h.head_event_name.as_deref().unwrap_or("undecodable"), h.head_origin, h.state),
+        (Some(h), Some(id)) => format!(
+            "dead letter {id} ({}, {})",
+            h.head_event_name.as_deref().unwrap_or("undecodable"),
+            h.state
+        ),
+        (Some(h), None) => format!(
+            "{} at {} ({})",
+            h.head_event_name.as_deref().unwrap_or("undecodable"),
+            h.head_origin,
+            h.state
+        ),
     }
 }
 
@@ -589,13 +679,31 @@ fn held_records(views: &[crate::dlq::held::HeldView], format: Output) {
             h.key.clone(),
             h.key_topic.clone(),
             h.event_name.clone().unwrap_or_else(|| "undecodable".into()),
-            format!("{}/{}@{}", h.source_topic, h.source_partition, h.source_offset),
+            format!(
+                "{}/{}@{}",
+                h.source_topic, h.source_partition, h.source_offset
+            ),
             time_ms(h.held_ms),
             head_place(v),
         ]
     });
     // A key is parked per topic: order 7 and row 7 of a table are two keys.
-    println!("{}", output::table(&["id", "group", "key", "key's topic", "event", "source", "held since (UTC)", "waiting behind"], rows));
+    println!(
+        "{}",
+        output::table(
+            &[
+                "id",
+                "group",
+                "key",
+                "key's topic",
+                "event",
+                "source",
+                "held since (UTC)",
+                "waiting behind"
+            ],
+            rows
+        )
+    );
     println!("{} held records", views.len());
 }
 
@@ -610,13 +718,42 @@ fn conflicts(conflicts: &[crate::dedup::Conflict], format: Output) {
             c.consumer_group.clone(),
             c.event_id.clone(),
             c.event_name.clone(),
-            format!("{}/{}@{} ({})", c.first_topic, c.first_partition, c.first_offset, &c.first_digest[..12.min(c.first_digest.len())]),
-            format!("{}/{}@{} ({})", c.topic, c.partition, c.offset, &c.digest[..12.min(c.digest.len())]),
+            format!(
+                "{}/{}@{} ({})",
+                c.first_topic,
+                c.first_partition,
+                c.first_offset,
+                &c.first_digest[..12.min(c.first_digest.len())]
+            ),
+            format!(
+                "{}/{}@{} ({})",
+                c.topic,
+                c.partition,
+                c.offset,
+                &c.digest[..12.min(c.digest.len())]
+            ),
             time_ms(c.detected_ms),
         ]
     });
-    println!("{}", output::table(&["id", "group", "event id", "event", "applied (digest)", "skipped (digest)", "detected (UTC)"], rows));
-    println!("{} conflicting duplicates: an event id reused with different content; only the applied one took effect", conflicts.len());
+    println!(
+        "{}",
+        output::table(
+            &[
+                "id",
+                "group",
+                "event id",
+                "event",
+                "applied (digest)",
+                "skipped (digest)",
+                "detected (UTC)"
+            ],
+            rows
+        )
+    );
+    println!(
+        "{} conflicting duplicates: an event id reused with different content; only the applied one took effect",
+        conflicts.len()
+    );
 }
 
 /// `orderpipe dlq show --held`.
@@ -625,9 +762,19 @@ fn held_record(view: &crate::dlq::held::HeldView, format: Output) {
         return output::json(view);
     }
     let h = &view.held;
-    println!("held record {} — group {}, key {} of {}", h.id, h.consumer_group, h.key, h.key_topic);
-    println!("event:    {} {}", h.event_name.as_deref().unwrap_or("undecodable"), h.event_id.as_deref().unwrap_or("-"));
-    println!("source:   {} partition {} offset {}", h.source_topic, h.source_partition, h.source_offset);
+    println!(
+        "held record {} — group {}, key {} of {}",
+        h.id, h.consumer_group, h.key, h.key_topic
+    );
+    println!(
+        "event:    {} {}",
+        h.event_name.as_deref().unwrap_or("undecodable"),
+        h.event_id.as_deref().unwrap_or("-")
+    );
+    println!(
+        "source:   {} partition {} offset {}",
+        h.source_topic, h.source_partition, h.source_offset
+    );
     println!("held:     since {}", time_ms(h.held_ms));
     println!("behind:   {}", head_place(view));
     if let Some(id) = view.head_dead_letter {
@@ -644,7 +791,9 @@ fn ignored(summary: &crate::dlq::ignore::IgnoreSummary, reason: &str, format: Ou
     }
     println!("ignored {} dead letters: {reason}", summary.ignored);
     for (group, key, held) in &summary.released {
-        println!("  key {key} of {group}: released, {held} held records will be applied in order by the group's consumer");
+        println!(
+            "  key {key} of {group}: released, {held} held records will be applied in order by the group's consumer"
+        );
     }
     for (group, key, held) in &summary.kept_held {
         println!("  key {key} of {group}: stays parked, {held} records kept held");
@@ -656,7 +805,9 @@ fn dlq_stats(counts: &[crate::dlq::store::Count], format: Output) {
     if format == Output::Json {
         return output::json(&counts);
     }
-    let rows = counts.iter().map(|c| vec![c.by.to_string(), c.value.clone(), c.rows.to_string()]);
+    let rows = counts
+        .iter()
+        .map(|c| vec![c.by.to_string(), c.value.clone(), c.rows.to_string()]);
     println!("{}", output::table(&["by", "value", "dead letters"], rows));
 }
 
@@ -667,11 +818,26 @@ fn replay_plan(plan: &[crate::dlq::replay::Planned], format: Output) {
     }
     // An absent event name or id prints as JSON's null, as it always has.
     let or_null = |v: &Option<String>| v.clone().unwrap_or_else(|| "null".into());
-    let table_rows = plan
-        .iter()
-        .map(|p| vec![p.id.to_string(), p.group.clone(), or_null(&p.event_name), or_null(&p.event_id), p.to.clone()]);
-    println!("{}", output::table(&["id", "group", "event", "event id", "would go to"], table_rows));
-    println!("dry run: {} dead letters would be replayed; nothing changed", plan.len());
+    let table_rows = plan.iter().map(|p| {
+        vec![
+            p.id.to_string(),
+            p.group.clone(),
+            or_null(&p.event_name),
+            or_null(&p.event_id),
+            p.to.clone(),
+        ]
+    });
+    println!(
+        "{}",
+        output::table(
+            &["id", "group", "event", "event id", "would go to"],
+            table_rows
+        )
+    );
+    println!(
+        "dry run: {} dead letters would be replayed; nothing changed",
+        plan.len()
+    );
 }
 
 /// `orderpipe dlq purge`.
@@ -679,14 +845,25 @@ fn purged(summary: &store::PurgeSummary, older_than: Duration, format: Output) {
     if format == Output::Json {
         return output::json(summary);
     }
-    let rows = summary.deleted.iter().map(|(status, n)| vec![status.to_string(), n.to_string()]);
-    let verb = if summary.dry_run { "would delete" } else { "deleted" };
+    let rows = summary
+        .deleted
+        .iter()
+        .map(|(status, n)| vec![status.to_string(), n.to_string()]);
+    let verb = if summary.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
     println!("{}", output::table(&["status", verb], rows));
     println!(
         "{verb} {} dead letters whose last change is older than {}{}",
         summary.total(),
         humantime::format_duration(older_than),
-        if summary.dry_run { " (dry run: nothing changed)" } else { "" }
+        if summary.dry_run {
+            " (dry run: nothing changed)"
+        } else {
+            ""
+        }
     );
     if summary.kept_heads > 0 {
         println!(
@@ -707,7 +884,11 @@ fn replayed(summary: &crate::dlq::replay::ReplaySummary, format: Output) {
     for (class, n) in &summary.by_class {
         println!("replayed {n} of class {class}");
     }
-    println!("replayed {}, failed {}", summary.replayed, summary.failed.len());
+    println!(
+        "replayed {}, failed {}",
+        summary.replayed,
+        summary.failed.len()
+    );
     for f in &summary.failed {
         println!("  failed: {f}");
     }

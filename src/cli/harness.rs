@@ -101,45 +101,78 @@ pub enum HarnessCommand {
 /// Runs a harness command.
 pub(super) async fn run(global: &GlobalArgs, command: HarnessCommand) -> anyhow::Result<ExitCode> {
     match command {
-        HarnessCommand::Demo { orders, seed, output } => {
+        HarnessCommand::Demo {
+            orders,
+            seed,
+            output,
+        } => {
             let report = demo::run(&demo::DemoOptions { orders, seed }).await?;
             print_demo(&report, output.output);
             Ok(exit_if(!report.passed()))
         }
-        HarnessCommand::BenchDriveOrders { orders, rate, seed, drivers, stamps } => {
+        HarnessCommand::BenchDriveOrders {
+            orders,
+            rate,
+            seed,
+            drivers,
+            stamps,
+        } => {
             let settings = global.settings()?;
             let db = Db::connect(&settings.database, (drivers as u32).clamp(2, 64))?;
             // Wakes the relays of outbox.wake_targets, as `orderpipe api` does.
             let wake = crate::outbox::wake::WakeNotifier::from_settings(&settings.outbox)?;
-            let mut service = crate::api::service(&settings.producer, &settings.topics, db).with_wake(wake);
+            let mut service =
+                crate::api::service(&settings.producer, &settings.topics, db).with_wake(wake);
             if let Some(path) = stamps {
                 let file = crate::harness::latency::StampFile::append(&path)
                     .map_err(|e| anyhow::anyhow!("--stamps {}: {e}", path.display()))?;
                 service = service.with_commit_stamps(std::sync::Arc::new(file));
             }
             let started = std::time::Instant::now();
-            let events = generator::drive_concurrently(&service, orders, seed, Some(rate), drivers).await?;
-            println!("{}", serde_json::json!({"orders": orders, "events": events, "secs": started.elapsed().as_secs_f64()}));
+            let events =
+                generator::drive_concurrently(&service, orders, seed, Some(rate), drivers).await?;
+            println!(
+                "{}",
+                serde_json::json!({"orders": orders, "events": events, "secs": started.elapsed().as_secs_f64()})
+            );
             Ok(ExitCode::SUCCESS)
         }
-        HarnessCommand::BenchOrderCheck { group, count, orders, seed, first_order_id } => {
+        HarnessCommand::BenchOrderCheck {
+            group,
+            count,
+            orders,
+            seed,
+            first_order_id,
+        } => {
             let settings = global.settings()?;
             let db = Db::connect(&settings.database, 2)?;
-            let events: Vec<_> =
-                generator::LifecycleGenerator::new(&settings.producer.service_name, orders, first_order_id, seed)
-                    .take(count)
-                    .collect();
+            let events: Vec<_> = generator::LifecycleGenerator::new(
+                &settings.producer.service_name,
+                orders,
+                first_order_id,
+                seed,
+            )
+            .take(count)
+            .collect();
             let (rows, out_of_order) = verify::applied_order(&db, &group, &events).await?;
             let report = serde_json::json!({"applied": rows.actual, "produced": rows.expected, "orders_out_of_order": out_of_order.len()});
             println!("{report}");
             Ok(ExitCode::SUCCESS)
         }
-        HarnessCommand::BenchNaiveConsume { group, handler, limit, topic } => {
+        HarnessCommand::BenchNaiveConsume {
+            group,
+            handler,
+            limit,
+            topic,
+        } => {
             let settings = global.settings()?;
-            let handler = chaos::handler_by_name(&handler, &settings).map_err(anyhow::Error::msg)?;
+            let handler =
+                chaos::handler_by_name(&handler, &settings).map_err(anyhow::Error::msg)?;
             let db = Db::connect(&settings.database, 2)?;
             let topic = topic.unwrap_or_else(|| settings.topics.order_events.name.clone());
-            let report = bench::naive_consume(&settings, &db, &topic, &group, handler.as_ref(), limit).await?;
+            let report =
+                bench::naive_consume(&settings, &db, &topic, &group, handler.as_ref(), limit)
+                    .await?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -171,9 +204,15 @@ fn print_demo(report: &DemoReport, format: Output) {
         println!("  {topic}: {n} records");
     }
     println!();
-    let rows = report.by_event.iter().map(|(k, v)| vec![k.clone(), v.to_string()]);
+    let rows = report
+        .by_event
+        .iter()
+        .map(|(k, v)| vec![k.clone(), v.to_string()]);
     println!("{}", output::table(&["event", "count"], rows));
-    let rows = report.by_partition.iter().map(|(k, v)| vec![k.to_string(), v.to_string()]);
+    let rows = report
+        .by_partition
+        .iter()
+        .map(|(k, v)| vec![k.to_string(), v.to_string()]);
     println!("{}", output::table(&["partition", "events"], rows));
     println!(
         "produced {} events for {} orders, read back and decoded {}",
@@ -184,7 +223,10 @@ fn print_demo(report: &DemoReport, format: Output) {
             "per-order ordering: OK — every order's events are in one partition, in the order produced"
         );
     } else {
-        println!("per-order ordering: {} VIOLATIONS", report.ordering_violations.len());
+        println!(
+            "per-order ordering: {} VIOLATIONS",
+            report.ordering_violations.len()
+        );
         for v in report.ordering_violations.iter().take(20) {
             println!("  {v}");
         }
@@ -201,12 +243,27 @@ fn print_demo(report: &DemoReport, format: Output) {
             g.consumed.to_string(),
             g.applied.to_string(),
             g.duplicates.to_string(),
-            report.group_order_violations.get(&g.group).copied().unwrap_or(0).to_string(),
+            report
+                .group_order_violations
+                .get(&g.group)
+                .copied()
+                .unwrap_or(0)
+                .to_string(),
         ]
     });
     println!(
         "{}",
-        output::table(&["group", "handlers", "consumed", "applied", "duplicates skipped", "orders out of order"], rows)
+        output::table(
+            &[
+                "group",
+                "handlers",
+                "consumed",
+                "applied",
+                "duplicates skipped",
+                "orders out of order"
+            ],
+            rows
+        )
     );
     let t = &report.tier;
     let first = &report.groups[0];
@@ -216,7 +273,12 @@ fn print_demo(report: &DemoReport, format: Output) {
     );
     println!(
         "  {}: recovered by local retry {}, sent to the retry topic {}, dead-lettered {}, held behind a parked order {}, released {}",
-        first.group, first.recovered_locally, first.sent_to_retry, first.dead_lettered, first.held, first.released
+        first.group,
+        first.recovered_locally,
+        first.sent_to_retry,
+        first.dead_lettered,
+        first.held,
+        first.released
     );
     println!(
         "per-order ordering through retries: order {} was parked while its payment was retried; its later events waited.\n  \
@@ -233,16 +295,33 @@ fn print_demo(report: &DemoReport, format: Output) {
     );
     println!(
         "  after the replay {} applied {} more, duplicates {}, dead-lettered {}\n",
-        t.after_replay.group, t.after_replay.applied, t.after_replay.duplicates, t.after_replay.dead_lettered
+        t.after_replay.group,
+        t.after_replay.applied,
+        t.after_replay.duplicates,
+        t.after_replay.dead_lettered
     );
     let v = &report.verification;
     let rows = v.facts.iter().map(|f| {
-        let ok = if f.expected == f.actual { "ok" } else { "MISMATCH" };
-        vec![f.what.to_string(), f.expected.to_string(), f.actual.to_string(), ok.to_string()]
+        let ok = if f.expected == f.actual {
+            "ok"
+        } else {
+            "MISMATCH"
+        };
+        vec![
+            f.what.to_string(),
+            f.expected.to_string(),
+            f.actual.to_string(),
+            ok.to_string(),
+        ]
     });
-    println!("{}", output::table(&["business table check", "expected", "actual", ""], rows));
+    println!(
+        "{}",
+        output::table(&["business table check", "expected", "actual", ""], rows)
+    );
     if v.is_exact() && report.group_order_violations.values().all(|n| *n == 0) {
-        println!("exactly-once check: OK — every table matches the events applied exactly once, in order");
+        println!(
+            "exactly-once check: OK — every table matches the events applied exactly once, in order"
+        );
     } else {
         println!("exactly-once check: FAILED");
     }
@@ -273,10 +352,18 @@ pub struct SyntheticArgs {
 
 impl SyntheticArgs {
     /// The `--count` events, produced by `service_name`; None without `--count`.
-    pub fn events(&self, service_name: &str) -> Option<impl Iterator<Item = crate::envelope::Envelope> + use<>> {
+    pub fn events(
+        &self,
+        service_name: &str,
+    ) -> Option<impl Iterator<Item = crate::envelope::Envelope> + use<>> {
         let count = self.count?;
         let seed = self.seed.unwrap_or_else(rand::random);
-        let first = self.first_order_id.unwrap_or_else(|| crate::clock::now_ms() * 1000);
-        Some(generator::LifecycleGenerator::new(service_name, self.orders, first, seed).take(count as usize))
+        let first = self
+            .first_order_id
+            .unwrap_or_else(|| crate::clock::now_ms() * 1000);
+        Some(
+            generator::LifecycleGenerator::new(service_name, self.orders, first, seed)
+                .take(count as usize),
+        )
     }
 }

@@ -30,8 +30,13 @@ pub async fn run(settings: &Settings, args: LagArgs) -> anyhow::Result<ExitCode>
     let topic = args
         .topic
         .unwrap_or_else(|| settings.topics.order_events.name.clone());
-    let (groups, named) =
-        lag::groups_to_measure(&settings.kafka, &settings.lag, &settings.dlq.persister_group, &args.groups).await?;
+    let (groups, named) = lag::groups_to_measure(
+        &settings.kafka,
+        &settings.lag,
+        &settings.dlq.persister_group,
+        &args.groups,
+    )
+    .await?;
     let measured = lag::measure(&settings.kafka, &topic, &groups, named).await?;
     print(&measured, args.output.output);
     Ok(ExitCode::SUCCESS)

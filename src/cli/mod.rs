@@ -31,10 +31,10 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::Settings;
 use crate::db::Db;
+use crate::schema;
 use crate::schema::{CompatLevel, SchemaCatalog};
 use crate::telemetry::{self, LogFormat};
 use crate::topics::{self, TopicAdmin};
-use crate::schema;
 use output::Output;
 
 /// Kafka-native order event pipeline.
@@ -86,7 +86,10 @@ enum Command {
     #[command(subcommand)]
     Topics(TopicsCommand),
     /// Produce events from an NDJSON file or a synthetic generator.
-    #[cfg_attr(not(feature = "harness"), command(about = "Produce events from an NDJSON file."))]
+    #[cfg_attr(
+        not(feature = "harness"),
+        command(about = "Produce events from an NDJSON file.")
+    )]
     Produce(produce::ProduceArgs),
     /// Apply the database migrations in `sql/` (MariaDB/MySQL or SQLite).
     Migrate,
@@ -236,7 +239,8 @@ impl GlobalArgs {
         // A harness build reads [chaos]: a bad section fails every command
         // at load, like any other section.
         #[cfg(feature = "harness")]
-        crate::harness::chaos::ChaosSettings::from_settings(&settings).map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
+        crate::harness::chaos::ChaosSettings::from_settings(&settings)
+            .map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
         Ok(settings)
     }
 
@@ -269,7 +273,11 @@ pub fn main() -> ExitCode {
     // Before any thread allocates: fewer malloc arenas, less memory (docs/tuning.md, "Memory").
     crate::startup::cap_malloc_arenas();
     let cli = Cli::parse();
-    if let Err(e) = telemetry::init(cli.global.log_format, &cli.global.log_level, cli.global.otlp_endpoint.as_deref()) {
+    if let Err(e) = telemetry::init(
+        cli.global.log_format,
+        &cli.global.log_level,
+        cli.global.otlp_endpoint.as_deref(),
+    ) {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }
@@ -299,7 +307,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Schema(SchemaCommand::Register { schemas, output }) => {
             let settings = cli.global.settings()?;
             let catalog = SchemaCatalog::load(schemas.as_deref())?;
-            let registered = schema::register(&settings.registry, &settings.topics, &catalog).await?;
+            let registered =
+                schema::register(&settings.registry, &settings.topics, &catalog).await?;
             output::registered(&registered, output.output);
             Ok(ExitCode::SUCCESS)
         }
@@ -310,16 +319,27 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }) => {
             let settings = cli.global.settings()?;
             let catalog = SchemaCatalog::load(schemas.as_deref())?;
-            let reports = schema::check(&settings.registry, &settings.topics, &catalog, level).await?;
+            let reports =
+                schema::check(&settings.registry, &settings.topics, &catalog, level).await?;
             output::compat(&reports, output.output);
             Ok(exit_if(reports.iter().any(|r| !r.is_compatible())))
         }
-        Command::Topics(TopicsCommand::Ensure { dry_run, allow_repartition, groups, output }) => {
+        Command::Topics(TopicsCommand::Ensure {
+            dry_run,
+            allow_repartition,
+            groups,
+            output,
+        }) => {
             let settings = cli.global.settings()?;
             let admin = TopicAdmin::new(&settings.kafka)?;
             let specs = crate::startup::declared_topics(&settings, &groups.groups);
-            let options = topics::EnsureOptions { dry_run, allow_repartition };
-            let changes = admin.ensure(&specs.iter().collect::<Vec<_>>(), options).await?;
+            let options = topics::EnsureOptions {
+                dry_run,
+                allow_repartition,
+            };
+            let changes = admin
+                .ensure(&specs.iter().collect::<Vec<_>>(), options)
+                .await?;
             output::changes(&changes, dry_run, output.output);
             Ok(exit_if(changes.iter().any(topics::Change::is_refused)))
         }
@@ -380,7 +400,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { output } => {
-            let document = Settings::redacted_document(cli.global.config.as_deref(), &cli.global.overrides())?;
+            let document =
+                Settings::redacted_document(cli.global.config.as_deref(), &cli.global.overrides())?;
             match output {
                 ConfigFormat::Json => println!("{}", serde_json::to_string_pretty(&document)?),
                 ConfigFormat::Toml => print!("{}", toml::to_string_pretty(&document)?),
@@ -391,5 +412,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 fn exit_if(failed: bool) -> ExitCode {
-    if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }

@@ -22,13 +22,18 @@ pub enum Output {
 
 /// Prints `value` as pretty JSON on stdout.
 pub(crate) fn json(value: &impl Serialize) {
-    println!("{}", serde_json::to_string_pretty(value).expect("reports serialize"));
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("reports serialize")
+    );
 }
 
 /// A table with `header` and `rows` in the commands' style.
 pub(crate) fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> Table {
     let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_header(header.to_vec());
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_header(header.to_vec());
     for row in rows {
         table.add_row(row);
     }
@@ -56,7 +61,9 @@ pub fn progress_bar(len: Option<u64>, what: &str) -> ProgressBar {
         Some(n) => ProgressBar::new(n),
         None => ProgressBar::new_spinner(),
     };
-    let template = format!("{{elapsed_precise}} [{{bar:40}}] {{pos}}/{{len}} {what} ({{per_sec}}, eta {{eta}})");
+    let template = format!(
+        "{{elapsed_precise}} [{{bar:40}}] {{pos}}/{{len}} {what} ({{per_sec}}, eta {{eta}})"
+    );
     bar.set_style(
         ProgressStyle::with_template(&template)
             .expect("valid template")
@@ -70,7 +77,9 @@ pub fn registered(registered: &[Registered], format: Output) {
     if format == Output::Json {
         return json(&registered);
     }
-    let rows = registered.iter().map(|r| vec![r.subject.clone(), r.id.to_string()]);
+    let rows = registered
+        .iter()
+        .map(|r| vec![r.subject.clone(), r.id.to_string()]);
     println!("{}", table(&["subject", "schema id"], rows));
 }
 
@@ -100,7 +109,16 @@ pub fn compat(reports: &[CompatReport], format: Output) {
     });
     println!(
         "{}",
-        table(&["subject", "registered id", "verdict", "registry says", "problem"], rows)
+        table(
+            &[
+                "subject",
+                "registered id",
+                "verdict",
+                "registry says",
+                "problem"
+            ],
+            rows
+        )
     );
 }
 
@@ -130,19 +148,42 @@ pub fn topic_states(states: &[TopicState], format: Output) {
         return json(&states);
     }
     let rows = states.iter().map(|s| {
-        let get = |k: &str| s.configs.get(k).cloned().unwrap_or_else(|| "(default)".into());
+        let get = |k: &str| {
+            s.configs
+                .get(k)
+                .cloned()
+                .unwrap_or_else(|| "(default)".into())
+        };
         vec![
             s.topic.clone(),
-            if s.exists { s.partitions.to_string() } else { "missing".into() },
+            if s.exists {
+                s.partitions.to_string()
+            } else {
+                "missing".into()
+            },
             s.replication_factor.to_string(),
             get("min.insync.replicas"),
             retention(&get("retention.ms")),
-            if s.drift.is_empty() { "as declared".into() } else { s.drift.join("; ") },
+            if s.drift.is_empty() {
+                "as declared".into()
+            } else {
+                s.drift.join("; ")
+            },
         ]
     });
     println!(
         "{}",
-        table(&["topic", "partitions", "replicas", "min.insync", "retention", "drift"], rows)
+        table(
+            &[
+                "topic",
+                "partitions",
+                "replicas",
+                "min.insync",
+                "retention",
+                "drift"
+            ],
+            rows
+        )
     );
 }
 

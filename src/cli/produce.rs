@@ -87,9 +87,17 @@ impl Pacer {
 
 /// Runs the command.
 pub async fn run(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitCode> {
-    let topic = args.topic.clone().unwrap_or_else(|| settings.topics.order_events.name.clone());
+    let topic = args
+        .topic
+        .clone()
+        .unwrap_or_else(|| settings.topics.order_events.name.clone());
     let catalog = SchemaCatalog::embedded();
-    let codec = Codec::new(&settings.registry, &topic, catalog.order_events(), settings.registry.auto_register)?;
+    let codec = Codec::new(
+        &settings.registry,
+        &topic,
+        catalog.order_events(),
+        settings.registry.auto_register,
+    )?;
     let codec = Arc::new(codec);
     let producer = EventProducer::new(&settings.kafka, &settings.producer, codec.clone(), &topic)?;
     // Broker first, then registry: each failure names the service that failed.
@@ -101,7 +109,10 @@ pub async fn run(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitC
 
     let mut invalid_lines = Vec::new();
     #[cfg(feature = "harness")]
-    let (synthetic, count) = (args.synthetic.events(&settings.producer.service_name), args.synthetic.count);
+    let (synthetic, count) = (
+        args.synthetic.events(&settings.producer.service_name),
+        args.synthetic.count,
+    );
     #[cfg(not(feature = "harness"))]
     let (synthetic, count) = (None::<std::iter::Empty<Envelope>>, None);
     let source: Box<dyn Iterator<Item = Envelope> + '_> = match (&args.file, synthetic) {
@@ -141,7 +152,11 @@ pub async fn run(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitC
     };
     produce(&summary, args.output.output);
     let failed = summary.report.failed > 0 || !summary.invalid_lines.is_empty();
-    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// Valid envelopes of an NDJSON file; bad lines go to `invalid` (and stderr).
@@ -152,7 +167,8 @@ fn ndjson<'a>(
     let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
     } else {
-        let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let file =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
         Box::new(std::io::BufReader::new(file))
     };
     Ok(reader.lines().enumerate().filter_map(move |(i, line)| {
@@ -161,7 +177,9 @@ fn ndjson<'a>(
             .map_err(|e| e.to_string())
             .and_then(|l| match l.trim() {
                 "" => Ok(None),
-                text => Envelope::from_json(text).map(Some).map_err(|e| e.to_string()),
+                text => Envelope::from_json(text)
+                    .map(Some)
+                    .map_err(|e| e.to_string()),
             });
         match parsed {
             Ok(envelope) => envelope,
@@ -181,7 +199,10 @@ fn produce(summary: &ProduceSummary, format: Output) {
         return output::json(summary);
     }
     let r = &summary.report;
-    let rows = r.by_event.iter().map(|(k, v)| vec![k.clone(), v.to_string()]);
+    let rows = r
+        .by_event
+        .iter()
+        .map(|(k, v)| vec![k.clone(), v.to_string()]);
     println!("{}", output::table(&["event", "acknowledged"], rows));
     println!(
         "topic {}: sent {}, acknowledged {}, failed {}, invalid input lines {} — {:.0} events/s over {:.2}s",

@@ -87,7 +87,8 @@ pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode>
     if !args.wake_relay.is_empty() {
         wake.wake_targets = args.wake_relay;
     }
-    wake.validate().map_err(|e| anyhow::anyhow!("--wake-relay: {e}"))?;
+    wake.validate()
+        .map_err(|e| anyhow::anyhow!("--wake-relay: {e}"))?;
     let notifier = WakeNotifier::from_settings(&wake)?;
     if let Some(n) = &notifier {
         eprintln!("waking relays at {:?} after each commit", n.targets());
@@ -120,11 +121,19 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
     if args.migrate {
         db.migrate().await?;
     }
-    let wake = match args.wake_listen.as_deref().unwrap_or(&settings.outbox.wake_listen) {
+    let wake = match args
+        .wake_listen
+        .as_deref()
+        .unwrap_or(&settings.outbox.wake_listen)
+    {
         "" => None,
         addr => {
-            let listener = WakeListener::bind(addr).map_err(|e| anyhow::anyhow!("--wake-listen {addr}: {e}"))?;
-            eprintln!("relay wake-up listening on udp://{}", listener.local_addr()?);
+            let listener = WakeListener::bind(addr)
+                .map_err(|e| anyhow::anyhow!("--wake-listen {addr}: {e}"))?;
+            eprintln!(
+                "relay wake-up listening on udp://{}",
+                listener.local_addr()?
+            );
             Some(std::sync::Arc::new(listener))
         }
     };
@@ -185,11 +194,34 @@ fn print_relay(summary: &crate::outbox::relay::RelaySummary) {
         summary.dead_lettered,
         summary.purged
     );
-    let rows = summary.by_topic.iter().map(|(t, n)| vec![t.clone(), n.to_string()]);
+    let rows = summary
+        .by_topic
+        .iter()
+        .map(|(t, n)| vec![t.clone(), n.to_string()]);
     println!("{}", output::table(&["topic", "records"], rows));
     let ms = |v: f64| format!("{v:.1}");
     let stages = summary.stages_ms.iter().map(|(stage, t)| {
-        vec![stage.clone(), t.count.to_string(), ms(t.mean), ms(t.p50), ms(t.p99), ms(t.max)]
+        vec![
+            stage.clone(),
+            t.count.to_string(),
+            ms(t.mean),
+            ms(t.p50),
+            ms(t.p99),
+            ms(t.max),
+        ]
     });
-    println!("{}", output::table(&["stage (per batch)", "batches", "mean ms", "p50 ms", "p99 ms", "max ms"], stages));
+    println!(
+        "{}",
+        output::table(
+            &[
+                "stage (per batch)",
+                "batches",
+                "mean ms",
+                "p50 ms",
+                "p99 ms",
+                "max ms"
+            ],
+            stages
+        )
+    );
 }

@@ -20,7 +20,9 @@ pub enum ToAvroError {
     #[error(transparent)]
     Avro(#[from] apache_avro::Error),
     /// The schema's `data` union has no branch for this payload.
-    #[error("the topic's schema has no `{0}` branch in `data`: this event does not belong on this topic")]
+    #[error(
+        "the topic's schema has no `{0}` branch in `data`: this event does not belong on this topic"
+    )]
     NoBranch(&'static str),
 }
 
@@ -64,17 +66,17 @@ pub fn to_avro(envelope: &Envelope, schema: &Schema) -> Result<Value, ToAvroErro
         ("event_time".into(), text(&envelope.event_time_iso())),
         ("producer".into(), text(&envelope.producer)),
         ("trace_id".into(), text(&envelope.trace_id)),
-        (
-            "data".into(),
-            Value::Union(index, Box::new(payload)),
-        ),
+        ("data".into(), Value::Union(index, Box::new(payload))),
     ]))
 }
 
 /// Builds and validates an envelope from a decoded Avro record.
 pub fn from_avro(value: Value) -> Result<Envelope, EnvelopeError> {
     let Value::Record(fields) = value else {
-        return Err(EnvelopeError::field("<root>", "the Avro value is not a record"));
+        return Err(EnvelopeError::field(
+            "<root>",
+            "the Avro value is not a record",
+        ));
     };
     let mut data = None;
     let mut strings = std::collections::HashMap::new();
@@ -124,7 +126,10 @@ mod tests {
     fn round_trips_every_event_through_the_schema() {
         let catalog = SchemaCatalog::embedded();
         let schema = &catalog.order_events().parsed;
-        for envelope in EventData::sample_lifecycle(77).into_iter().map(|data| Envelope::new("sample", data)) {
+        for envelope in EventData::sample_lifecycle(77)
+            .into_iter()
+            .map(|data| Envelope::new("sample", data))
+        {
             let value = to_avro(&envelope, schema).unwrap();
             let bytes = apache_avro::to_avro_datum(schema, value).unwrap();
             let back = apache_avro::from_avro_datum(schema, &mut &bytes[..], None).unwrap();

@@ -48,7 +48,10 @@ impl EmbeddedRegistry {
             .route("/subjects/{subject}/versions", post(register))
             .route("/subjects/{subject}/versions/{version}", get(get_version))
             .route("/schemas/ids/{id}", get(get_by_id))
-            .route("/compatibility/subjects/{subject}/versions", post(compatibility))
+            .route(
+                "/compatibility/subjects/{subject}/versions",
+                post(compatibility),
+            )
             .route(
                 "/compatibility/subjects/{subject}/versions/{version}",
                 post(compatibility_with_version),
@@ -78,12 +81,21 @@ struct SchemaBody {
 }
 
 fn error(status: StatusCode, code: u32, message: String) -> Response {
-    (status, Json(json!({"error_code": code, "message": message}))).into_response()
+    (
+        status,
+        Json(json!({"error_code": code, "message": message})),
+    )
+        .into_response()
 }
 
 fn parse(text: &str) -> Result<Schema, Box<Response>> {
-    Schema::parse_str(text)
-        .map_err(|e| Box::new(error(StatusCode::UNPROCESSABLE_ENTITY, 42201, format!("invalid schema: {e}"))))
+    Schema::parse_str(text).map_err(|e| {
+        Box::new(error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            42201,
+            format!("invalid schema: {e}"),
+        ))
+    })
 }
 
 /// BACKWARD: the new schema (reader) can read data of the latest (writer).
@@ -91,7 +103,8 @@ fn backward_compatible(registry: &Registry, subject: &str, new: &Schema) -> Resu
     let Some(&latest) = registry.subjects.get(subject).and_then(|ids| ids.last()) else {
         return Ok(());
     };
-    let old = Schema::parse_str(&registry.schemas[latest as usize - 1]).map_err(|e| e.to_string())?;
+    let old =
+        Schema::parse_str(&registry.schemas[latest as usize - 1]).map_err(|e| e.to_string())?;
     SchemaCompatibility::can_read(&old, new)
         .map(|_| ())
         .map_err(|e| e.to_string())
@@ -141,14 +154,22 @@ async fn get_version(
 ) -> Response {
     let registry = state.lock().expect("registry lock");
     let Some(ids) = registry.subjects.get(&subject) else {
-        return error(StatusCode::NOT_FOUND, 40401, format!("Subject '{subject}' not found."));
+        return error(
+            StatusCode::NOT_FOUND,
+            40401,
+            format!("Subject '{subject}' not found."),
+        );
     };
     let index = match version.as_str() {
         "latest" => Some(ids.len() - 1),
         v => v.parse::<usize>().ok().and_then(|v| v.checked_sub(1)),
     };
     let Some(id) = index.and_then(|i| ids.get(i)).copied() else {
-        return error(StatusCode::NOT_FOUND, 40402, format!("Version {version} not found."));
+        return error(
+            StatusCode::NOT_FOUND,
+            40402,
+            format!("Version {version} not found."),
+        );
     };
     let version = ids.iter().position(|i| *i == id).unwrap_or(0) + 1;
     Json(json!({
@@ -162,9 +183,16 @@ async fn get_version(
 
 async fn get_by_id(State(state): State<Shared>, Path(id): Path<u32>) -> Response {
     let registry = state.lock().expect("registry lock");
-    match id.checked_sub(1).and_then(|i| registry.schemas.get(i as usize)) {
+    match id
+        .checked_sub(1)
+        .and_then(|i| registry.schemas.get(i as usize))
+    {
         Some(schema) => Json(json!({"schema": schema})).into_response(),
-        None => error(StatusCode::NOT_FOUND, 40403, format!("Schema {id} not found")),
+        None => error(
+            StatusCode::NOT_FOUND,
+            40403,
+            format!("Schema {id} not found"),
+        ),
     }
 }
 

@@ -112,7 +112,9 @@ impl FastWriter {
             )));
         }
         if let EventData::RowChange(_) = &envelope.data {
-            return Err(CodecError::Avro(avro::ToAvroError::NoBranch("CdcChangeEnvelope").to_string()));
+            return Err(CodecError::Avro(
+                avro::ToAvroError::NoBranch("CdcChangeEnvelope").to_string(),
+            ));
         }
         self.write(envelope, buf)?;
         let encoded = &self.encoded[envelope.data.kind_index()];
@@ -223,7 +225,9 @@ impl Serialize for WireEnvelope<'_> {
             EventData::StockReserved(d) => record.serialize_field("data", d)?,
             EventData::StockReleased(d) => record.serialize_field("data", d)?,
             EventData::RowChange(_) => {
-                return Err(serde::ser::Error::custom("a row change has no branch in the order schemas' `data`"));
+                return Err(serde::ser::Error::custom(
+                    "a row change has no branch in the order schemas' `data`",
+                ));
             }
         }
         record.end()

@@ -87,7 +87,9 @@ pub enum CodecError {
     #[error("invalid envelope: {0}")]
     Invalid(#[from] EnvelopeError),
     /// [`Codec::encode_into`] before the schema id was resolved.
-    #[error("codec for {0} is not warmed up: call Codec::warm_up (or encode once) before encode_into")]
+    #[error(
+        "codec for {0} is not warmed up: call Codec::warm_up (or encode once) before encode_into"
+    )]
     NotWarmedUp(String),
     /// The sampled check found the fast encode path writing something the
     /// validated path or a consumer would not (see [`fast::VERIFY_EVERY`]).
@@ -139,7 +141,10 @@ pub fn sr_settings(registry: &RegistrySettings) -> Result<SrSettings, CodecError
     builder.set_timeout(Duration::from_millis(registry.timeout_ms));
     builder.no_proxy();
     if let Some(user) = &registry.username {
-        let password = registry.password.as_ref().map(|p| p.expose_secret().to_string());
+        let password = registry
+            .password
+            .as_ref()
+            .map(|p| p.expose_secret().to_string());
         builder.set_basic_authorization(user, password.as_deref());
     }
     builder
@@ -193,7 +198,10 @@ impl Codec {
         if let Some(writer) = self.writer.get() {
             return Ok(writer.id());
         }
-        let subject = self.strategy.get_subject().map_err(CodecError::from_registry)?;
+        let subject = self
+            .strategy
+            .get_subject()
+            .map_err(CodecError::from_registry)?;
         let schema = self
             .encoder
             .get_schema_and_id(&subject, self.strategy.clone())
@@ -225,10 +233,9 @@ impl Codec {
     /// it is [`CodecError::NotWarmedUp`]. A sample of records is checked
     /// ([`fast::VERIFY_EVERY`]); a failed check is [`CodecError::Mismatch`].
     pub fn encode_into(&self, envelope: &Envelope, buf: &mut Vec<u8>) -> Result<(), CodecError> {
-        let writer = self
-            .writer
-            .get()
-            .ok_or_else(|| CodecError::NotWarmedUp(self.strategy.get_subject().unwrap_or_default()))?;
+        let writer = self.writer.get().ok_or_else(|| {
+            CodecError::NotWarmedUp(self.strategy.get_subject().unwrap_or_default())
+        })?;
         writer.encode_into(envelope, buf)
     }
 
@@ -254,9 +261,10 @@ impl Codec {
     /// the frame's id) says which, so a group's retry topic may hold both.
     pub async fn decode(&self, payload: Option<&[u8]>) -> Result<Envelope, CodecError> {
         let (name, value) = self.decode_named(payload).await?;
-        if name.as_deref().is_some_and(|n| {
-            n == row_change::CHANGE_RECORD || row_change::is_table_change(n)
-        }) {
+        if name
+            .as_deref()
+            .is_some_and(|n| n == row_change::CHANGE_RECORD || row_change::is_table_change(n))
+        {
             return Ok(row_change::ChangeEvent::from_avro(value)?.into_envelope()?);
         }
         Ok(avro::from_avro(value)?)
@@ -271,7 +279,10 @@ impl Codec {
 
     /// [`Codec::decode_value`], with the full name of the writer's record
     /// (`namespace.name`) when the schema has one.
-    async fn decode_named(&self, payload: Option<&[u8]>) -> Result<(Option<String>, Value), CodecError> {
+    async fn decode_named(
+        &self,
+        payload: Option<&[u8]>,
+    ) -> Result<(Option<String>, Value), CodecError> {
         let bytes = payload.ok_or_else(|| CodecError::NotFramed("record has no value".into()))?;
         let id = schema_id(bytes)?;
         let decoded = self.decoder.decode(Some(bytes)).await.map_err(|e| {
@@ -312,8 +323,18 @@ mod tests {
     fn frame_errors_say_what_is_wrong() {
         assert_eq!(schema_id(&[0, 0, 0, 1, 2, 9]).unwrap(), 258);
         assert!(schema_id(&[]).unwrap_err().to_string().contains("empty"));
-        assert!(schema_id(&[7, 0, 0, 0, 1]).unwrap_err().to_string().contains("0x07"));
-        assert!(schema_id(&[0, 1]).unwrap_err().to_string().contains("shorter"));
+        assert!(
+            schema_id(&[7, 0, 0, 0, 1])
+                .unwrap_err()
+                .to_string()
+                .contains("0x07")
+        );
+        assert!(
+            schema_id(&[0, 1])
+                .unwrap_err()
+                .to_string()
+                .contains("shorter")
+        );
     }
 
     use crate::envelope::{EventData, InventoryStockReleased, InventoryStockReserved};
@@ -335,11 +356,23 @@ mod tests {
     async fn decode_reads_order_envelopes_and_row_changes() {
         let registry = embedded_registry::EmbeddedRegistry::start().await.unwrap();
         let catalog = SchemaCatalog::embedded();
-        let order = Codec::new(&settings(&registry), "t.order", catalog.order_events(), true).unwrap();
+        let order = Codec::new(
+            &settings(&registry),
+            "t.order",
+            catalog.order_events(),
+            true,
+        )
+        .unwrap();
         let envelope = crate::envelope::Envelope::new("test", EventData::sample_created(5));
         let bytes = order.encode(&envelope).await.unwrap();
         let cdc_topic = "t.cdc.shop.table_user";
-        let cdc = Codec::new(&settings(&registry), cdc_topic, &crate::cdc::change::topic_schema(cdc_topic), true).unwrap();
+        let cdc = Codec::new(
+            &settings(&registry),
+            cdc_topic,
+            &crate::cdc::change::topic_schema(cdc_topic),
+            true,
+        )
+        .unwrap();
         let id = crate::cdc::change::change_id("src", "0-1-9", 0);
         let change = crate::cdc::change::ChangeEvent {
             event_id: id,
@@ -367,11 +400,16 @@ mod tests {
             let decoded = codec.decode(Some(&change_bytes)).await.unwrap();
             assert_eq!(decoded.event_name.as_str(), "shop.table_user.insert");
             assert_eq!(decoded.key(), "9");
-            let EventData::RowChange(row) = &decoded.data else { panic!("{decoded:?}") };
+            let EventData::RowChange(row) = &decoded.data else {
+                panic!("{decoded:?}")
+            };
             assert_eq!(row.data, serde_json::json!({"id": 9, "mobile": "138"}));
         }
         // A row change is never written with an order schema.
-        let wrong = order.encode(&order.decode(Some(&change_bytes)).await.unwrap()).await.unwrap_err();
+        let wrong = order
+            .encode(&order.decode(Some(&change_bytes)).await.unwrap())
+            .await
+            .unwrap_err();
         assert!(wrong.to_string().contains("CdcChangeEnvelope"), "{wrong}");
     }
 
@@ -384,12 +422,26 @@ mod tests {
         let stock = |order_id| {
             let at = crate::envelope::format_utc(&chrono::Utc::now());
             vec![
-                EventData::StockReserved(InventoryStockReserved { order_id, sku: "sku-1".into(), quantity: 2, reserved_at: at.clone() }),
-                EventData::StockReleased(InventoryStockReleased { order_id, sku: "sku-1".into(), quantity: 2, released_at: at }),
+                EventData::StockReserved(InventoryStockReserved {
+                    order_id,
+                    sku: "sku-1".into(),
+                    quantity: 2,
+                    reserved_at: at.clone(),
+                }),
+                EventData::StockReleased(InventoryStockReleased {
+                    order_id,
+                    sku: "sku-1".into(),
+                    quantity: 2,
+                    released_at: at,
+                }),
             ]
         };
         let topics = [
-            ("t.order", catalog.order_events(), EventData::sample_lifecycle(41)),
+            (
+                "t.order",
+                catalog.order_events(),
+                EventData::sample_lifecycle(41),
+            ),
             ("t.inventory", inventory, stock(42)),
         ];
         for (topic, schema, events) in topics {
@@ -401,11 +453,22 @@ mod tests {
                 for _ in 0..=fast::VERIFY_EVERY {
                     codec.encode_into(&envelope, &mut buf).unwrap();
                 }
-                let validated = codec.encode_value(avro::to_avro(&envelope, &schema.parsed).unwrap()).await.unwrap();
-                assert_eq!(buf, validated, "{topic} {}: fast and validated bytes differ", envelope.event_name);
+                let validated = codec
+                    .encode_value(avro::to_avro(&envelope, &schema.parsed).unwrap())
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    buf, validated,
+                    "{topic} {}: fast and validated bytes differ",
+                    envelope.event_name
+                );
                 assert_eq!(schema_id(&buf).unwrap(), id);
                 assert_eq!(codec.encode(&envelope).await.unwrap(), validated);
-                assert_eq!(codec.decode(Some(&buf)).await.unwrap(), envelope, "{topic}: round trip");
+                assert_eq!(
+                    codec.decode(Some(&buf)).await.unwrap(),
+                    envelope,
+                    "{topic}: round trip"
+                );
             }
         }
     }
@@ -414,14 +477,28 @@ mod tests {
     async fn encode_into_needs_a_warm_codec_and_an_event_of_the_topic() {
         let registry = embedded_registry::EmbeddedRegistry::start().await.unwrap();
         let catalog = SchemaCatalog::embedded();
-        let codec = Codec::new(&settings(&registry), "t.cold", catalog.order_events(), true).unwrap();
+        let codec =
+            Codec::new(&settings(&registry), "t.cold", catalog.order_events(), true).unwrap();
         let envelope = Envelope::new("svc", EventData::sample_created(1));
         let e = codec.encode_into(&envelope, &mut Vec::new()).unwrap_err();
-        assert!(matches!(e, CodecError::NotWarmedUp(_)) && e.to_string().contains("t.cold-value"), "{e}");
+        assert!(
+            matches!(e, CodecError::NotWarmedUp(_)) && e.to_string().contains("t.cold-value"),
+            "{e}"
+        );
         codec.warm_up().await.unwrap();
-        let stock = EventData::StockReserved(InventoryStockReserved { order_id: 1, sku: "s".into(), quantity: 1, reserved_at: "2026-01-01T00:00:00.000Z".into() });
-        let e = codec.encode_into(&Envelope::new("svc", stock), &mut Vec::new()).unwrap_err();
-        assert!(e.to_string().contains("no `InventoryStockReserved` branch"), "{e}");
+        let stock = EventData::StockReserved(InventoryStockReserved {
+            order_id: 1,
+            sku: "s".into(),
+            quantity: 1,
+            reserved_at: "2026-01-01T00:00:00.000Z".into(),
+        });
+        let e = codec
+            .encode_into(&Envelope::new("svc", stock), &mut Vec::new())
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("no `InventoryStockReserved` branch"),
+            "{e}"
+        );
     }
 
     /// The registry's schema types `event_id` as an Avro `uuid`: the fast
@@ -433,28 +510,46 @@ mod tests {
         let registry = embedded_registry::EmbeddedRegistry::start().await.unwrap();
         let catalog = SchemaCatalog::embedded();
         let anchor = r#"{"name": "event_id", "type": "string""#;
-        let raw = catalog.order_events().raw.replacen(anchor, r#"{"name": "event_id", "type": {"type": "string", "logicalType": "uuid"}"#, 1);
+        let raw = catalog.order_events().raw.replacen(
+            anchor,
+            r#"{"name": "event_id", "type": {"type": "string", "logicalType": "uuid"}"#,
+            1,
+        );
         assert_ne!(raw, catalog.order_events().raw, "schema anchor moved");
         let uuid_typed = apache_avro::Schema::parse_str(&raw).unwrap();
-        let uuid_typed = crate::schema::TopicSchema { topic: "t.mismatch".into(), parsed: uuid_typed, raw };
+        let uuid_typed = crate::schema::TopicSchema {
+            topic: "t.mismatch".into(),
+            parsed: uuid_typed,
+            raw,
+        };
         let codec = Codec::new(&settings(&registry), "t.mismatch", &uuid_typed, true).unwrap();
         codec.warm_up().await.unwrap();
         let envelope = Envelope::new("svc", EventData::sample_created(7));
         let mut buf = Vec::new();
         let e = codec.encode_into(&envelope, &mut buf).unwrap_err();
         assert!(matches!(e, CodecError::Mismatch(_)), "{e}");
-        assert!(e.to_string().contains(&envelope.event_id.to_string()) && e.to_string().contains("cannot decode"), "{e}");
+        assert!(
+            e.to_string().contains(&envelope.event_id.to_string())
+                && e.to_string().contains("cannot decode"),
+            "{e}"
+        );
         assert_eq!(e.class(), "encode_mismatch");
         // The writer is not trusted again: every later record is refused
         // too, sampled or not, of any event.
         let paid = Envelope::new("svc", EventData::sample_lifecycle(7).remove(1));
         for e in [&envelope, &paid] {
             let later = codec.encode_into(e, &mut buf).unwrap_err();
-            assert!(later.to_string().contains("an earlier record failed the check"), "{later}");
+            assert!(
+                later
+                    .to_string()
+                    .contains("an earlier record failed the check"),
+                "{later}"
+            );
         }
         assert!(codec.encode(&envelope).await.is_err());
         // The same envelope with the topic's own schema passes the check.
-        let good = Codec::new(&settings(&registry), "t.good", catalog.order_events(), true).unwrap();
+        let good =
+            Codec::new(&settings(&registry), "t.good", catalog.order_events(), true).unwrap();
         good.encode(&envelope).await.unwrap();
     }
 }

@@ -71,8 +71,14 @@ impl ConsoleSettings {
                 self.listen
             )
         })?;
-        for (field, token) in [("viewer_token", &self.viewer_token), ("operator_token", &self.operator_token)] {
-            if token.as_ref().is_some_and(|t| t.expose_secret().chars().count() < MIN_TOKEN_CHARS) {
+        for (field, token) in [
+            ("viewer_token", &self.viewer_token),
+            ("operator_token", &self.operator_token),
+        ] {
+            if token
+                .as_ref()
+                .is_some_and(|t| t.expose_secret().chars().count() < MIN_TOKEN_CHARS)
+            {
                 return Err(format!(
                     "console.{field}: shorter than {MIN_TOKEN_CHARS} characters (its value is not shown)"
                 ));
@@ -83,7 +89,10 @@ impl ConsoleSettings {
         {
             return Err("console.viewer_token and console.operator_token are the same: a viewer would be an operator".into());
         }
-        for (field, header) in [("proxy_user_header", &self.proxy_user_header), ("proxy_role_header", &self.proxy_role_header)] {
+        for (field, header) in [
+            ("proxy_user_header", &self.proxy_user_header),
+            ("proxy_role_header", &self.proxy_role_header),
+        ] {
             if let Some(name) = header {
                 axum::http::HeaderName::from_bytes(name.as_bytes())
                     .map_err(|_| format!("console.{field}: `{name}` is not an HTTP header name (e.g. X-Forwarded-User)"))?;
@@ -98,7 +107,9 @@ impl ConsoleSettings {
     /// Whether any way to sign in is configured (the console refuses to
     /// start without one: it is never open to anyone by default).
     pub fn has_authentication(&self) -> bool {
-        self.viewer_token.is_some() || self.operator_token.is_some() || self.proxy_user_header.is_some()
+        self.viewer_token.is_some()
+            || self.operator_token.is_some()
+            || self.proxy_user_header.is_some()
     }
 }
 
@@ -113,15 +124,26 @@ mod tests {
         assert!(!s.has_authentication());
         s.viewer_token = Some(SecretString::from("short-secret"));
         let err = s.validate().unwrap_err();
-        assert!(err.contains("console.viewer_token") && !err.contains("short-secret"), "{err}");
+        assert!(
+            err.contains("console.viewer_token") && !err.contains("short-secret"),
+            "{err}"
+        );
         s.viewer_token = Some(SecretString::from("viewer-token-0123456789"));
         s.operator_token = Some(SecretString::from("viewer-token-0123456789"));
         assert!(s.validate().unwrap_err().contains("the same"));
         s.operator_token = None;
         s.proxy_role_header = Some("X-Role".into());
-        assert!(s.validate().unwrap_err().contains("needs console.proxy_user_header"));
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .contains("needs console.proxy_user_header")
+        );
         s.proxy_user_header = Some("bad header".into());
-        assert!(s.validate().unwrap_err().contains("console.proxy_user_header: `bad header`"));
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .contains("console.proxy_user_header: `bad header`")
+        );
         s.proxy_user_header = Some("X-Forwarded-User".into());
         s.listen = "localhost".into();
         assert!(s.validate().unwrap_err().contains("console.listen"));

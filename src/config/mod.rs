@@ -136,12 +136,17 @@ impl Settings {
 
     /// [`Settings::load`] with `overrides` (command-line flags, as a
     /// document shaped like the config file) as the last layer.
-    pub fn load_with(file: Option<&Path>, overrides: &serde_json::Value) -> Result<Self, ConfigError> {
+    pub fn load_with(
+        file: Option<&Path>,
+        overrides: &serde_json::Value,
+    ) -> Result<Self, ConfigError> {
         let foreign = env::foreign_variables();
         if !foreign.is_empty() {
             tracing::debug!(variables = ?foreign, "ORDERPIPE_* variables that name no setting (service links, other tools' knobs): ignored");
         }
-        let settings: Settings = Self::layers(file, overrides)?.extract().map_err(|e| ConfigError(env::explain(e)))?;
+        let settings: Settings = Self::layers(file, overrides)?
+            .extract()
+            .map_err(|e| ConfigError(env::explain(e)))?;
         settings.validate()?;
         Ok(settings)
     }
@@ -151,20 +156,34 @@ impl Settings {
     /// password of `database.url`, `kafka.sasl_password`,
     /// `registry.password`, and librdkafka options named like a password
     /// or secret.
-    pub fn redacted_document(file: Option<&Path>, overrides: &serde_json::Value) -> Result<serde_json::Value, ConfigError> {
+    pub fn redacted_document(
+        file: Option<&Path>,
+        overrides: &serde_json::Value,
+    ) -> Result<serde_json::Value, ConfigError> {
         Self::load_with(file, overrides)?;
-        let mut document: serde_json::Value = Self::layers(file, overrides)?.extract().map_err(|e| ConfigError(env::explain(e)))?;
+        let mut document: serde_json::Value = Self::layers(file, overrides)?
+            .extract()
+            .map_err(|e| ConfigError(env::explain(e)))?;
         for path in SECRET_FIELDS {
-            let Some(value) = document.pointer_mut(&format!("/{}", path.replace('.', "/"))) else { continue };
+            let Some(value) = document.pointer_mut(&format!("/{}", path.replace('.', "/"))) else {
+                continue;
+            };
             let redacted = match value.as_str() {
-                Some(url) if path == "database.url" || path == "cdc.source" => redact_url_password(url),
+                Some(url) if path == "database.url" || path == "cdc.source" => {
+                    redact_url_password(url)
+                }
                 _ => REDACTED.to_string(),
             };
             *value = redacted.into();
         }
         for path in OPTION_TABLES {
-            if let Some(serde_json::Value::Object(options)) = document.pointer_mut(&format!("/{}", path.replace('.', "/"))) {
-                for (_, value) in options.iter_mut().filter(|(name, _)| is_secret_option(name)) {
+            if let Some(serde_json::Value::Object(options)) =
+                document.pointer_mut(&format!("/{}", path.replace('.', "/")))
+            {
+                for (_, value) in options
+                    .iter_mut()
+                    .filter(|(name, _)| is_secret_option(name))
+                {
                     *value = REDACTED.into();
                 }
             }
@@ -179,16 +198,23 @@ impl Settings {
         let default_file = PathBuf::from(DEFAULT_CONFIG_FILE);
         match file {
             Some(path) if !path.exists() => {
-                return Err(ConfigError(format!("config file {} not found", path.display())));
+                return Err(ConfigError(format!(
+                    "config file {} not found",
+                    path.display()
+                )));
             }
             // JSON too: the Helm chart renders its values as JSON, which keeps
             // integers integers (Helm's toToml writes every number as a float).
-            Some(path) if path.extension().is_some_and(|e| e == "json") => figment = figment.merge(Json::file(path)),
+            Some(path) if path.extension().is_some_and(|e| e == "json") => {
+                figment = figment.merge(Json::file(path))
+            }
             Some(path) => figment = figment.merge(Toml::file(path)),
             None if default_file.exists() => figment = figment.merge(Toml::file(default_file)),
             None => {}
         }
-        Ok(figment.merge(env::provider()).merge(Serialized::defaults(overrides)))
+        Ok(figment
+            .merge(env::provider())
+            .merge(Serialized::defaults(overrides)))
     }
 
     /// Secret values with their field names (see [`SECRET_FIELDS`]).
@@ -208,7 +234,11 @@ impl Settings {
                 secrets.push((path.to_string(), value.expose_secret()));
             }
         }
-        for (path, options) in OPTION_TABLES.into_iter().zip([&self.kafka.options, &self.producer.options, &self.consumer.options]) {
+        for (path, options) in OPTION_TABLES.into_iter().zip([
+            &self.kafka.options,
+            &self.producer.options,
+            &self.consumer.options,
+        ]) {
             for (name, value) in options.iter().filter(|(name, _)| is_secret_option(name)) {
                 secrets.push((format!("{path}.\"{name}\""), value.as_str()));
             }
@@ -222,7 +252,10 @@ impl Settings {
             if value.contains(REDACTED) {
                 let env = match field.contains('"') {
                     true => String::new(),
-                    false => format!(" or with ORDERPIPE_{}", field.replace('.', "__").to_uppercase()),
+                    false => format!(
+                        " or with ORDERPIPE_{}",
+                        field.replace('.', "__").to_uppercase()
+                    ),
                 };
                 return Err(ConfigError(format!(
                     "{field} holds {REDACTED}, the placeholder `orderpipe config` prints instead of a secret: \
@@ -233,7 +266,9 @@ impl Settings {
         self.kafka.validate().map_err(ConfigError)?;
         self.consumer.validate(&self.kafka).map_err(ConfigError)?;
         self.topics.validate_layout().map_err(ConfigError)?;
-        self.retry.validate().map_err(|e| ConfigError(e.to_string()))?;
+        self.retry
+            .validate()
+            .map_err(|e| ConfigError(e.to_string()))?;
         #[cfg(not(feature = "harness"))]
         if self.chaos.is_some() {
             return Err(ConfigError(NO_CHAOS.into()));
@@ -324,7 +359,10 @@ mod tests {
             // A nested override keeps the other defaults of that table.
             assert_eq!(s.topics.order_events.name, "t1.order.events.v1");
             assert_eq!(s.topics.order_events.partitions, 12);
-            assert_eq!(s.topics.name_for_schema("order.events.v1"), "t1.order.events.v1");
+            assert_eq!(
+                s.topics.name_for_schema("order.events.v1"),
+                "t1.order.events.v1"
+            );
             Ok(())
         });
     }
@@ -337,7 +375,10 @@ mod tests {
         std::fs::write(&path, "[chaos]\npermanent_all = true\n").unwrap();
         figment::Jail::expect_with(|_| {
             let err = Settings::load(Some(&path)).unwrap_err().to_string();
-            assert!(err.contains("chaos: fault injection") && err.contains("cargo feature `harness`"), "{err}");
+            assert!(
+                err.contains("chaos: fault injection") && err.contains("cargo feature `harness`"),
+                "{err}"
+            );
             Ok(())
         });
     }
@@ -351,7 +392,12 @@ mod tests {
         assert!(err.contains("bootstrap"), "{err}");
         let mut s = Settings::default();
         s.topics.order_events.retention_ms = DAY_MS;
-        assert!(s.validate().unwrap_err().to_string().contains("retention_ms"));
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("retention_ms")
+        );
         for key in ["inventory_events", "dead_letter"] {
             let with_retention = |ms: i64| {
                 let mut s = Settings::default();
@@ -362,7 +408,10 @@ mod tests {
                 s.validate()
             };
             let err = with_retention(DAY_MS).unwrap_err().to_string();
-            assert!(err.contains(&format!("topics.{key}.retention_ms must be >= 30 days")), "{err}");
+            assert!(
+                err.contains(&format!("topics.{key}.retention_ms must be >= 30 days")),
+                "{err}"
+            );
             with_retention(-1).unwrap();
         }
     }
@@ -389,13 +438,25 @@ mod tests {
         for secret in ["hunter2", "keypass", "dbpass"] {
             assert!(!text.contains(secret), "{secret} printed: {text}");
         }
-        assert_eq!(document["database"]["url"], "mysql://app:__REDACTED__@db:3306/orders");
-        assert_eq!(document["kafka"]["options"]["security.protocol"], "SASL_SSL");
+        assert_eq!(
+            document["database"]["url"],
+            "mysql://app:__REDACTED__@db:3306/orders"
+        );
+        assert_eq!(
+            document["kafka"]["options"]["security.protocol"],
+            "SASL_SSL"
+        );
 
         std::fs::write(path, toml::to_string(&document).unwrap()).unwrap();
         let err = Settings::load(Some(path)).unwrap_err().to_string();
-        assert!(err.contains("__REDACTED__") && err.contains("ORDERPIPE_"), "{err}");
+        assert!(
+            err.contains("__REDACTED__") && err.contains("ORDERPIPE_"),
+            "{err}"
+        );
         assert_eq!(redact_url_password("sqlite::memory:"), "sqlite::memory:");
-        assert_eq!(redact_url_password("mysql://app@db/orders"), "mysql://app@db/orders");
+        assert_eq!(
+            redact_url_password("mysql://app@db/orders"),
+            "mysql://app@db/orders"
+        );
     }
 }

@@ -63,7 +63,8 @@ pub async fn record(
     .bind(outcome)
     .execute(&db.pool)
     .await?;
-    metrics::counter!(crate::metrics::name::CONSOLE_ACTIONS, "action" => action.to_string()).increment(1);
+    metrics::counter!(crate::metrics::name::CONSOLE_ACTIONS, "action" => action.to_string())
+        .increment(1);
     Ok(())
 }
 
@@ -131,13 +132,28 @@ async fn show(
     principal: Principal,
     query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Html<String>, ConsoleError> {
-    let Query(query) = query.map_err(|e| ConsoleError::BadInput { field: "query".into(), message: e.body_text() })?;
+    let Query(query) = query.map_err(|e| ConsoleError::BadInput {
+        field: "query".into(),
+        message: e.body_text(),
+    })?;
     let action = query.action.filter(|a| !a.trim().is_empty());
-    let limit = match query.limit.as_deref().map(str::trim).filter(|l| !l.is_empty()) {
+    let limit = match query
+        .limit
+        .as_deref()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+    {
         None => PAGE_ROWS,
-        Some(text) => text.parse::<i64>().ok().filter(|n| (1..=MAX_ROWS).contains(n)).ok_or_else(|| {
-            ConsoleError::bad_input("limit", format!("`{text}` is not a whole number from 1 to {MAX_ROWS}"))
-        })?,
+        Some(text) => text
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=MAX_ROWS).contains(n))
+            .ok_or_else(|| {
+                ConsoleError::bad_input(
+                    "limit",
+                    format!("`{text}` is not a whole number from 1 to {MAX_ROWS}"),
+                )
+            })?,
     };
     let rows = recent(state.db(), action.as_deref(), limit).await?;
     let page = AuditPage {

@@ -94,8 +94,14 @@ impl Authenticator {
     /// From the `[console]` section.
     pub fn new(settings: &ConsoleSettings) -> Self {
         Self {
-            viewer_digest: settings.viewer_token.as_ref().map(|t| digest(t.expose_secret())),
-            operator_digest: settings.operator_token.as_ref().map(|t| digest(t.expose_secret())),
+            viewer_digest: settings
+                .viewer_token
+                .as_ref()
+                .map(|t| digest(t.expose_secret())),
+            operator_digest: settings
+                .operator_token
+                .as_ref()
+                .map(|t| digest(t.expose_secret())),
             proxy_user_header: settings.proxy_user_header.clone(),
             proxy_role_header: settings.proxy_role_header.clone(),
             sessions: Mutex::new(HashMap::new()),
@@ -121,7 +127,10 @@ impl Authenticator {
 
     /// A principal for a token's role.
     fn token_principal(role: Role) -> Principal {
-        Principal { who: format!("{}-token", role.as_str()), role }
+        Principal {
+            who: format!("{}-token", role.as_str()),
+            role,
+        }
     }
 
     /// Signs in with `token`: a new session id for the cookie, or `None`
@@ -149,10 +158,21 @@ impl Authenticator {
         if let Some(user_header) = &self.proxy_user_header
             && let Some(user) = headers.get(user_header.as_str())
         {
-            let who = user.to_str().ok().map(str::trim).filter(|u| !u.is_empty()).ok_or_else(|| {
-                ConsoleError::Unauthenticated(format!("the {user_header} header is empty or not text"))
-            })?;
-            let role = match self.proxy_role_header.as_deref().and_then(|h| headers.get(h)) {
+            let who = user
+                .to_str()
+                .ok()
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .ok_or_else(|| {
+                    ConsoleError::Unauthenticated(format!(
+                        "the {user_header} header is empty or not text"
+                    ))
+                })?;
+            let role = match self
+                .proxy_role_header
+                .as_deref()
+                .and_then(|h| headers.get(h))
+            {
                 None => Role::Viewer,
                 Some(value) => value.to_str().ok().and_then(Role::parse).ok_or_else(|| {
                     ConsoleError::Forbidden(format!(
@@ -161,17 +181,24 @@ impl Authenticator {
                     ))
                 })?,
             };
-            return Ok(Principal { who: who.to_string(), role });
+            return Ok(Principal {
+                who: who.to_string(),
+                role,
+            });
         }
         if let Some(value) = headers.get(header::AUTHORIZATION) {
             let token = value
                 .to_str()
                 .ok()
                 .and_then(|v| v.strip_prefix("Bearer "))
-                .ok_or_else(|| ConsoleError::Unauthenticated("Authorization must be `Bearer <token>`".into()))?;
+                .ok_or_else(|| {
+                    ConsoleError::Unauthenticated("Authorization must be `Bearer <token>`".into())
+                })?;
             let role = self
                 .role_of_token(&SecretString::from(token.trim()))
-                .ok_or_else(|| ConsoleError::Forbidden("the bearer token is no console token".into()))?;
+                .ok_or_else(|| {
+                    ConsoleError::Forbidden("the bearer token is no console token".into())
+                })?;
             return Ok(Self::token_principal(role));
         }
         if let Some(id) = session_cookie(headers) {
@@ -182,10 +209,12 @@ impl Authenticator {
                 return Ok(principal.clone());
             }
         }
-        Err(ConsoleError::Unauthenticated(match (&self.proxy_user_header, self.has_tokens()) {
-            (Some(h), false) => format!("no {h} header: reach the console through its proxy"),
-            _ => "not signed in".into(),
-        }))
+        Err(ConsoleError::Unauthenticated(
+            match (&self.proxy_user_header, self.has_tokens()) {
+                (Some(h), false) => format!("no {h} header: reach the console through its proxy"),
+                _ => "not signed in".into(),
+            },
+        ))
     }
 }
 
@@ -215,7 +244,10 @@ pub fn session_set_cookie(id: Option<&str>) -> String {
 impl FromRequestParts<super::ConsoleState> for Principal {
     type Rejection = ConsoleError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &super::ConsoleState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &super::ConsoleState,
+    ) -> Result<Self, Self::Rejection> {
         if let Some(principal) = parts.extensions.get::<Principal>() {
             return Ok(principal.clone());
         }
@@ -242,36 +274,78 @@ mod tests {
     fn tokens_headers_and_sessions_name_the_role() {
         let auth = Authenticator::new(&settings());
         let mut headers = HeaderMap::new();
-        assert!(matches!(auth.identify(&headers), Err(ConsoleError::Unauthenticated(_))));
-        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer viewer-token-0123456789"));
-        assert_eq!(auth.identify(&headers).unwrap(), Principal { who: "viewer-token".into(), role: Role::Viewer });
-        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer wrong-token-0123456789"));
-        assert!(matches!(auth.identify(&headers), Err(ConsoleError::Forbidden(_))));
+        assert!(matches!(
+            auth.identify(&headers),
+            Err(ConsoleError::Unauthenticated(_))
+        ));
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer viewer-token-0123456789"),
+        );
+        assert_eq!(
+            auth.identify(&headers).unwrap(),
+            Principal {
+                who: "viewer-token".into(),
+                role: Role::Viewer
+            }
+        );
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer wrong-token-0123456789"),
+        );
+        assert!(matches!(
+            auth.identify(&headers),
+            Err(ConsoleError::Forbidden(_))
+        ));
 
-        let (id, principal) = auth.login(&SecretString::from("operator-token-0123456789")).unwrap();
+        let (id, principal) = auth
+            .login(&SecretString::from("operator-token-0123456789"))
+            .unwrap();
         assert_eq!(principal.role, Role::Operator);
         let mut cookie = HeaderMap::new();
-        cookie.insert(header::COOKIE, HeaderValue::from_str(&format!("a=b; {SESSION_COOKIE}={id}")).unwrap());
+        cookie.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("a=b; {SESSION_COOKIE}={id}")).unwrap(),
+        );
         assert_eq!(auth.identify(&cookie).unwrap().role, Role::Operator);
         auth.logout(&cookie);
         assert!(auth.identify(&cookie).is_err());
-        assert!(auth.login(&SecretString::from("nope-nope-nope-nope")).is_none());
+        assert!(
+            auth.login(&SecretString::from("nope-nope-nope-nope"))
+                .is_none()
+        );
 
         let mut proxied = HeaderMap::new();
         proxied.insert("x-forwarded-user", HeaderValue::from_static("alice"));
-        assert_eq!(auth.identify(&proxied).unwrap(), Principal { who: "alice".into(), role: Role::Viewer });
+        assert_eq!(
+            auth.identify(&proxied).unwrap(),
+            Principal {
+                who: "alice".into(),
+                role: Role::Viewer
+            }
+        );
         proxied.insert("x-forwarded-role", HeaderValue::from_static("Operator"));
         assert_eq!(auth.identify(&proxied).unwrap().role, Role::Operator);
         proxied.insert("x-forwarded-role", HeaderValue::from_static("admin"));
-        assert!(matches!(auth.identify(&proxied), Err(ConsoleError::Forbidden(_))));
+        assert!(matches!(
+            auth.identify(&proxied),
+            Err(ConsoleError::Forbidden(_))
+        ));
     }
 
     #[test]
     fn a_proxy_header_is_ignored_unless_configured() {
-        let auth = Authenticator::new(&ConsoleSettings { proxy_user_header: None, proxy_role_header: None, ..settings() });
+        let auth = Authenticator::new(&ConsoleSettings {
+            proxy_user_header: None,
+            proxy_role_header: None,
+            ..settings()
+        });
         let mut headers = HeaderMap::new();
         headers.insert("x-forwarded-user", HeaderValue::from_static("mallory"));
         headers.insert("x-forwarded-role", HeaderValue::from_static("operator"));
-        assert!(matches!(auth.identify(&headers), Err(ConsoleError::Unauthenticated(_))));
+        assert!(matches!(
+            auth.identify(&headers),
+            Err(ConsoleError::Unauthenticated(_))
+        ));
     }
 }

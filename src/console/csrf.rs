@@ -60,8 +60,15 @@ fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
     let mut block = [0u8; 64];
     block[..key.len()].copy_from_slice(key);
     let pad = |byte: u8| block.map(|b| b ^ byte);
-    let inner = Sha256::new().chain_update(pad(0x36)).chain_update(message).finalize();
-    Sha256::new().chain_update(pad(0x5c)).chain_update(inner).finalize().into()
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(message)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
 }
 
 /// The CSRF key of this process.
@@ -84,23 +91,36 @@ impl CsrfKey {
     /// Whether `given` is `principal`'s token (compared in constant time).
     pub fn is_valid(&self, principal: &Principal, given: &str) -> bool {
         let expected = self.token(principal);
-        expected.len() == given.len() && expected.bytes().zip(given.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        expected.len() == given.len()
+            && expected
+                .bytes()
+                .zip(given.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
     }
 }
 
 /// The value of `field` in an `application/x-www-form-urlencoded` body.
 pub fn form_value(body: &[u8], field: &str) -> Option<String> {
-    url::form_urlencoded::parse(body).find(|(name, _)| name == field).map(|(_, value)| value.into_owned())
+    url::form_urlencoded::parse(body)
+        .find(|(name, _)| name == field)
+        .map(|(_, value)| value.into_owned())
 }
 
 /// The gate (see the module docs); passes the identified [`Principal`] on
 /// to the handler as a request extension.
 pub async fn guard(State(state): State<ConsoleState>, request: Request, next: Next) -> Response {
     if request.method() != Method::POST || OPEN_POSTS.contains(&request.uri().path()) {
-        let wanted = request.uri().path_and_query().map_or_else(|| "/".to_string(), ToString::to_string);
+        let wanted = request
+            .uri()
+            .path_and_query()
+            .map_or_else(|| "/".to_string(), ToString::to_string);
         let response = next.run(request).await;
         // A page asked for without a login goes to the login form, and back after it.
-        if response.status() == StatusCode::UNAUTHORIZED && state.auth().has_tokens() && !wanted.starts_with("/login") {
+        if response.status() == StatusCode::UNAUTHORIZED
+            && state.auth().has_tokens()
+            && !wanted.starts_with("/login")
+        {
             let next: String = url::form_urlencoded::byte_serialize(wanted.as_bytes()).collect();
             return Redirect::to(&format!("/login?next={next}")).into_response();
         }
@@ -122,7 +142,10 @@ async fn check(state: &ConsoleState, request: Request) -> Result<Request, Consol
     let principal = state.auth().identify(&parts.headers)?;
     let bytes = axum::body::to_bytes(body, MAX_FORM_BYTES)
         .await
-        .map_err(|e| ConsoleError::BadInput { field: "body".into(), message: format!("unreadable form: {e}") })?;
+        .map_err(|e| ConsoleError::BadInput {
+            field: "body".into(),
+            message: format!("unreadable form: {e}"),
+        })?;
     let given = parts
         .headers
         .get(HEADER)
@@ -130,7 +153,12 @@ async fn check(state: &ConsoleState, request: Request) -> Result<Request, Consol
         .map(str::to_string)
         .or_else(|| form_value(&bytes, FIELD));
     match given {
-        None => return Err(ConsoleError::Forbidden("the form has no CSRF token (csrf_token): reload the page and submit it again".into())),
+        None => {
+            return Err(ConsoleError::Forbidden(
+                "the form has no CSRF token (csrf_token): reload the page and submit it again"
+                    .into(),
+            ));
+        }
         Some(token) if !state.csrf().is_valid(&principal, &token) => {
             return Err(ConsoleError::Forbidden("the form's CSRF token is not yours or has expired: reload the page and submit it again".into()));
         }
@@ -138,7 +166,9 @@ async fn check(state: &ConsoleState, request: Request) -> Result<Request, Consol
     }
     if !ANY_ROLE_POSTS.contains(&parts.uri.path()) {
         if state.read_only() {
-            return Err(ConsoleError::Forbidden("this console is read-only (--read-only): it changes nothing".into()));
+            return Err(ConsoleError::Forbidden(
+                "this console is read-only (--read-only): it changes nothing".into(),
+            ));
         }
         if !principal.can_act(false) {
             return Err(ConsoleError::Forbidden(format!(
@@ -160,19 +190,40 @@ mod tests {
     #[test]
     fn hmac_matches_rfc_4231_case_2() {
         let mac = hmac_sha256(b"Jefe", b"what do ya want for nothing?");
-        assert_eq!(hex(&mac), "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+        assert_eq!(
+            hex(&mac),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
     }
 
     #[test]
     fn a_token_is_bound_to_its_user_and_role() {
         let key = CsrfKey::random();
-        let alice = Principal { who: "alice".into(), role: Role::Operator };
+        let alice = Principal {
+            who: "alice".into(),
+            role: Role::Operator,
+        };
         let token = key.token(&alice);
         assert!(key.is_valid(&alice, &token));
-        assert!(!key.is_valid(&Principal { role: Role::Viewer, ..alice.clone() }, &token));
-        assert!(!key.is_valid(&Principal { who: "bob".into(), ..alice.clone() }, &token));
+        assert!(!key.is_valid(
+            &Principal {
+                role: Role::Viewer,
+                ..alice.clone()
+            },
+            &token
+        ));
+        assert!(!key.is_valid(
+            &Principal {
+                who: "bob".into(),
+                ..alice.clone()
+            },
+            &token
+        ));
         assert!(!CsrfKey::random().is_valid(&alice, &token));
         assert!(!key.is_valid(&alice, ""));
-        assert_eq!(form_value(b"a=1&csrf_token=x%2By&b=2", FIELD).as_deref(), Some("x+y"));
+        assert_eq!(
+            form_value(b"a=1&csrf_token=x%2By&b=2", FIELD).as_deref(),
+            Some("x+y")
+        );
     }
 }

@@ -19,10 +19,10 @@
 //! `/dead-letters/replays/{run}`, which reloads itself while it runs.
 
 use askama::Template;
+use axum::Router;
 use axum::extract::{Form, Path, Query, State};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use axum::Router;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -39,7 +39,12 @@ use crate::schema::SchemaCatalog;
 pub const PAGE: Page = Page {
     routes,
     nav: Some(("Dead letters", "/dead-letters")),
-    actions: &["/dead-letters/1/replay", "/dead-letters/1/ignore", "/dead-letters/replay", "/dead-letters/ignore"],
+    actions: &[
+        "/dead-letters/1/replay",
+        "/dead-letters/1/ignore",
+        "/dead-letters/replay",
+        "/dead-letters/ignore",
+    ],
 };
 
 /// Rows per page of the list.
@@ -51,8 +56,14 @@ pub const REPLAY_LIMIT: i64 = 1_000_000;
 fn routes() -> Router<ConsoleState> {
     Router::new()
         .route("/dead-letters", get(list))
-        .route("/dead-letters/replay", get(confirm_replay).post(replay_filter))
-        .route("/dead-letters/ignore", get(confirm_ignore).post(ignore_filter))
+        .route(
+            "/dead-letters/replay",
+            get(confirm_replay).post(replay_filter),
+        )
+        .route(
+            "/dead-letters/ignore",
+            get(confirm_ignore).post(ignore_filter),
+        )
         .route("/dead-letters/replays/{run}", get(progress))
         .route("/dead-letters/{id}", get(detail))
         .route("/dead-letters/{id}/replay", post(replay_one))
@@ -108,9 +119,15 @@ impl FilterForm {
         };
         let classes = match some(&self.class) {
             None => vec![],
-            Some(c) => vec![crate::dlq::known_class(&c).map_err(|e| ConsoleError::bad_input("class", e))?],
+            Some(c) => {
+                vec![crate::dlq::known_class(&c).map_err(|e| ConsoleError::bad_input("class", e))?]
+            }
         };
-        let time = |field: &str, text: &str| some(text).map(|t| store::parse_time(&t).map_err(|e| ConsoleError::bad_input(field, e))).transpose();
+        let time = |field: &str, text: &str| {
+            some(text)
+                .map(|t| store::parse_time(&t).map_err(|e| ConsoleError::bad_input(field, e)))
+                .transpose()
+        };
         Ok(Filter {
             group: some(&self.group),
             event_name: some(&self.event),
@@ -127,13 +144,29 @@ impl FilterForm {
     /// The form of a replay's stored selection ([`Filter::to_json`]), so
     /// its page links to the list of what it replayed (CLI runs too).
     pub fn from_selection(selection: &serde_json::Value) -> Self {
-        let text = |name: &str| selection.get(name).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+        let text = |name: &str| {
+            selection
+                .get(name)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
         let time = |name: &str| {
-            selection.get(name).and_then(|v| v.as_i64()).and_then(chrono::DateTime::from_timestamp_millis).map(|t| t.to_rfc3339()).unwrap_or_default()
+            selection
+                .get(name)
+                .and_then(|v| v.as_i64())
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .map(|t| t.to_rfc3339())
+                .unwrap_or_default()
         };
         Self {
             group: text("group"),
-            class: selection.get("classes").and_then(|c| c.get(0)).and_then(|c| c.as_str()).unwrap_or_default().to_string(),
+            class: selection
+                .get("classes")
+                .and_then(|c| c.get(0))
+                .and_then(|c| c.as_str())
+                .unwrap_or_default()
+                .to_string(),
             event: text("event"),
             order_id: text("key"),
             status: text("status"),
@@ -156,7 +189,10 @@ impl FilterForm {
 
     /// The same filter with another status (`""`: any).
     pub fn with_status(&self, status: &str) -> Self {
-        Self { status: status.into(), ..self.clone() }
+        Self {
+            status: status.into(),
+            ..self.clone()
+        }
     }
 
     /// Non-empty fields, in form order: the confirmation's hidden inputs.
@@ -183,12 +219,21 @@ impl FilterForm {
         if fields.is_empty() {
             return "every dead letter".into();
         }
-        fields.iter().map(|(n, v)| format!("{n} = {v}")).collect::<Vec<_>>().join(", ")
+        fields
+            .iter()
+            .map(|(n, v)| format!("{n} = {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// As JSON for the audit row.
     pub fn audit_json(&self) -> serde_json::Value {
-        serde_json::Value::Object(self.fields().into_iter().map(|(n, v)| (n.to_string(), json!(v))).collect())
+        serde_json::Value::Object(
+            self.fields()
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), json!(v)))
+                .collect(),
+        )
     }
 }
 
@@ -223,7 +268,9 @@ async fn list(
     let filter = query.filter.filter()?;
     let before = match some(&query.before) {
         None => None,
-        Some(b) => Some(b.parse::<i64>().map_err(|_| ConsoleError::bad_input("before", format!("`{b}` is not a row id (a whole number)")))?),
+        Some(b) => Some(b.parse::<i64>().map_err(|_| {
+            ConsoleError::bad_input("before", format!("`{b}` is not a row id (a whole number)"))
+        })?),
     };
     let db = state.db();
     let (rows, matching, running) = tokio::try_join!(
@@ -232,7 +279,9 @@ async fn list(
         progress::running(db),
     )?;
     let now = crate::clock::now_ms();
-    let older = (rows.len() as i64 == PAGE_ROWS).then(|| rows.last().map(|r| r.id)).flatten();
+    let older = (rows.len() as i64 == PAGE_ROWS)
+        .then(|| rows.last().map(|r| r.id))
+        .flatten();
     super::render(&ListPage {
         chrome: state.chrome(&principal, "Dead letters", "/dead-letters"),
         query: query.filter.query(),
@@ -261,24 +310,46 @@ struct DetailPage {
     heads: Option<(String, String, i64, String)>,
 }
 
-async fn detail(State(state): State<ConsoleState>, principal: Principal, Path(id): Path<i64>) -> Result<Html<String>, ConsoleError> {
+async fn detail(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Path(id): Path<i64>,
+) -> Result<Html<String>, ConsoleError> {
     let db = state.db();
-    let filter = Filter { ids: vec![id], ..Default::default() };
+    let filter = Filter {
+        ids: vec![id],
+        ..Default::default()
+    };
     let record = store::records(db, &filter, 1)
         .await?
         .into_iter()
         .next()
         .ok_or_else(|| ConsoleError::NotFound(format!("no dead letter with id {id}")))?;
     // Decoded as `orderpipe dlq show` decodes it; undecodable is shown as such.
-    let codec = Codec::new(&state.settings().registry, &record.row.original_topic, SchemaCatalog::embedded().order_events(), false)
-        .map_err(|e| ConsoleError::Internal(format!("codec: {e}")))?;
+    let codec = Codec::new(
+        &state.settings().registry,
+        &record.row.original_topic,
+        SchemaCatalog::embedded().order_events(),
+        false,
+    )
+    .map_err(|e| ConsoleError::Internal(format!("codec: {e}")))?;
     // cdc's dead letters are JSON (the row cut to fit, its place, size and limit).
-    let (envelope, undecodable) = match (record.json_value(), codec.decode(record.payload.as_deref()).await) {
-        (Some(json), _) => (serde_json::to_string_pretty(&json).unwrap_or_default(), None),
-        (None, Ok(envelope)) => (serde_json::to_string_pretty(&envelope).unwrap_or_default(), None),
+    let (envelope, undecodable) = match (
+        record.json_value(),
+        codec.decode(record.payload.as_deref()).await,
+    ) {
+        (Some(json), _) => (
+            serde_json::to_string_pretty(&json).unwrap_or_default(),
+            None,
+        ),
+        (None, Ok(envelope)) => (
+            serde_json::to_string_pretty(&envelope).unwrap_or_default(),
+            None,
+        ),
         (None, Err(e)) => (String::new(), Some(e.to_string())),
     };
-    let headers: std::collections::BTreeMap<String, String> = serde_json::from_str(&record.headers).unwrap_or_default();
+    let headers: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(&record.headers).unwrap_or_default();
     let group = &record.row.consumer_group;
     let heads = ignore::heading(db, &record).await?.map(|(p, held)| {
         let page = super::held::key_page(group, &p.key_topic, &p.key);
@@ -286,7 +357,10 @@ async fn detail(State(state): State<ConsoleState>, principal: Principal, Path(id
     });
     super::render(&DetailPage {
         chrome: state.chrome(&principal, &format!("Dead letter {id}"), "/dead-letters"),
-        key: record.key.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()),
+        key: record
+            .key
+            .as_ref()
+            .map(|k| String::from_utf8_lossy(k).into_owned()),
         value_bytes: record.payload.as_ref().map_or(0, Vec::len),
         headers: headers.into_iter().collect(),
         envelope,
@@ -298,7 +372,12 @@ async fn detail(State(state): State<ConsoleState>, principal: Principal, Path(id
 }
 
 /// Replays `filter` up to `bound` with the CLI's defaults, as `dlq replay` does.
-async fn run_replay(state: &ConsoleState, filter: &Filter, bound: Bound, progress: impl FnMut()) -> anyhow::Result<ReplaySummary> {
+async fn run_replay(
+    state: &ConsoleState,
+    filter: &Filter,
+    bound: Bound,
+    progress: impl FnMut(),
+) -> anyhow::Result<ReplaySummary> {
     let settings = state.settings();
     replay::replay(
         &settings.kafka,
@@ -315,18 +394,37 @@ async fn run_replay(state: &ConsoleState, filter: &Filter, bound: Bound, progres
 
 /// An audit row; a failure to write it fails the request (an action that
 /// cannot be audited is reported, not hidden).
-async fn audit_row(state: &ConsoleState, principal: &Principal, action: &str, target: serde_json::Value, count: u64, outcome: &str) -> Result<(), ConsoleError> {
+async fn audit_row(
+    state: &ConsoleState,
+    principal: &Principal,
+    action: &str,
+    target: serde_json::Value,
+    count: u64,
+    outcome: &str,
+) -> Result<(), ConsoleError> {
     audit::record(state.db(), principal, action, &target, count, outcome).await?;
     Ok(())
 }
 
 /// Replays dead letter `id` through `dlq replay --id`'s code and writes
 /// the audit row `action`; an unsent row is an error page (it stays pending).
-pub async fn replay_by_id(state: &ConsoleState, principal: &Principal, id: i64, action: &str) -> Result<ReplaySummary, ConsoleError> {
-    let filter = Filter { ids: vec![id], ..Default::default() }.for_replay().map_err(|e| ConsoleError::bad_input("id", e.to_string()))?;
+pub async fn replay_by_id(
+    state: &ConsoleState,
+    principal: &Principal,
+    id: i64,
+    action: &str,
+) -> Result<ReplaySummary, ConsoleError> {
+    let filter = Filter {
+        ids: vec![id],
+        ..Default::default()
+    }
+    .for_replay()
+    .map_err(|e| ConsoleError::bad_input("id", e.to_string()))?;
     let bound = store::bound(state.db(), &filter, 1).await?;
     if bound.rows == 0 {
-        return Err(ConsoleError::NotFound(format!("no dead letter with id {id}")));
+        return Err(ConsoleError::NotFound(format!(
+            "no dead letter with id {id}"
+        )));
     }
     let result = run_replay(state, &filter, bound, || {}).await;
     let (count, outcome) = match &result {
@@ -337,11 +435,17 @@ pub async fn replay_by_id(state: &ConsoleState, principal: &Principal, id: i64, 
     audit_row(state, principal, action, json!({"id": id}), count, &outcome).await?;
     match result {
         Ok(summary) if summary.failed.is_empty() => Ok(summary),
-        _ => Err(ConsoleError::Unavailable(format!("dead letter {id} was not replayed ({outcome}); it stays pending"))),
+        _ => Err(ConsoleError::Unavailable(format!(
+            "dead letter {id} was not replayed ({outcome}); it stays pending"
+        ))),
     }
 }
 
-async fn replay_one(State(state): State<ConsoleState>, principal: Principal, Path(id): Path<i64>) -> Result<Response, ConsoleError> {
+async fn replay_one(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Path(id): Path<i64>,
+) -> Result<Response, ConsoleError> {
     replay_by_id(&state, &principal, id, "dead_letter.replay").await?;
     Ok(Redirect::to(&format!("/dead-letters/{id}")).into_response())
 }
@@ -364,31 +468,65 @@ pub fn followers_choice(text: &str) -> Result<Option<Followers>, ConsoleError> {
         "" => Ok(None),
         "release" => Ok(Some(Followers::Release)),
         "keep" => Ok(Some(Followers::KeepHeld)),
-        other => Err(ConsoleError::bad_input("followers", format!("`{other}` is not a choice; accepted values: release, keep"))),
+        other => Err(ConsoleError::bad_input(
+            "followers",
+            format!("`{other}` is not a choice; accepted values: release, keep"),
+        )),
     }
 }
 
 /// Ignores dead letter `id` for `form.reason` through [`ignore::ignore`]:
 /// the audit row names the choice made for its followers.
-pub async fn ignore_row(state: &ConsoleState, principal: &Principal, id: i64, form: &IgnoreForm, action: &str) -> Result<ignore::IgnoreSummary, ConsoleError> {
+pub async fn ignore_row(
+    state: &ConsoleState,
+    principal: &Principal,
+    id: i64,
+    form: &IgnoreForm,
+    action: &str,
+) -> Result<ignore::IgnoreSummary, ConsoleError> {
     let followers = followers_choice(&form.followers)?;
-    let filter = Filter { ids: vec![id], ..Default::default() }
-        .for_ignore(&form.reason)
-        .map_err(|e| ConsoleError::bad_input("reason", "required: say why the dead letter is ignored (it is kept with the row)".to_string() + &format!(" ({e})")))?;
+    let filter = Filter {
+        ids: vec![id],
+        ..Default::default()
+    }
+    .for_ignore(&form.reason)
+    .map_err(|e| {
+        ConsoleError::bad_input(
+            "reason",
+            "required: say why the dead letter is ignored (it is kept with the row)".to_string()
+                + &format!(" ({e})"),
+        )
+    })?;
     let rows = store::records(state.db(), &filter, 1).await?;
     if rows.is_empty() {
-        return Err(ConsoleError::NotFound(format!("no dead letter with id {id}")));
+        return Err(ConsoleError::NotFound(format!(
+            "no dead letter with id {id}"
+        )));
     }
     let summary = match ignore::ignore(state.db(), &rows, form.reason.trim(), followers).await {
         Err(IgnoreError::ChoiceNeeded(why)) => {
-            return Err(ConsoleError::bad_input("followers", format!("choose release or keep: {}", why.lines().next().unwrap_or_default())));
+            return Err(ConsoleError::bad_input(
+                "followers",
+                format!(
+                    "choose release or keep: {}",
+                    why.lines().next().unwrap_or_default()
+                ),
+            ));
         }
         Err(IgnoreError::Db(e)) => return Err(e.into()),
         Ok(summary) => summary,
     };
     let target = json!({"id": id, "reason": form.reason.trim(), "followers": form.followers.trim(),
         "released": summary.released, "kept_held": summary.kept_held});
-    audit_row(state, principal, action, target, summary.ignored as u64, "ok").await?;
+    audit_row(
+        state,
+        principal,
+        action,
+        target,
+        summary.ignored as u64,
+        "ok",
+    )
+    .await?;
     Ok(summary)
 }
 
@@ -471,9 +609,19 @@ struct ConfirmPage {
 }
 
 /// Renders the [`ConfirmPage`] of `bulk` for `form` and its dry run `bound`.
-fn confirm_page(state: &ConsoleState, principal: &Principal, bulk: Bulk, form: FilterForm, bound: Bound) -> Result<Html<String>, ConsoleError> {
+fn confirm_page(
+    state: &ConsoleState,
+    principal: &Principal,
+    bulk: Bulk,
+    form: FilterForm,
+    bound: Bound,
+) -> Result<Html<String>, ConsoleError> {
     super::render(&ConfirmPage {
-        chrome: state.chrome(principal, &format!("{} dead letters", bulk.button()), "/dead-letters"),
+        chrome: state.chrome(
+            principal,
+            &format!("{} dead letters", bulk.button()),
+            "/dead-letters",
+        ),
         query: form.query(),
         description: form.describe(),
         form,
@@ -482,12 +630,23 @@ fn confirm_page(state: &ConsoleState, principal: &Principal, bulk: Bulk, form: F
     })
 }
 
-async fn confirm_replay(State(state): State<ConsoleState>, principal: Principal, Query(form): Query<FilterForm>) -> Result<Html<String>, ConsoleError> {
-    let filter = form.filter()?.for_replay().map_err(|e| ConsoleError::bad_input("status", e.to_string()))?;
+async fn confirm_replay(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Query(form): Query<FilterForm>,
+) -> Result<Html<String>, ConsoleError> {
+    let filter = form
+        .filter()?
+        .for_replay()
+        .map_err(|e| ConsoleError::bad_input("status", e.to_string()))?;
     // The dry run: how many rows, and the highest id, now.
     let bound = store::bound(state.db(), &filter, REPLAY_LIMIT).await?;
     // Without a status, a replay takes the pending ones (as `dlq replay`).
-    let form = if some(&form.status).is_none() { form.with_status("pending") } else { form };
+    let form = if some(&form.status).is_none() {
+        form.with_status("pending")
+    } else {
+        form
+    };
     confirm_page(&state, &principal, Bulk::Replay, form, bound)
 }
 
@@ -504,18 +663,47 @@ struct ConfirmForm {
     upto: String,
 }
 
-async fn replay_filter(State(state): State<ConsoleState>, principal: Principal, Form(form): Form<ConfirmForm>) -> Result<Response, ConsoleError> {
-    let filter = form.filter.filter()?.for_replay().map_err(|e| ConsoleError::bad_input("status", e.to_string()))?;
+async fn replay_filter(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Form(form): Form<ConfirmForm>,
+) -> Result<Response, ConsoleError> {
+    let filter = form
+        .filter
+        .filter()?
+        .for_replay()
+        .map_err(|e| ConsoleError::bad_input("status", e.to_string()))?;
     let (count, upto) = Bulk::Replay.counted(&form)?;
     if count == 0 {
-        return Err(ConsoleError::bad_input("count", "the dry run counted no dead letter: nothing to replay"));
+        return Err(ConsoleError::bad_input(
+            "count",
+            "the dry run counted no dead letter: nothing to replay",
+        ));
     }
-    let bound = Bound { rows: count, last_id: Some(upto) };
+    let bound = Bound {
+        rows: count,
+        last_id: Some(upto),
+    };
     // The run's row: its progress page, on any replica, and beside the CLI's.
-    let tracker = Tracker::start(state.db(), Origin::Console, &principal.who, &filter.to_json(), count as u64).await?;
+    let tracker = Tracker::start(
+        state.db(),
+        Origin::Console,
+        &principal.who,
+        &filter.to_json(),
+        count as u64,
+    )
+    .await?;
     let run = tracker.id;
     let target = json!({"filter": form.filter.audit_json(), "upto_id": upto, "run": run});
-    audit_row(&state, &principal, "dead_letters.replay", target.clone(), count as u64, "started").await?;
+    audit_row(
+        &state,
+        &principal,
+        "dead_letters.replay",
+        target.clone(),
+        count as u64,
+        "started",
+    )
+    .await?;
     let task_state = state.clone();
     // Polled on a thread of its own, as the CLI's replay is (its runtime's
     // main thread), not on the workers that also serve the console's pages.
@@ -525,19 +713,33 @@ async fn replay_filter(State(state): State<ConsoleState>, principal: Principal, 
         let result = run_replay(&task_state, &filter, bound, || tracker.settle()).await;
         let (replayed, outcome) = match &result {
             Ok(s) if s.failed.is_empty() => (s.replayed, "ok".to_string()),
-            Ok(s) => (s.replayed, format!("{} failed, e.g. {}", s.failed.len(), s.failed[0])),
+            Ok(s) => (
+                s.replayed,
+                format!("{} failed, e.g. {}", s.failed.len(), s.failed[0]),
+            ),
             Err(e) => (0, format!("failed: {e:#}")),
         };
         if let Err(e) = tracker.finish(&result).await {
             tracing::warn!(error = %e, run, "console: the replay's progress row was not closed");
         }
-        if let Err(e) = audit::record(task_state.db(), &principal, "dead_letters.replay.done", &target, replayed, &outcome).await {
+        if let Err(e) = audit::record(
+            task_state.db(),
+            &principal,
+            "dead_letters.replay.done",
+            &target,
+            replayed,
+            &outcome,
+        )
+        .await
+        {
             tracing::warn!(error = %e, run, "console: the replay's closing audit row failed");
         }
     };
     replay_thread
         .spawn(move || runtime.block_on(task))
-        .map_err(|e| ConsoleError::Unavailable(format!("replay {run} could not start a thread: {e}")))?;
+        .map_err(|e| {
+            ConsoleError::Unavailable(format!("replay {run} could not start a thread: {e}"))
+        })?;
     Ok(Redirect::to(&format!("/dead-letters/replays/{run}")).into_response())
 }
 
@@ -555,7 +757,11 @@ fn ignore_filter_of(form: &FilterForm, reason: &str) -> Result<Filter, ConsoleEr
     })
 }
 
-async fn confirm_ignore(State(state): State<ConsoleState>, principal: Principal, Query(form): Query<FilterForm>) -> Result<Html<String>, ConsoleError> {
+async fn confirm_ignore(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Query(form): Query<FilterForm>,
+) -> Result<Html<String>, ConsoleError> {
     let filter = ignore_filter_of(&form, "(dry run)")?;
     let bound = store::bound(state.db(), &filter, REPLAY_LIMIT).await?;
     confirm_page(&state, &principal, Bulk::Ignore, form, bound)
@@ -573,7 +779,11 @@ struct ConfirmIgnoreForm {
     followers: String,
 }
 
-async fn ignore_filter(State(state): State<ConsoleState>, principal: Principal, Form(form): Form<ConfirmIgnoreForm>) -> Result<Response, ConsoleError> {
+async fn ignore_filter(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Form(form): Form<ConfirmIgnoreForm>,
+) -> Result<Response, ConsoleError> {
     let filter = ignore_filter_of(&form.confirmed.filter, &form.reason)?;
     let followers = followers_choice(&form.followers)?;
     let (count, upto) = Bulk::Ignore.counted(&form.confirmed)?;
@@ -581,15 +791,33 @@ async fn ignore_filter(State(state): State<ConsoleState>, principal: Principal, 
     let rows = store::records_page(state.db(), &filter, i64::MIN, upto, count).await?;
     let summary = match ignore::ignore(state.db(), &rows, form.reason.trim(), followers).await {
         Err(IgnoreError::ChoiceNeeded(why)) => {
-            return Err(ConsoleError::bad_input("followers", format!("choose release or keep: {}", why.lines().next().unwrap_or_default())));
+            return Err(ConsoleError::bad_input(
+                "followers",
+                format!(
+                    "choose release or keep: {}",
+                    why.lines().next().unwrap_or_default()
+                ),
+            ));
         }
         Err(IgnoreError::Db(e)) => return Err(e.into()),
         Ok(summary) => summary,
     };
     let target = json!({"filter": form.confirmed.filter.audit_json(), "upto_id": upto, "reason": form.reason.trim(),
         "followers": form.followers.trim(), "released": summary.released, "kept_held": summary.kept_held});
-    audit_row(&state, &principal, "dead_letters.ignore", target, summary.ignored as u64, "ok").await?;
-    Ok(Redirect::to(&format!("/dead-letters?{}", form.confirmed.filter.with_status("ignored").query())).into_response())
+    audit_row(
+        &state,
+        &principal,
+        "dead_letters.ignore",
+        target,
+        summary.ignored as u64,
+        "ok",
+    )
+    .await?;
+    Ok(Redirect::to(&format!(
+        "/dead-letters?{}",
+        form.confirmed.filter.with_status("ignored").query()
+    ))
+    .into_response())
 }
 
 /// A replay (the console's or the CLI's) as the pages show it.
@@ -660,8 +888,14 @@ struct ProgressPage {
     run: RunView,
 }
 
-async fn progress(State(state): State<ConsoleState>, principal: Principal, Path(id): Path<i64>) -> Result<Html<String>, ConsoleError> {
-    let row = progress::get(state.db(), id).await?.ok_or_else(|| ConsoleError::NotFound(format!("no replay {id}")))?;
+async fn progress(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Path(id): Path<i64>,
+) -> Result<Html<String>, ConsoleError> {
+    let row = progress::get(state.db(), id)
+        .await?
+        .ok_or_else(|| ConsoleError::NotFound(format!("no replay {id}")))?;
     let run = RunView::of(&row, crate::clock::now_ms());
     let mut chrome = state.chrome(&principal, &format!("Replay {id}"), "/dead-letters");
     // Reloads itself every second while it runs.
@@ -679,18 +913,63 @@ mod tests {
     #[test]
     fn the_replay_and_ignore_confirmations_differ_where_they_should() {
         let page = |bulk: Bulk, can_act: bool| {
-            let chrome = Chrome { title: "t".into(), who: "w".into(), role: "operator", can_act, read_only: false, csrf: "c".into(), nav: vec![], refresh_secs: 0 };
-            let form = FilterForm { group: "g1".into(), ..FilterForm::default() };
-            let bound = Bound { rows: 5, last_id: Some(42) };
-            ConfirmPage { chrome, query: form.query(), description: form.describe(), form, bound, bulk }.render().unwrap()
+            let chrome = Chrome {
+                title: "t".into(),
+                who: "w".into(),
+                role: "operator",
+                can_act,
+                read_only: false,
+                csrf: "c".into(),
+                nav: vec![],
+                refresh_secs: 0,
+            };
+            let form = FilterForm {
+                group: "g1".into(),
+                ..FilterForm::default()
+            };
+            let bound = Bound {
+                rows: 5,
+                last_id: Some(42),
+            };
+            ConfirmPage {
+                chrome,
+                query: form.query(),
+                description: form.describe(),
+                form,
+                bound,
+                bulk,
+            }
+            .render()
+            .unwrap()
         };
         let (replay, ignore) = (page(Bulk::Replay, true), page(Bulk::Ignore, true));
-        assert!(replay.contains(r#"action="/dead-letters/replay""#) && replay.contains(r#"id="confirm-replay" class="danger">Replay 5 dead letters<"#), "{replay}");
-        assert!(replay.contains(r#"name="upto" value="42""#) && replay.contains("retry topic"), "{replay}");
-        assert!(!replay.contains(r#"name="reason""#) && !replay.contains(r#"name="followers""#), "{replay}");
-        assert!(ignore.contains(r#"action="/dead-letters/ignore""#) && ignore.contains(r#"id="confirm-ignore" class="danger">Ignore 5 dead letters<"#), "{ignore}");
-        assert!(ignore.contains(r#"<input name="reason" id="ignore-reason" required>"#) && ignore.contains(r#"name="followers" value="keep""#), "{ignore}");
-        assert!(ignore.contains("closes them without replaying") && !ignore.contains("retry topic"), "{ignore}");
+        assert!(
+            replay.contains(r#"action="/dead-letters/replay""#)
+                && replay.contains(r#"id="confirm-replay" class="danger">Replay 5 dead letters<"#),
+            "{replay}"
+        );
+        assert!(
+            replay.contains(r#"name="upto" value="42""#) && replay.contains("retry topic"),
+            "{replay}"
+        );
+        assert!(
+            !replay.contains(r#"name="reason""#) && !replay.contains(r#"name="followers""#),
+            "{replay}"
+        );
+        assert!(
+            ignore.contains(r#"action="/dead-letters/ignore""#)
+                && ignore.contains(r#"id="confirm-ignore" class="danger">Ignore 5 dead letters<"#),
+            "{ignore}"
+        );
+        assert!(
+            ignore.contains(r#"<input name="reason" id="ignore-reason" required>"#)
+                && ignore.contains(r#"name="followers" value="keep""#),
+            "{ignore}"
+        );
+        assert!(
+            ignore.contains("closes them without replaying") && !ignore.contains("retry topic"),
+            "{ignore}"
+        );
         assert!(page(Bulk::Ignore, false).contains("<p>Ignoring needs the operator role"));
         assert!(page(Bulk::Replay, false).contains("<p>Replaying needs the operator role"));
     }
@@ -698,43 +977,94 @@ mod tests {
     /// The confirmation's count: a replay takes 0 (and then says so), an ignore wants more.
     #[test]
     fn the_dry_run_count_of_a_confirmation_is_checked_per_action() {
-        let form = |count: &str| ConfirmForm { filter: FilterForm::default(), count: count.into(), upto: "9".into() };
+        let form = |count: &str| ConfirmForm {
+            filter: FilterForm::default(),
+            count: count.into(),
+            upto: "9".into(),
+        };
         assert_eq!(Bulk::Replay.counted(&form("0")).unwrap(), (0, 9));
         assert_eq!(Bulk::Ignore.counted(&form(" 3 ")).unwrap(), (3, 9));
         let err = Bulk::Ignore.counted(&form("0")).unwrap_err().to_string();
-        assert!(err.contains("count") && err.contains("(a whole number above 0): open the ignore page again"), "{err}");
+        assert!(
+            err.contains("count")
+                && err.contains("(a whole number above 0): open the ignore page again"),
+            "{err}"
+        );
         let err = Bulk::Replay.counted(&form("-1")).unwrap_err().to_string();
-        assert!(err.contains("(a whole number): open the replay page again"), "{err}");
+        assert!(
+            err.contains("(a whole number): open the replay page again"),
+            "{err}"
+        );
     }
 
     #[test]
     fn a_bad_filter_field_is_named_with_the_accepted_values() {
         let bad = |form: FilterForm| form.filter().unwrap_err().to_string();
-        let e = bad(FilterForm { status: "done".into(), ..Default::default() });
-        assert!(e.starts_with("status:") && e.contains("pending, replayed, ignored"), "{e}");
-        let e = bad(FilterForm { class: "handler_fatl".into(), ..Default::default() });
-        assert!(e.starts_with("class:") && e.contains("accepted values: unavailable"), "{e}");
-        let e = bad(FilterForm { since: "yesterday".into(), ..Default::default() });
+        let e = bad(FilterForm {
+            status: "done".into(),
+            ..Default::default()
+        });
+        assert!(
+            e.starts_with("status:") && e.contains("pending, replayed, ignored"),
+            "{e}"
+        );
+        let e = bad(FilterForm {
+            class: "handler_fatl".into(),
+            ..Default::default()
+        });
+        assert!(
+            e.starts_with("class:") && e.contains("accepted values: unavailable"),
+            "{e}"
+        );
+        let e = bad(FilterForm {
+            since: "yesterday".into(),
+            ..Default::default()
+        });
         assert!(e.starts_with("since:") && e.contains("RFC 3339"), "{e}");
-        assert!(followers_choice("maybe").unwrap_err().to_string().contains("release, keep"));
+        assert!(
+            followers_choice("maybe")
+                .unwrap_err()
+                .to_string()
+                .contains("release, keep")
+        );
     }
 
     #[test]
     fn a_filter_round_trips_through_its_query_string() {
-        let form = FilterForm { group: "g 1".into(), class: "handler_fatal".into(), order_id: "42".into(), ..Default::default() };
+        let form = FilterForm {
+            group: "g 1".into(),
+            class: "handler_fatal".into(),
+            order_id: "42".into(),
+            ..Default::default()
+        };
         assert_eq!(form.query(), "group=g+1&class=handler_fatal&order_id=42");
         let back: FilterForm = serde_urlencoded_like(&form.query());
         assert_eq!(back.filter().unwrap().group.as_deref(), Some("g 1"));
         let filter = form.filter().unwrap();
-        assert_eq!((filter.key.as_deref(), filter.classes.as_slice(), filter.status), (Some("42"), &["handler_fatal".to_string()][..], None));
-        assert!(FilterForm::default().filter().unwrap().is_empty(), "an empty form is no filter");
-        assert_eq!(form.describe(), "group = g 1, class = handler_fatal, order_id = 42");
+        assert_eq!(
+            (
+                filter.key.as_deref(),
+                filter.classes.as_slice(),
+                filter.status
+            ),
+            (Some("42"), &["handler_fatal".to_string()][..], None)
+        );
+        assert!(
+            FilterForm::default().filter().unwrap().is_empty(),
+            "an empty form is no filter"
+        );
+        assert_eq!(
+            form.describe(),
+            "group = g 1, class = handler_fatal, order_id = 42"
+        );
         assert_eq!(FilterForm::default().describe(), "every dead letter");
     }
 
     fn serde_urlencoded_like(query: &str) -> FilterForm {
         let pairs: serde_json::Map<String, serde_json::Value> =
-            url::form_urlencoded::parse(query.as_bytes()).map(|(k, v)| (k.into_owned(), json!(v.into_owned()))).collect();
+            url::form_urlencoded::parse(query.as_bytes())
+                .map(|(k, v)| (k.into_owned(), json!(v.into_owned())))
+                .collect();
         serde_json::from_value(serde_json::Value::Object(pairs)).unwrap()
     }
 }

@@ -67,12 +67,21 @@ struct ListPage {
     now_ms: i64,
 }
 
-async fn list(State(state): State<ConsoleState>, principal: Principal, Query(query): Query<GroupQuery>) -> Result<Html<String>, ConsoleError> {
+async fn list(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Query(query): Query<GroupQuery>,
+) -> Result<Html<String>, ConsoleError> {
     let group = query.group.trim().to_string();
-    let filter = ParkedFilter { group: Some(group.as_str()).filter(|g| !g.is_empty()), ..Default::default() };
+    let filter = ParkedFilter {
+        group: Some(group.as_str()).filter(|g| !g.is_empty()),
+        ..Default::default()
+    };
     let keys = held::parked_views(state.db(), filter, KEYS_SHOWN).await?;
     super::render(&ListPage {
-        chrome: state.chrome(&principal, "Held orders", "/held").refreshing(&state),
+        chrome: state
+            .chrome(&principal, "Held orders", "/held")
+            .refreshing(&state),
         group,
         keys,
         now_ms: crate::clock::now_ms(),
@@ -105,28 +114,47 @@ impl KeyForm {
         let key = self.key.trim();
         let topic = Some(self.topic.trim()).filter(|t| !t.is_empty());
         if group.is_empty() {
-            return Err(ConsoleError::bad_input("group", "required: the consumer group the key is parked for"));
+            return Err(ConsoleError::bad_input(
+                "group",
+                "required: the consumer group the key is parked for",
+            ));
         }
         if key.is_empty() {
-            return Err(ConsoleError::bad_input("key", "required: the parked key (order id)"));
+            return Err(ConsoleError::bad_input(
+                "key",
+                "required: the parked key (order id)",
+            ));
         }
-        let filter = ParkedFilter { group: Some(group), topic, key: Some(key) };
+        let filter = ParkedFilter {
+            group: Some(group),
+            topic,
+            key: Some(key),
+        };
         let mut found = held::parked_views(state.db(), filter, KEYS_SHOWN).await?;
         if found.len() > 1 {
             let topics: Vec<&str> = found.iter().map(|p| p.parked.key_topic.as_str()).collect();
             return Err(ConsoleError::bad_input(
                 "topic",
-                format!("key {key} is parked for group {group} in {} topics; name one of: {}", topics.len(), topics.join(", ")),
+                format!(
+                    "key {key} is parked for group {group} in {} topics; name one of: {}",
+                    topics.len(),
+                    topics.join(", ")
+                ),
             ));
         }
         found.pop().ok_or_else(|| {
             let topic = topic.map(|t| format!(" in topic {t}")).unwrap_or_default();
-            ConsoleError::NotFound(format!("key {key} is not parked for group {group}{topic} (released already?)"))
+            ConsoleError::NotFound(format!(
+                "key {key} is not parked for group {group}{topic} (released already?)"
+            ))
         })
     }
 
     /// The head's dead letter, or 409 when the head is not dead-lettered.
-    async fn head_dead_letter(&self, state: &ConsoleState) -> Result<(ParkedView, i64), ConsoleError> {
+    async fn head_dead_letter(
+        &self,
+        state: &ConsoleState,
+    ) -> Result<(ParkedView, i64), ConsoleError> {
         let parked = self.parked(state).await?;
         let id = parked.head_dead_letter.ok_or_else(|| {
             ConsoleError::Conflict(format!(
@@ -169,36 +197,79 @@ struct KeyPage {
     records: Vec<HeldView>,
 }
 
-async fn key(State(state): State<ConsoleState>, principal: Principal, Query(form): Query<KeyForm>) -> Result<Html<String>, ConsoleError> {
+async fn key(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Query(form): Query<KeyForm>,
+) -> Result<Html<String>, ConsoleError> {
     let parked = form.parked(&state).await?;
-    let records = held::key_views(state.db(), &parked.group, &parked.parked.order_key(), HELD_SHOWN).await?;
+    let records = held::key_views(
+        state.db(),
+        &parked.group,
+        &parked.parked.order_key(),
+        HELD_SHOWN,
+    )
+    .await?;
     super::render(&KeyPage {
-        chrome: state.chrome(&principal, &format!("Order {} of {} ({})", parked.parked.key, parked.group, parked.parked.key_topic), "/held"),
+        chrome: state.chrome(
+            &principal,
+            &format!(
+                "Order {} of {} ({})",
+                parked.parked.key, parked.group, parked.parked.key_topic
+            ),
+            "/held",
+        ),
         parked,
         records,
     })
 }
 
-async fn replay_head(State(state): State<ConsoleState>, principal: Principal, Form(form): Form<KeyForm>) -> Result<Response, ConsoleError> {
+async fn replay_head(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Form(form): Form<KeyForm>,
+) -> Result<Response, ConsoleError> {
     let (_, id) = form.head_dead_letter(&state).await?;
     super::dead_letters::replay_by_id(&state, &principal, id, "held.replay_head").await?;
     // The key leaves the list once the group applied the head and its followers.
     Ok(Redirect::to(&form.group_page()).into_response())
 }
 
-async fn release(State(state): State<ConsoleState>, principal: Principal, Form(form): Form<KeyForm>) -> Result<Response, ConsoleError> {
+async fn release(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Form(form): Form<KeyForm>,
+) -> Result<Response, ConsoleError> {
     ignore_head(&state, &principal, &form, "release", "held.release").await
 }
 
-async fn keep(State(state): State<ConsoleState>, principal: Principal, Form(form): Form<KeyForm>) -> Result<Response, ConsoleError> {
+async fn keep(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+    Form(form): Form<KeyForm>,
+) -> Result<Response, ConsoleError> {
     ignore_head(&state, &principal, &form, "keep", "held.keep").await
 }
 
 /// Ignores the key's head for `form.reason`, deciding for its followers.
-async fn ignore_head(state: &ConsoleState, principal: &Principal, form: &KeyForm, followers: &str, action: &str) -> Result<Response, ConsoleError> {
+async fn ignore_head(
+    state: &ConsoleState,
+    principal: &Principal,
+    form: &KeyForm,
+    followers: &str,
+    action: &str,
+) -> Result<Response, ConsoleError> {
     let (_, id) = form.head_dead_letter(state).await?;
-    let ignore = IgnoreForm { reason: form.reason.clone(), followers: followers.into() };
+    let ignore = IgnoreForm {
+        reason: form.reason.clone(),
+        followers: followers.into(),
+    };
     super::dead_letters::ignore_row(state, principal, id, &ignore, action).await?;
     // A released key leaves the list once the consumer applied its records.
-    Ok(Redirect::to(&if followers == "release" { form.group_page() } else { form.page() }).into_response())
+    Ok(Redirect::to(&if followers == "release" {
+        form.group_page()
+    } else {
+        form.page()
+    })
+    .into_response())
 }

@@ -41,8 +41,8 @@ use axum::routing::{get, post};
 use secrecy::SecretString;
 use serde::Deserialize;
 
-pub use auth::{Principal, Role};
 pub use crate::config::console::ConsoleSettings;
+pub use auth::{Principal, Role};
 
 use crate::config::Settings;
 use crate::db::{Db, DbError};
@@ -61,11 +61,22 @@ pub struct Page {
 }
 
 /// Every page, in navigation order.
-pub const PAGES: &[Page] = &[overview::PAGE, dead_letters::PAGE, held::PAGE, topics::PAGE, schemas::PAGE, subscriptions::PAGE, audit::PAGE];
+pub const PAGES: &[Page] = &[
+    overview::PAGE,
+    dead_letters::PAGE,
+    held::PAGE,
+    topics::PAGE,
+    schemas::PAGE,
+    subscriptions::PAGE,
+    audit::PAGE,
+];
 
 /// Example paths of every action route of every page (for the tests).
 pub fn action_paths() -> Vec<&'static str> {
-    PAGES.iter().flat_map(|p| p.actions.iter().copied()).collect()
+    PAGES
+        .iter()
+        .flat_map(|p| p.actions.iter().copied())
+        .collect()
 }
 
 /// What a console request can fail with; renders as an HTML error page
@@ -103,7 +114,10 @@ pub enum ConsoleError {
 impl ConsoleError {
     /// A bad input of `field`.
     pub fn bad_input(field: &str, message: impl Into<String>) -> Self {
-        Self::BadInput { field: field.into(), message: message.into() }
+        Self::BadInput {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 
     /// The HTTP status of this error.
@@ -165,7 +179,10 @@ impl IntoResponse for ConsoleError {
 
 /// Renders a page template.
 pub fn render(template: &impl Template) -> Result<Html<String>, ConsoleError> {
-    template.render().map(Html).map_err(|e| ConsoleError::Internal(format!("template: {e}")))
+    template
+        .render()
+        .map(Html)
+        .map_err(|e| ConsoleError::Internal(format!("template: {e}")))
 }
 
 /// Template filters shared by the pages (`use super::filters;` next to
@@ -174,8 +191,10 @@ pub mod filters {
     /// `2026-12-01 08:40:03 UTC` from ms since the epoch.
     #[askama::filter_fn]
     pub fn utc(ms: &i64, _: &dyn askama::Values) -> askama::Result<String> {
-        Ok(chrono::DateTime::from_timestamp_millis(*ms)
-            .map_or_else(|| ms.to_string(), |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string()))
+        Ok(chrono::DateTime::from_timestamp_millis(*ms).map_or_else(
+            || ms.to_string(),
+            |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        ))
     }
 }
 
@@ -311,7 +330,11 @@ impl ConsoleState {
             nav: PAGES
                 .iter()
                 .filter_map(|p| p.nav)
-                .map(|(label, target)| NavLink { label, path: target, current: target == path })
+                .map(|(label, target)| NavLink {
+                    label,
+                    path: target,
+                    current: target == path,
+                })
                 .collect(),
             refresh_secs: 0,
         }
@@ -329,7 +352,10 @@ pub fn router(state: ConsoleState) -> Router {
         app = app.merge((page.routes)());
     }
     app.fallback(|| async { ConsoleError::NotFound("no such page".into()) })
-        .layer(axum::middleware::from_fn_with_state(state.clone(), csrf::guard))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            csrf::guard,
+        ))
         // Outside the gate: refused requests are counted too.
         .layer(axum::middleware::from_fn(observe))
         .with_state(state)
@@ -354,12 +380,21 @@ pub async fn serve(
 /// The page label of a path for the metrics: its first segment when a
 /// page owns it, else `other` (bounded: never an id).
 fn page_label(path: &str) -> String {
-    let first = path.trim_start_matches('/').split('/').next().unwrap_or_default();
+    let first = path
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
     let known = |prefix: &str| prefix.trim_start_matches('/').split('/').next() == Some(first);
     match first {
         "" => "overview".into(),
         "login" | "logout" | "assets" => first.into(),
-        _ if PAGES.iter().any(|p| p.nav.is_some_and(|(_, path)| known(path)) || p.actions.iter().any(|a| known(a))) => first.into(),
+        _ if PAGES.iter().any(|p| {
+            p.nav.is_some_and(|(_, path)| known(path)) || p.actions.iter().any(|a| known(a))
+        }) =>
+        {
+            first.into()
+        }
         _ => "other".into(),
     }
 }
@@ -371,13 +406,20 @@ async fn observe(request: axum::extract::Request, next: axum::middleware::Next) 
     let started = std::time::Instant::now();
     let response = next.run(request).await;
     let status = response.status().as_u16().to_string();
-    metrics::histogram!(name::CONSOLE_RENDER, "page" => page.clone()).record(started.elapsed().as_secs_f64());
+    metrics::histogram!(name::CONSOLE_RENDER, "page" => page.clone())
+        .record(started.elapsed().as_secs_f64());
     metrics::counter!(name::CONSOLE_REQUESTS, "page" => page, "method" => method, "status" => status).increment(1);
     response
 }
 
 async fn stylesheet() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=300")], include_str!("assets/console.css"))
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        include_str!("assets/console.css"),
+    )
 }
 
 #[derive(Template)]
@@ -403,7 +445,10 @@ fn local_path(next: Option<&str>) -> String {
     }
 }
 
-async fn login_form(State(state): State<ConsoleState>, Query(query): Query<LoginQuery>) -> Result<Html<String>, ConsoleError> {
+async fn login_form(
+    State(state): State<ConsoleState>,
+    Query(query): Query<LoginQuery>,
+) -> Result<Html<String>, ConsoleError> {
     render(&LoginPage {
         next: local_path(query.next.as_deref()),
         has_tokens: state.auth().has_tokens(),
@@ -430,13 +475,18 @@ async fn login(State(state): State<ConsoleState>, body: axum::body::Bytes) -> Re
     if token.trim().is_empty() {
         return failed("token: required (the viewer or operator token you were given)");
     }
-    match state.auth().login(&SecretString::from(token.trim().to_string())) {
+    match state
+        .auth()
+        .login(&SecretString::from(token.trim().to_string()))
+    {
         Some((id, principal)) => {
             tracing::info!(who = %principal.who, "console: signed in");
             let mut response = Redirect::to(&next).into_response();
             response.headers_mut().insert(
                 header::SET_COOKIE,
-                auth::session_set_cookie(Some(&id)).parse().expect("cookie is a valid header value"),
+                auth::session_set_cookie(Some(&id))
+                    .parse()
+                    .expect("cookie is a valid header value"),
             );
             response
         }
@@ -447,9 +497,12 @@ async fn login(State(state): State<ConsoleState>, body: axum::body::Bytes) -> Re
 async fn logout(State(state): State<ConsoleState>, headers: HeaderMap) -> Response {
     state.auth().logout(&headers);
     let mut response = Redirect::to("/login").into_response();
-    response
-        .headers_mut()
-        .insert(header::SET_COOKIE, auth::session_set_cookie(None).parse().expect("cookie is a valid header value"));
+    response.headers_mut().insert(
+        header::SET_COOKIE,
+        auth::session_set_cookie(None)
+            .parse()
+            .expect("cookie is a valid header value"),
+    );
     response
 }
 
@@ -464,6 +517,9 @@ mod tests {
         assert_eq!(page_label("/no-such/123"), "other");
         assert_eq!(local_path(Some("https://evil.example/")), "/");
         assert_eq!(local_path(Some("//evil.example/")), "/");
-        assert_eq!(local_path(Some("/dead-letters?group=a")), "/dead-letters?group=a");
+        assert_eq!(
+            local_path(Some("/dead-letters?group=a")),
+            "/dead-letters?group=a"
+        );
     }
 }

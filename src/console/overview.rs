@@ -113,7 +113,10 @@ struct OverviewPage {
     window_secs: u64,
 }
 
-async fn show(State(state): State<ConsoleState>, principal: Principal) -> Result<Html<String>, ConsoleError> {
+async fn show(
+    State(state): State<ConsoleState>,
+    principal: Principal,
+) -> Result<Html<String>, ConsoleError> {
     let overview = collect(&state).await?;
     super::render(&OverviewPage {
         chrome: state.chrome(&principal, "Overview", "/").refreshing(&state),
@@ -129,10 +132,19 @@ fn age(ms: i64) -> String {
 
 fn describe(status: GroupStatus, members: usize, lag: i64) -> (String, bool) {
     match status {
-        GroupStatus::Consuming => (format!("consuming ({members} member{})", if members == 1 { "" } else { "s" }), false),
+        GroupStatus::Consuming => (
+            format!(
+                "consuming ({members} member{})",
+                if members == 1 { "" } else { "s" }
+            ),
+            false,
+        ),
         GroupStatus::NoMembers => ("no live member: nobody consumes it".into(), lag > 0),
         GroupStatus::NoCommittedOffsets => ("no committed offset on these topics".into(), false),
-        GroupStatus::Unknown => ("unknown to the broker (never ran, or its offsets expired)".into(), true),
+        GroupStatus::Unknown => (
+            "unknown to the broker (never ran, or its offsets expired)".into(),
+            true,
+        ),
     }
 }
 
@@ -180,18 +192,31 @@ fn start_measuring(state: &ConsoleState) -> tokio::sync::watch::Receiver<Option<
     let weak = state.downgrade();
     tokio::spawn(async move {
         loop {
-            let Some(state) = ConsoleState::upgrade(&weak) else { return };
+            let Some(state) = ConsoleState::upgrade(&weak) else {
+                return;
+            };
             let settings = state.settings().clone();
             drop(state);
             let topic = settings.topics.order_events.name.clone();
             let result = async {
-                let (groups, named) =
-                    lag::groups_to_measure(&settings.kafka, &settings.lag, &settings.dlq.persister_group, &[]).await?;
+                let (groups, named) = lag::groups_to_measure(
+                    &settings.kafka,
+                    &settings.lag,
+                    &settings.dlq.persister_group,
+                    &[],
+                )
+                .await?;
                 lag::measure(&settings.kafka, &topic, &groups, named).await
             }
             .await
             .map_err(|e| e.to_string());
-            if publish.send(Some(LagSnapshot { at_ms: crate::clock::now_ms(), result })).is_err() {
+            if publish
+                .send(Some(LagSnapshot {
+                    at_ms: crate::clock::now_ms(),
+                    result,
+                }))
+                .is_err()
+            {
                 return;
             }
             tokio::time::sleep(LAG_INTERVAL).await;
@@ -207,11 +232,23 @@ pub async fn collect(state: &ConsoleState) -> Result<Overview, ConsoleError> {
     let (lag, figures) = tokio::join!(state.lag_cache().latest(state), DbFigures::read(state.db()));
     let figures = figures?;
     let (lags, lag_error, lag_age) = match lag {
-        Some(LagSnapshot { at_ms, result: Ok(lags) }) => (lags, None, Some(age(crate::clock::now_ms() - at_ms))),
+        Some(LagSnapshot {
+            at_ms,
+            result: Ok(lags),
+        }) => (lags, None, Some(age(crate::clock::now_ms() - at_ms))),
         Some(LagSnapshot { result: Err(e), .. }) => (Vec::new(), Some(e), None),
-        None => (Vec::new(), Some("not measured yet: the broker has not answered".into()), None),
+        None => (
+            Vec::new(),
+            Some("not measured yet: the broker has not answered".into()),
+            None,
+        ),
     };
-    Ok(Overview { groups: cards(lags, figures), lag_error, lag_age, topic })
+    Ok(Overview {
+        groups: cards(lags, figures),
+        lag_error,
+        lag_age,
+        topic,
+    })
 }
 
 /// The database's figures, by group.
@@ -229,7 +266,9 @@ impl DbFigures {
         let now = crate::clock::now_ms();
         let since_ms = now - WINDOW.as_millis() as i64;
         // event_dedup.created_at is a DATETIME written in UTC (as dedup::cleanup compares it).
-        let since = (Utc::now() - chrono::Duration::from_std(WINDOW).expect("a minute fits")).format("%Y-%m-%d %H:%M:%S%.3f").to_string();
+        let since = (Utc::now() - chrono::Duration::from_std(WINDOW).expect("a minute fits"))
+            .format("%Y-%m-%d %H:%M:%S%.3f")
+            .to_string();
         let applied: Vec<(String, i64)> =
             sqlx::query_as("SELECT consumer_group, COUNT(*) FROM event_dedup WHERE created_at >= ? GROUP BY consumer_group")
                 .bind(since)
@@ -250,13 +289,18 @@ impl DbFigures {
             sqlx::query_as("SELECT consumer_group, COUNT(*), MIN(parked_ms) FROM parked_keys GROUP BY consumer_group")
                 .fetch_all(&db.pool)
                 .await?;
-        let held: Vec<(String, i64)> = sqlx::query_as("SELECT consumer_group, COUNT(*) FROM held_records GROUP BY consumer_group")
-            .fetch_all(&db.pool)
-            .await?;
+        let held: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT consumer_group, COUNT(*) FROM held_records GROUP BY consumer_group",
+        )
+        .fetch_all(&db.pool)
+        .await?;
         let mut figures = Self {
             applied: applied.into_iter().collect(),
             failed: failed.into_iter().collect(),
-            parked: parked.into_iter().map(|(g, n, oldest)| (g, (n, oldest))).collect(),
+            parked: parked
+                .into_iter()
+                .map(|(g, n, oldest)| (g, (n, oldest)))
+                .collect(),
             held: held.into_iter().collect(),
             ..Self::default()
         };
@@ -281,7 +325,8 @@ impl DbFigures {
 
 fn cards(lags: Vec<GroupLag>, figures: DbFigures) -> Vec<GroupCard> {
     let now = crate::clock::now_ms();
-    let mut by_group: BTreeMap<String, Option<GroupLag>> = figures.groups().into_iter().map(|g| (g, None)).collect();
+    let mut by_group: BTreeMap<String, Option<GroupLag>> =
+        figures.groups().into_iter().map(|g| (g, None)).collect();
     for lag in lags {
         by_group.insert(lag.group.clone(), Some(lag));
     }
@@ -315,11 +360,15 @@ fn cards(lags: Vec<GroupLag>, figures: DbFigures) -> Vec<GroupCard> {
                     .partitions
                     .into_iter()
                     .map(|p| PartitionRow {
-                        committed: p.committed_offset.map_or_else(|| "-".into(), |o| o.to_string()),
+                        committed: p
+                            .committed_offset
+                            .map_or_else(|| "-".into(), |o| o.to_string()),
                         from_offset: p.committed_offset.unwrap_or(p.log_start_offset),
                         end: p.log_end_offset,
                         lag: p.lag,
-                        age: p.oldest_unconsumed_age_seconds.map_or_else(|| "-".into(), |s| age((s * 1000.0) as i64)),
+                        age: p
+                            .oldest_unconsumed_age_seconds
+                            .map_or_else(|| "-".into(), |s| age((s * 1000.0) as i64)),
                         topic: p.topic,
                         partition: p.partition,
                     })
@@ -339,8 +388,13 @@ mod tests {
         let mut figures = DbFigures::default();
         figures.applied.insert("g".into(), 120);
         figures.failed.insert("g".into(), 30);
-        figures.pending.insert("g".into(), vec![("handler_fatal".into(), 3), ("unavailable".into(), 1)]);
-        figures.parked.insert("g".into(), (2, Some(crate::clock::now_ms() - 90_000)));
+        figures.pending.insert(
+            "g".into(),
+            vec![("handler_fatal".into(), 3), ("unavailable".into(), 1)],
+        );
+        figures
+            .parked
+            .insert("g".into(), (2, Some(crate::clock::now_ms() - 90_000)));
         let cards = cards(Vec::new(), figures);
         assert_eq!(cards.len(), 1);
         let card = &cards[0];
@@ -348,7 +402,11 @@ mod tests {
         assert_eq!(card.failure_rate, "20.0 %");
         assert_eq!(card.dead_letters_total, 4);
         assert_eq!(card.parked_keys, 2);
-        assert!(card.oldest_parked.starts_with("1m 3"), "{}", card.oldest_parked);
+        assert!(
+            card.oldest_parked.starts_with("1m 3"),
+            "{}",
+            card.oldest_parked
+        );
         assert_eq!(card.status, "not measured on the broker");
     }
 }

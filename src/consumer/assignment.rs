@@ -41,7 +41,11 @@ impl Assignment {
 
     /// The generation of `key` if this member owns it.
     pub fn generation(&self, key: &PartitionKey) -> Option<u64> {
-        self.owned.lock().expect("assignment lock").get(key).copied()
+        self.owned
+            .lock()
+            .expect("assignment lock")
+            .get(key)
+            .copied()
     }
 
     /// True if `key` is still owned under `generation`.
@@ -52,7 +56,10 @@ impl Assignment {
     /// Time since the assignment last changed; None before the first
     /// rebalance (a member still joining the group is not idle).
     pub fn since_change(&self) -> Option<std::time::Duration> {
-        self.changed_at.lock().expect("assignment lock").map(|t| t.elapsed())
+        self.changed_at
+            .lock()
+            .expect("assignment lock")
+            .map(|t| t.elapsed())
     }
 
     fn touch(&self) {
@@ -89,7 +96,10 @@ pub struct AssignmentContext {
 impl AssignmentContext {
     /// A context updating `assignment` for a member of `group`.
     pub fn new(assignment: Arc<Assignment>, group: &str) -> Self {
-        Self { assignment, lag_gauges: crate::lag::PartitionLagGauges::new(group) }
+        Self {
+            assignment,
+            lag_gauges: crate::lag::PartitionLagGauges::new(group),
+        }
     }
 }
 
@@ -100,7 +110,9 @@ impl ClientContext for AssignmentContext {
 }
 
 fn keys(list: &rdkafka::TopicPartitionList) -> impl Iterator<Item = PartitionKey> + '_ {
-    list.elements().into_iter().map(|e| (e.topic().to_string(), e.partition()))
+    list.elements()
+        .into_iter()
+        .map(|e| (e.topic().to_string(), e.partition()))
 }
 
 impl ConsumerContext for AssignmentContext {

@@ -35,10 +35,10 @@ use rdkafka::{Message, TopicPartitionList};
 use tokio::sync::mpsc::error::{SendError, TrySendError};
 use tokio::sync::mpsc::{self, OwnedPermit};
 
+use super::Shared;
 use super::assignment::PartitionKey;
 use super::events::{self, PartitionPaused};
 use super::worker::PartitionWorker;
-use super::Shared;
 use crate::metrics::InternalEvent;
 
 /// Why a partition is paused on the consumer. Several reasons can hold at
@@ -84,7 +84,12 @@ pub(crate) struct Pauses {
 
 impl Pauses {
     /// Adds `reason` for `key` under `generation`.
-    pub(crate) fn add(&mut self, key: &PartitionKey, generation: u64, reason: PauseReason) -> PauseChange {
+    pub(crate) fn add(
+        &mut self,
+        key: &PartitionKey,
+        generation: u64,
+        reason: PauseReason,
+    ) -> PauseChange {
         match self.paused.get_mut(key) {
             Some((held, _)) if *held > generation => PauseChange::Keep,
             Some((held, reasons)) if *held == generation => {
@@ -99,7 +104,12 @@ impl Pauses {
     }
 
     /// Removes `reason` for `key` under `generation`.
-    pub(crate) fn remove(&mut self, key: &PartitionKey, generation: u64, reason: PauseReason) -> PauseChange {
+    pub(crate) fn remove(
+        &mut self,
+        key: &PartitionKey,
+        generation: u64,
+        reason: PauseReason,
+    ) -> PauseChange {
         let Some((held, reasons)) = self.paused.get_mut(key) else {
             return PauseChange::Keep;
         };
@@ -118,7 +128,10 @@ impl Pauses {
     /// gives a partition's generation if it is owned). Returns the
     /// partitions owned now under another generation: resume them, so a
     /// pause left by a revoked worker does not stop the new one.
-    pub(crate) fn forget_stale(&mut self, current: impl Fn(&PartitionKey) -> Option<u64>) -> Vec<PartitionKey> {
+    pub(crate) fn forget_stale(
+        &mut self,
+        current: impl Fn(&PartitionKey) -> Option<u64>,
+    ) -> Vec<PartitionKey> {
         let mut resume = Vec::new();
         self.paused.retain(|key, (held, _)| match current(key) {
             Some(generation) if generation == *held => true,
@@ -149,7 +162,12 @@ impl Shared {
     }
 
     /// Drops `reason` for `key`; resumes it when no reason is left.
-    pub(crate) fn resume_partition(&self, key: &PartitionKey, generation: u64, reason: PauseReason) {
+    pub(crate) fn resume_partition(
+        &self,
+        key: &PartitionKey,
+        generation: u64,
+        reason: PauseReason,
+    ) {
         let mut pauses = self.pauses.lock().expect("pauses lock");
         let change = pauses.remove(key, generation, reason);
         self.apply_pause_change(key, change, pauses.len());
@@ -172,7 +190,11 @@ impl Shared {
         }
         let mut list = TopicPartitionList::new();
         list.add_partition(&key.0, key.1);
-        let done = if change == PauseChange::Pause { self.consumer.pause(&list) } else { self.consumer.resume(&list) };
+        let done = if change == PauseChange::Pause {
+            self.consumer.pause(&list)
+        } else {
+            self.consumer.resume(&list)
+        };
         if let Err(e) = done {
             // Revoked meanwhile: the partition is no longer this consumer's.
             tracing::debug!(topic = %key.0, partition = key.1, ?change, error = %e, "pause state not changed");
@@ -209,7 +231,11 @@ enum Offered {
 
 impl Route {
     fn new(generation: u64, tx: mpsc::Sender<OwnedMessage>) -> Self {
-        Self { generation, tx, overflow: VecDeque::new() }
+        Self {
+            generation,
+            tx,
+            overflow: VecDeque::new(),
+        }
     }
 
     /// Queues `message` behind every record of the partition already
@@ -238,7 +264,9 @@ impl Route {
         };
         permit.send(oldest);
         while let Some(message) = self.overflow.pop_front() {
-            if let Err(TrySendError::Full(message) | TrySendError::Closed(message)) = self.tx.try_send(message) {
+            if let Err(TrySendError::Full(message) | TrySendError::Closed(message)) =
+                self.tx.try_send(message)
+            {
                 self.overflow.push_front(message);
                 return false;
             }
@@ -256,7 +284,17 @@ impl Route {
 }
 
 /// Room in a partition's queue, or its worker gone: (partition, generation, permit).
-type Room = Pin<Box<dyn Future<Output = (PartitionKey, u64, Result<OwnedPermit<OwnedMessage>, SendError<()>>)> + Send>>;
+type Room = Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    PartitionKey,
+                    u64,
+                    Result<OwnedPermit<OwnedMessage>, SendError<()>>,
+                ),
+            > + Send,
+    >,
+>;
 
 /// Waits for room in `route`'s queue.
 fn room(key: PartitionKey, route: &Route) -> Room {
@@ -386,7 +424,15 @@ mod tests {
     use super::*;
 
     fn record(offset: i64) -> OwnedMessage {
-        OwnedMessage::new(Some(b"v".to_vec()), Some(b"k".to_vec()), "orders".into(), Timestamp::CreateTime(1), 3, offset, None)
+        OwnedMessage::new(
+            Some(b"v".to_vec()),
+            Some(b"k".to_vec()),
+            "orders".into(),
+            Timestamp::CreateTime(1),
+            3,
+            offset,
+            None,
+        )
     }
 
     fn key() -> PartitionKey {
@@ -396,32 +442,74 @@ mod tests {
     #[test]
     fn a_partition_paused_for_two_reasons_is_resumed_only_when_both_are_gone() {
         let mut pauses = Pauses::default();
-        assert_eq!(pauses.add(&key(), 1, PauseReason::DueWait), PauseChange::Pause);
-        assert_eq!(pauses.add(&key(), 1, PauseReason::QueueFull), PauseChange::Keep);
+        assert_eq!(
+            pauses.add(&key(), 1, PauseReason::DueWait),
+            PauseChange::Pause
+        );
+        assert_eq!(
+            pauses.add(&key(), 1, PauseReason::QueueFull),
+            PauseChange::Keep
+        );
         // The worker's due time passed: the dispatcher's overflow still holds it.
-        assert_eq!(pauses.remove(&key(), 1, PauseReason::DueWait), PauseChange::Keep);
+        assert_eq!(
+            pauses.remove(&key(), 1, PauseReason::DueWait),
+            PauseChange::Keep
+        );
         assert_eq!(pauses.len(), 1);
-        assert_eq!(pauses.remove(&key(), 1, PauseReason::QueueFull), PauseChange::Resume);
+        assert_eq!(
+            pauses.remove(&key(), 1, PauseReason::QueueFull),
+            PauseChange::Resume
+        );
         assert_eq!(pauses.len(), 0);
         // And the other way round.
-        assert_eq!(pauses.add(&key(), 1, PauseReason::QueueFull), PauseChange::Pause);
-        assert_eq!(pauses.add(&key(), 1, PauseReason::DueWait), PauseChange::Keep);
-        assert_eq!(pauses.remove(&key(), 1, PauseReason::QueueFull), PauseChange::Keep);
-        assert_eq!(pauses.remove(&key(), 1, PauseReason::DueWait), PauseChange::Resume);
+        assert_eq!(
+            pauses.add(&key(), 1, PauseReason::QueueFull),
+            PauseChange::Pause
+        );
+        assert_eq!(
+            pauses.add(&key(), 1, PauseReason::DueWait),
+            PauseChange::Keep
+        );
+        assert_eq!(
+            pauses.remove(&key(), 1, PauseReason::QueueFull),
+            PauseChange::Keep
+        );
+        assert_eq!(
+            pauses.remove(&key(), 1, PauseReason::DueWait),
+            PauseChange::Resume
+        );
         // Removing a reason that does not hold changes nothing.
-        assert_eq!(pauses.remove(&key(), 1, PauseReason::DueWait), PauseChange::Keep);
+        assert_eq!(
+            pauses.remove(&key(), 1, PauseReason::DueWait),
+            PauseChange::Keep
+        );
     }
 
     #[test]
     fn an_older_generation_neither_resumes_nor_holds_back_a_newer_one() {
         let mut pauses = Pauses::default();
-        assert_eq!(pauses.add(&key(), 1, PauseReason::DueWait), PauseChange::Pause);
+        assert_eq!(
+            pauses.add(&key(), 1, PauseReason::DueWait),
+            PauseChange::Pause
+        );
         // Revoked and assigned again: generation 2 pauses for its own reason.
-        assert_eq!(pauses.add(&key(), 2, PauseReason::QueueFull), PauseChange::Pause);
+        assert_eq!(
+            pauses.add(&key(), 2, PauseReason::QueueFull),
+            PauseChange::Pause
+        );
         // The old worker's wait ends: generation 2 stays paused.
-        assert_eq!(pauses.remove(&key(), 1, PauseReason::DueWait), PauseChange::Keep);
-        assert_eq!(pauses.add(&key(), 1, PauseReason::DueWait), PauseChange::Keep);
-        assert_eq!(pauses.remove(&key(), 2, PauseReason::QueueFull), PauseChange::Resume);
+        assert_eq!(
+            pauses.remove(&key(), 1, PauseReason::DueWait),
+            PauseChange::Keep
+        );
+        assert_eq!(
+            pauses.add(&key(), 1, PauseReason::DueWait),
+            PauseChange::Keep
+        );
+        assert_eq!(
+            pauses.remove(&key(), 2, PauseReason::QueueFull),
+            PauseChange::Resume
+        );
     }
 
     #[test]
@@ -453,7 +541,12 @@ mod tests {
         assert_eq!(route.offer(record(4)), Offered::Overflow { first: false });
         let mut received = vec![0];
         while !route.overflow.is_empty() {
-            let permit = route.tx.clone().reserve_owned().await.expect("worker alive");
+            let permit = route
+                .tx
+                .clone()
+                .reserve_owned()
+                .await
+                .expect("worker alive");
             let drained = route.refill(permit);
             assert_eq!(drained, route.overflow.is_empty());
             received.push(rx.recv().await.expect("queued").offset());
@@ -461,8 +554,16 @@ mod tests {
         while let Ok(m) = rx.try_recv() {
             received.push(m.offset());
         }
-        assert_eq!(received, vec![0, 1, 2, 3, 4], "every record once, in offset order");
-        assert_eq!(route.offer(record(5)), Offered::Queued, "an empty overflow sends straight to the queue");
+        assert_eq!(
+            received,
+            vec![0, 1, 2, 3, 4],
+            "every record once, in offset order"
+        );
+        assert_eq!(
+            route.offer(record(5)),
+            Offered::Queued,
+            "an empty overflow sends straight to the queue"
+        );
     }
 
     #[tokio::test]

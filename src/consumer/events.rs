@@ -24,9 +24,11 @@ impl InternalEvent for Applied<'_> {
     fn emit(self) {
         tracing::debug!(group = self.group, event_name = self.event_name, "applied");
         counter!(name::APPLIED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
-        histogram!(name::HANDLER_SECONDS, "group" => self.group.to_string()).record(self.handler_time.as_secs_f64());
+        histogram!(name::HANDLER_SECONDS, "group" => self.group.to_string())
+            .record(self.handler_time.as_secs_f64());
         if let Some(e2e) = self.end_to_end {
-            histogram!(name::END_TO_END_SECONDS, "group" => self.group.to_string()).record(e2e.as_secs_f64());
+            histogram!(name::END_TO_END_SECONDS, "group" => self.group.to_string())
+                .record(e2e.as_secs_f64());
         }
     }
 }
@@ -41,7 +43,11 @@ pub struct DuplicateSkipped<'a> {
 
 impl InternalEvent for DuplicateSkipped<'_> {
     fn emit(self) {
-        tracing::debug!(group = self.group, event_name = self.event_name, "duplicate skipped");
+        tracing::debug!(
+            group = self.group,
+            event_name = self.event_name,
+            "duplicate skipped"
+        );
         counter!(name::DUPLICATES, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
     }
 }
@@ -79,7 +85,13 @@ pub struct ProcessingFailed<'a> {
 
 impl InternalEvent for ProcessingFailed<'_> {
     fn emit(self) {
-        tracing::warn!(group = self.group, event_name = self.event_name, class = self.class, error = self.error, "processing failed");
+        tracing::warn!(
+            group = self.group,
+            event_name = self.event_name,
+            class = self.class,
+            error = self.error,
+            "processing failed"
+        );
         counter!(name::FAILURES, "group" => self.group.to_string(), "event_name" => self.event_name.to_string(),
             "error_class" => self.class.to_string()).increment(1);
     }
@@ -101,8 +113,14 @@ pub struct SentToRetry<'a> {
 
 impl InternalEvent for SentToRetry<'_> {
     fn emit(self) {
-        tracing::warn!(group = self.group, attempt = self.attempt, delay_ms = self.delay.as_millis() as u64,
-            class = self.class, error = self.error, "record sent to the retry topic");
+        tracing::warn!(
+            group = self.group,
+            attempt = self.attempt,
+            delay_ms = self.delay.as_millis() as u64,
+            class = self.class,
+            error = self.error,
+            "record sent to the retry topic"
+        );
         counter!(name::RETRIES, "group" => self.group.to_string(), "attempt" => self.attempt.to_string()).increment(1);
     }
 }
@@ -121,8 +139,13 @@ pub struct DeadLettered<'a> {
 
 impl InternalEvent for DeadLettered<'_> {
     fn emit(self) {
-        tracing::error!(group = self.group, event_name = self.event_name, class = self.class, error = self.error,
-            "record sent to the dead-letter topic");
+        tracing::error!(
+            group = self.group,
+            event_name = self.event_name,
+            class = self.class,
+            error = self.error,
+            "record sent to the dead-letter topic"
+        );
         counter!(name::DEAD_LETTERED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string(),
             "error_class" => self.class.to_string()).increment(1);
     }
@@ -138,7 +161,11 @@ pub struct Held<'a> {
 
 impl InternalEvent for Held<'_> {
     fn emit(self) {
-        tracing::info!(group = self.group, event_name = self.event_name, "held behind its parked key (an earlier event of the order is being retried)");
+        tracing::info!(
+            group = self.group,
+            event_name = self.event_name,
+            "held behind its parked key (an earlier event of the order is being retried)"
+        );
         counter!(name::HELD, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
     }
 }
@@ -153,7 +180,11 @@ pub struct Released<'a> {
 
 impl InternalEvent for Released<'_> {
     fn emit(self) {
-        tracing::info!(group = self.group, event_name = self.event_name, "released: applied after the event it waited behind");
+        tracing::info!(
+            group = self.group,
+            event_name = self.event_name,
+            "released: applied after the event it waited behind"
+        );
         counter!(name::RELEASED, "group" => self.group.to_string(), "event_name" => self.event_name.to_string()).increment(1);
     }
 }
@@ -172,8 +203,12 @@ pub struct PartitionPaused<'a> {
 
 impl InternalEvent for PartitionPaused<'_> {
     fn emit(self) {
-        tracing::debug!(group = self.group, topic = self.topic, partition = self.partition,
-            "partition paused: its worker's queue is full");
+        tracing::debug!(
+            group = self.group,
+            topic = self.topic,
+            partition = self.partition,
+            "partition paused: its worker's queue is full"
+        );
         counter!(name::QUEUE_FULL_PAUSES, "group" => self.group.to_string()).increment(1);
     }
 }
@@ -191,5 +226,6 @@ pub fn conflicting_duplicates_start(group: &str) {
 
 /// Records received.
 pub fn consumed(group: &str, topic: &str) {
-    counter!(name::CONSUMED, "group" => group.to_string(), "topic" => topic.to_string()).increment(1);
+    counter!(name::CONSUMED, "group" => group.to_string(), "topic" => topic.to_string())
+        .increment(1);
 }

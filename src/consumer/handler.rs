@@ -110,11 +110,17 @@ pub trait Handler: Send + Sync {
     /// for [`HandlerError::Unavailable`] (the batch waits and is retried).
     ///
     /// Default: [`Handler::apply`] for each event.
-    async fn apply_batch(&self, tx: &mut Tx, events: &[&Envelope]) -> Result<Vec<EventResult>, HandlerError> {
+    async fn apply_batch(
+        &self,
+        tx: &mut Tx,
+        events: &[&Envelope],
+    ) -> Result<Vec<EventResult>, HandlerError> {
         let mut results = Vec::with_capacity(events.len());
         for envelope in events {
             match self.apply(tx, envelope).await {
-                Err(HandlerError::Unavailable(reason)) => return Err(HandlerError::Unavailable(reason)),
+                Err(HandlerError::Unavailable(reason)) => {
+                    return Err(HandlerError::Unavailable(reason));
+                }
                 result => results.push(result),
             }
         }

@@ -20,7 +20,13 @@ use crate::db::rows::{self, Bound};
 use crate::envelope::{Envelope, EventData, EventName};
 
 /// Names accepted by `--handler` (a `harness` build adds `chaos`).
-pub const BUILT_IN: [&str; 5] = ["inventory", "payment", "logistics", "notification", "points"];
+pub const BUILT_IN: [&str; 5] = [
+    "inventory",
+    "payment",
+    "logistics",
+    "notification",
+    "points",
+];
 
 /// The built-in handler called `name`, if there is one.
 pub fn by_name(name: &str) -> Option<Arc<dyn Handler>> {
@@ -38,13 +44,20 @@ pub fn by_name(name: &str) -> Option<Arc<dyn Handler>> {
 /// and `more` (handlers this build adds) are listed.
 pub fn unknown(name: &str, more: &[&str]) -> String {
     let known: Vec<&str> = BUILT_IN.iter().chain(more).copied().collect();
-    format!("unknown handler `{name}`; built-in handlers: {}", known.join(", "))
+    format!(
+        "unknown handler `{name}`; built-in handlers: {}",
+        known.join(", ")
+    )
 }
 
 /// Major 1 of the event names a built-in handler acts on (`handled`),
 /// nothing of the others: a new major of an event it ignores does not stop it.
 fn major_1_of(event_name: &EventName, handled: &[&str]) -> &'static [u32] {
-    if handled.contains(&event_name.as_str()) { MAJOR_1 } else { &[] }
+    if handled.contains(&event_name.as_str()) {
+        MAJOR_1
+    } else {
+        &[]
+    }
 }
 
 /// The one result of a batch of one event (a handler's [`Handler::apply`]
@@ -64,7 +77,11 @@ struct Row<'a> {
 
 impl<'a> Row<'a> {
     fn new(at: usize, order_id: i64, values: Vec<Bound<'a>>) -> Self {
-        Self { at, order_id, values }
+        Self {
+            at,
+            order_id,
+            values,
+        }
     }
 }
 
@@ -77,15 +94,28 @@ fn ignored(n: usize) -> Vec<EventResult> {
 /// them) with `INSERT IGNORE ... RETURNING order_id`: `Applied` for each
 /// row written, `AlreadyDone` where a unique key kept it out (the effect
 /// was written before).
-async fn insert_rows(tx: &mut Tx, into: &str, rows: &[Row<'_>], results: &mut [EventResult]) -> Result<(), HandlerError> {
+async fn insert_rows(
+    tx: &mut Tx,
+    into: &str,
+    rows: &[Row<'_>],
+    results: &mut [EventResult],
+) -> Result<(), HandlerError> {
     if rows.is_empty() {
         return Ok(());
     }
     let verb = tx.sql().insert_ignore_verb();
-    let written = rows::insert_returning(tx, verb, into, "order_id", rows, |row| row.values.clone()).await?;
-    let written: HashSet<i64> = written.iter().map(|r| r.try_get::<i64, _>(0)).collect::<Result<_, _>>()?;
+    let written =
+        rows::insert_returning(tx, verb, into, "order_id", rows, |row| row.values.clone()).await?;
+    let written: HashSet<i64> = written
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0))
+        .collect::<Result<_, _>>()?;
     for row in rows {
-        results[row.at] = Ok(if written.contains(&row.order_id) { Effect::Applied } else { Effect::AlreadyDone });
+        results[row.at] = Ok(if written.contains(&row.order_id) {
+            Effect::Applied
+        } else {
+            Effect::AlreadyDone
+        });
     }
     Ok(())
 }
@@ -106,7 +136,12 @@ impl Transition {
     /// `from` to `to` in one statement. Already in `to` is `AlreadyDone`
     /// (idempotent); any other state, or no row, is an illegal transition:
     /// that event fails (fatal) and nothing is written for it.
-    async fn apply(&self, tx: &mut Tx, rows: &[Row<'_>], results: &mut [EventResult]) -> Result<(), HandlerError> {
+    async fn apply(
+        &self,
+        tx: &mut Tx,
+        rows: &[Row<'_>],
+        results: &mut [EventResult],
+    ) -> Result<(), HandlerError> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -125,14 +160,27 @@ impl Transition {
                     Ok(Effect::Applied)
                 }
                 Some(s) if s == self.to => Ok(Effect::AlreadyDone),
-                Some(s) => Err(HandlerError::Fatal(format!("order {order_id}: cannot {what} from state `{s}`"))),
-                None => Err(HandlerError::Fatal(format!("order {order_id}: cannot {what}, no record of the order"))),
+                Some(s) => Err(HandlerError::Fatal(format!(
+                    "order {order_id}: cannot {what} from state `{s}`"
+                ))),
+                None => Err(HandlerError::Fatal(format!(
+                    "order {order_id}: cannot {what}, no record of the order"
+                ))),
             };
         }
         if !moves.is_empty() {
             let set = format!("status = '{}'", self.to);
             let condition = format!("status = '{}'", self.from);
-            rows::update_each(tx, self.table, &set, self.columns, "order_id", &condition, &moves).await?;
+            rows::update_each(
+                tx,
+                self.table,
+                &set,
+                self.columns,
+                "order_id",
+                &condition,
+                &moves,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -155,7 +203,11 @@ impl Handler for Inventory {
         self.apply_batch(tx, &[envelope]).await.map(only)?
     }
 
-    async fn apply_batch(&self, tx: &mut Tx, events: &[&Envelope]) -> Result<Vec<EventResult>, HandlerError> {
+    async fn apply_batch(
+        &self,
+        tx: &mut Tx,
+        events: &[&Envelope],
+    ) -> Result<Vec<EventResult>, HandlerError> {
         let (mut reserve, mut release) = (Vec::new(), Vec::new());
         for (at, envelope) in events.iter().enumerate() {
             match &envelope.data {
@@ -170,7 +222,9 @@ impl Handler for Inventory {
                         Bound::Text(&d.created_at),
                     ],
                 )),
-                EventData::Canceled(d) => release.push(Row::new(at, d.order_id, vec![Bound::Text(&d.canceled_at)])),
+                EventData::Canceled(d) => {
+                    release.push(Row::new(at, d.order_id, vec![Bound::Text(&d.canceled_at)]))
+                }
                 _ => {}
             }
         }
@@ -206,23 +260,41 @@ impl Handler for Payment {
         self.apply_batch(tx, &[envelope]).await.map(only)?
     }
 
-    async fn apply_batch(&self, tx: &mut Tx, events: &[&Envelope]) -> Result<Vec<EventResult>, HandlerError> {
+    async fn apply_batch(
+        &self,
+        tx: &mut Tx,
+        events: &[&Envelope],
+    ) -> Result<Vec<EventResult>, HandlerError> {
         let (mut paid, mut refunded) = (Vec::new(), Vec::new());
         for (at, envelope) in events.iter().enumerate() {
             match &envelope.data {
                 EventData::PaymentSucceeded(d) => paid.push(Row::new(
                     at,
                     d.order_id,
-                    vec![Bound::Int(d.order_id), Bound::Text(&d.payment_id), Bound::Int(d.amount), Bound::Text("paid"), Bound::Text(&d.paid_at)],
+                    vec![
+                        Bound::Int(d.order_id),
+                        Bound::Text(&d.payment_id),
+                        Bound::Int(d.amount),
+                        Bound::Text("paid"),
+                        Bound::Text(&d.paid_at),
+                    ],
                 )),
-                EventData::Refunded(d) => {
-                    refunded.push(Row::new(at, d.order_id, vec![Bound::Text(&d.refund_id), Bound::Text(&d.refunded_at)]))
-                }
+                EventData::Refunded(d) => refunded.push(Row::new(
+                    at,
+                    d.order_id,
+                    vec![Bound::Text(&d.refund_id), Bound::Text(&d.refunded_at)],
+                )),
                 _ => {}
             }
         }
         let mut results = ignored(events.len());
-        insert_rows(tx, "payments (order_id, payment_id, amount, status, paid_at)", &paid, &mut results).await?;
+        insert_rows(
+            tx,
+            "payments (order_id, payment_id, amount, status, paid_at)",
+            &paid,
+            &mut results,
+        )
+        .await?;
         let transition = Transition {
             table: "payments",
             from: "paid",
@@ -252,7 +324,11 @@ impl Handler for Logistics {
         self.apply_batch(tx, &[envelope]).await.map(only)?
     }
 
-    async fn apply_batch(&self, tx: &mut Tx, events: &[&Envelope]) -> Result<Vec<EventResult>, HandlerError> {
+    async fn apply_batch(
+        &self,
+        tx: &mut Tx,
+        events: &[&Envelope],
+    ) -> Result<Vec<EventResult>, HandlerError> {
         let shipped: Vec<Row> = events
             .iter()
             .enumerate()
@@ -260,13 +336,24 @@ impl Handler for Logistics {
                 EventData::Shipped(d) => Some(Row::new(
                     at,
                     d.order_id,
-                    vec![Bound::Int(d.order_id), Bound::Text(&d.shipment_id), Bound::Text(&d.carrier), Bound::Text(&d.shipped_at)],
+                    vec![
+                        Bound::Int(d.order_id),
+                        Bound::Text(&d.shipment_id),
+                        Bound::Text(&d.carrier),
+                        Bound::Text(&d.shipped_at),
+                    ],
                 )),
                 _ => None,
             })
             .collect();
         let mut results = ignored(events.len());
-        insert_rows(tx, "shipments (order_id, shipment_id, carrier, shipped_at)", &shipped, &mut results).await?;
+        insert_rows(
+            tx,
+            "shipments (order_id, shipment_id, carrier, shipped_at)",
+            &shipped,
+            &mut results,
+        )
+        .await?;
         Ok(results)
     }
 }
@@ -284,18 +371,36 @@ impl Handler for Notification {
         self.apply_batch(tx, &[envelope]).await.map(only)?
     }
 
-    async fn apply_batch(&self, tx: &mut Tx, events: &[&Envelope]) -> Result<Vec<EventResult>, HandlerError> {
+    async fn apply_batch(
+        &self,
+        tx: &mut Tx,
+        events: &[&Envelope],
+    ) -> Result<Vec<EventResult>, HandlerError> {
         let ids: Vec<String> = events.iter().map(|e| e.event_id.to_string()).collect();
         let rows: Vec<Row> = events
             .iter()
             .enumerate()
             .map(|(at, e)| {
                 let order_id = e.data.order_id();
-                Row::new(at, order_id, vec![Bound::Text(&ids[at]), Bound::Int(order_id), Bound::Text(e.event_name.as_str())])
+                Row::new(
+                    at,
+                    order_id,
+                    vec![
+                        Bound::Text(&ids[at]),
+                        Bound::Int(order_id),
+                        Bound::Text(e.event_name.as_str()),
+                    ],
+                )
             })
             .collect();
         let mut results = ignored(events.len());
-        insert_rows(tx, "notifications (event_id, order_id, kind)", &rows, &mut results).await?;
+        insert_rows(
+            tx,
+            "notifications (event_id, order_id, kind)",
+            &rows,
+            &mut results,
+        )
+        .await?;
         Ok(results)
     }
 }
@@ -322,7 +427,11 @@ impl Handler for Points {
         self.apply_batch(tx, &[envelope]).await.map(only)?
     }
 
-    async fn apply_batch(&self, tx: &mut Tx, events: &[&Envelope]) -> Result<Vec<EventResult>, HandlerError> {
+    async fn apply_batch(
+        &self,
+        tx: &mut Tx,
+        events: &[&Envelope],
+    ) -> Result<Vec<EventResult>, HandlerError> {
         let ids: Vec<String> = events.iter().map(|e| e.event_id.to_string()).collect();
         let mut entries = Vec::new();
         for (at, envelope) in events.iter().enumerate() {
@@ -331,27 +440,51 @@ impl Handler for Points {
                 EventData::Refunded(d) => (d.order_id, "reverse", -points_for(d.amount)),
                 _ => continue,
             };
-            entries.push(Row::new(at, order_id, vec![Bound::Int(order_id), Bound::Text(entry), Bound::Int(points), Bound::Text(&ids[at])]));
+            entries.push(Row::new(
+                at,
+                order_id,
+                vec![
+                    Bound::Int(order_id),
+                    Bound::Text(entry),
+                    Bound::Int(points),
+                    Bound::Text(&ids[at]),
+                ],
+            ));
         }
         let mut results = ignored(events.len());
         // A reversal needs points earned before: read them for every refund at once.
-        let refunds: Vec<i64> = entries.iter().filter(|r| matches!(r.values[1], Bound::Text("reverse"))).map(|r| r.order_id).collect();
+        let refunds: Vec<i64> = entries
+            .iter()
+            .filter(|r| matches!(r.values[1], Bound::Text("reverse")))
+            .map(|r| r.order_id)
+            .collect();
         let mut earned = HashSet::new();
         if !refunds.is_empty() {
             let select = "SELECT order_id FROM points_ledger";
-            for row in rows::select_in(tx, select, "order_id", " AND entry_type = 'earn'", &refunds).await? {
+            for row in rows::select_in(tx, select, "order_id", " AND entry_type = 'earn'", &refunds)
+                .await?
+            {
                 earned.insert(row.try_get::<i64, _>(0)?);
             }
         }
         entries.retain(|r| {
             let reversal = matches!(r.values[1], Bound::Text("reverse"));
             if reversal && !earned.contains(&r.order_id) {
-                results[r.at] = Err(HandlerError::Fatal(format!("order {}: cannot reverse points, none were earned", r.order_id)));
+                results[r.at] = Err(HandlerError::Fatal(format!(
+                    "order {}: cannot reverse points, none were earned",
+                    r.order_id
+                )));
                 return false;
             }
             true
         });
-        insert_rows(tx, "points_ledger (order_id, entry_type, points, event_id)", &entries, &mut results).await?;
+        insert_rows(
+            tx,
+            "points_ledger (order_id, entry_type, points, event_id)",
+            &entries,
+            &mut results,
+        )
+        .await?;
         Ok(results)
     }
 }

@@ -50,8 +50,8 @@ use serde::{Deserialize, Serialize};
 use crate::codec::{Codec, RegistrySettings};
 use crate::db::Db;
 use crate::health::HealthState;
-use crate::ordering::OrderingMode;
 use crate::kafka::client::{KafkaSettings, Prefetch, client_config, consumer_options};
+use crate::ordering::OrderingMode;
 use crate::producer::ProducerSettings;
 use crate::retry::{Forwarder, RetrySettings, TierTopics, retry_topic};
 use crate::schema::SchemaCatalog;
@@ -99,7 +99,9 @@ impl ConsumerSettings {
     /// Rejects prefetch bounds out of librdkafka's range, and a pass-through
     /// option (in `kafka` options or `consumer.options`) that sets one of them again.
     pub fn validate(&self, kafka: &KafkaSettings) -> Result<(), String> {
-        consumer_options(&kafka.options, &self.options, self.prefetch()).map(drop).map_err(|e| e.to_string())
+        consumer_options(&kafka.options, &self.options, self.prefetch())
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -315,15 +317,27 @@ impl Shared {
 
     /// Whether `key` of `topic` is in this consumer's parked set.
     pub(crate) fn is_parked(&self, topic: &str, key: &str) -> bool {
-        self.parked.lock().expect("parked lock").contains(topic, key)
+        self.parked
+            .lock()
+            .expect("parked lock")
+            .contains(topic, key)
     }
 
     fn in_flight_total(&self) -> usize {
-        self.in_flight.lock().expect("in-flight lock").values().sum()
+        self.in_flight
+            .lock()
+            .expect("in-flight lock")
+            .values()
+            .sum()
     }
 
     fn in_flight(&self, key: &PartitionKey) -> usize {
-        self.in_flight.lock().expect("in-flight lock").get(key).copied().unwrap_or(0)
+        self.in_flight
+            .lock()
+            .expect("in-flight lock")
+            .get(key)
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -366,7 +380,12 @@ pub async fn run(
     consumer.subscribe(&subscribed)?;
 
     let catalog = SchemaCatalog::embedded();
-    let codec = Codec::new(settings.registry, &options.topic, catalog.order_events(), false)?;
+    let codec = Codec::new(
+        settings.registry,
+        &options.topic,
+        catalog.order_events(),
+        false,
+    )?;
     let shared = Arc::new(Shared {
         consumer,
         codec,
@@ -401,12 +420,18 @@ pub async fn run(
     match shared.consumer.commit_consumer_state(CommitMode::Sync) {
         Ok(()) => {}
         Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-        Err(e) => tracing::warn!(error = %e, "final offset commit failed; records since the last commit will be redelivered and skipped as duplicates"),
+        Err(e) => {
+            tracing::warn!(error = %e, "final offset commit failed; records since the last commit will be redelivered and skipped as duplicates")
+        }
     }
     let mut summary = shared.summary.lock().expect("summary lock").clone();
-    summary.active_secs = shared.active.lock().expect("active lock").map_or(0.0, |(first, last)| {
-        last.duration_since(first).as_secs_f64()
-    });
+    summary.active_secs = shared
+        .active
+        .lock()
+        .expect("active lock")
+        .map_or(0.0, |(first, last)| {
+            last.duration_since(first).as_secs_f64()
+        });
     Ok(summary)
 }
 
@@ -418,8 +443,12 @@ pub fn consumer_config(
     group: &str,
     start_from: StartFrom,
 ) -> Result<rdkafka::ClientConfig, ConsumerError> {
-    let layered = consumer_options(&settings.kafka.options, &settings.consumer.options, settings.consumer.prefetch())
-        .map_err(|e| ConsumerError::Config(e.to_string()))?;
+    let layered = consumer_options(
+        &settings.kafka.options,
+        &settings.consumer.options,
+        settings.consumer.prefetch(),
+    )
+    .map_err(|e| ConsumerError::Config(e.to_string()))?;
     let mut config = client_config(&settings.kafka.client_options());
     config
         .set("group.id", group)
@@ -448,15 +477,24 @@ pub fn consumer_config(
 /// The topics the group reads and writes, with their declared partition
 /// counts: the main topic, and with the error tier its retry topic (declared
 /// like the main topic) and the dead-letter topic.
-pub fn required_topics(topics: &TopicsSettings, options: &ConsumeOptions) -> Vec<crate::topics::Required> {
+pub fn required_topics(
+    topics: &TopicsSettings,
+    options: &ConsumeOptions,
+) -> Vec<crate::topics::Required> {
     use crate::topics::Required;
     let declared = topics.find(&options.topic).map(|spec| spec.partitions);
     let mut required: Vec<Required> = options
         .read_topics()
-        .map(|topic| Required { topic: topic.to_string(), partitions: topics.find(topic).map(|spec| spec.partitions) })
+        .map(|topic| Required {
+            topic: topic.to_string(),
+            partitions: topics.find(topic).map(|spec| spec.partitions),
+        })
         .collect();
     if options.error_tier {
-        required.push(Required { topic: retry_topic(&options.topic, &options.group), partitions: declared });
+        required.push(Required {
+            topic: retry_topic(&options.topic, &options.group),
+            partitions: declared,
+        });
         required.push(Required::declared(&topics.dead_letter));
     }
     required
@@ -464,8 +502,14 @@ pub fn required_topics(topics: &TopicsSettings, options: &ConsumeOptions) -> Vec
 
 /// The group's error tier: an idempotent producer to forward failures to
 /// its retry topic and the DLQ topic (both checked by [`required_topics`]).
-fn forwarder(settings: ConsumerSections<'_>, options: &ConsumeOptions) -> Result<Forwarder, ConsumerError> {
-    let policy = settings.retry.policy_for(&options.group).map_err(|e| ConsumerError::Config(e.to_string()))?;
+fn forwarder(
+    settings: ConsumerSections<'_>,
+    options: &ConsumeOptions,
+) -> Result<Forwarder, ConsumerError> {
+    let policy = settings
+        .retry
+        .policy_for(&options.group)
+        .map_err(|e| ConsumerError::Config(e.to_string()))?;
     let producer_options = crate::kafka::client::producer_options(
         &settings.kafka.client_options(),
         &settings.producer.options,
@@ -474,7 +518,11 @@ fn forwarder(settings: ConsumerSections<'_>, options: &ConsumeOptions) -> Result
     let producer = crate::kafka::client::measured_producer(&producer_options)?;
     Ok(Forwarder::new(
         producer,
-        TierTopics::of(&options.topic, &options.group, &settings.topics.dead_letter.name),
+        TierTopics::of(
+            &options.topic,
+            &options.group,
+            &settings.topics.dead_letter.name,
+        ),
         &options.group,
         policy,
     ))
@@ -496,11 +544,17 @@ async fn report_lag(shared: Arc<Shared>) {
         let s = shared.clone();
         let lags = tokio::task::spawn_blocking(move || {
             let assignment = s.consumer.assignment().ok()?;
-            let committed = s.consumer.committed_offsets(assignment, Duration::from_secs(5)).ok()?;
+            let committed = s
+                .consumer
+                .committed_offsets(assignment, Duration::from_secs(5))
+                .ok()?;
             let positions = s.consumer.position().ok()?;
             let mut lags = Vec::new();
             for e in committed.elements() {
-                let (low, high) = s.consumer.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(5)).ok()?;
+                let (low, high) = s
+                    .consumer
+                    .fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(5))
+                    .ok()?;
                 let committed = match e.offset() {
                     rdkafka::Offset::Offset(o) => o,
                     _ => low,
@@ -526,7 +580,12 @@ async fn report_lag(shared: Arc<Shared>) {
         if let Some(mut lags) = lags {
             shared.health.set_lag(lags.iter().map(|l| l.2).sum());
             // A partition revoked while this was measured gets no series back.
-            lags.retain(|(topic, partition, _)| shared.assignment.generation(&(topic.clone(), *partition)).is_some());
+            lags.retain(|(topic, partition, _)| {
+                shared
+                    .assignment
+                    .generation(&(topic.clone(), *partition))
+                    .is_some()
+            });
             shared.consumer.context().lag_gauges.report(&lags);
         }
     }
@@ -545,16 +604,20 @@ async fn release_parked(shared: Arc<Shared>) {
             Ok(gauges) => gauges.report(&group),
             Err(e) => tracing::debug!(error = %e, "parked-key gauges not read"),
         }
-        let keys = crate::ordering::releasable(&shared.db, &group).await.unwrap_or_else(|e| {
-            tracing::debug!(error = %e, "releasable keys not read");
-            Vec::new()
-        });
+        let keys = crate::ordering::releasable(&shared.db, &group)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "releasable keys not read");
+                Vec::new()
+            });
         for (key, partition) in keys {
             // Only the owner of the key's partition (of its topic) releases it.
             let pk = (key.topic.clone(), partition);
             if let Some(generation) = shared.assignment.generation(&pk) {
                 // Revoked meanwhile: the partition's next owner releases it.
-                let _ = PartitionWorker::new(shared.clone(), pk, generation).release([key]).await;
+                let _ = PartitionWorker::new(shared.clone(), pk, generation)
+                    .release([key])
+                    .await;
             }
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -594,15 +657,26 @@ pub fn connections_needed(topics: &TopicsSettings, topic: &str, error_tier: bool
 /// with the error tier of its retry topic (declared like `options.topic`),
 /// plus the margin.
 pub fn connections_needed_for(topics: &TopicsSettings, options: &ConsumeOptions) -> u32 {
-    let read: u32 = options.read_topics().map(|t| declared_partitions(topics, t)).sum();
-    let retry = if options.error_tier { declared_partitions(topics, &options.topic) } else { 0 };
+    let read: u32 = options
+        .read_topics()
+        .map(|t| declared_partitions(topics, t))
+        .sum();
+    let retry = if options.error_tier {
+        declared_partitions(topics, &options.topic)
+    } else {
+        0
+    };
     read + retry + POOL_MARGIN
 }
 
 /// Partitions of `topic` as declared; a topic `[topics]` does not declare
 /// (a `cdc.*` one) is counted like the order topic.
 fn declared_partitions(topics: &TopicsSettings, topic: &str) -> u32 {
-    topics.find(topic).unwrap_or(&topics.order_events).partitions.max(1) as u32
+    topics
+        .find(topic)
+        .unwrap_or(&topics.order_events)
+        .partitions
+        .max(1) as u32
 }
 
 #[cfg(test)]
@@ -628,15 +702,27 @@ mod tests {
             crash_before_forward_ack: false,
             commit_stamps: None,
         };
-        assert_eq!(connections_needed_for(&settings.topics, &options), connections_needed(&settings.topics, &order, true));
+        assert_eq!(
+            connections_needed_for(&settings.topics, &options),
+            connections_needed(&settings.topics, &order, true)
+        );
         assert_eq!(options.read_topics().collect::<Vec<_>>(), [order.as_str()]);
         // A router binding: the order topic and an undeclared cdc topic, one retry topic.
         options.reads = vec![order.clone(), "cdc.shop.table_user".into()];
-        assert_eq!(options.read_topics().collect::<Vec<_>>(), [order.as_str(), "cdc.shop.table_user"]);
-        assert_eq!(connections_needed_for(&settings.topics, &options), 3 * partitions + POOL_MARGIN);
+        assert_eq!(
+            options.read_topics().collect::<Vec<_>>(),
+            [order.as_str(), "cdc.shop.table_user"]
+        );
+        assert_eq!(
+            connections_needed_for(&settings.topics, &options),
+            3 * partitions + POOL_MARGIN
+        );
         options.reads = vec!["cdc.shop.table_user".into()];
         options.error_tier = false;
-        assert_eq!(connections_needed_for(&settings.topics, &options), partitions + POOL_MARGIN);
+        assert_eq!(
+            connections_needed_for(&settings.topics, &options),
+            partitions + POOL_MARGIN
+        );
     }
 
     #[test]
@@ -645,8 +731,16 @@ mod tests {
         settings.consumer.fetch_queue_kbytes = 4096;
         settings.consumer.fetch_queue_min_messages = 3000;
         settings.consumer.fetch_partition_max_bytes = 131_072;
-        settings.consumer.options.insert("fetch.queue.backoff.ms".into(), "50".into());
-        let config = consumer_config(crate::startup::consumer_sections(&settings), "g", StartFrom::Earliest).unwrap();
+        settings
+            .consumer
+            .options
+            .insert("fetch.queue.backoff.ms".into(), "50".into());
+        let config = consumer_config(
+            crate::startup::consumer_sections(&settings),
+            "g",
+            StartFrom::Earliest,
+        )
+        .unwrap();
         assert_eq!(config.get("queued.max.messages.kbytes"), Some("4096"));
         // librdkafka itself holds them (it parsed and accepted each value).
         let native = config.create_native_config().unwrap();
@@ -660,10 +754,18 @@ mod tests {
     #[test]
     fn the_default_prefetch_is_bounded() {
         let settings = Settings::default();
-        let config = consumer_config(crate::startup::consumer_sections(&settings), "g", StartFrom::Latest).unwrap();
+        let config = consumer_config(
+            crate::startup::consumer_sections(&settings),
+            "g",
+            StartFrom::Latest,
+        )
+        .unwrap();
         let native = config.create_native_config().unwrap();
         // librdkafka's own defaults are 65536 KB and 100000 records, 1 MB per partition.
-        assert_eq!(native.get("queued.max.messages.kbytes").unwrap(), settings.consumer.fetch_queue_kbytes.to_string());
+        assert_eq!(
+            native.get("queued.max.messages.kbytes").unwrap(),
+            settings.consumer.fetch_queue_kbytes.to_string()
+        );
         assert!(settings.consumer.fetch_queue_kbytes < 65_536);
         assert!(settings.consumer.fetch_queue_min_messages < 100_000);
         assert!(settings.consumer.fetch_partition_max_bytes < 1_048_576);
@@ -673,14 +775,29 @@ mod tests {
     #[test]
     fn a_conflicting_or_out_of_range_prefetch_is_refused_at_validation() {
         let mut settings = Settings::default();
-        settings.kafka.options.insert("queued.min.messages".into(), "100".into());
+        settings
+            .kafka
+            .options
+            .insert("queued.min.messages".into(), "100".into());
         let e = settings.validate().unwrap_err().to_string();
-        assert!(e.contains("`queued.min.messages` in kafka.options") && e.contains("consumer.fetch_queue_min_messages"), "{e}");
+        assert!(
+            e.contains("`queued.min.messages` in kafka.options")
+                && e.contains("consumer.fetch_queue_min_messages"),
+            "{e}"
+        );
         let mut settings = Settings::default();
         settings.consumer.fetch_queue_kbytes = 0;
         let e = settings.validate().unwrap_err().to_string();
-        assert!(e.contains("consumer.fetch_queue_kbytes = 0 is out of range: accepted 1 to 2097151"), "{e}");
-        let e = consumer_config(crate::startup::consumer_sections(&settings), "g", StartFrom::Latest).unwrap_err();
+        assert!(
+            e.contains("consumer.fetch_queue_kbytes = 0 is out of range: accepted 1 to 2097151"),
+            "{e}"
+        );
+        let e = consumer_config(
+            crate::startup::consumer_sections(&settings),
+            "g",
+            StartFrom::Latest,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("consumer.fetch_queue_kbytes"), "{e}");
     }
 }

@@ -36,7 +36,8 @@ pub struct EventVersion {
 impl EventVersion {
     /// Reads `MAJOR`, `MAJOR.MINOR` or `MAJOR.MINOR.PATCH` (decimal digits only).
     pub fn parse(text: &str) -> Result<Self, String> {
-        let refuse = |why: &str| format!("event_version `{text}` is not MAJOR.MINOR (e.g. 1.0): {why}");
+        let refuse =
+            |why: &str| format!("event_version `{text}` is not MAJOR.MINOR (e.g. 1.0): {why}");
         let parts: Vec<&str> = text.split('.').collect();
         if parts.len() > 3 {
             return Err(refuse("more than three parts"));
@@ -46,9 +47,14 @@ impl EventVersion {
             if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(refuse(&format!("`{part}` is not a decimal number")));
             }
-            *slot = part.parse().map_err(|_| refuse(&format!("`{part}` is too large")))?;
+            *slot = part
+                .parse()
+                .map_err(|_| refuse(&format!("`{part}` is too large")))?;
         }
-        Ok(Self { major: numbers[0], minor: numbers[1] })
+        Ok(Self {
+            major: numbers[0],
+            minor: numbers[1],
+        })
     }
 }
 
@@ -64,7 +70,11 @@ impl fmt::Display for EventVersion {
 /// when none acts on it, its version does not matter.
 pub fn check(envelope: &Envelope, handlers: &[Arc<dyn Handler>]) -> Result<(), String> {
     let name = &envelope.event_name;
-    let mut acting = handlers.iter().map(|h| (h.name(), h.supported_majors(name))).filter(|(_, m)| !m.is_empty()).peekable();
+    let mut acting = handlers
+        .iter()
+        .map(|h| (h.name(), h.supported_majors(name)))
+        .filter(|(_, m)| !m.is_empty())
+        .peekable();
     if acting.peek().is_none() {
         return Ok(());
     }
@@ -97,19 +107,51 @@ mod tests {
 
     #[test]
     fn parses_major_minor_and_the_short_and_long_forms() {
-        assert_eq!(EventVersion::parse("1.0"), Ok(EventVersion { major: 1, minor: 0 }));
-        assert_eq!(EventVersion::parse("1.7"), Ok(EventVersion { major: 1, minor: 7 }));
-        assert_eq!(EventVersion::parse("99.0"), Ok(EventVersion { major: 99, minor: 0 }));
-        assert_eq!(EventVersion::parse("2"), Ok(EventVersion { major: 2, minor: 0 }));
-        assert_eq!(EventVersion::parse("1.2.3"), Ok(EventVersion { major: 1, minor: 2 }));
+        assert_eq!(
+            EventVersion::parse("1.0"),
+            Ok(EventVersion { major: 1, minor: 0 })
+        );
+        assert_eq!(
+            EventVersion::parse("1.7"),
+            Ok(EventVersion { major: 1, minor: 7 })
+        );
+        assert_eq!(
+            EventVersion::parse("99.0"),
+            Ok(EventVersion {
+                major: 99,
+                minor: 0
+            })
+        );
+        assert_eq!(
+            EventVersion::parse("2"),
+            Ok(EventVersion { major: 2, minor: 0 })
+        );
+        assert_eq!(
+            EventVersion::parse("1.2.3"),
+            Ok(EventVersion { major: 1, minor: 2 })
+        );
         assert_eq!(EventVersion::parse("10.20").unwrap().to_string(), "10.20");
     }
 
     #[test]
     fn unreadable_versions_are_refused_with_the_expected_form() {
-        for bad in ["", "v1", "1.", ".1", "1.x", "1.0.0.0", "1 .0", "-1.0", "1.0-beta", "99999999999.0"] {
+        for bad in [
+            "",
+            "v1",
+            "1.",
+            ".1",
+            "1.x",
+            "1.0.0.0",
+            "1 .0",
+            "-1.0",
+            "1.0-beta",
+            "99999999999.0",
+        ] {
             let err = EventVersion::parse(bad).unwrap_err();
-            assert!(err.contains("MAJOR.MINOR") && err.contains(&format!("`{bad}`")), "{bad}: {err}");
+            assert!(
+                err.contains("MAJOR.MINOR") && err.contains(&format!("`{bad}`")),
+                "{bad}: {err}"
+            );
         }
     }
 
@@ -120,7 +162,10 @@ mod tests {
     }
 
     fn shipped() -> EventData {
-        EventData::sample_lifecycle(5).into_iter().find(|d| matches!(d, EventData::Shipped(_))).unwrap()
+        EventData::sample_lifecycle(5)
+            .into_iter()
+            .find(|d| matches!(d, EventData::Shipped(_)))
+            .unwrap()
     }
 
     #[test]
@@ -129,13 +174,26 @@ mod tests {
         assert!(check(&envelope("1.0", EventData::sample_created(1)), &all).is_ok());
         assert!(check(&envelope("1.7", EventData::sample_created(1)), &all).is_ok());
         let err = check(&envelope("99.0", EventData::sample_created(1)), &all).unwrap_err();
-        assert!(err.contains("major 99") && err.contains("`inventory`") && err.contains("major 1 of it"), "{err}");
-        assert!(check(&envelope("one", EventData::sample_created(1)), &all).unwrap_err().contains("MAJOR.MINOR"));
+        assert!(
+            err.contains("major 99")
+                && err.contains("`inventory`")
+                && err.contains("major 1 of it"),
+            "{err}"
+        );
+        assert!(
+            check(&envelope("one", EventData::sample_created(1)), &all)
+                .unwrap_err()
+                .contains("MAJOR.MINOR")
+        );
         // Logistics does not act on order.created: its version is not its business.
         let logistics: Vec<Arc<dyn Handler>> = vec![Arc::new(Logistics)];
         assert!(check(&envelope("99.0", EventData::sample_created(1)), &logistics).is_ok());
         assert!(check(&envelope("junk", EventData::sample_created(1)), &logistics).is_ok());
-        assert!(check(&envelope("2.0", shipped()), &logistics).unwrap_err().contains("`logistics`"));
+        assert!(
+            check(&envelope("2.0", shipped()), &logistics)
+                .unwrap_err()
+                .contains("`logistics`")
+        );
     }
 
     /// A user handler that has learnt major 2 of `order.created`.
@@ -164,6 +222,10 @@ mod tests {
         assert!(check(&envelope("2.0", shipped()), &alone).is_err());
         // Beside a handler that knows only major 1, a v2 record is refused whole.
         let mixed: Vec<Arc<dyn Handler>> = vec![Arc::new(V2Aware), Arc::new(Notification)];
-        assert!(check(&envelope("2.0", EventData::sample_created(1)), &mixed).unwrap_err().contains("`notification`"));
+        assert!(
+            check(&envelope("2.0", EventData::sample_created(1)), &mixed)
+                .unwrap_err()
+                .contains("`notification`")
+        );
     }
 }

@@ -81,7 +81,8 @@ pub async fn insert_returning<'a, T>(
 ) -> Result<Vec<AnyRow>, sqlx::Error> {
     let mut returned = Vec::new();
     for chunk in pieces(rows) {
-        let mut builder: QueryBuilder<Any> = QueryBuilder::new(format!("{verb} INTO {into} VALUES "));
+        let mut builder: QueryBuilder<Any> =
+            QueryBuilder::new(format!("{verb} INTO {into} VALUES "));
         for (r, item) in chunk.iter().enumerate() {
             builder.push(if r == 0 { "(" } else { ", (" });
             for (v, value) in values(item).into_iter().enumerate() {
@@ -101,10 +102,17 @@ pub async fn insert_returning<'a, T>(
 /// `{select} WHERE {key} IN (...){and}` for every key: the rows found.
 /// `select` is `SELECT ... FROM table`, `and` is empty or ` AND ...` with
 /// no placeholders.
-pub async fn select_in(tx: &mut Tx, select: &str, key: &str, and: &str, keys: &[i64]) -> Result<Vec<AnyRow>, sqlx::Error> {
+pub async fn select_in(
+    tx: &mut Tx,
+    select: &str,
+    key: &str,
+    and: &str,
+    keys: &[i64],
+) -> Result<Vec<AnyRow>, sqlx::Error> {
     let mut found = Vec::new();
     for chunk in pieces(keys) {
-        let mut builder: QueryBuilder<Any> = QueryBuilder::new(format!("{select} WHERE {key} IN ("));
+        let mut builder: QueryBuilder<Any> =
+            QueryBuilder::new(format!("{select} WHERE {key} IN ("));
         bind_list(&mut builder, chunk.iter().copied());
         builder.push(format!("){and}"));
         found.extend(builder.build().fetch_all(&mut **tx).await?);
@@ -150,7 +158,8 @@ pub async fn update_each<'a>(
 ) -> Result<u64, sqlx::Error> {
     let mut changed = 0;
     for chunk in pieces(rows) {
-        let mut builder: QueryBuilder<Any> = QueryBuilder::new(format!("UPDATE {table} SET {fixed}"));
+        let mut builder: QueryBuilder<Any> =
+            QueryBuilder::new(format!("UPDATE {table} SET {fixed}"));
         for (c, column) in columns.iter().enumerate() {
             builder.push(format!(", {column} = CASE {key}"));
             for (k, values) in chunk {
@@ -180,7 +189,10 @@ mod tests {
         assert_eq!(sizes(1), [1]);
         assert!(sizes(0).is_empty());
         // In order, nothing lost or repeated.
-        assert_eq!(pieces(&rows[..777]).flatten().copied().collect::<Vec<_>>(), rows[..777]);
+        assert_eq!(
+            pieces(&rows[..777]).flatten().copied().collect::<Vec<_>>(),
+            rows[..777]
+        );
         let shapes: std::collections::BTreeSet<usize> = (1..=1300).flat_map(sizes).collect();
         assert_eq!(shapes.len(), 10);
     }

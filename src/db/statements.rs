@@ -79,20 +79,35 @@ impl Dialect {
     pub fn delete_limited(self, table: &str, key: &str, condition: &str) -> SqlStr {
         match self {
             Self::MySql => text(format!("DELETE FROM {table} WHERE {condition} LIMIT ?")),
-            Self::Sqlite => {
-                text(format!("DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE {condition} LIMIT ?)"))
-            }
+            Self::Sqlite => text(format!(
+                "DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE {condition} LIMIT ?)"
+            )),
         }
     }
 
     /// Inserts a row (`columns`, one `?` each) or, on a duplicate `key`,
     /// sets `update` to the new row's values.
     pub fn upsert(self, table: &str, columns: &str, key: &str, update: &[&str]) -> SqlStr {
-        let insert = format!("INSERT INTO {table} ({columns}) VALUES ({})", placeholders(columns));
-        let set = |new: &dyn Fn(&str) -> String| update.iter().map(|c| format!("{c} = {}", new(c))).collect::<Vec<_>>().join(", ");
+        let insert = format!(
+            "INSERT INTO {table} ({columns}) VALUES ({})",
+            placeholders(columns)
+        );
+        let set = |new: &dyn Fn(&str) -> String| {
+            update
+                .iter()
+                .map(|c| format!("{c} = {}", new(c)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         match self {
-            Self::MySql => text(format!("{insert} ON DUPLICATE KEY UPDATE {}", set(&|c| format!("VALUES({c})")))),
-            Self::Sqlite => text(format!("{insert} ON CONFLICT ({key}) DO UPDATE SET {}", set(&|c| format!("excluded.{c}")))),
+            Self::MySql => text(format!(
+                "{insert} ON DUPLICATE KEY UPDATE {}",
+                set(&|c| format!("VALUES({c})"))
+            )),
+            Self::Sqlite => text(format!(
+                "{insert} ON CONFLICT ({key}) DO UPDATE SET {}",
+                set(&|c| format!("excluded.{c}"))
+            )),
         }
     }
 
@@ -101,15 +116,27 @@ impl Dialect {
     /// replaces the `reset` and `take` columns and the position; an earlier
     /// or equal one (a re-read) changes nothing.
     pub fn upsert_newer(self, u: &Upsert) -> SqlStr {
-        let insert = format!("INSERT INTO {} ({}) VALUES ({})", u.table, u.columns, placeholders(u.columns));
+        let insert = format!(
+            "INSERT INTO {} ({}) VALUES ({})",
+            u.table,
+            u.columns,
+            placeholders(u.columns)
+        );
         let (partition, offset) = u.position;
         match self {
             Self::MySql => {
                 // Assignments run left to right on the updated row: the
                 // position columns come last, so every condition sees the old one.
-                let newer = format!("VALUES({offset}) > {offset} OR VALUES({partition}) <> {partition}");
-                let reset = u.reset.iter().map(|(c, v)| format!("{c} = IF({newer}, {v}, {c})"));
-                let take = u.take.iter().map(|c| format!("{c} = IF({newer}, VALUES({c}), {c})"));
+                let newer =
+                    format!("VALUES({offset}) > {offset} OR VALUES({partition}) <> {partition}");
+                let reset = u
+                    .reset
+                    .iter()
+                    .map(|(c, v)| format!("{c} = IF({newer}, {v}, {c})"));
+                let take = u
+                    .take
+                    .iter()
+                    .map(|c| format!("{c} = IF({newer}, VALUES({c}), {c})"));
                 let set: Vec<String> = reset.chain(take).collect();
                 text(format!(
                     "{insert} ON DUPLICATE KEY UPDATE {}, {partition} = VALUES({partition}), \
@@ -119,7 +146,11 @@ impl Dialect {
             }
             Self::Sqlite => {
                 let reset = u.reset.iter().map(|(c, v)| format!("{c} = {v}"));
-                let take = u.take.iter().chain([&partition, &offset]).map(|c| format!("{c} = excluded.{c}"));
+                let take = u
+                    .take
+                    .iter()
+                    .chain([&partition, &offset])
+                    .map(|c| format!("{c} = excluded.{c}"));
                 let set: Vec<String> = reset.chain(take).collect();
                 text(format!(
                     "{insert} ON CONFLICT ({}) DO UPDATE SET {} WHERE excluded.{offset} > {table}.{offset} \
@@ -167,11 +198,26 @@ mod tests {
     #[test]
     fn each_backend_gets_its_own_text() {
         let sql = |s: SqlStr| s.as_str().to_owned();
-        assert_eq!(sql(Dialect::MySql.insert_ignore("INTO t (a) VALUES (?)")), "INSERT IGNORE INTO t (a) VALUES (?)");
-        assert_eq!(sql(Dialect::Sqlite.insert_ignore("INTO t (a) VALUES (?)")), "INSERT OR IGNORE INTO t (a) VALUES (?)");
-        assert_eq!(sql(Dialect::MySql.locking("SELECT a FROM t")), "SELECT a FROM t FOR UPDATE");
-        assert_eq!(sql(Dialect::Sqlite.locking("SELECT a FROM t")), "SELECT a FROM t");
-        assert_eq!(sql(Dialect::MySql.delete_limited("t", "id", "a < ?")), "DELETE FROM t WHERE a < ? LIMIT ?");
+        assert_eq!(
+            sql(Dialect::MySql.insert_ignore("INTO t (a) VALUES (?)")),
+            "INSERT IGNORE INTO t (a) VALUES (?)"
+        );
+        assert_eq!(
+            sql(Dialect::Sqlite.insert_ignore("INTO t (a) VALUES (?)")),
+            "INSERT OR IGNORE INTO t (a) VALUES (?)"
+        );
+        assert_eq!(
+            sql(Dialect::MySql.locking("SELECT a FROM t")),
+            "SELECT a FROM t FOR UPDATE"
+        );
+        assert_eq!(
+            sql(Dialect::Sqlite.locking("SELECT a FROM t")),
+            "SELECT a FROM t"
+        );
+        assert_eq!(
+            sql(Dialect::MySql.delete_limited("t", "id", "a < ?")),
+            "DELETE FROM t WHERE a < ? LIMIT ?"
+        );
         assert_eq!(
             sql(Dialect::Sqlite.delete_limited("t", "id", "a < ?")),
             "DELETE FROM t WHERE id IN (SELECT id FROM t WHERE a < ? LIMIT ?)"

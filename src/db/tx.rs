@@ -32,7 +32,8 @@ impl Tx {
     /// nothing on SQLite, which has no row locks.
     pub async fn lock_wait_timeout(&mut self, seconds: u64) -> Result<(), sqlx::Error> {
         if self.dialect == Dialect::MySql {
-            let sql = sqlx::AssertSqlSafe(format!("SET SESSION innodb_lock_wait_timeout = {seconds}"));
+            let sql =
+                sqlx::AssertSqlSafe(format!("SET SESSION innodb_lock_wait_timeout = {seconds}"));
             sqlx::query(sql).execute(&mut *self.inner).await?;
         }
         Ok(())
@@ -42,13 +43,19 @@ impl Tx {
     /// time: a new one replaces the last). Sent as text: not every server
     /// prepares savepoint statements.
     pub async fn savepoint(&mut self) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql("SAVEPOINT orderpipe_step").execute(&mut *self.inner).await.map(drop)
+        sqlx::raw_sql("SAVEPOINT orderpipe_step")
+            .execute(&mut *self.inner)
+            .await
+            .map(drop)
     }
 
     /// Undoes everything written since [`Tx::savepoint`]; the transaction
     /// goes on (row locks taken meanwhile are kept until it ends).
     pub async fn rollback_to_savepoint(&mut self) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql("ROLLBACK TO SAVEPOINT orderpipe_step").execute(&mut *self.inner).await.map(drop)
+        sqlx::raw_sql("ROLLBACK TO SAVEPOINT orderpipe_step")
+            .execute(&mut *self.inner)
+            .await
+            .map(drop)
     }
 
     /// Commits.

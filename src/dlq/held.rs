@@ -49,7 +49,11 @@ fn select_views(condition: &str) -> sqlx::AssertSqlSafe<String> {
 
 /// `t.column AS t_column, ...` for each column of `columns`.
 fn prefixed(table: &str, columns: &str) -> String {
-    columns.split(',').map(|c| format!("{table}.{c} AS {table}_{c}", c = c.trim())).collect::<Vec<_>>().join(", ")
+    columns
+        .split(',')
+        .map(|c| format!("{table}.{c} AS {table}_{c}", c = c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn view_of(r: &AnyRow) -> Result<HeldView, sqlx::Error> {
@@ -69,7 +73,11 @@ fn view_of(r: &AnyRow) -> Result<HeldView, sqlx::Error> {
         held_ms: r.try_get("h_held_ms")?,
     };
     let head = parked_of(r)?;
-    Ok(HeldView { held, head, head_dead_letter: r.try_get("d_id")? })
+    Ok(HeldView {
+        held,
+        head,
+        head_dead_letter: r.try_get("d_id")?,
+    })
 }
 
 /// The parked key of a row selected with `p.*` columns (None when the
@@ -89,14 +97,21 @@ fn parked_of(r: &AnyRow) -> Result<Option<Parked>, sqlx::Error> {
         head_offset: r.try_get("p_head_offset")?,
         head_event_id: r.try_get("p_head_event_id")?,
         head_event_name: r.try_get("p_head_event_name")?,
-        state: state.try_into().map_err(|e| sqlx::Error::ColumnDecode { index: "p_state".into(), source: Box::new(e) })?,
+        state: state.try_into().map_err(|e| sqlx::Error::ColumnDecode {
+            index: "p_state".into(),
+            source: Box::new(e),
+        })?,
         parked_ms: r.try_get("p_parked_ms")?,
     }))
 }
 
 /// Held records (oldest first), optionally of one group, with the head
 /// each waits behind.
-pub async fn held_views(db: &Db, group: Option<&str>, limit: i64) -> Result<Vec<HeldView>, DbError> {
+pub async fn held_views(
+    db: &Db,
+    group: Option<&str>,
+    limit: i64,
+) -> Result<Vec<HeldView>, DbError> {
     let rows = sqlx::query(select_views("(? IS NULL OR h.consumer_group = ?)"))
         .bind(group)
         .bind(group)
@@ -108,20 +123,31 @@ pub async fn held_views(db: &Db, group: Option<&str>, limit: i64) -> Result<Vec<
 
 /// One held record with its head, by id.
 pub async fn held_view(db: &Db, id: i64) -> Result<Option<HeldView>, DbError> {
-    let row = sqlx::query(select_views("h.id = ?")).bind(id).bind(1_i64).fetch_optional(&db.pool).await?;
+    let row = sqlx::query(select_views("h.id = ?"))
+        .bind(id)
+        .bind(1_i64)
+        .fetch_optional(&db.pool)
+        .await?;
     Ok(row.as_ref().map(view_of).transpose()?)
 }
 
 /// The held records of one parked key (group, topic and key), in the
 /// order they will be applied, with their head.
-pub async fn key_views(db: &Db, group: &str, key: &OrderKey, limit: i64) -> Result<Vec<HeldView>, DbError> {
-    let rows = sqlx::query(select_views("h.consumer_group = ? AND h.key_topic = ? AND h.record_key = ?"))
-        .bind(group)
-        .bind(&key.topic)
-        .bind(&key.key)
-        .bind(limit)
-        .fetch_all(&db.pool)
-        .await?;
+pub async fn key_views(
+    db: &Db,
+    group: &str,
+    key: &OrderKey,
+    limit: i64,
+) -> Result<Vec<HeldView>, DbError> {
+    let rows = sqlx::query(select_views(
+        "h.consumer_group = ? AND h.key_topic = ? AND h.record_key = ?",
+    ))
+    .bind(group)
+    .bind(&key.topic)
+    .bind(&key.key)
+    .bind(limit)
+    .fetch_all(&db.pool)
+    .await?;
     Ok(rows.iter().map(view_of).collect::<Result<_, _>>()?)
 }
 
@@ -155,7 +181,11 @@ pub struct ParkedFilter<'a> {
 
 /// Parked keys, oldest first, narrowed by `filter`, with their held counts
 /// and heads' dead letters (one statement).
-pub async fn parked_views(db: &Db, filter: ParkedFilter<'_>, limit: i64) -> Result<Vec<ParkedView>, DbError> {
+pub async fn parked_views(
+    db: &Db,
+    filter: ParkedFilter<'_>,
+    limit: i64,
+) -> Result<Vec<ParkedView>, DbError> {
     let parked = prefixed("p", PARKED_COLUMNS);
     let sql = sqlx::AssertSqlSafe(format!(
         "SELECT p.consumer_group AS p_group, {parked}, d.id AS d_id, d.status AS d_status, \
@@ -181,7 +211,8 @@ pub async fn parked_views(db: &Db, filter: ParkedFilter<'_>, limit: i64) -> Resu
     let view = |r: &AnyRow| -> Result<ParkedView, sqlx::Error> {
         Ok(ParkedView {
             group: r.try_get("p_group")?,
-            parked: parked_of(r)?.ok_or_else(|| sqlx::Error::ColumnNotFound("p_record_key".into()))?,
+            parked: parked_of(r)?
+                .ok_or_else(|| sqlx::Error::ColumnNotFound("p_record_key".into()))?,
             held: r.try_get("held")?,
             head_dead_letter: r.try_get("d_id")?,
             head_status: r.try_get("d_status")?,
@@ -193,7 +224,13 @@ pub async fn parked_views(db: &Db, filter: ParkedFilter<'_>, limit: i64) -> Resu
 /// The key a dead letter heads, if it does: the group's parked row of
 /// `key` (in the topic of `origin`, [`Origin::key_topic`]) whose head was
 /// first consumed at `origin`, or is `event_id`.
-pub async fn headed_by(db: &Db, group: &str, key: &str, origin: &Origin, event_id: Option<&str>) -> Result<Option<Parked>, DbError> {
+pub async fn headed_by(
+    db: &Db,
+    group: &str,
+    key: &str,
+    origin: &Origin,
+    event_id: Option<&str>,
+) -> Result<Option<Parked>, DbError> {
     let sql = sqlx::AssertSqlSafe(format!(
         "SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ? AND key_topic = ? AND record_key = ? \
          AND ((head_topic = ? AND head_partition = ? AND head_offset = ?) OR head_event_id = ?)"
@@ -233,7 +270,15 @@ mod tests {
     use crate::ordering::{self, ParkState};
 
     fn record(offset: i64) -> OwnedMessage {
-        OwnedMessage::new(Some(b"v".to_vec()), Some(b"42".to_vec()), "orders".into(), Timestamp::CreateTime(1), 3, offset, Some(OwnedHeaders::new()))
+        OwnedMessage::new(
+            Some(b"v".to_vec()),
+            Some(b"42".to_vec()),
+            "orders".into(),
+            Timestamp::CreateTime(1),
+            3,
+            offset,
+            Some(OwnedHeaders::new()),
+        )
     }
 
     /// On SQLite (the MariaDB side is tests/it/ordering.rs): a dead-lettered
@@ -244,10 +289,25 @@ mod tests {
     async fn a_held_record_names_its_heads_dead_letter_on_sqlite() {
         let (_dir, db) = crate::db::sqlite_for_test().await;
         let head = Envelope::new("test", EventData::sample_created(42));
-        let key = OrderKey { topic: "orders".into(), key: "42".into() };
+        let key = OrderKey {
+            topic: "orders".into(),
+            key: "42".into(),
+        };
         let mut tx = db.begin().await.unwrap();
-        ordering::park(&mut tx, "g", &key, &record(77), Some(&head), ParkState::Dead, false).await.unwrap();
-        ordering::hold(&mut tx, "g", &key, &record(78), None).await.unwrap();
+        ordering::park(
+            &mut tx,
+            "g",
+            &key,
+            &record(77),
+            Some(&head),
+            ParkState::Dead,
+            false,
+        )
+        .await
+        .unwrap();
+        ordering::hold(&mut tx, "g", &key, &record(78), None)
+            .await
+            .unwrap();
         for offset in [76, 77] {
             let dead = NewDeadLetter {
                 consumer_group: "g".into(),
@@ -276,24 +336,112 @@ mod tests {
         let view = &views[0];
         assert_eq!(view.held.source_offset, 78);
         let parked = view.head.as_ref().expect("the parked head");
-        assert_eq!((parked.head(), parked.state), (Origin { topic: "orders".into(), partition: 3, offset: 77 }, ParkState::Dead));
-        assert_eq!(parked.head_origin, "orders/3/77", "still written for readers of the text form");
-        assert_eq!(view.head_dead_letter, Some(2), "the dead letter of offset 77, not 76");
-        assert_eq!(held_view(&db, view.held.id).await.unwrap().unwrap().head_dead_letter, Some(2));
+        assert_eq!(
+            (parked.head(), parked.state),
+            (
+                Origin {
+                    topic: "orders".into(),
+                    partition: 3,
+                    offset: 77
+                },
+                ParkState::Dead
+            )
+        );
+        assert_eq!(
+            parked.head_origin, "orders/3/77",
+            "still written for readers of the text form"
+        );
+        assert_eq!(
+            view.head_dead_letter,
+            Some(2),
+            "the dead letter of offset 77, not 76"
+        );
+        assert_eq!(
+            held_view(&db, view.held.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .head_dead_letter,
+            Some(2)
+        );
         assert!(held_views(&db, Some("other"), 10).await.unwrap().is_empty());
         assert_eq!(key_views(&db, "g", &key, 10).await.unwrap().len(), 1);
-        assert!(key_views(&db, "g", &OrderKey { key: "43".into(), ..key.clone() }, 10).await.unwrap().is_empty());
-        assert!(key_views(&db, "g", &OrderKey { topic: "cdc.shop.t".into(), ..key.clone() }, 10).await.unwrap().is_empty());
-        let parked = parked_views(&db, ParkedFilter::default(), 10).await.unwrap();
+        assert!(
+            key_views(
+                &db,
+                "g",
+                &OrderKey {
+                    key: "43".into(),
+                    ..key.clone()
+                },
+                10
+            )
+            .await
+            .unwrap()
+            .is_empty()
+        );
+        assert!(
+            key_views(
+                &db,
+                "g",
+                &OrderKey {
+                    topic: "cdc.shop.t".into(),
+                    ..key.clone()
+                },
+                10
+            )
+            .await
+            .unwrap()
+            .is_empty()
+        );
+        let parked = parked_views(&db, ParkedFilter::default(), 10)
+            .await
+            .unwrap();
         assert_eq!(parked.len(), 1);
         let p = &parked[0];
-        assert_eq!((p.group.as_str(), p.parked.key.as_str(), p.held), ("g", "42", 1));
-        assert_eq!((p.head_dead_letter, p.head_status.as_deref()), (Some(2), Some("pending")), "the head's row, not offset 76's");
+        assert_eq!(
+            (p.group.as_str(), p.parked.key.as_str(), p.held),
+            ("g", "42", 1)
+        );
+        assert_eq!(
+            (p.head_dead_letter, p.head_status.as_deref()),
+            (Some(2), Some("pending")),
+            "the head's row, not offset 76's"
+        );
         assert_eq!(p.parked.key_topic, "orders");
-        assert!(parked_views(&db, ParkedFilter { group: Some("g"), key: Some("43"), ..Default::default() }, 10).await.unwrap().is_empty());
-        let other_topic = ParkedFilter { group: Some("g"), topic: Some("cdc.shop.t"), key: Some("42") };
+        assert!(
+            parked_views(
+                &db,
+                ParkedFilter {
+                    group: Some("g"),
+                    key: Some("43"),
+                    ..Default::default()
+                },
+                10
+            )
+            .await
+            .unwrap()
+            .is_empty()
+        );
+        let other_topic = ParkedFilter {
+            group: Some("g"),
+            topic: Some("cdc.shop.t"),
+            key: Some("42"),
+        };
         assert!(parked_views(&db, other_topic, 10).await.unwrap().is_empty());
         assert_eq!(held_count(&db, "g", &key).await.unwrap(), 1);
-        assert_eq!(held_count(&db, "g", &OrderKey { topic: "cdc.shop.t".into(), ..key }).await.unwrap(), 0);
+        assert_eq!(
+            held_count(
+                &db,
+                "g",
+                &OrderKey {
+                    topic: "cdc.shop.t".into(),
+                    ..key
+                }
+            )
+            .await
+            .unwrap(),
+            0
+        );
     }
 }

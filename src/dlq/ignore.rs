@@ -52,13 +52,26 @@ pub enum IgnoreError {
 
 /// The parked key a dead letter heads, if it does, with the number of
 /// records held behind it.
-pub async fn heading(db: &Db, row: &DeadLetterRecord) -> Result<Option<(ordering::Parked, i64)>, DbError> {
-    let Some(key) = row.key.as_ref().map(|k| String::from_utf8_lossy(k).into_owned()) else {
+pub async fn heading(
+    db: &Db,
+    row: &DeadLetterRecord,
+) -> Result<Option<(ordering::Parked, i64)>, DbError> {
+    let Some(key) = row
+        .key
+        .as_ref()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+    else {
         return Ok(None);
     };
     let r = &row.row;
-    let origin = Origin { topic: r.original_topic.clone(), partition: r.original_partition, offset: r.original_offset };
-    let Some(parked) = held::headed_by(db, &r.consumer_group, &key, &origin, r.event_id.as_deref()).await? else {
+    let origin = Origin {
+        topic: r.original_topic.clone(),
+        partition: r.original_partition,
+        offset: r.original_offset,
+    };
+    let Some(parked) =
+        held::headed_by(db, &r.consumer_group, &key, &origin, r.event_id.as_deref()).await?
+    else {
         return Ok(None);
     };
     let held = held::held_count(db, &r.consumer_group, &parked.order_key()).await?;
@@ -77,13 +90,20 @@ pub async fn ignore(
     let mut heads = Vec::new();
     for row in rows {
         if let Some((parked, held)) = heading(db, row).await? {
-            heads.push((row.row.id, (row.row.consumer_group.clone(), parked.order_key(), held)));
+            heads.push((
+                row.row.id,
+                (row.row.consumer_group.clone(), parked.order_key(), held),
+            ));
         }
     }
     let waiting: Vec<String> = heads
         .iter()
         .filter(|(_, (_, _, held))| *held > 0)
-        .map(|(id, (group, key, held))| format!("dead letter {id} heads {key} for group {group} with {held} records held behind it"))
+        .map(|(id, (group, key, held))| {
+            format!(
+                "dead letter {id} heads {key} for group {group} with {held} records held behind it"
+            )
+        })
         .collect();
     if followers.is_none() && !waiting.is_empty() {
         return Err(IgnoreError::ChoiceNeeded(format!(

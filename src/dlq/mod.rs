@@ -50,7 +50,9 @@ impl DlqSettings {
     /// Rejects a gauge interval of 0, naming the field.
     pub fn validate(&self) -> Result<(), String> {
         if self.gauge_interval_secs == 0 {
-            return Err("dlq.gauge_interval_secs must be at least 1 (seconds between two exports)".into());
+            return Err(
+                "dlq.gauge_interval_secs must be at least 1 (seconds between two exports)".into(),
+            );
         }
         Ok(())
     }
@@ -90,7 +92,10 @@ pub fn known_class(class: &str) -> Result<String, String> {
     if ERROR_CLASSES.contains(&class) {
         Ok(class.to_string())
     } else {
-        Err(format!("`{class}` is not an error class; accepted values: {}", ERROR_CLASSES.join(", ")))
+        Err(format!(
+            "`{class}` is not an error class; accepted values: {}",
+            ERROR_CLASSES.join(", ")
+        ))
     }
 }
 
@@ -107,26 +112,62 @@ mod tests {
         let text = || "x".to_string();
         let codec = [
             CodecError::NotFramed(text()),
-            CodecError::UnknownSchema { id: 1, detail: text() },
+            CodecError::UnknownSchema {
+                id: 1,
+                detail: text(),
+            },
             CodecError::RegistryUnavailable(text()),
             CodecError::Registry(text()),
             CodecError::Avro(text()),
-            CodecError::Invalid(crate::envelope::EnvelopeError::Field { field: text(), reason: text() }),
+            CodecError::Invalid(crate::envelope::EnvelopeError::Field {
+                field: text(),
+                reason: text(),
+            }),
             CodecError::NotWarmedUp(text()),
             CodecError::Mismatch(text()),
         ];
-        let handler = [HandlerError::Unavailable(text()), HandlerError::Retryable(text()), HandlerError::Fatal(text()), HandlerError::Rejected(text())];
-        for class in codec.iter().map(CodecError::class).chain(handler.iter().map(HandlerError::class)) {
-            assert!(known_class(class).is_ok(), "{class} is missing from ERROR_CLASSES");
+        let handler = [
+            HandlerError::Unavailable(text()),
+            HandlerError::Retryable(text()),
+            HandlerError::Fatal(text()),
+            HandlerError::Rejected(text()),
+        ];
+        for class in codec
+            .iter()
+            .map(CodecError::class)
+            .chain(handler.iter().map(HandlerError::class))
+        {
+            assert!(
+                known_class(class).is_ok(),
+                "{class} is missing from ERROR_CLASSES"
+            );
         }
         let refused = known_class("handler_fatl").unwrap_err();
-        assert!(refused.contains("accepted values: unavailable, handler_retryable"), "{refused}");
+        assert!(
+            refused.contains("accepted values: unavailable, handler_retryable"),
+            "{refused}"
+        );
     }
 
     #[test]
     fn a_gauge_interval_of_0_is_refused_naming_the_field() {
-        let settings = DlqSettings { persister_group: "p".into(), gauge_interval_secs: 0 };
-        assert!(settings.validate().unwrap_err().contains("dlq.gauge_interval_secs must be at least 1"));
-        assert!(DlqSettings { gauge_interval_secs: 1, ..settings }.validate().is_ok());
+        let settings = DlqSettings {
+            persister_group: "p".into(),
+            gauge_interval_secs: 0,
+        };
+        assert!(
+            settings
+                .validate()
+                .unwrap_err()
+                .contains("dlq.gauge_interval_secs must be at least 1")
+        );
+        assert!(
+            DlqSettings {
+                gauge_interval_secs: 1,
+                ..settings
+            }
+            .validate()
+            .is_ok()
+        );
     }
 }

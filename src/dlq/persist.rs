@@ -24,9 +24,9 @@ use serde::Serialize;
 
 use super::store::{self, NewDeadLetter};
 use crate::backoff::{never, until_available};
+use crate::clock::now_ms;
 use crate::db::Db;
 use crate::kafka::client::{KafkaSettings, client_config};
-use crate::clock::now_ms;
 use crate::kafka::record::{FailureHistory, header, header_text, headers_json};
 
 /// Counts of a persister run.
@@ -67,8 +67,10 @@ pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
         headers: headers_json(message),
         // Copies of headers for filtering; a value longer than its column
         // is not a valid id or name, and `headers` keeps it whole.
-        event_id: header_text(message, header::EVENT_ID).filter(|v| crate::db::fits_column(v, EVENT_ID_CHARS)),
-        event_name: header_text(message, header::EVENT_NAME).filter(|v| crate::db::fits_column(v, EVENT_NAME_CHARS)),
+        event_id: header_text(message, header::EVENT_ID)
+            .filter(|v| crate::db::fits_column(v, EVENT_ID_CHARS)),
+        event_name: header_text(message, header::EVENT_NAME)
+            .filter(|v| crate::db::fits_column(v, EVENT_NAME_CHARS)),
         error_class: header_text(message, header::ERROR_CLASS).unwrap_or_else(|| "unknown".into()),
         error_message: header_text(message, header::ERROR_MESSAGE).unwrap_or_default(),
         attempts: num(header::ATTEMPTS).unwrap_or(0) as i32,
@@ -157,10 +159,18 @@ pub async fn run(
             summary.write_failures += 1;
             async { Ok(e) }
         };
-        let Ok(()) = until_available("dead letters not written", || write(db, &rows), failed, never).await;
+        let Ok(()) = until_available(
+            "dead letters not written",
+            || write(db, &rows),
+            failed,
+            never,
+        )
+        .await;
         let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
         for m in &batch {
-            let slot = next.entry((m.topic().to_string(), m.partition())).or_default();
+            let slot = next
+                .entry((m.topic().to_string(), m.partition()))
+                .or_default();
             *slot = (*slot).max(m.offset() + 1);
         }
         let mut offsets = TopicPartitionList::new();
@@ -179,7 +189,11 @@ pub async fn run(
 fn topic_exists(consumer: &StreamConsumer, topic: &str) -> bool {
     consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .is_ok_and(|m| m.topics().first().is_some_and(|t| t.error().is_none() && !t.partitions().is_empty()))
+        .is_ok_and(|m| {
+            m.topics()
+                .first()
+                .is_some_and(|t| t.error().is_none() && !t.partitions().is_empty())
+        })
 }
 
 async fn write(db: &Db, rows: &[NewDeadLetter]) -> Result<(), crate::db::DbError> {

@@ -59,7 +59,13 @@ pub struct Tracker {
 impl Tracker {
     /// Writes the row of a replay of `total` rows of `selection` (JSON) by
     /// `who` and starts writing its count every [`REPORT_EVERY`].
-    pub async fn start(db: &Db, origin: Origin, who: &str, selection: &serde_json::Value, total: u64) -> Result<Self, DbError> {
+    pub async fn start(
+        db: &Db,
+        origin: Origin,
+        who: &str,
+        selection: &serde_json::Value,
+        total: u64,
+    ) -> Result<Self, DbError> {
         let now = now_ms();
         let mut tx = db.begin().await?;
         sqlx::query(
@@ -84,7 +90,12 @@ impl Tracker {
         tx.commit().await?;
         let settled = Arc::new(AtomicU64::new(0));
         let reporter = tokio::spawn(report(db.clone(), id, settled.clone()));
-        Ok(Self { id, db: db.clone(), settled, reporter })
+        Ok(Self {
+            id,
+            db: db.clone(),
+            settled,
+            reporter,
+        })
     }
 
     /// Counts one delivery report (acknowledged or failed).
@@ -97,7 +108,12 @@ impl Tracker {
         self.reporter.abort();
         let settled = self.settled.load(Ordering::Relaxed) as i64;
         let (state, replayed, failed, error) = match result {
-            Ok(s) => ("done", s.replayed as i64, s.failed.len() as i64, s.failed.first().map(|f| format!("first failure: {f}"))),
+            Ok(s) => (
+                "done",
+                s.replayed as i64,
+                s.failed.len() as i64,
+                s.failed.first().map(|f| format!("first failure: {f}")),
+            ),
             Err(e) => ("stopped", 0, 0, Some(format!("{e:#}"))),
         };
         let now = now_ms();
@@ -126,12 +142,14 @@ async fn report(db: Db, id: i64, settled: Arc<AtomicU64>) {
     loop {
         tick.tick().await;
         let n = settled.load(Ordering::Relaxed) as i64;
-        if let Err(e) = sqlx::query("UPDATE dlq_replays SET settled = ?, updated_ms = ? WHERE id = ? AND state = 'running'")
-            .bind(n)
-            .bind(now_ms())
-            .bind(id)
-            .execute(&db.pool)
-            .await
+        if let Err(e) = sqlx::query(
+            "UPDATE dlq_replays SET settled = ?, updated_ms = ? WHERE id = ? AND state = 'running'",
+        )
+        .bind(n)
+        .bind(now_ms())
+        .bind(id)
+        .execute(&db.pool)
+        .await
         {
             tracing::debug!(error = %e, replay = id, "replay progress not written");
         }
@@ -177,7 +195,10 @@ impl ReplayRow {
 
     /// Percent of the rows counted that are settled.
     pub fn percent(&self) -> i64 {
-        (self.settled * 100).checked_div(self.total).unwrap_or(100).clamp(0, 100)
+        (self.settled * 100)
+            .checked_div(self.total)
+            .unwrap_or(100)
+            .clamp(0, 100)
     }
 }
 
@@ -185,20 +206,27 @@ const COLUMNS: &str = "id, origin, started_by, selection, total, settled, replay
 
 /// The newest replays, newest first.
 pub async fn recent(db: &Db, limit: i64) -> Result<Vec<ReplayRow>, DbError> {
-    let sql = sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM dlq_replays ORDER BY id DESC LIMIT ?"));
+    let sql = sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM dlq_replays ORDER BY id DESC LIMIT ?"
+    ));
     Ok(sqlx::query_as(sql).bind(limit).fetch_all(&db.pool).await?)
 }
 
 /// Replays still running (newest first), stalled ones included.
 pub async fn running(db: &Db) -> Result<Vec<ReplayRow>, DbError> {
-    let sql = sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM dlq_replays WHERE state = 'running' ORDER BY id DESC LIMIT 20"));
+    let sql = sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM dlq_replays WHERE state = 'running' ORDER BY id DESC LIMIT 20"
+    ));
     Ok(sqlx::query_as(sql).fetch_all(&db.pool).await?)
 }
 
 /// One replay's row.
 pub async fn get(db: &Db, id: i64) -> Result<Option<ReplayRow>, DbError> {
     let sql = sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} FROM dlq_replays WHERE id = ?"));
-    Ok(sqlx::query_as(sql).bind(id).fetch_optional(&db.pool).await?)
+    Ok(sqlx::query_as(sql)
+        .bind(id)
+        .fetch_optional(&db.pool)
+        .await?)
 }
 
 #[cfg(test)]
@@ -211,28 +239,62 @@ mod tests {
     async fn a_tracked_replay_writes_its_row_count_and_end() {
         let (_dir, db) = crate::db::sqlite_for_test().await;
         let selection = serde_json::json!({"group": "g"});
-        let tracker = Tracker::start(&db, Origin::Cli, "alice", &selection, 3).await.unwrap();
+        let tracker = Tracker::start(&db, Origin::Cli, "alice", &selection, 3)
+            .await
+            .unwrap();
         let id = tracker.id;
         let row = get(&db, id).await.unwrap().unwrap();
-        assert_eq!((row.origin.as_str(), row.started_by.as_str(), row.total, row.state.as_str()), ("cli", "alice", 3, "running"));
+        assert_eq!(
+            (
+                row.origin.as_str(),
+                row.started_by.as_str(),
+                row.total,
+                row.state.as_str()
+            ),
+            ("cli", "alice", 3, "running")
+        );
         assert_eq!(running(&db).await.unwrap().len(), 1);
         tracker.settle();
         tracker.settle();
         tokio::time::sleep(REPORT_EVERY * 2 + Duration::from_millis(300)).await;
         let row = get(&db, id).await.unwrap().unwrap();
-        assert_eq!((row.settled, row.percent()), (2, 66), "written while it runs");
+        assert_eq!(
+            (row.settled, row.percent()),
+            (2, 66),
+            "written while it runs"
+        );
         assert!(!row.stalled(now_ms()) && row.stalled(now_ms() + STALLED_AFTER_MS + 1));
         tracker.settle();
-        let summary = ReplaySummary { replayed: 2, failed: vec!["dead letter 9: refused".into()], ..Default::default() };
+        let summary = ReplaySummary {
+            replayed: 2,
+            failed: vec!["dead letter 9: refused".into()],
+            ..Default::default()
+        };
         tracker.finish(&Ok(summary)).await.unwrap();
         let row = get(&db, id).await.unwrap().unwrap();
-        assert_eq!((row.settled, row.replayed, row.failed, row.state.as_str()), (3, 2, 1, "done"));
-        assert_eq!(row.error.as_deref(), Some("first failure: dead letter 9: refused"));
+        assert_eq!(
+            (row.settled, row.replayed, row.failed, row.state.as_str()),
+            (3, 2, 1, "done")
+        );
+        assert_eq!(
+            row.error.as_deref(),
+            Some("first failure: dead letter 9: refused")
+        );
         assert!(running(&db).await.unwrap().is_empty());
-        let stopped = Tracker::start(&db, Origin::Console, "bob", &selection, 1).await.unwrap();
-        stopped.finish(&Err(anyhow::anyhow!("database gone"))).await.unwrap();
+        let stopped = Tracker::start(&db, Origin::Console, "bob", &selection, 1)
+            .await
+            .unwrap();
+        stopped
+            .finish(&Err(anyhow::anyhow!("database gone")))
+            .await
+            .unwrap();
         let rows = recent(&db, 10).await.unwrap();
-        assert_eq!(rows.iter().map(|r| (r.id, r.state.as_str())).collect::<Vec<_>>(), [(id + 1, "stopped"), (id, "done")]);
+        assert_eq!(
+            rows.iter()
+                .map(|r| (r.id, r.state.as_str()))
+                .collect::<Vec<_>>(),
+            [(id + 1, "stopped"), (id, "done")]
+        );
         assert_eq!(rows[0].error.as_deref(), Some("database gone"));
     }
 }

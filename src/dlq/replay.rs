@@ -38,11 +38,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::store::{self, Bound, DeadLetterRecord, Filter};
+use crate::clock::now_ms;
 use crate::db::{Db, DbError};
 use crate::kafka::client::{KafkaSettings, client_config, producer_options};
-use crate::producer::ProducerSettings;
-use crate::clock::now_ms;
 use crate::kafka::record::{FailureHistory, header};
+use crate::producer::ProducerSettings;
 use crate::retry::{Hop, LastFailure, TierRecord, TierTopics, tier_record, topic_read_by};
 
 /// How to replay.
@@ -60,7 +60,12 @@ pub struct ReplayOptions {
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        Self { to_original: false, rate: None, page_size: PAGE_SIZE, in_flight: IN_FLIGHT }
+        Self {
+            to_original: false,
+            rate: None,
+            page_size: PAGE_SIZE,
+            in_flight: IN_FLIGHT,
+        }
     }
 }
 
@@ -81,7 +86,12 @@ pub struct ReplaySummary {
 /// the topic its group reads (or to that topic, `--to-original`), with the
 /// headers a forwarded record carries (see [`crate::retry::tier_record`]);
 /// `dead_letter_topic` is where it goes if it fails again.
-pub fn replayed_record(dead_letter_topic: &str, dead: &DeadLetterRecord, options: ReplayOptions, now_ms: i64) -> TierRecord {
+pub fn replayed_record(
+    dead_letter_topic: &str,
+    dead: &DeadLetterRecord,
+    options: ReplayOptions,
+    now_ms: i64,
+) -> TierRecord {
     let row = &dead.row;
     let history = FailureHistory {
         original_topic: row.original_topic.clone(),
@@ -95,17 +105,34 @@ pub fn replayed_record(dead_letter_topic: &str, dead: &DeadLetterRecord, options
     let hop = if options.to_original {
         Hop::ReplayToOriginal { row_id: row.id }
     } else {
-        Hop::Replay { row_id: row.id, due_ms: now_ms }
+        Hop::Replay {
+            row_id: row.id,
+            due_ms: now_ms,
+        }
     };
-    let last = LastFailure { class: &row.error_class, message: &row.error_message, at_ms: row.last_failure_ms };
-    let original: BTreeMap<String, String> = serde_json::from_str(&dead.headers).unwrap_or_default();
+    let last = LastFailure {
+        class: &row.error_class,
+        message: &row.error_message,
+        at_ms: row.last_failure_ms,
+    };
+    let original: BTreeMap<String, String> =
+        serde_json::from_str(&dead.headers).unwrap_or_default();
     // The group's retry topic as its forwarder named it; dead letters
     // written before that header: the one of the topic the group read.
     let topics = match original.get(header::RETRY_TOPIC) {
-        Some(retry) => TierTopics { retry: retry.clone(), dead_letter: dead_letter_topic.to_string() },
-        None => TierTopics::of(topic_read_by(&row.original_topic, &row.consumer_group), &row.consumer_group, dead_letter_topic),
+        Some(retry) => TierTopics {
+            retry: retry.clone(),
+            dead_letter: dead_letter_topic.to_string(),
+        },
+        None => TierTopics::of(
+            topic_read_by(&row.original_topic, &row.consumer_group),
+            &row.consumer_group,
+            dead_letter_topic,
+        ),
     };
-    let original = original.iter().map(|(k, v)| (k.as_str(), Some(v.as_bytes())));
+    let original = original
+        .iter()
+        .map(|(k, v)| (k.as_str(), Some(v.as_bytes())));
     tier_record(original, &history, &row.consumer_group, hop, last, &topics)
 }
 
@@ -153,7 +180,11 @@ pub struct Planned {
 }
 
 /// What replaying `rows` would do, changing nothing.
-pub fn plan(dead_letter_topic: &str, rows: &[DeadLetterRecord], options: ReplayOptions) -> Vec<Planned> {
+pub fn plan(
+    dead_letter_topic: &str,
+    rows: &[DeadLetterRecord],
+    options: ReplayOptions,
+) -> Vec<Planned> {
     rows.iter()
         .map(|r| Planned {
             event_id: r.row.event_id.clone(),
@@ -178,7 +209,12 @@ pub async fn dry_run(
     let Some(last_id) = bound.last_id else {
         return Ok(planned);
     };
-    let mut pages = read_pages(db.clone(), filter.clone(), last_id, options.page_size.max(1));
+    let mut pages = read_pages(
+        db.clone(),
+        filter.clone(),
+        last_id,
+        options.page_size.max(1),
+    );
     while let Some(page) = pages.recv().await {
         planned.extend(plan(dead_letter_topic, &page?, options));
     }
@@ -230,11 +266,24 @@ pub async fn replay(
     let Some(last_id) = bound.last_id else {
         return Ok(ReplaySummary::default());
     };
-    let producer: FutureProducer =
-        client_config(&producer_options(&kafka.client_options(), &producer.options)?).create()?;
-    let mut pages = read_pages(db.clone(), filter.clone(), last_id, options.page_size.max(1));
+    let producer: FutureProducer = client_config(&producer_options(
+        &kafka.client_options(),
+        &producer.options,
+    )?)
+    .create()?;
+    let mut pages = read_pages(
+        db.clone(),
+        filter.clone(),
+        last_id,
+        options.page_size.max(1),
+    );
     let (marks, marker) = spawn_marker(db.clone());
-    let mut acks = Acks { summary: ReplaySummary::default(), acked: Vec::with_capacity(MARK_BATCH), marks, last_mark: Instant::now() };
+    let mut acks = Acks {
+        summary: ReplaySummary::default(),
+        acked: Vec::with_capacity(MARK_BATCH),
+        marks,
+        last_mark: Instant::now(),
+    };
     let window = options.in_flight.max(1);
     let mut in_flight = FuturesUnordered::new();
     let started = Instant::now();
@@ -252,7 +301,10 @@ pub async fn replay(
         let now = now_ms();
         for dead in page {
             if let Some(rate) = options.rate.filter(|r| *r > 0) {
-                tokio::time::sleep_until(started + Duration::from_secs_f64(sent as f64 / f64::from(rate))).await;
+                tokio::time::sleep_until(
+                    started + Duration::from_secs_f64(sent as f64 / f64::from(rate)),
+                )
+                .await;
             }
             sent += 1;
             if let Some(why) = not_replayable(&dead) {
@@ -260,7 +312,11 @@ pub async fn replay(
                 progress();
                 continue;
             }
-            let (id, class, record) = (dead.row.id, dead.row.error_class.clone(), replayed_record(dead_letter_topic, &dead, options, now));
+            let (id, class, record) = (
+                dead.row.id,
+                dead.row.error_class.clone(),
+                replayed_record(dead_letter_topic, &dead, options, now),
+            );
             loop {
                 while in_flight.len() >= window {
                     let done = in_flight.next().await.expect("the window is not empty");
@@ -268,7 +324,9 @@ pub async fn replay(
                         break 'pages;
                     }
                 }
-                match producer.send_result(record.to_send(dead.key.as_deref(), dead.payload.as_deref())) {
+                match producer
+                    .send_result(record.to_send(dead.key.as_deref(), dead.payload.as_deref()))
+                {
                     Ok(delivery) => {
                         let topic = record.topic.clone();
                         let class = class.clone();
@@ -276,14 +334,16 @@ pub async fn replay(
                         break;
                     }
                     // librdkafka's own queue is full: wait for an acknowledgement, then send again.
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => match in_flight.next().await {
-                        Some(done) => {
-                            if !acks.settle(done, &mut progress).await {
-                                break 'pages;
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                        match in_flight.next().await {
+                            Some(done) => {
+                                if !acks.settle(done, &mut progress).await {
+                                    break 'pages;
+                                }
                             }
+                            None => tokio::time::sleep(Duration::from_millis(10)).await,
                         }
-                        None => tokio::time::sleep(Duration::from_millis(10)).await,
-                    },
+                    }
                     Err((e, _)) => {
                         acks.summary.failed.push(format!("dead letter {id}: {e}"));
                         progress();
@@ -304,7 +364,12 @@ pub async fn replay(
             break;
         }
     }
-    let Acks { mut summary, acked, marks, .. } = acks;
+    let Acks {
+        mut summary,
+        acked,
+        marks,
+        ..
+    } = acks;
     if !acked.is_empty() {
         let _ = marks.send(acked).await;
     }
@@ -312,7 +377,10 @@ pub async fn replay(
     // The marker's error first: it is why sending stopped early, if it did.
     summary.replayed = marker.await??;
     match read_error {
-        Some(e) => Err(anyhow::Error::new(e).context(format!("reading dead letters stopped the replay after {} rows marked replayed", summary.replayed))),
+        Some(e) => Err(anyhow::Error::new(e).context(format!(
+            "reading dead letters stopped the replay after {} rows marked replayed",
+            summary.replayed
+        ))),
         None => Ok(summary),
     }
 }
@@ -329,7 +397,11 @@ struct Acks {
 impl Acks {
     /// Settles one delivery report; false when the marker stopped (its
     /// error ends the replay).
-    async fn settle(&mut self, done: (i64, String, String, Result<OwnedDeliveryResult, Canceled>), progress: &mut impl FnMut()) -> bool {
+    async fn settle(
+        &mut self,
+        done: (i64, String, String, Result<OwnedDeliveryResult, Canceled>),
+        progress: &mut impl FnMut(),
+    ) -> bool {
         let (id, topic, class, delivered) = done;
         match delivered {
             Ok(Ok(_)) => {
@@ -338,10 +410,14 @@ impl Acks {
                 *self.summary.by_class.entry(class).or_default() += 1;
             }
             Ok(Err((e, _))) => self.summary.failed.push(format!("dead letter {id}: {e}")),
-            Err(Canceled) => self.summary.failed.push(format!("dead letter {id}: the producer closed before a delivery report")),
+            Err(Canceled) => self.summary.failed.push(format!(
+                "dead letter {id}: the producer closed before a delivery report"
+            )),
         }
         progress();
-        if self.acked.len() >= MARK_BATCH || (!self.acked.is_empty() && self.last_mark.elapsed() >= MARK_EVERY) {
+        if self.acked.len() >= MARK_BATCH
+            || (!self.acked.is_empty() && self.last_mark.elapsed() >= MARK_EVERY)
+        {
             self.last_mark = Instant::now();
             let batch = std::mem::replace(&mut self.acked, Vec::with_capacity(MARK_BATCH));
             return self.marks.send(batch).await.is_ok();
@@ -352,19 +428,27 @@ impl Acks {
 
 /// Reads `filter`'s rows up to `last_id` a page at a time (keyset on the
 /// id), one page ahead of the sender.
-fn read_pages(db: Db, filter: Filter, last_id: i64, page_size: usize) -> mpsc::Receiver<Result<Vec<DeadLetterRecord>, DbError>> {
+fn read_pages(
+    db: Db,
+    filter: Filter,
+    last_id: i64,
+    page_size: usize,
+) -> mpsc::Receiver<Result<Vec<DeadLetterRecord>, DbError>> {
     let (pages, receiver) = mpsc::channel(1);
     tokio::spawn(async move {
         let mut after = i64::MIN;
         loop {
-            let page = match store::records_page(&db, &filter, after, last_id, page_size as i64).await {
-                Ok(rows) => rows,
-                Err(e) => {
-                    let _ = pages.send(Err(e)).await;
-                    return;
-                }
+            let page =
+                match store::records_page(&db, &filter, after, last_id, page_size as i64).await {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        let _ = pages.send(Err(e)).await;
+                        return;
+                    }
+                };
+            let Some(last) = page.last().map(|r| r.row.id) else {
+                return;
             };
-            let Some(last) = page.last().map(|r| r.row.id) else { return };
             // A short page is the last: nothing more matches up to `last_id`.
             let full = page.len() == page_size;
             if pages.send(Ok(page)).await.is_err() || !full {

@@ -158,7 +158,12 @@ impl Filter {
         if !self.ids.is_empty() {
             put("ids", self.ids.clone().into());
         }
-        for (name, value) in [("group", &self.group), ("event", &self.event_name), ("error", &self.error_text), ("key", &self.key)] {
+        for (name, value) in [
+            ("group", &self.group),
+            ("event", &self.event_name),
+            ("error", &self.error_text),
+            ("key", &self.key),
+        ] {
             if let Some(v) = value {
                 put(name, v.clone().into());
             }
@@ -231,7 +236,8 @@ impl Filter {
             q.push(" OR error_class LIKE ").push_bind(like).push(")");
         }
         if let Some(key) = &self.key {
-            q.push(" AND record_key = ").push_bind(key.as_bytes().to_vec());
+            q.push(" AND record_key = ")
+                .push_bind(key.as_bytes().to_vec());
         }
         if !self.classes.is_empty() {
             q.push(" AND error_class IN (");
@@ -305,7 +311,9 @@ fn row_to_dead_letter(r: &sqlx::any::AnyRow) -> Result<DeadLetter, sqlx::Error> 
         replay_count: r.try_get(13)?,
         last_replayed_ms: r.try_get(14)?,
         ignored_reason: r.try_get(15)?,
-        key: r.try_get::<Option<Vec<u8>>, _>(16)?.map(|k| String::from_utf8_lossy(&k).into_owned()),
+        key: r
+            .try_get::<Option<Vec<u8>>, _>(16)?
+            .map(|k| String::from_utf8_lossy(&k).into_owned()),
     })
 }
 
@@ -315,14 +323,22 @@ pub async fn list(db: &Db, filter: &Filter, limit: i64) -> Result<Vec<DeadLetter
     filter.push_where(&mut q);
     q.push(" ORDER BY id LIMIT ").push_bind(limit);
     let rows = q.build().fetch_all(&db.pool).await?;
-    Ok(rows.iter().map(row_to_dead_letter).collect::<Result<_, _>>()?)
+    Ok(rows
+        .iter()
+        .map(row_to_dead_letter)
+        .collect::<Result<_, _>>()?)
 }
 
 /// One page of the rows matching `filter`, newest first (keyset on the id:
 /// rows with `id < before`, or the newest ones), at most `limit`. A page is
 /// one index range read however many rows match, so the console's list
 /// costs the same on page 1 and page 2,000.
-pub async fn page_newest_first(db: &Db, filter: &Filter, before: Option<i64>, limit: i64) -> Result<Vec<DeadLetter>, DbError> {
+pub async fn page_newest_first(
+    db: &Db,
+    filter: &Filter,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, DbError> {
     let mut q = QueryBuilder::<Any>::new(format!("SELECT {COLUMNS} FROM dead_letters"));
     filter.push_where(&mut q);
     if let Some(before) = before {
@@ -330,7 +346,10 @@ pub async fn page_newest_first(db: &Db, filter: &Filter, before: Option<i64>, li
     }
     q.push(" ORDER BY id DESC LIMIT ").push_bind(limit);
     let rows = q.build().fetch_all(&db.pool).await?;
-    Ok(rows.iter().map(row_to_dead_letter).collect::<Result<_, _>>()?)
+    Ok(rows
+        .iter()
+        .map(row_to_dead_letter)
+        .collect::<Result<_, _>>()?)
 }
 
 /// Rows matching `filter` (the console's "N dead letters match").
@@ -360,7 +379,11 @@ impl DeadLetterRecord {
     /// letters, [`crate::cdc::oversize`]); `None` for Avro envelopes.
     pub fn json_value(&self) -> Option<serde_json::Value> {
         let headers: BTreeMap<String, String> = serde_json::from_str(&self.headers).ok()?;
-        if headers.get(crate::kafka::record::header::CONTENT_TYPE)?.as_str() != crate::cdc::oversize::JSON_CONTENT_TYPE {
+        if headers
+            .get(crate::kafka::record::header::CONTENT_TYPE)?
+            .as_str()
+            != crate::cdc::oversize::JSON_CONTENT_TYPE
+        {
             return None;
         }
         serde_json::from_slice(self.payload.as_deref()?).ok()
@@ -368,7 +391,11 @@ impl DeadLetterRecord {
 }
 
 /// Rows with their record bytes.
-pub async fn records(db: &Db, filter: &Filter, limit: i64) -> Result<Vec<DeadLetterRecord>, DbError> {
+pub async fn records(
+    db: &Db,
+    filter: &Filter,
+    limit: i64,
+) -> Result<Vec<DeadLetterRecord>, DbError> {
     select_records(db, filter, None, limit).await
 }
 
@@ -386,25 +413,47 @@ pub struct Bound {
 
 /// The [`Bound`] of `filter`'s first `limit` rows, now.
 pub async fn bound(db: &Db, filter: &Filter, limit: i64) -> Result<Bound, DbError> {
-    let mut q = QueryBuilder::<Any>::new("SELECT COUNT(*), MAX(id) FROM (SELECT id FROM dead_letters");
+    let mut q =
+        QueryBuilder::<Any>::new("SELECT COUNT(*), MAX(id) FROM (SELECT id FROM dead_letters");
     filter.push_where(&mut q);
-    q.push(" ORDER BY id LIMIT ").push_bind(limit).push(") selected");
+    q.push(" ORDER BY id LIMIT ")
+        .push_bind(limit)
+        .push(") selected");
     let row = q.build().fetch_one(&db.pool).await?;
-    Ok(Bound { rows: row.try_get(0)?, last_id: row.try_get(1)? })
+    Ok(Bound {
+        rows: row.try_get(0)?,
+        last_id: row.try_get(1)?,
+    })
 }
 
 /// One page of a keyset scan: `filter`'s rows with `after_id < id <= last_id`,
 /// by id, at most `limit`, with their record bytes. The filter is applied
 /// as the page is read (a row ignored meanwhile is not taken).
-pub async fn records_page(db: &Db, filter: &Filter, after_id: i64, last_id: i64, limit: i64) -> Result<Vec<DeadLetterRecord>, DbError> {
+pub async fn records_page(
+    db: &Db,
+    filter: &Filter,
+    after_id: i64,
+    last_id: i64,
+    limit: i64,
+) -> Result<Vec<DeadLetterRecord>, DbError> {
     select_records(db, filter, Some((after_id, last_id)), limit).await
 }
 
-async fn select_records(db: &Db, filter: &Filter, ids: Option<(i64, i64)>, limit: i64) -> Result<Vec<DeadLetterRecord>, DbError> {
-    let mut q = QueryBuilder::<Any>::new(format!("SELECT {COLUMNS}, payload, headers, original_timestamp FROM dead_letters"));
+async fn select_records(
+    db: &Db,
+    filter: &Filter,
+    ids: Option<(i64, i64)>,
+    limit: i64,
+) -> Result<Vec<DeadLetterRecord>, DbError> {
+    let mut q = QueryBuilder::<Any>::new(format!(
+        "SELECT {COLUMNS}, payload, headers, original_timestamp FROM dead_letters"
+    ));
     filter.push_where(&mut q);
     if let Some((after, last)) = ids {
-        q.push(" AND id > ").push_bind(after).push(" AND id <= ").push_bind(last);
+        q.push(" AND id > ")
+            .push_bind(after)
+            .push(" AND id <= ")
+            .push_bind(last);
     }
     q.push(" ORDER BY id LIMIT ").push_bind(limit);
     let rows = q.build().fetch_all(&db.pool).await?;
@@ -443,7 +492,8 @@ pub async fn stats(db: &Db, filter: &Filter) -> Result<Vec<Count>, DbError> {
         ("error_class", "error_class"),
         ("status", "status"),
     ] {
-        let mut q = QueryBuilder::<Any>::new(format!("SELECT {column}, COUNT(*) FROM dead_letters"));
+        let mut q =
+            QueryBuilder::<Any>::new(format!("SELECT {column}, COUNT(*) FROM dead_letters"));
         filter.push_where(&mut q);
         q.push(format!(" GROUP BY {column} ORDER BY COUNT(*) DESC"));
         for r in q.build().fetch_all(&db.pool).await? {
@@ -463,8 +513,13 @@ pub async fn mark_replayed(db: &Db, ids: &[i64]) -> Result<(), DbError> {
         return Ok(());
     }
     let now = crate::clock::now_ms();
-    let mut q = QueryBuilder::<Any>::new("UPDATE dead_letters SET status = 'replayed', replay_count = replay_count + 1, last_replayed_ms = ");
-    q.push_bind(now).push(", updated_ms = ").push_bind(now).push(" WHERE id IN (");
+    let mut q = QueryBuilder::<Any>::new(
+        "UPDATE dead_letters SET status = 'replayed', replay_count = replay_count + 1, last_replayed_ms = ",
+    );
+    q.push_bind(now)
+        .push(", updated_ms = ")
+        .push_bind(now)
+        .push(" WHERE id IN (");
     let mut list = q.separated(", ");
     for id in ids {
         list.push_bind(*id);
@@ -537,28 +592,56 @@ fn purge_condition(group: bool, heads: bool) -> String {
 /// operators are never blocked for long); `progress(status, deleted so
 /// far, status done)` after each batch. A dry run counts instead and
 /// deletes nothing.
-pub async fn purge(db: &Db, purge: &Purge, dry_run: bool, mut progress: impl FnMut(&'static str, u64, bool)) -> Result<PurgeSummary, DbError> {
-    let mut summary = PurgeSummary { dry_run, ..Default::default() };
-    let delete = db.sql().delete_limited("dead_letters", "id", &purge_condition(purge.group.is_some(), false));
+pub async fn purge(
+    db: &Db,
+    purge: &Purge,
+    dry_run: bool,
+    mut progress: impl FnMut(&'static str, u64, bool),
+) -> Result<PurgeSummary, DbError> {
+    let mut summary = PurgeSummary {
+        dry_run,
+        ..Default::default()
+    };
+    let delete = db.sql().delete_limited(
+        "dead_letters",
+        "id",
+        &purge_condition(purge.group.is_some(), false),
+    );
     for status in &purge.statuses {
         let bind = |sql: SqlStr| {
-            let q = sqlx::query::<Any>(sql).bind(status.as_str()).bind(purge.before_ms);
+            let q = sqlx::query::<Any>(sql)
+                .bind(status.as_str())
+                .bind(purge.before_ms);
             match &purge.group {
                 Some(g) => q.bind(g.clone()),
                 None => q,
             }
         };
         let count = |heads| {
-            sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM dead_letters WHERE {}", purge_condition(purge.group.is_some(), heads))).into_sql_str()
+            sqlx::AssertSqlSafe(format!(
+                "SELECT COUNT(*) FROM dead_letters WHERE {}",
+                purge_condition(purge.group.is_some(), heads)
+            ))
+            .into_sql_str()
         };
-        summary.kept_heads += bind(count(true)).fetch_one(&db.pool).await?.try_get::<i64, _>(0)? as u64;
+        summary.kept_heads += bind(count(true))
+            .fetch_one(&db.pool)
+            .await?
+            .try_get::<i64, _>(0)? as u64;
         let deleted = summary.deleted.entry(status.as_str()).or_default();
         if dry_run {
-            *deleted = bind(count(false)).fetch_one(&db.pool).await?.try_get::<i64, _>(0)? as u64;
+            *deleted = bind(count(false))
+                .fetch_one(&db.pool)
+                .await?
+                .try_get::<i64, _>(0)? as u64;
             continue;
         }
         loop {
-            let n = bind(delete.clone()).bind(i64::from(purge.batch)).execute(&db.pool).await?.rows_affected();
+            let n = bind(delete.clone())
+                .bind(i64::from(purge.batch))
+                .execute(&db.pool)
+                .await?
+                .rows_affected();
             *deleted += n;
             let done = n < u64::from(purge.batch);
             progress(status.as_str(), *deleted, done);
@@ -620,7 +703,13 @@ const DEAD_LETTER_UPSERT: Upsert = Upsert {
               last_failure_ms, dlq_partition, dlq_offset, created_ms, updated_ms",
     key: "consumer_group, original_topic, original_partition, original_offset",
     reset: &[("status", "'pending'")],
-    take: &["error_class", "error_message", "attempts", "last_failure_ms", "updated_ms"],
+    take: &[
+        "error_class",
+        "error_message",
+        "attempts",
+        "last_failure_ms",
+        "updated_ms",
+    ],
     position: ("dlq_partition", "dlq_offset"),
 };
 
@@ -681,7 +770,6 @@ mod tests {
         }
     }
 
-
     async fn upsert_one(db: &Db, row: &NewDeadLetter) {
         let mut tx = db.begin().await.unwrap();
         upsert(&mut tx, row).await.unwrap();
@@ -698,12 +786,32 @@ mod tests {
         mark_ignored(&db, 1, "known").await.unwrap();
         upsert_one(&db, &dead_letter(10, "re-read")).await;
         let rows = list(&db, &Filter::default(), 10).await.unwrap();
-        assert_eq!((rows.len(), rows[0].status.as_str(), rows[0].error_message.as_str()), (1, "ignored", "first"));
+        assert_eq!(
+            (
+                rows.len(),
+                rows[0].status.as_str(),
+                rows[0].error_message.as_str()
+            ),
+            (1, "ignored", "first")
+        );
         upsert_one(&db, &dead_letter(11, "again")).await;
         let rows = list(&db, &Filter::default(), 10).await.unwrap();
-        assert_eq!((rows.len(), rows[0].status.as_str(), rows[0].error_message.as_str()), (1, "pending", "again"));
-        let held = Filter { status: Some(Selection::Held), ..Default::default() };
-        assert!(list(&db, &held, 10).await.unwrap().is_empty(), "held records are no dead letters");
+        assert_eq!(
+            (
+                rows.len(),
+                rows[0].status.as_str(),
+                rows[0].error_message.as_str()
+            ),
+            (1, "pending", "again")
+        );
+        let held = Filter {
+            status: Some(Selection::Held),
+            ..Default::default()
+        };
+        assert!(
+            list(&db, &held, 10).await.unwrap().is_empty(),
+            "held records are no dead letters"
+        );
     }
 
     /// The purge on SQLite (MariaDB's is covered by tests/it/dlq_retention.rs):
@@ -713,7 +821,14 @@ mod tests {
     async fn sqlite_purge_deletes_old_rows_of_its_statuses_in_batches_and_keeps_a_parked_head() {
         let (_dir, db) = crate::db::sqlite_for_test().await;
         for offset in 0..6 {
-            upsert_one(&db, &NewDeadLetter { original_offset: offset, ..dead_letter(offset, "x") }).await;
+            upsert_one(
+                &db,
+                &NewDeadLetter {
+                    original_offset: offset,
+                    ..dead_letter(offset, "x")
+                },
+            )
+            .await;
         }
         // Rows 1..=4 replayed long ago, 5 ignored long ago, 6 pending long ago; row 4 heads a parked key.
         sqlx::query("UPDATE dead_letters SET status = CASE WHEN id <= 4 THEN 'replayed' WHEN id = 5 THEN 'ignored' ELSE 'pending' END, updated_ms = 10")
@@ -727,18 +842,61 @@ mod tests {
         .execute(&db.pool)
         .await
         .unwrap();
-        let purge = Purge { statuses: vec![Status::Replayed, Status::Ignored], group: Some("g".into()), before_ms: 11, batch: 2 };
+        let purge = Purge {
+            statuses: vec![Status::Replayed, Status::Ignored],
+            group: Some("g".into()),
+            before_ms: 11,
+            batch: 2,
+        };
         let dry = super::purge(&db, &purge, true, |_, _, _| {}).await.unwrap();
-        assert_eq!((dry.deleted.clone(), dry.kept_heads), (BTreeMap::from([("replayed", 3), ("ignored", 1)]), 1));
-        assert_eq!(list(&db, &Filter::default(), 10).await.unwrap().len(), 6, "a dry run deletes nothing");
+        assert_eq!(
+            (dry.deleted.clone(), dry.kept_heads),
+            (BTreeMap::from([("replayed", 3), ("ignored", 1)]), 1)
+        );
+        assert_eq!(
+            list(&db, &Filter::default(), 10).await.unwrap().len(),
+            6,
+            "a dry run deletes nothing"
+        );
         let mut batches = Vec::new();
-        let done = super::purge(&db, &purge, false, |status, n, last| batches.push((status, n, last))).await.unwrap();
+        let done = super::purge(&db, &purge, false, |status, n, last| {
+            batches.push((status, n, last))
+        })
+        .await
+        .unwrap();
         assert_eq!((done.total(), done.kept_heads), (4, 1));
-        assert_eq!(batches, [("replayed", 2, false), ("replayed", 3, true), ("ignored", 1, true)], "batches of 2, counted as they go");
-        let left: Vec<(i64, String)> = list(&db, &Filter::default(), 10).await.unwrap().into_iter().map(|r| (r.id, r.status)).collect();
-        assert_eq!(left, [(4, "replayed".to_string()), (6, "pending".to_string())]);
-        let young = Purge { before_ms: 10, statuses: vec![Status::Pending], ..purge };
-        assert_eq!(super::purge(&db, &young, false, |_, _, _| {}).await.unwrap().total(), 0, "younger than the cutoff");
+        assert_eq!(
+            batches,
+            [
+                ("replayed", 2, false),
+                ("replayed", 3, true),
+                ("ignored", 1, true)
+            ],
+            "batches of 2, counted as they go"
+        );
+        let left: Vec<(i64, String)> = list(&db, &Filter::default(), 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.id, r.status))
+            .collect();
+        assert_eq!(
+            left,
+            [(4, "replayed".to_string()), (6, "pending".to_string())]
+        );
+        let young = Purge {
+            before_ms: 10,
+            statuses: vec![Status::Pending],
+            ..purge
+        };
+        assert_eq!(
+            super::purge(&db, &young, false, |_, _, _| {})
+                .await
+                .unwrap()
+                .total(),
+            0,
+            "younger than the cutoff"
+        );
     }
 
     /// On SQLite (MariaDB's is tests/it/console_dlq.rs): the console's
@@ -749,21 +907,64 @@ mod tests {
         let (_dir, db) = crate::db::sqlite_for_test().await;
         for offset in 0..7 {
             let key = format!("order-{}", offset % 2).into_bytes();
-            upsert_one(&db, &NewDeadLetter { original_offset: offset, key: Some(key), ..dead_letter(offset, "x") }).await;
+            upsert_one(
+                &db,
+                &NewDeadLetter {
+                    original_offset: offset,
+                    key: Some(key),
+                    ..dead_letter(offset, "x")
+                },
+            )
+            .await;
         }
         mark_ignored(&db, 6, "known").await.unwrap();
-        let pending = Filter { status: Some(Status::Pending.into()), ..Default::default() };
+        let pending = Filter {
+            status: Some(Status::Pending.into()),
+            ..Default::default()
+        };
         let ids = |rows: Vec<DeadLetter>| rows.iter().map(|r| r.id).collect::<Vec<_>>();
-        assert_eq!(ids(page_newest_first(&db, &pending, None, 3).await.unwrap()), [7, 5, 4]);
-        assert_eq!(ids(page_newest_first(&db, &pending, Some(4), 3).await.unwrap()), [3, 2, 1]);
-        assert!(page_newest_first(&db, &pending, Some(1), 3).await.unwrap().is_empty());
-        let order_0 = Filter { key: Some("order-0".into()), ..pending.clone() };
-        assert_eq!(ids(page_newest_first(&db, &order_0, None, 10).await.unwrap()), [7, 5, 3, 1]);
-        assert_eq!(page_newest_first(&db, &order_0, None, 1).await.unwrap()[0].key.as_deref(), Some("order-0"));
+        assert_eq!(
+            ids(page_newest_first(&db, &pending, None, 3).await.unwrap()),
+            [7, 5, 4]
+        );
+        assert_eq!(
+            ids(page_newest_first(&db, &pending, Some(4), 3).await.unwrap()),
+            [3, 2, 1]
+        );
+        assert!(
+            page_newest_first(&db, &pending, Some(1), 3)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let order_0 = Filter {
+            key: Some("order-0".into()),
+            ..pending.clone()
+        };
+        assert_eq!(
+            ids(page_newest_first(&db, &order_0, None, 10).await.unwrap()),
+            [7, 5, 3, 1]
+        );
+        assert_eq!(
+            page_newest_first(&db, &order_0, None, 1).await.unwrap()[0]
+                .key
+                .as_deref(),
+            Some("order-0")
+        );
         assert!(!order_0.is_empty());
         assert_eq!(count(&db, &order_0).await.unwrap(), 4);
-        assert_eq!(order_0.to_json(), serde_json::json!({"key": "order-0", "status": "pending"}));
-        assert_eq!(bound(&db, &order_0, i64::MAX).await.unwrap(), Bound { rows: 4, last_id: Some(7) }, "the dry-run count");
+        assert_eq!(
+            order_0.to_json(),
+            serde_json::json!({"key": "order-0", "status": "pending"})
+        );
+        assert_eq!(
+            bound(&db, &order_0, i64::MAX).await.unwrap(),
+            Bound {
+                rows: 4,
+                last_id: Some(7)
+            },
+            "the dry-run count"
+        );
     }
 
     /// On SQLite (MariaDB's is covered by tests/it/replay.rs): the bound
@@ -773,17 +974,61 @@ mod tests {
     async fn pages_walk_the_bounded_selection_by_id() {
         let (_dir, db) = crate::db::sqlite_for_test().await;
         for offset in 0..6 {
-            upsert_one(&db, &NewDeadLetter { original_offset: offset, ..dead_letter(offset, "x") }).await;
+            upsert_one(
+                &db,
+                &NewDeadLetter {
+                    original_offset: offset,
+                    ..dead_letter(offset, "x")
+                },
+            )
+            .await;
         }
-        let pending = Filter { status: Some(Status::Pending.into()), ..Default::default() };
-        assert_eq!(bound(&db, &Filter { group: Some("none".into()), ..Default::default() }, 10).await.unwrap(), Bound { rows: 0, last_id: None });
+        let pending = Filter {
+            status: Some(Status::Pending.into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            bound(
+                &db,
+                &Filter {
+                    group: Some("none".into()),
+                    ..Default::default()
+                },
+                10
+            )
+            .await
+            .unwrap(),
+            Bound {
+                rows: 0,
+                last_id: None
+            }
+        );
         mark_ignored(&db, 2, "known").await.unwrap();
         let fixed = bound(&db, &pending, 4).await.unwrap();
-        assert_eq!(fixed, Bound { rows: 4, last_id: Some(5) }, "ids 1, 3, 4, 5");
+        assert_eq!(
+            fixed,
+            Bound {
+                rows: 4,
+                last_id: Some(5)
+            },
+            "ids 1, 3, 4, 5"
+        );
         mark_ignored(&db, 4, "meanwhile").await.unwrap();
         let ids = |rows: Vec<DeadLetterRecord>| rows.iter().map(|r| r.row.id).collect::<Vec<_>>();
-        assert_eq!(ids(records_page(&db, &pending, i64::MIN, 5, 2).await.unwrap()), [1, 3]);
-        assert_eq!(ids(records_page(&db, &pending, 3, 5, 2).await.unwrap()), [5], "4 left the filter, 6 is past the bound");
-        assert!(records_page(&db, &pending, 5, 5, 2).await.unwrap().is_empty());
+        assert_eq!(
+            ids(records_page(&db, &pending, i64::MIN, 5, 2).await.unwrap()),
+            [1, 3]
+        );
+        assert_eq!(
+            ids(records_page(&db, &pending, 3, 5, 2).await.unwrap()),
+            [5],
+            "4 left the filter, 6 is past the bound"
+        );
+        assert!(
+            records_page(&db, &pending, 5, 5, 2)
+                .await
+                .unwrap()
+                .is_empty()
+        );
     }
 }

@@ -174,8 +174,11 @@ impl EventData {
     /// The event name this payload belongs to.
     pub fn event_name(&self) -> EventName {
         match self {
-            Self::RowChange(c) => EventName::routing_key(&c.routing_key()).expect("a row change's routing key is valid"),
-            _ => EventName::parse(KNOWN_EVENTS[self.kind_index()].0).expect("known names are valid"),
+            Self::RowChange(c) => EventName::routing_key(&c.routing_key())
+                .expect("a row change's routing key is valid"),
+            _ => {
+                EventName::parse(KNOWN_EVENTS[self.kind_index()].0).expect("known names are valid")
+            }
         }
     }
 
@@ -193,8 +196,14 @@ impl EventData {
     /// events carry no previous values).
     pub fn data_and_old(&self) -> (serde_json::Value, serde_json::Value) {
         match self {
-            Self::RowChange(c) => (c.data.clone(), c.old.clone().unwrap_or(serde_json::Value::Null)),
-            other => (serde_json::to_value(other).expect("a payload serializes to JSON"), serde_json::Value::Null),
+            Self::RowChange(c) => (
+                c.data.clone(),
+                c.old.clone().unwrap_or(serde_json::Value::Null),
+            ),
+            other => (
+                serde_json::to_value(other).expect("a payload serializes to JSON"),
+                serde_json::Value::Null,
+            ),
         }
     }
 
@@ -249,7 +258,10 @@ impl EventData {
                 let known: Vec<&str> = KNOWN_EVENTS.iter().map(|(name, _)| *name).collect();
                 return Err(EnvelopeError::field(
                     "event_name",
-                    format!("`{other}` has no payload schema; known: {}", known.join(", ")),
+                    format!(
+                        "`{other}` has no payload schema; known: {}",
+                        known.join(", ")
+                    ),
                 ));
             }
         })
@@ -264,10 +276,16 @@ impl EventData {
     pub fn validate(&self) -> Result<(), EnvelopeError> {
         if let Self::RowChange(c) = self {
             if !c.data.is_object() {
-                return Err(EnvelopeError::field("data", "a row change's data is not a JSON object"));
+                return Err(EnvelopeError::field(
+                    "data",
+                    "a row change's data is not a JSON object",
+                ));
             }
             if c.old.as_ref().is_some_and(|o| !o.is_object()) {
-                return Err(EnvelopeError::field("old", "a row change's old is not a JSON object"));
+                return Err(EnvelopeError::field(
+                    "old",
+                    "a row change's old is not a JSON object",
+                ));
             }
             return Ok(());
         }
@@ -357,8 +375,17 @@ impl EventData {
                 carrier: "sf-express".into(),
                 shipped_at: at.clone(),
             }),
-            Self::Canceled(OrderCanceled { order_id, reason: "customer_request".into(), canceled_at: at.clone() }),
-            Self::Refunded(OrderRefunded { order_id, refund_id: format!("rfd-{order_id}"), amount: 1999, refunded_at: at }),
+            Self::Canceled(OrderCanceled {
+                order_id,
+                reason: "customer_request".into(),
+                canceled_at: at.clone(),
+            }),
+            Self::Refunded(OrderRefunded {
+                order_id,
+                refund_id: format!("rfd-{order_id}"),
+                amount: 1999,
+                refunded_at: at,
+            }),
         ]
     }
 }

@@ -18,15 +18,14 @@ const TECHNICAL_SEGMENTS: &[&str] = &[
 
 /// Past-tense actions that do not end in `-ed`.
 const IRREGULAR_PAST: &[&str] = &[
-    "paid", "sent", "held", "built", "made", "done", "lost", "won", "set", "reset", "put",
-    "read", "sold", "bought", "found", "given", "taken", "written", "begun", "run", "split",
+    "paid", "sent", "held", "built", "made", "done", "lost", "won", "set", "reset", "put", "read",
+    "sold", "bought", "found", "given", "taken", "written", "begun", "run", "split",
 ];
 
 /// Command verbs accepted as the action of a command message.
 const COMMAND_VERBS: &[&str] = &[
     "send", "cancel", "ship", "refund", "reserve", "release", "notify", "create", "update",
-    "delete", "pay", "capture", "retry", "sync", "close", "open", "confirm", "approve",
-    "reject",
+    "delete", "pay", "capture", "retry", "sync", "close", "open", "confirm", "approve", "reject",
 ];
 
 /// Whether a name describes something that happened or something to do.
@@ -122,7 +121,10 @@ impl EventName {
                 reason: "a routing key is <db>.<table>.<insert|update|delete>".into(),
             });
         }
-        Ok(Self { name: name.to_string(), kind: EventKind::Event })
+        Ok(Self {
+            name: name.to_string(),
+            kind: EventKind::Event,
+        })
     }
 
     /// The name as written.
@@ -156,10 +158,18 @@ mod tests {
             "order.payment.failed",
             "inventory.stock.decreased",
         ] {
-            assert_eq!(EventName::parse(name).unwrap().kind(), EventKind::Event, "{name}");
+            assert_eq!(
+                EventName::parse(name).unwrap().kind(),
+                EventKind::Event,
+                "{name}"
+            );
         }
         for name in ["notification.email.send", "order.cancel"] {
-            assert_eq!(EventName::parse(name).unwrap().kind(), EventKind::Command, "{name}");
+            assert_eq!(
+                EventName::parse(name).unwrap().kind(),
+                EventKind::Command,
+                "{name}"
+            );
         }
     }
 

@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use serde::Serialize;
 
 use crate::codec::Codec;
@@ -47,7 +47,12 @@ pub async fn naive_consume(
         .set("isolation.level", "read_committed")
         .create()?;
     consumer.subscribe(&[topic])?;
-    let codec = Codec::new(&settings.registry, topic, SchemaCatalog::embedded().order_events(), false)?;
+    let codec = Codec::new(
+        &settings.registry,
+        topic,
+        SchemaCatalog::embedded().order_events(),
+        false,
+    )?;
     let mut records = 0;
     let mut started = None;
     while records < limit {

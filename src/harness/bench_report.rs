@@ -434,9 +434,9 @@ fn latency_runs(dir: &Path) -> Result<Vec<LatencyRun>, ReportError> {
         Ok(entries) => entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
-                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                    n.starts_with(LATENCY_RUN_PREFIX) && n.ends_with(".txt")
-                })
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(LATENCY_RUN_PREFIX) && n.ends_with(".txt"))
             })
             .collect(),
         Err(_) => Vec::new(),
@@ -467,7 +467,10 @@ fn sorted_latencies(path: &Path) -> Result<LatencyRun, ReportError> {
         path: name.clone(),
         source,
     })?;
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let mut label = match stem.strip_prefix(LATENCY_RUN_PREFIX) {
         Some(run) => run.to_string(),
         None => "latency".to_string(),
@@ -500,7 +503,10 @@ fn sorted_latencies(path: &Path) -> Result<LatencyRun, ReportError> {
         values.push(value);
     }
     values.sort_by(f64::total_cmp);
-    Ok(LatencyRun { label, sorted: values })
+    Ok(LatencyRun {
+        label,
+        sorted: values,
+    })
 }
 
 /// Smallest latency drawn on the CDF's log axis (ms): a 0 ms stamp
@@ -666,8 +672,10 @@ impl LinePlot {
             .x_label_area_size(45)
             .y_label_area_size(80);
         if self.log_x {
-            let mut chart = builder
-                .build_cartesian_2d((x_min.max(CDF_FLOOR_MS) * 0.7..x_max * 1.4).log_scale(), 0f64..y_max)?;
+            let mut chart = builder.build_cartesian_2d(
+                (x_min.max(CDF_FLOOR_MS) * 0.7..x_max * 1.4).log_scale(),
+                0f64..y_max,
+            )?;
             chart
                 .configure_mesh()
                 .x_desc(x_desc)
@@ -838,7 +846,13 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
         );
         std::fs::write(&path, "3\n1\n2\n").unwrap();
         let run = sorted_latencies(&path).unwrap();
-        assert_eq!(run, LatencyRun { label: "latency".into(), sorted: vec![1.0, 2.0, 3.0] });
+        assert_eq!(
+            run,
+            LatencyRun {
+                label: "latency".into(),
+                sorted: vec![1.0, 2.0, 3.0]
+            }
+        );
         assert_eq!(
             cdf_points(&run.sorted),
             [(1.0, 1.0 / 3.0), (2.0, 2.0 / 3.0), (3.0, 1.0)]
@@ -846,7 +860,13 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
         let named = dir.path().join("latency-low.txt");
         std::fs::write(&named, "# label: 100 orders/s\n0\n7.5\n").unwrap();
         let run = sorted_latencies(&named).unwrap();
-        assert_eq!(run, LatencyRun { label: "100 orders/s".into(), sorted: vec![0.0, 7.5] });
+        assert_eq!(
+            run,
+            LatencyRun {
+                label: "100 orders/s".into(),
+                sorted: vec![0.0, 7.5]
+            }
+        );
     }
 
     #[test]
@@ -854,8 +874,17 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
         // 0..10,000 ms: rank-spaced points, then every point of the top 1%.
         let values: Vec<f64> = (0..10_000).map(f64::from).collect();
         let points = cdf_points(&values);
-        assert_eq!(points[0], (CDF_FLOOR_MS, 1.0 / 10_000.0), "0 ms drawn at the floor");
-        assert!(points.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 < w[1].1), "monotone");
+        assert_eq!(
+            points[0],
+            (CDF_FLOOR_MS, 1.0 / 10_000.0),
+            "0 ms drawn at the floor"
+        );
+        assert!(
+            points
+                .windows(2)
+                .all(|w| w[0].0 <= w[1].0 && w[0].1 < w[1].1),
+            "monotone"
+        );
         assert_eq!(*points.last().unwrap(), (9_999.0, 1.0));
         let tail: Vec<&(f64, f64)> = points.iter().filter(|p| p.1 > 0.99).collect();
         assert_eq!(tail.len(), 100, "every one of the top 1%");
@@ -934,9 +963,19 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
         let results = dir.path().join("results.tsv");
         std::fs::write(&results, SAMPLE).unwrap();
         let latencies: String = (1..=1000).map(|i| format!("{}\n", 1000 - i)).collect();
-        std::fs::write(dir.path().join("latency-low.txt"), format!("# label: 100 orders/s\n{latencies}")).unwrap();
-        let fast: String = (1..=1000).map(|i| format!("{}\n", f64::from(i) / 10.0)).collect();
-        std::fs::write(dir.path().join("latency-high.txt"), format!("# label: 5000 events/s\n{fast}")).unwrap();
+        std::fs::write(
+            dir.path().join("latency-low.txt"),
+            format!("# label: 100 orders/s\n{latencies}"),
+        )
+        .unwrap();
+        let fast: String = (1..=1000)
+            .map(|i| format!("{}\n", f64::from(i) / 10.0))
+            .collect();
+        std::fs::write(
+            dir.path().join("latency-high.txt"),
+            format!("# label: 5000 events/s\n{fast}"),
+        )
+        .unwrap();
         let out = dir.path().join("out");
         let files = write_report(&results, &out).unwrap();
 

@@ -71,7 +71,10 @@ impl ChaosSettings {
             None => Self::default(),
         };
         if !(0.0..=1.0).contains(&chaos.transient_rate) {
-            return Err(format!("chaos.transient_rate must be between 0.0 and 1.0, got {}", chaos.transient_rate));
+            return Err(format!(
+                "chaos.transient_rate must be between 0.0 and 1.0, got {}",
+                chaos.transient_rate
+            ));
         }
         Ok(chaos)
     }
@@ -81,7 +84,9 @@ impl ChaosSettings {
 /// `settings`) or one of [`handlers::BUILT_IN`].
 pub fn handler_by_name(name: &str, settings: &Settings) -> Result<Arc<dyn Handler>, String> {
     if name == NAME {
-        return Ok(Arc::new(Chaos::new(ChaosSettings::from_settings(settings)?)));
+        return Ok(Arc::new(Chaos::new(ChaosSettings::from_settings(
+            settings,
+        )?)));
     }
     handlers::by_name(name).ok_or_else(|| handlers::unknown(name, &[NAME]))
 }
@@ -119,11 +124,15 @@ impl Handler for Chaos {
     async fn apply(&self, _: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError> {
         let order = envelope.data.order_id();
         if self.settings.permanent_all || self.settings.permanent_orders.contains(&order) {
-            return Err(HandlerError::Fatal(format!("chaos: order {order} is configured to fail permanently")));
+            return Err(HandlerError::Fatal(format!(
+                "chaos: order {order} is configured to fail permanently"
+            )));
         }
-        let chosen = self.settings.transient_orders.contains(&order) || picked(envelope.event_id, self.settings.transient_rate);
+        let chosen = self.settings.transient_orders.contains(&order)
+            || picked(envelope.event_id, self.settings.transient_rate);
         let events = &self.settings.transient_events;
-        if chosen && (events.is_empty() || events.iter().any(|e| e == envelope.event_name.as_str())) {
+        if chosen && (events.is_empty() || events.iter().any(|e| e == envelope.event_name.as_str()))
+        {
             let mut executions = self.executions.lock().expect("chaos lock");
             let n = executions.entry(envelope.event_id).or_insert(0);
             *n += 1;
@@ -147,19 +156,35 @@ mod tests {
     #[test]
     fn the_section_is_typed_checked_and_defaults_inject_nothing() {
         let mut settings = Settings::default();
-        assert_eq!(ChaosSettings::from_settings(&settings).unwrap(), ChaosSettings::default());
+        assert_eq!(
+            ChaosSettings::from_settings(&settings).unwrap(),
+            ChaosSettings::default()
+        );
         let section = |json: serde_json::Value| {
-            figment::Figment::from(figment::providers::Serialized::defaults(json)).extract::<figment::value::Value>().unwrap()
+            figment::Figment::from(figment::providers::Serialized::defaults(json))
+                .extract::<figment::value::Value>()
+                .unwrap()
         };
         settings.chaos = Some(section(serde_json::json!({"transient_rate": 1.5})));
         let err = ChaosSettings::from_settings(&settings).unwrap_err();
-        assert!(err.contains("chaos.transient_rate must be between 0.0 and 1.0, got 1.5"), "{err}");
-        settings.chaos = Some(section(serde_json::json!({"transient_orders": [7], "permanent": true})));
+        assert!(
+            err.contains("chaos.transient_rate must be between 0.0 and 1.0, got 1.5"),
+            "{err}"
+        );
+        settings.chaos = Some(section(
+            serde_json::json!({"transient_orders": [7], "permanent": true}),
+        ));
         let err = ChaosSettings::from_settings(&settings).unwrap_err();
-        assert!(err.starts_with("chaos: ") && err.contains("permanent"), "{err}");
+        assert!(
+            err.starts_with("chaos: ") && err.contains("permanent"),
+            "{err}"
+        );
         settings.chaos = Some(section(serde_json::json!({"transient_orders": [7]})));
         let chaos = ChaosSettings::from_settings(&settings).unwrap();
-        assert_eq!((chaos.transient_orders, chaos.transient_failures), (vec![7], 2));
+        assert_eq!(
+            (chaos.transient_orders, chaos.transient_failures),
+            (vec![7], 2)
+        );
     }
 
     #[test]
@@ -169,8 +194,12 @@ mod tests {
         std::fs::write(&path, "[chaos]\ntransient_orders = [3, 7]\n").unwrap();
         figment::Jail::expect_with(|jail| {
             jail.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "5");
-            let chaos = ChaosSettings::from_settings(&Settings::load(Some(&path)).unwrap()).unwrap();
-            assert_eq!((chaos.transient_orders, chaos.transient_failures), (vec![3, 7], 5));
+            let chaos =
+                ChaosSettings::from_settings(&Settings::load(Some(&path)).unwrap()).unwrap();
+            assert_eq!(
+                (chaos.transient_orders, chaos.transient_failures),
+                (vec![3, 7], 5)
+            );
             Ok(())
         });
     }
@@ -179,8 +208,14 @@ mod tests {
     fn handlers_resolve_with_chaos_named_among_the_built_in_ones() {
         let settings = Settings::default();
         assert_eq!(handler_by_name("chaos", &settings).unwrap().name(), "chaos");
-        assert_eq!(handler_by_name("points", &settings).unwrap().name(), "points");
+        assert_eq!(
+            handler_by_name("points", &settings).unwrap().name(),
+            "points"
+        );
         let err = handler_by_name("nope", &settings).err().unwrap();
-        assert_eq!(err, "unknown handler `nope`; built-in handlers: inventory, payment, logistics, notification, points, chaos");
+        assert_eq!(
+            err,
+            "unknown handler `nope`; built-in handlers: inventory, payment, logistics, notification, points, chaos"
+        );
     }
 }

@@ -28,24 +28,26 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::api::orders::OrderService;
 use crate::codec::Codec;
+use crate::codec::embedded_registry::EmbeddedRegistry;
+use crate::config::Settings;
+use crate::consumer::handler::Handler;
+use crate::consumer::{self, ConsumeOptions, ConsumeSummary, StartFrom, handlers};
+use crate::db::Db;
 use crate::delivery::{HttpDelivery, Subscription};
-use crate::outbox::relay::{Relay, RelayOptions, RelaySummary};
 use crate::dlq::replay::{self, ReplayOptions};
 use crate::dlq::store::{self, DeadLetter, Filter};
 use crate::envelope::{Envelope, EventData};
-use crate::retry::retry_topic;
-use crate::consumer::handler::Handler;
-use crate::consumer::{self, ConsumeOptions, ConsumeSummary, StartFrom, handlers};
-use crate::config::Settings;
-use crate::db::Db;
-use crate::codec::embedded_registry::EmbeddedRegistry;
-use crate::producer::EventProducer;
 use crate::kafka::client::{client_config, producer_options};
+use crate::outbox::relay::{Relay, RelayOptions, RelaySummary};
+use crate::producer::EventProducer;
+use crate::retry::retry_topic;
 use crate::schema::SchemaCatalog;
 
 use super::chaos::{self, Chaos, ChaosSettings};
 use super::generator;
-use super::verify::{Verification, applied_order, applied_sequence, others_applied_between, verify};
+use super::verify::{
+    Verification, applied_order, applied_sequence, others_applied_between, verify,
+};
 
 /// Knobs of a demo run.
 #[derive(Debug, Clone)]
@@ -142,7 +144,12 @@ const HTTP_GROUP: &str = "http.crm";
 
 /// Delivers `order.payment.succeeded` to a local endpoint through an HTTP
 /// subscription, as `orderpipe deliver --subscription crm` would.
-async fn deliver_payments(settings: &Settings, db: &Db, topic: &str, events: &[Envelope]) -> anyhow::Result<HttpDemoReport> {
+async fn deliver_payments(
+    settings: &Settings,
+    db: &Db,
+    topic: &str,
+    events: &[Envelope],
+) -> anyhow::Result<HttpDemoReport> {
     let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = hits.clone();
     let app = axum::Router::new().route(
@@ -171,7 +178,10 @@ async fn deliver_payments(settings: &Settings, db: &Db, topic: &str, events: &[E
     let group = run_group(settings, db, HTTP_GROUP, vec![Arc::new(handler)], topic).await?;
     server.abort();
     Ok(HttpDemoReport {
-        matching: events.iter().filter(|e| subscription.matches(e.event_name.as_str())).count(),
+        matching: events
+            .iter()
+            .filter(|e| subscription.matches(e.event_name.as_str()))
+            .count(),
         requests: hits.load(std::sync::atomic::Ordering::SeqCst),
         group,
     })
@@ -179,8 +189,14 @@ async fn deliver_payments(settings: &Settings, db: &Db, topic: &str, events: &[E
 
 /// The demo's consumer groups and their handlers.
 const GROUPS: [(&str, &[&str]); 2] = [
-    ("fulfilment-service.order.consumer", &["chaos", "inventory", "payment", "points"]),
-    ("customer-service.order.consumer", &["logistics", "notification"]),
+    (
+        "fulfilment-service.order.consumer",
+        &["chaos", "inventory", "payment", "points"],
+    ),
+    (
+        "customer-service.order.consumer",
+        &["logistics", "notification"],
+    ),
 ];
 
 /// Runs one group of built-in handlers (`chaos` with the rules of
@@ -197,7 +213,8 @@ async fn run_built_in(
         .iter()
         .map(|n| match *n {
             chaos::NAME => Ok(Arc::new(Chaos::new(chaos.clone())) as Arc<dyn Handler>),
-            n => handlers::by_name(n).ok_or_else(|| anyhow::anyhow!(handlers::unknown(n, &[chaos::NAME]))),
+            n => handlers::by_name(n)
+                .ok_or_else(|| anyhow::anyhow!(handlers::unknown(n, &[chaos::NAME]))),
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     run_group(settings, db, group, handlers, topic).await
@@ -224,12 +241,21 @@ async fn run_group(
         crash_before_forward_ack: false,
         commit_stamps: None,
     };
-    Ok(consumer::run(crate::startup::consumer_sections(settings), db.clone(), options, std::future::pending()).await?)
+    Ok(consumer::run(
+        crate::startup::consumer_sections(settings),
+        db.clone(),
+        options,
+        std::future::pending(),
+    )
+    .await?)
 }
 
 /// The first order that has an event matching `pick`.
 fn first_order_with(events: &[Envelope], pick: impl Fn(&Envelope) -> bool) -> i64 {
-    events.iter().find(|e| pick(e)).map_or(1, |e| e.data.order_id())
+    events
+        .iter()
+        .find(|e| pick(e))
+        .map_or(1, |e| e.data.order_id())
 }
 
 /// The transient order as `group` applied it: its event names in apply
@@ -238,7 +264,9 @@ fn first_order_with(events: &[Envelope], pick: impl Fn(&Envelope) -> bool) -> i6
 async fn parked_story(db: &Db, group: &str, order: i64) -> anyhow::Result<(Vec<String>, i64)> {
     let rows = applied_sequence(db, group, order).await?;
     let meanwhile = match (rows.first(), rows.last()) {
-        (Some(first), Some(last)) => others_applied_between(db, group, order, first.1, last.1).await?,
+        (Some(first), Some(last)) => {
+            others_applied_between(db, group, order, first.1, last.1).await?
+        }
         _ => 0,
     };
     Ok((rows.into_iter().map(|(name, _)| name).collect(), meanwhile))
@@ -246,11 +274,19 @@ async fn parked_story(db: &Db, group: &str, order: i64) -> anyhow::Result<(Vec<S
 
 /// Writes records that are not order events: random bytes, a wrong magic
 /// byte, an unknown schema id. Returns how many.
-async fn inject_poison(settings: &Settings, topic: &str, events: &[Envelope]) -> anyhow::Result<usize> {
+async fn inject_poison(
+    settings: &Settings,
+    topic: &str,
+    events: &[Envelope],
+) -> anyhow::Result<usize> {
     // orderpipe's producer options, so each poison shares its order's partition.
     let options = producer_options(&settings.kafka.client_options(), &settings.producer.options)?;
     let producer: FutureProducer = client_config(&options).create()?;
-    let poison: [&[u8]; 3] = [&[0xde, 0xad, 0xbe, 0xef], &[7, 0, 0, 0, 1, 2], &[0, 0x7f, 0xff, 0xff, 0x01, 2]];
+    let poison: [&[u8]; 3] = [
+        &[0xde, 0xad, 0xbe, 0xef],
+        &[7, 0, 0, 0, 1, 2],
+        &[0, 0x7f, 0xff, 0xff, 0x01, 2],
+    ];
     // Keyed like three different orders (each poison parks its order's key).
     let mut keys: Vec<String> = Vec::new();
     for key in events.iter().map(Envelope::key) {
@@ -260,7 +296,10 @@ async fn inject_poison(settings: &Settings, topic: &str, events: &[Envelope]) ->
     }
     for (bytes, key) in poison.iter().zip(keys) {
         producer
-            .send(FutureRecord::to(topic).key(&key).payload(*bytes), Duration::from_secs(10))
+            .send(
+                FutureRecord::to(topic).key(&key).payload(*bytes),
+                Duration::from_secs(10),
+            )
             .await
             .map_err(|(e, _)| e)?;
     }
@@ -276,7 +315,9 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     cluster
         .create_topic(&spec.name, spec.partitions, 1)
         .context("creating the demo topic")?;
-    let registry = EmbeddedRegistry::start().await.context("starting the embedded registry")?;
+    let registry = EmbeddedRegistry::start()
+        .await
+        .context("starting the embedded registry")?;
     settings.kafka.bootstrap_servers = cluster.bootstrap_servers();
     settings.registry.url = registry.url().to_string();
 
@@ -303,19 +344,39 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         crash_at: None,
         wake: None,
     };
-    let relayed = Relay::new(crate::startup::relay_sections(&settings), db.clone(), relay_options).await?.run(std::future::pending()).await?;
+    let relayed = Relay::new(
+        crate::startup::relay_sections(&settings),
+        db.clone(),
+        relay_options,
+    )
+    .await?
+    .run(std::future::pending())
+    .await?;
     let events = crate::outbox::recorded_events(&db, &spec.name).await?;
 
     let catalog = SchemaCatalog::embedded();
-    let codec = Arc::new(Codec::new(&settings.registry, &spec.name, catalog.order_events(), true)?);
+    let codec = Arc::new(Codec::new(
+        &settings.registry,
+        &spec.name,
+        catalog.order_events(),
+        true,
+    )?);
     codec.warm_up().await?;
-    let producer = EventProducer::new(&settings.kafka, &settings.producer, codec.clone(), &spec.name)?;
+    let producer = EventProducer::new(
+        &settings.kafka,
+        &settings.producer,
+        codec.clone(),
+        &spec.name,
+    )?;
     producer.check_ready(Duration::from_secs(10)).await?;
 
     // What each order's sequence should be, in production order.
     let mut expected: HashMap<i64, Vec<Uuid>> = HashMap::new();
     for e in &events {
-        expected.entry(e.data.order_id()).or_default().push(e.event_id);
+        expected
+            .entry(e.data.order_id())
+            .or_default()
+            .push(e.event_id);
     }
 
     let consumer: BaseConsumer = client_config(&settings.kafka.client_options())
@@ -357,14 +418,18 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         let partitions: std::collections::BTreeSet<i32> = got.iter().map(|(p, _)| *p).collect();
         let order_ok = got.iter().map(|(_, id)| *id).eq(ids.iter().copied());
         if partitions.len() != 1 || !order_ok {
-            ordering_violations.push(format!("order {order}: partitions {partitions:?}, in order: {order_ok}"));
+            ordering_violations.push(format!(
+                "order {order}: partitions {partitions:?}, in order: {order_ok}"
+            ));
         }
     }
 
     // Redelivery: every 10th event once more, after the originals.
     let duplicates: Vec<_> = events.iter().step_by(10).cloned().collect();
     let injected_duplicates = duplicates.len() as u64;
-    let resent = producer.send_all(futures::stream::iter(duplicates), |_| {}).await;
+    let resent = producer
+        .send_all(futures::stream::iter(duplicates), |_| {})
+        .await;
     if resent.failed > 0 {
         bail!("duplicate injection failed: {:?}", resent.failures);
     }
@@ -400,7 +465,8 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         &db,
         Some(Duration::from_secs(2)),
         std::future::pending(),
-    ).await?;
+    )
+    .await?;
     let dead_letters = store::list(&db, &Filter::default(), 100).await?;
     let replay_filter = Filter {
         group: Some(GROUPS[0].0.to_string()),
@@ -420,13 +486,24 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         to_replay,
         replay_options,
         || {},
-    ).await?;
-    let poison_filter = Filter { status: Some(store::Status::Pending.into()), ..Default::default() };
+    )
+    .await?;
+    let poison_filter = Filter {
+        status: Some(store::Status::Pending.into()),
+        ..Default::default()
+    };
     let poison_rows = store::records(&db, &poison_filter, 100).await?;
     // Poison parks its order's key too; nothing follows it here, so release.
     let reason = "not an order event (undecodable bytes)";
-    crate::dlq::ignore::ignore(&db, &poison_rows, reason, Some(crate::dlq::ignore::Followers::Release)).await?;
-    let after_replay = run_built_in(&settings, &db, &chaos, GROUPS[0].0, GROUPS[0].1, &spec.name).await?;
+    crate::dlq::ignore::ignore(
+        &db,
+        &poison_rows,
+        reason,
+        Some(crate::dlq::ignore::Followers::Release),
+    )
+    .await?;
+    let after_replay =
+        run_built_in(&settings, &db, &chaos, GROUPS[0].0, GROUPS[0].1, &spec.name).await?;
 
     let mut group_order_violations = BTreeMap::new();
     for (group, _) in GROUPS {
@@ -434,7 +511,8 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         group_order_violations.insert(group.to_string(), violations.len());
     }
     let verification = verify(&db, GROUPS[0].0, &events).await?;
-    let (transient_applied, applied_meanwhile) = parked_story(&db, GROUPS[0].0, transient_order).await?;
+    let (transient_applied, applied_meanwhile) =
+        parked_story(&db, GROUPS[0].0, transient_order).await?;
     let http = deliver_payments(&settings, &db, &spec.name, &events).await?;
     let tier = ErrorTierReport {
         poison_injected: poison,

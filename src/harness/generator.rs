@@ -57,7 +57,10 @@ const PATHS: &[(u32, &[Step])] = &[
     (75, &[Step::Created, Step::Paid, Step::Shipped]),
     (10, &[Step::Created, Step::Canceled]),
     (10, &[Step::Created, Step::Paid, Step::Refunded]),
-    (5, &[Step::Created, Step::Paid, Step::Shipped, Step::Refunded]),
+    (
+        5,
+        &[Step::Created, Step::Paid, Step::Shipped, Step::Refunded],
+    ),
 ];
 
 const CARRIERS: &[&str] = &["sf-express", "jd-logistics", "ems", "yto"];
@@ -184,25 +187,43 @@ pub async fn drive(service: &OrderService, orders: usize, seed: u64) -> Result<u
 /// driver waits out each request's commit, so one cannot reach a high
 /// rate): each drives its share of the orders at its share of the rate,
 /// with its own seed (`seed + i`).
-pub async fn drive_concurrently(service: &OrderService, orders: usize, seed: u64, rate: Option<u32>, drivers: usize) -> Result<usize, ApiError> {
+pub async fn drive_concurrently(
+    service: &OrderService,
+    orders: usize,
+    seed: u64,
+    rate: Option<u32>,
+    drivers: usize,
+) -> Result<usize, ApiError> {
     let drivers = drivers.clamp(1, orders.max(1));
     let runs = (0..drivers).map(|i| {
         let share = orders / drivers + usize::from(i < orders % drivers);
         // Each driver's rate: its share of the total, at least 1 per second.
-        let rate = rate.filter(|r| *r > 0).map(|r| ((f64::from(r) * share as f64 / orders.max(1) as f64).round() as u32).max(1));
+        let rate = rate
+            .filter(|r| *r > 0)
+            .map(|r| ((f64::from(r) * share as f64 / orders.max(1) as f64).round() as u32).max(1));
         drive_at(service, share, seed + i as u64, rate)
     });
-    futures::future::try_join_all(runs).await.map(|events| events.into_iter().sum())
+    futures::future::try_join_all(runs)
+        .await
+        .map(|events| events.into_iter().sum())
 }
 
 /// Like [`drive`], starting at most `rate` orders per second.
-pub async fn drive_at(service: &OrderService, orders: usize, seed: u64, rate: Option<u32>) -> Result<usize, ApiError> {
+pub async fn drive_at(
+    service: &OrderService,
+    orders: usize,
+    seed: u64,
+    rate: Option<u32>,
+) -> Result<usize, ApiError> {
     let started = tokio::time::Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut events = 0;
     for i in 0..orders {
         if let Some(rate) = rate.filter(|r| *r > 0) {
-            tokio::time::sleep_until(started + std::time::Duration::from_secs_f64(i as f64 / f64::from(rate))).await;
+            tokio::time::sleep_until(
+                started + std::time::Duration::from_secs_f64(i as f64 / f64::from(rate)),
+            )
+            .await;
         }
         let amount = rng.random_range(100..500_000);
         let order = service
@@ -221,10 +242,21 @@ pub async fn drive_at(service: &OrderService, orders: usize, seed: u64, rate: Op
         let id = order.order_id;
         for step in &choose_path(&mut rng)[1..] {
             let action = match step {
-                Step::Paid => Action::Pay { payment_id: format!("pay-{id}"), amount },
-                Step::Shipped => Action::Ship { shipment_id: format!("shp-{id}"), carrier: "sf-express".into() },
-                Step::Canceled => Action::Cancel { reason: "customer_request".into() },
-                Step::Refunded => Action::Refund { refund_id: format!("rfd-{id}"), amount },
+                Step::Paid => Action::Pay {
+                    payment_id: format!("pay-{id}"),
+                    amount,
+                },
+                Step::Shipped => Action::Ship {
+                    shipment_id: format!("shp-{id}"),
+                    carrier: "sf-express".into(),
+                },
+                Step::Canceled => Action::Cancel {
+                    reason: "customer_request".into(),
+                },
+                Step::Refunded => Action::Refund {
+                    refund_id: format!("rfd-{id}"),
+                    amount,
+                },
                 Step::Created => continue,
             };
             service.act(id, action, None).await?;
@@ -243,11 +275,16 @@ mod tests {
     fn lifecycles_are_valid_ordered_and_reproducible() {
         let a: Vec<_> = LifecycleGenerator::new("t", 50, 1, 42).take(5000).collect();
         let b: Vec<_> = LifecycleGenerator::new("t", 50, 1, 42).take(5000).collect();
-        assert_eq!(a.iter().map(|e| e.event_id).collect::<Vec<_>>(), b.iter().map(|e| e.event_id).collect::<Vec<_>>());
+        assert_eq!(
+            a.iter().map(|e| e.event_id).collect::<Vec<_>>(),
+            b.iter().map(|e| e.event_id).collect::<Vec<_>>()
+        );
         let mut seen: HashMap<i64, Vec<String>> = HashMap::new();
         for env in &a {
             env.validate().unwrap();
-            seen.entry(env.data.order_id()).or_default().push(env.event_name.to_string());
+            seen.entry(env.data.order_id())
+                .or_default()
+                .push(env.event_name.to_string());
         }
         for (order, names) in seen {
             assert_eq!(names[0], "order.created", "order {order}: {names:?}");
@@ -255,10 +292,17 @@ mod tests {
                 vec!["order.created", "order.payment.succeeded", "order.shipped"],
                 vec!["order.created", "order.canceled"],
                 vec!["order.created", "order.payment.succeeded", "order.refunded"],
-                vec!["order.created", "order.payment.succeeded", "order.shipped", "order.refunded"],
+                vec![
+                    "order.created",
+                    "order.payment.succeeded",
+                    "order.shipped",
+                    "order.refunded",
+                ],
             ];
             assert!(
-                paths.iter().any(|p| p.starts_with(&names.iter().map(String::as_str).collect::<Vec<_>>())),
+                paths
+                    .iter()
+                    .any(|p| p.starts_with(&names.iter().map(String::as_str).collect::<Vec<_>>())),
                 "order {order}: {names:?}"
             );
         }

@@ -46,14 +46,29 @@ impl Verification {
 
 /// Counts over the business tables (all handlers).
 const FACTS: [(&str, &str); 9] = [
-    ("inventory reservations", "SELECT COUNT(*) FROM inventory_reservations"),
-    ("reservations released", "SELECT COUNT(*) FROM inventory_reservations WHERE status = 'released'"),
+    (
+        "inventory reservations",
+        "SELECT COUNT(*) FROM inventory_reservations",
+    ),
+    (
+        "reservations released",
+        "SELECT COUNT(*) FROM inventory_reservations WHERE status = 'released'",
+    ),
     ("payments", "SELECT COUNT(*) FROM payments"),
-    ("payments refunded", "SELECT COUNT(*) FROM payments WHERE status = 'refunded'"),
+    (
+        "payments refunded",
+        "SELECT COUNT(*) FROM payments WHERE status = 'refunded'",
+    ),
     ("shipments", "SELECT COUNT(*) FROM shipments"),
     ("notifications", "SELECT COUNT(*) FROM notifications"),
-    ("points earned entries", "SELECT COUNT(*) FROM points_ledger WHERE entry_type = 'earn'"),
-    ("points reversed entries", "SELECT COUNT(*) FROM points_ledger WHERE entry_type = 'reverse'"),
+    (
+        "points earned entries",
+        "SELECT COUNT(*) FROM points_ledger WHERE entry_type = 'earn'",
+    ),
+    (
+        "points reversed entries",
+        "SELECT COUNT(*) FROM points_ledger WHERE entry_type = 'reverse'",
+    ),
     ("points balance", "SUM"),
 ];
 
@@ -77,7 +92,8 @@ fn expected(events: &[Envelope]) -> [i64; 9] {
             EventData::Shipped(_) => e[4] += 1,
             // Inventory events live on their own topic; no built-in handler writes them.
             // Row changes live on cdc.* topics; no built-in handler writes them either.
-            EventData::StockReserved(_) | EventData::StockReleased(_) | EventData::RowChange(_) => {}
+            EventData::StockReserved(_) | EventData::StockReleased(_) | EventData::RowChange(_) => {
+            }
         }
     }
     e
@@ -86,11 +102,16 @@ fn expected(events: &[Envelope]) -> [i64; 9] {
 async fn count(db: &Db, sql: &'static str) -> Result<i64, DbError> {
     let sql = if sql == "SUM" {
         // SUM is DECIMAL on MySQL: cast it back to an integer.
-        format!("SELECT {} FROM points_ledger", db.sql().integer("COALESCE(SUM(points), 0)"))
+        format!(
+            "SELECT {} FROM points_ledger",
+            db.sql().integer("COALESCE(SUM(points), 0)")
+        )
     } else {
         sql.to_owned()
     };
-    let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_one(&db.pool).await?;
+    let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .fetch_one(&db.pool)
+        .await?;
     Ok(n)
 }
 
@@ -116,7 +137,11 @@ pub async fn verify(db: &Db, group: &str, events: &[Envelope]) -> Result<Verific
 
 /// `group`'s dedup row count vs events, and the orders whose effects were
 /// committed in another order than produced.
-pub async fn applied_order(db: &Db, group: &str, events: &[Envelope]) -> Result<(Fact, Vec<String>), DbError> {
+pub async fn applied_order(
+    db: &Db,
+    group: &str,
+    events: &[Envelope],
+) -> Result<(Fact, Vec<String>), DbError> {
     let rows: Vec<(String, String)> = sqlx::query_as(
         "SELECT record_key, event_id FROM event_dedup WHERE consumer_group = ? ORDER BY apply_seq",
     )
@@ -134,7 +159,10 @@ pub async fn applied_order(db: &Db, group: &str, events: &[Envelope]) -> Result<
     }
     let mut produced: HashMap<String, Vec<String>> = HashMap::new();
     for e in events {
-        produced.entry(e.key()).or_default().push(e.event_id.to_string());
+        produced
+            .entry(e.key())
+            .or_default()
+            .push(e.event_id.to_string());
     }
     let mut out_of_order: Vec<String> = produced
         .iter()
@@ -147,7 +175,11 @@ pub async fn applied_order(db: &Db, group: &str, events: &[Envelope]) -> Result<
 
 /// One order's events as `group` applied them: event name and `apply_seq`,
 /// in apply order.
-pub async fn applied_sequence(db: &Db, group: &str, order: i64) -> Result<Vec<(String, i64)>, DbError> {
+pub async fn applied_sequence(
+    db: &Db,
+    group: &str,
+    order: i64,
+) -> Result<Vec<(String, i64)>, DbError> {
     Ok(sqlx::query_as(
         "SELECT event_type, apply_seq FROM event_dedup WHERE consumer_group = ? AND record_key = ? ORDER BY apply_seq",
     )
@@ -159,7 +191,13 @@ pub async fn applied_sequence(db: &Db, group: &str, order: i64) -> Result<Vec<(S
 
 /// Events of orders other than `order` that `group` applied strictly
 /// between two `apply_seq` values (what flowed while `order` waited).
-pub async fn others_applied_between(db: &Db, group: &str, order: i64, from: i64, to: i64) -> Result<i64, DbError> {
+pub async fn others_applied_between(
+    db: &Db,
+    group: &str,
+    order: i64,
+    from: i64,
+    to: i64,
+) -> Result<i64, DbError> {
     let (n,): (i64,) = sqlx::query_as(
         "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND record_key <> ? AND apply_seq > ? AND apply_seq < ?",
     )

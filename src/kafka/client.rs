@@ -96,7 +96,10 @@ pub const PARTITIONERS: &[&str] = &[
 const RESERVED: &[(&str, &str)] = &[
     ("bootstrap.servers", "set kafka.bootstrap_servers instead"),
     ("transactional.id", "the relay sets it per instance"),
-    ("sasl.password", "set kafka.sasl_password so it stays secret"),
+    (
+        "sasl.password",
+        "set kafka.sasl_password so it stays secret",
+    ),
 ];
 
 /// An override that contradicts another setting.
@@ -112,7 +115,9 @@ pub fn producer_options(
 ) -> Result<BTreeMap<String, String>, OptionConflict> {
     for (key, why) in RESERVED {
         if overrides.contains_key(*key) {
-            return Err(OptionConflict(format!("`{key}` cannot be overridden here: {why}")));
+            return Err(OptionConflict(format!(
+                "`{key}` cannot be overridden here: {why}"
+            )));
         }
     }
     // The shared client options also reach consumers and admin clients; a
@@ -175,7 +180,10 @@ fn check_conflicts(options: &BTreeMap<String, String>) -> Result<(), OptionConfl
             }
         }
     }
-    if get("retries").or_else(|| get("message.send.max.retries")).is_some_and(|r| r == "0") {
+    if get("retries")
+        .or_else(|| get("message.send.max.retries"))
+        .is_some_and(|r| r == "0")
+    {
         return Err(OptionConflict(
             "retries=0 with enable.idempotence=true: idempotence needs retries > 0".into(),
         ));
@@ -241,7 +249,11 @@ pub const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
 
 impl Prefetch {
     fn values(&self) -> [u32; 3] {
-        [self.queue_kbytes, self.queue_min_messages, self.partition_max_bytes]
+        [
+            self.queue_kbytes,
+            self.queue_min_messages,
+            self.partition_max_bytes,
+        ]
     }
 
     /// Rejects a value librdkafka would refuse, naming the field and the range.
@@ -351,7 +363,9 @@ impl rdkafka::producer::ProducerContext for StatsContext {
 pub type MeasuredProducer = rdkafka::producer::FutureProducer<StatsContext>;
 
 /// Creates a [`MeasuredProducer`] from librdkafka options.
-pub fn measured_producer(options: &BTreeMap<String, String>) -> rdkafka::error::KafkaResult<MeasuredProducer> {
+pub fn measured_producer(
+    options: &BTreeMap<String, String>,
+) -> rdkafka::error::KafkaResult<MeasuredProducer> {
     let mut config = client_config(options);
     config.set("statistics.interval.ms", "5000");
     config.create_with_context(StatsContext)
@@ -362,7 +376,10 @@ mod tests {
     use super::*;
 
     fn with(pairs: &[(&str, &str)]) -> Result<BTreeMap<String, String>, OptionConflict> {
-        let overrides = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let overrides = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         producer_options(&BTreeMap::new(), &overrides)
     }
 
@@ -377,24 +394,44 @@ mod tests {
     #[test]
     fn conflicting_overrides_are_named() {
         let e = with(&[("acks", "1")]).unwrap_err().to_string();
-        assert!(e.contains("acks=1") && e.contains("enable.idempotence"), "{e}");
+        assert!(
+            e.contains("acks=1") && e.contains("enable.idempotence"),
+            "{e}"
+        );
         let e = with(&[("max.in.flight.requests.per.connection", "10")]).unwrap_err();
         assert!(e.to_string().contains("max.in.flight"));
         assert!(with(&[("retries", "0")]).is_err());
-        assert!(with(&[("transactional.id", "x")]).unwrap_err().to_string().contains("relay"));
+        assert!(
+            with(&[("transactional.id", "x")])
+                .unwrap_err()
+                .to_string()
+                .contains("relay")
+        );
         // Turning idempotence off makes acks=1 a legitimate (documented) choice.
         with(&[("enable.idempotence", "false"), ("acks", "1")]).unwrap();
     }
 
-    const PREFETCH: Prefetch = Prefetch { queue_kbytes: 8192, queue_min_messages: 10_000, partition_max_bytes: 262_144 };
+    const PREFETCH: Prefetch = Prefetch {
+        queue_kbytes: 8192,
+        queue_min_messages: 10_000,
+        partition_max_bytes: 262_144,
+    };
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn prefetch_bounds_become_librdkafka_options_under_the_pass_through() {
-        let o = consumer_options(&BTreeMap::new(), &map(&[("fetch.queue.backoff.ms", "100")]), PREFETCH).unwrap();
+        let o = consumer_options(
+            &BTreeMap::new(),
+            &map(&[("fetch.queue.backoff.ms", "100")]),
+            PREFETCH,
+        )
+        .unwrap();
         assert_eq!(o["queued.max.messages.kbytes"], "8192");
         assert_eq!(o["queued.min.messages"], "10000");
         assert_eq!(o["fetch.message.max.bytes"], "262144");
@@ -406,35 +443,106 @@ mod tests {
 
     #[test]
     fn a_pass_through_of_an_explicit_prefetch_bound_is_refused_by_name() {
-        let e = consumer_options(&BTreeMap::new(), &map(&[("queued.min.messages", "5")]), PREFETCH).unwrap_err().to_string();
-        assert!(e.contains("`queued.min.messages` in consumer.options") && e.contains("consumer.fetch_queue_min_messages"), "{e}");
+        let e = consumer_options(
+            &BTreeMap::new(),
+            &map(&[("queued.min.messages", "5")]),
+            PREFETCH,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`queued.min.messages` in consumer.options")
+                && e.contains("consumer.fetch_queue_min_messages"),
+            "{e}"
+        );
         // Aliases too, and in the shared map.
-        let e = consumer_options(&map(&[("max.partition.fetch.bytes", "1")]), &BTreeMap::new(), PREFETCH).unwrap_err().to_string();
-        assert!(e.contains("`max.partition.fetch.bytes` in kafka.options") && e.contains("consumer.fetch_partition_max_bytes"), "{e}");
-        let e = consumer_options(&BTreeMap::new(), &map(&[("queued.max.messages.kbytes", "1")]), PREFETCH).unwrap_err().to_string();
-        assert!(e.contains("consumer.fetch_queue_kbytes = 8192") && e.contains("remove `queued.max.messages.kbytes`"), "{e}");
+        let e = consumer_options(
+            &map(&[("max.partition.fetch.bytes", "1")]),
+            &BTreeMap::new(),
+            PREFETCH,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`max.partition.fetch.bytes` in kafka.options")
+                && e.contains("consumer.fetch_partition_max_bytes"),
+            "{e}"
+        );
+        let e = consumer_options(
+            &BTreeMap::new(),
+            &map(&[("queued.max.messages.kbytes", "1")]),
+            PREFETCH,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("consumer.fetch_queue_kbytes = 8192")
+                && e.contains("remove `queued.max.messages.kbytes`"),
+            "{e}"
+        );
     }
 
     #[test]
     fn out_of_range_prefetch_bounds_name_the_field_and_the_accepted_range() {
-        let e = Prefetch { queue_kbytes: 0, ..PREFETCH }.validate().unwrap_err().to_string();
-        assert!(e.contains("consumer.fetch_queue_kbytes = 0") && e.contains("accepted 1 to 2097151"), "{e}");
-        let e = Prefetch { queue_min_messages: 20_000_000, ..PREFETCH }.validate().unwrap_err().to_string();
-        assert!(e.contains("consumer.fetch_queue_min_messages = 20000000") && e.contains("accepted 1 to 10000000"), "{e}");
-        let e = consumer_options(&BTreeMap::new(), &BTreeMap::new(), Prefetch { partition_max_bytes: 0, ..PREFETCH })
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("consumer.fetch_partition_max_bytes = 0") && e.contains("fetch.message.max.bytes"), "{e}");
+        let e = Prefetch {
+            queue_kbytes: 0,
+            ..PREFETCH
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("consumer.fetch_queue_kbytes = 0") && e.contains("accepted 1 to 2097151"),
+            "{e}"
+        );
+        let e = Prefetch {
+            queue_min_messages: 20_000_000,
+            ..PREFETCH
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("consumer.fetch_queue_min_messages = 20000000")
+                && e.contains("accepted 1 to 10000000"),
+            "{e}"
+        );
+        let e = consumer_options(
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            Prefetch {
+                partition_max_bytes: 0,
+                ..PREFETCH
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("consumer.fetch_partition_max_bytes = 0")
+                && e.contains("fetch.message.max.bytes"),
+            "{e}"
+        );
     }
 
     #[test]
     fn partitioner_is_java_compatible_unless_overridden_explicitly() {
         assert_eq!(with(&[]).unwrap()[PARTITIONER], "murmur2_random");
-        assert_eq!(with(&[("partitioner", "consistent_random")]).unwrap()[PARTITIONER], "consistent_random");
+        assert_eq!(
+            with(&[("partitioner", "consistent_random")]).unwrap()[PARTITIONER],
+            "consistent_random"
+        );
         let e = with(&[("partitioner", "crc32")]).unwrap_err().to_string();
-        assert!(e.contains("partitioner=crc32") && e.contains("murmur2_random, murmur2"), "{e}");
+        assert!(
+            e.contains("partitioner=crc32") && e.contains("murmur2_random, murmur2"),
+            "{e}"
+        );
         let shared = BTreeMap::from([("partitioner".to_string(), "consistent".to_string())]);
-        let e = producer_options(&shared, &BTreeMap::new()).unwrap_err().to_string();
-        assert!(e.contains("kafka.options") && e.contains("producer.options.partitioner"), "{e}");
+        let e = producer_options(&shared, &BTreeMap::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("kafka.options") && e.contains("producer.options.partitioner"),
+            "{e}"
+        );
     }
 }

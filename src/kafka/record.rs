@@ -107,7 +107,8 @@ impl FailureHistory {
         match header_text(message, header::ORIGINAL_TOPIC) {
             Some(topic) => Self {
                 original_topic: topic,
-                original_partition: header_num(message, header::ORIGINAL_PARTITION).unwrap_or(-1) as i32,
+                original_partition: header_num(message, header::ORIGINAL_PARTITION).unwrap_or(-1)
+                    as i32,
                 original_offset: header_num(message, header::ORIGINAL_OFFSET).unwrap_or(-1),
                 original_timestamp: header_num(message, header::ORIGINAL_TIMESTAMP),
                 attempt: header_num(message, header::ATTEMPT).unwrap_or(0) as u32,
@@ -146,7 +147,10 @@ pub fn replace_orderpipe_headers<'h>(
     ours: &[(&str, String)],
 ) -> OwnedHeaders {
     let mut headers = OwnedHeaders::new();
-    for (key, value) in original.into_iter().filter(|(k, _)| !k.starts_with(header::PREFIX)) {
+    for (key, value) in original
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with(header::PREFIX))
+    {
         headers = headers.insert(Header { key, value });
     }
     for (key, value) in ours {
@@ -160,7 +164,13 @@ pub fn replace_orderpipe_headers<'h>(
 
 /// The message's headers minus every `orderpipe.*` one, plus `ours`.
 pub fn with_headers(message: &OwnedMessage, ours: &[(&str, String)]) -> OwnedHeaders {
-    replace_orderpipe_headers(message.headers().into_iter().flat_map(|h| h.iter().map(|h| (h.key, h.value))), ours)
+    replace_orderpipe_headers(
+        message
+            .headers()
+            .into_iter()
+            .flat_map(|h| h.iter().map(|h| (h.key, h.value))),
+        ours,
+    )
 }
 
 /// A record's headers as a JSON object (values as text), as stored.
@@ -169,7 +179,14 @@ pub fn headers_json(message: &OwnedMessage) -> String {
         .headers()
         .map(|h| {
             h.iter()
-                .map(|x| (x.key.to_string(), x.value.map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()))
+                .map(|x| {
+                    (
+                        x.key.to_string(),
+                        x.value
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                            .unwrap_or_default(),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -181,7 +198,10 @@ pub fn headers_from_json(json: &str) -> OwnedHeaders {
     let map: BTreeMap<String, String> = serde_json::from_str(json).unwrap_or_default();
     let mut headers = OwnedHeaders::new();
     for (k, v) in &map {
-        headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
+        headers = headers.insert(Header {
+            key: k,
+            value: Some(v.as_bytes()),
+        });
     }
     headers
 }
@@ -207,28 +227,57 @@ pub(crate) mod tests {
 
     #[test]
     fn history_starts_from_the_record_and_then_follows_headers() {
-        let first = message(OwnedHeaders::new().insert(Header { key: "event_id", value: Some("e") }));
+        let first = message(OwnedHeaders::new().insert(Header {
+            key: "event_id",
+            value: Some("e"),
+        }));
         let h = FailureHistory::of(&first);
-        assert_eq!((h.original_topic.as_str(), h.original_partition, h.original_offset), ("order.events.v1", 3, 77));
+        assert_eq!(
+            (
+                h.original_topic.as_str(),
+                h.original_partition,
+                h.original_offset
+            ),
+            ("order.events.v1", 3, 77)
+        );
         assert_eq!(h.attempt, 0);
 
         let forwarded = with_headers(
             &first,
-            &[(header::ORIGINAL_TOPIC, "order.events.v1".into()), (header::ORIGINAL_PARTITION, "3".into()),
-              (header::ORIGINAL_OFFSET, "77".into()), (header::ATTEMPT, "2".into()), (header::ATTEMPTS, "9".into())],
+            &[
+                (header::ORIGINAL_TOPIC, "order.events.v1".into()),
+                (header::ORIGINAL_PARTITION, "3".into()),
+                (header::ORIGINAL_OFFSET, "77".into()),
+                (header::ATTEMPT, "2".into()),
+                (header::ATTEMPTS, "9".into()),
+            ],
         );
         // Seen again on the retry topic at another place.
         let retried = message(forwarded).set_topic("order.events.v1.retry.g".into());
         let h = FailureHistory::of(&retried);
-        assert_eq!((h.original_partition, h.original_offset, h.attempt, h.executions), (3, 77, 2, 9));
+        assert_eq!(
+            (
+                h.original_partition,
+                h.original_offset,
+                h.attempt,
+                h.executions
+            ),
+            (3, 77, 2, 9)
+        );
     }
 
     #[test]
     fn failure_headers_are_replaced_not_appended() {
         let original = message(
             OwnedHeaders::new()
-                .insert(Header { key: "event_id", value: Some("e") })
-                .insert(Header { key: header::ERROR_MESSAGE, value: Some("old") }),
+                .insert(Header {
+                    key: "event_id",
+                    value: Some("e"),
+                })
+                .insert(Header {
+                    key: header::ERROR_MESSAGE,
+                    value: Some("old"),
+                }),
         );
         let once = with_headers(&original, &[(header::ERROR_MESSAGE, "new".into())]);
         let again = with_headers(&message(once), &[(header::ERROR_MESSAGE, "newer".into())]);

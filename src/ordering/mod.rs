@@ -51,8 +51,8 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use rdkafka::Message;
-use rdkafka::message::OwnedMessage;
 use rdkafka::Timestamp;
+use rdkafka::message::OwnedMessage;
 use serde::{Deserialize, Serialize};
 
 use crate::kafka::record::{FailureHistory, headers_from_json};
@@ -60,8 +60,8 @@ use crate::retry::topic_read_by;
 
 pub use gate::{Gate, decide, gate, head_done, park};
 pub use store::{
-    HeldRecord, OrderingGauges, Parked, delete_held, first_held, gauges, hold, keys_of_partition, lock, lock_keys, mark_release, releasable,
-    unpark,
+    HeldRecord, OrderingGauges, Parked, delete_held, first_held, gauges, hold, keys_of_partition,
+    lock, lock_keys, mark_release, releasable, unpark,
 };
 
 /// Whether a group keeps per-key order under failures.
@@ -201,7 +201,11 @@ impl Origin {
     /// Where `message` was first consumed.
     pub fn of(message: &OwnedMessage) -> Self {
         let h = FailureHistory::of(message);
-        Self { topic: h.original_topic, partition: h.original_partition, offset: h.original_offset }
+        Self {
+            topic: h.original_topic,
+            partition: h.original_partition,
+            offset: h.original_offset,
+        }
     }
 
     /// The main topic of a record first consumed here, for `group`: this
@@ -222,7 +226,9 @@ impl fmt::Display for Origin {
 impl HeldRecord {
     /// The record as it was consumed, to apply or forward it again.
     pub fn to_message(&self) -> OwnedMessage {
-        let timestamp = self.source_timestamp.map_or(Timestamp::NotAvailable, Timestamp::CreateTime);
+        let timestamp = self
+            .source_timestamp
+            .map_or(Timestamp::NotAvailable, Timestamp::CreateTime);
         OwnedMessage::new(
             Some(self.payload.clone()),
             Some(self.key.clone().into_bytes()),
@@ -242,20 +248,43 @@ mod tests {
     use rdkafka::message::{Header, OwnedHeaders};
 
     fn record(topic: &str, offset: i64, headers: OwnedHeaders) -> OwnedMessage {
-        OwnedMessage::new(Some(b"v".to_vec()), Some(b"42".to_vec()), topic.into(), Timestamp::CreateTime(1), 3, offset, Some(headers))
+        OwnedMessage::new(
+            Some(b"v".to_vec()),
+            Some(b"42".to_vec()),
+            topic.into(),
+            Timestamp::CreateTime(1),
+            3,
+            offset,
+            Some(headers),
+        )
     }
 
     #[test]
     fn a_head_keeps_its_origin_across_retry_hops() {
         let first = record("order.events.v1", 77, OwnedHeaders::new());
-        assert_eq!(Origin::of(&first), Origin { topic: "order.events.v1".into(), partition: 3, offset: 77 });
+        assert_eq!(
+            Origin::of(&first),
+            Origin {
+                topic: "order.events.v1".into(),
+                partition: 3,
+                offset: 77
+            }
+        );
         assert_eq!(Origin::of(&first).to_string(), "order.events.v1/3/77");
         let hop = with_headers(
             &first,
-            &[(header::ORIGINAL_TOPIC, "order.events.v1".into()), (header::ORIGINAL_PARTITION, "3".into()), (header::ORIGINAL_OFFSET, "77".into())],
+            &[
+                (header::ORIGINAL_TOPIC, "order.events.v1".into()),
+                (header::ORIGINAL_PARTITION, "3".into()),
+                (header::ORIGINAL_OFFSET, "77".into()),
+            ],
         );
         let retried = record("order.events.v1.retry.g", 5, hop);
-        assert_eq!(Origin::of(&retried), Origin::of(&first), "the same head on the retry topic");
+        assert_eq!(
+            Origin::of(&retried),
+            Origin::of(&first),
+            "the same head on the retry topic"
+        );
     }
 
     #[test]
@@ -263,31 +292,73 @@ mod tests {
         let retry = crate::retry::retry_topic("order.events.v1", "g");
         let main = record("cdc.shop.account", 77, OwnedHeaders::new());
         assert_eq!(key_topic(&main, &retry, "g"), "cdc.shop.account");
-        let hop = with_headers(&main, &[(header::ORIGINAL_TOPIC, "cdc.shop.account".into()), (header::ORIGINAL_PARTITION, "3".into()), (header::ORIGINAL_OFFSET, "77".into())]);
-        assert_eq!(key_topic(&record(&retry, 5, hop), &retry, "g"), "cdc.shop.account", "not the retry topic's name");
-        assert_eq!(key_topic(&record(&retry, 6, OwnedHeaders::new()), &retry, "g"), "order.events.v1", "by hand, without an origin");
+        let hop = with_headers(
+            &main,
+            &[
+                (header::ORIGINAL_TOPIC, "cdc.shop.account".into()),
+                (header::ORIGINAL_PARTITION, "3".into()),
+                (header::ORIGINAL_OFFSET, "77".into()),
+            ],
+        );
+        assert_eq!(
+            key_topic(&record(&retry, 5, hop), &retry, "g"),
+            "cdc.shop.account",
+            "not the retry topic's name"
+        );
+        assert_eq!(
+            key_topic(&record(&retry, 6, OwnedHeaders::new()), &retry, "g"),
+            "order.events.v1",
+            "by hand, without an origin"
+        );
         let mut parked = ParkedSet::default();
-        parked.extend([OrderKey { topic: "order.events.v1".into(), key: "7".into() }]);
+        parked.extend([OrderKey {
+            topic: "order.events.v1".into(),
+            key: "7".into(),
+        }]);
         assert!(parked.contains("order.events.v1", "7"));
-        assert!(!parked.contains("cdc.shop.account", "7"), "row 7 of a table is another key");
-        parked.remove(&OrderKey { topic: "order.events.v1".into(), key: "7".into() });
+        assert!(
+            !parked.contains("cdc.shop.account", "7"),
+            "row 7 of a table is another key"
+        );
+        parked.remove(&OrderKey {
+            topic: "order.events.v1".into(),
+            key: "7".into(),
+        });
         assert!(!parked.contains("order.events.v1", "7"));
     }
 
     #[test]
     fn held_headers_round_trip() {
-        let message = record("t", 1, OwnedHeaders::new().insert(Header { key: "event_id", value: Some("e-1") }));
+        let message = record(
+            "t",
+            1,
+            OwnedHeaders::new().insert(Header {
+                key: "event_id",
+                value: Some("e-1"),
+            }),
+        );
         let back = headers_from_json(&headers_json(&message));
         let restored = record("t", 1, back);
-        assert_eq!(crate::kafka::record::header_text(&restored, "event_id").as_deref(), Some("e-1"));
+        assert_eq!(
+            crate::kafka::record::header_text(&restored, "event_id").as_deref(),
+            Some("e-1")
+        );
     }
 
     #[test]
     fn park_states_round_trip_and_an_unknown_one_is_named() {
         for state in [ParkState::Retrying, ParkState::Dead, ParkState::Release] {
-            assert_eq!(ParkState::try_from(state.as_str().to_string()).unwrap(), state);
+            assert_eq!(
+                ParkState::try_from(state.as_str().to_string()).unwrap(),
+                state
+            );
         }
-        let error = ParkState::try_from("paused".to_string()).unwrap_err().to_string();
-        assert!(error.contains("`paused`") && error.contains("retrying, dead, release"), "{error}");
+        let error = ParkState::try_from("paused".to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("`paused`") && error.contains("retrying, dead, release"),
+            "{error}"
+        );
     }
 }

@@ -53,12 +53,19 @@ pub struct Parked {
 impl Parked {
     /// Where the head was first consumed.
     pub fn head(&self) -> Origin {
-        Origin { topic: self.head_topic.clone(), partition: self.head_partition, offset: self.head_offset }
+        Origin {
+            topic: self.head_topic.clone(),
+            partition: self.head_partition,
+            offset: self.head_offset,
+        }
     }
 
     /// The parked key.
     pub fn order_key(&self) -> OrderKey {
-        OrderKey { topic: self.key_topic.clone(), key: self.key.clone() }
+        OrderKey {
+            topic: self.key_topic.clone(),
+            key: self.key.clone(),
+        }
     }
 }
 
@@ -68,32 +75,52 @@ pub(crate) const PARKED_COLUMNS: &str = "key_topic, record_key, kafka_partition,
 
 /// The parked row of a group and key.
 fn select_parked() -> String {
-    format!("SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ? AND key_topic = ? AND record_key = ?")
+    format!(
+        "SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ? AND key_topic = ? AND record_key = ?"
+    )
 }
 
 /// The parked row of `key`, locked until `tx` ends (SQLite locks the whole
 /// database for a writer, so it needs no row lock).
 pub async fn lock(tx: &mut Tx, group: &str, key: &OrderKey) -> Result<Option<Parked>, DbError> {
     let sql = tx.sql().locking(&select_parked());
-    Ok(sqlx::query_as(sql).bind(group).bind(&key.topic).bind(&key.key).fetch_optional(&mut **tx).await?)
+    Ok(sqlx::query_as(sql)
+        .bind(group)
+        .bind(&key.topic)
+        .bind(&key.key)
+        .fetch_optional(&mut **tx)
+        .await?)
 }
 
 /// The parked rows of `keys` (distinct), locked until `tx` ends: a batch's
 /// gate reads all its keys in one statement per topic and piece
 /// ([`crate::db::rows`]; a batch is one partition's, so mostly one topic).
-pub async fn lock_keys(tx: &mut Tx, group: &str, keys: &[&OrderKey]) -> Result<HashMap<OrderKey, Parked>, DbError> {
+pub async fn lock_keys(
+    tx: &mut Tx,
+    group: &str,
+    keys: &[&OrderKey],
+) -> Result<HashMap<OrderKey, Parked>, DbError> {
     // Topics in a fixed order: two transactions lock rows of two topics alike.
-    let mut by_topic: std::collections::BTreeMap<&str, Vec<&str>> = std::collections::BTreeMap::new();
+    let mut by_topic: std::collections::BTreeMap<&str, Vec<&str>> =
+        std::collections::BTreeMap::new();
     for key in keys {
-        by_topic.entry(key.topic.as_str()).or_default().push(key.key.as_str());
+        by_topic
+            .entry(key.topic.as_str())
+            .or_default()
+            .push(key.key.as_str());
     }
     let mut found = HashMap::with_capacity(keys.len());
     let row_lock = tx.sql().row_lock();
     for (topic, keys) in by_topic {
         for piece in crate::db::rows::pieces(&keys) {
-            let select = format!("SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ");
+            let select =
+                format!("SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ");
             let mut query = sqlx::QueryBuilder::<sqlx::Any>::new(select);
-            query.push_bind(group.to_string()).push(" AND key_topic = ").push_bind(topic.to_string()).push(" AND record_key IN (");
+            query
+                .push_bind(group.to_string())
+                .push(" AND key_topic = ")
+                .push_bind(topic.to_string())
+                .push(" AND record_key IN (");
             let mut list = query.separated(", ");
             for key in piece {
                 list.push_bind(key.to_string());
@@ -108,7 +135,12 @@ pub async fn lock_keys(tx: &mut Tx, group: &str, keys: &[&OrderKey]) -> Result<H
 
 /// The parked row of `key`, if parked (no lock).
 pub async fn parked(db: &Db, group: &str, key: &OrderKey) -> Result<Option<Parked>, DbError> {
-    Ok(sqlx::query_as(sqlx::AssertSqlSafe(select_parked())).bind(group).bind(&key.topic).bind(&key.key).fetch_optional(&db.pool).await?)
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(select_parked()))
+        .bind(group)
+        .bind(&key.topic)
+        .bind(&key.key)
+        .fetch_optional(&db.pool)
+        .await?)
 }
 
 /// A new head of a parked key: where it was first consumed and what it is.
@@ -125,7 +157,13 @@ pub struct Head {
 }
 
 /// Parks `key` (partition `partition` of its topic) behind `head`; false if it was parked already.
-pub async fn insert_parked(tx: &mut Tx, group: &str, key: &OrderKey, partition: i32, head: &Head) -> Result<bool, DbError> {
+pub async fn insert_parked(
+    tx: &mut Tx,
+    group: &str,
+    key: &OrderKey,
+    partition: i32,
+    head: &Head,
+) -> Result<bool, DbError> {
     let now = now_ms();
     let sql = tx.sql().insert_ignore(
         "INTO parked_keys (consumer_group, key_topic, record_key, kafka_partition, head_origin, head_topic, head_partition, head_offset, \
@@ -151,7 +189,12 @@ pub async fn insert_parked(tx: &mut Tx, group: &str, key: &OrderKey, partition: 
 }
 
 /// Makes `head` the head of the parked `key` (or updates its state).
-pub async fn set_head(tx: &mut Tx, group: &str, key: &OrderKey, head: &Head) -> Result<(), DbError> {
+pub async fn set_head(
+    tx: &mut Tx,
+    group: &str,
+    key: &OrderKey,
+    head: &Head,
+) -> Result<(), DbError> {
     sqlx::query(
         "UPDATE parked_keys SET head_origin = ?, head_topic = ?, head_partition = ?, head_offset = ?, head_event_id = ?, \
          head_event_name = ?, state = ?, updated_ms = ? WHERE consumer_group = ? AND key_topic = ? AND record_key = ?",
@@ -174,12 +217,14 @@ pub async fn set_head(tx: &mut Tx, group: &str, key: &OrderKey, head: &Head) -> 
 
 /// Unparks `key` (its head is done and nothing is held behind it).
 pub async fn unpark(tx: &mut Tx, group: &str, key: &OrderKey) -> Result<(), DbError> {
-    sqlx::query("DELETE FROM parked_keys WHERE consumer_group = ? AND key_topic = ? AND record_key = ?")
-        .bind(group)
-        .bind(&key.topic)
-        .bind(&key.key)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(
+        "DELETE FROM parked_keys WHERE consumer_group = ? AND key_topic = ? AND record_key = ?",
+    )
+    .bind(group)
+    .bind(&key.topic)
+    .bind(&key.key)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
@@ -198,7 +243,13 @@ pub async fn mark_release(db: &Db, group: &str, key: &OrderKey) -> Result<(), Db
 }
 
 /// Holds `message` behind its parked key (idempotent per source record).
-pub async fn hold(tx: &mut Tx, group: &str, key: &OrderKey, message: &OwnedMessage, event: Option<&Envelope>) -> Result<(), DbError> {
+pub async fn hold(
+    tx: &mut Tx,
+    group: &str,
+    key: &OrderKey,
+    message: &OwnedMessage,
+    event: Option<&Envelope>,
+) -> Result<(), DbError> {
     let sql = tx.sql().insert_ignore(
         "INTO held_records (consumer_group, key_topic, record_key, source_topic, source_partition, source_offset, \
          source_timestamp, event_id, event_name, payload, headers, held_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -261,22 +312,39 @@ pub(crate) const HELD_COLUMNS: &str = "id, consumer_group, key_topic, record_key
                                        source_timestamp, event_id, event_name, payload, headers, held_ms";
 
 /// The oldest record held behind `key`.
-pub async fn first_held(tx: &mut Tx, group: &str, key: &OrderKey) -> Result<Option<HeldRecord>, DbError> {
+pub async fn first_held(
+    tx: &mut Tx,
+    group: &str,
+    key: &OrderKey,
+) -> Result<Option<HeldRecord>, DbError> {
     let sql = sqlx::AssertSqlSafe(format!(
         "SELECT {HELD_COLUMNS} FROM held_records WHERE consumer_group = ? AND key_topic = ? AND record_key = ? ORDER BY id LIMIT 1"
     ));
-    Ok(sqlx::query_as(sql).bind(group).bind(&key.topic).bind(&key.key).fetch_optional(&mut **tx).await?)
+    Ok(sqlx::query_as(sql)
+        .bind(group)
+        .bind(&key.topic)
+        .bind(&key.key)
+        .fetch_optional(&mut **tx)
+        .await?)
 }
 
 /// Deletes a held record (applied, or made the new head); false if it was gone.
 pub async fn delete_held(tx: &mut Tx, id: i64) -> Result<bool, DbError> {
-    let r = sqlx::query("DELETE FROM held_records WHERE id = ?").bind(id).execute(&mut **tx).await?;
+    let r = sqlx::query("DELETE FROM held_records WHERE id = ?")
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
     Ok(r.rows_affected() > 0)
 }
 
 /// Parked keys of one partition of `topic`, to load a consumer's in-memory
 /// set when the partition is assigned.
-pub async fn keys_of_partition(db: &Db, group: &str, topic: &str, partition: i32) -> Result<Vec<OrderKey>, DbError> {
+pub async fn keys_of_partition(
+    db: &Db,
+    group: &str,
+    topic: &str,
+    partition: i32,
+) -> Result<Vec<OrderKey>, DbError> {
     let rows: Vec<(String,)> =
         sqlx::query_as("SELECT record_key FROM parked_keys WHERE consumer_group = ? AND key_topic = ? AND kafka_partition = ?")
             .bind(group)
@@ -284,7 +352,13 @@ pub async fn keys_of_partition(db: &Db, group: &str, topic: &str, partition: i32
             .bind(partition)
             .fetch_all(&db.pool)
             .await?;
-    Ok(rows.into_iter().map(|(key,)| OrderKey { topic: topic.to_string(), key }).collect())
+    Ok(rows
+        .into_iter()
+        .map(|(key,)| OrderKey {
+            topic: topic.to_string(),
+            key,
+        })
+        .collect())
 }
 
 /// Parked keys whose followers can be released now: the head was applied
@@ -299,7 +373,10 @@ pub async fn releasable(db: &Db, group: &str) -> Result<Vec<(OrderKey, i32)>, Db
     .bind(ParkState::Release.as_str())
     .fetch_all(&db.pool)
     .await?;
-    Ok(rows.into_iter().map(|(topic, key, partition)| (OrderKey { topic, key }, partition)).collect())
+    Ok(rows
+        .into_iter()
+        .map(|(topic, key, partition)| (OrderKey { topic, key }, partition))
+        .collect())
 }
 
 /// Parked keys, held records and the oldest parked time of one group.
@@ -318,7 +395,9 @@ impl OrderingGauges {
     pub fn report(&self, group: &str) {
         gauge!(name::PARKED_KEYS, "group" => group.to_string()).set(self.parked_keys as f64);
         gauge!(name::HELD_NOW, "group" => group.to_string()).set(self.held_records as f64);
-        let age = self.oldest_parked_ms.map_or(0.0, |t| ((crate::clock::now_ms() - t).max(0) as f64) / 1000.0);
+        let age = self.oldest_parked_ms.map_or(0.0, |t| {
+            ((crate::clock::now_ms() - t).max(0) as f64) / 1000.0
+        });
         gauge!(name::PARKED_OLDEST_AGE, "group" => group.to_string()).set(age);
     }
 }
@@ -330,9 +409,14 @@ pub async fn gauges(db: &Db, group: &str) -> Result<OrderingGauges, DbError> {
             .bind(group)
             .fetch_one(&db.pool)
             .await?;
-    let (held_records,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM held_records WHERE consumer_group = ?")
-        .bind(group)
-        .fetch_one(&db.pool)
-        .await?;
-    Ok(OrderingGauges { parked_keys, held_records, oldest_parked_ms })
+    let (held_records,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM held_records WHERE consumer_group = ?")
+            .bind(group)
+            .fetch_one(&db.pool)
+            .await?;
+    Ok(OrderingGauges {
+        parked_keys,
+        held_records,
+        oldest_parked_ms,
+    })
 }

@@ -38,8 +38,14 @@ pub fn shard_of(order_id: i64) -> i64 {
 
 /// Writes `envelope` into the outbox inside `tx`; `tx_id` groups the events
 /// of one business transaction (published in one Kafka transaction).
-pub async fn record(tx: &mut Tx, tx_id: Uuid, topic: &str, envelope: &Envelope) -> Result<(), DbError> {
-    let json = serde_json::to_string(envelope).map_err(|e| DbError::Other(format!("envelope does not serialize: {e}")))?;
+pub async fn record(
+    tx: &mut Tx,
+    tx_id: Uuid,
+    topic: &str,
+    envelope: &Envelope,
+) -> Result<(), DbError> {
+    let json = serde_json::to_string(envelope)
+        .map_err(|e| DbError::Other(format!("envelope does not serialize: {e}")))?;
     sqlx::query(
         "INSERT INTO outbox_messages (event_id, tx_id, shard, topic, message_key, event_name, envelope, created_ms) \
          VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -59,12 +65,16 @@ pub async fn record(tx: &mut Tx, tx_id: Uuid, topic: &str, envelope: &Envelope) 
 
 /// The events recorded for `topic`, in the order they were recorded.
 pub async fn recorded_events(db: &crate::db::Db, topic: &str) -> Result<Vec<Envelope>, DbError> {
-    let rows: Vec<(String,)> = sqlx::query_as("SELECT envelope FROM outbox_messages WHERE topic = ? ORDER BY id")
-        .bind(topic)
-        .fetch_all(&db.pool)
-        .await?;
+    let rows: Vec<(String,)> =
+        sqlx::query_as("SELECT envelope FROM outbox_messages WHERE topic = ? ORDER BY id")
+            .bind(topic)
+            .fetch_all(&db.pool)
+            .await?;
     rows.iter()
-        .map(|(json,)| Envelope::from_json(json).map_err(|e| DbError::Other(format!("outbox row does not parse: {e}"))))
+        .map(|(json,)| {
+            Envelope::from_json(json)
+                .map_err(|e| DbError::Other(format!("outbox row does not parse: {e}")))
+        })
         .collect()
 }
 
@@ -102,11 +112,13 @@ pub async fn backlog(db: &crate::db::Db) -> Result<Backlog, DbError> {
     .fetch_one(&db.pool)
     .await?;
     let oldest = match oldest_id {
-        Some(id) => sqlx::query_as::<_, (i64,)>("SELECT created_ms FROM outbox_messages WHERE id = ?")
-            .bind(id)
-            .fetch_optional(&db.pool)
-            .await?
-            .map(|(t,)| t),
+        Some(id) => {
+            sqlx::query_as::<_, (i64,)>("SELECT created_ms FROM outbox_messages WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&db.pool)
+                .await?
+                .map(|(t,)| t)
+        }
         None => None,
     };
     Ok(Backlog {
@@ -130,7 +142,11 @@ pub async fn purge_sent(
     );
     let mut removed = 0;
     loop {
-        let r = sqlx::query(sql.clone()).bind(cutoff).bind(batch).execute(&db.pool).await?;
+        let r = sqlx::query(sql.clone())
+            .bind(cutoff)
+            .bind(batch)
+            .execute(&db.pool)
+            .await?;
         removed += r.rows_affected();
         if r.rows_affected() < batch as u64 {
             return Ok(removed);

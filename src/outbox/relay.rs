@@ -59,12 +59,12 @@ use tokio::sync::{mpsc, watch};
 
 use super::SHARDS;
 use super::limits::Limits;
+use crate::clock::now_ms;
 use crate::codec::{Codec, RegistrySettings};
 use crate::db::{Db, DbError};
 use crate::kafka::client::{KafkaSettings, MeasuredProducer, OptionConflict, measured_producer};
 use crate::metrics::name;
 use crate::producer::{ProducerSettings, transactional};
-use crate::clock::now_ms;
 use crate::schema::SchemaCatalog;
 use crate::topics::TopicsSettings;
 
@@ -189,7 +189,9 @@ impl StageTimes {
         }
         samples.sort_unstable_by(f64::total_cmp);
         // Nearest rank: the smallest sample with at least p of them at or below it.
-        let rank = |p: f64| samples[((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1];
+        let rank = |p: f64| {
+            samples[((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1]
+        };
         Self {
             count: samples.len() as u64,
             mean: samples.iter().sum::<f64>() / samples.len() as f64,
@@ -304,7 +306,11 @@ impl Relay {
     /// Checks the producer options and builds the codecs of the topics it
     /// writes. Shard producers are built (fencing their previous owners) as
     /// the relay takes the shards' leases.
-    pub async fn new(settings: RelaySections<'_>, db: Db, options: RelayOptions) -> Result<Self, RelayError> {
+    pub async fn new(
+        settings: RelaySections<'_>,
+        db: Db,
+        options: RelayOptions,
+    ) -> Result<Self, RelayError> {
         let prefix = &options.transactional_id_prefix;
         if prefix.is_empty() || prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(OptionConflict(format!(
@@ -332,9 +338,17 @@ impl Relay {
         let mut codecs = BTreeMap::new();
         for (topic, schema) in [
             (&settings.topics.order_events.name, catalog.order_events()),
-            (&settings.topics.inventory_events.name, catalog.inventory_events()?),
+            (
+                &settings.topics.inventory_events.name,
+                catalog.inventory_events()?,
+            ),
         ] {
-            let codec = Codec::new(settings.registry, topic, schema, settings.registry.auto_register)?;
+            let codec = Codec::new(
+                settings.registry,
+                topic,
+                schema,
+                settings.registry.auto_register,
+            )?;
             codec.warm_up().await?;
             codecs.insert(topic.clone(), codec);
         }
@@ -374,7 +388,10 @@ impl Relay {
     /// Runs until `shutdown` or, with `until_idle`, until nothing was
     /// published for that long. Fails when a shard's producer keeps failing
     /// fatally ([`RelayError::Fatal`]), after giving its leases back.
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<RelaySummary, RelayError> {
+    pub async fn run(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<RelaySummary, RelayError> {
         tokio::pin!(shutdown);
         let mut last_work = Instant::now();
         let mut first_publish = None;
@@ -407,7 +424,11 @@ impl Relay {
             }
             if self.shared.busy.load(Ordering::Relaxed) > 0 {
                 last_work = Instant::now();
-            } else if self.options.until_idle.is_some_and(|idle| last_work.elapsed() >= idle) {
+            } else if self
+                .options
+                .until_idle
+                .is_some_and(|idle| last_work.elapsed() >= idle)
+            {
                 break Ok(());
             }
             if last_backlog.elapsed() > backlog_every {
@@ -419,7 +440,13 @@ impl Relay {
             }
             if last_purge.elapsed() > Duration::from_secs(60) {
                 last_purge = Instant::now();
-                match super::purge_sent(&self.db, self.options.sent_retention.as_millis() as i64, 1000).await {
+                match super::purge_sent(
+                    &self.db,
+                    self.options.sent_retention.as_millis() as i64,
+                    1000,
+                )
+                .await
+                {
                     Ok(n) => self.summary.purged += n,
                     Err(e) => tracing::warn!(error = %e, "purging sent outbox rows failed"),
                 }
@@ -447,7 +474,9 @@ impl Relay {
         }
         let samples = std::mem::take(&mut *self.shared.stage_samples.lock().expect("not poisoned"));
         for (stage, mut ms) in samples {
-            self.summary.stages_ms.insert(stage.to_string(), StageTimes::of(&mut ms));
+            self.summary
+                .stages_ms
+                .insert(stage.to_string(), StageTimes::of(&mut ms));
         }
         self.release_leases().await;
         result.map(|()| self.summary)
@@ -482,7 +511,12 @@ impl Relay {
     /// error): their producers are dropped and rebuilt at the next lease
     /// check if the shard is still ours.
     async fn reap_finished_shards(&mut self) {
-        let finished: Vec<i64> = self.shards.iter().filter(|(_, h)| h.task.is_finished()).map(|(s, _)| *s).collect();
+        let finished: Vec<i64> = self
+            .shards
+            .iter()
+            .filter(|(_, h)| h.task.is_finished())
+            .map(|(s, _)| *s)
+            .collect();
         for shard in finished {
             let handle = self.shards.remove(&shard).expect("listed");
             match handle.task.await {
@@ -558,16 +592,28 @@ impl Relay {
     /// those of shards we no longer lease.
     async fn sync_shards(&mut self, fresh: &BTreeSet<i64>) {
         let owned: BTreeSet<i64> = self.owned.iter().copied().collect();
-        let gone: Vec<i64> = self.shards.keys().filter(|s| !owned.contains(s) || fresh.contains(s)).copied().collect();
+        let gone: Vec<i64> = self
+            .shards
+            .keys()
+            .filter(|s| !owned.contains(s) || fresh.contains(s))
+            .copied()
+            .collect();
         for shard in gone {
             self.stop_shard(shard).await;
         }
-        let missing: Vec<i64> = owned.iter().filter(|s| !self.shards.contains_key(s)).copied().collect();
+        let missing: Vec<i64> = owned
+            .iter()
+            .filter(|s| !self.shards.contains_key(s))
+            .copied()
+            .collect();
         let options = &self.producer_options;
         let prefix = &self.options.transactional_id_prefix;
-        let built = futures::future::join_all(
-            missing.iter().map(|&shard| async move { (shard, transactional::fenced(options, &transactional_id(prefix, shard)).await) }),
-        )
+        let built = futures::future::join_all(missing.iter().map(|&shard| async move {
+            (
+                shard,
+                transactional::fenced(options, &transactional_id(prefix, shard)).await,
+            )
+        }))
         .await;
         let mut started = Vec::new();
         for (shard, result) in built {
@@ -583,7 +629,9 @@ impl Relay {
         }
         // A crash point (tests) catches the shards started first, together.
         let gate = match self.options.crash_at.take() {
-            Some(point) if !started.is_empty() => Some(Arc::new(shard::CrashGate::new(point, started.len()))),
+            Some(point) if !started.is_empty() => {
+                Some(Arc::new(shard::CrashGate::new(point, started.len())))
+            }
             other => {
                 self.options.crash_at = other;
                 None
@@ -613,7 +661,11 @@ impl Relay {
     /// shards among live instances.
     async fn balance_leases(&mut self) -> Result<(), DbError> {
         let ttl = self.options.lease_ttl;
-        let every = if self.short { (ttl / 3).min(Duration::from_secs(1)) } else { ttl / 3 };
+        let every = if self.short {
+            (ttl / 3).min(Duration::from_secs(1))
+        } else {
+            ttl / 3
+        };
         if self.renewed_at.is_some_and(|t| t.elapsed() < every) {
             return Ok(());
         }
@@ -622,15 +674,26 @@ impl Relay {
         let now = now_ms();
         let expires = now + ttl.as_millis() as i64;
         // Presence first: an instance without leases still counts as live.
-        let heartbeat = self.db.sql().upsert("relay_instances", "owner, heartbeat_ms", "owner", &["heartbeat_ms"]);
-        sqlx::query(heartbeat).bind(me).bind(now).execute(&self.db.pool).await?;
-        let live: Vec<(String,)> = sqlx::query_as("SELECT owner FROM relay_instances WHERE heartbeat_ms > ?")
-            .bind(now - ttl.as_millis() as i64)
-            .fetch_all(&self.db.pool)
+        let heartbeat = self.db.sql().upsert(
+            "relay_instances",
+            "owner, heartbeat_ms",
+            "owner",
+            &["heartbeat_ms"],
+        );
+        sqlx::query(heartbeat)
+            .bind(me)
+            .bind(now)
+            .execute(&self.db.pool)
             .await?;
-        let leases: Vec<(i64, String, i64)> = sqlx::query_as("SELECT shard, owner, expires_ms FROM relay_leases ORDER BY shard")
-            .fetch_all(&self.db.pool)
-            .await?;
+        let live: Vec<(String,)> =
+            sqlx::query_as("SELECT owner FROM relay_instances WHERE heartbeat_ms > ?")
+                .bind(now - ttl.as_millis() as i64)
+                .fetch_all(&self.db.pool)
+                .await?;
+        let leases: Vec<(i64, String, i64)> =
+            sqlx::query_as("SELECT shard, owner, expires_ms FROM relay_leases ORDER BY shard")
+                .fetch_all(&self.db.pool)
+                .await?;
         let live = live.len().max(1);
         let target = (SHARDS as usize).div_ceil(live);
         let mut mine: Vec<i64> = leases
@@ -644,11 +707,13 @@ impl Relay {
         while mine.len() > target {
             let shard = mine.pop().expect("non-empty");
             self.stop_shard(shard).await;
-            sqlx::query("UPDATE relay_leases SET owner = '', expires_ms = 0 WHERE shard = ? AND owner = ?")
-                .bind(shard)
-                .bind(me)
-                .execute(&self.db.pool)
-                .await?;
+            sqlx::query(
+                "UPDATE relay_leases SET owner = '', expires_ms = 0 WHERE shard = ? AND owner = ?",
+            )
+            .bind(shard)
+            .bind(me)
+            .execute(&self.db.pool)
+            .await?;
         }
         sqlx::query("UPDATE relay_leases SET expires_ms = ? WHERE owner = ? AND expires_ms > ?")
             .bind(expires)
@@ -750,6 +815,9 @@ mod tests {
 
     #[test]
     fn transactional_ids_belong_to_shards() {
-        assert_eq!(transactional_id("orderpipe-relay", 7), "orderpipe-relay-shard-7");
+        assert_eq!(
+            transactional_id("orderpipe-relay", 7),
+            "orderpipe-relay-shard-7"
+        );
     }
 }

@@ -24,10 +24,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use metrics::counter;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
-use metrics::counter;
 use serde::{Deserialize, Serialize};
 
 use crate::codec::fast::StackStr;
@@ -147,8 +147,10 @@ impl ProducerContext for AckContext {
         match result {
             Ok(message) => {
                 let acks = &self.acks;
-                acks.value_bytes.fetch_add(message.payload_len() as u64, Ordering::Relaxed);
-                acks.key_header_bytes.fetch_add(key_header_bytes as u64, Ordering::Relaxed);
+                acks.value_bytes
+                    .fetch_add(message.payload_len() as u64, Ordering::Relaxed);
+                acks.key_header_bytes
+                    .fetch_add(key_header_bytes as u64, Ordering::Relaxed);
                 if let Some(n) = acks.by_kind.get(kind) {
                     n.fetch_add(1, Ordering::Relaxed);
                 }
@@ -209,7 +211,8 @@ impl EventProducer {
         codec: Arc<Codec>,
         topic: &str,
     ) -> Result<Self, ProducerError> {
-        let options = crate::kafka::client::producer_options(&kafka.client_options(), &settings.options)?;
+        let options =
+            crate::kafka::client::producer_options(&kafka.client_options(), &settings.options)?;
         let mut config = crate::kafka::client::client_config(&options);
         // As every measured producer: librdkafka statistics every 5 s.
         config.set("statistics.interval.ms", "5000");
@@ -229,30 +232,42 @@ impl EventProducer {
     pub async fn check_ready(&self, timeout: Duration) -> Result<usize, ProducerError> {
         let producer = self.producer.clone();
         let topic = self.topic.clone();
-        let metadata = tokio::task::spawn_blocking(move || producer.client().fetch_metadata(Some(&topic), timeout))
-            .await
-            .expect("metadata task does not panic")
-            .map_err(|e| ProducerError::Unreachable {
-                servers: self.servers.clone(),
-                seconds: timeout.as_secs(),
-                cause: e.to_string(),
-            })?;
+        let metadata = tokio::task::spawn_blocking(move || {
+            producer.client().fetch_metadata(Some(&topic), timeout)
+        })
+        .await
+        .expect("metadata task does not panic")
+        .map_err(|e| ProducerError::Unreachable {
+            servers: self.servers.clone(),
+            seconds: timeout.as_secs(),
+            cause: e.to_string(),
+        })?;
         let topic = metadata.topics().iter().find(|t| t.name() == self.topic);
         match topic {
-            Some(t) if t.error().is_none() && !t.partitions().is_empty() => Ok(t.partitions().len()),
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+                Ok(t.partitions().len())
+            }
             _ => Err(ProducerError::MissingTopic(self.topic.clone())),
         }
     }
 
     /// Hands one encoded record to librdkafka, waiting (not failing) while
     /// its local queue is full.
-    async fn enqueue(&self, envelope: &Envelope, value: &[u8], key: &str) -> Result<(), KafkaError> {
+    async fn enqueue(
+        &self,
+        envelope: &Envelope,
+        value: &[u8],
+        key: &str,
+    ) -> Result<(), KafkaError> {
         let kind = envelope.data.kind_index();
         let (headers, header_bytes) = sized_record_headers(envelope);
-        let mut record = BaseRecord::with_opaque_to(&self.topic, RecordTag::pack(kind, key.len() + header_bytes))
-            .key(key)
-            .payload(value)
-            .headers(headers);
+        let mut record = BaseRecord::with_opaque_to(
+            &self.topic,
+            RecordTag::pack(kind, key.len() + header_bytes),
+        )
+        .key(key)
+        .payload(value)
+        .headers(headers);
         loop {
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),
@@ -269,7 +284,11 @@ impl EventProducer {
     /// waits for all delivery reports. `progress` is called now and then
     /// with the number of records acknowledged so far in this run. One run
     /// at a time per producer (the counts are the producer's).
-    pub async fn send_all(&self, envelopes: impl Stream<Item = Envelope>, mut progress: impl FnMut(u64)) -> SendReport {
+    pub async fn send_all(
+        &self,
+        envelopes: impl Stream<Item = Envelope>,
+        mut progress: impl FnMut(u64),
+    ) -> SendReport {
         let acks = &self.acks;
         let before = Snapshot::of(acks);
         let mut report = SendReport::default();
@@ -286,7 +305,10 @@ impl EventProducer {
             let result = match &warm {
                 Some(e) => Err(ProducerError::Codec(e.clone())),
                 None => match self.codec.encode_into(&envelope, &mut value) {
-                    Ok(()) => self.enqueue(&envelope, &value, &key).await.map_err(ProducerError::from),
+                    Ok(()) => self
+                        .enqueue(&envelope, &value, &key)
+                        .await
+                        .map_err(ProducerError::from),
                     Err(e) => Err(e.into()),
                 },
             };
@@ -320,7 +342,8 @@ impl EventProducer {
             }
         }
         report.failures = local_failures;
-        let delivery_failures = std::mem::take(&mut *acks.failures.lock().unwrap_or_else(|p| p.into_inner()));
+        let delivery_failures =
+            std::mem::take(&mut *acks.failures.lock().unwrap_or_else(|p| p.into_inner()));
         report.failures.extend(delivery_failures);
         report.failures.truncate(MAX_FAILURES);
         progress(report.acknowledged);
@@ -349,8 +372,18 @@ impl Snapshot {
         let value_bytes = acks.value_bytes.load(Ordering::Acquire);
         let key_header_bytes = acks.key_header_bytes.load(Ordering::Acquire);
         let by_kind = std::array::from_fn(|i| acks.by_kind[i].load(Ordering::Acquire));
-        let (acknowledged, failed) = (acks.acknowledged.load(Ordering::Acquire), acks.failed.load(Ordering::Acquire));
-        Self { acknowledged, failed, value_bytes, key_header_bytes, by_kind, settled: acknowledged + failed }
+        let (acknowledged, failed) = (
+            acks.acknowledged.load(Ordering::Acquire),
+            acks.failed.load(Ordering::Acquire),
+        );
+        Self {
+            acknowledged,
+            failed,
+            value_bytes,
+            key_header_bytes,
+            by_kind,
+            settled: acknowledged + failed,
+        }
     }
 }
 
@@ -374,12 +407,15 @@ fn sized_record_headers(envelope: &Envelope) -> (OwnedHeaders, usize) {
         (header::CONTENT_TYPE, header::AVRO_CONFLUENT),
     ];
     let size = pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
-    let headers = pairs.iter().fold(OwnedHeaders::new_with_capacity(pairs.len()), |h, (key, value)| {
-        h.insert(Header {
-            key,
-            value: Some(value.as_bytes()),
-        })
-    });
+    let headers = pairs.iter().fold(
+        OwnedHeaders::new_with_capacity(pairs.len()),
+        |h, (key, value)| {
+            h.insert(Header {
+                key,
+                value: Some(value.as_bytes()),
+            })
+        },
+    );
     (headers, size)
 }
 
@@ -411,7 +447,8 @@ impl Traceparent {
 
 /// Records were produced and acknowledged.
 pub fn produced(topic: &str, event_name: &str, n: u64) {
-    counter!(name::PRODUCED, "topic" => topic.to_string(), "event_name" => event_name.to_string()).increment(n);
+    counter!(name::PRODUCED, "topic" => topic.to_string(), "event_name" => event_name.to_string())
+        .increment(n);
 }
 
 /// A record could not be produced.
@@ -425,7 +462,11 @@ mod tests {
     use crate::envelope::EventData;
 
     fn text(headers: &OwnedHeaders, key: &str) -> Option<String> {
-        headers.iter().find(|h| h.key == key).and_then(|h| h.value).map(|v| String::from_utf8_lossy(v).into_owned())
+        headers
+            .iter()
+            .find(|h| h.key == key)
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
     }
 
     #[test]
@@ -433,26 +474,53 @@ mod tests {
         let envelope = Envelope::new("checkout", EventData::sample_created(9));
         let headers = record_headers(&envelope);
         let keys: Vec<&str> = headers.iter().map(|h| h.key).collect();
-        assert_eq!(keys, ["event_id", "event_name", "trace_id", "traceparent", "content-type"]);
-        assert_eq!(text(&headers, "event_id"), Some(envelope.event_id.to_string()));
-        assert_eq!(text(&headers, "event_name").as_deref(), Some("order.created"));
+        assert_eq!(
+            keys,
+            [
+                "event_id",
+                "event_name",
+                "trace_id",
+                "traceparent",
+                "content-type"
+            ]
+        );
+        assert_eq!(
+            text(&headers, "event_id"),
+            Some(envelope.event_id.to_string())
+        );
+        assert_eq!(
+            text(&headers, "event_name").as_deref(),
+            Some("order.created")
+        );
         assert_eq!(text(&headers, "trace_id"), Some(envelope.trace_id.clone()));
         assert_eq!(text(&headers, "traceparent"), Some(envelope.traceparent()));
-        assert_eq!(text(&headers, "content-type").as_deref(), Some("application/vnd.confluent.avro"));
-        let counted: usize = headers.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len)).sum();
+        assert_eq!(
+            text(&headers, "content-type").as_deref(),
+            Some("application/vnd.confluent.avro")
+        );
+        let counted: usize = headers
+            .iter()
+            .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
+            .sum();
         assert_eq!(sized_record_headers(&envelope).1, counted);
     }
 
     #[test]
     fn a_record_tag_carries_the_event_and_its_key_and_header_bytes() {
         assert_eq!(RecordTag::unpack(RecordTag::pack(6, 230)), (6, 230));
-        assert_eq!(RecordTag::unpack(RecordTag::pack(usize::MAX, 1 << 20)), (0xff, 1 << 20));
+        assert_eq!(
+            RecordTag::unpack(RecordTag::pack(usize::MAX, 1 << 20)),
+            (0xff, 1 << 20)
+        );
     }
 
     #[test]
     fn an_overlong_trace_id_still_gets_the_envelopes_traceparent() {
         let mut envelope = Envelope::new("checkout", EventData::sample_created(9));
         envelope.trace_id = "f".repeat(80);
-        assert_eq!(text(&record_headers(&envelope), "traceparent"), Some(envelope.traceparent()));
+        assert_eq!(
+            text(&record_headers(&envelope), "traceparent"),
+            Some(envelope.traceparent())
+        );
     }
 }

@@ -29,10 +29,10 @@ pub mod policy;
 
 use std::time::Duration;
 
+use rdkafka::Message;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::FutureRecord;
-use rdkafka::Message;
 
 use crate::clock::now_ms;
 use crate::kafka::record::{Failure, FailureHistory, header, replace_orderpipe_headers};
@@ -61,7 +61,13 @@ const RETRY_INFIX: &str = ".retry.";
 pub fn retry_topic(topic: &str, group: &str) -> String {
     let safe: String = group
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("{topic}{RETRY_INFIX}{safe}")
 }
@@ -150,7 +156,11 @@ pub struct TierRecord {
 
 impl TierRecord {
     /// The record to send, with the original `key` and `value`.
-    pub fn to_send<'a>(&'a self, key: Option<&'a [u8]>, value: Option<&'a [u8]>) -> FutureRecord<'a, [u8], [u8]> {
+    pub fn to_send<'a>(
+        &'a self,
+        key: Option<&'a [u8]>,
+        value: Option<&'a [u8]>,
+    ) -> FutureRecord<'a, [u8], [u8]> {
         let mut record = FutureRecord::to(&self.topic).headers(self.headers.clone());
         if let Some(key) = key {
             record = record.key(key);
@@ -179,8 +189,20 @@ pub fn tier_record<'h>(
     topics: &TierTopics,
 ) -> TierRecord {
     let (topic, attempt, executions, due, replayed_from) = match hop {
-        Hop::Retry { attempt, due_ms } => (&topics.retry, attempt, history.executions, Some(due_ms), None),
-        Hop::DeadLetter => (&topics.dead_letter, history.attempt, history.executions, None, None),
+        Hop::Retry { attempt, due_ms } => (
+            &topics.retry,
+            attempt,
+            history.executions,
+            Some(due_ms),
+            None,
+        ),
+        Hop::DeadLetter => (
+            &topics.dead_letter,
+            history.attempt,
+            history.executions,
+            None,
+            None,
+        ),
         Hop::Replay { row_id, due_ms } => (&topics.retry, 0, 0, Some(due_ms), Some(row_id)),
         Hop::ReplayToOriginal { row_id } => {
             let ours = [(header::REPLAYED_FROM, row_id.to_string())];
@@ -192,18 +214,33 @@ pub fn tier_record<'h>(
     };
     let ours: Vec<(&str, String)> = [
         (header::ORIGINAL_TOPIC, Some(history.original_topic.clone())),
-        (header::ORIGINAL_PARTITION, Some(history.original_partition.to_string())),
-        (header::ORIGINAL_OFFSET, Some(history.original_offset.to_string())),
-        (header::ORIGINAL_TIMESTAMP, history.original_timestamp.map(|t| t.to_string())),
+        (
+            header::ORIGINAL_PARTITION,
+            Some(history.original_partition.to_string()),
+        ),
+        (
+            header::ORIGINAL_OFFSET,
+            Some(history.original_offset.to_string()),
+        ),
+        (
+            header::ORIGINAL_TIMESTAMP,
+            history.original_timestamp.map(|t| t.to_string()),
+        ),
         (header::GROUP, Some(group.to_string())),
         (header::ATTEMPT, Some(attempt.to_string())),
         (header::ATTEMPTS, Some(executions.to_string())),
         (header::DUE, due.map(|d| d.to_string())),
         (header::ERROR_CLASS, Some(last.class.to_string())),
         (header::ERROR_MESSAGE, Some(last.message.to_string())),
-        (header::FIRST_FAILURE, Some(history.first_failure_ms.unwrap_or(last.at_ms).to_string())),
+        (
+            header::FIRST_FAILURE,
+            Some(history.first_failure_ms.unwrap_or(last.at_ms).to_string()),
+        ),
         (header::LAST_FAILURE, Some(last.at_ms.to_string())),
-        (header::REPLAYED_FROM, replayed_from.map(|id| id.to_string())),
+        (
+            header::REPLAYED_FROM,
+            replayed_from.map(|id| id.to_string()),
+        ),
         (header::RETRY_TOPIC, Some(topics.retry.clone())),
     ]
     .into_iter()
@@ -226,7 +263,12 @@ pub struct Forwarder {
 
 impl Forwarder {
     /// A forwarder using `producer` (idempotent; see [`crate::producer::config`]).
-    pub fn new(producer: crate::kafka::client::MeasuredProducer, topics: TierTopics, group: &str, policy: RetryPolicy) -> Self {
+    pub fn new(
+        producer: crate::kafka::client::MeasuredProducer,
+        topics: TierTopics,
+        group: &str,
+        policy: RetryPolicy,
+    ) -> Self {
         Self {
             producer,
             topics,
@@ -242,24 +284,48 @@ impl Forwarder {
 
     /// Sends `message` on to its next stop and waits for the broker's
     /// acknowledgement; the caller moves its offset only after this returns Ok.
-    pub async fn forward(&self, message: &OwnedMessage, failure: &Failure) -> Result<Routed, KafkaError> {
+    pub async fn forward(
+        &self,
+        message: &OwnedMessage,
+        failure: &Failure,
+    ) -> Result<Routed, KafkaError> {
         let mut history = FailureHistory::of(message);
         history.executions += failure.executions;
         let now = now_ms();
-        let (routed, hop) = match (failure.retryable, self.policy.draw_delay(history.attempt, &mut rand::rng())) {
+        let (routed, hop) = match (
+            failure.retryable,
+            self.policy.draw_delay(history.attempt, &mut rand::rng()),
+        ) {
             (true, Some(delay)) => {
                 let attempt = history.attempt + 1;
                 let due_ms = now + delay.as_millis() as i64;
-                (Routed::Retry { attempt, delay }, Hop::Retry { attempt, due_ms })
+                (
+                    Routed::Retry { attempt, delay },
+                    Hop::Retry { attempt, due_ms },
+                )
             }
             _ => (Routed::DeadLetter, Hop::DeadLetter),
         };
-        let error: String = failure.message.chars().take(self.policy.max_error_len).collect();
-        let last = LastFailure { class: &failure.class, message: &error, at_ms: now };
-        let original = message.headers().into_iter().flat_map(|h| h.iter().map(|h| (h.key, h.value)));
+        let error: String = failure
+            .message
+            .chars()
+            .take(self.policy.max_error_len)
+            .collect();
+        let last = LastFailure {
+            class: &failure.class,
+            message: &error,
+            at_ms: now,
+        };
+        let original = message
+            .headers()
+            .into_iter()
+            .flat_map(|h| h.iter().map(|h| (h.key, h.value)));
         let record = tier_record(original, &history, &self.group, hop, last, &self.topics);
         self.producer
-            .send(record.to_send(message.key(), message.payload()), rdkafka::util::Timeout::Never)
+            .send(
+                record.to_send(message.key(), message.payload()),
+                rdkafka::util::Timeout::Never,
+            )
             .await
             .map_err(|(e, _)| e)?;
         Ok(routed)
@@ -275,36 +341,95 @@ mod tests {
     #[test]
     fn the_topic_a_group_reads_strips_only_its_own_retry_suffix() {
         assert_eq!(topic_read_by("orders.x", "g"), "orders.x");
-        assert_eq!(topic_read_by(&retry_topic("orders.x", "a b"), "a b"), "orders.x");
-        assert_eq!(topic_read_by("orders.x.retry.other", "g"), "orders.x.retry.other");
+        assert_eq!(
+            topic_read_by(&retry_topic("orders.x", "a b"), "a b"),
+            "orders.x"
+        );
+        assert_eq!(
+            topic_read_by("orders.x.retry.other", "g"),
+            "orders.x.retry.other"
+        );
         assert_eq!(topic_read_by(".retry.g", "g"), ".retry.g");
     }
 
     #[test]
     fn a_replay_carries_the_headers_of_a_forward_plus_its_row() {
-        let names = |r: &TierRecord| r.headers.iter().map(|h| h.key.to_string()).collect::<std::collections::BTreeSet<_>>();
-        let first = message(OwnedHeaders::new().insert(Header { key: "event_id", value: Some("e") }));
+        let names = |r: &TierRecord| {
+            r.headers
+                .iter()
+                .map(|h| h.key.to_string())
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        let first = message(OwnedHeaders::new().insert(Header {
+            key: "event_id",
+            value: Some("e"),
+        }));
         let topics = TierTopics::of("order.events.v1", "g", "order.events.v1.dlq");
-        let last = LastFailure { class: "handler_retryable", message: "down", at_ms: 5 };
-        let original = || first.headers().into_iter().flat_map(|h| h.iter().map(|h| (h.key, h.value)));
+        let last = LastFailure {
+            class: "handler_retryable",
+            message: "down",
+            at_ms: 5,
+        };
+        let original = || {
+            first
+                .headers()
+                .into_iter()
+                .flat_map(|h| h.iter().map(|h| (h.key, h.value)))
+        };
         let history = FailureHistory::of(&first);
-        let forwarded = tier_record(original(), &history, "g", Hop::Retry { attempt: 1, due_ms: 9 }, last, &topics);
-        let replayed = tier_record(original(), &history, "g", Hop::Replay { row_id: 7, due_ms: 9 }, last, &topics);
+        let forwarded = tier_record(
+            original(),
+            &history,
+            "g",
+            Hop::Retry {
+                attempt: 1,
+                due_ms: 9,
+            },
+            last,
+            &topics,
+        );
+        let replayed = tier_record(
+            original(),
+            &history,
+            "g",
+            Hop::Replay {
+                row_id: 7,
+                due_ms: 9,
+            },
+            last,
+            &topics,
+        );
         assert_eq!(forwarded.topic, "order.events.v1.retry.g");
         assert_eq!(replayed.topic, forwarded.topic);
         let mut want = names(&forwarded);
         want.insert(header::REPLAYED_FROM.to_string());
         assert_eq!(names(&replayed), want);
-        assert!(want.contains(header::ORIGINAL_TIMESTAMP) && want.contains(header::FIRST_FAILURE), "{want:?}");
+        assert!(
+            want.contains(header::ORIGINAL_TIMESTAMP) && want.contains(header::FIRST_FAILURE),
+            "{want:?}"
+        );
 
-        let to_original = tier_record(original(), &history, "g", Hop::ReplayToOriginal { row_id: 7 }, last, &topics);
+        let to_original = tier_record(
+            original(),
+            &history,
+            "g",
+            Hop::ReplayToOriginal { row_id: 7 },
+            last,
+            &topics,
+        );
         assert_eq!(to_original.topic, "order.events.v1");
-        assert_eq!(names(&to_original), ["event_id".to_string(), header::REPLAYED_FROM.to_string()].into());
+        assert_eq!(
+            names(&to_original),
+            ["event_id".to_string(), header::REPLAYED_FROM.to_string()].into()
+        );
     }
 
     #[test]
     fn retry_topic_names_are_kafka_safe() {
-        assert_eq!(retry_topic("order.events.v1", "inv-svc.order.consumer"), "order.events.v1.retry.inv-svc.order.consumer");
+        assert_eq!(
+            retry_topic("order.events.v1", "inv-svc.order.consumer"),
+            "order.events.v1.retry.inv-svc.order.consumer"
+        );
         assert_eq!(retry_topic("t", "a b/c"), "t.retry.a_b_c");
     }
 }

@@ -333,13 +333,18 @@ impl Router {
         let mut readers: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (group, run) in &self.running {
             for topic in &run.binding.read().expect("binding lock").topics {
-                readers.entry(topic.clone()).or_default().push(group.clone());
+                readers
+                    .entry(topic.clone())
+                    .or_default()
+                    .push(group.clone());
             }
         }
         let mut lags = BTreeMap::new();
         for (topic, groups) in readers {
             match crate::lag::measure(&self.settings.kafka, &topic, &groups, true).await {
-                Ok(measured) => measured.into_iter().for_each(|g| *lags.entry(g.group).or_insert(0) += g.total_lag),
+                Ok(measured) => measured
+                    .into_iter()
+                    .for_each(|g| *lags.entry(g.group).or_insert(0) += g.total_lag),
                 Err(e) => {
                     tracing::warn!(topic = %topic, error = %e, "router groups' lag not measured; the actual state shows the last values");
                     return self.publish_actual();

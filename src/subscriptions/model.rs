@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::Invalid;
 use super::filter::{FilterSpec, PropertyFilter};
-use crate::retry::RetryLayer;
 use crate::delivery::SuccessRule;
+use crate::retry::RetryLayer;
 
 /// A name: lower case letters, digits, `-` and `_`, starting with a letter
 /// or digit, at most 64 characters. Consumer names and bind keys are such

@@ -25,11 +25,11 @@ use sqlx::any::AnyRow;
 
 use super::bindings::{Binding, Route};
 use super::filter::{FilterSpec, PropertyFilter};
-use crate::delivery::SuccessRule;
 use super::model::*;
 use super::{Invalid, SubsError};
 use crate::clock::now_ms;
 use crate::db::{Db, Tx};
+use crate::delivery::SuccessRule;
 use crate::retry::RetryLayer;
 
 /// Who asked for a change, kept with its [`ControlRequest`].
@@ -215,8 +215,11 @@ fn consumer_at(r: &AnyRow, at: usize) -> Result<Consumer, sqlx::Error> {
         description: r.try_get(at + 8)?,
         created_ms: r.try_get(at + 9)?,
         updated_ms: r.try_get(at + 10)?,
-        success: SuccessRule::parse("downstream_consumers.success", &r.try_get::<String, _>(at + 11)?)
-            .map_err(|e| sqlx::Error::Decode(e.into()))?,
+        success: SuccessRule::parse(
+            "downstream_consumers.success",
+            &r.try_get::<String, _>(at + 11)?,
+        )
+        .map_err(|e| sqlx::Error::Decode(e.into()))?,
     })
 }
 

@@ -343,32 +343,58 @@ async fn inserts_updates_and_deletes_reach_the_topic_in_commit_order_per_key_wit
 
 /// Polls `path` on `addr` until it answers `status` (30 s at most); returns the body.
 #[tokio::test(flavor = "multi_thread")]
-async fn cdc_is_ready_once_streaming_and_a_source_that_does_not_answer_is_live_not_ready_saying_why() {
+async fn cdc_is_ready_once_streaming_and_a_source_that_does_not_answer_is_live_not_ready_saying_why()
+ {
     let mut source = Source::new(&["CREATE TABLE r (id INT PRIMARY KEY)"]).await;
     let table = format!("{}.r", source.database);
     let args = [
-        "cdc", "--table", &table, "--server-id", &source.server_id, "--start-position", &source.start,
-        "--health-addr", "127.0.0.1:0",
+        "cdc",
+        "--table",
+        &table,
+        "--server-id",
+        &source.server_id,
+        "--start-position",
+        &source.start,
+        "--health-addr",
+        "127.0.0.1:0",
     ];
     // The real source: ready, both conditions met; a change is published.
     let mut cdc = source.env.spawn(&args);
     let addr = crate::helpers::health_addr(&mut cdc);
-    let body = tokio::task::block_in_place(|| wait_for_status(&addr, "/health/ready", 200, "", Duration::from_secs(30)));
+    let body = tokio::task::block_in_place(|| {
+        wait_for_status(&addr, "/health/ready", 200, "", Duration::from_secs(30))
+    });
     let ready: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(ready["conditions"], json!({"binlog_stream": true, "kafka_producer": true}), "{body}");
+    assert_eq!(
+        ready["conditions"],
+        json!({"binlog_stream": true, "kafka_producer": true}),
+        "{body}"
+    );
     source.exec(&["INSERT INTO r VALUES (1)"]).await;
-    assert_eq!(source.changes("r", 1, Duration::from_secs(30)).await.len(), 1);
+    assert_eq!(
+        source.changes("r", 1, Duration::from_secs(30)).await.len(),
+        1
+    );
     crate::consumer::sigterm(&mut cdc);
     assert!(cdc.wait().unwrap().success());
     // Nothing listens on port 1: live, not ready, and the reason names the source; SIGTERM still exits 0.
-    source.env.set_env("ORDERPIPE_CDC__SOURCE", "mysql://orderpipe:orderpipe@127.0.0.1:1/");
+    source.env.set_env(
+        "ORDERPIPE_CDC__SOURCE",
+        "mysql://orderpipe:orderpipe@127.0.0.1:1/",
+    );
     let mut cdc = source.env.spawn(&args);
     let addr = crate::helpers::health_addr(&mut cdc);
     // Waited for until the reason names the failed connection (not yet
     // connected at first), not assumed after a fixed 2 s.
     let (body, live) = tokio::task::block_in_place(|| {
         (
-            wait_for_status(&addr, "/health/ready", 503, "cannot connect to the source database", Duration::from_secs(30)),
+            wait_for_status(
+                &addr,
+                "/health/ready",
+                503,
+                "cannot connect to the source database",
+                Duration::from_secs(30),
+            ),
             crate::helpers::http_get(&addr, "/health/live").0,
         )
     });
@@ -377,10 +403,14 @@ async fn cdc_is_ready_once_streaming_and_a_source_that_does_not_answer_is_live_n
     assert_eq!(ready["conditions"]["binlog_stream"], false, "{body}");
     let reasons = ready["reasons"].to_string();
     assert!(
-        reasons.contains("binlog_stream: cannot connect to the source database") && reasons.contains("retrying in"),
+        reasons.contains("binlog_stream: cannot connect to the source database")
+            && reasons.contains("retrying in"),
         "{body}"
     );
-    assert!(matches!(cdc.try_wait(), Ok(None)), "cdc keeps retrying, it does not exit");
+    assert!(
+        matches!(cdc.try_wait(), Ok(None)),
+        "cdc keeps retrying, it does not exit"
+    );
     crate::consumer::sigterm(&mut cdc);
     assert!(cdc.wait().unwrap().success());
 }
@@ -714,7 +744,14 @@ async fn with_value_format_avro_a_snapshot_and_the_stream_share_one_typed_schema
     .await;
     source.env.set_env("ORDERPIPE_CDC__VALUE_FORMAT", "avro");
     let table = format!("{}.typed", source.database);
-    let args = ["cdc", "snapshot", "--table", &table, "--server-id", &source.server_id];
+    let args = [
+        "cdc",
+        "snapshot",
+        "--table",
+        &table,
+        "--server-id",
+        &source.server_id,
+    ];
     tokio::task::block_in_place(|| source.env.cli(&args)).success();
     let mut cdc = source.spawn("typed");
     source
@@ -728,7 +765,11 @@ async fn with_value_format_avro_a_snapshot_and_the_stream_share_one_typed_schema
         .iter()
         .map(|(m, _)| orderpipe::codec::schema_id(m.payload().unwrap()).unwrap())
         .collect();
-    assert_eq!(ids.len(), 1, "one schema for the snapshot's and the stream's rows");
+    assert_eq!(
+        ids.len(),
+        1,
+        "one schema for the snapshot's and the stream's rows"
+    );
     let id = ids.into_iter().next().unwrap();
     let url = format!("{}/schemas/ids/{id}", source.env.settings.registry.url);
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
@@ -740,7 +781,12 @@ async fn with_value_format_avro_a_snapshot_and_the_stream_share_one_typed_schema
         json!(format!("orderpipe.cdc.v1.tables.{}.typed", source.database)),
         "{schema}"
     );
-    let row = &schema["fields"].as_array().unwrap().iter().find(|f| f["name"] == "data").unwrap()["type"][1];
+    let row = &schema["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "data")
+        .unwrap()["type"][1];
     let types: Vec<(&str, &serde_json::Value)> = row["fields"]
         .as_array()
         .unwrap()

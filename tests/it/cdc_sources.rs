@@ -266,27 +266,73 @@ async fn a_disabled_unknown_or_empty_source_is_refused_by_name() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_snapshot_with_a_source_row_reads_from_its_host_and_only_a_captured_table() {
     let mut source = Source::new(&TABLES).await;
-    source.exec(&["INSERT INTO table_user VALUES (1, 1), (2, 2), (3, 3)"]).await;
-    source.env.set_env("ORDERPIPE_CDC__SOURCE", "mysql://nobody:orderpipe@192.0.2.1:1/");
+    source
+        .exec(&["INSERT INTO table_user VALUES (1, 1), (2, 2), (3, 3)"])
+        .await;
+    source.env.set_env(
+        "ORDERPIPE_CDC__SOURCE",
+        "mysql://nobody:orderpipe@192.0.2.1:1/",
+    );
     let db = source.database.clone();
     let env = &source.env;
-    let add_source = ["subs", "add", "source", "shop", "--host", "127.0.0.1", "--port", "3306", "--user", "orderpipe"];
+    let add_source = [
+        "subs",
+        "add",
+        "source",
+        "shop",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "3306",
+        "--user",
+        "orderpipe",
+    ];
     env.cli(&add_source).success();
     let user_topic = source.topic("table_user");
     let event = format!("{db}.table_user.insert");
-    env.cli(&["subs", "add", "event", &event, "--topic", &user_topic, "--source", "shop"]).success();
+    env.cli(&[
+        "subs",
+        "add",
+        "event",
+        &event,
+        "--topic",
+        &user_topic,
+        "--source",
+        "shop",
+    ])
+    .success();
 
     let snapshot = |table: &str| {
-        let args = ["cdc", "--source", "shop", "snapshot", "--table", table, "--server-id", &source.server_id, "--output", "json"];
+        let args = [
+            "cdc",
+            "--source",
+            "shop",
+            "snapshot",
+            "--table",
+            table,
+            "--server-id",
+            &source.server_id,
+            "--output",
+            "json",
+        ];
         tokio::task::block_in_place(|| source.env.cli(&args))
     };
     let other = format!("{db}.other");
     let text = snapshot(&other).failure();
     assert!(
-        text.contains(&format!("--table {other}: source `shop` does not capture it")) && text.contains(&format!("{db}.table_user")),
+        text.contains(&format!(
+            "--table {other}: source `shop` does not capture it"
+        )) && text.contains(&format!("{db}.table_user")),
         "{text}"
     );
-    let summary: serde_json::Value = serde_json::from_str(&snapshot(&format!("{db}.table_user")).success()).unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(&snapshot(&format!("{db}.table_user")).success()).unwrap();
     assert_eq!(summary["rows"], 3, "{summary}");
-    assert_eq!(source.changes("table_user", 3, Duration::from_secs(30)).await.len(), 3);
+    assert_eq!(
+        source
+            .changes("table_user", 3, Duration::from_secs(30))
+            .await
+            .len(),
+        3
+    );
 }

@@ -60,7 +60,10 @@ impl TestConsole {
         settings.console.operator_token = Some(SecretString::from(OPERATOR_TOKEN));
         settings.lag.groups = vec![format!("{}.group", env.prefix)];
         tune(&mut settings);
-        settings.console.validate().expect("test console settings are valid");
+        settings
+            .console
+            .validate()
+            .expect("test console settings are valid");
         let db = orderpipe::db::Db::connect(&settings.database, 4).expect("database settings");
         let state = ConsoleState::new(settings, db).expect("console state");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -80,13 +83,23 @@ impl TestConsole {
             .await
             .expect("console serves");
         });
-        let addr = tokio::time::timeout(Duration::from_secs(10), bound_rx).await.expect("console binds in time").unwrap();
-        Self { url: format!("http://{addr}"), state, stop: Some(stop) }
+        let addr = tokio::time::timeout(Duration::from_secs(10), bound_rx)
+            .await
+            .expect("console binds in time")
+            .unwrap();
+        Self {
+            url: format!("http://{addr}"),
+            state,
+            stop: Some(stop),
+        }
     }
 
     /// A plain HTTP client (no redirects followed, no cookies kept).
     pub fn http() -> reqwest::Client {
-        reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap()
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
     }
 
     /// `GET path` as `role` (bearer token); returns status and body.
@@ -108,7 +121,13 @@ impl TestConsole {
     }
 
     /// `POST path` as `role` with `form` (and `csrf_token` when given).
-    pub async fn post_as(&self, role: Role, path: &str, csrf: Option<&str>, form: &[(&str, &str)]) -> (u16, String) {
+    pub async fn post_as(
+        &self,
+        role: Role,
+        path: &str,
+        csrf: Option<&str>,
+        form: &[(&str, &str)],
+    ) -> (u16, String) {
         let mut fields: Vec<(&str, &str)> = form.to_vec();
         if let Some(token) = csrf {
             fields.push(("csrf_token", token));
@@ -117,7 +136,11 @@ impl TestConsole {
             .post(format!("{}{path}", self.url))
             .bearer_auth(token(role))
             .header("content-type", "application/x-www-form-urlencoded")
-            .body(url::form_urlencoded::Serializer::new(String::new()).extend_pairs(fields).finish())
+            .body(
+                url::form_urlencoded::Serializer::new(String::new())
+                    .extend_pairs(fields)
+                    .finish(),
+            )
             .send()
             .await
             .unwrap();
@@ -135,7 +158,8 @@ impl Drop for TestConsole {
 
 /// The content of `<meta name="csrf-token" content="...">`.
 pub fn meta_csrf(html: &str) -> Option<String> {
-    let start = html.find("name=\"csrf-token\" content=\"")? + "name=\"csrf-token\" content=\"".len();
+    let start =
+        html.find("name=\"csrf-token\" content=\"")? + "name=\"csrf-token\" content=\"".len();
     Some(html[start..].split('"').next()?.to_string())
 }
 
@@ -156,7 +180,11 @@ struct Chromedriver {
 impl Chromedriver {
     fn start() -> Self {
         let binary = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let child = Command::new(&binary)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
@@ -171,7 +199,10 @@ impl Chromedriver {
             });
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "chromedriver did not listen on port {port} within 20 s");
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not listen on port {port} within 20 s"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Self { child, port }
@@ -211,20 +242,30 @@ impl Browser {
             .capabilities(capabilities)
             .connect(&format!("http://127.0.0.1:{}", driver.port))
             .await
-            .expect("a Chromium session through chromedriver (is the `chromium` package installed?)");
-        Self { client, base: console.url.clone(), _driver: driver }
+            .expect(
+                "a Chromium session through chromedriver (is the `chromium` package installed?)",
+            );
+        Self {
+            client,
+            base: console.url.clone(),
+            _driver: driver,
+        }
     }
 
     /// Opens `path` of the console.
     pub async fn open(&self, path: &str) {
-        self.client.goto(&format!("{}{path}", self.base)).await.unwrap();
+        self.client
+            .goto(&format!("{}{path}", self.base))
+            .await
+            .unwrap();
     }
 
     /// Signs in with `role`'s token through the login form; lands on the overview.
     pub async fn login(&self, role: Role) {
         self.open("/login").await;
         self.fill("#token", token(role)).await;
-        self.click("form[action='/login'] button[type='submit']").await;
+        self.click("form[action='/login'] button[type='submit']")
+            .await;
         self.find("header .who").await;
         let who = self.text("header .who").await;
         assert!(who.contains(role.as_str()), "signed in as {role:?}: {who}");
@@ -237,7 +278,10 @@ impl Browser {
     pub async fn find(&self, css: &str) -> fantoccini::elements::Element {
         match self.client.wait().for_element(Locator::Css(css)).await {
             Ok(element) => element,
-            Err(e) => panic!("{css}: {e}; the page shows: {:?}", self.try_text("main").await),
+            Err(e) => panic!(
+                "{css}: {e}; the page shows: {:?}",
+                self.try_text("main").await
+            ),
         }
     }
 
@@ -248,7 +292,13 @@ impl Browser {
 
     /// The text of `css` on the current page now, or None (absent, or the page reloads).
     pub async fn try_text(&self, css: &str) -> Option<String> {
-        self.client.find(Locator::Css(css)).await.ok()?.text().await.ok()
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()
     }
 
     /// The texts of every element matching `css` on the current page (no wait:
@@ -262,7 +312,12 @@ impl Browser {
     }
 
     /// Waits until the text of `css` satisfies `done`; returns it.
-    pub async fn wait_text(&self, css: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
+    pub async fn wait_text(
+        &self,
+        css: &str,
+        timeout: Duration,
+        done: impl Fn(&str) -> bool,
+    ) -> String {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(text) = self.try_text(css).await.filter(|t| done(t)) {
@@ -292,7 +347,11 @@ impl Browser {
 
     /// The POST forms of the page other than sign-out (its action forms).
     pub async fn action_forms(&self) -> usize {
-        self.client.find_all(Locator::Css("form[method='post']:not([action='/logout'])")).await.unwrap().len()
+        self.client
+            .find_all(Locator::Css("form[method='post']:not([action='/logout'])"))
+            .await
+            .unwrap()
+            .len()
     }
 
     /// Saves the current page at each of [`SCREEN_SIZES`] as
@@ -302,8 +361,16 @@ impl Browser {
         std::fs::create_dir_all(&dir).unwrap();
         for (width, height) in SCREEN_SIZES {
             self.client.set_window_size(width, height).await.unwrap();
-            let inner = self.client.execute("return window.innerWidth", vec![]).await.unwrap();
-            assert_eq!(inner.as_u64(), Some(u64::from(width)), "the viewport is {width} px wide");
+            let inner = self
+                .client
+                .execute("return window.innerWidth", vec![])
+                .await
+                .unwrap();
+            assert_eq!(
+                inner.as_u64(),
+                Some(u64::from(width)),
+                "the viewport is {width} px wide"
+            );
             let png = self.client.screenshot().await.unwrap();
             std::fs::write(dir.join(format!("{page}-{width}.png")), png).unwrap();
         }

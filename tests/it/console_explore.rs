@@ -579,7 +579,9 @@ async fn the_explorer_finds_an_orders_events_and_shows_a_poison_record_as_undeco
     browser.login(Role::Viewer).await;
     browser.open("/topics").await;
     browser.fill("#order_id", &order).await;
-    browser.click("form[action='/topics'] button[type='submit']").await;
+    browser
+        .click("form[action='/topics'] button[type='submit']")
+        .await;
     browser
         .client
         .wait()
@@ -664,7 +666,10 @@ async fn the_explorer_finds_an_orders_events_and_shows_a_poison_record_as_undeco
     browser.open(&format!("/schemas/{subject}?version=1")).await;
     let shown = browser.text("#shown").await;
     assert!(shown.starts_with("Version 1 (schema id"), "{shown}");
-    assert!(!browser.text("main pre.json").await.contains("coupon"), "version 1 has no coupon");
+    assert!(
+        !browser.text("main pre.json").await.contains("coupon"),
+        "version 1 has no coupon"
+    );
     browser.screenshots("schema").await;
     browser.open(&format!("/schemas/{subject}")).await;
     browser.click("#old option[value='1']").await;
@@ -729,7 +734,9 @@ async fn subscription_actions_in_the_browser_write_audit_rows() {
     browser.fill("#filters", "status:between:1").await;
     browser.click("form.stack button[type='submit']").await;
     // Refused, the form shown again naming the field, nothing created.
-    let alert = browser.wait_text("[role='alert']", Duration::from_secs(20), |_| true).await;
+    let alert = browser
+        .wait_text("[role='alert']", Duration::from_secs(20), |_| true)
+        .await;
     assert!(
         alert.starts_with("filters:") && alert.contains("accepted forms"),
         "{alert}"
@@ -744,7 +751,9 @@ async fn subscription_actions_in_the_browser_write_audit_rows() {
     browser.screenshots("subscription-form").await;
     browser.fill("#filters", "status:eq:1").await;
     browser.click("form.stack button[type='submit']").await;
-    browser.wait_text("h1", Duration::from_secs(20), |t| t == "Subscriptions").await;
+    browser
+        .wait_text("h1", Duration::from_secs(20), |t| t == "Subscriptions")
+        .await;
     let subs = cli_store
         .list_subscriptions(&Default::default())
         .await
@@ -758,14 +767,17 @@ async fn subscription_actions_in_the_browser_write_audit_rows() {
     );
     assert_eq!(browser.text(&format!("#sub-{id} .state")).await, "enabled");
 
-    browser.click(&format!("#sub-{id} a[href='/subscriptions/{id}/edit']")).await;
+    browser
+        .click(&format!("#sub-{id} a[href='/subscriptions/{id}/edit']"))
+        .await;
     browser.fill("#bind_key", "user2").await;
     browser.fill("#filters", "status:changed:1->2").await;
     browser.click("form.stack button[type='submit']").await;
-    browser.wait_text(&format!("#sub-{id}"), Duration::from_secs(20), |t| {
-        t.contains("sms.user2.consumer")
-    })
-    .await;
+    browser
+        .wait_text(&format!("#sub-{id}"), Duration::from_secs(20), |t| {
+            t.contains("sms.user2.consumer")
+        })
+        .await;
     let edited = cli_store.subscription(id).await.unwrap();
     assert_eq!(
         (edited.bind_key.as_str(), edited.filters[0].to_cli()),
@@ -773,14 +785,24 @@ async fn subscription_actions_in_the_browser_write_audit_rows() {
     );
 
     browser.click(&format!("#sub-{id} form button")).await;
-    browser.wait_text(&format!("#sub-{id} .state"), Duration::from_secs(20), |t| t == "disabled").await;
+    browser
+        .wait_text(&format!("#sub-{id} .state"), Duration::from_secs(20), |t| {
+            t == "disabled"
+        })
+        .await;
     assert!(!cli_store.subscription(id).await.unwrap().enabled);
     browser.click(&format!("#sub-{id} form button")).await;
-    browser.wait_text(&format!("#sub-{id} .state"), Duration::from_secs(20), |t| t == "enabled").await;
+    browser
+        .wait_text(&format!("#sub-{id} .state"), Duration::from_secs(20), |t| {
+            t == "enabled"
+        })
+        .await;
     assert!(cli_store.subscription(id).await.unwrap().enabled);
 
     browser.click("#apply-now").await;
-    let notice = browser.wait_text("[role='status']", Duration::from_secs(20), |_| true).await;
+    let notice = browser
+        .wait_text("[role='status']", Duration::from_secs(20), |_| true)
+        .await;
     let request = cli_store.latest_request().await.unwrap().unwrap();
     assert_eq!(
         (request.kind, request.origin.as_str()),
@@ -827,10 +849,7 @@ async fn subscription_actions_in_the_browser_write_audit_rows() {
         ]
     );
     assert!(
-        rows.last()
-            .unwrap()
-            .outcome
-            .contains("filters"),
+        rows.last().unwrap().outcome.contains("filters"),
         "the refusal says why"
     );
     assert!(

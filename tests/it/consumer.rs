@@ -22,7 +22,17 @@ use crate::helpers::{Spawned, TestEnv, http_get, stack, wait_for_status};
 /// Runs the group to idleness and returns its JSON summary.
 pub fn consume(env: &TestEnv, group: &str, handlers: &str) -> Value {
     let out = env
-        .cli(&["consume", "--group", group, "--handler", handlers, "--until-idle", "3", "--output", "json"])
+        .cli(&[
+            "consume",
+            "--group",
+            group,
+            "--handler",
+            handlers,
+            "--until-idle",
+            "3",
+            "--output",
+            "json",
+        ])
         .success();
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("summary is JSON ({e}): {out}"))
 }
@@ -38,11 +48,20 @@ pub fn write_ndjson(events: &[Envelope]) -> tempfile::NamedTempFile {
 /// Produces `count` synthetic events and returns them as sent.
 pub fn produce_lifecycles(env: &TestEnv, count: usize, orders: usize, seed: u64) -> Vec<Envelope> {
     env.cli(&[
-        "produce", "--count", &count.to_string(), "--orders", &orders.to_string(),
-        "--seed", &seed.to_string(), "--first-order-id", "1",
+        "produce",
+        "--count",
+        &count.to_string(),
+        "--orders",
+        &orders.to_string(),
+        "--seed",
+        &seed.to_string(),
+        "--first-order-id",
+        "1",
     ])
     .success();
-    LifecycleGenerator::new("x", orders, 1, seed).take(count).collect()
+    LifecycleGenerator::new("x", orders, 1, seed)
+        .take(count)
+        .collect()
 }
 
 pub async fn count_rows(db: &Db, group: &str) -> i64 {
@@ -57,7 +76,13 @@ pub async fn count_rows(db: &Db, group: &str) -> i64 {
 /// Waits until `group` has applied `target` events. A timeout stops
 /// `members` and the panic shows what each printed: a stall on a loaded
 /// machine then says where it stood.
-async fn wait_for_rows(pool: &Db, group: &str, target: i64, timeout: Duration, members: &mut [&mut Spawned]) {
+async fn wait_for_rows(
+    pool: &Db,
+    group: &str,
+    target: i64,
+    timeout: Duration,
+    members: &mut [&mut Spawned],
+) {
     let deadline = Instant::now() + timeout;
     loop {
         let n = count_rows(pool, group).await;
@@ -66,27 +91,37 @@ async fn wait_for_rows(pool: &Db, group: &str, target: i64, timeout: Duration, m
         }
         if Instant::now() >= deadline {
             let outputs: Vec<String> = members.iter_mut().map(|m| m.stop_and_output()).collect();
-            panic!("{group} applied only {n} of {target} within {timeout:?}; members:\n{}", outputs.join("\n---\n"));
+            panic!(
+                "{group} applied only {n} of {target} within {timeout:?}; members:\n{}",
+                outputs.join("\n---\n")
+            );
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 
 pub fn sigterm(child: &mut Child) {
-    let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
     let _ = child.wait();
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_same_event_delivered_twice_is_applied_once() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "dup-group"]).success();
-    let events: Vec<Envelope> = LifecycleGenerator::new("checkout", 5, 1, 11).take(20).collect();
+    env.cli(&["topics", "ensure", "--group", "dup-group"])
+        .success();
+    let events: Vec<Envelope> = LifecycleGenerator::new("checkout", 5, 1, 11)
+        .take(20)
+        .collect();
     // Different offsets: the first five events are produced a second time.
     let mut twice = events.clone();
     twice.extend_from_slice(&events[..5]);
     let file = write_ndjson(&twice);
-    env.cli(&["produce", "--file", file.path().to_str().unwrap()]).success();
+    env.cli(&["produce", "--file", file.path().to_str().unwrap()])
+        .success();
 
     let summary = consume(&env, "dup-group", ALL_HANDLERS);
     assert_eq!(summary["consumed"], 25, "{summary}");
@@ -107,10 +142,24 @@ async fn the_same_event_delivered_twice_is_applied_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn two_groups_sharing_the_dedup_table_each_apply_every_event() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "inventory-service.order.consumer,notification-service.order.consumer"]).success();
+    env.cli(&[
+        "topics",
+        "ensure",
+        "--group",
+        "inventory-service.order.consumer,notification-service.order.consumer",
+    ])
+    .success();
     let events = produce_lifecycles(&env, 2_000, 200, 21);
-    let a = consume(&env, "inventory-service.order.consumer", "inventory,payment");
-    let b = consume(&env, "notification-service.order.consumer", "logistics,notification,points");
+    let a = consume(
+        &env,
+        "inventory-service.order.consumer",
+        "inventory,payment",
+    );
+    let b = consume(
+        &env,
+        "notification-service.order.consumer",
+        "logistics,notification,points",
+    );
     assert_eq!(a["applied"], 2_000, "{a}");
     assert_eq!(b["applied"], 2_000, "{b}");
     let pool = env.db();
@@ -125,9 +174,19 @@ async fn poison_records_are_reported_and_do_not_stop_the_consumer() {
     let env = TestEnv::new().with_database().await;
     env.cli(&["topics", "ensure", "--group", "g"]).success();
     let topic = env.settings.topics.order_events.name.clone();
-    let codec = Codec::new(&env.settings.registry, &topic, SchemaCatalog::embedded().order_events(), true).unwrap();
-    let good: Vec<Envelope> = LifecycleGenerator::new("checkout", 3, 1, 5).take(6).collect();
-    let mut invalid = orderpipe::codec::avro::to_avro(&good[0], &SchemaCatalog::embedded().order_events().parsed).unwrap();
+    let codec = Codec::new(
+        &env.settings.registry,
+        &topic,
+        SchemaCatalog::embedded().order_events(),
+        true,
+    )
+    .unwrap();
+    let good: Vec<Envelope> = LifecycleGenerator::new("checkout", 3, 1, 5)
+        .take(6)
+        .collect();
+    let mut invalid =
+        orderpipe::codec::avro::to_avro(&good[0], &SchemaCatalog::embedded().order_events().parsed)
+            .unwrap();
     if let apache_avro::types::Value::Record(fields) = &mut invalid {
         fields[1].1 = apache_avro::types::Value::String("kafka.send".into());
     }
@@ -137,31 +196,57 @@ async fn poison_records_are_reported_and_do_not_stop_the_consumer() {
     let poison: Vec<(&str, Vec<u8>)> = vec![
         ("random bytes", vec![0xde, 0xad, 0xbe, 0xef, 0x42, 0x17]),
         ("wrong magic byte", vec![7, 0, 0, 0, 1, 2, 3]),
-        ("unknown schema id", vec![0, 0x7f, 0xff, 0xff, 0x01, 2, 4, 6]),
+        (
+            "unknown schema id",
+            vec![0, 0x7f, 0xff, 0xff, 0x01, 2, 4, 6],
+        ),
         ("invalid event name", invalid),
         ("truncated Avro", truncated),
     ];
-    let producer: FutureProducer = client_config(&env.settings.kafka.client_options()).create().unwrap();
+    let producer: FutureProducer = client_config(&env.settings.kafka.client_options())
+        .create()
+        .unwrap();
     for (i, (_, value)) in poison.iter().enumerate() {
         let key = good[i % good.len()].key();
         producer
-            .send(FutureRecord::to(&topic).key(&key).payload(value), Duration::from_secs(10))
+            .send(
+                FutureRecord::to(&topic).key(&key).payload(value),
+                Duration::from_secs(10),
+            )
             .await
             .unwrap();
     }
     let file = write_ndjson(&good);
-    env.cli(&["produce", "--file", file.path().to_str().unwrap()]).success();
+    env.cli(&["produce", "--file", file.path().to_str().unwrap()])
+        .success();
 
     // Per-record routing is under test: with `--ordering key` the good events
     // would wait behind the poison of their order (see tests/it/ordering.rs).
-    let args = ["consume", "--group", "g", "--handler", ALL_HANDLERS, "--until-idle", "3", "--output", "json", "--ordering", "none"];
+    let args = [
+        "consume",
+        "--group",
+        "g",
+        "--handler",
+        ALL_HANDLERS,
+        "--until-idle",
+        "3",
+        "--output",
+        "json",
+        "--ordering",
+        "none",
+    ];
     let run = env.cli(&args);
     let out = run.success();
     let summary: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(summary["decode_failures"], poison.len(), "{summary}");
     assert_eq!(summary["applied"], good.len(), "{summary}");
     let logs = run.text();
-    for class in ["not_framed", "unknown_schema", "invalid_envelope", "avro_decode"] {
+    for class in [
+        "not_framed",
+        "unknown_schema",
+        "invalid_envelope",
+        "avro_decode",
+    ] {
         assert!(logs.contains(class), "no `{class}` in the logs:\n{logs}");
     }
     assert!(!logs.contains("panicked"), "{logs}");
@@ -171,8 +256,21 @@ async fn poison_records_are_reported_and_do_not_stop_the_consumer() {
 #[test]
 fn unknown_handler_names_the_flag_and_the_choices() {
     let env = TestEnv::new();
-    let out = env.cli(&["consume", "--group", "g", "--handler", "billing", "--until-idle", "1"]).failure();
-    assert!(out.contains("--handler") && out.contains("billing") && out.contains("inventory, payment"), "{out}");
+    let out = env
+        .cli(&[
+            "consume",
+            "--group",
+            "g",
+            "--handler",
+            "billing",
+            "--until-idle",
+            "1",
+        ])
+        .failure();
+    assert!(
+        out.contains("--handler") && out.contains("billing") && out.contains("inventory, payment"),
+        "{out}"
+    );
 }
 
 /// SIGKILL at random moments during 100k events, restart each time.
@@ -180,7 +278,8 @@ fn unknown_handler_names_the_flag_and_the_choices() {
 #[ignore = "serial: heavy; run by `make test` in the serial phase"]
 async fn crash_safety_sigkill_during_a_100k_run() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "crash.order.consumer"]).success();
+    env.cli(&["topics", "ensure", "--group", "crash.order.consumer"])
+        .success();
     let total = 100_000;
     let events = produce_lifecycles(&env, total, 5_000, 31);
     let pool = env.db();
@@ -196,7 +295,11 @@ async fn crash_safety_sigkill_during_a_100k_run() {
         let deadline = Instant::now() + Duration::from_secs(120);
         while count_rows(&pool, group).await <= before {
             if Instant::now() >= deadline {
-                panic!("no progress in 120 s after restart {} ({before} applied): {}", kills + 1, child.stop_and_output());
+                panic!(
+                    "no progress in 120 s after restart {} ({before} applied): {}",
+                    kills + 1,
+                    child.stop_and_output()
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -221,7 +324,8 @@ async fn crash_safety_sigkill_during_a_100k_run() {
 #[ignore = "serial: heavy; run by `make test` in the serial phase"]
 async fn rebalance_safety_members_join_and_leave() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "rebalance.order.consumer"]).success();
+    env.cli(&["topics", "ensure", "--group", "rebalance.order.consumer"])
+        .success();
     let total = 60_000;
     let events = produce_lifecycles(&env, total, 3_000, 41);
     let pool = env.db();
@@ -234,13 +338,27 @@ async fn rebalance_safety_members_join_and_leave() {
     let mut second = start();
     wait_for_rows(&pool, group, 15_000, wait, &mut [&mut first, &mut second]).await;
     let mut third = start();
-    wait_for_rows(&pool, group, 25_000, wait, &mut [&mut first, &mut second, &mut third]).await;
+    wait_for_rows(
+        &pool,
+        group,
+        25_000,
+        wait,
+        &mut [&mut first, &mut second, &mut third],
+    )
+    .await;
     sigterm(&mut first); // leaves cleanly
     wait_for_rows(&pool, group, 35_000, wait, &mut [&mut second, &mut third]).await;
     second.kill().unwrap(); // dies
     second.wait().unwrap();
     let mut fourth = start();
-    wait_for_rows(&pool, group, total as i64, wait, &mut [&mut third, &mut fourth]).await;
+    wait_for_rows(
+        &pool,
+        group,
+        total as i64,
+        wait,
+        &mut [&mut third, &mut fourth],
+    )
+    .await;
     sigterm(&mut third);
     sigterm(&mut fourth);
     assert_exactly_once(&pool, group, &events).await;
@@ -263,21 +381,48 @@ async fn database_down_for_60s_loses_nothing() {
 
 async fn database_outage(outage: Duration) {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "outage.order.consumer"]).success();
+    env.cli(&["topics", "ensure", "--group", "outage.order.consumer"])
+        .success();
     let total = 20_000;
     let group = "outage.order.consumer";
     let pool = env.db();
     let mut consumer = env.spawn(&[
-        "consume", "--group", group, "--handler", ALL_HANDLERS, "--health-addr", "127.0.0.1:0",
+        "consume",
+        "--group",
+        group,
+        "--handler",
+        ALL_HANDLERS,
+        "--health-addr",
+        "127.0.0.1:0",
     ]);
     let health = crate::helpers::health_addr(&mut consumer);
     let mut producer = env.spawn(&[
-        "produce", "--count", &total.to_string(), "--orders", "1000", "--seed", "51",
-        "--first-order-id", "1", "--rate", "1000",
+        "produce",
+        "--count",
+        &total.to_string(),
+        "--orders",
+        "1000",
+        "--seed",
+        "51",
+        "--first-order-id",
+        "1",
+        "--rate",
+        "1000",
     ]);
-    let events: Vec<Envelope> = LifecycleGenerator::new("x", 1000, 1, 51).take(total).collect();
-    wait_for_rows(&pool, group, 2_000, Duration::from_secs(60), &mut [&mut consumer, &mut producer]).await;
-    tokio::task::block_in_place(|| wait_for_status(&health, "/health/ready", 200, "", Duration::from_secs(30)));
+    let events: Vec<Envelope> = LifecycleGenerator::new("x", 1000, 1, 51)
+        .take(total)
+        .collect();
+    wait_for_rows(
+        &pool,
+        group,
+        2_000,
+        Duration::from_secs(60),
+        &mut [&mut consumer, &mut producer],
+    )
+    .await;
+    tokio::task::block_in_place(|| {
+        wait_for_status(&health, "/health/ready", 200, "", Duration::from_secs(30))
+    });
 
     stack(&["stop", "mariadb"]);
     let down_at = Instant::now();
@@ -292,13 +437,25 @@ async fn database_outage(outage: Duration) {
     stack(&["start", "mariadb"]);
     let body = saw_unhealthy.expect("/health/ready never reported the database down");
     eprintln!("while down: {body}");
-    assert!(consumer.try_wait().unwrap().is_none(), "the consumer died during the outage");
+    assert!(
+        consumer.try_wait().unwrap().is_none(),
+        "the consumer died during the outage"
+    );
 
     let pool = env.db();
-    wait_for_rows(&pool, group, total as i64, Duration::from_secs(180), &mut [&mut consumer, &mut producer]).await;
+    wait_for_rows(
+        &pool,
+        group,
+        total as i64,
+        Duration::from_secs(180),
+        &mut [&mut consumer, &mut producer],
+    )
+    .await;
     assert!(producer.wait().unwrap().success(), "producer failed");
     // Ready again: waited for, the last rows may be applied a moment before the state flips.
-    tokio::task::block_in_place(|| wait_for_status(&health, "/health/ready", 200, "", Duration::from_secs(60)));
+    tokio::task::block_in_place(|| {
+        wait_for_status(&health, "/health/ready", 200, "", Duration::from_secs(60))
+    });
     sigterm(&mut consumer);
     assert_exactly_once(&pool, group, &events).await;
 }
@@ -313,13 +470,32 @@ async fn dedup_cleanup_deletes_old_rows_in_batches_and_keeps_recent_ones() {
             "INSERT INTO event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, created_at) \
              VALUES ('g', UUID(), 't', 0, {i}, 'order.created', '1', NOW(3) - INTERVAL {age})"
         );
-        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&db.pool).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&db.pool)
+            .await
+            .unwrap();
     }
-    let out = env.cli(&["dedup", "cleanup", "--older-than", "7d", "--batch", "500", "--output", "json"]).success();
+    let out = env
+        .cli(&[
+            "dedup",
+            "cleanup",
+            "--older-than",
+            "7d",
+            "--batch",
+            "500",
+            "--output",
+            "json",
+        ])
+        .success();
     let report: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["removed"], 2_300, "{out}");
-    let (left,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup").fetch_one(&db.pool).await.unwrap();
+    let (left,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(left, 200);
-    let out = env.cli(&["dedup", "cleanup", "--older-than", "fortnight"]).failure();
+    let out = env
+        .cli(&["dedup", "cleanup", "--older-than", "fortnight"])
+        .failure();
     assert!(out.contains("--older-than"), "{out}");
 }

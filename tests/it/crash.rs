@@ -19,7 +19,13 @@ use crate::helpers::{Spawned, TestEnv, header};
 /// Waits until `group` has applied `target` events (polled once a second:
 /// counting a million dedup rows is itself work for the database). A
 /// timeout stops `members` and the panic shows what each printed.
-async fn wait_for_applied(db: &Db, group: &str, target: i64, timeout: Duration, members: &mut [Spawned]) -> i64 {
+async fn wait_for_applied(
+    db: &Db,
+    group: &str,
+    target: i64,
+    timeout: Duration,
+    members: &mut [Spawned],
+) -> i64 {
     let deadline = Instant::now() + timeout;
     loop {
         let n = count_rows(db, group).await;
@@ -28,7 +34,10 @@ async fn wait_for_applied(db: &Db, group: &str, target: i64, timeout: Duration, 
         }
         if Instant::now() >= deadline {
             let outputs: Vec<String> = members.iter_mut().map(Spawned::stop_and_output).collect();
-            panic!("{group} applied only {n} of {target} within {timeout:?}; members:\n{}", outputs.join("\n---\n"));
+            panic!(
+                "{group} applied only {n} of {target} within {timeout:?}; members:\n{}",
+                outputs.join("\n---\n")
+            );
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -43,13 +52,20 @@ async fn kill_two_members_during_a_run(total: usize, orders: usize, kills: usize
     // expires: the broker's minimum, 6 s, instead of orderpipe's 10 s
     // (20 kills: 80 s less of the group standing still).
     let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(config.path(), "[consumer.options]\n\"session.timeout.ms\" = \"6000\"\n").unwrap();
+    std::fs::write(
+        config.path(),
+        "[consumer.options]\n\"session.timeout.ms\" = \"6000\"\n",
+    )
+    .unwrap();
     env.set_env("ORDERPIPE_CONFIG", config.path().to_str().unwrap());
     let group = "kills.order.consumer";
     env.cli(&["topics", "ensure", "--group", group]).success();
     let started = Instant::now();
     let events = produce_lifecycles(&env, total, orders, 113);
-    eprintln!("produced {total} events of {orders} open orders in {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "produced {total} events of {orders} open orders in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     let db = env.db();
     let start = || env.spawn(&["consume", "--group", group, "--handler", ALL_HANDLERS]);
     let consuming = Instant::now();
@@ -64,7 +80,11 @@ async fn kill_two_members_during_a_run(total: usize, orders: usize, kills: usize
         members[victim].kill().unwrap();
         members[victim].wait().unwrap();
         let applied = count_rows(&db, group).await;
-        assert!(applied < total as i64, "the run finished before kill {} of {kills}", kill + 1);
+        assert!(
+            applied < total as i64,
+            "the run finished before kill {} of {kills}",
+            kill + 1
+        );
         eprintln!(
             "kill {} (member {victim}) at {:.1} s: {applied} of {total} applied",
             kill + 1,
@@ -72,8 +92,18 @@ async fn kill_two_members_during_a_run(total: usize, orders: usize, kills: usize
         );
         members[victim] = start();
     }
-    wait_for_applied(&db, group, total as i64, Duration::from_secs(300), &mut members).await;
-    eprintln!("all {total} applied {:.1} s after the members started", consuming.elapsed().as_secs_f64());
+    wait_for_applied(
+        &db,
+        group,
+        total as i64,
+        Duration::from_secs(300),
+        &mut members,
+    )
+    .await;
+    eprintln!(
+        "all {total} applied {:.1} s after the members started",
+        consuming.elapsed().as_secs_f64()
+    );
     for member in &mut members {
         sigterm(member);
     }
@@ -100,11 +130,17 @@ async fn twenty_sigkills_of_two_members_during_a_200k_run() {
 
 /// Every record of `topic`, all partitions, up to their ends.
 fn read_topic(env: &TestEnv, topic: &str) -> Vec<rdkafka::message::OwnedMessage> {
-    let consumer: BaseConsumer = client_config(&env.settings.kafka.client_options()).create().unwrap();
-    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+    let consumer: BaseConsumer = client_config(&env.settings.kafka.client_options())
+        .create()
+        .unwrap();
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
     let mut count = 0;
     for partition in metadata.topics()[0].partitions() {
-        let (low, high) = consumer.fetch_watermarks(topic, partition.id(), Duration::from_secs(10)).unwrap();
+        let (low, high) = consumer
+            .fetch_watermarks(topic, partition.id(), Duration::from_secs(10))
+            .unwrap();
         count += (high - low) as usize;
     }
     env.read(topic, count, Duration::from_secs(30))
@@ -129,10 +165,18 @@ async fn a_crash_between_the_commit_and_a_forwards_acknowledgement_loses_nothing
     for e in &events {
         by_order.entry(e.data.order_id()).or_default().push(e);
     }
-    let order = events.iter().map(|e| e.data.order_id()).find(|o| by_order[o].len() >= 3).unwrap();
+    let order = events
+        .iter()
+        .map(|e| e.data.order_id())
+        .find(|o| by_order[o].len() >= 3)
+        .unwrap();
     let failing = by_order[&order].clone();
     let head = failing[0].event_id.to_string();
-    let others: Vec<Envelope> = events.iter().filter(|e| e.data.order_id() != order).cloned().collect();
+    let others: Vec<Envelope> = events
+        .iter()
+        .filter(|e| e.data.order_id() != order)
+        .cloned()
+        .collect();
     env.set_env("ORDERPIPE_CHAOS__PERMANENT_ORDERS", &format!("[{order}]"));
     let handlers = format!("chaos,{ALL_HANDLERS}");
     let db = env.db();
@@ -144,9 +188,26 @@ async fn a_crash_between_the_commit_and_a_forwards_acknowledgement_loses_nothing
     // hand it everything (a loaded machine otherwise starts a batch with the
     // failed record alone, and nothing behind it is committed before the crash).
     env.set_env("ORDERPIPE_CONSUMER__BATCH_LINGER_MS", "2000");
-    let crashed = env.cli(&["consume", "--group", group, "--handler", &handlers, "--until-idle", "30"]);
-    assert_eq!(crashed.output.status.signal(), Some(6), "SIGABRT at the hook:\n{}", crashed.text());
-    assert!(crashed.elapsed < Duration::from_secs(30), "aborted before going idle: {:?}", crashed.elapsed);
+    let crashed = env.cli(&[
+        "consume",
+        "--group",
+        group,
+        "--handler",
+        &handlers,
+        "--until-idle",
+        "30",
+    ]);
+    assert_eq!(
+        crashed.output.status.signal(),
+        Some(6),
+        "SIGABRT at the hook:\n{}",
+        crashed.text()
+    );
+    assert!(
+        crashed.elapsed < Duration::from_secs(30),
+        "aborted before going idle: {:?}",
+        crashed.elapsed
+    );
     // Committed before the crash: per partition, the last offset applied.
     let committed: HashMap<i32, i64> =
         sqlx::query_as("SELECT kafka_partition, MAX(kafka_offset) FROM event_dedup WHERE consumer_group = ? GROUP BY kafka_partition")
@@ -157,37 +218,58 @@ async fn a_crash_between_the_commit_and_a_forwards_acknowledgement_loses_nothing
             .into_iter()
             .collect();
     let applied_before = count_rows(&db, group).await;
-    let (parked,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM parked_keys").fetch_one(&db.pool).await.unwrap();
+    let (parked,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM parked_keys")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(parked, 0, "the crash came before parking");
     let dlq_before = read_topic(&env, &env.settings.topics.dead_letter.name).len();
-    eprintln!("crashed: {applied_before} applied, {dlq_before} copies of the failed record reached the DLQ before the crash");
+    eprintln!(
+        "crashed: {applied_before} applied, {dlq_before} copies of the failed record reached the DLQ before the crash"
+    );
 
     env.set_env("ORDERPIPE_CHAOS__CRASH_BEFORE_FORWARD_ACK", "false");
     env.set_env("ORDERPIPE_CONSUMER__BATCH_LINGER_MS", "0");
     let summary = consume(&env, group, &handlers);
     assert_eq!(summary["dead_lettered"], 1, "{summary}");
-    assert_eq!(summary["held"], failing.len() - 1, "the order's later events wait behind it: {summary}");
+    assert_eq!(
+        summary["held"],
+        failing.len() - 1,
+        "the order's later events wait behind it: {summary}"
+    );
     assert_exactly_once(&db, group, &others).await;
 
     // In the DLQ at least once (twice if the first send reached the broker).
     let dead: Vec<_> = read_topic(&env, &env.settings.topics.dead_letter.name);
-    assert!(!dead.is_empty() && dead.len() <= 2, "{} DLQ records", dead.len());
+    assert!(
+        !dead.is_empty() && dead.len() <= 2,
+        "{} DLQ records",
+        dead.len()
+    );
     for record in &dead {
         assert_eq!(header(record, "event_id").as_deref(), Some(head.as_str()));
     }
-    let partition: i32 = header(&dead[0], "orderpipe.original-partition").unwrap().parse().unwrap();
-    let offset: i64 = header(&dead[0], "orderpipe.original-offset").unwrap().parse().unwrap();
+    let partition: i32 = header(&dead[0], "orderpipe.original-partition")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let offset: i64 = header(&dead[0], "orderpipe.original-offset")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(
         committed.get(&partition).is_some_and(|last| *last > offset),
         "records behind the failed one (partition {partition}, offset {offset}) committed before the crash: {committed:?}"
     );
     env.cli(&["dlq", "persist", "--until-idle", "3"]).success();
-    let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM dead_letters WHERE event_id = ? AND consumer_group = ?")
-        .bind(&head)
-        .bind(group)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let (rows,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM dead_letters WHERE event_id = ? AND consumer_group = ?",
+    )
+    .bind(&head)
+    .bind(group)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(rows, 1, "one dead letter for the failed record");
     let (held,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM held_records WHERE record_key = ?")
         .bind(order.to_string())
@@ -198,12 +280,16 @@ async fn a_crash_between_the_commit_and_a_forwards_acknowledgement_loses_nothing
 
     // The fix ships: the replayed head and its followers, once, in order.
     env.set_env("ORDERPIPE_CHAOS__PERMANENT_ORDERS", "[]");
-    env.cli(&["dlq", "replay", "--group", group, "--yes"]).success();
+    env.cli(&["dlq", "replay", "--group", group, "--yes"])
+        .success();
     let after = consume(&env, group, &handlers);
     assert_eq!(after["applied"], failing.len(), "{after}");
     assert_eq!(after["released"], failing.len() - 1, "{after}");
     assert_applied_in_order(&db, group, &events).await;
     assert_exactly_once(&db, group, &events).await;
-    let (parked,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM parked_keys").fetch_one(&db.pool).await.unwrap();
+    let (parked,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM parked_keys")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(parked, 0);
 }

@@ -42,14 +42,23 @@ async fn applied_from(db: &Db, group: &str, topic: &str) -> Vec<(i64, String, i6
 }
 
 /// Waits until `group` applied `count` records of `topic`; how long it took.
-async fn wait_applied(db: &Db, group: &str, topic: &str, count: usize, timeout: Duration) -> Duration {
+async fn wait_applied(
+    db: &Db,
+    group: &str,
+    topic: &str,
+    count: usize,
+    timeout: Duration,
+) -> Duration {
     let started = Instant::now();
     loop {
         let applied = applied_from(db, group, topic).await.len();
         if applied >= count {
             return started.elapsed();
         }
-        assert!(started.elapsed() < timeout, "{group} applied {applied} of {count} records of {topic} within {timeout:?}");
+        assert!(
+            started.elapsed() < timeout,
+            "{group} applied {applied} of {count} records of {topic} within {timeout:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -64,19 +73,40 @@ async fn produce_to(
     due_of: impl Fn(usize) -> Option<i64>,
 ) {
     let main = &env.settings.topics.order_events.name;
-    let codec = Codec::new(&env.settings.registry, main, SchemaCatalog::embedded().order_events(), true).unwrap();
-    let producer: FutureProducer = client_config(&env.settings.kafka.client_options()).create().unwrap();
+    let codec = Codec::new(
+        &env.settings.registry,
+        main,
+        SchemaCatalog::embedded().order_events(),
+        true,
+    )
+    .unwrap();
+    let producer: FutureProducer = client_config(&env.settings.kafka.client_options())
+        .create()
+        .unwrap();
     for (i, event) in events.iter().enumerate() {
         let mut headers = record_headers(event);
         if let Some(due) = due_of(i) {
             headers = headers
-                .insert(Header { key: header::DUE, value: Some(due.to_string().as_bytes()) })
-                .insert(Header { key: header::ATTEMPT, value: Some("1".as_bytes()) });
+                .insert(Header {
+                    key: header::DUE,
+                    value: Some(due.to_string().as_bytes()),
+                })
+                .insert(Header {
+                    key: header::ATTEMPT,
+                    value: Some("1".as_bytes()),
+                });
         }
         let value = codec.encode(event).await.unwrap();
         let key = event.key();
-        let record = FutureRecord::to(topic).partition(partition_of(event)).key(&key).payload(&value).headers(headers);
-        producer.send(record, Duration::from_secs(10)).await.unwrap();
+        let record = FutureRecord::to(topic)
+            .partition(partition_of(event))
+            .key(&key)
+            .payload(&value)
+            .headers(headers);
+        producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .unwrap();
     }
 }
 
@@ -84,7 +114,11 @@ async fn produce_to(
 /// `session.timeout.ms`), so a dispatcher stalled longer leaves the group.
 fn short_poll_interval_config() -> tempfile::NamedTempFile {
     let mut config = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
-    std::io::Write::write_all(&mut config, b"[consumer.options]\n\"max.poll.interval.ms\" = \"10000\"\n").unwrap();
+    std::io::Write::write_all(
+        &mut config,
+        b"[consumer.options]\n\"max.poll.interval.ms\" = \"10000\"\n",
+    )
+    .unwrap();
     config
 }
 
@@ -96,8 +130,21 @@ struct LoggedConsumer {
 
 impl LoggedConsumer {
     fn start(env: &TestEnv, config: &std::path::Path, group: &str) -> Self {
-        let mut command = env.command(&["--config", config.to_str().unwrap(), "consume", "--group", group, "--handler", "notification", "--output", "json"]);
-        command.env("RUST_LOG", "info").stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut command = env.command(&[
+            "--config",
+            config.to_str().unwrap(),
+            "consume",
+            "--group",
+            group,
+            "--handler",
+            "notification",
+            "--output",
+            "json",
+        ]);
+        command
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = Spawned(command.spawn().expect("orderpipe starts"));
         let stderr = child.stderr.take().expect("stderr piped");
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -112,15 +159,29 @@ impl LoggedConsumer {
 
     /// Log lines containing `needle`.
     fn count(&self, needle: &str) -> usize {
-        self.log.lock().unwrap().iter().filter(|l| l.contains(needle)).count()
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
     }
 
     /// Stops the consumer with SIGTERM and returns its JSON summary.
     fn stop(mut self) -> Value {
         sigterm(&mut self.child);
         let mut out = String::new();
-        std::io::Read::read_to_string(&mut self.child.stdout.take().expect("stdout piped"), &mut out).unwrap();
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("summary is JSON ({e}): {out}\n{}", self.log.lock().unwrap().join("\n")))
+        std::io::Read::read_to_string(
+            &mut self.child.stdout.take().expect("stdout piped"),
+            &mut out,
+        )
+        .unwrap();
+        serde_json::from_str(&out).unwrap_or_else(|e| {
+            panic!(
+                "summary is JSON ({e}): {out}\n{}",
+                self.log.lock().unwrap().join("\n")
+            )
+        })
     }
 }
 
@@ -154,10 +215,19 @@ async fn a_partition_waiting_30s_on_a_retry_due_time_holds_back_no_other_and_the
     let main = env.settings.topics.order_events.name.clone();
     let retry = retry_topic(&main, group);
 
-    let retried: Vec<Envelope> = LifecycleGenerator::new("dispatch-test", 40, 1_000_000, 13).take(DUE_NOW + 55).collect();
+    let retried: Vec<Envelope> = LifecycleGenerator::new("dispatch-test", 40, 1_000_000, 13)
+        .take(DUE_NOW + 55)
+        .collect();
     let due = now_ms() + 33_000;
     let now = now_ms();
-    produce_to(&env, &retry, &retried, |_| 0, |i| Some(if i < DUE_NOW { now } else { due })).await;
+    produce_to(
+        &env,
+        &retry,
+        &retried,
+        |_| 0,
+        |i| Some(if i < DUE_NOW { now } else { due }),
+    )
+    .await;
 
     let consumer = LoggedConsumer::start(&env, config.path(), group);
     let db = env.db();
@@ -165,15 +235,24 @@ async fn a_partition_waiting_30s_on_a_retry_due_time_holds_back_no_other_and_the
     // The others below need 10 s before the due time; a loaded machine may
     // take 20 s of the 33 to start the consumer.
     let left = due - now_ms();
-    assert!(left > 10_000, "the consumer took too long to start for the test to mean anything ({left} ms left)");
+    assert!(
+        left > 10_000,
+        "the consumer took too long to start for the test to mean anything ({left} ms left)"
+    );
 
     // The retry partition waits; records of other partitions flow meanwhile:
     // all of them applied before the due time (not a fixed 10 s).
     let others = produce_lifecycles(&env, 300, 50, 7);
     let before_due = Duration::from_millis((due - now_ms() - 1_000).max(0) as u64);
     let took = wait_applied(&db, group, &main, others.len(), before_due).await;
-    eprintln!("300 records of other partitions applied {took:?} after they were produced, during the wait");
-    assert_eq!(applied_from(&db, group, &retry).await.len(), DUE_NOW, "the delayed records wait for their due time");
+    eprintln!(
+        "300 records of other partitions applied {took:?} after they were produced, during the wait"
+    );
+    assert_eq!(
+        applied_from(&db, group, &retry).await.len(),
+        DUE_NOW,
+        "the delayed records wait for their due time"
+    );
 
     // The delayed records come after their due time, all of them once,
     // each order's in offset order.
@@ -185,20 +264,58 @@ async fn a_partition_waiting_30s_on_a_retry_due_time_holds_back_no_other_and_the
         per_order.entry(key.as_str()).or_default().push(*offset);
     }
     for (key, applied) in &per_order {
-        assert!(applied.is_sorted(), "order {key}: records applied out of offset order: {applied:?}");
+        assert!(
+            applied.is_sorted(),
+            "order {key}: records applied out of offset order: {applied:?}"
+        );
     }
     offsets.sort_unstable();
-    assert_eq!(offsets, (0..retried.len() as i64).collect::<Vec<_>>(), "every retry record once");
-    let first_delayed = rows.iter().filter(|r| r.0 >= DUE_NOW as i64).map(|r| r.2).min().unwrap();
-    assert!(first_delayed >= due, "a delayed record was applied {} ms before its due time", due - first_delayed);
+    assert_eq!(
+        offsets,
+        (0..retried.len() as i64).collect::<Vec<_>>(),
+        "every retry record once"
+    );
+    let first_delayed = rows
+        .iter()
+        .filter(|r| r.0 >= DUE_NOW as i64)
+        .map(|r| r.2)
+        .min()
+        .unwrap();
+    assert!(
+        first_delayed >= due,
+        "a delayed record was applied {} ms before its due time",
+        due - first_delayed
+    );
 
     // One assignment all along: the member never left the group.
-    assert_eq!(consumer.count("partitions assigned"), 1, "{}", consumer.log.lock().unwrap().join("\n"));
-    assert_eq!(consumer.count("partitions revoked"), 0, "{}", consumer.log.lock().unwrap().join("\n"));
-    assert_eq!(consumer.count("max.poll.interval"), 0, "{}", consumer.log.lock().unwrap().join("\n"));
+    assert_eq!(
+        consumer.count("partitions assigned"),
+        1,
+        "{}",
+        consumer.log.lock().unwrap().join("\n")
+    );
+    assert_eq!(
+        consumer.count("partitions revoked"),
+        0,
+        "{}",
+        consumer.log.lock().unwrap().join("\n")
+    );
+    assert_eq!(
+        consumer.count("max.poll.interval"),
+        0,
+        "{}",
+        consumer.log.lock().unwrap().join("\n")
+    );
     let summary = consumer.stop();
-    assert!(summary["queue_full_pauses"].as_u64() >= Some(1), "the full queue paused its partition: {summary}");
-    assert_eq!(summary["consumed"], retried.len() + others.len(), "each record received once: {summary}");
+    assert!(
+        summary["queue_full_pauses"].as_u64() >= Some(1),
+        "the full queue paused its partition: {summary}"
+    );
+    assert_eq!(
+        summary["consumed"],
+        retried.len() + others.len(),
+        "each record received once: {summary}"
+    );
     assert_eq!(summary["duplicates"], 0, "{summary}");
 }
 
@@ -213,8 +330,15 @@ async fn full_queues_pause_and_resume_their_partitions_losing_and_reordering_not
     env.set_env("ORDERPIPE_CONSUMER__BATCH_SIZE", "1");
     let events = produce_lifecycles(&env, 1_000, 100, 29);
     let summary = consume(&env, group, "notification");
-    assert!(summary["queue_full_pauses"].as_u64() >= Some(1), "{summary}");
-    assert_eq!(summary["consumed"], events.len(), "each record received once: {summary}");
+    assert!(
+        summary["queue_full_pauses"].as_u64() >= Some(1),
+        "{summary}"
+    );
+    assert_eq!(
+        summary["consumed"],
+        events.len(),
+        "each record received once: {summary}"
+    );
     assert_eq!(summary["applied"], events.len(), "{summary}");
     assert_eq!(summary["duplicates"], 0, "{summary}");
     assert_applied_in_order(&env.db(), group, &events).await;
@@ -235,9 +359,16 @@ async fn a_partition_stalled_on_the_database_holds_back_no_other_and_the_member_
     let main = env.settings.topics.order_events.name.clone();
     let partitions = env.settings.topics.order_events.partitions as i64;
     let partition_of = |e: &Envelope| (e.data.order_id() % partitions) as i32;
-    let events: Vec<Envelope> = LifecycleGenerator::new("dispatch-test", 60, 2_000_000, 17).take(600).collect();
-    let (stalled, others): (Vec<Envelope>, Vec<Envelope>) = events.iter().cloned().partition(|e| partition_of(e) == 0);
-    assert!(stalled.len() > 20, "partition 0 holds more than its queue: {}", stalled.len());
+    let events: Vec<Envelope> = LifecycleGenerator::new("dispatch-test", 60, 2_000_000, 17)
+        .take(600)
+        .collect();
+    let (stalled, others): (Vec<Envelope>, Vec<Envelope>) =
+        events.iter().cloned().partition(|e| partition_of(e) == 0);
+    assert!(
+        stalled.len() > 20,
+        "partition 0 holds more than its queue: {}",
+        stalled.len()
+    );
 
     // Partition 0's first event: its dedup row is inserted by a transaction
     // left open, so the worker's claim waits for that row lock.
@@ -271,11 +402,13 @@ async fn a_partition_stalled_on_the_database_holds_back_no_other_and_the_member_
     produce_to(&env, &main, &others, partition_of, |_| None).await;
     let produced = Instant::now();
     let applied = |db: Db| async move {
-        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND kafka_partition <> 0")
-            .bind(group)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND kafka_partition <> 0",
+        )
+        .bind(group)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
         n as usize
     };
     // The lock is held throughout, so any bound proves they did not wait;
@@ -293,24 +426,55 @@ async fn a_partition_stalled_on_the_database_holds_back_no_other_and_the_member_
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    eprintln!("{} records of other partitions applied {:?} after they were produced, partition 0 stalled", others.len(), produced.elapsed());
-    let (stalled_applied,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND kafka_partition = 0")
-        .bind(group)
-        .fetch_one(&env.db().pool)
-        .await
-        .unwrap();
-    assert_eq!(stalled_applied, 0, "partition 0 is still stuck behind the lock");
+    eprintln!(
+        "{} records of other partitions applied {:?} after they were produced, partition 0 stalled",
+        others.len(),
+        produced.elapsed()
+    );
+    let (stalled_applied,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND kafka_partition = 0",
+    )
+    .bind(group)
+    .fetch_one(&env.db().pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        stalled_applied, 0,
+        "partition 0 is still stuck behind the lock"
+    );
 
     // Held past max.poll.interval.ms, then released.
     tokio::time::sleep(Duration::from_secs(12).saturating_sub(locked_at.elapsed())).await;
     lock.rollback().await.unwrap();
     wait_applied(&db, group, &main, events.len(), Duration::from_secs(30)).await;
-    assert_eq!(consumer.count("partitions assigned"), 1, "{}", consumer.log.lock().unwrap().join("\n"));
-    assert_eq!(consumer.count("partitions revoked"), 0, "{}", consumer.log.lock().unwrap().join("\n"));
-    assert_eq!(consumer.count("max.poll.interval"), 0, "{}", consumer.log.lock().unwrap().join("\n"));
+    assert_eq!(
+        consumer.count("partitions assigned"),
+        1,
+        "{}",
+        consumer.log.lock().unwrap().join("\n")
+    );
+    assert_eq!(
+        consumer.count("partitions revoked"),
+        0,
+        "{}",
+        consumer.log.lock().unwrap().join("\n")
+    );
+    assert_eq!(
+        consumer.count("max.poll.interval"),
+        0,
+        "{}",
+        consumer.log.lock().unwrap().join("\n")
+    );
     let summary = consumer.stop();
-    assert!(summary["queue_full_pauses"].as_u64() >= Some(1), "{summary}");
-    assert_eq!(summary["consumed"], events.len(), "each record received once: {summary}");
+    assert!(
+        summary["queue_full_pauses"].as_u64() >= Some(1),
+        "{summary}"
+    );
+    assert_eq!(
+        summary["consumed"],
+        events.len(),
+        "each record received once: {summary}"
+    );
     assert_eq!(summary["duplicates"], 0, "{summary}");
     assert_applied_in_order(&db, group, &events).await;
 }

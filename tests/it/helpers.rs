@@ -36,7 +36,10 @@ impl TestEnv {
             env.insert(format!("ORDERPIPE_TOPICS__{key}__NAME"), spec.name.clone());
         }
         // Relays of parallel tests share the broker: their shards' transactional ids must differ.
-        env.insert("ORDERPIPE_PRODUCER__TRANSACTIONAL_ID_PREFIX".into(), format!("{prefix}-relay"));
+        env.insert(
+            "ORDERPIPE_PRODUCER__TRANSACTIONAL_ID_PREFIX".into(),
+            format!("{prefix}-relay"),
+        );
         Self {
             prefix,
             settings,
@@ -48,7 +51,9 @@ impl TestEnv {
     /// settings and the CLI at it.
     pub async fn with_database(mut self) -> Self {
         let name = format!("op_{}", self.prefix);
-        let admin = sqlx::MySqlPool::connect(MYSQL_ADMIN_URL).await.expect("MariaDB reachable (make dev-up)");
+        let admin = sqlx::MySqlPool::connect(MYSQL_ADMIN_URL)
+            .await
+            .expect("MariaDB reachable (make dev-up)");
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
             .execute(&admin)
             .await
@@ -67,7 +72,10 @@ impl TestEnv {
         let prefix = self.prefix.clone();
         self.set_env("ORDERPIPE_CDC__NAME", &prefix);
         self.set_env("ORDERPIPE_CDC__TOPIC_PREFIX", &format!("{prefix}.cdc"));
-        self.set_env("ORDERPIPE_CDC__OFFSETS_TOPIC", &format!("{prefix}.cdc.offsets"));
+        self.set_env(
+            "ORDERPIPE_CDC__OFFSETS_TOPIC",
+            &format!("{prefix}.cdc.offsets"),
+        );
         self.set_env("ORDERPIPE_CDC__PARTITIONS", "3");
         self
     }
@@ -75,7 +83,9 @@ impl TestEnv {
     /// An admin client of the dev stack's broker (for changes an operator
     /// would make by hand).
     pub fn admin(&self) -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> {
-        client_config(&self.settings.kafka.client_options()).create().expect("admin client")
+        client_config(&self.settings.kafka.client_options())
+            .create()
+            .expect("admin client")
     }
 
     /// This test's database (after [`TestEnv::with_database`]).
@@ -158,7 +168,10 @@ impl TestEnv {
         }
         // Nothing beyond what was expected.
         if let Some(Ok(extra)) = consumer.poll(Duration::from_secs(1)) {
-            panic!("unexpected extra record at offset {} of {topic}", extra.offset());
+            panic!(
+                "unexpected extra record at offset {} of {topic}",
+                extra.offset()
+            );
         }
         out
     }
@@ -198,7 +211,11 @@ impl Spawned {
         if matches!(self.0.try_wait(), Ok(None)) {
             let _ = self.0.kill();
         }
-        let status = self.0.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+        let status = self
+            .0
+            .wait()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|e| e.to_string());
         let mut printed = String::new();
         if let Some(mut out) = self.0.stdout.take() {
             let _ = out.read_to_string(&mut printed);
@@ -242,13 +259,21 @@ impl CliRun {
 
     /// Asserts success and returns stdout.
     pub fn success(&self) -> String {
-        assert!(self.output.status.success(), "orderpipe failed:\n{}", self.text());
+        assert!(
+            self.output.status.success(),
+            "orderpipe failed:\n{}",
+            self.text()
+        );
         String::from_utf8_lossy(&self.output.stdout).to_string()
     }
 
     /// Asserts failure and returns stdout + stderr.
     pub fn failure(&self) -> String {
-        assert!(!self.output.status.success(), "orderpipe unexpectedly succeeded:\n{}", self.text());
+        assert!(
+            !self.output.status.success(),
+            "orderpipe unexpectedly succeeded:\n{}",
+            self.text()
+        );
         self.text()
     }
 }
@@ -268,7 +293,10 @@ pub const STACK_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/stack.s
 
 /// Runs `dev/stack.sh ARGS` (stop/start a service of the dev stack).
 pub fn stack(args: &[&str]) {
-    let status = Command::new(STACK_SCRIPT).args(args).status().expect("dev/stack.sh runs");
+    let status = Command::new(STACK_SCRIPT)
+        .args(args)
+        .status()
+        .expect("dev/stack.sh runs");
     assert!(status.success(), "dev/stack.sh {args:?} failed");
 }
 
@@ -279,20 +307,30 @@ pub fn health_addr(child: &mut std::process::Child) -> String {
     let stderr = child.stderr.take().expect("stderr piped");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
             if let Some(rest) = line.strip_prefix("health endpoints on http://") {
                 let _ = tx.send(rest.trim_end_matches("/health/ready").to_string());
             }
         }
     });
-    rx.recv_timeout(Duration::from_secs(30)).expect("health endpoint announced")
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("health endpoint announced")
 }
 
 /// Polls `GET path` until it answers `status` with a body containing
 /// `needle` ("" for any) and returns the body; fails after `timeout` with
 /// the last answer. A health state is waited for, never sampled once: on a
 /// loaded machine it may change a moment later than on a quiet one.
-pub fn wait_for_status(addr: &str, path: &str, status: u16, needle: &str, timeout: Duration) -> String {
+pub fn wait_for_status(
+    addr: &str,
+    path: &str,
+    status: u16,
+    needle: &str,
+    timeout: Duration,
+) -> String {
     let deadline = Instant::now() + timeout;
     loop {
         let (got, body) = http_get(addr, path);
@@ -313,8 +351,14 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
         return (0, String::new());
     };
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
     let status = response
@@ -322,6 +366,10 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    let body = response
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
     (status, body)
 }

@@ -17,7 +17,11 @@ use crate::helpers::{TestEnv, health_addr, http_get, stack};
 use crate::outbox::{drive_orders, start_api};
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A Prometheus scraping `targets` every second, on a free port.
@@ -35,23 +39,42 @@ impl Prometheus {
     /// Also evaluates `rules` (a rule file's text) every second.
     fn start_with_rules(targets: &[String], rules: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let list = targets.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
-        let mut config = format!("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: orderpipe\n    static_configs:\n      - targets: [{list}]\n");
+        let list = targets
+            .iter()
+            .map(|t| format!("'{t}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: orderpipe\n    static_configs:\n      - targets: [{list}]\n"
+        );
         if let Some(rules) = rules {
             std::fs::write(dir.path().join("rules.yml"), rules).unwrap();
-            config.push_str(&format!("rule_files: ['{}']\n", dir.path().join("rules.yml").display()));
+            config.push_str(&format!(
+                "rule_files: ['{}']\n",
+                dir.path().join("rules.yml").display()
+            ));
         }
         std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
         let port = free_port();
         let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("prometheus (Debian's prometheus package) starts");
-        Self { child, url: format!("127.0.0.1:{port}"), _dir: dir }
+        Self {
+            child,
+            url: format!("127.0.0.1:{port}"),
+            _dir: dir,
+        }
     }
 
     /// The value of an instant query that returns one sample.
@@ -113,7 +136,9 @@ impl Drop for Prometheus {
 fn urlencode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -127,7 +152,9 @@ async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
     let api = start_api(&env).await;
     drive_orders(&api, 60, 10).await;
     let db = env.db();
-    let events = orderpipe::outbox::recorded_events(&db, &env.settings.topics.order_events.name).await.unwrap();
+    let events = orderpipe::outbox::recorded_events(&db, &env.settings.topics.order_events.name)
+        .await
+        .unwrap();
     // Consumer side: order 7 fails for good, order 9 twice then heals.
     let permanent = events.iter().filter(|e| e.data.order_id() == 7).count();
     assert!(permanent > 0);
@@ -136,8 +163,22 @@ async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
     env.set_env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "2");
     let (consumer_port, relay_port, persister_port) = (free_port(), free_port(), free_port());
     let at = |p: u16| format!("127.0.0.1:{p}");
-    let mut consumer = env.spawn(&["consume", "--group", "obs", "--handler", "chaos,notification", "--health-addr", &at(consumer_port)]);
-    let mut relay = env.spawn(&["relay", "--instance", "obs", "--health-addr", &at(relay_port)]);
+    let mut consumer = env.spawn(&[
+        "consume",
+        "--group",
+        "obs",
+        "--handler",
+        "chaos,notification",
+        "--health-addr",
+        &at(consumer_port),
+    ]);
+    let mut relay = env.spawn(&[
+        "relay",
+        "--instance",
+        "obs",
+        "--health-addr",
+        &at(relay_port),
+    ]);
     let mut persister = env.spawn(&["dlq", "persist", "--health-addr", &at(persister_port)]);
     let prometheus = Prometheus::start(&[at(consumer_port), at(relay_port), at(persister_port)]);
 
@@ -145,25 +186,69 @@ async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
     let want = events.len() as i64 - permanent as i64;
     let deadline = Instant::now() + Duration::from_secs(90);
     while count_rows(&db, "obs").await < want {
-        assert!(Instant::now() < deadline, "the group did not apply its events");
+        assert!(
+            Instant::now() < deadline,
+            "the group did not apply its events"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
     // Order 7's first event is dead-lettered and parks the order; its later
     // events are held behind it (per-key ordering), not dead-lettered.
-    prometheus.expect("max(orderpipe_dead_letters_pending)", 1.0).await;
-    prometheus.expect(r#"sum(orderpipe_dead_lettered_records_total{group="obs"})"#, 1.0).await;
-    prometheus.expect(r#"sum(orderpipe_processing_failures_total{group="obs",error_class="handler_fatal"})"#, 1.0).await;
-    prometheus.expect(r#"orderpipe_parked_keys{group="obs"}"#, 1.0).await;
-    prometheus.expect(r#"orderpipe_held_records{group="obs"}"#, permanent as f64 - 1.0).await;
-    prometheus.expect(r#"sum(orderpipe_held_records_total{group="obs"})"#, permanent as f64 - 1.0).await;
-    prometheus.expect(r#"orderpipe_parked_key_oldest_age_seconds{group="obs"} > bool 0"#, 1.0).await;
+    prometheus
+        .expect("max(orderpipe_dead_letters_pending)", 1.0)
+        .await;
+    prometheus
+        .expect(
+            r#"sum(orderpipe_dead_lettered_records_total{group="obs"})"#,
+            1.0,
+        )
+        .await;
+    prometheus
+        .expect(
+            r#"sum(orderpipe_processing_failures_total{group="obs",error_class="handler_fatal"})"#,
+            1.0,
+        )
+        .await;
+    prometheus
+        .expect(r#"orderpipe_parked_keys{group="obs"}"#, 1.0)
+        .await;
+    prometheus
+        .expect(
+            r#"orderpipe_held_records{group="obs"}"#,
+            permanent as f64 - 1.0,
+        )
+        .await;
+    prometheus
+        .expect(
+            r#"sum(orderpipe_held_records_total{group="obs"})"#,
+            permanent as f64 - 1.0,
+        )
+        .await;
+    prometheus
+        .expect(
+            r#"orderpipe_parked_key_oldest_age_seconds{group="obs"} > bool 0"#,
+            1.0,
+        )
+        .await;
     let transient = events.iter().filter(|e| e.data.order_id() == 9).count() as f64;
     prometheus.expect(r#"sum(orderpipe_processing_failures_total{group="obs",error_class="handler_retryable"})"#, transient).await;
     // Lag is measured per partition of the topic (and the retry topic) and is 0 once caught up.
-    prometheus.expect(r#"count(orderpipe_consumer_lag_records{group="obs",topic!~".*retry.*"})"#, 12.0).await;
-    prometheus.expect(r#"sum(orderpipe_consumer_lag_records{group="obs"})"#, 0.0).await;
-    prometheus.expect(r#"sum(orderpipe_relay_transactions_total{outcome="committed"}) > bool 0"#, 1.0).await;
+    prometheus
+        .expect(
+            r#"count(orderpipe_consumer_lag_records{group="obs",topic!~".*retry.*"})"#,
+            12.0,
+        )
+        .await;
+    prometheus
+        .expect(r#"sum(orderpipe_consumer_lag_records{group="obs"})"#, 0.0)
+        .await;
+    prometheus
+        .expect(
+            r#"sum(orderpipe_relay_transactions_total{outcome="committed"}) > bool 0"#,
+            1.0,
+        )
+        .await;
     // Every committed relay transaction has its commit time observed.
     prometheus
         .expect(
@@ -171,9 +256,14 @@ async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
             1.0,
         )
         .await;
-    prometheus.expect("max(orderpipe_outbox_backlog_rows)", 0.0).await;
+    prometheus
+        .expect("max(orderpipe_outbox_backlog_rows)", 0.0)
+        .await;
     // The relay counts every event it published to the order topic, once.
-    let published = format!(r#"sum(orderpipe_produced_records_total{{topic="{}"}})"#, env.settings.topics.order_events.name);
+    let published = format!(
+        r#"sum(orderpipe_produced_records_total{{topic="{}"}})"#,
+        env.settings.topics.order_events.name
+    );
     prometheus.expect(&published, events.len() as f64).await;
     for child in [&mut consumer, &mut relay, &mut persister] {
         sigterm(child);
@@ -188,7 +278,15 @@ async fn health_mq_and_ready_follow_lag_polling_and_the_database() {
     env.cli(&["topics", "ensure", "--group", "mq"]).success();
     env.set_env("ORDERPIPE_CONSUMER__LAG_THRESHOLD", "2000");
     env.set_env("ORDERPIPE_CONSUMER__MAX_POLL_GAP_SECS", "5");
-    let mut consumer = env.spawn(&["consume", "--group", "mq", "--handler", "notification", "--health-addr", "127.0.0.1:0"]);
+    let mut consumer = env.spawn(&[
+        "consume",
+        "--group",
+        "mq",
+        "--handler",
+        "notification",
+        "--health-addr",
+        "127.0.0.1:0",
+    ]);
     let health = crate::helpers::health_addr(&mut consumer);
     let status = |path: &'static str| http_get(&health, path);
     let wait = |path: &'static str, want: u16, why: &'static str| {
@@ -200,7 +298,10 @@ async fn health_mq_and_ready_follow_lag_polling_and_the_database() {
                 if s == want {
                     return body;
                 }
-                assert!(Instant::now() < deadline, "{path} never answered {want} ({why}); last: {s} {body}");
+                assert!(
+                    Instant::now() < deadline,
+                    "{path} never answered {want} ({why}); last: {s} {body}"
+                );
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
@@ -212,9 +313,23 @@ async fn health_mq_and_ready_follow_lag_polling_and_the_database() {
     stack(&["stop", "mariadb"]);
     let down = wait("/health/ready", 503, "database stopped").await;
     assert!(down.contains("database unavailable"), "{down}");
-    env.cli(&["produce", "--count", "30000", "--orders", "1000", "--seed", "6", "--first-order-id", "100000"]).success();
+    env.cli(&[
+        "produce",
+        "--count",
+        "30000",
+        "--orders",
+        "1000",
+        "--seed",
+        "6",
+        "--first-order-id",
+        "100000",
+    ])
+    .success();
     let unhealthy = wait("/health/mq", 503, "lag past 2000 or polling stopped").await;
-    assert!(unhealthy.contains("lag") || unhealthy.contains("polled"), "{unhealthy}");
+    assert!(
+        unhealthy.contains("lag") || unhealthy.contains("polled"),
+        "{unhealthy}"
+    );
     // The lag measurement (every 5 s) catches up with the 30,000 new records.
     let deadline = Instant::now() + Duration::from_secs(60);
     let over = loop {
@@ -222,7 +337,10 @@ async fn health_mq_and_ready_follow_lag_polling_and_the_database() {
         if s == 503 && body.contains("over the threshold") {
             break body;
         }
-        assert!(Instant::now() < deadline, "lag never reported over the threshold: {body}");
+        assert!(
+            Instant::now() < deadline,
+            "lag never reported over the threshold: {body}"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     eprintln!("while the database is down: {over}");
@@ -236,12 +354,26 @@ async fn health_mq_and_ready_follow_lag_polling_and_the_database() {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_log_line_of_a_record_carries_its_trace_id() {
     let env = TestEnv::new().with_database().await;
-    env.cli(&["topics", "ensure", "--group", "traced"]).success();
-    let event: Envelope = LifecycleGenerator::new("checkout", 1, 4242, 8).next().unwrap();
+    env.cli(&["topics", "ensure", "--group", "traced"])
+        .success();
+    let event: Envelope = LifecycleGenerator::new("checkout", 1, 4242, 8)
+        .next()
+        .unwrap();
     let file = write_ndjson(std::slice::from_ref(&event));
-    env.cli(&["produce", "--file", file.path().to_str().unwrap()]).success();
+    env.cli(&["produce", "--file", file.path().to_str().unwrap()])
+        .success();
     let mut child = env
-        .command(&["--log-format", "json", "consume", "--group", "traced", "--handler", "chaos,notification", "--until-idle", "3"])
+        .command(&[
+            "--log-format",
+            "json",
+            "consume",
+            "--group",
+            "traced",
+            "--handler",
+            "chaos,notification",
+            "--until-idle",
+            "3",
+        ])
         .env("RUST_LOG", "orderpipe=debug")
         .env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", "[4242]")
         .env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "5")
@@ -257,15 +389,33 @@ async fn every_log_line_of_a_record_carries_its_trace_id() {
         .collect();
     assert!(child.wait().unwrap().success());
     let id = event.event_id.to_string();
-    let about: Vec<&Value> = lines.iter().filter(|l| l.to_string().contains(&id)).collect();
+    let about: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l.to_string().contains(&id))
+        .collect();
     // The failure, the forward, the failure on the retry topic, the effects, the apply.
-    assert!(about.len() >= 5, "too few log lines about the record: {about:#?}");
+    assert!(
+        about.len() >= 5,
+        "too few log lines about the record: {about:#?}"
+    );
     for line in &about {
-        assert_eq!(line["span"]["trace_id"].as_str(), Some(event.trace_id.as_str()), "{line}");
+        assert_eq!(
+            line["span"]["trace_id"].as_str(),
+            Some(event.trace_id.as_str()),
+            "{line}"
+        );
     }
     let messages: Vec<&str> = about.iter().filter_map(|l| l["message"].as_str()).collect();
-    for needle in ["processing failed", "record sent to the retry topic", "effects written", "applied"] {
-        assert!(messages.contains(&needle), "no `{needle}` line: {messages:?}");
+    for needle in [
+        "processing failed",
+        "record sent to the retry topic",
+        "effects written",
+        "applied",
+    ] {
+        assert!(
+            messages.contains(&needle),
+            "no `{needle}` line: {messages:?}"
+        );
     }
 }
 
@@ -278,16 +428,40 @@ fn chart_alert_rules(lag_threshold: u64) -> String {
     let root = env!("CARGO_MANIFEST_DIR");
     let helm = format!("{root}/.stack/bin/helm");
     let out = Command::new(&helm)
-        .args(["template", "t", &format!("{root}/helm/orderpipe"), "--kube-version", "1.30.0", "--show-only", "templates/monitoring.yaml"])
-        .args(["--set", "alerts.enabled=true", "--set", &format!("alerts.lagThreshold={lag_threshold}")])
+        .args([
+            "template",
+            "t",
+            &format!("{root}/helm/orderpipe"),
+            "--kube-version",
+            "1.30.0",
+            "--show-only",
+            "templates/monitoring.yaml",
+        ])
+        .args([
+            "--set",
+            "alerts.enabled=true",
+            "--set",
+            &format!("alerts.lagThreshold={lag_threshold}"),
+        ])
         .output()
         .unwrap_or_else(|e| panic!("{helm}: {e} (dev/chart-test.sh installs it)"));
-    assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rendered = String::from_utf8(out.stdout).unwrap();
     // The PrometheusRule's spec, dedented: a Prometheus rules file.
-    let (_, spec) = rendered.split_once("\nspec:\n").expect("a PrometheusRule with a spec");
-    let rules: String = spec.lines().map(|l| format!("{}\n", l.strip_prefix("  ").unwrap_or(l))).collect();
-    rules.replace("for: 5m", "for: 5s").replace("for: 1m", "for: 5s")
+    let (_, spec) = rendered
+        .split_once("\nspec:\n")
+        .expect("a PrometheusRule with a spec");
+    let rules: String = spec
+        .lines()
+        .map(|l| format!("{}\n", l.strip_prefix("  ").unwrap_or(l)))
+        .collect();
+    rules
+        .replace("for: 5m", "for: 5s")
+        .replace("for: 1m", "for: 5s")
 }
 
 /// With every member of a group stopped: `orderpipe lag` shows what is left
@@ -300,12 +474,42 @@ async fn lag_and_its_alerts_with_every_member_of_a_group_stopped() {
     let topic = env.settings.topics.order_events.name.clone();
     env.cli(&["topics", "ensure", "--group", group]).success();
     produce_lifecycles(&env, 200, 40, 21);
-    env.cli(&["consume", "--group", group, "--handler", "notification", "--until-idle", "2"]).success();
+    env.cli(&[
+        "consume",
+        "--group",
+        group,
+        "--handler",
+        "notification",
+        "--until-idle",
+        "2",
+    ])
+    .success();
     // Every member is gone; 150 more records arrive.
-    env.cli(&["produce", "--count", "150", "--orders", "30", "--seed", "22", "--first-order-id", "5000"]).success();
+    env.cli(&[
+        "produce",
+        "--count",
+        "150",
+        "--orders",
+        "30",
+        "--seed",
+        "22",
+        "--first-order-id",
+        "5000",
+    ])
+    .success();
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    let out = env.cli(&["lag", "--group", group, "--group", "never-ran", "--output", "json"]).success();
+    let out = env
+        .cli(&[
+            "lag",
+            "--group",
+            group,
+            "--group",
+            "never-ran",
+            "--output",
+            "json",
+        ])
+        .success();
     let report: Value = serde_json::from_str(&out).unwrap();
     let stopped = &report["groups"][0];
     assert_eq!(stopped["group"], group, "{out}");
@@ -313,40 +517,99 @@ async fn lag_and_its_alerts_with_every_member_of_a_group_stopped() {
     assert_eq!(stopped["members"], 0, "{out}");
     assert_eq!(stopped["total_lag"], 150, "{out}");
     let never = &report["groups"][1];
-    assert_eq!((never["group"].as_str(), never["status"].as_str()), (Some("never-ran"), Some("unknown")), "{out}");
-    assert_eq!(never["partitions"].as_array().map(Vec::len), Some(0), "{out}");
+    assert_eq!(
+        (never["group"].as_str(), never["status"].as_str()),
+        (Some("never-ran"), Some("unknown")),
+        "{out}"
+    );
+    assert_eq!(
+        never["partitions"].as_array().map(Vec::len),
+        Some(0),
+        "{out}"
+    );
     // Each partition: lag = log end - committed, and the oldest unconsumed
     // record is the one at the committed offset, read back independently.
     let records = env.read(&topic, 350, Duration::from_secs(30));
-    let main: Vec<&Value> = stopped["partitions"].as_array().unwrap().iter().filter(|p| p["topic"] == topic.as_str()).collect();
+    let main: Vec<&Value> = stopped["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["topic"] == topic.as_str())
+        .collect();
     assert_eq!(main.len(), 12, "{out}");
     for p in main {
         let committed = p["committed_offset"].as_i64().unwrap_or(0);
         let lag = p["lag"].as_i64().unwrap();
-        assert_eq!(lag, p["log_end_offset"].as_i64().unwrap() - committed, "{p}");
+        assert_eq!(
+            lag,
+            p["log_end_offset"].as_i64().unwrap() - committed,
+            "{p}"
+        );
         if lag == 0 {
             assert!(p["oldest_unconsumed_age_seconds"].is_null(), "{p}");
             continue;
         }
         let partition = p["partition"].as_i64().unwrap() as i32;
-        let oldest = records.iter().find(|r| r.partition() == partition && r.offset() == committed).expect("the record at the committed offset");
-        assert_eq!(p["oldest_unconsumed_timestamp_ms"].as_i64(), oldest.timestamp().to_millis(), "{p}");
-        assert!(p["oldest_unconsumed_age_seconds"].as_f64().unwrap() >= 1.0, "{p}");
+        let oldest = records
+            .iter()
+            .find(|r| r.partition() == partition && r.offset() == committed)
+            .expect("the record at the committed offset");
+        assert_eq!(
+            p["oldest_unconsumed_timestamp_ms"].as_i64(),
+            oldest.timestamp().to_millis(),
+            "{p}"
+        );
+        assert!(
+            p["oldest_unconsumed_age_seconds"].as_f64().unwrap() >= 1.0,
+            "{p}"
+        );
     }
     let table = env.cli(&["lag", "--group", group]).success();
-    assert!(table.contains("NO MEMBERS") && table.contains("150"), "{table}");
+    assert!(
+        table.contains("NO MEMBERS") && table.contains("150"),
+        "{table}"
+    );
 
     // The persister exports the group's broker-side lag; Prometheus fires both alerts.
     env.set_env("ORDERPIPE_LAG__GROUPS", &format!("[\"{group}\"]"));
     env.set_env("ORDERPIPE_LAG__EXPORT_INTERVAL_SECS", "1");
     let port = free_port();
-    let mut persister = env.spawn(&["dlq", "persist", "--health-addr", &format!("127.0.0.1:{port}")]);
-    let prometheus = Prometheus::start_with_rules(&[format!("127.0.0.1:{port}")], Some(&chart_alert_rules(100)));
-    prometheus.expect(&format!(r#"sum(orderpipe_group_lag_records{{group="{group}"}})"#), 150.0).await;
-    prometheus.expect(&format!(r#"orderpipe_group_members{{group="{group}"}}"#), 0.0).await;
-    prometheus.expect(&format!(r#"max(orderpipe_group_oldest_unconsumed_age_seconds{{group="{group}"}}) > bool 1"#), 1.0).await;
-    prometheus.expect_firing("OrderpipeConsumerLagHigh", group).await;
-    prometheus.expect_firing("OrderpipeConsumerGroupAbsent", group).await;
+    let mut persister = env.spawn(&[
+        "dlq",
+        "persist",
+        "--health-addr",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let prometheus = Prometheus::start_with_rules(
+        &[format!("127.0.0.1:{port}")],
+        Some(&chart_alert_rules(100)),
+    );
+    prometheus
+        .expect(
+            &format!(r#"sum(orderpipe_group_lag_records{{group="{group}"}})"#),
+            150.0,
+        )
+        .await;
+    prometheus
+        .expect(
+            &format!(r#"orderpipe_group_members{{group="{group}"}}"#),
+            0.0,
+        )
+        .await;
+    prometheus
+        .expect(
+            &format!(
+                r#"max(orderpipe_group_oldest_unconsumed_age_seconds{{group="{group}"}}) > bool 1"#
+            ),
+            1.0,
+        )
+        .await;
+    prometheus
+        .expect_firing("OrderpipeConsumerLagHigh", group)
+        .await;
+    prometheus
+        .expect_firing("OrderpipeConsumerGroupAbsent", group)
+        .await;
     sigterm(&mut persister);
 }
 
@@ -381,24 +644,49 @@ async fn a_revoked_partition_loses_its_lag_series() {
     let group = "handover";
     env.cli(&["topics", "ensure", "--group", group]).success();
     produce_lifecycles(&env, 100, 20, 23);
-    let consume = ["consume", "--group", group, "--handler", "notification", "--health-addr", "127.0.0.1:0"];
+    let consume = [
+        "consume",
+        "--group",
+        group,
+        "--handler",
+        "notification",
+        "--health-addr",
+        "127.0.0.1:0",
+    ];
     let mut first = env.spawn(&consume);
     let first_addr = health_addr(&mut first);
     // The topic's and the retry topic's 12 partitions each.
-    wait_for_series("the only member shows every partition", &[&first_addr], |s| s[0].len() == 24).await;
+    wait_for_series(
+        "the only member shows every partition",
+        &[&first_addr],
+        |s| s[0].len() == 24,
+    )
+    .await;
     eprintln!("one member, 24 series: {:?}", started.elapsed());
 
     let mut second = env.spawn(&consume);
     let second_addr = health_addr(&mut second);
-    wait_for_series("after the rebalance each member shows only its own partitions", &[&first_addr, &second_addr], |s| {
-        !s[0].is_empty() && !s[1].is_empty() && s[0].len() + s[1].len() == 24 && s[0].is_disjoint(&s[1])
-    })
+    wait_for_series(
+        "after the rebalance each member shows only its own partitions",
+        &[&first_addr, &second_addr],
+        |s| {
+            !s[0].is_empty()
+                && !s[1].is_empty()
+                && s[0].len() + s[1].len() == 24
+                && s[0].is_disjoint(&s[1])
+        },
+    )
     .await;
     eprintln!("two members, disjoint series: {:?}", started.elapsed());
 
     sigterm(&mut second);
     eprintln!("second member stopped: {:?}", started.elapsed());
-    wait_for_series("the remaining member owns every partition again", &[&first_addr], |s| s[0].len() == 24).await;
+    wait_for_series(
+        "the remaining member owns every partition again",
+        &[&first_addr],
+        |s| s[0].len() == 24,
+    )
+    .await;
     eprintln!("one member again, 24 series: {:?}", started.elapsed());
     sigterm(&mut first);
 }
@@ -413,9 +701,21 @@ async fn lag_is_zero_for_a_caught_up_group_past_transaction_markers() {
     env.cli(&["topics", "ensure", "--group", group]).success();
     let api = start_api(&env).await;
     drive_orders(&api, 20, 5).await;
-    env.cli(&["relay", "--instance", "lag-txn", "--until-idle", "3"]).success();
-    env.cli(&["consume", "--group", group, "--handler", "notification", "--until-idle", "2"]).success();
-    let out = env.cli(&["lag", "--group", group, "--output", "json"]).success();
+    env.cli(&["relay", "--instance", "lag-txn", "--until-idle", "3"])
+        .success();
+    env.cli(&[
+        "consume",
+        "--group",
+        group,
+        "--handler",
+        "notification",
+        "--until-idle",
+        "2",
+    ])
+    .success();
+    let out = env
+        .cli(&["lag", "--group", group, "--output", "json"])
+        .success();
     let report: Value = serde_json::from_str(&out).unwrap();
     let caught_up = &report["groups"][0];
     assert_eq!(caught_up["total_lag"], 0, "{out}");
@@ -423,12 +723,24 @@ async fn lag_is_zero_for_a_caught_up_group_past_transaction_markers() {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|p| p["committed_offset"].as_i64().is_some_and(|c| p["log_end_offset"].as_i64().unwrap() > c))
+        .filter(|p| {
+            p["committed_offset"]
+                .as_i64()
+                .is_some_and(|c| p["log_end_offset"].as_i64().unwrap() > c)
+        })
         .count();
-    assert!(behind_a_marker > 0, "no committed offset stops before a marker, nothing was tested: {out}");
+    assert!(
+        behind_a_marker > 0,
+        "no committed offset stops before a marker, nothing was tested: {out}"
+    );
     // Without --group and lag.groups: the groups the broker lists with offsets on this topic.
     let out = env.cli(&["lag", "--output", "json"]).success();
     let listed: Value = serde_json::from_str(&out).unwrap();
-    let names: Vec<&str> = listed["groups"].as_array().unwrap().iter().filter_map(|g| g["group"].as_str()).collect();
+    let names: Vec<&str> = listed["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|g| g["group"].as_str())
+        .collect();
     assert_eq!(names, [group], "{out}");
 }

@@ -431,7 +431,15 @@ async fn a_consumer_started_with_default_settings_prints_no_warning() {
     let env = TestEnv::new().with_database().await;
     let group = "quiet-service.order.consumer";
     env.cli(&["topics", "ensure", "--group", group]).success();
-    let run = env.cli(&["consume", "--group", group, "--handler", "notification", "--until-idle", "2"]);
+    let run = env.cli(&[
+        "consume",
+        "--group",
+        group,
+        "--handler",
+        "notification",
+        "--until-idle",
+        "2",
+    ]);
     run.success();
     let text = run.text();
     assert!(!text.contains("WARN"), "a default start warned:\n{text}");

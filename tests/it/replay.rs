@@ -21,12 +21,18 @@ use crate::helpers::{TestEnv, header as header_of};
 
 /// Pending dead letters of `group` at offsets `offsets` of the test's order
 /// topic, keyed `order-{offset % keys}`, written straight into the table.
-pub(crate) async fn dead_letters(env: &TestEnv, group: &str, offsets: std::ops::Range<i64>, keys: i64) {
+pub(crate) async fn dead_letters(
+    env: &TestEnv,
+    group: &str,
+    offsets: std::ops::Range<i64>,
+    keys: i64,
+) {
     let db = env.db();
     let mut tx = db.begin().await.unwrap();
     for offset in offsets {
         let event_id = uuid::Uuid::new_v4().to_string();
-        let headers = serde_json::json!({"event_id": event_id, "event_name": "order.created"}).to_string();
+        let headers =
+            serde_json::json!({"event_id": event_id, "event_name": "order.created"}).to_string();
         let dead = NewDeadLetter {
             consumer_group: group.into(),
             original_topic: env.settings.topics.order_events.name.clone(),
@@ -53,11 +59,13 @@ pub(crate) async fn dead_letters(env: &TestEnv, group: &str, offsets: std::ops::
 
 /// (id, status, replay_count) of a group's rows, by id.
 async fn rows(env: &TestEnv, group: &str) -> Vec<(i64, String, i32)> {
-    sqlx::query_as("SELECT id, status, replay_count FROM dead_letters WHERE consumer_group = ? ORDER BY id")
-        .bind(group)
-        .fetch_all(&env.db().pool)
-        .await
-        .unwrap()
+    sqlx::query_as(
+        "SELECT id, status, replay_count FROM dead_letters WHERE consumer_group = ? ORDER BY id",
+    )
+    .bind(group)
+    .fetch_all(&env.db().pool)
+    .await
+    .unwrap()
 }
 
 fn json(text: &str) -> Value {
@@ -71,14 +79,25 @@ fn assert_sent_once_in_key_order(env: &TestEnv, topic: &str, ids: &[i64]) {
     let mut seen = BTreeSet::new();
     let mut last_of_key: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
     for record in &records {
-        let id: i64 = header_of(record, header::REPLAYED_FROM).expect("replayed-from header").parse().unwrap();
+        let id: i64 = header_of(record, header::REPLAYED_FROM)
+            .expect("replayed-from header")
+            .parse()
+            .unwrap();
         assert!(seen.insert(id), "row {id} sent twice");
         let key = record.key().expect("the original key").to_vec();
         if let Some(before) = last_of_key.insert(key.clone(), id) {
-            assert!(before < id, "key {} out of order: row {id} after row {before}", String::from_utf8_lossy(&key));
+            assert!(
+                before < id,
+                "key {} out of order: row {id} after row {before}",
+                String::from_utf8_lossy(&key)
+            );
         }
     }
-    assert_eq!(seen, ids.iter().copied().collect::<BTreeSet<_>>(), "every selected row sent, no other");
+    assert_eq!(
+        seen,
+        ids.iter().copied().collect::<BTreeSet<_>>(),
+        "every selected row sent, no other"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -91,28 +110,89 @@ async fn a_replay_of_many_pages_sends_and_marks_every_row_once_in_key_order() {
     dead_letters(&env, "other.order.consumer", 0..100, 5).await;
     dead_letters(&env, group, 2_500..2_501, 25).await;
     let ignored = rows(&env, group).await.last().unwrap().0;
-    env.cli(&["dlq", "ignore", "--id", &ignored.to_string(), "--reason", "test"]).success();
-    let pending: Vec<i64> = rows(&env, group).await.iter().filter(|r| r.1 == "pending").map(|r| r.0).collect();
+    env.cli(&[
+        "dlq",
+        "ignore",
+        "--id",
+        &ignored.to_string(),
+        "--reason",
+        "test",
+    ])
+    .success();
+    let pending: Vec<i64> = rows(&env, group)
+        .await
+        .iter()
+        .filter(|r| r.1 == "pending")
+        .map(|r| r.0)
+        .collect();
     assert_eq!(pending.len(), 2_500);
 
     // The dry run pages the same way and changes nothing.
-    let plan = json(&env.cli(&["dlq", "replay", "--group", group, "--dry-run", "--page-size", "100", "--output", "json"]).success());
-    let planned: Vec<i64> = plan.as_array().unwrap().iter().map(|p| p["id"].as_i64().unwrap()).collect();
+    let plan = json(
+        &env.cli(&[
+            "dlq",
+            "replay",
+            "--group",
+            group,
+            "--dry-run",
+            "--page-size",
+            "100",
+            "--output",
+            "json",
+        ])
+        .success(),
+    );
+    let planned: Vec<i64> = plan
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_i64().unwrap())
+        .collect();
     assert_eq!(planned, pending, "the dry run lists every page, by id");
 
-    let args = ["dlq", "replay", "--group", group, "--page-size", "100", "--in-flight", "64", "--yes", "--output", "json"];
+    let args = [
+        "dlq",
+        "replay",
+        "--group",
+        group,
+        "--page-size",
+        "100",
+        "--in-flight",
+        "64",
+        "--yes",
+        "--output",
+        "json",
+    ];
     let summary = json(&env.cli(&args).success());
     let retry = retry_topic(&env.settings.topics.order_events.name, group);
     assert_eq!(summary["replayed"], 2_500, "{summary}");
-    assert_eq!(summary["failed"].as_array().map(Vec::len), Some(0), "{summary}");
+    assert_eq!(
+        summary["failed"].as_array().map(Vec::len),
+        Some(0),
+        "{summary}"
+    );
     assert_eq!(summary["by_topic"][&retry], 2_500, "{summary}");
     assert_sent_once_in_key_order(&env, &retry, &pending);
 
     let after = rows(&env, group).await;
-    let marked: Vec<i64> = after.iter().filter(|r| r.1 == "replayed" && r.2 == 1).map(|r| r.0).collect();
+    let marked: Vec<i64> = after
+        .iter()
+        .filter(|r| r.1 == "replayed" && r.2 == 1)
+        .map(|r| r.0)
+        .collect();
     assert_eq!(marked, pending, "every row marked replayed, once");
-    assert_eq!(after.last().unwrap(), &(ignored, "ignored".to_string(), 0), "the ignored row is not replayed");
-    assert!(rows(&env, "other.order.consumer").await.iter().all(|r| r.1 == "pending" && r.2 == 0), "another group's rows untouched");
+    assert_eq!(
+        after.last().unwrap(),
+        &(ignored, "ignored".to_string(), 0),
+        "the ignored row is not replayed"
+    );
+    assert!(
+        rows(&env, "other.order.consumer")
+            .await
+            .iter()
+            .all(|r| r.1 == "pending" && r.2 == 0),
+        "another group's rows untouched"
+    );
     // Nothing is left pending: a second replay sends nothing.
     assert_eq!(json(&env.cli(&args).success())["replayed"], 0);
 }
@@ -126,29 +206,67 @@ async fn a_dead_letter_persisted_during_a_replay_waits_for_the_next_one() {
     // Paced (about 6 s), so rows are marked while it runs and the look below,
     // a query of 600 rows, sees it midway even on a loaded machine (2.4 s
     // was a short window).
-    let mut replay =
-        env.spawn(&["dlq", "replay", "--group", group, "--rate", "100", "--page-size", "50", "--yes", "--output", "json"]);
+    let mut replay = env.spawn(&[
+        "dlq",
+        "replay",
+        "--group",
+        group,
+        "--rate",
+        "100",
+        "--page-size",
+        "50",
+        "--yes",
+        "--output",
+        "json",
+    ]);
     let deadline = Instant::now() + Duration::from_secs(30);
     let marked = loop {
-        let marked = rows(&env, group).await.iter().filter(|r| r.1 == "replayed").count();
+        let marked = rows(&env, group)
+            .await
+            .iter()
+            .filter(|r| r.1 == "replayed")
+            .count();
         if marked > 0 {
             break marked;
         }
         assert!(Instant::now() < deadline, "no row marked within 30 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert!(marked < 600, "marked in batches as acknowledged, before the end: {marked}");
+    assert!(
+        marked < 600,
+        "marked in batches as acknowledged, before the end: {marked}"
+    );
     // A new dead letter of the same group, while the replay runs.
     dead_letters(&env, group, 600..601, 10).await;
     let mut out = String::new();
-    replay.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    replay
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     assert!(replay.wait().unwrap().success(), "{out}");
     assert_eq!(json(&out)["replayed"], 600, "{out}");
     let after = rows(&env, group).await;
-    assert_eq!(after.iter().filter(|r| r.1 == "replayed" && r.2 == 1).count(), 600);
+    assert_eq!(
+        after
+            .iter()
+            .filter(|r| r.1 == "replayed" && r.2 == 1)
+            .count(),
+        600
+    );
     let newest = after.last().unwrap();
-    assert_eq!((newest.1.as_str(), newest.2), ("pending", 0), "persisted after the replay started: left for the next");
-    let next = json(&env.cli(&["dlq", "replay", "--group", group, "--yes", "--output", "json"]).success());
+    assert_eq!(
+        (newest.1.as_str(), newest.2),
+        ("pending", 0),
+        "persisted after the replay started: left for the next"
+    );
+    let next = json(
+        &env.cli(&[
+            "dlq", "replay", "--group", group, "--yes", "--output", "json",
+        ])
+        .success(),
+    );
     assert_eq!(next["replayed"], 1, "{next}");
 }
 
@@ -163,15 +281,40 @@ async fn a_refused_send_leaves_its_row_pending_and_reported() {
     dead_letters(&env, missing, 2..3, 2).await;
     dead_letters(&env, ok, 3..5, 2).await;
     let refused = rows(&env, missing).await[0].0;
-    let run = env.cli(&["-X", "message.timeout.ms=3000", "dlq", "replay", "--status", "pending", "--yes", "--output", "json"]);
+    let run = env.cli(&[
+        "-X",
+        "message.timeout.ms=3000",
+        "dlq",
+        "replay",
+        "--status",
+        "pending",
+        "--yes",
+        "--output",
+        "json",
+    ]);
     run.failure();
     let summary = json(&String::from_utf8_lossy(&run.output.stdout));
     assert_eq!(summary["replayed"], 4, "{summary}");
     let failed = summary["failed"].as_array().unwrap();
     assert_eq!(failed.len(), 1, "{summary}");
-    assert!(failed[0].as_str().unwrap().starts_with(&format!("dead letter {refused}:")), "{summary}");
-    assert_eq!(rows(&env, missing).await, [(refused, "pending".to_string(), 0)], "never marked");
-    assert!(rows(&env, ok).await.iter().all(|r| r.1 == "replayed" && r.2 == 1));
+    assert!(
+        failed[0]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("dead letter {refused}:")),
+        "{summary}"
+    );
+    assert_eq!(
+        rows(&env, missing).await,
+        [(refused, "pending".to_string(), 0)],
+        "never marked"
+    );
+    assert!(
+        rows(&env, ok)
+            .await
+            .iter()
+            .all(|r| r.1 == "replayed" && r.2 == 1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -182,7 +325,17 @@ async fn a_replay_killed_midway_leaves_its_unmarked_rows_pending_and_nothing_is_
     assert_eq!(persist(&env)["read"], 800);
     // Paced (about 8 s; killed at the first mark, so it costs nothing), so it
     // is killed with rows sent, some of them acknowledged but not yet marked.
-    let mut replay = env.spawn(&["dlq", "replay", "--group", group, "--rate", "100", "--page-size", "50", "--yes"]);
+    let mut replay = env.spawn(&[
+        "dlq",
+        "replay",
+        "--group",
+        group,
+        "--rate",
+        "100",
+        "--page-size",
+        "50",
+        "--yes",
+    ]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !rows(&env, group).await.iter().any(|r| r.1 == "replayed") {
         assert!(Instant::now() < deadline, "no row marked within 30 s");
@@ -191,31 +344,73 @@ async fn a_replay_killed_midway_leaves_its_unmarked_rows_pending_and_nothing_is_
     replay.kill().unwrap();
     replay.wait().unwrap();
     let after_kill = rows(&env, group).await;
-    let marked = after_kill.iter().filter(|r| r.1 == "replayed" && r.2 == 1).count();
-    let pending = after_kill.iter().filter(|r| r.1 == "pending" && r.2 == 0).count();
+    let marked = after_kill
+        .iter()
+        .filter(|r| r.1 == "replayed" && r.2 == 1)
+        .count();
+    let pending = after_kill
+        .iter()
+        .filter(|r| r.1 == "pending" && r.2 == 0)
+        .count();
     assert!(marked > 0 && marked < 800, "killed midway: {marked} marked");
-    assert_eq!(marked + pending, 800, "every row marked once or left pending");
+    assert_eq!(
+        marked + pending,
+        800,
+        "every row marked once or left pending"
+    );
 
     // The next replay takes the rest; the group applies each event once,
     // skipping what the killed replay sent and did not mark.
-    let next = json(&env.cli(&["dlq", "replay", "--group", group, "--yes", "--output", "json"]).success());
+    let next = json(
+        &env.cli(&[
+            "dlq", "replay", "--group", group, "--yes", "--output", "json",
+        ])
+        .success(),
+    );
     assert_eq!(next["replayed"], pending as u64, "{next}");
     let applied = consume(&env, group, "notification");
     assert_eq!(applied["applied"], 800, "{applied}");
-    eprintln!("killed after {marked} marked; duplicates skipped: {}", applied["duplicates"]);
-    assert!(rows(&env, group).await.iter().all(|r| r.1 == "replayed" && r.2 == 1));
+    eprintln!(
+        "killed after {marked} marked; duplicates skipped: {}",
+        applied["duplicates"]
+    );
+    assert!(
+        rows(&env, group)
+            .await
+            .iter()
+            .all(|r| r.1 == "replayed" && r.2 == 1)
+    );
     let db = env.db();
-    let (notifications,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM notifications").fetch_one(&db.pool).await.unwrap();
-    assert_eq!((notifications, count_rows(&db, group).await), (events.len() as i64, 800), "one notification and one dedup row per event");
+    let (notifications,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM notifications")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        (notifications, count_rows(&db, group).await),
+        (events.len() as i64, 800),
+        "one notification and one dedup row per event"
+    );
 }
 
 #[test]
 fn a_page_size_or_window_out_of_range_is_refused_naming_the_flag() {
     let env = TestEnv::new();
-    for (flag, value) in [("--page-size", "0"), ("--in-flight", "0"), ("--in-flight", "many"), ("--page-size", "100001")] {
-        let out = env.cli(&["dlq", "replay", "--group", "g", flag, value, "--yes"]).failure();
-        assert!(out.contains(flag) && out.contains(value), "{flag} {value}: {out}");
+    for (flag, value) in [
+        ("--page-size", "0"),
+        ("--in-flight", "0"),
+        ("--in-flight", "many"),
+        ("--page-size", "100001"),
+    ] {
+        let out = env
+            .cli(&["dlq", "replay", "--group", "g", flag, value, "--yes"])
+            .failure();
+        assert!(
+            out.contains(flag) && out.contains(value),
+            "{flag} {value}: {out}"
+        );
     }
-    let out = env.cli(&["dlq", "replay", "--group", "g", "--page-size", "0"]).failure();
+    let out = env
+        .cli(&["dlq", "replay", "--group", "g", "--page-size", "0"])
+        .failure();
     assert!(out.contains("1..=100000"), "the accepted range: {out}");
 }

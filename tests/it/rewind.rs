@@ -26,7 +26,9 @@ fn rewind(env: &TestEnv, command: &str, group: &str, to: &str, extra: &[&str]) -
 /// The group's committed offsets summed over its partitions (`lag`), and
 /// the report.
 fn committed(env: &TestEnv, group: &str) -> (i64, Value) {
-    let out = env.cli(&["lag", "--group", group, "--output", "json"]).success();
+    let out = env
+        .cli(&["lag", "--group", group, "--output", "json"])
+        .success();
     let lag: Value = serde_json::from_str(&out).unwrap();
     let offsets = lag["groups"][0]["partitions"]
         .as_array()
@@ -67,7 +69,13 @@ async fn a_rewound_group_reads_again_exactly_the_records_at_or_after_the_time() 
         "{first}"
     );
 
-    let report = rewind(&env, "consume", &group, &middle.to_rfc3339(), &["--dedup", "forget"]);
+    let report = rewind(
+        &env,
+        "consume",
+        &group,
+        &middle.to_rfc3339(),
+        &["--dedup", "forget"],
+    );
     let partitions = report["partitions"].as_array().unwrap();
     assert_eq!(
         partitions.len(),
@@ -227,7 +235,10 @@ async fn a_group_with_a_live_member_is_refused_and_keeps_its_offsets() {
         if offsets == 10 {
             break;
         }
-        assert!(Instant::now() < deadline, "the member's offsets not committed within 30 s: {lag}");
+        assert!(
+            Instant::now() < deadline,
+            "the member's offsets not committed within 30 s: {lag}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 
@@ -257,9 +268,23 @@ async fn a_group_with_a_live_member_is_refused_and_keeps_its_offsets() {
     // Stopped, the same rewind goes through.
     // Without --dedup the rewind is refused by name: whether the handlers
     // run again for the records read again is the operator's choice.
-    let unsaid = env.cli(&["consume", "--group", &group, "--reset-to", "2000-01-01T00:00:00Z"]).failure();
+    let unsaid = env
+        .cli(&[
+            "consume",
+            "--group",
+            &group,
+            "--reset-to",
+            "2000-01-01T00:00:00Z",
+        ])
+        .failure();
     assert!(unsaid.contains("--dedup"), "{unsaid}");
-    let report = rewind(&env, "consume", &group, "2000-01-01T00:00:00Z", &["--dedup", "forget"]);
+    let report = rewind(
+        &env,
+        "consume",
+        &group,
+        "2000-01-01T00:00:00Z",
+        &["--dedup", "forget"],
+    );
     assert_eq!(
         (sum(&report, "old_offset"), sum(&report, "new_offset")),
         (10, 0),
@@ -269,14 +294,28 @@ async fn a_group_with_a_live_member_is_refused_and_keeps_its_offsets() {
 
     // Bad input names the flag.
     let bad = env
-        .cli(&["consume", "--group", &group, "--reset-to", "yesterday", "--dedup", "keep"])
+        .cli(&[
+            "consume",
+            "--group",
+            &group,
+            "--reset-to",
+            "yesterday",
+            "--dedup",
+            "keep",
+        ])
         .failure();
     assert!(
         bad.contains("--reset-to") && bad.contains("`yesterday` is not an RFC 3339 time"),
         "{bad}"
     );
     let nameless = env
-        .cli(&["deliver", "--reset-to", "2000-01-01T00:00:00Z", "--dedup", "keep"])
+        .cli(&[
+            "deliver",
+            "--reset-to",
+            "2000-01-01T00:00:00Z",
+            "--dedup",
+            "keep",
+        ])
         .failure();
     assert!(
         nameless.contains("--reset-to: name the group to rewind with --group G"),

@@ -118,10 +118,19 @@ async fn wait_for(seen: &Seen, mode: &str, want: &BTreeSet<String>, timeout: Dur
 /// change was picked up, instead of a fixed sleep assumed long enough on a
 /// loaded machine. Fails showing the log. The process must log at info
 /// (`RUST_LOG=warn,orderpipe=info`).
-pub(crate) async fn wait_for_line(log: &Arc<Mutex<Vec<String>>>, parts: &[&str], timeout: Duration) -> String {
+pub(crate) async fn wait_for_line(
+    log: &Arc<Mutex<Vec<String>>>,
+    parts: &[&str],
+    timeout: Duration,
+) -> String {
     let deadline = Instant::now() + timeout;
     loop {
-        let found = log.lock().unwrap().iter().find(|l| parts.iter().all(|p| l.contains(p))).cloned();
+        let found = log
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| parts.iter().all(|p| l.contains(p)))
+            .cloned();
         if let Some(line) = found {
             return line;
         }
@@ -137,12 +146,19 @@ pub(crate) async fn wait_for_line(log: &Arc<Mutex<Vec<String>>>, parts: &[&str],
 /// Waits until the router with the admin API `admin` serves exactly the
 /// subscriptions `want` in `group` (GET /bindings, as of its last re-read
 /// of the tables); fails showing the view after `timeout`.
-pub(crate) async fn wait_for_subscriptions(admin: &str, group: &str, want: &[i64], timeout: Duration) {
+pub(crate) async fn wait_for_subscriptions(
+    admin: &str,
+    group: &str,
+    want: &[i64],
+    timeout: Duration,
+) {
     let deadline = Instant::now() + timeout;
     loop {
         let (_, body) = crate::helpers::http_get(admin, "/bindings");
         let view: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        let actual = view["actual"].as_array().and_then(|a| a.iter().find(|a| a["group"] == group).cloned());
+        let actual = view["actual"]
+            .as_array()
+            .and_then(|a| a.iter().find(|a| a["group"] == group).cloned());
         if actual.is_some_and(|a| a["subscriptions"] == json!(want)) {
             return;
         }
@@ -325,7 +341,12 @@ async fn one_group_per_bind_key_filters_first_and_changes_apply_without_a_restar
         )
         .await
         .unwrap();
-    wait_for_line(&log, &["binding reloaded", "/hook/other"], Duration::from_secs(30)).await;
+    wait_for_line(
+        &log,
+        &["binding reloaded", "/hook/other"],
+        Duration::from_secs(30),
+    )
+    .await;
     let sent = produce(&env, 40, 10, 1_001, 52);
     assert_eq!(
         sent.iter().map(|e| e.event_id).collect::<Vec<_>>(),

@@ -323,8 +323,17 @@ async fn row_changes_reach_the_endpoint_with_old_in_commit_order_the_status_filt
     // The next changes are made once the router serves the two others (15 s
     // at most: it reads the tables every second), not after a fixed sleep.
     disable(&platform.store, delete.id).await;
-    let admin = announced(platform.logs.last().unwrap(), "admin API listening on http://");
-    wait_for_subscriptions(&admin, &insert.group, &[insert.id, update.id], Duration::from_secs(15)).await;
+    let admin = announced(
+        platform.logs.last().unwrap(),
+        "admin API listening on http://",
+    );
+    wait_for_subscriptions(
+        &admin,
+        &insert.group,
+        &[insert.id, update.id],
+        Duration::from_secs(15),
+    )
+    .await;
     platform
         .source
         .exec(&["DELETE FROM table_user WHERE id = 3"])
@@ -550,7 +559,10 @@ async fn typed_avro_changes_reach_the_endpoint_and_a_column_added_mid_stream_is_
             ("update".to_string(), row(1, "ann", 2), json!({"status": 1})),
         ]
     );
-    assert_eq!(row_history(&before, 2)[1], ("delete".to_string(), row(2, "bob", 1), Value::Null));
+    assert_eq!(
+        row_history(&before, 2)[1],
+        ("delete".to_string(), row(2, "bob", 1), Value::Null)
+    );
 
     for statement in [
         "ALTER TABLE table_user ADD COLUMN note VARCHAR(20) NULL",
@@ -561,23 +573,42 @@ async fn typed_avro_changes_reach_the_endpoint_and_a_column_added_mid_stream_is_
         platform.source.exec(&[statement]).await;
     }
     let after = platform.wait_for("ok", 7, Duration::from_secs(60)).await;
-    assert_eq!(after.len(), 7, "each change once: {after:#?}\n{}", platform.log());
-    let with_note = |id: i64, name: &str, status: i64, note: Value| {
-        json!({"id": id, "name": name, "status": status, "note": note})
-    };
+    assert_eq!(
+        after.len(),
+        7,
+        "each change once: {after:#?}\n{}",
+        platform.log()
+    );
+    let with_note = |id: i64, name: &str, status: i64, note: Value| json!({"id": id, "name": name, "status": status, "note": note});
     assert_eq!(
         row_history(&after, 1)[2],
-        ("update".to_string(), with_note(1, "ann", 2, json!("x")), json!({"note": null})),
+        (
+            "update".to_string(),
+            with_note(1, "ann", 2, json!("x")),
+            json!({"note": null})
+        ),
         "a column changed from NULL is in old, as null"
     );
     assert_eq!(
         row_history(&after, 3),
         [
-            ("insert".to_string(), with_note(3, "cy", 1, json!("n")), Value::Null),
-            ("update".to_string(), with_note(3, "cy", 1, Value::Null), json!({"note": "n"})),
+            (
+                "insert".to_string(),
+                with_note(3, "cy", 1, json!("n")),
+                Value::Null
+            ),
+            (
+                "update".to_string(),
+                with_note(3, "cy", 1, Value::Null),
+                json!({"note": "n"})
+            ),
         ]
     );
-    assert!(matches!(router.try_wait(), Ok(None)), "the router still runs\n{}", platform.log());
+    assert!(
+        matches!(router.try_wait(), Ok(None)),
+        "the router still runs\n{}",
+        platform.log()
+    );
 
     // On the topic: typed records, written with two per-table schema versions.
     let env = &platform.source.env;
@@ -586,14 +617,19 @@ async fn typed_avro_changes_reach_the_endpoint_and_a_column_added_mid_stream_is_
     for message in &messages {
         ids.insert(orderpipe::codec::schema_id(message.payload().unwrap()).unwrap());
         let value = codec.decode_value(message.payload()).await.unwrap();
-        let apache_avro::types::Value::Record(fields) = value else { panic!("a record") };
+        let apache_avro::types::Value::Record(fields) = value else {
+            panic!("a record")
+        };
         let data = &fields.iter().find(|(n, _)| n == "data").unwrap().1;
         assert!(
             matches!(data, apache_avro::types::Value::Union(1, inner) if matches!(**inner, apache_avro::types::Value::Record(_))),
             "data is a typed record: {data:?}"
         );
         let envelope = codec.decode(message.payload()).await.unwrap();
-        assert!(matches!(envelope.data, EventData::RowChange(_)), "{envelope:?}");
+        assert!(
+            matches!(envelope.data, EventData::RowChange(_)),
+            "{envelope:?}"
+        );
     }
     assert_eq!(ids.len(), 2, "one schema before the ALTER, one after");
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
@@ -610,14 +646,24 @@ async fn typed_avro_changes_reach_the_endpoint_and_a_column_added_mid_stream_is_
     let parsed: Value = serde_json::from_str(schema).unwrap();
     assert_eq!(
         (parsed["namespace"].as_str(), parsed["name"].as_str()),
-        (Some(format!("orderpipe.cdc.v1.tables.{db}.table_user").as_str()), Some("Change"))
+        (
+            Some(format!("orderpipe.cdc.v1.tables.{db}.table_user").as_str()),
+            Some("Change")
+        )
     );
     assert!(schema.contains("\"note\""), "{schema}");
     let verdict: Value = http
-        .post(format!("{registry}/compatibility/subjects/{subject}/versions/1"))
+        .post(format!(
+            "{registry}/compatibility/subjects/{subject}/versions/1"
+        ))
         .header("content-type", "application/vnd.schemaregistry.v1+json")
         .json(&json!({"schema": schema}))
-        .send().await.unwrap().json().await.unwrap();
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(verdict["is_compatible"], json!(true), "{verdict}");
     let level = get("/config".to_string()).await;
     assert_eq!(level["compatibilityLevel"], json!("BACKWARD"), "{level}");

@@ -17,10 +17,20 @@ fn schemas_with_payment_field(field: &str) -> tempfile::TempDir {
 #[test]
 fn register_is_idempotent_and_check_passes_on_the_same_schema() {
     let env = TestEnv::new();
-    let first = env.cli(&["schema", "register", "--output", "json"]).success();
-    let second = env.cli(&["schema", "register", "--output", "json"]).success();
-    assert_eq!(first, second, "registering the same schema twice must return the same id");
-    assert!(first.contains(&format!("{}-value", env.settings.topics.order_events.name)), "{first}");
+    let first = env
+        .cli(&["schema", "register", "--output", "json"])
+        .success();
+    let second = env
+        .cli(&["schema", "register", "--output", "json"])
+        .success();
+    assert_eq!(
+        first, second,
+        "registering the same schema twice must return the same id"
+    );
+    assert!(
+        first.contains(&format!("{}-value", env.settings.topics.order_events.name)),
+        "{first}"
+    );
     let check = env.cli(&["schema", "check"]).success();
     assert!(check.contains("compatible"), "{check}");
 }
@@ -38,18 +48,32 @@ fn incompatible_change_is_refused_naming_the_field() {
 
     // Registering it is refused by the registry too.
     let out = env
-        .cli(&["schema", "register", "--schemas", bad.path().to_str().unwrap()])
+        .cli(&[
+            "schema",
+            "register",
+            "--schemas",
+            bad.path().to_str().unwrap(),
+        ])
         .failure();
-    assert!(out.contains("409") || out.to_lowercase().contains("incompatible"), "{out}");
+    assert!(
+        out.contains("409") || out.to_lowercase().contains("incompatible"),
+        "{out}"
+    );
 }
 
 #[test]
 fn field_added_with_a_default_is_compatible() {
     let env = TestEnv::new();
     env.cli(&["schema", "register"]).success();
-    let good = schemas_with_payment_field(r#"{"name": "channel", "type": "string", "default": "card"}"#);
+    let good =
+        schemas_with_payment_field(r#"{"name": "channel", "type": "string", "default": "card"}"#);
     let out = env
-        .cli(&["schema", "check", "--schemas", good.path().to_str().unwrap()])
+        .cli(&[
+            "schema",
+            "check",
+            "--schemas",
+            good.path().to_str().unwrap(),
+        ])
         .success();
     assert!(!out.contains("INCOMPATIBLE"), "{out}");
 }

@@ -33,7 +33,8 @@ fn sigterm_after(mut child: Child, after: Duration) -> (std::process::ExitStatus
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sigterm_in_the_first_half_second_stops_every_long_running_command_with_status_0() {
     let mut env = TestEnv::new().with_database().await.with_cdc();
-    env.cli(&["topics", "ensure", "--group", "sig.consumer"]).success();
+    env.cli(&["topics", "ensure", "--group", "sig.consumer"])
+        .success();
     let database = format!("op_{}", env.prefix);
     // A table of the migrated database (it has a primary key).
     let table = format!("{database}.event_dedup");
@@ -47,7 +48,10 @@ async fn a_sigterm_in_the_first_half_second_stops_every_long_running_command_wit
         "--health-addr",
         "127.0.0.1:0",
     ];
-    env.set_env("ORDERPIPE_CONSOLE__VIEWER_TOKEN", crate::console_browser::VIEWER_TOKEN);
+    env.set_env(
+        "ORDERPIPE_CONSOLE__VIEWER_TOKEN",
+        crate::console_browser::VIEWER_TOKEN,
+    );
     let commands: [(&str, &[&str]); 7] = [
         ("cdc", &cdc),
         ("router", &["deliver", "--health-addr", "127.0.0.1:0"]),

@@ -19,7 +19,12 @@ fn ensure(env: &TestEnv, extra: &[&str]) -> Vec<Value> {
 fn mutations(changes: &[Value]) -> Vec<&Value> {
     changes
         .iter()
-        .filter(|c| matches!(c["action"].as_str(), Some("created" | "grew_partitions" | "config_set")))
+        .filter(|c| {
+            matches!(
+                c["action"].as_str(),
+                Some("created" | "grew_partitions" | "config_set")
+            )
+        })
         .collect()
 }
 
@@ -29,17 +34,24 @@ fn describe(env: &TestEnv, extra: &[&str]) -> std::collections::BTreeMap<String,
     args.extend(extra);
     let out = env.cli(&args).success();
     let states: Vec<Value> = serde_json::from_str(&out).unwrap();
-    states.into_iter().map(|s| (s["topic"].as_str().unwrap().to_string(), s)).collect()
+    states
+        .into_iter()
+        .map(|s| (s["topic"].as_str().unwrap().to_string(), s))
+        .collect()
 }
 
 /// Sets topic configs by hand, as an operator with kafka-configs would.
 pub(crate) fn alter_by_hand(env: &TestEnv, topic: &str, configs: &[(&str, &str)]) {
     let admin = env.admin();
-    let alter = configs
-        .iter()
-        .fold(AlterConfig::new(ResourceSpecifier::Topic(topic)), |a, (k, v)| a.set(k, v));
+    let alter = configs.iter().fold(
+        AlterConfig::new(ResourceSpecifier::Topic(topic)),
+        |a, (k, v)| a.set(k, v),
+    );
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    for r in runtime.block_on(admin.alter_configs([&alter], &AdminOptions::new())).unwrap() {
+    for r in runtime
+        .block_on(admin.alter_configs([&alter], &AdminOptions::new()))
+        .unwrap()
+    {
         r.unwrap();
     }
     // The broker answers DescribeConfigs from metadata that follows the
@@ -47,13 +59,21 @@ pub(crate) fn alter_by_hand(env: &TestEnv, topic: &str, configs: &[(&str, &str)]
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let described = runtime
-            .block_on(admin.describe_configs([&ResourceSpecifier::Topic(topic)], &AdminOptions::new()))
+            .block_on(
+                admin.describe_configs([&ResourceSpecifier::Topic(topic)], &AdminOptions::new()),
+            )
             .unwrap();
         let resource = described.into_iter().next().unwrap().unwrap();
-        if configs.iter().all(|(k, v)| resource.get(k).and_then(|e| e.value.as_deref()) == Some(*v)) {
+        if configs
+            .iter()
+            .all(|(k, v)| resource.get(k).and_then(|e| e.value.as_deref()) == Some(*v))
+        {
             return;
         }
-        assert!(std::time::Instant::now() < deadline, "{topic}: {configs:?} not visible after 30 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{topic}: {configs:?} not visible after 30 s"
+        );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
@@ -65,7 +85,10 @@ fn ensure_creates_then_changes_nothing_the_second_time() {
     let created: Vec<_> = first.iter().filter(|c| c["action"] == "created").collect();
     assert_eq!(created.len(), 3, "{first:?}");
     let second = ensure(&env, &[]);
-    assert!(mutations(&second).is_empty(), "second run changed something: {second:?}");
+    assert!(
+        mutations(&second).is_empty(),
+        "second run changed something: {second:?}"
+    );
 
     let states = describe(&env, &[]);
     let order = &states[&env.settings.topics.order_events.name];
@@ -81,14 +104,26 @@ fn fewer_partitions_than_declared_change_nothing_until_allow_repartition() {
     ensure(&env, &[]);
     let topic = env.settings.topics.order_events.name.clone();
     // Someone shortened retention by hand and added a config of their own.
-    alter_by_hand(&env, &topic, &[("retention.ms", "60000"), ("min.insync.replicas", "1"), ("max.message.bytes", "2000000")]);
+    alter_by_hand(
+        &env,
+        &topic,
+        &[
+            ("retention.ms", "60000"),
+            ("min.insync.replicas", "1"),
+            ("max.message.bytes", "2000000"),
+        ],
+    );
 
     env.set_env("ORDERPIPE_TOPICS__ORDER_EVENTS__PARTITIONS", "12");
     let refused = env.cli(&["topics", "ensure", "--output", "json"]);
     let text = refused.failure();
-    let changes: Vec<Value> = serde_json::from_slice(&refused.output.stdout).expect("JSON on stdout");
+    let changes: Vec<Value> =
+        serde_json::from_slice(&refused.output.stdout).expect("JSON on stdout");
     assert!(
-        changes.iter().any(|c| c["action"] == "repartition_refused" && c["topic"] == topic.as_str() && c["from"] == 4 && c["to"] == 12),
+        changes.iter().any(|c| c["action"] == "repartition_refused"
+            && c["topic"] == topic.as_str()
+            && c["from"] == 4
+            && c["to"] == 12),
         "{text}"
     );
     // Nothing at all changed: not the partitions, not the drifted retention.
@@ -96,21 +131,34 @@ fn fewer_partitions_than_declared_change_nothing_until_allow_repartition() {
     assert_eq!(order["partitions"], 4, "{order}");
     assert_eq!(order["configs"]["retention.ms"], "60000", "{order}");
     let table = env.cli(&["topics", "ensure"]).failure();
-    assert!(table.contains("REFUSED") && table.contains("--allow-repartition") && table.contains("(not done) config"), "{table}");
+    assert!(
+        table.contains("REFUSED")
+            && table.contains("--allow-repartition")
+            && table.contains("(not done) config"),
+        "{table}"
+    );
 
     let changes = ensure(&env, &["--allow-repartition"]);
     assert!(
-        changes.iter().any(|c| c["action"] == "grew_partitions" && c["topic"] == topic.as_str() && c["from"] == 4 && c["to"] == 12),
+        changes.iter().any(|c| c["action"] == "grew_partitions"
+            && c["topic"] == topic.as_str()
+            && c["from"] == 4
+            && c["to"] == 12),
         "{changes:?}"
     );
     assert!(
         changes.iter().any(|c| c["action"] == "warning"
-            && c["message"].as_str().unwrap().contains("applied before its earlier events")
+            && c["message"]
+                .as_str()
+                .unwrap()
+                .contains("applied before its earlier events")
             && c["message"].as_str().unwrap().contains("Drain consumers")),
         "{changes:?}"
     );
     assert!(
-        changes.iter().any(|c| c["action"] == "config_set" && c["key"] == "retention.ms" && c["from"] == "60000"),
+        changes.iter().any(|c| c["action"] == "config_set"
+            && c["key"] == "retention.ms"
+            && c["from"] == "60000"),
         "{changes:?}"
     );
     assert!(mutations(&ensure(&env, &[])).is_empty());
@@ -134,19 +182,36 @@ fn retention_drift_is_reported_on_every_declared_topic_and_never_lowered() {
     alter_by_hand(&env, &inventory, &[("retention.ms", "-1")]);
 
     let states = describe(&env, &group);
-    assert!(states[&dlq]["drift"].to_string().contains("retention.ms: 86400000 != 2592000000"), "{}", states[&dlq]);
-    assert!(states[&retry]["drift"].to_string().contains("retention.ms: 3600000 != 2592000000"), "{}", states[&retry]);
+    assert!(
+        states[&dlq]["drift"]
+            .to_string()
+            .contains("retention.ms: 86400000 != 2592000000"),
+        "{}",
+        states[&dlq]
+    );
+    assert!(
+        states[&retry]["drift"]
+            .to_string()
+            .contains("retention.ms: 3600000 != 2592000000"),
+        "{}",
+        states[&retry]
+    );
 
     let changes = ensure(&env, &group);
     for (topic, from) in [(&dlq, "86400000"), (&retry, "3600000")] {
         assert!(
-            changes.iter().any(|c| c["action"] == "config_set" && c["topic"] == topic.as_str() && c["key"] == "retention.ms" && c["from"] == from),
+            changes.iter().any(|c| c["action"] == "config_set"
+                && c["topic"] == topic.as_str()
+                && c["key"] == "retention.ms"
+                && c["from"] == from),
             "{topic}: {changes:?}"
         );
     }
     // Longer on the cluster than declared: reported, kept (lowering deletes records).
     assert!(
-        changes.iter().any(|c| c["action"] == "warning" && c["topic"] == inventory.as_str() && c["message"].as_str().unwrap().contains("not lowered")),
+        changes.iter().any(|c| c["action"] == "warning"
+            && c["topic"] == inventory.as_str()
+            && c["message"].as_str().unwrap().contains("not lowered")),
         "{changes:?}"
     );
     let states = describe(&env, &group);
@@ -162,15 +227,27 @@ fn shrinking_is_reported_not_done() {
     env.set_env("ORDERPIPE_TOPICS__ORDER_EVENTS__PARTITIONS", "3");
     let out = env.cli(&["topics", "ensure"]).success();
     assert!(out.contains("partitions are never removed"), "{out}");
-    assert_eq!(describe(&env, &[])[&env.settings.topics.order_events.name]["partitions"], 12);
+    assert_eq!(
+        describe(&env, &[])[&env.settings.topics.order_events.name]["partitions"],
+        12
+    );
 }
 
 /// Names of topics on the cluster with this test's prefix.
 fn topics_of(env: &TestEnv) -> BTreeSet<String> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let client: BaseConsumer = client_config(&env.settings.kafka.client_options()).create().unwrap();
-    let metadata = client.fetch_metadata(None, std::time::Duration::from_secs(10)).unwrap();
-    metadata.topics().iter().map(|t| t.name().to_string()).filter(|n| n.starts_with(&env.prefix)).collect()
+    let client: BaseConsumer = client_config(&env.settings.kafka.client_options())
+        .create()
+        .unwrap();
+    let metadata = client
+        .fetch_metadata(None, std::time::Duration::from_secs(10))
+        .unwrap();
+    metadata
+        .topics()
+        .iter()
+        .map(|t| t.name().to_string())
+        .filter(|n| n.starts_with(&env.prefix))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -187,27 +264,80 @@ async fn roles_without_topic_rights_refuse_missing_or_different_topics_and_creat
     let retry = format!("{}.retry.ro", env.settings.topics.order_events.name);
 
     // The group's retry topic was never ensured: the consumer names it and the fix.
-    let out = env.cli(&["consume", "--group", "ro", "--handler", "notification", "--until-idle", "1"]).failure();
-    assert!(out.contains(&format!("topic {retry} is missing")) && out.contains("orderpipe topics ensure --group ro"), "{out}");
+    let out = env
+        .cli(&[
+            "consume",
+            "--group",
+            "ro",
+            "--handler",
+            "notification",
+            "--until-idle",
+            "1",
+        ])
+        .failure();
+    assert!(
+        out.contains(&format!("topic {retry} is missing"))
+            && out.contains("orderpipe topics ensure --group ro"),
+        "{out}"
+    );
     // deliver is a consumer group too.
     let config = tempfile::NamedTempFile::with_suffix(".toml").unwrap();
     std::fs::write(config.path(), "[[http.subscriptions]]\nname = \"crm\"\nevents = [\"order.*\"]\nurl = \"http://127.0.0.1:9/\"\n").unwrap();
-    let out = env.cli(&["--config", config.path().to_str().unwrap(), "deliver", "--subscription", "crm", "--until-idle", "1"]).failure();
-    assert!(out.contains(".retry.http.crm is missing") && out.contains("orderpipe topics ensure --group http.crm"), "{out}");
+    let out = env
+        .cli(&[
+            "--config",
+            config.path().to_str().unwrap(),
+            "deliver",
+            "--subscription",
+            "crm",
+            "--until-idle",
+            "1",
+        ])
+        .failure();
+    assert!(
+        out.contains(".retry.http.crm is missing")
+            && out.contains("orderpipe topics ensure --group http.crm"),
+        "{out}"
+    );
 
     // Declared with another partition count than the cluster has.
     env.set_env("ORDERPIPE_TOPICS__ORDER_EVENTS__PARTITIONS", "6");
-    let out = env.cli(&["consume", "--group", "ro", "--handler", "notification", "--until-idle", "1"]).failure();
+    let out = env
+        .cli(&[
+            "consume",
+            "--group",
+            "ro",
+            "--handler",
+            "notification",
+            "--until-idle",
+            "1",
+        ])
+        .failure();
     let order = &env.settings.topics.order_events.name.clone();
-    assert!(out.contains(&format!("topic {order} has 12 partitions, declared 6")), "{out}");
-    let out = env.cli(&["relay", "--instance", "ro", "--until-idle", "1"]).failure();
-    assert!(out.contains(&format!("topic {order} has 12 partitions, declared 6")) && out.contains("run `orderpipe topics ensure`"), "{out}");
+    assert!(
+        out.contains(&format!("topic {order} has 12 partitions, declared 6")),
+        "{out}"
+    );
+    let out = env
+        .cli(&["relay", "--instance", "ro", "--until-idle", "1"])
+        .failure();
+    assert!(
+        out.contains(&format!("topic {order} has 12 partitions, declared 6"))
+            && out.contains("run `orderpipe topics ensure`"),
+        "{out}"
+    );
     env.set_env("ORDERPIPE_TOPICS__ORDER_EVENTS__PARTITIONS", "12");
 
     // The persister without its topic.
-    env.set_env("ORDERPIPE_TOPICS__DEAD_LETTER__NAME", &format!("{}.absent.dlq", env.prefix));
+    env.set_env(
+        "ORDERPIPE_TOPICS__DEAD_LETTER__NAME",
+        &format!("{}.absent.dlq", env.prefix),
+    );
     let out = env.cli(&["dlq", "persist", "--until-idle", "1"]).failure();
-    assert!(out.contains(&format!("topic {}.absent.dlq is missing", env.prefix)), "{out}");
+    assert!(
+        out.contains(&format!("topic {}.absent.dlq is missing", env.prefix)),
+        "{out}"
+    );
 
     // None of them created or altered anything.
     assert_eq!(topics_of(&env), before);
@@ -234,11 +364,32 @@ const ADMIN_REQUESTS: [&str; 7] = [
 async fn a_consumer_without_rights_to_alter_topics_still_consumes() {
     let mut env = TestEnv::new().with_database().await;
     ensure(&env, &["--group", "readonly"]);
-    env.cli(&["produce", "--count", "40", "--orders", "10", "--seed", "3", "--first-order-id", "1"]).success();
+    env.cli(&[
+        "produce",
+        "--count",
+        "40",
+        "--orders",
+        "10",
+        "--seed",
+        "3",
+        "--first-order-id",
+        "1",
+    ])
+    .success();
 
     env.set_env("ORDERPIPE_KAFKA__OPTIONS__debug", "protocol");
     let run = env
-        .command(&["consume", "--group", "readonly", "--handler", "chaos,notification", "--until-idle", "3", "--output", "json"])
+        .command(&[
+            "consume",
+            "--group",
+            "readonly",
+            "--handler",
+            "chaos,notification",
+            "--until-idle",
+            "3",
+            "--output",
+            "json",
+        ])
         .env("RUST_LOG", "warn,librdkafka=debug")
         .env("ORDERPIPE_CHAOS__TRANSIENT_ORDERS", "[1]")
         .env("ORDERPIPE_CHAOS__TRANSIENT_FAILURES", "4")
@@ -246,7 +397,11 @@ async fn a_consumer_without_rights_to_alter_topics_still_consumes() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{stdout}{}", &stderr[stderr.len().saturating_sub(3000)..]);
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        &stderr[stderr.len().saturating_sub(3000)..]
+    );
     let summary: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(summary["applied"], 40, "{summary}");
     // Order 1 failed past its local retries: its records went through the
@@ -260,10 +415,19 @@ async fn a_consumer_without_rights_to_alter_topics_still_consumes() {
         .filter_map(|name| name.strip_suffix("Request"))
         .collect();
     for expected in ["Metadata", "Fetch", "Produce", "OffsetCommit"] {
-        assert!(sent.contains(expected), "no {expected} request logged; saw {sent:?}");
+        assert!(
+            sent.contains(expected),
+            "no {expected} request logged; saw {sent:?}"
+        );
     }
-    let admin: Vec<&&str> = sent.iter().filter(|name| ADMIN_REQUESTS.contains(name)).collect();
-    assert!(admin.is_empty(), "the consumer sent admin requests {admin:?}");
+    let admin: Vec<&&str> = sent
+        .iter()
+        .filter(|name| ADMIN_REQUESTS.contains(name))
+        .collect();
+    assert!(
+        admin.is_empty(),
+        "the consumer sent admin requests {admin:?}"
+    );
     eprintln!("requests a consumer sends: {sent:?}");
 }
 
@@ -286,14 +450,33 @@ fn the_read_only_roles_have_no_admin_client() {
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    for part in ["consumer", "outbox", "retry", "delivery.rs", "dlq/persist.rs", "cli/consume.rs", "cli/relay.rs"] {
+    for part in [
+        "consumer",
+        "outbox",
+        "retry",
+        "delivery.rs",
+        "dlq/persist.rs",
+        "cli/consume.rs",
+        "cli/relay.rs",
+    ] {
         sources(&root.join(part), &mut files);
     }
     assert!(files.len() > 8, "{files:?}");
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
-        for admin in ["TopicAdmin", "AdminClient", "create_topics", "create_partitions", "alter_configs", "describe_configs"] {
-            assert!(!text.contains(admin), "{} uses {admin}: these roles run with read-only Kafka rights", file.display());
+        for admin in [
+            "TopicAdmin",
+            "AdminClient",
+            "create_topics",
+            "create_partitions",
+            "alter_configs",
+            "describe_configs",
+        ] {
+            assert!(
+                !text.contains(admin),
+                "{} uses {admin}: these roles run with read-only Kafka rights",
+                file.display()
+            );
         }
     }
 }

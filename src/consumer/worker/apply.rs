@@ -34,11 +34,11 @@ use rdkafka::Message;
 use tracing::Instrument;
 
 use super::{BatchError, Committed, ConsumeSummary, Item, PartitionWorker};
+use crate::consumer::events::{Applied, ConflictingDuplicate, DuplicateSkipped, Held};
 use crate::consumer::handler::HandlerError;
 use crate::db::{DbError, Tx};
 use crate::dedup::{self, Conflict, RecordOrigin};
 use crate::envelope::Envelope;
-use crate::consumer::events::{Applied, ConflictingDuplicate, DuplicateSkipped, Held};
 use crate::metrics::InternalEvent;
 use crate::ordering::{self, Gate, OrderKey};
 
@@ -108,7 +108,13 @@ impl<'a> Ledger<'a> {
         self.released_elsewhere += wave.released_elsewhere;
     }
 
-    fn note(&mut self, item: &'a Item, envelope: &'a Envelope, outcome: Outcome, elapsed: Duration) {
+    fn note(
+        &mut self,
+        item: &'a Item,
+        envelope: &'a Envelope,
+        outcome: Outcome,
+        elapsed: Duration,
+    ) {
         match outcome {
             Outcome::Applied => {
                 self.delta.applied += 1;
@@ -136,20 +142,36 @@ impl PartitionWorker {
         let unavailable = |e: DbError| BatchError::Unavailable(e.to_string());
         let mut tx = self.shared.db.begin().await.map_err(unavailable)?;
         let mut ledger = Ledger::default();
-        let keys: Vec<Option<OrderKey>> =
-            items.iter().map(|item| item.envelope.as_ref().map(|e| self.order_key(&item.message, e.key()))).collect();
+        let keys: Vec<Option<OrderKey>> = items
+            .iter()
+            .map(|item| {
+                item.envelope
+                    .as_ref()
+                    .map(|e| self.order_key(&item.message, e.key()))
+            })
+            .collect();
         // Stage 1 reads the parked rows of every key it asks about at once.
-        let asked: HashSet<&OrderKey> =
-            keys.iter().zip(items).filter_map(|(key, item)| key.as_ref().filter(|k| item.held_id.is_none() && self.gated(k))).collect();
+        let asked: HashSet<&OrderKey> = keys
+            .iter()
+            .zip(items)
+            .filter_map(|(key, item)| {
+                key.as_ref()
+                    .filter(|k| item.held_id.is_none() && self.gated(k))
+            })
+            .collect();
         let parked = if asked.is_empty() {
             HashMap::new()
         } else {
             let asked: Vec<&OrderKey> = asked.into_iter().collect();
-            ordering::lock_keys(&mut tx, &self.shared.options.group, &asked).await.map_err(unavailable)?
+            ordering::lock_keys(&mut tx, &self.shared.options.group, &asked)
+                .await
+                .map_err(unavailable)?
         };
         let mut open = Vec::with_capacity(items.len());
         for (index, (item, key)) in items.iter().zip(&keys).enumerate() {
-            let (Some(envelope), Some(key)) = (&item.envelope, key) else { continue };
+            let (Some(envelope), Some(key)) = (&item.envelope, key) else {
+                continue;
+            };
             if item.held_id.is_some() || !self.gated(key) {
                 // Released records pass by leaving `held_records`, in their wave.
                 open.push(index);
@@ -157,10 +179,14 @@ impl PartitionWorker {
             }
             let span = self.span(&item.message, Some(envelope));
             let gated = async {
-                match self.gate(&mut tx, item, envelope, key, parked.get(key), &mut ledger).await? {
+                match self
+                    .gate(&mut tx, item, envelope, key, parked.get(key), &mut ledger)
+                    .await?
+                {
                     Gate::Hold => ledger.note(item, envelope, Outcome::Held, Duration::ZERO),
                     Gate::Duplicate => {
-                        self.note_conflict(&mut tx, envelope, &origin(item, envelope), &mut ledger).await?;
+                        self.note_conflict(&mut tx, envelope, &origin(item, envelope), &mut ledger)
+                            .await?;
                         ledger.note(item, envelope, Outcome::Duplicate, Duration::ZERO);
                     }
                     Gate::Open | Gate::Head => open.push(index),
@@ -169,9 +195,14 @@ impl PartitionWorker {
             };
             gated.instrument(span).await.map_err(unavailable)?;
         }
-        let deferred = self.apply_waves(&mut tx, items, &keys, &open, &mut ledger).await?;
+        let deferred = self
+            .apply_waves(&mut tx, items, &keys, &open, &mut ledger)
+            .await?;
         self.commit(tx).await?;
-        Ok(Committed { deferred, ..self.bookkeeping(ledger) })
+        Ok(Committed {
+            deferred,
+            ..self.bookkeeping(ledger)
+        })
     }
 
     /// Stage 2: the open records, wave after wave, each behind a savepoint
@@ -186,7 +217,10 @@ impl PartitionWorker {
         ledger: &mut Ledger<'a>,
     ) -> Result<Vec<Deferred>, BatchError> {
         let unavailable = |e: sqlx::Error| BatchError::Unavailable(e.to_string());
-        let keys: HashMap<usize, &OrderKey> = open.iter().map(|&i| (i, keys[i].as_ref().expect("only decoded records are open"))).collect();
+        let keys: HashMap<usize, &OrderKey> = open
+            .iter()
+            .map(|&i| (i, keys[i].as_ref().expect("only decoded records are open")))
+            .collect();
         let mut pending: VecDeque<Vec<usize>> = waves(open, &keys).into();
         let mut failed_keys: HashSet<&OrderKey> = HashSet::new();
         let mut deferred = Vec::new();
@@ -195,7 +229,10 @@ impl PartitionWorker {
             wave.retain(|i| {
                 let behind = failed_keys.contains(keys[i]);
                 if behind {
-                    deferred.push(Deferred { index: *i, error: None });
+                    deferred.push(Deferred {
+                        index: *i,
+                        error: None,
+                    });
                 }
                 !behind
             });
@@ -209,7 +246,9 @@ impl PartitionWorker {
                     continue;
                 }
                 Ok(Wave::Failed(failures)) => failures,
-                Err(HandlerError::Unavailable(reason)) => return Err(BatchError::Unavailable(reason)),
+                Err(HandlerError::Unavailable(reason)) => {
+                    return Err(BatchError::Unavailable(reason));
+                }
                 // A set statement refused (not a handler's verdict on one
                 // event): find the record by applying the wave one at a time.
                 Err(error) if wave.len() == 1 => vec![(wave[0], error)],
@@ -225,7 +264,10 @@ impl PartitionWorker {
             for (index, error) in failures {
                 wave.retain(|i| *i != index);
                 failed_keys.insert(keys[&index]);
-                deferred.push(Deferred { index, error: Some(error) });
+                deferred.push(Deferred {
+                    index,
+                    error: Some(error),
+                });
             }
             pending.push_front(wave);
         }
@@ -235,7 +277,12 @@ impl PartitionWorker {
 
     /// One attempt at a wave (records of distinct keys): released records
     /// leave `held_records`, then one claim and each handler's batch.
-    async fn apply_wave<'a>(&self, tx: &mut Tx, items: &'a [Item], wave: &[usize]) -> Result<Wave<'a>, HandlerError> {
+    async fn apply_wave<'a>(
+        &self,
+        tx: &mut Tx,
+        items: &'a [Item],
+        wave: &[usize],
+    ) -> Result<Wave<'a>, HandlerError> {
         let started = Instant::now();
         let mut ledger = Ledger::default();
         let mut claiming = Vec::with_capacity(wave.len());
@@ -246,12 +293,20 @@ impl PartitionWorker {
             if let Some(id) = item.held_id
                 && !ordering::delete_held(tx, id).await?
             {
-                ledger.note(item, envelope_of(item), Outcome::AlreadyReleased, Duration::ZERO);
+                ledger.note(
+                    item,
+                    envelope_of(item),
+                    Outcome::AlreadyReleased,
+                    Duration::ZERO,
+                );
                 continue;
             }
             claiming.push((index, origin(item, envelope_of(item))));
         }
-        let claims: Vec<(&Envelope, &RecordOrigin)> = claiming.iter().map(|(i, o)| (envelope_of(&items[*i]), o)).collect();
+        let claims: Vec<(&Envelope, &RecordOrigin)> = claiming
+            .iter()
+            .map(|(i, o)| (envelope_of(&items[*i]), o))
+            .collect();
         let fresh = dedup::claim_batch(tx, &self.shared.options.group, &claims).await?;
         let mut applying = Vec::with_capacity(claiming.len());
         for ((index, origin), fresh) in claiming.iter().zip(fresh) {
@@ -259,7 +314,8 @@ impl PartitionWorker {
             if fresh {
                 applying.push(*index);
             } else {
-                self.note_conflict(tx, envelope, origin, &mut ledger).await?;
+                self.note_conflict(tx, envelope, origin, &mut ledger)
+                    .await?;
                 ledger.note(item, envelope, Outcome::Duplicate, Duration::ZERO);
             }
         }
@@ -270,8 +326,12 @@ impl PartitionWorker {
             for (&index, result) in applying.iter().zip(results) {
                 match result {
                     Ok(effect) => ledger.delta.record_effect(handler.name(), effect),
-                    Err(HandlerError::Unavailable(reason)) => return Err(HandlerError::Unavailable(reason)),
-                    Err(error) if !failures.iter().any(|(i, _)| *i == index) => failures.push((index, error)),
+                    Err(HandlerError::Unavailable(reason)) => {
+                        return Err(HandlerError::Unavailable(reason));
+                    }
+                    Err(error) if !failures.iter().any(|(i, _)| *i == index) => {
+                        failures.push((index, error))
+                    }
                     Err(_) => {}
                 }
             }
@@ -281,7 +341,12 @@ impl PartitionWorker {
         }
         let elapsed = started.elapsed();
         for &index in &applying {
-            ledger.note(&items[index], envelope_of(&items[index]), Outcome::Applied, elapsed);
+            ledger.note(
+                &items[index],
+                envelope_of(&items[index]),
+                Outcome::Applied,
+                elapsed,
+            );
         }
         tracing::debug!(records = applying.len(), "effects written");
         Ok(Wave::Done(ledger))
@@ -297,7 +362,15 @@ impl PartitionWorker {
     /// asks ([`Self::gated`]), given its key's parked row (locked): held
     /// behind the head (the hold is written here), the head itself (noted
     /// for release), a redelivery, or open.
-    async fn gate(&self, tx: &mut Tx, item: &Item, envelope: &Envelope, key: &OrderKey, parked: Option<&ordering::Parked>, ledger: &mut Ledger<'_>) -> Result<Gate, DbError> {
+    async fn gate(
+        &self,
+        tx: &mut Tx,
+        item: &Item,
+        envelope: &Envelope,
+        key: &OrderKey,
+        parked: Option<&ordering::Parked>,
+        ledger: &mut Ledger<'_>,
+    ) -> Result<Gate, DbError> {
         let group = self.shared.options.group.as_str();
         let gate = ordering::decide(tx, group, parked, &item.message, Some(envelope)).await?;
         match gate {
@@ -312,8 +385,15 @@ impl PartitionWorker {
 
     /// A skipped duplicate whose content differs from the event first
     /// applied under its id goes to the ledger (and `dedup_conflicts`).
-    async fn note_conflict(&self, tx: &mut Tx, envelope: &Envelope, origin: &RecordOrigin, ledger: &mut Ledger<'_>) -> Result<(), DbError> {
-        let conflict = dedup::check_duplicate(tx, &self.shared.options.group, envelope, origin).await?;
+    async fn note_conflict(
+        &self,
+        tx: &mut Tx,
+        envelope: &Envelope,
+        origin: &RecordOrigin,
+        ledger: &mut Ledger<'_>,
+    ) -> Result<(), DbError> {
+        let conflict =
+            dedup::check_duplicate(tx, &self.shared.options.group, envelope, origin).await?;
         ledger.conflicts.extend(conflict);
         Ok(())
     }
@@ -325,7 +405,9 @@ impl PartitionWorker {
             let _ = tx.rollback().await;
             return Err(revoked.into());
         }
-        tx.commit().await.map_err(|e| BatchError::Unavailable(e.to_string()))
+        tx.commit()
+            .await
+            .map_err(|e| BatchError::Unavailable(e.to_string()))
     }
 
     /// Stage 4, after the commit: the activity clock, the summary, the
@@ -337,7 +419,11 @@ impl PartitionWorker {
             *last = Instant::now();
         }
         ledger.delta.conflicting_duplicates = ledger.conflicts.len() as u64;
-        shared.summary.lock().expect("summary lock").merge(ledger.delta);
+        shared
+            .summary
+            .lock()
+            .expect("summary lock")
+            .merge(ledger.delta);
         if !ledger.reopened.is_empty() {
             // Forget them. Only this main-partition worker parks its keys'
             // main-path failures, so none of them was parked again since.
@@ -348,8 +434,13 @@ impl PartitionWorker {
         }
         if let Some(stamps) = &shared.options.commit_stamps {
             use rdkafka::Message;
-            let events: Vec<(uuid::Uuid, Option<i64>)> =
-                ledger.applied.iter().map(|(item, envelope, _)| (envelope.event_id, item.message.timestamp().to_millis())).collect();
+            let events: Vec<(uuid::Uuid, Option<i64>)> = ledger
+                .applied
+                .iter()
+                .map(|(item, envelope, _)| {
+                    (envelope.event_id, item.message.timestamp().to_millis())
+                })
+                .collect();
             stamps.applied(&events);
         }
         let now = chrono::Utc::now();
@@ -365,16 +456,28 @@ impl PartitionWorker {
         }
         for (item, envelope) in ledger.duplicates {
             let _in_record = self.span(&item.message, Some(envelope)).entered();
-            DuplicateSkipped { group, event_name: envelope.event_name.as_str() }.emit();
+            DuplicateSkipped {
+                group,
+                event_name: envelope.event_name.as_str(),
+            }
+            .emit();
         }
         for conflict in &ledger.conflicts {
             ConflictingDuplicate { conflict }.emit();
         }
         for (item, envelope) in ledger.held {
             let _in_record = self.span(&item.message, Some(envelope)).entered();
-            Held { group, event_name: envelope.event_name.as_str() }.emit();
+            Held {
+                group,
+                event_name: envelope.event_name.as_str(),
+            }
+            .emit();
         }
-        Committed { heads: ledger.heads, released_elsewhere: ledger.released_elsewhere, deferred: Vec::new() }
+        Committed {
+            heads: ledger.heads,
+            released_elsewhere: ledger.released_elsewhere,
+            deferred: Vec::new(),
+        }
     }
 }
 
@@ -396,7 +499,9 @@ fn waves<K: Eq + std::hash::Hash>(open: &[usize], keys: &HashMap<usize, K>) -> V
 
 /// The envelope of a record past decoding (poison never gets this far).
 fn envelope_of(item: &Item) -> &Envelope {
-    item.envelope.as_ref().expect("only decoded records are applied")
+    item.envelope
+        .as_ref()
+        .expect("only decoded records are applied")
 }
 
 /// Where the record came from, for its dedup row.
@@ -415,11 +520,15 @@ mod tests {
 
     #[test]
     fn a_wave_holds_one_record_per_key_and_waves_follow_offset_order() {
-        let keys: HashMap<usize, String> = [(0, "a"), (1, "a"), (2, "b"), (3, "a"), (5, "c"), (6, "b")]
-            .into_iter()
-            .map(|(i, k)| (i, k.to_string()))
-            .collect();
-        assert_eq!(waves(&[0, 1, 2, 3, 5, 6], &keys), vec![vec![0, 2, 5], vec![1, 6], vec![3]]);
+        let keys: HashMap<usize, String> =
+            [(0, "a"), (1, "a"), (2, "b"), (3, "a"), (5, "c"), (6, "b")]
+                .into_iter()
+                .map(|(i, k)| (i, k.to_string()))
+                .collect();
+        assert_eq!(
+            waves(&[0, 1, 2, 3, 5, 6], &keys),
+            vec![vec![0, 2, 5], vec![1, 6], vec![3]]
+        );
         assert!(waves(&[], &keys).is_empty());
     }
 }

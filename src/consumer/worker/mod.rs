@@ -68,12 +68,12 @@ use super::handler::HandlerError;
 use super::version::{self, UNSUPPORTED_VERSION};
 use super::{ConsumeSummary, Shared};
 use crate::backoff::{Backoff, retry, until_available};
-use crate::envelope::Envelope;
+use crate::clock::now_ms;
 use crate::consumer::events::{DeadLettered, ProcessingFailed, SentToRetry};
+use crate::envelope::Envelope;
+use crate::kafka::record::{Failure, header, header_text};
 use crate::metrics::InternalEvent;
 use crate::ordering::ParkState;
-use crate::clock::now_ms;
-use crate::kafka::record::{Failure, header, header_text};
 use crate::retry::Routed;
 
 /// Largest record value accepted (order events are small by rule).
@@ -153,7 +153,11 @@ struct At<'a> {
 
 impl fmt::Display for At<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({}/{}", self.what, self.partition.0, self.partition.1)?;
+        write!(
+            f,
+            "{} ({}/{}",
+            self.what, self.partition.0, self.partition.1
+        )?;
         if let Some(offset) = self.offset {
             write!(f, " at offset {offset}")?;
         }
@@ -170,12 +174,24 @@ pub struct PartitionWorker {
 
 impl PartitionWorker {
     pub(crate) fn new(shared: Arc<Shared>, key: PartitionKey, generation: u64) -> Self {
-        Self { shared, key, generation }
+        Self {
+            shared,
+            key,
+            generation,
+        }
     }
 
     /// Ok while the partition is still this worker's.
     fn still_owned(&self) -> Result<(), Revoked> {
-        if self.shared.assignment.is_current(&self.key, self.generation) { Ok(()) } else { Err(Revoked) }
+        if self
+            .shared
+            .assignment
+            .is_current(&self.key, self.generation)
+        {
+            Ok(())
+        } else {
+            Err(Revoked)
+        }
     }
 
     fn is_retry_partition(&self) -> bool {
@@ -191,7 +207,11 @@ impl PartitionWorker {
     }
 
     fn at<'a>(&'a self, what: &'a str) -> At<'a> {
-        At { what, partition: &self.key, offset: None }
+        At {
+            what,
+            partition: &self.key,
+            offset: None,
+        }
     }
 
     /// Processes records until the channel closes or the partition is revoked.
@@ -236,7 +256,11 @@ impl PartitionWorker {
     /// Runs a database step until it succeeds, waiting with backoff and
     /// reporting the database down meanwhile (its next owner re-reads the
     /// records and redoes the step if the partition is revoked first).
-    async fn until_db_ok<T, F: Future<Output = Result<T, crate::db::DbError>>>(&self, what: &str, step: impl FnMut() -> F) -> Result<T, Revoked> {
+    async fn until_db_ok<T, F: Future<Output = Result<T, crate::db::DbError>>>(
+        &self,
+        what: &str,
+        step: impl FnMut() -> F,
+    ) -> Result<T, Revoked> {
         let health = &self.shared.health;
         let report = |e: crate::db::DbError| async move {
             health.db_down(&e.to_string()).await;
@@ -258,7 +282,11 @@ impl PartitionWorker {
             }
             due.push(message);
         }
-        if due.is_empty() { Ok(()) } else { self.process(due).await }
+        if due.is_empty() {
+            Ok(())
+        } else {
+            self.process(due).await
+        }
     }
 
     /// Sleeps until the record's due time with the partition paused, so the
@@ -271,15 +299,19 @@ impl PartitionWorker {
             return Ok(());
         }
         let reason = super::dispatch::PauseReason::DueWait;
-        self.shared.pause_partition(&self.key, self.generation, reason);
+        self.shared
+            .pause_partition(&self.key, self.generation, reason);
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait as u64);
         let mut owned = self.still_owned();
         while owned.is_ok() && tokio::time::Instant::now() < deadline {
-            let step = deadline.saturating_duration_since(tokio::time::Instant::now()).min(Duration::from_secs(1));
+            let step = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .min(Duration::from_secs(1));
             tokio::time::sleep(step).await;
             owned = self.still_owned();
         }
-        self.shared.resume_partition(&self.key, self.generation, reason);
+        self.shared
+            .resume_partition(&self.key, self.generation, reason);
         owned
     }
 
@@ -291,7 +323,11 @@ impl PartitionWorker {
         let mut items = Vec::with_capacity(batch.len());
         let mut poison = Vec::with_capacity(batch.len());
         for message in batch {
-            let mut item = Item { message, envelope: None, held_id: None };
+            let mut item = Item {
+                message,
+                envelope: None,
+                held_id: None,
+            };
             match self.decode(&item.message).await? {
                 Decoded::Envelope(envelope) => {
                     item.envelope = Some(envelope);
@@ -303,7 +339,10 @@ impl PartitionWorker {
         }
         let mut start = 0;
         while start < items.len() {
-            let end = poison[start..].iter().position(Option::is_some).map_or(items.len(), |p| start + p);
+            let end = poison[start..]
+                .iter()
+                .position(Option::is_some)
+                .map_or(items.len(), |p| start + p);
             if end > start {
                 self.apply_in_order(&items[start..end]).await?;
             }
@@ -326,7 +365,9 @@ impl PartitionWorker {
     /// once all of them are settled.
     async fn apply_in_order(&self, items: &[Item]) -> Result<(), Revoked> {
         self.still_owned()?;
-        let Committed { heads, deferred, .. } = self.apply_until_available(items).await?;
+        let Committed {
+            heads, deferred, ..
+        } = self.apply_until_available(items).await?;
         self.shared.health.db_up().await;
         let last = items.last().expect("non-empty").message.offset();
         match deferred.first().map(|d| d.index) {
@@ -372,14 +413,22 @@ impl PartitionWorker {
                 }
             }
         };
-        until_available(self.at("batch not applied"), || self.apply(items), failed, || self.still_owned()).await
+        until_available(
+            self.at("batch not applied"),
+            || self.apply(items),
+            failed,
+            || self.still_owned(),
+        )
+        .await
     }
 
     /// Applies one record alone: its handler failure, if any, is the error.
     async fn apply_one(&self, item: &Item) -> Result<Committed, BatchError> {
         let mut committed = self.apply(std::slice::from_ref(item)).await?;
         match committed.deferred.pop() {
-            Some(apply::Deferred { error: Some(error), .. }) => Err(BatchError::Record(error)),
+            Some(apply::Deferred {
+                error: Some(error), ..
+            }) => Err(BatchError::Record(error)),
             _ => Ok(committed),
         }
     }
@@ -390,7 +439,10 @@ impl PartitionWorker {
         let _in_record = self.span(&item.message, item.envelope.as_ref()).entered();
         ProcessingFailed {
             group: &self.shared.options.group,
-            event_name: item.envelope.as_ref().map_or("unknown", |e| e.event_name.as_str()),
+            event_name: item
+                .envelope
+                .as_ref()
+                .map_or("unknown", |e| e.event_name.as_str()),
             class: error.class(),
             error: &error.to_string(),
         }
@@ -428,7 +480,11 @@ impl PartitionWorker {
     /// retries run at once and use up attempts, the database being down is
     /// waited out in place and does not, and without the error tier
     /// (`consumer.error_tier = false`) every failure is retried in place.
-    async fn retry_locally(&self, item: &Item, mut error: HandlerError) -> Result<Result<Committed, Failure>, Revoked> {
+    async fn retry_locally(
+        &self,
+        item: &Item,
+        mut error: HandlerError,
+    ) -> Result<Result<Committed, Failure>, Revoked> {
         let mut executions = 1;
         let mut backoff = Backoff::new();
         let local_retries = self.shared.forwarder.policy().local_retries;
@@ -439,7 +495,9 @@ impl PartitionWorker {
                 // Infrastructure: wait in place; it does not use up attempts.
                 HandlerError::Unavailable(_) => backoff.wait().await,
                 HandlerError::Retryable(_) if executions <= local_retries => executions += 1,
-                HandlerError::Retryable(_) | HandlerError::Fatal(_) | HandlerError::Rejected(_) => break,
+                HandlerError::Retryable(_) | HandlerError::Fatal(_) | HandlerError::Rejected(_) => {
+                    break;
+                }
             }
             match self.apply_one(item).await {
                 Ok(committed) => {
@@ -470,8 +528,18 @@ impl PartitionWorker {
         self.still_owned()?;
         let forwards = failed.iter().map(|(item, failure)| {
             let message = &item.message;
-            let forward = move || self.shared.forwarder.forward(message, failure).instrument(self.span(message, None));
-            until_available(self.at("forwarding a failed record failed"), forward, retry, || self.still_owned())
+            let forward = move || {
+                self.shared
+                    .forwarder
+                    .forward(message, failure)
+                    .instrument(self.span(message, None))
+            };
+            until_available(
+                self.at("forwarding a failed record failed"),
+                forward,
+                retry,
+                || self.still_owned(),
+            )
         });
         let mut routed = std::pin::pin!(futures::future::try_join_all(forwards));
         if self.shared.options.crash_before_forward_ack {
@@ -486,16 +554,30 @@ impl PartitionWorker {
         for ((item, failure), routed) in failed.iter().zip(routed) {
             let message = &item.message;
             let _in_record = self.span(message, None).entered();
-            let event_name = header_text(message, header::EVENT_NAME).unwrap_or_else(|| "unknown".into());
+            let event_name =
+                header_text(message, header::EVENT_NAME).unwrap_or_else(|| "unknown".into());
             let state = match routed {
                 Routed::Retry { attempt, delay } => {
                     self.count(|s| s.sent_to_retry += 1);
-                    SentToRetry { group, attempt, delay, class: &failure.class, error: &failure.message }.emit();
+                    SentToRetry {
+                        group,
+                        attempt,
+                        delay,
+                        class: &failure.class,
+                        error: &failure.message,
+                    }
+                    .emit();
                     ParkState::Retrying
                 }
                 Routed::DeadLetter => {
                     self.count(|s| s.dead_lettered += 1);
-                    DeadLettered { group, event_name: &event_name, class: &failure.class, error: &failure.message }.emit();
+                    DeadLettered {
+                        group,
+                        event_name: &event_name,
+                        class: &failure.class,
+                        error: &failure.message,
+                    }
+                    .emit();
                     ParkState::Dead
                 }
             };
@@ -511,19 +593,27 @@ impl PartitionWorker {
         let checked = if payload.is_some_and(|p| p.len() > MAX_VALUE_BYTES) {
             Err((
                 "oversized",
-                format!("value of {} bytes exceeds the {MAX_VALUE_BYTES}-byte limit for an order event", payload.map_or(0, <[u8]>::len)),
+                format!(
+                    "value of {} bytes exceeds the {MAX_VALUE_BYTES}-byte limit for an order event",
+                    payload.map_or(0, <[u8]>::len)
+                ),
             ))
         } else {
             let decode = || async {
                 match self.shared.codec.decode(payload).await {
                     Ok(envelope) => Ok(check_key(message, envelope).and_then(|envelope| {
-                        version::check(&envelope, &self.shared.options.handlers).map(|()| envelope).map_err(|why| (UNSUPPORTED_VERSION, why))
+                        version::check(&envelope, &self.shared.options.handlers)
+                            .map(|()| envelope)
+                            .map_err(|why| (UNSUPPORTED_VERSION, why))
                     })),
                     Err(e) if e.is_retryable() => Err(e),
                     Err(e) => Ok(Err((e.class(), e.to_string()))),
                 }
             };
-            let what = At { offset: Some(message.offset()), ..self.at("registry unavailable") };
+            let what = At {
+                offset: Some(message.offset()),
+                ..self.at("registry unavailable")
+            };
             until_available(what, decode, retry, || self.still_owned()).await?
         };
         Ok(match checked {
@@ -539,7 +629,13 @@ impl PartitionWorker {
             s.decode_failures += 1;
             s.unsupported_versions += u64::from(class == UNSUPPORTED_VERSION);
         });
-        ProcessingFailed { group: &self.shared.options.group, event_name: "unknown", class, error: &reason }.emit();
+        ProcessingFailed {
+            group: &self.shared.options.group,
+            event_name: "unknown",
+            class,
+            error: &reason,
+        }
+        .emit();
         tracing::error!(topic = %self.key.0, partition = self.key.1, offset = message.offset(), class, error = %reason,
             "poison record: sending to the dead-letter topic");
         Failure {
@@ -554,8 +650,14 @@ impl PartitionWorker {
     /// `trace_id` header), event id and where the record sits. Exported over
     /// OTLP as a child of the record's `traceparent`.
     fn span(&self, message: &OwnedMessage, envelope: Option<&Envelope>) -> tracing::Span {
-        let trace_id = envelope.map(|e| e.trace_id.clone()).or_else(|| header_text(message, header::TRACE_ID)).unwrap_or_default();
-        let event_id = envelope.map(|e| e.event_id.to_string()).or_else(|| header_text(message, header::EVENT_ID)).unwrap_or_default();
+        let trace_id = envelope
+            .map(|e| e.trace_id.clone())
+            .or_else(|| header_text(message, header::TRACE_ID))
+            .unwrap_or_default();
+        let event_id = envelope
+            .map(|e| e.event_id.to_string())
+            .or_else(|| header_text(message, header::EVENT_ID))
+            .unwrap_or_default();
         let span = tracing::info_span!(
             "record",
             trace_id = %trace_id,
@@ -572,7 +674,9 @@ impl PartitionWorker {
     /// Stores `offset + 1` as the next offset to commit for this partition.
     fn store_offset(&self, offset: i64) {
         let mut list = TopicPartitionList::new();
-        if list.add_partition_offset(&self.key.0, self.key.1, Offset::Offset(offset + 1)).is_ok()
+        if list
+            .add_partition_offset(&self.key.0, self.key.1, Offset::Offset(offset + 1))
+            .is_ok()
             && let Err(e) = self.shared.consumer.store_offsets(&list)
         {
             // The partition was revoked after the commit: the next owner
@@ -584,18 +688,29 @@ impl PartitionWorker {
 
 /// When a retry-topic record is due (ms since the epoch; 0 = now).
 fn due_ms(message: &OwnedMessage) -> i64 {
-    header_text(message, header::DUE).and_then(|d| d.parse().ok()).unwrap_or(0)
+    header_text(message, header::DUE)
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Order events are keyed by order id: a record without that key would
 /// break per-order ordering, so it is refused.
-fn check_key(message: &OwnedMessage, envelope: Envelope) -> Result<Envelope, (&'static str, String)> {
+fn check_key(
+    message: &OwnedMessage,
+    envelope: Envelope,
+) -> Result<Envelope, (&'static str, String)> {
     let want = envelope.key();
     match message.key() {
-        None => Err(("invalid_key", format!("record has no key; order events are keyed by order_id ({want})"))),
+        None => Err((
+            "invalid_key",
+            format!("record has no key; order events are keyed by order_id ({want})"),
+        )),
         Some(k) if k != want.as_bytes() => Err((
             "invalid_key",
-            format!("record key `{}` is not the order_id {want}", String::from_utf8_lossy(k)),
+            format!(
+                "record key `{}` is not the order_id {want}",
+                String::from_utf8_lossy(k)
+            ),
         )),
         Some(_) => Ok(envelope),
     }

@@ -27,8 +27,16 @@ impl PartitionWorker {
     /// Loads the parked keys of this partition into the consumer's set before
     /// its first record (they may have been parked by its previous owner).
     pub(super) async fn load_parked_keys(&self) -> Result<(), Revoked> {
-        let (db, group, (topic, partition)) = (&self.shared.db, self.shared.options.group.as_str(), &self.key);
-        let keys = self.until_db_ok("cannot load parked keys", || ordering::keys_of_partition(db, group, topic, *partition)).await?;
+        let (db, group, (topic, partition)) = (
+            &self.shared.db,
+            self.shared.options.group.as_str(),
+            &self.key,
+        );
+        let keys = self
+            .until_db_ok("cannot load parked keys", || {
+                ordering::keys_of_partition(db, group, topic, *partition)
+            })
+            .await?;
         self.shared.parked.lock().expect("parked lock").extend(keys);
         Ok(())
     }
@@ -41,19 +49,24 @@ impl PartitionWorker {
             return Ok(false);
         };
         let key = self.order_key(&item.message, key);
-        if !self.ordered() || !(self.is_retry_partition() || self.shared.is_parked(&key.topic, &key.key)) {
+        if !self.ordered()
+            || !(self.is_retry_partition() || self.shared.is_parked(&key.topic, &key.key))
+        {
             return Ok(false);
         }
         let (db, group, key) = (&self.shared.db, self.shared.options.group.as_str(), &key);
-        self.until_db_ok("cannot check the parked key of a poison record", move || async move {
-            let mut tx = db.begin().await?;
-            let gate = ordering::gate(&mut tx, group, key, &item.message, None).await?;
-            if gate == Gate::Hold {
-                ordering::hold(&mut tx, group, key, &item.message, None).await?;
-            }
-            tx.commit().await?;
-            Ok(gate == Gate::Hold)
-        })
+        self.until_db_ok(
+            "cannot check the parked key of a poison record",
+            move || async move {
+                let mut tx = db.begin().await?;
+                let gate = ordering::gate(&mut tx, group, key, &item.message, None).await?;
+                if gate == Gate::Hold {
+                    ordering::hold(&mut tx, group, key, &item.message, None).await?;
+                }
+                tx.commit().await?;
+                Ok(gate == Gate::Hold)
+            },
+        )
         .await
     }
 
@@ -62,7 +75,10 @@ impl PartitionWorker {
     /// `held_records` in the transaction that applies it. A held record that
     /// fails becomes the new head (it goes through the error tier like any
     /// failure) and the rest stay held. Unparks a key when none remain.
-    pub(crate) async fn release(&self, heads: impl IntoIterator<Item = OrderKey>) -> Result<(), Revoked> {
+    pub(crate) async fn release(
+        &self,
+        heads: impl IntoIterator<Item = OrderKey>,
+    ) -> Result<(), Revoked> {
         for key in heads {
             self.release_key(&key).await?;
         }
@@ -74,11 +90,20 @@ impl PartitionWorker {
         loop {
             self.still_owned()?;
             let what = format!("cannot read the records held behind key {key}");
-            let next_held = until_available(self.at(&what), || self.next_held(key), retry, || self.still_owned());
+            let next_held = until_available(
+                self.at(&what),
+                || self.next_held(key),
+                retry,
+                || self.still_owned(),
+            );
             let Some(held) = next_held.await? else {
                 return Ok(());
             };
-            let mut next = Item { message: held.to_message(), envelope: None, held_id: Some(held.id) };
+            let mut next = Item {
+                message: held.to_message(),
+                envelope: None,
+                held_id: Some(held.id),
+            };
             match self.decode(&next.message).await? {
                 Decoded::Envelope(envelope) => next.envelope = Some(envelope),
                 Decoded::Poison(failure) => {
@@ -91,12 +116,22 @@ impl PartitionWorker {
             // read again (another release of the key may have applied it).
             match self.apply_one(&next).await {
                 // The other release of this key applied it first.
-                Ok(Committed { released_elsewhere: 1.., .. }) => {}
+                Ok(Committed {
+                    released_elsewhere: 1..,
+                    ..
+                }) => {}
                 Ok(_) => {
                     self.count(|s| s.released += 1);
                     let _in_record = self.span(&next.message, next.envelope.as_ref()).entered();
-                    let event_name = next.envelope.as_ref().map_or("unknown", |e| e.event_name.as_str());
-                    Released { group: &self.shared.options.group, event_name }.emit();
+                    let event_name = next
+                        .envelope
+                        .as_ref()
+                        .map_or("unknown", |e| e.event_name.as_str());
+                    Released {
+                        group: &self.shared.options.group,
+                        event_name,
+                    }
+                    .emit();
                 }
                 Err(BatchError::Revoked(revoked)) => return Err(revoked),
                 Err(BatchError::Unavailable(reason)) => {
@@ -115,7 +150,10 @@ impl PartitionWorker {
 
     /// The oldest record held behind `key`; None when its head is not done
     /// yet, or when nothing is held any more, in which case the key is unparked.
-    async fn next_held(&self, key: &OrderKey) -> Result<Option<ordering::HeldRecord>, crate::db::DbError> {
+    async fn next_held(
+        &self,
+        key: &OrderKey,
+    ) -> Result<Option<ordering::HeldRecord>, crate::db::DbError> {
         let shared = &self.shared;
         let group = shared.options.group.as_str();
         let mut tx = shared.db.begin().await?;
@@ -157,7 +195,11 @@ impl PartitionWorker {
                     // Not an order id (the record failed its key check): no record
                     // of this key can be applied, so there is no order to keep, and
                     // parking it would cut the key to fit the column.
-                    tracing::warn!(chars = key.chars().count(), limit = crate::db::RECORD_KEY_CHARS, "record key too long to park; not parked");
+                    tracing::warn!(
+                        chars = key.chars().count(),
+                        limit = crate::db::RECORD_KEY_CHARS,
+                        "record key too long to park; not parked"
+                    );
                     return None;
                 }
                 Some((*item, *state, self.order_key(&item.message, key)))
@@ -171,7 +213,16 @@ impl PartitionWorker {
             let mut tx = db.begin().await?;
             for (item, state, key) in parks_ref {
                 let rehead = item.held_id.is_some();
-                ordering::park(&mut tx, group, key, &item.message, item.envelope.as_ref(), *state, rehead).await?;
+                ordering::park(
+                    &mut tx,
+                    group,
+                    key,
+                    &item.message,
+                    item.envelope.as_ref(),
+                    *state,
+                    rehead,
+                )
+                .await?;
                 if let Some(id) = item.held_id {
                     ordering::delete_held(&mut tx, id).await?;
                 }
@@ -179,7 +230,11 @@ impl PartitionWorker {
             Ok(tx.commit().await?)
         })
         .await?;
-        self.shared.parked.lock().expect("parked lock").extend(parks.iter().map(|(_, _, key)| key.clone()));
+        self.shared
+            .parked
+            .lock()
+            .expect("parked lock")
+            .extend(parks.iter().map(|(_, _, key)| key.clone()));
         for (item, state, key) in &parks {
             let _in_record = self.span(&item.message, item.envelope.as_ref()).entered();
             tracing::info!(key = %key.key, topic = %key.topic, state = state.as_str(), "key parked: its later records wait behind this one");
@@ -191,11 +246,16 @@ impl PartitionWorker {
     /// main topic ([`ordering::key_topic`]).
     pub(super) fn order_key(&self, message: &OwnedMessage, key: String) -> OrderKey {
         let group = self.shared.options.group.as_str();
-        OrderKey { topic: ordering::key_topic(message, &self.shared.forwarder.topics.retry, group), key }
+        OrderKey {
+            topic: ordering::key_topic(message, &self.shared.forwarder.topics.retry, group),
+            key,
+        }
     }
 }
 
 /// The record's Kafka key as text (the order id), the unit of ordering.
 pub(super) fn record_key(message: &OwnedMessage) -> Option<String> {
-    message.key().map(|k| String::from_utf8_lossy(k).into_owned())
+    message
+        .key()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
 }

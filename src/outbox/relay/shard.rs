@@ -314,7 +314,10 @@ pub(super) async fn run(
             continue;
         }
         let ids = batch.ids();
-        in_flight.lock().expect("not poisoned").extend(ids.iter().copied());
+        in_flight
+            .lock()
+            .expect("not poisoned")
+            .extend(ids.iter().copied());
         // The next batch is claimed and encoded while this one's Kafka
         // transaction runs; it skips this batch's rows (in flight).
         let ((outcome, too_large), prefetched) = tokio::join!(
@@ -328,14 +331,20 @@ pub(super) async fn run(
             ),
             claim(&shared, shard, &in_flight, &dying, &refused, &mut held),
         );
-        super::transaction(if matches!(outcome, ShardOutcome::Committed) { "committed" } else { "aborted" });
+        super::transaction(if matches!(outcome, ShardOutcome::Committed) {
+            "committed"
+        } else {
+            "aborted"
+        });
         match outcome {
             ShardOutcome::Committed => {
                 backoff.reset();
                 // One counter update per topic and event name, not per record.
                 let mut by_event: BTreeMap<(&str, &str), u64> = BTreeMap::new();
                 for r in &batch.records {
-                    *by_event.entry((r.topic.as_str(), r.event_name.as_str())).or_default() += 1;
+                    *by_event
+                        .entry((r.topic.as_str(), r.event_name.as_str()))
+                        .or_default() += 1;
                 }
                 let mut by_topic: BTreeMap<String, u64> = BTreeMap::new();
                 for ((topic, event_name), n) in by_event {
@@ -360,7 +369,10 @@ pub(super) async fn run(
                         None
                     }
                 };
-                if let Some(gate) = crash.as_ref().filter(|g| g.point == CrashPoint::AfterKafkaCommit) {
+                if let Some(gate) = crash
+                    .as_ref()
+                    .filter(|g| g.point == CrashPoint::AfterKafkaCommit)
+                {
                     // Armed: nothing is marked; the crash fires once this
                     // shard holds the pipeline's depth of unmarked commits.
                     held_unmarked += 1;
@@ -691,9 +703,7 @@ async fn transaction(
             return (abort_or_fatal(producer, e).await, too_large);
         }
     };
-    if !*gate_passed
-        && let Some(gate) = crash.filter(|g| g.point != CrashPoint::AfterKafkaCommit)
-    {
+    if !*gate_passed && let Some(gate) = crash.filter(|g| g.point != CrashPoint::AfterKafkaCommit) {
         // Crash inside the transaction: every shard's records reach the
         // log (uncommitted) before the process dies or stops.
         let _ = producer.flush(Duration::from_secs(10));
