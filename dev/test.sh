@@ -31,8 +31,12 @@ python3 "$ROOT/dev/import-cycles.py" --self-test
 python3 "$ROOT/dev/import-cycles.py"
 
 "$STACK" deps
+echo "== cargo fmt --check"
+cargo fmt --check
 echo "== building tests"
 cargo build --features harness --tests --bins
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --features harness --all-targets -- -D warnings
 
 if "$STACK" status >/dev/null 2>&1; then
   echo "== stack already running: reusing it, leaving it running afterwards"
