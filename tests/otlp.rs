@@ -1,10 +1,11 @@
-//! OTLP export (built with `--features otlp`), against the dev stack: a
-//! consumer's spans reach a local OTLP/HTTP endpoint, and each record span
-//! continues the trace of the record's `traceparent` header. `make test`
-//! runs it with the release image's binary as the consumer
-//! (`OTLP_CONSUMER_BINARY=target/release/orderpipe cargo test --features otlp,harness --test otlp`):
-//! the production build exports traces.
-#![cfg(feature = "otlp")]
+//! OTLP export, against the dev stack: a consumer's spans reach a local
+//! OTLP/HTTP endpoint, and each record span continues the trace of the
+//! record's `traceparent` header. The consumer is a binary built with
+//! `--features otlp`, named by `OTLP_CONSUMER_BINARY`; `make test` names the
+//! release image's binary, so the production build is what exports traces:
+//! `OTLP_CONSUMER_BINARY=target/release/orderpipe cargo test --features harness --test otlp -- --ignored`.
+//! It is `#[ignore]`d because the suite's own binary (harness, no otlp)
+//! cannot export; the test itself is built with the suite.
 
 #[allow(dead_code)]
 #[path = "it/helpers.rs"]
@@ -69,6 +70,7 @@ async fn collector() -> (String, Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<Span>>>)
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a consumer built with --features otlp: OTLP_CONSUMER_BINARY=target/release/orderpipe (make test runs it after the image)"]
 async fn record_spans_are_exported_over_otlp_http_as_children_of_the_records_traceparent() {
     let env = helpers::TestEnv::new().with_database().await;
     let group = "otlp";
@@ -102,7 +104,8 @@ async fn record_spans_are_exported_over_otlp_http_as_children_of_the_records_tra
     let (endpoint, requests, spans) = collector().await;
     // The consumer: the release image's binary when make test names it
     // (OTLP_CONSUMER_BINARY=target/release/orderpipe, the file dev/image.sh
-    // copies into the image), else this build's.
+    // copies into the image), else this build's (which fails on
+    // --otlp-endpoint unless built with --features otlp).
     let binary = std::env::var("OTLP_CONSUMER_BINARY")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_orderpipe").to_string());
     eprintln!("consumer binary: {binary}");
