@@ -13,6 +13,21 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK="$ROOT/dev/stack.sh"
 cd "$ROOT"
 
+# Phase timings: `phase NAME` ends the phase before it; the table prints at
+# exit, failed or not, so a slow or failing run shows where its time went.
+PHASES=()
+phase_name="" phase_start=$SECONDS
+phase() {
+  [[ -n "$phase_name" ]] && PHASES+=("$(printf '%-58s %5ss' "$phase_name" $((SECONDS - phase_start)))")
+  phase_name="$1" phase_start=$SECONDS
+  echo "== $1"
+}
+print_phases() {
+  [[ -n "$phase_name" ]] && phase "(end)" >/dev/null
+  echo "== phase timings (total ${SECONDS}s)"
+  printf '   %s\n' "${PHASES[@]}"
+}
+
 # A fresh clone's builds (debug with the harness, release for the image, the
 # OTLP variant) and the image's vfs layers take about 15 GB. Running out half
 # way fails in rustc with "No space left on device" after minutes of work;
@@ -26,17 +41,47 @@ if (( free_gb < min_free_gb )); then
 fi
 echo "== disk: ${free_gb} GB free (needs about ${min_free_gb})"
 
-echo "== no import circle among src/ modules (dev/import-cycles.py)"
+phase "no import circle among src/ modules (dev/import-cycles.py)"
 python3 "$ROOT/dev/import-cycles.py" --self-test
 python3 "$ROOT/dev/import-cycles.py"
 
+phase "apt packages, Kafka jars, Apicurio (dev/stack.sh deps)"
 "$STACK" deps
-echo "== cargo fmt --check"
+phase "cargo fmt --check"
 cargo fmt --check
-echo "== building tests"
+phase "building tests"
 cargo build --features harness --tests --bins
-echo "== cargo clippy --all-targets -- -D warnings"
-cargo clippy --features harness --all-targets -- -D warnings
+# clippy and the image's release build run in the background, at the
+# lowest CPU priority, during the serial phase's robustness tests: those
+# mostly wait (outages, kills, session timeouts), and the two builds are a
+# quarter of a fresh run's time when run in line. The measurement tests run
+# before they start. A failure of either fails the run after the tests.
+BACKGROUND_PID=""
+BACKGROUND_LOG="$ROOT/target/make-test-background.log"
+start_background_builds() {
+  echo "== background, nice 19: cargo clippy, then the image's release build (log: $BACKGROUND_LOG)"
+  (
+    set +e
+    nice -n 19 cargo clippy --features harness --all-targets -- -D warnings
+    echo "clippy rc=$?"
+    # dev/image.sh runs this same command; it then finds nothing to do.
+    nice -n 19 cargo build --release --locked --features otlp --bin orderpipe
+    echo "release rc=$?"
+  ) >"$BACKGROUND_LOG" 2>&1 &
+  BACKGROUND_PID=$!
+}
+wait_background_builds() {
+  phase "waiting for the background builds: clippy, release"
+  wait "$BACKGROUND_PID" || true
+  BACKGROUND_PID=""
+  local ok=1
+  grep -qx 'clippy rc=0' "$BACKGROUND_LOG" || { echo "cargo clippy failed:" >&2; ok=0; }
+  grep -qx 'release rc=0' "$BACKGROUND_LOG" || { echo "the release build failed:" >&2; ok=0; }
+  if (( ! ok )); then
+    grep -v '^ *\(Compiling\|Checking\) ' "$BACKGROUND_LOG" | tail -n 60 >&2
+    exit 1
+  fi
+}
 
 if "$STACK" status >/dev/null 2>&1; then
   echo "== stack already running: reusing it, leaving it running afterwards"
@@ -44,50 +89,96 @@ if "$STACK" status >/dev/null 2>&1; then
 else
   started=1
 fi
-stop_stack() {
+on_exit() {
+  local rc=$?
+  [[ -n "$BACKGROUND_PID" ]] && kill -- "$BACKGROUND_PID" 2>/dev/null
   if (( started )); then
     echo "== stopping the stack this run started"
     "$STACK" down || true
   fi
+  print_phases
+  exit "$rc"
 }
-trap stop_stack EXIT
+trap on_exit EXIT
+phase "the stack (dev/stack.sh up)"
 "$STACK" up
 
 # What the tests of earlier runs left on a reused stack: each test has its own
 # topics (t<hex>.*, 12 partitions each) and database (op_t<hex>). A few runs'
 # worth of partitions exhaust the broker's open files (it then fails to
 # start), and the databases fill MariaDB's buffer pool.
-echo "== deleting the topics (t<hex>.*) and databases (op_t<hex>) of earlier test runs"
+phase "deleting the topics (t<hex>.*) and databases (op_t<hex>) of earlier test runs"
 "$STACK" kafka-topics --delete --if-exists --topic 't[0-9a-f]{10}[.].*' >/dev/null \
   || echo "warning: the earlier test topics were not deleted; the broker may run out of open files" >&2
 for db in $("$STACK" sql -N -e "SELECT schema_name FROM information_schema.schemata WHERE schema_name REGEXP '^op_t[0-9a-f]{10}\$'"); do
   "$STACK" sql -e "DROP DATABASE \`$db\`"
 done
 
-echo "== Helm chart and alert rules"
+phase "Helm chart and alert rules (dev/chart-test.sh)"
 "$ROOT/dev/chart-test.sh"
 
-echo "== unit and integration tests"
+phase "unit and integration tests (parallel)"
 cargo test --features harness --all-targets
-echo "== serial integration tests (one at a time)"
-cargo test --features harness --test it -- --ignored --test-threads=1
+
+# The serial phase: the #[ignore]d tests of tests/it, one at a time, each
+# timed. The binary runs directly (cargo would wait on the build lock the
+# background clippy holds), from the crate root as cargo runs it.
+phase "serial integration tests (one at a time)"
+IT_BINARY="$(cargo test --features harness --test it --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "it" and m.get("executable"):
+        print(m["executable"])')"
+[[ -x "$IT_BINARY" ]] || { echo "error: no test binary for tests/it" >&2; exit 1; }
+mapfile -t SERIAL < <("$IT_BINARY" --ignored --list --format terse 2>/dev/null | sed -n 's/: test$//p')
+# Measurements (a timing bound, a latency) first, on a quiet machine; the
+# ignore reason says which ("serial: a measurement ...").
+mapfile -t MEASUREMENTS < <(python3 "$ROOT/dev/serial-tests.py" measurements)
+(( ${#SERIAL[@]} > 0 && ${#MEASUREMENTS[@]} > 0 )) \
+  || { echo "error: found ${#SERIAL[@]} serial tests, ${#MEASUREMENTS[@]} measurements" >&2; exit 1; }
+for name in "${MEASUREMENTS[@]}"; do
+  [[ " ${SERIAL[*]} " == *" $name "* ]] \
+    || { echo "error: dev/serial-tests.py names $name, which $IT_BINARY does not list as ignored" >&2; exit 1; }
+done
+SERIAL_TIMES=() serial_failed=()
+run_serial() {
+  local name="$1" start=$SECONDS rc=0
+  echo "-- serial: $name"
+  "$IT_BINARY" --ignored --exact --test-threads=1 "$name" || rc=$?
+  SERIAL_TIMES+=("$(printf '%5ss  %-4s %s' $((SECONDS - start)) "$( ((rc)) && echo FAIL || echo ok)" "$name")")
+  (( rc == 0 )) || serial_failed+=("$name")
+}
+for name in "${SERIAL[@]}"; do
+  [[ " ${MEASUREMENTS[*]} " == *" $name "* ]] && run_serial "$name"
+done
+start_background_builds
+for name in "${SERIAL[@]}"; do
+  [[ " ${MEASUREMENTS[*]} " == *" $name "* ]] || run_serial "$name"
+done
+echo "== serial tests: ${#SERIAL[@]} run, ${#serial_failed[@]} failed"
+printf '   %s\n' "${SERIAL_TIMES[@]}"
+if (( ${#serial_failed[@]} )); then
+  printf 'failed: %s\n' "${serial_failed[@]}" >&2
+  exit 1
+fi
+wait_background_builds
 
 # The chart's image: the Dockerfile built with buildah (no daemon) and run as
-# UID 10001 against the stack; most of its time is the release build.
-echo "== image (dev/image.sh): Dockerfile built with buildah, consume as UID 10001"
+# UID 10001 against the stack (the release build is done by now).
+phase "image (dev/image.sh): Dockerfile built with buildah, consume as UID 10001"
 "$ROOT/dev/image.sh"
 
 # The image's binary (target/release/orderpipe, built without features) has
 # no demo, bench-* commands, produce --count or chaos handler; the same check
 # fails on the harness build, so it can fail.
-echo "== no harness in the release build (dev/no-harness-check.sh)"
+phase "no harness in the release build (dev/no-harness-check.sh)"
 "$ROOT/dev/no-harness-check.sh" "$ROOT/target/release/orderpipe"
 if "$ROOT/dev/no-harness-check.sh" "$ROOT/target/debug/orderpipe" >/dev/null 2>&1; then
   echo "dev/no-harness-check.sh passed on the harness build target/debug/orderpipe" >&2
   exit 1
 fi
 
-# Last: building with the feature changes target/debug/orderpipe, which the
-# tests above use (a target dir of its own would cost a full second build).
-echo "== OTLP export: the release image's binary (--features otlp, no harness) consumes and exports its spans"
-OTLP_CONSUMER_BINARY="$ROOT/target/release/orderpipe" cargo test --features otlp,harness --test otlp -- --nocapture
+# The test is built with the suite; its consumer is the image's binary.
+phase "OTLP export: the release image's binary (--features otlp, no harness) consumes and exports its spans"
+OTLP_CONSUMER_BINARY="$ROOT/target/release/orderpipe" cargo test --features harness --test otlp -- --ignored --nocapture
