@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """The serial tests of tests/it whose #[ignore] reason starts with a kind.
 
-    dev/serial-tests.py measurements   -> module::name of each "serial: a measurement ..." test
+    dev/serial-tests.py measurements   -> each "serial: a measurement ..." test
+    dev/serial-tests.py manual         -> each "manual: ..." test
 
-make test (dev/test.sh) runs these first in its serial phase, before its
-background builds start, so a timing bound is measured on a quiet machine.
+as module::name. make test (dev/test.sh) runs the measurements first in its
+serial phase, before its background builds start, so a timing bound is
+measured on a quiet machine; it skips the manual ones (run by hand, as their
+reason says).
 The reason is the source of truth, so a new measurement test needs no list.
 """
 import pathlib
 import re
 import sys
 
-KINDS = {"measurements": "serial: a measurement"}
+KINDS = {"measurements": "serial: a measurement", "manual": "manual:"}
 # An ignore attribute, other attributes, then the test's fn.
 TEST = re.compile(r'#\[ignore\s*=\s*"([^"]*)"\]\s*(?:#\[[^\]]*\]\s*)*(?:pub\s+)?(?:async\s+)?fn\s+(\w+)', re.S)
 

@@ -131,7 +131,13 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "it" and m.get("executable"):
         print(m["executable"])')"
 [[ -x "$IT_BINARY" ]] || { echo "error: no test binary for tests/it" >&2; exit 1; }
-mapfile -t SERIAL < <("$IT_BINARY" --ignored --list --format terse 2>/dev/null | sed -n 's/: test$//p')
+mapfile -t IGNORED < <("$IT_BINARY" --ignored --list --format terse 2>/dev/null | sed -n 's/: test$//p')
+# Not the manual ones (ignore reason "manual: ..."): run by hand.
+mapfile -t MANUAL < <(python3 "$ROOT/dev/serial-tests.py" manual)
+SERIAL=()
+for name in "${IGNORED[@]}"; do
+  [[ " ${MANUAL[*]} " == *" $name "* ]] && echo "-- skipped, manual: $name" || SERIAL+=("$name")
+done
 # Measurements (a timing bound, a latency) first, on a quiet machine; the
 # ignore reason says which ("serial: a measurement ...").
 mapfile -t MEASUREMENTS < <(python3 "$ROOT/dev/serial-tests.py" measurements)
