@@ -195,7 +195,8 @@ pub struct ConsumerArgs {
     /// Per-request timeout in ms (add: 5000).
     #[arg(long)]
     timeout_ms: Option<i64>,
-    /// Retry profile: default, seed000, seed001, seed003.
+    /// Retry profile: default (1s..16s), 10s-1m-5m, 10s-30s-1m-5m, 5s-30s-5m
+    /// (older names seed000, seed001, seed003 still work).
     #[arg(long)]
     retry_profile: Option<String>,
     /// Explicit retry delays instead of a profile, e.g. 5s,30s,5m.

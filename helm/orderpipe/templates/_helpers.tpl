@@ -288,9 +288,10 @@ volumeMounts:
 {{- end -}}
 {{- end -}}
 {{- if hasKey $retry "profile" -}}
-{{- $profiles := list "default" "seed000" "seed001" "seed003" -}}
-{{- if not (has $retry.profile $profiles) -}}
-{{- fail (printf "%s.profile: %v is not a profile; accepted: %s" $field $retry.profile (join ", " $profiles)) -}}
+{{- $profiles := list "default" "10s-1m-5m" "10s-30s-1m-5m" "5s-30s-5m" -}}
+{{- $aliases := list "seed000" "seed001" "seed003" -}}
+{{- if not (or (has $retry.profile $profiles) (has $retry.profile $aliases)) -}}
+{{- fail (printf "%s.profile: %v is not a profile; accepted: %s (older names: %s)" $field $retry.profile (join ", " $profiles) (join ", " $aliases)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
