@@ -86,7 +86,7 @@ pub enum SubsCommand {
         #[command(flatten)]
         output: OutputArg,
     },
-    /// Ask routers to recompute their groups and reconcile now (seed 003's refresh_bindings).
+    /// Ask routers to recompute their groups and reconcile now.
     Refresh {
         /// This consumer's groups only.
         #[arg(long)]
@@ -94,7 +94,7 @@ pub enum SubsCommand {
         #[command(flatten)]
         output: OutputArg,
     },
-    /// Ask routers to re-read the tables now (seed 003's reload_config).
+    /// Ask routers to re-read the tables now.
     Reload {
         /// This consumer's only.
         #[arg(long)]

@@ -248,7 +248,7 @@ volumeMounts:
 {{- $enforce = .root.Values.naming.enforce -}}
 {{- end -}}
 {{- if and $enforce (not (regexMatch (include "orderpipe.groupPattern" .root) .group)) -}}
-{{- fail (printf "%s: consumer group %q does not follow the house pattern {service}.{event}.consumer (seed 000), e.g. inventory-service.order.consumer; rename it (a new name is a new group, with no offsets: docs/helm.md, \"Consumer group names\"), or set naming.enforce: false to keep it" .field .group) -}}
+{{- fail (printf "%s: consumer group %q does not follow the house pattern {service}.{event}.consumer, e.g. inventory-service.order.consumer; rename it (a new name is a new group, with no offsets: docs/helm.md, \"Consumer group names\"), or set naming.enforce: false to keep it" .field .group) -}}
 {{- end -}}
 {{- end -}}
 
