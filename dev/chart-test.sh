@@ -182,7 +182,7 @@ expect_fail "a bad delay in consumers[].retry" 'consumers\[inventory-service.ord
 expect_fail "a bad delay in subscriptions[].retry" 'subscriptions\[crm\].retry.delays\[0\]: 10 is not a delay; accepted forms' \
   render "${sub[@]}" --set 'subscriptions[0].group=crm.order.consumer' --set 'subscriptions[0].retry.delays={10}'
 expect_fail "delays beside a profile in consumers[].retry" 'consumers\[inventory-service.order.consumer\].retry.delays and consumers\[inventory-service.order.consumer\].retry.profile: both set' \
-  render "${con[@]}" --set 'consumers[0].retry.delays={5s}' --set 'consumers[0].retry.profile=seed000'
+  render "${con[@]}" --set 'consumers[0].retry.delays={5s}' --set 'consumers[0].retry.profile=10s-1m-5m'
 expect_fail "a jitter above 1" 'consumers\[inventory-service.order.consumer\].retry.jitter: 1.5 is not a number from 0 to 1' \
   render "${con[@]}" --set-json 'consumers[0].retry.jitter=1.5'
 expect_fail "an unknown retry key" 'consumers\[inventory-service.order.consumer\].retry.delay: not a retry setting' \

@@ -10,7 +10,7 @@
 //! url = "http://crm.internal/hooks/orders"
 //! method = "POST"
 //! timeout_ms = 2000
-//! retry = {delays = ["5s", "30s", "5m"], jitter = 0.1}   # or retry_profile = "seed003"
+//! retry = {delays = ["5s", "30s", "5m"], jitter = 0.1}   # or retry_profile = "5s-30s-5m"
 //! enabled = true
 //! ```
 //!
@@ -598,7 +598,7 @@ mod tests {
             std::fs::write(
                 &path,
                 format!(
-                    "[retry]\nprofile = \"seed000\"\n[retry.groups.\"crm.order.consumer\"]\njitter = 0.1\n\
+                    "[retry]\nprofile = \"10s-1m-5m\"\n[retry.groups.\"crm.order.consumer\"]\njitter = 0.1\n\
                      [[http.subscriptions]]\nname = \"crm\"\nevents = [\"order.*\"]\nurl = \"http://crm/hooks\"\n{subscription_retry}\n"
                 ),
             )
@@ -614,10 +614,10 @@ mod tests {
             assert_eq!(
                 policy.delays,
                 [5, 30, 300].map(Duration::from_secs),
-                "the subscription's list over seed000"
+                "the subscription's list over 10s-1m-5m"
             );
             assert_eq!(policy.jitter, 0.1, "the group's jitter stays");
-            // Without a retry table: the [retry] layers decide (seed000 here).
+            // Without a retry table: the [retry] layers decide (10s-1m-5m here).
             write("");
             let settings = crate::config::Settings::load(Some(&path)).unwrap();
             let crm = find(&settings.http, "crm").unwrap();
@@ -627,7 +627,7 @@ mod tests {
                     .delays,
                 [10, 60, 300].map(Duration::from_secs)
             );
-            write("retry_profile = \"seed003\"");
+            write("retry_profile = \"seed003\""); // an older name still works
             let settings = crate::config::Settings::load(Some(&path)).unwrap();
             let crm = find(&settings.http, "crm").unwrap();
             assert_eq!(
@@ -638,7 +638,7 @@ mod tests {
             );
             for (retry, want) in [
                 (
-                    "retry_profile = \"seed003\"\nretry = {delays = [\"1s\"]}",
+                    "retry_profile = \"5s-30s-5m\"\nretry = {delays = [\"1s\"]}",
                     "http.subscriptions[crm].retry_profile and http.subscriptions[crm].retry.delays: both set",
                 ),
                 (
@@ -650,8 +650,8 @@ mod tests {
                     "http.subscriptions[crm].retry.jitter: 2 is outside 0 to 1",
                 ),
                 (
-                    "retry = {attempts = 5, profile = \"seed001\"}",
-                    "http.subscriptions[crm].retry.attempts: profile seed001 is a fixed list",
+                    "retry = {attempts = 5, profile = \"10s-30s-1m-5m\"}",
+                    "http.subscriptions[crm].retry.attempts: profile 10s-30s-1m-5m is a fixed list",
                 ),
             ] {
                 write(retry);

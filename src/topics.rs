@@ -13,10 +13,14 @@
 //! config, so a fix sends the topic's current dynamic configs merged with
 //! the declared ones; configs set by someone else survive.
 //!
-//! Consumers, `deliver`, the relay and the DLQ persister never create or
-//! alter topics: they call [`require`], which reads cluster metadata only
-//! (Describe rights), and refuse to start when a topic they need is missing
-//! or has another partition count than declared.
+//! Two other roles ensure their own topics with the same reconcile: `cdc`
+//! (its change, offsets and dead-letter topics) and the router (the retry
+//! topic of each group it starts). Consumers, `deliver --subscription`, the
+//! relay and the DLQ persister never create or alter topics: they call
+//! [`require`], which reads cluster metadata only (Describe rights), and
+//! refuse to start when a topic they need is missing or has another
+//! partition count than declared. docs/operations.md ("Topics and Kafka
+//! rights") lists which role creates what and each role's Kafka ACLs.
 //!
 //! [`TopicsSettings`] is the `[topics]` section of the configuration.
 

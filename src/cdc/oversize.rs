@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use super::change::ChangeEvent;
 use super::column::Kind;
 use super::table_schema::TableColumns;
-use crate::kafka::record::header;
+use crate::kafka::record::{direct_dead_letter_headers, header};
 use crate::kafka::size_limit::RecordLimit;
 use crate::metrics::InternalEvent;
 
@@ -272,17 +272,16 @@ pub fn dead_letter(
             (header::EVENT_NAME, event.event_name.clone()),
             (header::TRACE_ID, event.trace_id.clone()),
             (header::CONTENT_TYPE, JSON_CONTENT_TYPE.to_string()),
-            (header::GROUP, group.to_string()),
-            (header::ORIGINAL_TOPIC, topic.to_string()),
-            // It never reached the change topic: no partition, no offset there.
-            (header::ORIGINAL_PARTITION, "-1".to_string()),
-            (header::ERROR_CLASS, why.class.to_string()),
-            (header::ERROR_MESSAGE, error.chars().take(1000).collect()),
-            (header::ATTEMPTS, "0".to_string()),
-            (header::FIRST_FAILURE, now_ms.to_string()),
-            (header::LAST_FAILURE, now_ms.to_string()),
         ]
         .into_iter()
+        // It never reached the change topic: no partition, no offset there.
+        .chain(direct_dead_letter_headers(
+            group,
+            topic,
+            why.class,
+            error.chars().take(1000).collect(),
+            now_ms,
+        ))
         .map(|(k, v)| (k, v.into_bytes()))
         .collect();
         DeadLetterRecord {

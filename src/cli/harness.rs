@@ -68,8 +68,8 @@ pub enum HarnessCommand {
         #[arg(long)]
         first_order_id: i64,
     },
-    /// Benchmark peer: seed 004's consumer taken literally (one transaction
-    /// and one synchronous offset commit per record). Used by `make bench-consume`.
+    /// Benchmark peer: the textbook consumer (one transaction and one
+    /// synchronous offset commit per record). Used by `make bench-consume`.
     #[command(hide = true)]
     BenchNaiveConsume {
         /// Consumer group id.

@@ -121,7 +121,7 @@ enum Command {
     /// a group neither applied nor accounts for (dead letter, held, parked);
     /// exits 1 when one is missing.
     Reconcile(reconcile::ReconcileArgs),
-    /// Subscriptions as data (seed 003's control plane): consumers,
+    /// Subscriptions as data (the control plane): consumers,
     /// subscriptions with bind keys and filters, events, sources; bindings,
     /// refresh, reload; `subs serve` runs the admin HTTP API.
     #[command(subcommand)]

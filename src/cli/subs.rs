@@ -86,7 +86,7 @@ pub enum SubsCommand {
         #[command(flatten)]
         output: OutputArg,
     },
-    /// Ask routers to recompute their groups and reconcile now (seed 003's refresh_bindings).
+    /// Ask routers to recompute their groups and reconcile now.
     Refresh {
         /// This consumer's groups only.
         #[arg(long)]
@@ -94,7 +94,7 @@ pub enum SubsCommand {
         #[command(flatten)]
         output: OutputArg,
     },
-    /// Ask routers to re-read the tables now (seed 003's reload_config).
+    /// Ask routers to re-read the tables now.
     Reload {
         /// This consumer's only.
         #[arg(long)]
@@ -195,7 +195,8 @@ pub struct ConsumerArgs {
     /// Per-request timeout in ms (add: 5000).
     #[arg(long)]
     timeout_ms: Option<i64>,
-    /// Retry profile: default, seed000, seed001, seed003.
+    /// Retry profile: default (1s..16s), 10s-1m-5m, 10s-30s-1m-5m, 5s-30s-5m
+    /// (older names seed000, seed001, seed003 still work).
     #[arg(long)]
     retry_profile: Option<String>,
     /// Explicit retry delays instead of a profile, e.g. 5s,30s,5m.

@@ -27,7 +27,7 @@ pub fn check(group: &str) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "consumer group `{group}` does not follow the house pattern {{service}}.{{event}}.consumer (seed 000), \
+        "consumer group `{group}` does not follow the house pattern {{service}}.{{event}}.consumer, \
          e.g. inventory-service.order.consumer; a new group can take such a name, a running one keeps its \
          offsets only under its own name (docs/configuration.md, \"Consumer group names\")"
     ))

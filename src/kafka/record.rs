@@ -9,7 +9,9 @@
 //! * the failure headers the error tier adds when it forwards a record
 //!   (`orderpipe.*`, [`header::PREFIX`]). They are replaced on every hop,
 //!   never appended ([`replace_orderpipe_headers`]), so a record failing many
-//!   times does not grow; [`FailureHistory`] reads them back.
+//!   times does not grow; [`FailureHistory`] reads them back. The relay
+//!   and cdc write dead letters of their own with the same failure headers
+//!   ([`direct_dead_letter_headers`]).
 
 use std::collections::BTreeMap;
 
@@ -65,6 +67,58 @@ pub mod header {
     /// back (a router group's is named after the order topic whatever topic
     /// the record came from, e.g. a `cdc.*` one).
     pub const RETRY_TOPIC: &str = "orderpipe.retry-topic";
+
+    // The relay's dead letters add these (docs/operations.md, "Outbox rows
+    // over the record limit").
+
+    /// The outbox row id of a relay dead letter.
+    pub const OUTBOX_ID: &str = "orderpipe.outbox-id";
+    /// The size the record would have had.
+    pub const RECORD_BYTES: &str = "orderpipe.record-bytes";
+    /// The limit it exceeded.
+    pub const LIMIT_BYTES: &str = "orderpipe.limit-bytes";
+    /// Where that limit comes from.
+    pub const LIMIT_FROM: &str = "orderpipe.limit-from";
+    /// Bytes of the envelope's JSON the value holds (the rest is in the outbox row).
+    pub const TRUNCATED_TO: &str = "orderpipe.truncated-to";
+}
+
+/// The failure headers of a dead letter its producer writes itself, the
+/// relay's and cdc's: the record never reached `original_topic`, so its
+/// partition there is -1 and no handler ran it (0 attempts); it failed
+/// once, at `at_ms`. The persister reads these as it reads a forwarded
+/// record's ([`FailureHistory`]).
+pub fn direct_dead_letter_headers(
+    group: &str,
+    original_topic: &str,
+    class: &str,
+    message: String,
+    at_ms: i64,
+) -> [(&'static str, String); 8] {
+    [
+        (header::GROUP, group.to_string()),
+        (header::ORIGINAL_TOPIC, original_topic.to_string()),
+        (header::ORIGINAL_PARTITION, "-1".to_string()),
+        (header::ATTEMPTS, "0".to_string()),
+        (header::ERROR_CLASS, class.to_string()),
+        (header::ERROR_MESSAGE, message),
+        (header::FIRST_FAILURE, at_ms.to_string()),
+        (header::LAST_FAILURE, at_ms.to_string()),
+    ]
+}
+
+/// Headers of `pairs`, in order, with text values.
+pub fn owned_headers<'a>(pairs: impl ExactSizeIterator<Item = (&'a str, &'a str)>) -> OwnedHeaders {
+    let capacity = pairs.len();
+    pairs.fold(
+        OwnedHeaders::new_with_capacity(capacity),
+        |h, (key, value)| {
+            h.insert(Header {
+                key,
+                value: Some(value.as_bytes()),
+            })
+        },
+    )
 }
 
 /// A header's value as text.

@@ -14,16 +14,18 @@
 //! headers of [`crate::kafka::record::header`] (group [`GROUP`], class
 //! `oversized`, the row's topic as the original topic, partition -1 and
 //! the outbox row id as the offset: persisting it twice after a crash
-//! inserts one row), the size headers below, and as its value the start of
+//! inserts one row), the size headers ([`header::OUTBOX_ID`],
+//! [`header::RECORD_BYTES`], [`header::LIMIT_BYTES`], [`header::LIMIT_FROM`],
+//! [`header::TRUNCATED_TO`]), and as its value the start of
 //! the envelope's JSON, cut to fit the dead-letter topic. The whole
 //! envelope stays in the outbox row, to be re-queued.
 
 use metrics::counter;
-use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::message::{Headers, OwnedHeaders};
 
 use crate::clock::now_ms;
 use crate::envelope::Envelope;
-use crate::kafka::record::header;
+use crate::kafka::record::{direct_dead_letter_headers, header, owned_headers};
 use crate::kafka::size_limit::RecordLimit;
 use crate::metrics::{InternalEvent, name};
 
@@ -32,17 +34,6 @@ pub const GROUP: &str = "outbox-relay";
 
 /// The error class of a row over the record limit.
 pub const OVERSIZED: &str = "oversized";
-
-/// The outbox row id of a relay dead letter.
-pub const OUTBOX_ID: &str = "orderpipe.outbox-id";
-/// The size the record would have had ([`RecordLimit::record_size`]).
-pub const RECORD_BYTES: &str = "orderpipe.record-bytes";
-/// The limit it exceeded ([`RecordLimit::max_bytes`]).
-pub const LIMIT_BYTES: &str = "orderpipe.limit-bytes";
-/// Where that limit comes from ([`RecordLimit::from`]).
-pub const LIMIT_FROM: &str = "orderpipe.limit-from";
-/// Bytes of the envelope's JSON the value holds (the rest is in the outbox row).
-pub const TRUNCATED_TO: &str = "orderpipe.truncated-to";
 
 /// The value's content type: the start of the envelope as JSON.
 const JSON_PREFIX: &str = "application/json; truncated";
@@ -97,7 +88,6 @@ impl DeadRow {
     /// The dead-letter record: its headers and its value, cut so that the
     /// whole record fits `dlq_limit`.
     pub fn record(&self, envelope: &Envelope, dlq_limit: &RecordLimit) -> (OwnedHeaders, Vec<u8>) {
-        let now = now_ms().to_string();
         let mut pairs: Vec<(&str, String)> = Vec::new();
         let original = crate::producer::record_headers(envelope);
         for h in original.iter().filter(|h| h.key != header::CONTENT_TYPE) {
@@ -106,40 +96,32 @@ impl DeadRow {
                 String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
             ));
         }
-        let reason = self.reason();
+        pairs.push((header::CONTENT_TYPE, JSON_PREFIX.to_string()));
+        pairs.extend(direct_dead_letter_headers(
+            GROUP,
+            &self.topic,
+            OVERSIZED,
+            self.reason(),
+            now_ms(),
+        ));
         pairs.extend([
-            (header::CONTENT_TYPE, JSON_PREFIX.to_string()),
-            (header::ORIGINAL_TOPIC, self.topic.clone()),
-            (header::ORIGINAL_PARTITION, "-1".to_string()),
+            // The outbox row id as the offset: persisting it twice inserts one row.
             (header::ORIGINAL_OFFSET, self.id.to_string()),
-            (header::GROUP, GROUP.to_string()),
-            (header::ATTEMPTS, "0".to_string()),
-            (header::ERROR_CLASS, OVERSIZED.to_string()),
-            (header::ERROR_MESSAGE, reason),
-            (header::FIRST_FAILURE, now.clone()),
-            (header::LAST_FAILURE, now),
-            (OUTBOX_ID, self.id.to_string()),
-            (RECORD_BYTES, self.size.to_string()),
-            (LIMIT_BYTES, self.limit.max_bytes.to_string()),
-            (LIMIT_FROM, self.limit.from.clone()),
+            (header::OUTBOX_ID, self.id.to_string()),
+            (header::RECORD_BYTES, self.size.to_string()),
+            (header::LIMIT_BYTES, self.limit.max_bytes.to_string()),
+            (header::LIMIT_FROM, self.limit.from.clone()),
         ]);
         // The value gets what the headers leave of the dead-letter limit
         // (the truncation header's own few bytes counted).
         let sized: Vec<(&str, &[u8])> = pairs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-        let fixed =
-            RecordLimit::record_size(self.key.as_bytes(), &[], &sized) + TRUNCATED_TO.len() + 16;
+        let fixed = RecordLimit::record_size(self.key.as_bytes(), &[], &sized)
+            + header::TRUNCATED_TO.len()
+            + 16;
         let room = dlq_limit.max_bytes.saturating_sub(fixed).min(PREVIEW_BYTES);
         let value = cut(&self.envelope_json, room).as_bytes().to_vec();
-        pairs.push((TRUNCATED_TO, value.len().to_string()));
-        let headers = pairs.iter().fold(
-            OwnedHeaders::new_with_capacity(pairs.len()),
-            |h, (key, value)| {
-                h.insert(Header {
-                    key,
-                    value: Some(value.as_bytes()),
-                })
-            },
-        );
+        pairs.push((header::TRUNCATED_TO, value.len().to_string()));
+        let headers = owned_headers(pairs.iter().map(|(k, v)| (*k, v.as_str())));
         (headers, value)
     }
 }
@@ -215,9 +197,9 @@ mod tests {
                     .find(|(k, _)| *k == name)
                     .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
             };
-            assert_eq!(get(OUTBOX_ID).as_deref(), Some("7"));
+            assert_eq!(get(header::OUTBOX_ID).as_deref(), Some("7"));
             assert_eq!(get(header::ORIGINAL_OFFSET).as_deref(), Some("7"));
-            assert_eq!(get(TRUNCATED_TO), Some(value.len().to_string()));
+            assert_eq!(get(header::TRUNCATED_TO), Some(value.len().to_string()));
             assert_eq!(get(header::CONTENT_TYPE).as_deref(), Some(JSON_PREFIX));
             let message = get(header::ERROR_MESSAGE).unwrap();
             assert!(

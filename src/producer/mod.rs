@@ -26,7 +26,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use metrics::counter;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{DeliveryResult, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use serde::{Deserialize, Serialize};
 
@@ -407,16 +407,7 @@ fn sized_record_headers(envelope: &Envelope) -> (OwnedHeaders, usize) {
         (header::CONTENT_TYPE, header::AVRO_CONFLUENT),
     ];
     let size = pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
-    let headers = pairs.iter().fold(
-        OwnedHeaders::new_with_capacity(pairs.len()),
-        |h, (key, value)| {
-            h.insert(Header {
-                key,
-                value: Some(value.as_bytes()),
-            })
-        },
-    );
-    (headers, size)
+    (crate::kafka::record::owned_headers(pairs.into_iter()), size)
 }
 
 /// [`Envelope::traceparent`] on the stack when the trace id has its W3C

@@ -22,8 +22,9 @@
 //! record carries the headers a forwarded one does and goes to the retry
 //! topic of the topic its group reads.
 //!
-//! * [`policy`] resolves the schedule: profiles (`default`, `seed000`,
-//!   `seed001`, `seed003`) or explicit delays, with jitter, per group.
+//! * [`policy`] resolves the schedule: profiles named by their delays
+//!   (`default`, `10s-1m-5m`, `10s-30s-1m-5m`, `5s-30s-5m`; the older
+//!   `seed000`, `seed001`, `seed003` are aliases) or explicit delays, with jitter, per group.
 
 pub mod policy;
 

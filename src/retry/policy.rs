@@ -7,8 +7,10 @@
 //!   `attempts`, `initial_delay_ms`, `multiplier` and `max_delay_ms`;
 //! * explicit: `delays = ["5s", "30s", "5m"]` (each `<n>ms|s|m|h`).
 //!
-//! Profiles are data ([`PROFILES`]): `default` and `seed000` are geometric,
-//! `seed001` and `seed003` the seeds' fixed lists. `jitter` (0 to 1) draws
+//! Profiles are data ([`PROFILES`]), named by their delays: `default`
+//! (1 s to 16 s) and `10s-1m-5m` are geometric, `10s-30s-1m-5m` and
+//! `5s-30s-5m` fixed lists; the older names `seed000`, `seed001` and
+//! `seed003` are aliases ([`PROFILE_ALIASES`]). `jitter` (0 to 1) draws
 //! each delay in `[d*(1-j), d*(1+j)]`.
 //!
 //! Settings come in layers, later wins: `[retry]`, then the group's
@@ -42,7 +44,8 @@ pub enum Profile {
     Fixed(&'static [u64]),
 }
 
-/// The named schedules, selectable with `retry.profile`.
+/// The named schedules, selectable with `retry.profile`. Each is named by
+/// its delays, so a reader needs no other document to know what it does.
 pub const PROFILES: [(&str, Profile); 4] = [
     // 1 s, 2 s, 4 s, 8 s, 16 s.
     (
@@ -54,9 +57,9 @@ pub const PROFILES: [(&str, Profile); 4] = [
             max_ms: 60_000,
         },
     ),
-    // Seed 000: 3 retries, 10 s -> 1 min -> 5 min.
+    // 10 s, then x6 capped at 5 min: 10 s, 1 min, 5 min.
     (
-        "seed000",
+        "10s-1m-5m",
         Profile::Geometric {
             attempts: 3,
             initial_ms: 10_000,
@@ -64,14 +67,33 @@ pub const PROFILES: [(&str, Profile); 4] = [
             max_ms: 300_000,
         },
     ),
-    // Seed 001: "set from business tolerance".
     (
-        "seed001",
+        "10s-30s-1m-5m",
         Profile::Fixed(&[10_000, 30_000, 60_000, 300_000]),
     ),
-    // Seed 003.
-    ("seed003", Profile::Fixed(&[5_000, 30_000, 300_000])),
+    ("5s-30s-5m", Profile::Fixed(&[5_000, 30_000, 300_000])),
 ];
+
+/// Older names of [`PROFILES`], still accepted: `seed000` is the house
+/// message spec's schedule, `seed001` the field notes', `seed003` the CDC
+/// platform's (source documents of the design, not in this repository).
+pub const PROFILE_ALIASES: [(&str, &str); 3] = [
+    ("seed000", "10s-1m-5m"),
+    ("seed001", "10s-30s-1m-5m"),
+    ("seed003", "5s-30s-5m"),
+];
+
+/// The schedule called `name`, by its name or an alias of it.
+pub fn profile(name: &str) -> Option<Profile> {
+    let name = PROFILE_ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == name)
+        .map_or(name, |(_, canonical)| canonical);
+    PROFILES
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map(|(_, p)| *p)
+}
 
 /// The profile `retry.profile` falls back to.
 pub const DEFAULT_PROFILE: &str = "default";
@@ -87,13 +109,14 @@ const MAX_DELAY: Duration = Duration::from_secs(24 * 3600);
 /// Most delayed attempts: retries must end in the DLQ.
 const MAX_ATTEMPTS: usize = 100;
 
-/// The profile names, comma-separated.
+/// The accepted profile names, comma-separated, the aliases after them.
 pub fn profile_names() -> String {
-    PROFILES
-        .iter()
-        .map(|(name, _)| *name)
-        .collect::<Vec<_>>()
-        .join(", ")
+    let names = |list: &mut dyn Iterator<Item = &str>| list.collect::<Vec<_>>().join(", ");
+    format!(
+        "{} (older names: {})",
+        names(&mut PROFILES.iter().map(|(name, _)| *name)),
+        names(&mut PROFILE_ALIASES.iter().map(|(alias, _)| *alias)),
+    )
 }
 
 /// One layer of retry settings: a group's `[retry.groups."<group>"]` or a
@@ -300,7 +323,7 @@ impl Effective {
         } else if !layer.geometric_fields().is_empty() {
             self.delays = None;
             if let Some(name) = &layer.profile {
-                if !PROFILES.iter().any(|(known, _)| known == name) {
+                if profile(name).is_none() {
                     return Err(PolicyError::new(
                         field("profile"),
                         format!("`{name}` is not a profile; accepted: {}", profile_names()),
@@ -374,12 +397,7 @@ impl Effective {
             .profile
             .as_ref()
             .map_or(DEFAULT_PROFILE, |p| p.value.as_str());
-        let profile = PROFILES
-            .iter()
-            .find(|(known, _)| *known == name)
-            .map(|(_, p)| *p)
-            .expect("profile names are checked");
-        match profile {
+        match profile(name).expect("profile names are checked") {
             Profile::Geometric {
                 attempts,
                 initial_ms,
@@ -571,15 +589,15 @@ mod tests {
     fn profiles_resolve_to_the_documented_schedules() {
         let p = RetryPolicy::from_settings(&settings("default")).unwrap();
         assert_eq!(secs(&p), [1, 2, 4, 8, 16]);
-        let p = RetryPolicy::from_settings(&settings("seed000")).unwrap();
+        let p = RetryPolicy::from_settings(&settings("10s-1m-5m")).unwrap();
         assert_eq!(secs(&p), [10, 60, 300]);
         assert_eq!(p.next_delay(3), None, "after the last delay: the DLQ");
         assert_eq!(
-            secs(&RetryPolicy::from_settings(&settings("seed001")).unwrap()),
+            secs(&RetryPolicy::from_settings(&settings("10s-30s-1m-5m")).unwrap()),
             [10, 30, 60, 300]
         );
         assert_eq!(
-            secs(&RetryPolicy::from_settings(&settings("seed003")).unwrap()),
+            secs(&RetryPolicy::from_settings(&settings("5s-30s-5m")).unwrap()),
             [5, 30, 300]
         );
         let mut unset = settings("default");
@@ -587,6 +605,24 @@ mod tests {
         assert_eq!(
             secs(&RetryPolicy::from_settings(&unset).unwrap()),
             [1, 2, 4, 8, 16]
+        );
+    }
+
+    #[test]
+    fn the_older_profile_names_resolve_to_the_same_schedules() {
+        for (alias, canonical) in PROFILE_ALIASES {
+            assert_eq!(profile(alias), profile(canonical), "{alias}");
+            assert!(profile(canonical).is_some(), "{canonical} is a profile");
+            let by_alias = RetryPolicy::from_settings(&settings(alias)).unwrap();
+            let by_name = RetryPolicy::from_settings(&settings(canonical)).unwrap();
+            assert_eq!(by_alias.delays, by_name.delays, "{alias}");
+        }
+        // Reshaping works through an alias as through the name.
+        let mut by_alias = settings("seed000");
+        by_alias.attempts = Some(4);
+        assert_eq!(
+            secs(&RetryPolicy::from_settings(&by_alias).unwrap()),
+            [10, 60, 300, 300]
         );
     }
 
@@ -600,7 +636,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("retry.profile") && err.contains("default, seed000, seed001, seed003"),
+            err.contains("retry.profile") && err.contains("accepted: default, 10s-1m-5m, 10s-30s-1m-5m, 5s-30s-5m (older names: seed000, seed001, seed003)"),
             "{err}"
         );
         s.attempts = Some(1000);
@@ -668,7 +704,7 @@ mod tests {
 
     #[test]
     fn both_forms_in_one_layer_are_refused_naming_both_fields() {
-        let mut s = settings("seed000");
+        let mut s = settings("10s-1m-5m");
         s.delays = Some(vec!["5s".into()]);
         let err = RetryPolicy::from_settings(&s).unwrap_err().to_string();
         assert!(
@@ -696,7 +732,7 @@ mod tests {
 
     #[test]
     fn group_layers_replace_the_form_below_and_layer_the_rest() {
-        let mut s = settings("seed000");
+        let mut s = settings("10s-1m-5m");
         s.jitter = Some(0.2);
         s.groups.insert(
             "a.order.consumer".into(),
@@ -706,7 +742,7 @@ mod tests {
             .insert("b.order.consumer".into(), layer("attempts = 4"));
         s.groups.insert(
             "c.order.consumer".into(),
-            layer("profile = \"seed001\"\njitter = 0.0"),
+            layer("profile = \"10s-30s-1m-5m\"\njitter = 0.0"),
         );
         let a = s.policy_for("a.order.consumer").unwrap();
         assert_eq!(
@@ -716,7 +752,7 @@ mod tests {
         assert_eq!(
             secs(&s.policy_for("b.order.consumer").unwrap()),
             [10, 60, 300, 300],
-            "seed000 from [retry], 4 attempts"
+            "10s-1m-5m from [retry], 4 attempts"
         );
         let c = s.policy_for("c.order.consumer").unwrap();
         assert_eq!((secs(&c), c.jitter), (vec![10, 30, 60, 300], 0.0));
@@ -731,7 +767,8 @@ mod tests {
         let mut s = settings("default");
         s.profile = None;
         s.delays = Some(vec!["1s".into()]);
-        s.groups.insert("g".into(), layer("profile = \"seed003\""));
+        s.groups
+            .insert("g".into(), layer("profile = \"5s-30s-5m\""));
         assert_eq!(secs(&s.policy_for("g").unwrap()), [5, 30, 300]);
         // A subscription's layer goes on top of the group's.
         s.top = Some((
@@ -751,7 +788,7 @@ mod tests {
             "{err}"
         );
         assert!(
-            err.contains("(default, seed000): set delays instead"),
+            err.contains("(default, 10s-1m-5m): set delays instead"),
             "{err}"
         );
         let mut s = settings("default");
@@ -778,7 +815,7 @@ mod tests {
 
     #[test]
     fn jitter_draws_within_its_bounds_and_spreads() {
-        let mut s = settings("seed003");
+        let mut s = settings("5s-30s-5m");
         s.jitter = Some(0.25);
         let p = RetryPolicy::from_settings(&s).unwrap();
         let mut rng = rand::rng();
@@ -811,7 +848,7 @@ mod tests {
 
     #[test]
     fn time_scale_is_a_harness_setting() {
-        let mut s = settings("seed000");
+        let mut s = settings("10s-1m-5m");
         s.time_scale = Some(0.01);
         match cfg!(feature = "harness") {
             true => {

@@ -267,7 +267,7 @@ pub struct NewConsumer {
     pub method: Option<String>,
     /// Default 5000.
     pub timeout_ms: Option<i64>,
-    /// Retry schedule ([`RetryLayer`]: `{"delays": ["5s","30s","5m"]}`, `{"profile": "seed003"}`).
+    /// Retry schedule ([`RetryLayer`]: `{"delays": ["5s","30s","5m"]}`, `{"profile": "5s-30s-5m"}`).
     pub retry: Option<RetryLayer>,
     /// Default `orderpipe`.
     pub channel_id: Option<String>,
@@ -497,7 +497,10 @@ mod tests {
             serde_json::from_value(serde_json::json!({"profile": "nope"})).unwrap();
         let err = check_retry(Some(&layer)).unwrap_err();
         assert!(
-            err.field.starts_with("retry.profile") && err.reason.contains("seed003"),
+            err.field.starts_with("retry.profile")
+                && err
+                    .reason
+                    .contains("5s-30s-5m (older names: seed000, seed001, seed003)"),
             "{err}"
         );
     }

@@ -1,4 +1,4 @@
-//! The seeds' retry schedules, observed on the real retry topic, and the
+//! The built-in retry schedules, observed on the real retry topic, and the
 //! group naming warning.
 //!
 //! Each schedule is set through a different layer (`[retry]`'s profile, a
@@ -22,7 +22,7 @@ use rdkafka::message::OwnedMessage;
 use crate::consumer::{produce_lifecycles, sigterm};
 use crate::helpers::{TestEnv, header as header_of};
 
-/// Every delay of these tests is this fraction of the seed's: the first
+/// Every delay of these tests is this fraction of the schedule's: the first
 /// delay stays at 500 ms or more, so the fixed cost of a hop (the failing
 /// attempt, an HTTP call, the forward's acknowledgement: 5-20 ms measured)
 /// stays well inside 10 % of it. That holds on a quiet machine, not on one
@@ -30,8 +30,8 @@ use crate::helpers::{TestEnv, header as header_of};
 /// are serial.
 const TIME_SCALE: f64 = 0.05;
 
-/// Seed 003's first delay is 5 s: twice the scale.
-const SEED003_TIME_SCALE: f64 = 0.1;
+/// The 5s-30s-5m schedule's first delay is 5 s: twice the scale.
+const FIVE_S_TIME_SCALE: f64 = 0.1;
 
 /// One delayed attempt as the topics show it.
 #[derive(Debug)]
@@ -52,7 +52,7 @@ fn timestamp(message: &OwnedMessage) -> i64 {
 }
 
 /// Reads the one failing record's hops off `group`'s retry topic and the
-/// DLQ, and checks them against `schedule_secs` (the seed's, unscaled).
+/// DLQ, and checks them against `schedule_secs` (the schedule's, unscaled).
 fn observe(env: &TestEnv, group: &str, schedule_secs: &[u64], scale: f64) -> Vec<Hop> {
     let topics = &env.settings.topics;
     let wait: f64 = schedule_secs.iter().sum::<u64>() as f64 * scale;
@@ -167,23 +167,24 @@ fn consume(group: &str) -> [&str; 5] {
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "serial: a measurement within ±50 ms; run by `make test` in the serial phase"]
-async fn seed000_profile_of_retry_is_observed_on_the_retry_topic() {
+async fn profile_10s_1m_5m_of_retry_is_observed_on_the_retry_topic() {
     let mut env = failing_env(TIME_SCALE).await;
-    env.set_env("ORDERPIPE_RETRY__PROFILE", "seed000");
-    let group = "sched-seed000.order.consumer";
+    env.set_env("ORDERPIPE_RETRY__PROFILE", "10s-1m-5m");
+    let group = "sched-10s-1m-5m.order.consumer";
     run_and_observe(&env, &consume(group), group, &[10, 60, 300], TIME_SCALE);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "serial: a measurement within ±50 ms; run by `make test` in the serial phase"]
-async fn seed001_profile_of_a_group_layer_is_observed_on_the_retry_topic() {
+async fn profile_10s_30s_1m_5m_of_a_group_layer_is_observed_on_the_retry_topic() {
     let mut env = failing_env(TIME_SCALE).await;
-    let group = "sched-seed001.order.consumer";
-    // [retry] says seed003; the group's own layer says seed001 and wins.
+    let group = "sched-10s-30s-1m-5m.order.consumer";
+    // [retry] says 5s-30s-5m (by its older name, seed003); the group's own
+    // layer says 10s-30s-1m-5m and wins.
     let _config = use_config(
         &mut env,
         &format!(
-            "[retry]\nprofile = \"seed003\"\n[retry.groups.\"{group}\"]\nprofile = \"seed001\"\n"
+            "[retry]\nprofile = \"seed003\"\n[retry.groups.\"{group}\"]\nprofile = \"10s-30s-1m-5m\"\n"
         ),
     );
     run_and_observe(&env, &consume(group), group, &[10, 30, 60, 300], TIME_SCALE);
@@ -191,8 +192,8 @@ async fn seed001_profile_of_a_group_layer_is_observed_on_the_retry_topic() {
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "serial: a measurement within ±50 ms; run by `make test` in the serial phase"]
-async fn seed003_delays_of_a_subscription_are_observed_on_the_retry_topic() {
-    let mut env = failing_env(SEED003_TIME_SCALE).await;
+async fn delays_5s_30s_5m_of_a_subscription_are_observed_on_the_retry_topic() {
+    let mut env = failing_env(FIVE_S_TIME_SCALE).await;
     let (base, seen) = crate::delivery::downstream().await;
     let group = "crm.order.consumer";
     let _config = use_config(
@@ -203,7 +204,7 @@ async fn seed003_delays_of_a_subscription_are_observed_on_the_retry_topic() {
         ),
     );
     let deliver = ["deliver", "--subscription", "crm", "--group", group];
-    run_and_observe(&env, &deliver, group, &[5, 30, 300], SEED003_TIME_SCALE);
+    run_and_observe(&env, &deliver, group, &[5, 30, 300], FIVE_S_TIME_SCALE);
     // Main topic + 3 delayed attempts, one request each (no local retries).
     assert_eq!(seen.lock().unwrap().len(), 4);
 }

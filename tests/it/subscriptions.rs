@@ -191,7 +191,7 @@ async fn the_cli_adds_lists_updates_disables_and_removes_and_names_the_flag_on_b
         ),
         (
             add_consumer("crm", "http://crm/x", &["--retry-profile", "fast"]),
-            "--retry-profile: `fast` is not a profile; accepted: default, seed000, seed001, seed003",
+            "--retry-profile: `fast` is not a profile; accepted: default, 10s-1m-5m, 10s-30s-1m-5m, 5s-30s-5m (older names: seed000, seed001, seed003)",
         ),
         (
             add_subscription("db.t.insert", "sms", "user", &["--filter", "status:gt:1"]),

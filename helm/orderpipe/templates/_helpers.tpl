@@ -248,7 +248,7 @@ volumeMounts:
 {{- $enforce = .root.Values.naming.enforce -}}
 {{- end -}}
 {{- if and $enforce (not (regexMatch (include "orderpipe.groupPattern" .root) .group)) -}}
-{{- fail (printf "%s: consumer group %q does not follow the house pattern {service}.{event}.consumer (seed 000), e.g. inventory-service.order.consumer; rename it (a new name is a new group, with no offsets: docs/helm.md, \"Consumer group names\"), or set naming.enforce: false to keep it" .field .group) -}}
+{{- fail (printf "%s: consumer group %q does not follow the house pattern {service}.{event}.consumer, e.g. inventory-service.order.consumer; rename it (a new name is a new group, with no offsets: docs/helm.md, \"Consumer group names\"), or set naming.enforce: false to keep it" .field .group) -}}
 {{- end -}}
 {{- end -}}
 
@@ -288,9 +288,10 @@ volumeMounts:
 {{- end -}}
 {{- end -}}
 {{- if hasKey $retry "profile" -}}
-{{- $profiles := list "default" "seed000" "seed001" "seed003" -}}
-{{- if not (has $retry.profile $profiles) -}}
-{{- fail (printf "%s.profile: %v is not a profile; accepted: %s" $field $retry.profile (join ", " $profiles)) -}}
+{{- $profiles := list "default" "10s-1m-5m" "10s-30s-1m-5m" "5s-30s-5m" -}}
+{{- $aliases := list "seed000" "seed001" "seed003" -}}
+{{- if not (or (has $retry.profile $profiles) (has $retry.profile $aliases)) -}}
+{{- fail (printf "%s.profile: %v is not a profile; accepted: %s (older names: %s)" $field $retry.profile (join ", " $profiles) (join ", " $aliases)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
