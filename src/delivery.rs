@@ -30,8 +30,22 @@
 //! refusing the record for good: dead-lettered at once as
 //! `downstream_rejected`, with the status and up to 1 KB of the body.
 //! Anything else, or a timeout, is a retryable failure that goes through
-//! the error tier. The dedup row is written only in the transaction of a
-//! successful delivery.
+//! the error tier; a 429 or 503 with `Retry-After` carries the hint
+//! ([`HandlerError::RetryAfter`]) so the retry topic waits that long,
+//! bounded by the schedule ([`crate::retry::RetryPolicy::hinted_delay`]).
+//!
+//! The POST is made with no database transaction open: the handler acts
+//! outside the database ([`Handler::acts_outside`]), so the worker POSTs a
+//! batch's records first (skipping those whose dedup row exists, read
+//! without a transaction), then one short transaction claims the dedup rows
+//! of the deliveries and commits, then the offset moves. Safe because the
+//! offset never passes an uncommitted dedup row: a crash between the POST
+//! and the commit redelivers the record, POSTed again with the same
+//! `Idempotency-Key`, which a downstream honouring the key does once
+//! (committing first and POSTing after would lose the delivery on such a
+//! crash). Up to `in_flight` records of a partition are POSTed at once
+//! ([`post_all`]); the worker hands them over in waves of distinct keys, so
+//! one key's records are never in flight together and go in offset order.
 //!
 //! Subscriptions reload on SIGHUP and when the config file changes; a
 //! delivery in flight finishes with the settings it started with.
