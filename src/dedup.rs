@@ -304,32 +304,6 @@ pub async fn applied(tx: &mut Tx, group: &str, event_id: &str) -> Result<bool, D
     Ok(row.is_some())
 }
 
-/// Which of `event_ids` `group` applied already (their dedup rows exist),
-/// read on the pool with no transaction: the consumer checks it before an
-/// effect outside the database, so that an event committed before is not
-/// delivered again ([`crate::consumer::handler::Handler::acts_outside`]).
-pub async fn applied_among(
-    db: &Db,
-    group: &str,
-    event_ids: &[String],
-) -> Result<std::collections::HashSet<String>, DbError> {
-    let mut found = std::collections::HashSet::new();
-    for chunk in rows::pieces(event_ids) {
-        let mut builder: sqlx::QueryBuilder<sqlx::Any> =
-            sqlx::QueryBuilder::new("SELECT event_id FROM event_dedup WHERE consumer_group = ");
-        builder.push_bind(group).push(" AND event_id IN (");
-        let mut list = builder.separated(", ");
-        for id in chunk {
-            list.push_bind(id.as_str());
-        }
-        builder.push(")");
-        for row in builder.build().fetch_all(&db.pool).await? {
-            found.insert(row.try_get::<String, _>(0)?);
-        }
-    }
-    Ok(found)
-}
-
 /// Rows deleted per statement by [`cleanup`].
 pub const CLEANUP_BATCH: u32 = 1000;
 

@@ -95,7 +95,7 @@ impl PartitionWorker {
             .keys()
             .map(|&i| envelope(&items[i]).event_id.to_string())
             .collect();
-        let done = crate::dedup::applied_among(&self.shared.db, group, &ids).await?;
+        let done = crate::reconcile::accounted::applied_ids(&self.shared.db, group, &ids).await?;
         let mut open: Vec<usize> = keys
             .keys()
             .copied()
