@@ -25,7 +25,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-crash bench-cdc bench-console cdc-vs-debezium
+.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-delivery bench-crash bench-cdc bench-console cdc-vs-debezium
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -72,6 +72,11 @@ bench-ordering: build-deps ## per-key ordering: mode key vs none at 0/1/5 % fail
 	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-ordering.sh $(or $(COUNT),100000)
+
+bench-delivery: build-deps ## HTTP delivery: in_flight 16 vs 1 per partition against an endpoint answering after 50 ms, per-key order checked at the endpoint
+	cargo build --release --features harness --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-delivery.sh $(or $(COUNT),12000) $(or $(DELAY_MS),50)
 
 bench-crash: build-deps ## crash safety at 1M: two members SIGKILLed 20 times, every event applied once, in order per order
 	cargo build --release --features harness --bin orderpipe

@@ -5,7 +5,7 @@
 #                              with the harness: `make bench` does both)
 #
 # Runs dev/bench-produce.sh, bench-consume.sh, bench-dlq.sh, bench-relay.sh,
-# bench-ordering.sh, bench-crash.sh, bench-cdc.sh and bench-console.sh one after the other (each runs its peers side by side:
+# bench-ordering.sh, bench-delivery.sh, bench-crash.sh, bench-cdc.sh and bench-console.sh one after the other (each runs its peers side by side:
 # Kafka's perf tools, the naive per-record consumer, before/after), collects
 # their rows in a fresh target/bench/results.tsv, and writes
 # target/bench/report.md and the SVG plots with `orderpipe bench-report`.
@@ -17,13 +17,15 @@
 #   PRODUCE_COUNT=N    default 1,000,000     CONSUME_COUNT=N  default 1,000,000
 #   NAIVE=N            default 50,000 (records the naive consumer processes)
 #   DLQ_COUNT=N        default 100,000       ORDERING_COUNT=N default 100,000
+#   DELIVERY_COUNT=N   default 12,000 (events deliver POSTs to an endpoint answering after 50 ms;
+#                      in_flight 1 runs at ~240/s on 12 partitions; not COUNT)
 #   ROWS=N             default 1,000,000 (relay outbox rows; the 50 and 200 rows per
 #                      transaction runs publish the first 100,000 of them)
 #   RATE=N             default 100 (orders/s of the relay's latency run; not scaled)
 #   CRASH_COUNT=N      default 1,000,000 (two members SIGKILLed 20 times; not COUNT)
 #   CDC_ROWS=N         default 100,000 (binlog backlog cdc and Debezium catch up; 2,000 rows for lag)
 #   CONSOLE_DEAD=N     default 100,000 (dead letters behind the console pages; replays of 20,000 x 5 pairs)
-#   BENCHES="produce consume"   a subset, in this order (default: all eight)
+#   BENCHES="produce consume"   a subset, in this order (default: all nine)
 # Durability is never turned off: acks=all everywhere, and MariaDB runs with
 # the stack's innodb_flush_log_at_trx_commit (1: fsync per commit), which the
 # report records.
@@ -45,15 +47,16 @@ ORDERING_COUNT="${ORDERING_COUNT:-${COUNT:-$(scaled 100000 1000)}}"
 ROWS="${ROWS:-$(scaled 1000000 1000)}"
 RATE="${RATE:-100}"
 CRASH_COUNT="${CRASH_COUNT:-$(scaled 1000000 1000)}"
+DELIVERY_COUNT="${DELIVERY_COUNT:-$(scaled 12000 1000)}"
 CDC_ROWS="${CDC_ROWS:-$(scaled 100000 1000)}"
 CONSOLE_DEAD="${CONSOLE_DEAD:-$(scaled 100000 1000)}"
-BENCHES="${BENCHES:-produce consume dlq relay ordering crash cdc console}"
-for n in "$PRODUCE_COUNT" "$CONSUME_COUNT" "$NAIVE" "$DLQ_COUNT" "$ORDERING_COUNT" "$ROWS" "$RATE" "$CRASH_COUNT" "$CDC_ROWS" "$CONSOLE_DEAD"; do
+BENCHES="${BENCHES:-produce consume dlq relay ordering delivery crash cdc console}"
+for n in "$PRODUCE_COUNT" "$CONSUME_COUNT" "$NAIVE" "$DLQ_COUNT" "$ORDERING_COUNT" "$ROWS" "$RATE" "$CRASH_COUNT" "$DELIVERY_COUNT" "$CDC_ROWS" "$CONSOLE_DEAD"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "sizes must be positive integers, got '$n'" >&2; exit 2; }
 done
 for b in $BENCHES; do
-  [[ " produce consume dlq relay ordering crash cdc console " == *" $b "* ]] \
-    || { echo "BENCHES: unknown benchmark '$b' (accepted: produce consume dlq relay ordering crash cdc console)" >&2; exit 2; }
+  [[ " produce consume dlq relay ordering delivery crash cdc console " == *" $b "* ]] \
+    || { echo "BENCHES: unknown benchmark '$b' (accepted: produce consume dlq relay ordering delivery crash cdc console)" >&2; exit 2; }
 done
 
 mkdir -p "$OUT"
@@ -62,7 +65,7 @@ export BENCH_RESULTS="$OUT/results.tsv"
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || COMMIT="$COMMIT + uncommitted changes in src/"
 FLUSH="$(mariadb -h127.0.0.1 -uorderpipe -porderpipe -N -B -e 'SELECT @@innodb_flush_log_at_trx_commit' 2>/dev/null || echo '?')"
-sizes="produce $PRODUCE_COUNT, consume $CONSUME_COUNT (naive $NAIVE), dlq $DLQ_COUNT, relay $ROWS rows at $RATE orders/s, ordering $ORDERING_COUNT, crash $CRASH_COUNT, cdc $CDC_ROWS, console $CONSOLE_DEAD dead letters"
+sizes="produce $PRODUCE_COUNT, consume $CONSUME_COUNT (naive $NAIVE), dlq $DLQ_COUNT, relay $ROWS rows at $RATE orders/s, ordering $ORDERING_COUNT, delivery $DELIVERY_COUNT, crash $CRASH_COUNT, cdc $CDC_ROWS, console $CONSOLE_DEAD dead letters"
 # Whether any size is below the full run's: said in the report's head.
 reduced() {
   if [ "$PRODUCE_COUNT" -lt 1000000 ] || [ "$CONSUME_COUNT" -lt 1000000 ] || [ "$NAIVE" -lt 50000 ] \
@@ -85,6 +88,7 @@ args_of() {
     dlq) echo "$DLQ_COUNT" ;;
     relay) echo "$ROWS $RATE" ;;
     ordering) echo "$ORDERING_COUNT" ;;
+    delivery) echo "$DELIVERY_COUNT 50" ;;
     crash) echo "$CRASH_COUNT 20" ;;
     cdc) echo "$CDC_ROWS 2000" ;;
     console) echo "$CONSOLE_DEAD $((CONSOLE_DEAD / 5)) 10 5" ;;

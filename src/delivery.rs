@@ -30,8 +30,22 @@
 //! refusing the record for good: dead-lettered at once as
 //! `downstream_rejected`, with the status and up to 1 KB of the body.
 //! Anything else, or a timeout, is a retryable failure that goes through
-//! the error tier. The dedup row is written only in the transaction of a
-//! successful delivery.
+//! the error tier; a 429 or 503 with `Retry-After` carries the hint
+//! ([`HandlerError::RetryAfter`]) so the retry topic waits that long,
+//! bounded by the schedule ([`crate::retry::RetryPolicy::hinted_delay`]).
+//!
+//! The POST is made with no database transaction open: the handler acts
+//! outside the database ([`Handler::acts_outside`]), so the worker POSTs a
+//! batch's records first (skipping those whose dedup row exists, read
+//! without a transaction), then one short transaction claims the dedup rows
+//! of the deliveries and commits, then the offset moves. Safe because the
+//! offset never passes an uncommitted dedup row: a crash between the POST
+//! and the commit redelivers the record, POSTed again with the same
+//! `Idempotency-Key`, which a downstream honouring the key does once
+//! (committing first and POSTing after would lose the delivery on such a
+//! crash). Up to `in_flight` records of a partition are POSTed at once
+//! ([`post_all`]); the worker hands them over in waves of distinct keys, so
+//! one key's records are never in flight together and go in offset order.
 //!
 //! Subscriptions reload on SIGHUP and when the config file changes; a
 //! delivery in flight finishes with the settings it started with.
@@ -44,7 +58,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::consumer::handler::{Effect, Handler, HandlerError};
+use crate::consumer::handler::{Effect, EventResult, Handler, HandlerError};
 use crate::consumer::version::MAJOR_1;
 use crate::db::Tx;
 use crate::envelope::{Envelope, EventName};
@@ -83,7 +97,16 @@ pub struct Subscription {
     /// Which answers are deliveries ([`SuccessRule`]).
     #[serde(default)]
     pub success: SuccessRule,
+    /// Records of one partition delivered at once, at most (1: one at a
+    /// time); records of one key are never in flight together.
+    #[serde(default = "default_in_flight")]
+    pub in_flight: usize,
 }
+
+/// `in_flight` of a subscription or downstream consumer that sets none.
+pub const DEFAULT_IN_FLIGHT: usize = 16;
+/// The accepted `in_flight` values.
+pub const IN_FLIGHT_RANGE: std::ops::RangeInclusive<usize> = 1..=256;
 
 /// Which HTTP answers count as a delivery (`success` of a subscription or
 /// a downstream consumer).
@@ -183,6 +206,9 @@ fn default_channel() -> String {
 fn default_enabled() -> bool {
     true
 }
+fn default_in_flight() -> usize {
+    DEFAULT_IN_FLIGHT
+}
 
 /// The `[http]` settings.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -236,6 +262,15 @@ impl Subscription {
             return Err(format!(
                 "{}: name at least one event pattern, e.g. \"order.*\"",
                 field("events")
+            ));
+        }
+        if !IN_FLIGHT_RANGE.contains(&self.in_flight) {
+            return Err(format!(
+                "{}: {} is out of range: accepted {} to {}",
+                field("in_flight"),
+                self.in_flight,
+                IN_FLIGHT_RANGE.start(),
+                IN_FLIGHT_RANGE.end()
             ));
         }
         self.retry_layer()?
@@ -418,6 +453,11 @@ pub async fn post(
             }
         })?;
     let status = response.status();
+    let retry_after = matches!(status.as_u16(), 429 | 503)
+        .then(|| response.headers().get(reqwest::header::RETRY_AFTER))
+        .flatten()
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parse_retry_after(v, chrono::Utc::now()));
     let text = response.text().await.unwrap_or_default();
     match endpoint.success.judge(status, &text) {
         Ok(()) => Ok(Effect::Applied),
@@ -429,8 +469,35 @@ pub async fn post(
                 prefix(&text, 1024)
             )))
         }
-        Err(why) => Err(fail(format!("{why}: {}", prefix(&text, 200)))),
+        Err(why) => {
+            let reason = format!(
+                "{} {}: {why}: {}",
+                endpoint.method,
+                endpoint.url,
+                prefix(&text, 200)
+            );
+            Err(match retry_after {
+                Some(after) => HandlerError::RetryAfter { reason, after },
+                None => HandlerError::Retryable(reason),
+            })
+        }
     }
+}
+
+/// A `Retry-After` value: delta-seconds (`120`) or an HTTP-date (`Wed, 21
+/// Oct 2015 07:28:00 GMT`, how long from `now`; a date past is zero). None
+/// when it is neither (the schedule's delay applies then).
+fn parse_retry_after(value: &str, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    Some(
+        (at.with_timezone(&chrono::Utc) - now)
+            .to_std()
+            .unwrap_or_default(),
+    )
 }
 
 #[async_trait]
@@ -450,12 +517,19 @@ impl Handler for HttpDelivery {
         }
     }
 
-    async fn apply(&self, _: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError> {
-        // A snapshot: a reload during this delivery does not change it.
+    fn acts_outside(&self) -> bool {
+        true
+    }
+
+    /// Never called by the worker (the POST runs in `apply_outside`, with no
+    /// transaction open).
+    async fn apply(&self, _: &mut Tx, _: &Envelope) -> Result<Effect, HandlerError> {
+        Err(HandlerError::Fatal(OUTSIDE_ONLY.into()))
+    }
+
+    async fn apply_outside(&self, events: &[&Envelope]) -> Vec<EventResult> {
+        // A snapshot: a reload during these deliveries does not change them.
         let sub = self.subscription.read().expect("subscription lock").clone();
-        if !sub.enabled || !sub.matches(envelope.event_name.as_str()) {
-            return Ok(Effect::Ignored);
-        }
         let endpoint = Endpoint {
             url: &sub.url,
             method: &sub.method,
@@ -463,8 +537,43 @@ impl Handler for HttpDelivery {
             channel_id: &sub.channel_id,
             success: sub.success,
         };
-        post(&self.client, endpoint, envelope).await
+        let deliver =
+            |envelope: &Envelope| sub.enabled && sub.matches(envelope.event_name.as_str());
+        post_all(&self.client, endpoint, events, sub.in_flight, deliver).await
     }
+}
+
+/// What an HTTP handler's in-transaction `apply` answers: it acts outside
+/// the database only.
+pub(crate) const OUTSIDE_ONLY: &str =
+    "an HTTP delivery runs outside the database transaction (Handler::apply_outside)";
+
+/// [`post`]s the `events` (of distinct keys) that `deliver` accepts, up to
+/// `in_flight` at once; the others are [`Effect::Ignored`]. One result per
+/// event, in order.
+pub async fn post_all(
+    client: &reqwest::Client,
+    endpoint: Endpoint<'_>,
+    events: &[&Envelope],
+    in_flight: usize,
+    deliver: impl Fn(&Envelope) -> bool,
+) -> Vec<EventResult> {
+    use futures::stream::{self, StreamExt};
+    let mut calls = Vec::with_capacity(events.len());
+    for &envelope in events {
+        let wanted = deliver(envelope);
+        calls.push(async move {
+            if wanted {
+                post(client, endpoint, envelope).await
+            } else {
+                Ok(Effect::Ignored)
+            }
+        });
+    }
+    stream::iter(calls)
+        .buffered(in_flight.max(1))
+        .collect()
+        .await
 }
 
 /// Reloads `subscription` with `reload` (which reads the config file
@@ -578,6 +687,25 @@ mod tests {
             "{e}"
         );
         assert_eq!(prefix("añb", 2), "a", "cut at a character boundary");
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        let now = chrono::DateTime::parse_from_rfc3339("2015-10-21T07:27:30Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        assert_eq!(parse_retry_after(" 2 ", now), Some(Duration::from_secs(2)));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now),
+            Some(Duration::ZERO),
+            "a date past: at once (the schedule's floor applies)"
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-3", now), None);
     }
 
     #[test]

@@ -5,6 +5,12 @@
 //! own business idempotency (unique keys, state machines): dedup is not the
 //! only guard, and an effect that was already done reports
 //! [`Effect::AlreadyDone`] instead of doing it twice.
+//!
+//! A handler whose effect lies outside the database (an HTTP delivery)
+//! says so with [`Handler::acts_outside`]: the worker then runs
+//! [`Handler::apply_outside`] with no transaction open, before the batch's
+//! transaction claims the records' dedup rows and commits (see
+//! `crate::delivery` for why that order is safe).
 
 use async_trait::async_trait;
 
@@ -34,6 +40,18 @@ pub enum HandlerError {
     /// then the retry topic, then the DLQ.
     #[error("retryable: {0}")]
     Retryable(String),
+    /// Like [`HandlerError::Retryable`], with the downstream's own hint of
+    /// when to try again (an HTTP `Retry-After` on a 429 or 503): no
+    /// immediate local retries, and the retry topic's delay for the next
+    /// attempt is the hint, bounded by the schedule
+    /// ([`crate::retry::RetryPolicy::hinted_delay`]).
+    #[error("retryable: {reason} (asked to retry after {} ms)", after.as_millis())]
+    RetryAfter {
+        /// What went wrong.
+        reason: String,
+        /// How long the downstream asked to wait.
+        after: std::time::Duration,
+    },
     /// This record never will (invalid for the business state): the DLQ at once.
     #[error("fatal: {0}")]
     Fatal(String),
@@ -48,7 +66,7 @@ impl HandlerError {
     pub fn class(&self) -> &'static str {
         match self {
             Self::Unavailable(_) => "unavailable",
-            Self::Retryable(_) => "handler_retryable",
+            Self::Retryable(_) | Self::RetryAfter { .. } => "handler_retryable",
             Self::Fatal(_) => "handler_fatal",
             Self::Rejected(_) => "downstream_rejected",
         }
@@ -97,6 +115,26 @@ pub trait Handler: Send + Sync {
     /// differs between MariaDB and SQLite come from `tx.sql()` (e.g.
     /// `tx.sql().insert_ignore("INTO t (a) VALUES (?)")`).
     async fn apply(&self, tx: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError>;
+
+    /// Whether the effect lies outside the database (an HTTP POST). Such a
+    /// handler's [`Handler::apply_outside`] runs before the batch's
+    /// transaction opens, and the worker never calls its `apply` or
+    /// `apply_batch`: no transaction is held open while it waits on a
+    /// downstream. Default: false.
+    fn acts_outside(&self) -> bool {
+        false
+    }
+
+    /// The effect outside the database of a set of events of distinct keys
+    /// (the worker cuts a batch into such waves, in offset order, and calls
+    /// it with no transaction open); one result per event, in order. Only
+    /// for handlers that [`Handler::acts_outside`]; the events may run at
+    /// once (their order among each other does not matter). A redelivery
+    /// after a crash before the commit runs it again for the same event.
+    /// Default: every event [`Effect::Ignored`].
+    async fn apply_outside(&self, events: &[&Envelope]) -> Vec<EventResult> {
+        events.iter().map(|_| Ok(Effect::Ignored)).collect()
+    }
 
     /// Applies a set of events inside `tx`; one result per event, in order.
     ///

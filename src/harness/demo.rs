@@ -173,6 +173,7 @@ async fn deliver_payments(
         channel_id: "orderpipe-demo".into(),
         enabled: true,
         success: Default::default(),
+        in_flight: crate::delivery::DEFAULT_IN_FLIGHT,
     };
     let (handler, _) = HttpDelivery::new(subscription.clone());
     let group = run_group(settings, db, HTTP_GROUP, vec![Arc::new(handler)], topic).await?;

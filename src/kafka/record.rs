@@ -193,6 +193,9 @@ pub struct Failure {
     pub retryable: bool,
     /// Handler executions in this attempt (1 + local retries; 0 if never run).
     pub executions: u32,
+    /// The downstream's hint of when to try again (`Retry-After`): the next
+    /// delayed attempt's delay, bounded by the schedule.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 /// `original` headers minus every `orderpipe.*` one, plus `ours`.

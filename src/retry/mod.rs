@@ -295,7 +295,10 @@ impl Forwarder {
         let now = now_ms();
         let (routed, hop) = match (
             failure.retryable,
-            self.policy.draw_delay(history.attempt, &mut rand::rng()),
+            match failure.retry_after {
+                Some(hint) => self.policy.hinted_delay(history.attempt, hint),
+                None => self.policy.draw_delay(history.attempt, &mut rand::rng()),
+            },
         ) {
             (true, Some(delay)) => {
                 let attempt = history.attempt + 1;

@@ -545,6 +545,20 @@ impl RetryPolicy {
         self.delays.get(attempt as usize).copied()
     }
 
+    /// The delay of delayed attempt `attempt` when the downstream asked to
+    /// wait `hint` (an HTTP `Retry-After`): the hint in place of the
+    /// schedule's delay (no jitter: the downstream named the moment), never
+    /// longer than the schedule's longest delay (a downstream cannot stall
+    /// a record past what the group allows) and never shorter than its
+    /// shortest (a `Retry-After: 0` does not spend every attempt at once).
+    /// None past the last attempt, like [`RetryPolicy::next_delay`].
+    pub fn hinted_delay(&self, attempt: u32, hint: Duration) -> Option<Duration> {
+        self.next_delay(attempt)?;
+        let shortest = self.delays.iter().min().copied().unwrap_or_default();
+        let longest = self.delays.iter().max().copied().unwrap_or_default();
+        Some(hint.clamp(shortest, longest))
+    }
+
     /// [`RetryPolicy::next_delay`] with the jitter drawn from `rng`:
     /// uniformly in `[d*(1-jitter), d*(1+jitter)]`.
     pub fn draw_delay(&self, attempt: u32, rng: &mut impl Rng) -> Option<Duration> {
@@ -583,6 +597,34 @@ mod tests {
 
     fn layer(toml: &str) -> RetryLayer {
         toml::from_str(toml).unwrap()
+    }
+
+    #[test]
+    fn a_retry_after_hint_replaces_the_delay_within_the_schedules_bounds() {
+        // seed000: 10 s, 60 s, 300 s.
+        let p = RetryPolicy::from_settings(&settings("seed000")).unwrap();
+        let s = Duration::from_secs;
+        assert_eq!(p.hinted_delay(0, s(20)), Some(s(20)), "the hint as is");
+        assert_eq!(
+            p.hinted_delay(2, s(20)),
+            Some(s(20)),
+            "shorter than attempt 3's"
+        );
+        assert_eq!(
+            p.hinted_delay(0, s(3600)),
+            Some(s(300)),
+            "at most the longest"
+        );
+        assert_eq!(
+            p.hinted_delay(1, s(0)),
+            Some(s(10)),
+            "at least the shortest"
+        );
+        assert_eq!(
+            p.hinted_delay(3, s(20)),
+            None,
+            "after the last delay: the DLQ"
+        );
     }
 
     #[test]

@@ -1,16 +1,18 @@
 //! The handler of one router group: the subscriptions of a (consumer,
 //! bind_key) [`Binding`], decided per change, delivered with
-//! [`crate::delivery::post`].
+//! [`crate::delivery::post_all`] outside the database transaction
+//! (up to [`DEFAULT_IN_FLIGHT`] records of a partition at once, never two
+//! of one key: see `crate::consumer::worker`).
 
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use metrics::counter;
 
-use crate::consumer::handler::{Effect, Handler, HandlerError};
+use crate::consumer::handler::{Effect, EventResult, Handler, HandlerError};
 use crate::consumer::version::MAJOR_1;
 use crate::db::Tx;
-use crate::delivery::{Endpoint, post};
+use crate::delivery::{DEFAULT_IN_FLIGHT, Endpoint, OUTSIDE_ONLY, post_all};
 use crate::envelope::{Envelope, EventName};
 use crate::subscriptions::{Binding, Decision};
 
@@ -58,30 +60,45 @@ impl Handler for BindingDelivery {
         }
     }
 
-    async fn apply(&self, _: &mut Tx, envelope: &Envelope) -> Result<Effect, HandlerError> {
-        // A snapshot: a reload during this delivery does not change it.
+    fn acts_outside(&self) -> bool {
+        true
+    }
+
+    /// Never called by the worker (the POST runs in `apply_outside`, with no
+    /// transaction open).
+    async fn apply(&self, _: &mut Tx, _: &Envelope) -> Result<Effect, HandlerError> {
+        Err(HandlerError::Fatal(OUTSIDE_ONLY.into()))
+    }
+
+    async fn apply_outside(&self, events: &[&Envelope]) -> Vec<EventResult> {
+        // A snapshot: a reload during these deliveries does not change them.
         let binding = self.binding.read().expect("binding lock").clone();
+        let consumer = &binding.consumer;
+        let endpoint = Endpoint {
+            url: &consumer.url,
+            method: &consumer.method,
+            timeout_ms: u64::try_from(consumer.timeout_ms).unwrap_or(0),
+            channel_id: &consumer.channel_id,
+            success: consumer.success,
+        };
         // Order events carry no previous values; `changed` filters see none.
-        let (data, old) = envelope.data.data_and_old();
-        match binding.decide(envelope.event_name.as_str(), &data, &old) {
-            Decision::NotSubscribed => Ok(Effect::Ignored),
-            Decision::Filtered => {
-                counter!(FILTERED, "group" => binding.group.clone()).increment(1);
-                Ok(Effect::Ignored)
+        let deliver = |envelope: &Envelope| {
+            let (data, old) = envelope.data.data_and_old();
+            match binding.decide(envelope.event_name.as_str(), &data, &old) {
+                Decision::NotSubscribed => false,
+                Decision::Filtered => {
+                    counter!(FILTERED, "group" => binding.group.clone()).increment(1);
+                    false
+                }
+                Decision::Deliver { .. } => true,
             }
-            Decision::Deliver { .. } => {
-                let consumer = &binding.consumer;
-                let endpoint = Endpoint {
-                    url: &consumer.url,
-                    method: &consumer.method,
-                    timeout_ms: u64::try_from(consumer.timeout_ms).unwrap_or(0),
-                    channel_id: &consumer.channel_id,
-                    success: consumer.success,
-                };
-                let effect = post(&self.client, endpoint, envelope).await?;
-                counter!(DELIVERED, "group" => binding.group.clone()).increment(1);
-                Ok(effect)
-            }
-        }
+        };
+        let results = post_all(&self.client, endpoint, events, DEFAULT_IN_FLIGHT, deliver).await;
+        let delivered = results
+            .iter()
+            .filter(|r| matches!(r, Ok(Effect::Applied)))
+            .count();
+        counter!(DELIVERED, "group" => binding.group.clone()).increment(delivered as u64);
+        results
     }
 }

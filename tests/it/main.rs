@@ -47,4 +47,5 @@ mod signals;
 mod subscriptions;
 mod topics;
 mod wake;
+mod webhook_flow;
 mod webhooks;

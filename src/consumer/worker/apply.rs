@@ -17,7 +17,9 @@
 //!      skipped, and noted if its content differs from the event first
 //!      applied under its id;
 //!    * **handlers**: each handler's [`apply_batch`](crate::consumer::handler::Handler::apply_batch)
-//!      writes its effects for the whole wave;
+//!      writes its effects for the whole wave; a handler acting outside the
+//!      database (HTTP) ran before the transaction opened (`worker/outside.rs`)
+//!      and its results are taken from there;
 //!    * a record a handler failed is taken out: the wave rolls back to its
 //!      savepoint and runs again without it, and the later records of its
 //!      key are left out too ([`Deferred`]). The batch is not split: the
@@ -33,6 +35,7 @@ use std::time::{Duration, Instant};
 use rdkafka::Message;
 use tracing::Instrument;
 
+use super::outside::Outside;
 use super::{BatchError, Committed, ConsumeSummary, Item, PartitionWorker};
 use crate::consumer::events::{Applied, ConflictingDuplicate, DuplicateSkipped, Held};
 use crate::consumer::handler::HandlerError;
@@ -140,6 +143,8 @@ impl PartitionWorker {
     /// left out and returned in [`Committed::deferred`].
     pub(super) async fn apply(&self, items: &[Item]) -> Result<Committed, BatchError> {
         let unavailable = |e: DbError| BatchError::Unavailable(e.to_string());
+        // Before the transaction: no transaction waits on a downstream.
+        let outside = self.deliver_outside(items).await.map_err(unavailable)?;
         let mut tx = self.shared.db.begin().await.map_err(unavailable)?;
         let mut ledger = Ledger::default();
         let keys: Vec<Option<OrderKey>> = items
@@ -196,7 +201,7 @@ impl PartitionWorker {
             gated.instrument(span).await.map_err(unavailable)?;
         }
         let deferred = self
-            .apply_waves(&mut tx, items, &keys, &open, &mut ledger)
+            .apply_waves(&mut tx, items, &keys, &open, &outside, &mut ledger)
             .await?;
         self.commit(tx).await?;
         Ok(Committed {
@@ -214,6 +219,7 @@ impl PartitionWorker {
         items: &'a [Item],
         keys: &[Option<OrderKey>],
         open: &[usize],
+        outside: &Outside,
         ledger: &mut Ledger<'a>,
     ) -> Result<Vec<Deferred>, BatchError> {
         let unavailable = |e: sqlx::Error| BatchError::Unavailable(e.to_string());
@@ -240,7 +246,7 @@ impl PartitionWorker {
                 continue;
             }
             tx.savepoint().await.map_err(unavailable)?;
-            let failures = match self.apply_wave(tx, items, &wave).await {
+            let failures = match self.apply_wave(tx, items, &wave, outside).await {
                 Ok(Wave::Done(done)) => {
                     ledger.merge(done);
                     continue;
@@ -282,6 +288,7 @@ impl PartitionWorker {
         tx: &mut Tx,
         items: &'a [Item],
         wave: &[usize],
+        outside: &Outside,
     ) -> Result<Wave<'a>, HandlerError> {
         let started = Instant::now();
         let mut ledger = Ledger::default();
@@ -321,8 +328,13 @@ impl PartitionWorker {
         }
         let envelopes: Vec<&Envelope> = applying.iter().map(|&i| envelope_of(&items[i])).collect();
         let mut failures: Vec<(usize, HandlerError)> = Vec::new();
-        for handler in &self.shared.options.handlers {
-            let results = handler.apply_batch(tx, &envelopes).await?;
+        for (h, handler) in self.shared.options.handlers.iter().enumerate() {
+            let results = if handler.acts_outside() {
+                // Done before the transaction opened ([`super::outside`]).
+                applying.iter().map(|&i| outside.result(i, h)).collect()
+            } else {
+                handler.apply_batch(tx, &envelopes).await?
+            };
             for (&index, result) in applying.iter().zip(results) {
                 match result {
                     Ok(effect) => ledger.delta.record_effect(handler.name(), effect),
@@ -354,7 +366,7 @@ impl PartitionWorker {
 
     /// Whether a record of `key` asks the ordering gate: with per-key
     /// ordering, on the retry topic, or when the key may be parked.
-    fn gated(&self, key: &OrderKey) -> bool {
+    pub(super) fn gated(&self, key: &OrderKey) -> bool {
         self.ordered() && (self.is_retry_partition() || self.shared.is_parked(&key.topic, &key.key))
     }
 
@@ -483,7 +495,10 @@ impl PartitionWorker {
 
 /// The waves of `open` (positions in offset order): the k-th record of
 /// each key goes into wave k.
-fn waves<K: Eq + std::hash::Hash>(open: &[usize], keys: &HashMap<usize, K>) -> Vec<Vec<usize>> {
+pub(super) fn waves<K: Eq + std::hash::Hash>(
+    open: &[usize],
+    keys: &HashMap<usize, K>,
+) -> Vec<Vec<usize>> {
     let mut seen: HashMap<&K, usize> = HashMap::new();
     let mut waves: Vec<Vec<usize>> = Vec::new();
     for &index in open {

@@ -20,11 +20,13 @@
 //!    it); so is a record of an `event_version` major the handlers do not
 //!    declare (`unsupported_version`, see [`super::version`]); the registry
 //!    being down is waited out in place;
-//! 2. apply, in one DB transaction (`worker/apply.rs`): the *gate*
+//! 2. effects outside the database (HTTP deliveries), with no transaction
+//!    open (`worker/outside.rs`);
+//! 3. apply, in one DB transaction (`worker/apply.rs`): the *gate*
 //!    (per-key ordering), then waves of set-based *dedup* and *handlers*
 //!    (a fixed, small number of statements whatever the batch's size),
 //!    then *commit* and *bookkeeping* (counts, the parked set, metrics);
-//! 3. store the offset of the last record, and release what waited behind
+//! 4. store the offset of the last record, and release what waited behind
 //!    the heads the batch applied ([`PartitionWorker::release`]).
 //!
 //! Failures while applying:
@@ -51,6 +53,7 @@
 //! head is applied (`worker/parking.rs`).
 
 mod apply;
+mod outside;
 mod parking;
 
 use std::fmt;
@@ -495,7 +498,12 @@ impl PartitionWorker {
                 // Infrastructure: wait in place; it does not use up attempts.
                 HandlerError::Unavailable(_) => backoff.wait().await,
                 HandlerError::Retryable(_) if executions <= local_retries => executions += 1,
-                HandlerError::Retryable(_) | HandlerError::Fatal(_) | HandlerError::Rejected(_) => {
+                // An immediate retry would ignore the downstream's hint: the
+                // retry topic waits for it instead.
+                HandlerError::Retryable(_)
+                | HandlerError::RetryAfter { .. }
+                | HandlerError::Fatal(_)
+                | HandlerError::Rejected(_) => {
                     break;
                 }
             }
@@ -512,8 +520,15 @@ impl PartitionWorker {
         Ok(Err(Failure {
             class: error.class().to_string(),
             message: error.to_string(),
-            retryable: matches!(error, HandlerError::Retryable(_)),
+            retryable: matches!(
+                error,
+                HandlerError::Retryable(_) | HandlerError::RetryAfter { .. }
+            ),
             executions,
+            retry_after: match error {
+                HandlerError::RetryAfter { after, .. } => Some(after),
+                _ => None,
+            },
         }))
     }
 
@@ -643,6 +658,7 @@ impl PartitionWorker {
             message: reason,
             retryable: false,
             executions: 0,
+            retry_after: None,
         }
     }
 
