@@ -222,6 +222,7 @@ fn duplicates(messages: &[OwnedMessage]) -> (usize, usize) {
     (messages.len(), ids.len() - distinct.len())
 }
 
+/// The number a `SELECT COUNT(*)`-like `sql` answers (-1 when it fails).
 async fn count(db: &orderpipe::db::Db, sql: &str) -> i64 {
     let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql.to_string()))
         .fetch_one(&db.pool)
