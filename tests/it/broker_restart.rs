@@ -31,8 +31,9 @@ const OUTAGE: Duration = Duration::from_secs(10);
 /// Restarts a process may need; one more is a crash loop.
 const MAX_RESTARTS: usize = 3;
 
-/// The two consumer groups applying the order events.
-const GROUPS: [&str; 2] = ["restart.billing", "restart.shipping"];
+/// The two consumer groups applying the order events, after the test's
+/// prefix (runs on one broker share no group).
+const GROUPS: [&str; 2] = ["billing", "shipping"];
 
 /// A process of the pipeline and its supervisor: restarted when it exits,
 /// as Kubernetes restarts a container, its exits counted.
@@ -259,8 +260,9 @@ async fn a_broker_stopped_for_10s_under_load_loses_nothing_duplicates_nothing_an
         ..
     } = platform;
     let env = &source.env;
+    let groups = GROUPS.map(|g| format!("{}.{g}", env.prefix));
     let mut ensure = vec!["topics", "ensure"];
-    for group in GROUPS {
+    for group in &groups {
         ensure.extend(["--group", group]);
     }
     env.cli(&ensure).success();
@@ -290,7 +292,7 @@ async fn a_broker_stopped_for_10s_under_load_loses_nothing_duplicates_nothing_an
         Supervised::start("router", || env.spawn(ROUTER_ARGS)),
     ];
     let group_labels = ["consume billing", "consume shipping"];
-    for (label, group) in group_labels.into_iter().zip(GROUPS) {
+    for (label, group) in group_labels.into_iter().zip(&groups) {
         processes.push(Supervised::start(label, move || {
             env.spawn(&["consume", "--group", group, "--handler", ALL_HANDLERS])
         }));
@@ -351,7 +353,7 @@ async fn a_broker_stopped_for_10s_under_load_loses_nothing_duplicates_nothing_an
     let delivered = || seen.lock().unwrap().len();
     let applied = async |db: &orderpipe::db::Db| {
         let mut counts = Vec::new();
-        for group in GROUPS {
+        for group in &groups {
             counts.push(count_rows(db, group).await);
         }
         counts
@@ -512,7 +514,7 @@ async fn a_broker_stopped_for_10s_under_load_loses_nothing_duplicates_nothing_an
         changes.len()
     );
     eprintln!(
-        "published {} distinct order events; applied {:?} by {GROUPS:?}; delivered {} POSTs, {} distinct row changes",
+        "published {} distinct order events; applied {:?} by {groups:?}; delivered {} POSTs, {} distinct row changes",
         published.len(),
         applied_end,
         bodies.len(),
@@ -553,7 +555,7 @@ async fn a_broker_stopped_for_10s_under_load_loses_nothing_duplicates_nothing_an
         inventory_rows,
         "inventory events"
     );
-    for group in GROUPS {
+    for group in &groups {
         assert_exactly_once(&db, group, &events).await;
     }
     let on_topic: BTreeSet<(String, i64)> = change_records.iter().map(record_change).collect();
