@@ -17,6 +17,10 @@ use crate::kafka::client::{
 /// `transaction.abort.timed.out.transaction.cleanup.interval.ms` (10 s by
 /// default), so a relay (or cdc) that dies inside a transaction blocks
 /// read-committed consumers for at most 5 + 10 s even when nothing takes over.
+/// The price, in a broker outage longer than it: the open transactions time
+/// out, are aborted and retried (or their producers rebuilt) and `cdc` exits
+/// once for its orchestrator to restart, losing and repeating nothing;
+/// measured against 30 s and 60 s in docs/operations.md, "Broker restarts".
 pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 5_000;
 
 /// The transactional producers' options: the producer options with a

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use orderpipe::config::Settings;
@@ -27,6 +28,7 @@ impl TestEnv {
         let prefix = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
         let mut settings = Settings::load(None).expect("settings load");
         let mut env = BTreeMap::new();
+        TEST_STACK.point_at(&mut settings, &mut env);
         for (key, spec) in [
             ("ORDER_EVENTS", &mut settings.topics.order_events),
             ("INVENTORY_EVENTS", &mut settings.topics.inventory_events),
@@ -51,7 +53,7 @@ impl TestEnv {
     /// settings and the CLI at it.
     pub async fn with_database(mut self) -> Self {
         let name = format!("op_{}", self.prefix);
-        let admin = sqlx::MySqlPool::connect(MYSQL_ADMIN_URL)
+        let admin = sqlx::MySqlPool::connect(&MYSQL_ADMIN_URL)
             .await
             .expect("MariaDB reachable (make dev-up)");
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
@@ -184,7 +186,103 @@ pub fn cdc_server_id() -> String {
 }
 
 /// The dev stack's MariaDB as the orderpipe user (which may create databases).
-pub const MYSQL_ADMIN_URL: &str = "mysql://orderpipe:orderpipe@127.0.0.1:3306/";
+pub static MYSQL_ADMIN_URL: StackUrl = StackUrl(LazyLock::new(|| {
+    format!(
+        "mysql://orderpipe:orderpipe@127.0.0.1:{}/",
+        TEST_STACK.port("MARIADB_PORT", 3306)
+    )
+}));
+
+/// A URL of the stack the tests use, known once the environment is read:
+/// formats (`format!("{MYSQL_ADMIN_URL}{db}")`) and derefs to `&str`.
+pub struct StackUrl(LazyLock<String>);
+
+impl std::ops::Deref for StackUrl {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for StackUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Which dev stack the tests use: the shared one (`dev/stack.sh`'s
+/// defaults: Kafka :9092, registry :8081, MariaDB :3306, state in
+/// `.stack`) unless `OPTEST_<X>` variables name another, where `<X>` is
+/// one of `dev/stack.sh`'s `ORDERPIPE_<X>` knobs below (docs/testing.md).
+/// Not `ORDERPIPE_*` themselves: the CLI would read those as settings.
+/// Read here only, applied in [`TestEnv::new`], [`MYSQL_ADMIN_URL`] and
+/// [`stack`].
+pub struct TestStack {
+    /// `(X, value)` of each `OPTEST_<X>` set.
+    knobs: Vec<(&'static str, String)>,
+}
+
+/// The knobs of `dev/stack.sh` a test stack may set.
+const STACK_KNOBS: [&str; 6] = [
+    "STACK_DIR",
+    "KAFKA_PORT",
+    "KAFKA_CONTROLLER_PORT",
+    "REGISTRY_PORT",
+    "REGISTRY_MGMT_PORT",
+    "MARIADB_PORT",
+];
+
+/// The stack of this test run, read once from the environment.
+pub static TEST_STACK: LazyLock<TestStack> = LazyLock::new(|| TestStack {
+    knobs: STACK_KNOBS
+        .iter()
+        .filter_map(|&knob| {
+            std::env::var(format!("OPTEST_{knob}"))
+                .ok()
+                .map(|v| (knob, v))
+        })
+        .collect(),
+});
+
+impl TestStack {
+    /// The port `OPTEST_<knob>` sets, or the shared stack's.
+    fn port(&self, knob: &str, shared: u16) -> u16 {
+        self.knobs
+            .iter()
+            .find(|(k, _)| *k == knob)
+            .map_or(shared, |(_, v)| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("OPTEST_{knob}={v:?} is not a port"))
+            })
+    }
+
+    fn is_set(&self, knob: &str) -> bool {
+        self.knobs.iter().any(|(k, _)| *k == knob)
+    }
+
+    /// Points a test's settings, and the CLI's environment, at this stack's
+    /// Kafka, registry and MariaDB (only where they differ from the defaults).
+    fn point_at(&self, settings: &mut Settings, env: &mut BTreeMap<String, String>) {
+        if self.is_set("KAFKA_PORT") {
+            let servers = format!("127.0.0.1:{}", self.port("KAFKA_PORT", 9092));
+            settings.kafka.bootstrap_servers = servers.clone();
+            env.insert("ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS".into(), servers);
+        }
+        if self.is_set("REGISTRY_PORT") {
+            let url = format!(
+                "http://127.0.0.1:{}/apis/ccompat/v7",
+                self.port("REGISTRY_PORT", 8081)
+            );
+            settings.registry.url = url.clone();
+            env.insert("ORDERPIPE_REGISTRY__URL".into(), url);
+        }
+        if self.is_set("MARIADB_PORT") {
+            let url = format!("{MYSQL_ADMIN_URL}orderpipe");
+            settings.database.url = url.clone().into();
+            env.insert("ORDERPIPE_DATABASE__URL".into(), url);
+        }
+    }
+}
 
 /// A background `orderpipe` process, killed (if still running) on drop.
 pub struct Spawned(pub std::process::Child);
@@ -291,10 +389,16 @@ pub fn header(message: &OwnedMessage, name: &str) -> Option<String> {
 /// The dev stack's control script.
 pub const STACK_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/stack.sh");
 
-/// Runs `dev/stack.sh ARGS` (stop/start a service of the dev stack).
+/// Runs `dev/stack.sh ARGS` (stop/start a service of the dev stack) on
+/// the stack the tests use ([`TestStack`]).
 pub fn stack(args: &[&str]) {
+    let knobs = TEST_STACK
+        .knobs
+        .iter()
+        .map(|(k, v)| (format!("ORDERPIPE_{k}"), v));
     let status = Command::new(STACK_SCRIPT)
         .args(args)
+        .envs(knobs)
         .status()
         .expect("dev/stack.sh runs");
     assert!(status.success(), "dev/stack.sh {args:?} failed");

@@ -7,6 +7,7 @@
 //! services or load the machine are `#[ignore]`d and run one at a time in
 //! `make test`'s serial phase (`cargo test -- --ignored --test-threads=1`).
 
+mod broker_restart;
 mod cdc;
 mod cdc_failover;
 mod cdc_large_tx;

@@ -720,7 +720,7 @@ fn a_bad_ordering_mode_names_the_accepted_values() {
 async fn a_key_parked_before_the_head_columns_keeps_its_head_after_the_migration() {
     let env = TestEnv::new();
     let name = format!("op_{}_upgrade", env.prefix);
-    let admin = sqlx::MySqlPool::connect(crate::helpers::MYSQL_ADMIN_URL)
+    let admin = sqlx::MySqlPool::connect(&crate::helpers::MYSQL_ADMIN_URL)
         .await
         .unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
@@ -1085,7 +1085,7 @@ async fn a_parked_order_does_not_hold_a_cdc_row_with_the_same_key() {
 async fn a_key_parked_before_key_topics_belongs_to_its_heads_topic_after_the_migration() {
     let env = TestEnv::new();
     let name = format!("op_{}_keytopic", env.prefix);
-    let admin = sqlx::MySqlPool::connect(crate::helpers::MYSQL_ADMIN_URL)
+    let admin = sqlx::MySqlPool::connect(&crate::helpers::MYSQL_ADMIN_URL)
         .await
         .unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))

@@ -99,7 +99,7 @@ pub async fn drive_orders(api: &str, orders: usize, concurrency: usize) -> usize
 }
 
 /// The order events as the outbox recorded them, in production order.
-async fn outbox_events(env: &TestEnv) -> Vec<Envelope> {
+pub(crate) async fn outbox_events(env: &TestEnv) -> Vec<Envelope> {
     let rows: Vec<(String,)> =
         sqlx::query_as("SELECT envelope FROM outbox_messages WHERE topic = ? ORDER BY id")
             .bind(&env.settings.topics.order_events.name)
@@ -134,7 +134,7 @@ fn relay(env: &TestEnv, instance: &str, extra: &[&str]) -> std::process::Output 
 }
 
 /// Reads a whole topic with the given isolation level.
-fn read_all(env: &TestEnv, topic: &str, isolation: &str) -> Vec<OwnedMessage> {
+pub(crate) fn read_all(env: &TestEnv, topic: &str, isolation: &str) -> Vec<OwnedMessage> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let consumer: BaseConsumer =
         orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
@@ -159,7 +159,7 @@ fn read_all(env: &TestEnv, topic: &str, isolation: &str) -> Vec<OwnedMessage> {
     out
 }
 
-fn event_ids(messages: &[OwnedMessage]) -> Vec<String> {
+pub(crate) fn event_ids(messages: &[OwnedMessage]) -> Vec<String> {
     messages
         .iter()
         .filter_map(|m| header(m, "event_id"))

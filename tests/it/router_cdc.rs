@@ -35,19 +35,20 @@ const USER_TABLE: &str =
 
 /// A test's platform: the source database with `table_user`, `orderpipe
 /// cdc` streaming it, the subscription tables (in the same database), the
-/// three routing keys defined on the test's cdc topic, and a downstream.
-struct Platform {
-    source: Source,
-    store: Store,
-    cdc: Spawned,
-    base: String,
-    seen: Seen,
+/// three routing keys defined on the test's cdc topic, and a downstream
+/// (the broker-restart test runs on one too).
+pub(crate) struct Platform {
+    pub(crate) source: Source,
+    pub(crate) store: Store,
+    pub(crate) cdc: Spawned,
+    pub(crate) base: String,
+    pub(crate) seen: Seen,
     /// stderr of cdc and of every router started (drained, shown on failure).
-    logs: Vec<Arc<Mutex<Vec<String>>>>,
+    pub(crate) logs: Vec<Arc<Mutex<Vec<String>>>>,
 }
 
 impl Platform {
-    async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         Self::with_value_format("json").await
     }
 
@@ -83,7 +84,12 @@ impl Platform {
     }
 
     /// A consumer named `<name><test prefix>` delivering to `/hook/<mode>`.
-    async fn consumer(&self, name: &str, mode: &str, retry: Option<RetryLayer>) -> String {
+    pub(crate) async fn consumer(
+        &self,
+        name: &str,
+        mode: &str,
+        retry: Option<RetryLayer>,
+    ) -> String {
         let name = format!("{name}{}", &self.source.env.prefix[1..]);
         let consumer = NewConsumer {
             name: name.clone(),
@@ -96,7 +102,7 @@ impl Platform {
     }
 
     /// Subscribes `consumer` to `table_user`'s `change` with `bind_key` and `filters`.
-    async fn subscribe(
+    pub(crate) async fn subscribe(
         &self,
         consumer: &str,
         change: &str,
@@ -118,13 +124,7 @@ impl Platform {
     }
 
     fn router(&mut self) -> Spawned {
-        let mut router = self.source.env.spawn(&[
-            "deliver",
-            "--reconcile-interval",
-            "2s",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ]);
+        let mut router = self.source.env.spawn(ROUTER_ARGS);
         self.logs.push(stderr_lines(&mut router));
         router
     }
@@ -167,6 +167,15 @@ impl Platform {
         self.bodies(mode)
     }
 }
+
+/// The router as these tests run it: reconciling every 2 s, its admin API on a free port.
+pub(crate) const ROUTER_ARGS: &[&str] = &[
+    "deliver",
+    "--reconcile-interval",
+    "2s",
+    "--admin-addr",
+    "127.0.0.1:0",
+];
 
 /// `(event_type's change, data, old)` of each body about row `id`, in arrival order.
 fn row_history(bodies: &[Value], id: i64) -> Vec<(String, Value, Value)> {
