@@ -233,7 +233,7 @@ async fn count(db: &orderpipe::db::Db, sql: &str) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "serial: stops the shared Kafka; run by `make test` in the serial phase"]
+#[ignore = "manual: stops the shared Kafka; fails about 1 run in 3 on a single broker (docs/testing.md); run: cargo test --features harness --test it -- --ignored broker_restart::"]
 async fn a_broker_stopped_for_10s_under_load_loses_nothing_duplicates_nothing_and_every_process_recovers()
  {
     let started = Instant::now();
