@@ -249,6 +249,19 @@ fn is_fatal(error: &KafkaError, producer: &MeasuredProducer) -> bool {
         || producer.client().fatal_error().is_some()
 }
 
+/// Whether a send or commit failed because the broker did not answer in
+/// time (a delivery or request timeout), after which the producer is renewed.
+fn is_timeout(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageTimedOut
+                | RDKafkaErrorCode::RequestTimedOut
+                | RDKafkaErrorCode::OperationTimedOut
+        )
+    )
+}
+
 /// The metric and log label of a fatal error.
 fn fatal_reason(error: &KafkaError) -> &'static str {
     match error.rdkafka_error_code() {
@@ -522,6 +535,7 @@ impl Relay {
             match handle.task.await {
                 Ok(shard::ShardExit::Stopped) => {}
                 Ok(shard::ShardExit::Fatal(e)) => self.drop_fatal_producer(shard, &e),
+                Ok(shard::ShardExit::TimedOut(e)) => self.renew_timed_out_producer(shard, &e),
                 Err(panic) => {
                     tracing::error!(shard, error = %panic, "shard task panicked; rebuilt at the next lease check");
                     self.renewed_at = None;
@@ -536,8 +550,10 @@ impl Relay {
     async fn stop_shard(&mut self, shard: i64) {
         if let Some(handle) = self.shards.remove(&shard) {
             handle.stop.send_replace(true);
-            if let Ok(shard::ShardExit::Fatal(e)) = handle.task.await {
-                self.drop_fatal_producer(shard, &e);
+            match handle.task.await {
+                Ok(shard::ShardExit::Fatal(e)) => self.drop_fatal_producer(shard, &e),
+                Ok(shard::ShardExit::TimedOut(e)) => self.renew_timed_out_producer(shard, &e),
+                _ => {}
             }
         }
     }
@@ -569,6 +585,20 @@ impl Relay {
         self.summary.aborted += 1;
         self.count_fatal(shard, error.to_string());
         // Check the lease now rather than at the next renewal.
+        self.renewed_at = None;
+    }
+
+    /// Drops a shard's producer after a timed-out transaction; the next
+    /// lease check builds a new one (a new epoch). Not a fatal error: a long
+    /// broker outage times out every transaction, and the relay rides it out.
+    fn renew_timed_out_producer(&mut self, shard: i64, error: &KafkaError) {
+        tracing::warn!(
+            shard,
+            transactional_id = %transactional_id(&self.options.transactional_id_prefix, shard),
+            error = %error,
+            "Kafka transaction timed out and was aborted: the shard's producer is renewed"
+        );
+        relay_producer_fatal("timed_out");
         self.renewed_at = None;
     }
 

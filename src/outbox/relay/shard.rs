@@ -136,6 +136,12 @@ pub(super) enum ShardExit {
     Stopped,
     /// Its producer failed fatally (fenced, or librdkafka's fatal state).
     Fatal(KafkaError),
+    /// A transaction timed out (the broker away longer than
+    /// `transaction.timeout.ms`) and was aborted. The producer is renewed
+    /// rather than reused: a reused one was seen to abort every later
+    /// transaction and never deliver again, while a new one starts a new
+    /// epoch. Not counted as a fatal error: an outage can time out many.
+    TimedOut(KafkaError),
 }
 
 /// Where every shard task meets before a crash point fires, so that the
@@ -405,6 +411,9 @@ pub(super) async fn run(
                 }
                 tracing::warn!(shard, error = %error, "Kafka transaction aborted; its rows stay unsent and are retried");
                 let _ = events.send(ShardEvent::Aborted);
+                if super::is_timeout(&error) {
+                    break ShardExit::TimedOut(error);
+                }
                 tokio::select! {
                     _ = backoff.wait() => {}
                     _ = stop.changed() => {}
