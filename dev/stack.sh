@@ -9,6 +9,7 @@
 #   dev/stack.sh down                 stop the services this script started (pid files), wait for exit
 #   dev/stack.sh status               endpoints and up/down; exit 0 if all three answer, 1 otherwise
 #   dev/stack.sh start|stop|restart SERVICE      SERVICE = kafka | registry | mariadb
+#   dev/stack.sh kill SERVICE         SIGKILL it (a crash: no controlled shutdown), wait for exit
 #   dev/stack.sh kafka-class CLASS [ARGS...]     run a Java main class on the Kafka class path
 #   dev/stack.sh kafka-topics [ARGS...]          org.apache.kafka.tools.TopicCommand (adds --bootstrap-server)
 #   dev/stack.sh sql [ARGS...]                   the mariadb client as the stack's user (e.g. sql -e 'SHOW DATABASES')
@@ -624,6 +625,16 @@ svc_stop() {
   fi
 }
 
+# A crash, as a node failure or the OOM killer: no controlled shutdown.
+svc_kill() {
+  local s="$1" pid
+  pid="$(managed_pid "$s")" || { log "$s: not running (or not started by this script)"; return 0; }
+  log "$s: SIGKILL pid $pid"
+  kill -KILL "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  rm -f "$(pid_file "$s")"
+}
+
 cmd_up() {
   with_lock
   local s
@@ -687,6 +698,7 @@ main() {
     start) check_service "${1:-}"; cmd_up "$1" ;;
     stop) check_service "${1:-}"; cmd_down "$1" ;;
     restart) check_service "${1:-}"; cmd_down "$1"; cmd_up "$1" ;;
+    kill) check_service "${1:-}"; with_lock; svc_kill "$1" ;;
     logs) cmd_logs "$@" ;;
     clean) cmd_clean ;;
     kafka-class) [[ $# -ge 1 ]] || die "usage: dev/stack.sh kafka-class CLASS [ARGS...]"

@@ -1,12 +1,14 @@
-//! The broker stopped for 10 s and started again under load (issue 25,
-//! "broker restarts"): the order API, the relay, two consumer groups, `cdc`
+//! The broker away for 10 s and started again under load: the order API, the relay, two consumer groups, `cdc`
 //! on a table being written and the router delivering its changes to a
 //! local endpoint all run through it. Afterwards nothing is lost, no change
 //! is on a topic twice for a read_committed reader, and every process
 //! recovered by itself: one that exits is restarted as an orchestrator
 //! would, at most [`MAX_RESTARTS`] times (more is a crash loop, a failure).
 //!
-//! It stops the stack's Kafka: serial. `BROKER_RESTART_TRANSACTION_TIMEOUT_MS`
+//! Two ways away: a crash (SIGKILL), run by `make test`, and a controlled
+//! shutdown, run by hand (a single broker can lose a commit's markers in
+//! it: see the test). It stops the stack's Kafka: serial.
+//! `BROKER_RESTART_TRANSACTION_TIMEOUT_MS`
 //! runs the relay and cdc with another `transaction.timeout.ms` (the
 //! measurement of docs/operations.md, "Broker restarts").
 
@@ -232,10 +234,36 @@ async fn count(db: &orderpipe::db::Db, sql: &str) -> i64 {
     n
 }
 
+/// How the broker goes away.
+#[derive(Clone, Copy, Debug)]
+enum Outage {
+    /// SIGKILL, as a node failure or the OOM killer: no controlled shutdown.
+    Crash,
+    /// SIGTERM: the broker's controlled shutdown, as a rolling restart does.
+    ControlledShutdown,
+}
+
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "manual: stops the shared Kafka; fails about 1 run in 3 on a single broker (docs/testing.md); run: cargo test --features harness --test it -- --ignored broker_restart::"]
+#[ignore = "serial: kills the shared Kafka; run by `make test` in the serial phase"]
+async fn a_broker_crashed_for_10s_under_load_loses_nothing_duplicates_nothing_and_every_process_recovers()
+ {
+    broker_away_for_10s_under_load(Outage::Crash).await;
+}
+
+/// A single broker's controlled shutdown can drop the commit markers of a
+/// transaction it has just acknowledged: its partitions have no leader while
+/// it shuts down, and the transaction coordinator skips markers for
+/// partitions without one (KAFKA-5202's rule for deleted topics). Replicated
+/// topics move leadership instead. So this fails about 1 run in 3 on the
+/// single-broker dev stack, as it should (docs/operations.md).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "manual: stops the shared Kafka; fails about 1 run in 3 on a single broker (docs/testing.md); run: cargo test --features harness --test it -- --ignored broker_restart::a_broker_stopped"]
 async fn a_broker_stopped_for_10s_under_load_loses_nothing_duplicates_nothing_and_every_process_recovers()
  {
+    broker_away_for_10s_under_load(Outage::ControlledShutdown).await;
+}
+
+async fn broker_away_for_10s_under_load(outage: Outage) {
     let started = Instant::now();
     let transaction_timeout = std::env::var("BROKER_RESTART_TRANSACTION_TIMEOUT_MS").ok();
     let timeout_flag = transaction_timeout
@@ -372,8 +400,12 @@ async fn a_broker_stopped_for_10s_under_load_loses_nothing_duplicates_nothing_an
         })
         .await;
 
-    eprintln!("stopping the broker");
-    tokio::task::block_in_place(|| stack(&["stop", "kafka"]));
+    eprintln!("broker away: {outage:?}");
+    let how = match outage {
+        Outage::Crash => "kill",
+        Outage::ControlledShutdown => "stop",
+    };
+    tokio::task::block_in_place(|| stack(&[how, "kafka"]));
     let stopped = Instant::now();
     fleet.run_for(OUTAGE).await;
     tokio::task::block_in_place(|| stack(&["start", "kafka"]));
@@ -504,7 +536,7 @@ async fn a_broker_stopped_for_10s_under_load_loses_nothing_duplicates_nothing_an
         ),
     ];
     eprintln!(
-        "\nbroker restart (transaction.timeout.ms {}): broker down {:.1} s, relay caught up {:.1} s after it was back",
+        "\nbroker restart ({outage:?}, transaction.timeout.ms {}): broker down {:.1} s, relay caught up {:.1} s after it was back",
         transaction_timeout.as_deref().unwrap_or("default"),
         down.as_secs_f64(),
         relay_recovery.as_secs_f64()
