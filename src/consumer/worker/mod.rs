@@ -55,6 +55,7 @@
 mod apply;
 mod outside;
 mod parking;
+mod waves;
 
 use std::fmt;
 use std::sync::Arc;
