@@ -41,7 +41,7 @@ if (( free_gb < min_free_gb )); then
 fi
 echo "== disk: ${free_gb} GB free (needs about ${min_free_gb})"
 
-phase "no import circle among src/ modules (dev/import-cycles.py)"
+phase "no import circle among src/ modules, nor between the files of a folder (dev/import-cycles.py)"
 python3 "$ROOT/dev/import-cycles.py" --self-test
 python3 "$ROOT/dev/import-cycles.py"
 

@@ -58,8 +58,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::consumer::handler::{Effect, EventResult, Handler, HandlerError};
-use crate::consumer::version::MAJOR_1;
+use crate::consumer::handler::{Effect, EventResult, Handler, HandlerError, MAJOR_1};
 use crate::db::Tx;
 use crate::envelope::{Envelope, EventName};
 use crate::retry::{RetryLayer, RetryPolicy, RetrySettings};

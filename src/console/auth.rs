@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use axum::http::{HeaderMap, header, request::Parts};
+use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
 
@@ -137,7 +138,7 @@ impl Authenticator {
     /// when the token is no configured one.
     pub fn login(&self, token: &SecretString) -> Option<(String, Principal)> {
         let principal = Self::token_principal(self.role_of_token(token)?);
-        let id = super::csrf::random_hex();
+        let id = new_session_id();
         let mut sessions = self.sessions.lock().expect("sessions lock");
         let now = Instant::now();
         sessions.retain(|_, (_, at)| now.duration_since(*at) < SESSION_TTL);
@@ -216,6 +217,13 @@ impl Authenticator {
             },
         ))
     }
+}
+
+/// A new session id: 32 random bytes, hex.
+fn new_session_id() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The session id in the request's cookies.

@@ -44,13 +44,6 @@ pub const OPEN_POSTS: [&str; 1] = ["/login"];
 /// Largest form body read (bulk filters are a few fields).
 const MAX_FORM_BYTES: usize = 1024 * 1024;
 
-/// 32 random bytes, hex: session ids and the HMAC key.
-pub fn random_hex() -> String {
-    let mut bytes = [0u8; 32];
-    rand::rng().fill_bytes(&mut bytes);
-    hex(&bytes)
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

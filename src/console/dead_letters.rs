@@ -352,7 +352,7 @@ async fn detail(
         serde_json::from_str(&record.headers).unwrap_or_default();
     let group = &record.row.consumer_group;
     let heads = ignore::heading(db, &record).await?.map(|(p, held)| {
-        let page = super::held::key_page(group, &p.key_topic, &p.key);
+        let page = super::held_key_page(group, &p.key_topic, &p.key);
         (p.key, p.state.to_string(), held, page)
     });
     super::render(&DetailPage {

@@ -27,7 +27,7 @@ use serde::Deserialize;
 
 use super::auth::Principal;
 use super::dead_letters::IgnoreForm;
-use super::{Chrome, ConsoleError, ConsoleState, Page, filters};
+use super::{Chrome, ConsoleError, ConsoleState, Page, filters, held_key_page};
 use crate::dlq::held::{self, HeldView, ParkedFilter, ParkedView};
 
 /// The held-orders pages.
@@ -174,19 +174,8 @@ impl KeyForm {
 
     /// This key's page.
     fn page(&self) -> String {
-        key_page(self.group.trim(), self.topic.trim(), self.key.trim())
+        held_key_page(self.group.trim(), self.topic.trim(), self.key.trim())
     }
-}
-
-/// The page of `key` parked for `group` in `topic` (left out when empty:
-/// the page then asks for it only if the key is parked in several topics).
-pub(super) fn key_page(group: &str, topic: &str, key: &str) -> String {
-    let mut q = url::form_urlencoded::Serializer::new(String::new());
-    q.append_pair("group", group).append_pair("key", key);
-    if !topic.is_empty() {
-        q.append_pair("topic", topic);
-    }
-    format!("/held/key?{}", q.finish())
 }
 
 #[derive(Template)]

@@ -185,6 +185,20 @@ pub fn render(template: &impl Template) -> Result<Html<String>, ConsoleError> {
         .map_err(|e| ConsoleError::Internal(format!("template: {e}")))
 }
 
+/// The held-orders page of `key` parked for `group` in `topic` (`/held/key`
+/// of [`held`]; `topic` left out when empty: the page then asks for it only
+/// if the key is parked in several topics). It lives here, not in [`held`],
+/// because the dead-letters page links to it too, and [`held`] builds on
+/// the dead-letters page's actions: [`dead_letters`] does not import [`held`].
+fn held_key_page(group: &str, topic: &str, key: &str) -> String {
+    let mut q = url::form_urlencoded::Serializer::new(String::new());
+    q.append_pair("group", group).append_pair("key", key);
+    if !topic.is_empty() {
+        q.append_pair("topic", topic);
+    }
+    format!("/held/key?{}", q.finish())
+}
+
 /// Template filters shared by the pages (`use super::filters;` next to
 /// the template struct): `{{ ms|utc }}` prints ms since the epoch as UTC.
 pub mod filters {

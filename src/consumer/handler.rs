@@ -89,6 +89,10 @@ impl From<sqlx::Error> for HandlerError {
     }
 }
 
+/// Majors understood by handlers that keep the default of
+/// [`Handler::supported_majors`]: major 1 of every event name.
+pub const MAJOR_1: &[u32] = &[1];
+
 /// What a handler did with one event of a batch: its effect, or why it failed.
 pub type EventResult = Result<Effect, HandlerError>;
 
@@ -108,7 +112,7 @@ pub trait Handler: Send + Sync {
     /// major here only once `apply` handles that major's payload.
     fn supported_majors(&self, event_name: &EventName) -> &[u32] {
         let _ = event_name;
-        super::version::MAJOR_1
+        MAJOR_1
     }
 
     /// Applies the event's effect inside `tx`. Statements whose text

@@ -13,8 +13,7 @@ use async_trait::async_trait;
 
 use sqlx::Row as _;
 
-use super::handler::{Effect, EventResult, Handler, HandlerError};
-use super::version::MAJOR_1;
+use super::handler::{Effect, EventResult, Handler, HandlerError, MAJOR_1};
 use crate::db::Tx;
 use crate::db::rows::{self, Bound};
 use crate::envelope::{Envelope, EventData, EventName};

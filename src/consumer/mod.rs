@@ -17,6 +17,9 @@
 //!   (one order's events share a partition, so per-order order holds); it
 //!   never waits on a worker: a partition whose worker's queue is full is
 //!   paused instead;
+//! * `pause` keeps why each partition is paused (the dispatcher's full
+//!   queue, a worker's wait for a retry record's due time): it is resumed
+//!   when no reason is left;
 //! * [`worker`] batches a partition's records into one DB transaction and
 //!   retries database failures with backoff without committing past them;
 //! * [`assignment`] tracks which partitions this member owns, so a worker
@@ -35,6 +38,7 @@ pub mod events;
 pub mod handler;
 pub mod handlers;
 pub mod naming;
+mod pause;
 pub mod version;
 pub mod worker;
 
@@ -303,8 +307,8 @@ pub(crate) struct Shared {
     /// Keys this consumer knows to be parked (mode `key`): only records of
     /// these keys, and retry-topic records, consult `parked_keys`.
     pub parked: Mutex<crate::ordering::ParkedSet>,
-    /// Partitions paused on the consumer, and why (see `dispatch`).
-    pub pauses: Mutex<dispatch::Pauses>,
+    /// Partitions paused on the consumer, and why (see `pause`).
+    pub pauses: Mutex<pause::Pauses>,
 }
 
 impl Shared {
@@ -401,7 +405,7 @@ pub async fn run(
         in_flight: Mutex::new(HashMap::new()),
         active: Mutex::new(None),
         parked: Mutex::new(crate::ordering::ParkedSet::default()),
-        pauses: Mutex::new(dispatch::Pauses::default()),
+        pauses: Mutex::new(pause::Pauses::default()),
         batch_size: settings.consumer.batch_size.max(1),
         batch_linger: std::time::Duration::from_millis(settings.consumer.batch_linger_ms),
     });

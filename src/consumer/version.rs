@@ -21,8 +21,9 @@ use crate::envelope::Envelope;
 /// Error class of a record whose `event_version` the group does not understand or cannot read.
 pub const UNSUPPORTED_VERSION: &str = "unsupported_version";
 
-/// Majors understood by handlers that keep the default: major 1 of every event name.
-pub const MAJOR_1: &[u32] = &[1];
+/// Majors understood by handlers that keep the default (it lives with the
+/// [`Handler`] trait, whose default it is; also reachable here).
+pub use super::handler::MAJOR_1;
 
 /// A parsed `event_version`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -9,8 +9,7 @@ use std::sync::{Arc, RwLock};
 use async_trait::async_trait;
 use metrics::counter;
 
-use crate::consumer::handler::{Effect, EventResult, Handler, HandlerError};
-use crate::consumer::version::MAJOR_1;
+use crate::consumer::handler::{Effect, EventResult, Handler, HandlerError, MAJOR_1};
 use crate::db::Tx;
 use crate::delivery::{DEFAULT_IN_FLIGHT, Endpoint, OUTSIDE_ONLY, post_all};
 use crate::envelope::{Envelope, EventName};

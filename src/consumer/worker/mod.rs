@@ -55,6 +55,7 @@
 mod apply;
 mod outside;
 mod parking;
+mod waves;
 
 use std::fmt;
 use std::sync::Arc;
@@ -68,6 +69,7 @@ use tracing::Instrument;
 
 use super::assignment::PartitionKey;
 use super::handler::HandlerError;
+use super::pause::PauseReason;
 use super::version::{self, UNSUPPORTED_VERSION};
 use super::{ConsumeSummary, Shared};
 use crate::backoff::{Backoff, retry, until_available};
@@ -301,7 +303,7 @@ impl PartitionWorker {
         if wait <= 0 {
             return Ok(());
         }
-        let reason = super::dispatch::PauseReason::DueWait;
+        let reason = PauseReason::DueWait;
         self.shared
             .pause_partition(&self.key, self.generation, reason);
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait as u64);

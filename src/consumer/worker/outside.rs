@@ -10,7 +10,7 @@
 //!    lock, names another head);
 //! 2. **deliver**, with no transaction: the rest are cut into the same
 //!    *waves* as the transaction's (the k-th record of each key in wave k,
-//!    [`super::apply`]), run wave after wave, each wave's records at once
+//!    [`super::waves`]), run wave after wave, each wave's records at once
 //!    (the handler bounds how many are in flight). So records of one key
 //!    are never in flight together and go in offset order; once a record
 //!    of a key fails, the later ones of its key are not delivered (the
@@ -103,7 +103,7 @@ impl PartitionWorker {
             .collect();
         open.sort_unstable();
         let mut failed: HashSet<&OrderKey> = HashSet::new();
-        for mut wave in super::apply::waves(&open, &keys) {
+        for mut wave in super::waves::waves(&open, &keys) {
             wave.retain(|i| !failed.contains(&keys[i]));
             if wave.is_empty() {
                 continue;
