@@ -2,7 +2,7 @@
 //! group member share.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use rdkafka::consumer::StreamConsumer;
@@ -15,7 +15,6 @@ use crate::codec::Codec;
 use crate::db::Db;
 use crate::health::HealthState;
 use crate::retry::Forwarder;
-use std::sync::Arc;
 
 /// Shared by the dispatcher and the workers.
 pub(crate) struct Shared {
