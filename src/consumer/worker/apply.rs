@@ -1,7 +1,7 @@
 //! A batch's transaction, set-based: a fixed, small number of statements
 //! whatever the batch's size.
 //!
-//! 1. **gate** ([`PartitionWorker::gate`]), for records whose key may be
+//! 1. **gate** ([`BatchApplier::gate`]), for records whose key may be
 //!    parked and retry-topic records (per-key ordering): their keys' parked
 //!    rows are read and locked in one statement, then each record is held
 //!    behind its head (the hold is written), the head itself (noted for
@@ -30,14 +30,18 @@
 //!    set and the metrics, from the [`Ledger`] the stages filled.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::Message;
 use tracing::Instrument;
 
 use super::outside::Outside;
+use super::state::{Item, PartitionState, Revoked};
 use super::waves::waves;
-use super::{BatchError, Committed, ConsumeSummary, Item, PartitionWorker};
+use crate::backoff::until_available;
+use crate::consumer::ConsumeSummary;
 use crate::consumer::events::{Applied, ConflictingDuplicate, DuplicateSkipped, Held};
 use crate::consumer::handler::HandlerError;
 use crate::db::{DbError, Tx};
@@ -89,6 +93,45 @@ pub(super) struct Deferred {
     pub error: Option<HandlerError>,
 }
 
+/// What a committed batch leaves to do.
+#[derive(Default)]
+pub(super) struct Committed {
+    /// Keys whose head was applied in the batch: release their followers.
+    pub heads: Vec<OrderKey>,
+    /// Released records that another release of their key had already
+    /// applied (both read the same held row; the first delete wins).
+    pub released_elsewhere: u64,
+    /// Records left out of the transaction, in offset order: to settle
+    /// through the error tier, or to apply once those before them are.
+    pub deferred: Vec<Deferred>,
+}
+
+/// Why a batch's transaction was not committed.
+pub(super) enum BatchError {
+    /// Infrastructure down: retry the whole batch later, in place.
+    Unavailable(String),
+    /// The one record applied failed in a handler ([`BatchApplier::apply_one`]).
+    Record(HandlerError),
+    /// The partition is no longer ours.
+    Revoked(Revoked),
+}
+
+impl From<Revoked> for BatchError {
+    fn from(revoked: Revoked) -> Self {
+        Self::Revoked(revoked)
+    }
+}
+
+impl fmt::Display for BatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unavailable(reason) => f.write_str(reason),
+            Self::Record(error) => error.fmt(f),
+            Self::Revoked(_) => f.write_str("partition revoked"),
+        }
+    }
+}
+
 /// What one attempt at a wave gave.
 // Done is the common case: boxing it would allocate once per wave for nothing.
 #[allow(clippy::large_enum_variant)]
@@ -137,23 +180,69 @@ impl<'a> Ledger<'a> {
     }
 }
 
-impl PartitionWorker {
+/// The batch-transaction stage of one partition: applies a batch of
+/// decoded records in one DB transaction (the module doc).
+pub(super) struct BatchApplier {
+    state: Arc<PartitionState>,
+}
+
+impl BatchApplier {
+    pub(super) fn new(state: Arc<PartitionState>) -> Self {
+        Self { state }
+    }
+
+    /// Applies `items` in one transaction, retrying in place with backoff
+    /// while the database is unavailable (counted, and reported to health).
+    pub(super) async fn apply_until_available(&self, items: &[Item]) -> Result<Committed, Revoked> {
+        let failed = |error: BatchError| async move {
+            match error {
+                BatchError::Revoked(revoked) => Err(revoked),
+                error => {
+                    let reason = error.to_string();
+                    self.state.count(|s| s.apply_failures += 1);
+                    self.state.shared.health.db_down(&reason).await;
+                    Ok(error)
+                }
+            }
+        };
+        until_available(
+            self.state.at("batch not applied"),
+            || self.apply(items),
+            failed,
+            || self.state.still_owned(),
+        )
+        .await
+    }
+
+    /// Applies one record alone: its handler failure, if any, is the error.
+    pub(super) async fn apply_one(&self, item: &Item) -> Result<Committed, BatchError> {
+        let mut committed = self.apply(std::slice::from_ref(item)).await?;
+        match committed.deferred.pop() {
+            Some(Deferred {
+                error: Some(error), ..
+            }) => Err(BatchError::Record(error)),
+            _ => Ok(committed),
+        }
+    }
+
     /// One transaction for `items`: dedup rows and effects (or holds behind
     /// parked keys), committed together. Poison items are skipped; records
     /// that fail in a handler, and the later records of their keys, are
     /// left out and returned in [`Committed::deferred`].
-    pub(super) async fn apply(&self, items: &[Item]) -> Result<Committed, BatchError> {
+    async fn apply(&self, items: &[Item]) -> Result<Committed, BatchError> {
         let unavailable = |e: DbError| BatchError::Unavailable(e.to_string());
         // Before the transaction: no transaction waits on a downstream.
-        let outside = self.deliver_outside(items).await.map_err(unavailable)?;
-        let mut tx = self.shared.db.begin().await.map_err(unavailable)?;
+        let outside = Outside::deliver(&self.state, items)
+            .await
+            .map_err(unavailable)?;
+        let mut tx = self.state.shared.db.begin().await.map_err(unavailable)?;
         let mut ledger = Ledger::default();
         let keys: Vec<Option<OrderKey>> = items
             .iter()
             .map(|item| {
                 item.envelope
                     .as_ref()
-                    .map(|e| self.order_key(&item.message, e.key()))
+                    .map(|e| self.state.order_key(&item.message, e.key()))
             })
             .collect();
         // Stage 1 reads the parked rows of every key it asks about at once.
@@ -162,14 +251,14 @@ impl PartitionWorker {
             .zip(items)
             .filter_map(|(key, item)| {
                 key.as_ref()
-                    .filter(|k| item.held_id.is_none() && self.gated(k))
+                    .filter(|k| item.held_id.is_none() && self.state.gated(k))
             })
             .collect();
         let parked = if asked.is_empty() {
             HashMap::new()
         } else {
             let asked: Vec<&OrderKey> = asked.into_iter().collect();
-            ordering::lock_keys(&mut tx, &self.shared.options.group, &asked)
+            ordering::lock_keys(&mut tx, &self.state.shared.options.group, &asked)
                 .await
                 .map_err(unavailable)?
         };
@@ -178,12 +267,12 @@ impl PartitionWorker {
             let (Some(envelope), Some(key)) = (&item.envelope, key) else {
                 continue;
             };
-            if item.held_id.is_some() || !self.gated(key) {
+            if item.held_id.is_some() || !self.state.gated(key) {
                 // Released records pass by leaving `held_records`, in their wave.
                 open.push(index);
                 continue;
             }
-            let span = self.span(&item.message, Some(envelope));
+            let span = self.state.span(&item.message, Some(envelope));
             let gated = async {
                 match self
                     .gate(&mut tx, item, envelope, key, parked.get(key), &mut ledger)
@@ -315,7 +404,7 @@ impl PartitionWorker {
             .iter()
             .map(|(i, o)| (envelope_of(&items[*i]), o))
             .collect();
-        let fresh = dedup::claim_batch(tx, &self.shared.options.group, &claims).await?;
+        let fresh = dedup::claim_batch(tx, &self.state.shared.options.group, &claims).await?;
         let mut applying = Vec::with_capacity(claiming.len());
         for ((index, origin), fresh) in claiming.iter().zip(fresh) {
             let (item, envelope) = (&items[*index], envelope_of(&items[*index]));
@@ -329,7 +418,7 @@ impl PartitionWorker {
         }
         let envelopes: Vec<&Envelope> = applying.iter().map(|&i| envelope_of(&items[i])).collect();
         let mut failures: Vec<(usize, HandlerError)> = Vec::new();
-        for (h, handler) in self.shared.options.handlers.iter().enumerate() {
+        for (h, handler) in self.state.shared.options.handlers.iter().enumerate() {
             let results = if handler.acts_outside() {
                 // Done before the transaction opened ([`super::outside`]).
                 applying.iter().map(|&i| outside.result(i, h)).collect()
@@ -365,14 +454,8 @@ impl PartitionWorker {
         Ok(Wave::Done(ledger))
     }
 
-    /// Whether a record of `key` asks the ordering gate: with per-key
-    /// ordering, on the retry topic, or when the key may be parked.
-    pub(super) fn gated(&self, key: &OrderKey) -> bool {
-        self.ordered() && (self.is_retry_partition() || self.shared.is_parked(&key.topic, &key.key))
-    }
-
     /// Stage 1, the ordering gate, for a record read from Kafka whose key
-    /// asks ([`Self::gated`]), given its key's parked row (locked): held
+    /// asks ([`PartitionState::gated`]), given its key's parked row (locked): held
     /// behind the head (the hold is written here), the head itself (noted
     /// for release), a redelivery, or open.
     async fn gate(
@@ -384,11 +467,11 @@ impl PartitionWorker {
         parked: Option<&ordering::Parked>,
         ledger: &mut Ledger<'_>,
     ) -> Result<Gate, DbError> {
-        let group = self.shared.options.group.as_str();
+        let group = self.state.shared.options.group.as_str();
         let gate = ordering::decide(tx, group, parked, &item.message, Some(envelope)).await?;
         match gate {
             // Parked in this consumer's set but released elsewhere.
-            Gate::Open if !self.is_retry_partition() => ledger.reopened.push(key.clone()),
+            Gate::Open if !self.state.is_retry_partition() => ledger.reopened.push(key.clone()),
             Gate::Open | Gate::Duplicate => {}
             Gate::Head => ledger.heads.push(key.clone()),
             Gate::Hold => ordering::hold(tx, group, key, &item.message, Some(envelope)).await?,
@@ -406,7 +489,7 @@ impl PartitionWorker {
         ledger: &mut Ledger<'_>,
     ) -> Result<(), DbError> {
         let conflict =
-            dedup::check_duplicate(tx, &self.shared.options.group, envelope, origin).await?;
+            dedup::check_duplicate(tx, &self.state.shared.options.group, envelope, origin).await?;
         ledger.conflicts.extend(conflict);
         Ok(())
     }
@@ -414,7 +497,7 @@ impl PartitionWorker {
     /// Stage 3: commits, unless the partition was revoked meanwhile (then
     /// rolls back: the next owner redoes the batch).
     async fn commit(&self, tx: Tx) -> Result<(), BatchError> {
-        if let Err(revoked) = self.still_owned() {
+        if let Err(revoked) = self.state.still_owned() {
             let _ = tx.rollback().await;
             return Err(revoked.into());
         }
@@ -426,7 +509,7 @@ impl PartitionWorker {
     /// Stage 4, after the commit: the activity clock, the summary, the
     /// consumer's parked set and the metrics. Leaves the heads to release.
     fn bookkeeping(&self, mut ledger: Ledger<'_>) -> Committed {
-        let shared = &self.shared;
+        let shared = &self.state.shared;
         let group = shared.options.group.as_str();
         if let Some((_, last)) = shared.active.lock().expect("active lock").as_mut() {
             *last = Instant::now();
@@ -458,7 +541,7 @@ impl PartitionWorker {
         }
         let now = chrono::Utc::now();
         for (item, envelope, handler_time) in ledger.applied {
-            let _in_record = self.span(&item.message, Some(envelope)).entered();
+            let _in_record = self.state.span(&item.message, Some(envelope)).entered();
             Applied {
                 group,
                 event_name: envelope.event_name.as_str(),
@@ -468,7 +551,7 @@ impl PartitionWorker {
             .emit();
         }
         for (item, envelope) in ledger.duplicates {
-            let _in_record = self.span(&item.message, Some(envelope)).entered();
+            let _in_record = self.state.span(&item.message, Some(envelope)).entered();
             DuplicateSkipped {
                 group,
                 event_name: envelope.event_name.as_str(),
@@ -479,7 +562,7 @@ impl PartitionWorker {
             ConflictingDuplicate { conflict }.emit();
         }
         for (item, envelope) in ledger.held {
-            let _in_record = self.span(&item.message, Some(envelope)).entered();
+            let _in_record = self.state.span(&item.message, Some(envelope)).entered();
             Held {
                 group,
                 event_name: envelope.event_name.as_str(),

@@ -30,7 +30,7 @@ use std::collections::{HashMap, HashSet};
 
 use rdkafka::Message;
 
-use super::{Item, PartitionWorker};
+use super::state::{Item, PartitionState};
 use crate::consumer::handler::{EventResult, HandlerError};
 use crate::db::DbError;
 use crate::ordering::{self, OrderKey, Origin};
@@ -60,11 +60,14 @@ impl Outside {
     }
 }
 
-impl PartitionWorker {
+impl Outside {
     /// Steps 1 and 2 of the module doc for `items`; nothing when no handler
     /// acts outside the database.
-    pub(super) async fn deliver_outside(&self, items: &[Item]) -> Result<Outside, DbError> {
-        let handlers: Vec<usize> = (self.shared.options.handlers.iter().enumerate())
+    pub(super) async fn deliver(
+        state: &PartitionState,
+        items: &[Item],
+    ) -> Result<Outside, DbError> {
+        let handlers: Vec<usize> = (state.shared.options.handlers.iter().enumerate())
             .filter(|(_, h)| h.acts_outside())
             .map(|(i, _)| i)
             .collect();
@@ -72,15 +75,15 @@ impl PartitionWorker {
         if handlers.is_empty() {
             return Ok(outside);
         }
-        let group = self.shared.options.group.as_str();
+        let group = state.shared.options.group.as_str();
         let mut keys: HashMap<usize, OrderKey> = HashMap::new();
         for (index, item) in items.iter().enumerate() {
             let Some(envelope) = &item.envelope else {
                 continue;
             };
-            let key = self.order_key(&item.message, envelope.key());
-            if item.held_id.is_none() && self.gated(&key) {
-                let parked = ordering::store::parked(&self.shared.db, group, &key).await?;
+            let key = state.order_key(&item.message, envelope.key());
+            if item.held_id.is_none() && state.gated(&key) {
+                let parked = ordering::store::parked(&state.shared.db, group, &key).await?;
                 let event_id = envelope.event_id.to_string();
                 let open = parked.is_none_or(|p| {
                     ordering::gate::is_head(&p, &Origin::of(&item.message), Some(&event_id))
@@ -95,7 +98,7 @@ impl PartitionWorker {
             .keys()
             .map(|&i| envelope(&items[i]).event_id.to_string())
             .collect();
-        let done = crate::reconcile::accounted::applied_ids(&self.shared.db, group, &ids).await?;
+        let done = crate::reconcile::accounted::applied_ids(&state.shared.db, group, &ids).await?;
         let mut open: Vec<usize> = keys
             .keys()
             .copied()
@@ -110,7 +113,9 @@ impl PartitionWorker {
             }
             let events: Vec<_> = wave.iter().map(|&i| envelope(&items[i])).collect();
             for &h in &handlers {
-                let results = self.shared.options.handlers[h].apply_outside(&events).await;
+                let results = state.shared.options.handlers[h]
+                    .apply_outside(&events)
+                    .await;
                 for (&index, result) in wave.iter().zip(results) {
                     if result.is_err() {
                         failed.insert(&keys[&index]);

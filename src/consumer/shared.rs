@@ -1,0 +1,76 @@
+//! The state the dispatcher, the workers and the background tasks of one
+//! group member share.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rdkafka::consumer::StreamConsumer;
+
+use super::assignment::{Assignment, AssignmentContext, PartitionKey};
+use super::options::ConsumeOptions;
+use super::pause;
+use super::summary::ConsumeSummary;
+use crate::codec::Codec;
+use crate::db::Db;
+use crate::health::HealthState;
+use crate::retry::Forwarder;
+
+/// Shared by the dispatcher and the workers.
+pub(crate) struct Shared {
+    pub consumer: StreamConsumer<AssignmentContext>,
+    pub codec: Codec,
+    pub forwarder: Forwarder,
+    pub db: Db,
+    pub options: ConsumeOptions,
+    pub assignment: Arc<Assignment>,
+    pub summary: Mutex<ConsumeSummary>,
+    pub health: Arc<HealthState>,
+    /// Records dispatched and not yet finished (applied, forwarded or
+    /// dropped on revoke), per partition.
+    pub in_flight: Mutex<HashMap<PartitionKey, usize>>,
+    pub batch_size: usize,
+    /// `consumer.batch_linger_ms`.
+    pub batch_linger: std::time::Duration,
+    /// First record received, last batch committed.
+    pub active: Mutex<Option<(Instant, Instant)>>,
+    /// Keys this consumer knows to be parked (mode `key`): only records of
+    /// these keys, and retry-topic records, consult `parked_keys`.
+    pub parked: Mutex<crate::ordering::ParkedSet>,
+    /// Partitions paused on the consumer, and why (see `pause`).
+    pub pauses: Mutex<pause::Pauses>,
+}
+
+impl Shared {
+    /// Adds `delta` records to a partition's in-flight count.
+    pub(crate) fn in_flight_change(&self, key: &PartitionKey, delta: isize) {
+        let mut map = self.in_flight.lock().expect("in-flight lock");
+        let n = map.entry(key.clone()).or_default();
+        *n = n.saturating_add_signed(delta);
+    }
+
+    /// Whether `key` of `topic` is in this consumer's parked set.
+    pub(crate) fn is_parked(&self, topic: &str, key: &str) -> bool {
+        self.parked
+            .lock()
+            .expect("parked lock")
+            .contains(topic, key)
+    }
+
+    pub(super) fn in_flight_total(&self) -> usize {
+        self.in_flight
+            .lock()
+            .expect("in-flight lock")
+            .values()
+            .sum()
+    }
+
+    pub(super) fn in_flight(&self, key: &PartitionKey) -> usize {
+        self.in_flight
+            .lock()
+            .expect("in-flight lock")
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+}
