@@ -84,6 +84,7 @@ pub async fn run(
         active: Mutex::new(None),
         parked: Mutex::new(crate::ordering::ParkedSet::default()),
         pauses: Mutex::new(pause::Pauses::default()),
+        release_locks: Default::default(),
         batch_size: settings.consumer.batch_size.max(1),
         batch_linger: std::time::Duration::from_millis(settings.consumer.batch_linger_ms),
     });

@@ -39,9 +39,38 @@ pub(crate) struct Shared {
     pub parked: Mutex<crate::ordering::ParkedSet>,
     /// Partitions paused on the consumer, and why (see `pause`).
     pub pauses: Mutex<pause::Pauses>,
+    /// One release of a key at a time in this process (see [`Shared::release_lock`]).
+    pub release_locks: ReleaseLocks,
+}
+
+/// Locks that serialize the releases of a key in one consumer: the worker
+/// that applied a head and the background release can both start releasing
+/// it. Run together, both would read the same held record and, for an HTTP
+/// effect (made before the database transaction), both POST it; one then
+/// finds it applied. Striped by the key's hash: releases are rare (the
+/// failure path), so sharing a stripe costs nothing that matters.
+pub(crate) struct ReleaseLocks([tokio::sync::Mutex<()>; RELEASE_STRIPES]);
+
+const RELEASE_STRIPES: usize = 64;
+
+impl Default for ReleaseLocks {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| tokio::sync::Mutex::new(())))
+    }
 }
 
 impl Shared {
+    /// Held while releasing `key`: a second release of it waits, then finds
+    /// what the first applied gone from `held_records`.
+    pub(crate) async fn release_lock(
+        &self,
+        key: &crate::ordering::OrderKey,
+    ) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let stripe = BuildHasherDefault::<DefaultHasher>::default().hash_one(key) as usize;
+        self.release_locks.0[stripe % RELEASE_STRIPES].lock().await
+    }
+
     /// Adds `delta` records to a partition's in-flight count.
     pub(crate) fn in_flight_change(&self, key: &PartitionKey, delta: isize) {
         let mut map = self.in_flight.lock().expect("in-flight lock");

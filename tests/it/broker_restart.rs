@@ -523,6 +523,10 @@ async fn broker_away_for_10s_under_load(outage: Outage) {
             relay_log.lines_with(&["failed fatally"]),
         ),
         (
+            "relay: producers renewed after a timed-out transaction",
+            relay_log.lines_with(&["timed out and was aborted"]),
+        ),
+        (
             "relay: of them fenced",
             relay_log.lines_with(&["failed fatally", "fenced"]),
         ),

@@ -411,6 +411,8 @@ impl PartitionWorker {
     }
 
     async fn release_key(&self, key: &OrderKey) -> Result<(), Revoked> {
+        // The background release may be releasing this key too.
+        let _one_release_at_a_time = self.state.shared.release_lock(key).await;
         let mut backoff = Backoff::new();
         loop {
             self.state.still_owned()?;
