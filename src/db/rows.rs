@@ -88,9 +88,9 @@ pub async fn insert_returning<'a, T>(
     Ok(returned)
 }
 
-/// Values one statement may bind, at most (MariaDB's and MySQL's limit on
-/// a prepared statement's placeholders).
-pub const MAX_PLACEHOLDERS: usize = 65_535;
+/// Values one statement may bind, at most: SQLite's limit (MariaDB's and
+/// MySQL's on a prepared statement is 65,535).
+pub const MAX_PLACEHOLDERS: usize = 32_766;
 
 /// `{verb} INTO {into} VALUES (...), ...` for every row, in as few
 /// statements as [`MAX_PLACEHOLDERS`] allows (`columns`: values per row);
@@ -232,5 +232,40 @@ mod tests {
         );
         let shapes: std::collections::BTreeSet<usize> = (1..=1300).flat_map(sizes).collect();
         assert_eq!(shapes.len(), 10);
+    }
+
+    #[tokio::test]
+    async fn insert_all_writes_a_set_past_the_placeholder_limit_and_ignores_what_exists() {
+        let (_dir, db) = crate::db::sqlite_for_test().await;
+        // 3 values a row: 10,922 rows a statement, so two statements.
+        let ids: Vec<String> = (0..11_000).map(|i| format!("event-{i}")).collect();
+        let insert = |ids: &[String]| {
+            let db = db.clone();
+            let ids = ids.to_vec();
+            async move {
+                let mut tx = db.begin().await.unwrap();
+                let verb = tx.sql().insert_ignore_verb();
+                let n = insert_all(
+                    &mut tx,
+                    verb,
+                    "notifications (event_id, order_id, kind)",
+                    3,
+                    &ids,
+                    |id| vec![Bound::Text(id), Bound::Int(7), Bound::Text("order.created")],
+                )
+                .await
+                .unwrap();
+                tx.commit().await.unwrap();
+                n
+            }
+        };
+        assert_eq!(insert(&ids).await, 11_000);
+        // Present already: ignored, not counted; the new one is.
+        assert_eq!(insert(&[ids[0].clone(), "event-new".into()]).await, 1);
+        let (count,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM notifications")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(count, 11_001);
     }
 }
