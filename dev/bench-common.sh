@@ -65,7 +65,8 @@ db_counters() {
 # and 15, in clock ticks of `getconf CLK_TCK`), the pid from the server's
 # own pid file (@@pid_file): a MariaDB on this machine only. Every client
 # of the server counts, and background work (purge, page flushing) falls
-# in whichever run it happens in.
+# in whichever run it happens in. Read before db_counters and after it: its
+# own query stays out of the statement counts.
 db_cpu() {
   local pid stat
   pid="$(cat "$(SQL -e 'SELECT @@pid_file')")" && stat="$(cat "/proc/$pid/stat")" \

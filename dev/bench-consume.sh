@@ -41,7 +41,7 @@ PERF_RATE=$(tail -1 "$OUT_DIR/.perf.txt" | awk -F', *' '{print $NF}')
 echo "== (b) orderpipe consume --handler notification (MariaDB)"
 mkdb "${RUN_ID}_b"
 OP_ARGS=(consume --migrate --group "$RUN_ID-orderpipe" --handler notification --until-idle 5 --output json)
-db_counters "$OUT_DIR/.db0"; db_cpu "$OUT_DIR/.cpu0"
+db_cpu "$OUT_DIR/.cpu0"; db_counters "$OUT_DIR/.db0"
 ORDERPIPE_DATABASE__URL="$DB_URL_BASE/${RUN_ID}_b" /usr/bin/time -f '%M' -o "$OUT_DIR/.rss" \
   "$BIN" "${OP_ARGS[@]}" > "$OUT_DIR/.op.json"
 db_counters "$OUT_DIR/.db1"; db_cpu "$OUT_DIR/.cpu1"
@@ -69,7 +69,7 @@ CEIL_PID=$CEILING_PID
 exec {CEIL_OUT}<&"${CEILING[0]}" {CEIL_IN}>&"${CEILING[1]}"
 read -r READY <&"$CEIL_OUT" || true
 [ "$READY" = ready ] || { echo "bench-db-ceiling failed before writing" >&2; exit 1; }
-db_counters "$OUT_DIR/.db0"; db_cpu "$OUT_DIR/.cpu0"
+db_cpu "$OUT_DIR/.cpu0"; db_counters "$OUT_DIR/.db0"
 echo go >&"$CEIL_IN"
 cat <&"$CEIL_OUT" > "$OUT_DIR/.ceil.json"
 exec {CEIL_OUT}<&- {CEIL_IN}>&-
@@ -112,7 +112,7 @@ cpu = {"orderpipe": $OP_CPU, "ceiling": $CEIL_CPU}
 tx, conn = $CEIL_TX, $CEIL_CONN
 print()
 print(f"backlog {count} events, same broker and MariaDB; (c) measured over its first {naive} records")
-print(f"{'peer':<66} {'events/s':>10} {'peak RSS':>9} {'stmts/event':>12} {'DB CPU us/event':>16}")
+print(f"{'peer':<78} {'events/s':>10} {'peak RSS':>9} {'stmts/event':>12} {'DB CPU us/event':>16}")
 for name, rate, r, s, u in [
     ("(a) kafka-consumer-perf-test (fetch only, no decode, no DB)", a, f"{rss['perftest'] / 1024:.0f}MB", "", ""),
     ("(b) orderpipe consume: decode + dedup + notification, batched", b, f"{rss['orderpipe'] / 1024:.0f}MB",
@@ -121,7 +121,7 @@ for name, rate, r, s, u in [
     (f"(d) the database's ceiling: the same rows, {tx} events per tx, {conn} connections", d, "",
      f"{stmts['ceiling']:.4f}", f"{cpu['ceiling']:.1f}"),
 ]:
-    print(f"{name:<66} {rate:>10,.0f} {r:>9} {s:>12} {u:>16}")
+    print(f"{name:<78} {rate:>10,.0f} {r:>9} {s:>12} {u:>16}")
 print(f"b/a = {b/a:.3f}   b/c = {b/c:.1f}x   b/d = {b/d:.3f}   MariaDB CPU per event b/d = {cpu['orderpipe'] / cpu['ceiling']:.2f}")
 print(f"MariaDB statements per event by kind: (b) {mix['orderpipe']}   (c) {mix['naive']}   (d) {mix['ceiling']}")
 json.dump({"count": count, "naive_records": naive, "perftest_eps": a, "orderpipe_eps": b,
@@ -131,7 +131,7 @@ json.dump({"count": count, "naive_records": naive, "perftest_eps": a, "orderpipe
            "mariadb_cpu_us_per_event": cpu}, open("$OUT_DIR/consume-$RUN_ID.json", "w"), indent=2)
 PY
 PERF=kafka-consumer-perf-test OURS="orderpipe consume (notification)" NAIVE_PEER="naive per-record"
-CEIL="database ceiling ($CEIL_TX events/tx, $CEIL_CONN connections)"
+CEIL="database ceiling (same rows)"
 PERF_CMD="dev/stack.sh ${PERF_ARGS[*]}"
 OP_CMD="ORDERPIPE_DATABASE__URL=$DB_URL_BASE/${RUN_ID}_b orderpipe ${OP_ARGS[*]}"
 NAIVE_CMD="ORDERPIPE_DATABASE__URL=$DB_URL_BASE/${RUN_ID}_c orderpipe ${NAIVE_ARGS[*]}"
