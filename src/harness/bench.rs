@@ -171,11 +171,11 @@ impl<'a> Ceiling<'a> {
     }
 
     /// Writes the rows, timed: per transaction `events_per_tx` events of
-    /// one partition, in offset order, as one multi-row `INSERT IGNORE`
-    /// into each table; the partitions dealt to the connections, which
-    /// write side by side (a connection per partition worker, like the
-    /// consumer). Fails unless every row was inserted (`db` must hold none
-    /// of them).
+    /// one partition, in the order the consumer applied them, as one
+    /// multi-row `INSERT IGNORE` into each table; the partitions dealt to
+    /// the connections, which write side by side (a connection per
+    /// partition worker, like the consumer). Fails unless every row was
+    /// inserted (`db` must hold none of them).
     pub async fn write(self) -> anyhow::Result<CeilingReport> {
         let events: usize = self.by_partition.values().map(Vec::len).sum();
         // Connection i writes the partitions i, i + connections, ...
@@ -206,7 +206,8 @@ impl<'a> Ceiling<'a> {
     }
 }
 
-/// The events stored in `from`, by partition, each in offset order.
+/// The events stored in `from`, by partition, each in the order the consumer
+/// applied them (`apply_seq`: offset order, wave by wave within a batch).
 async fn read_stored(from: &str) -> anyhow::Result<BTreeMap<i32, Vec<StoredEvent>>> {
     let source = Db::connect(
         &DatabaseSettings {
@@ -219,7 +220,7 @@ async fn read_stored(from: &str) -> anyhow::Result<BTreeMap<i32, Vec<StoredEvent
         "SELECT d.consumer_group, d.event_id, d.topic, d.kafka_partition, d.kafka_offset, d.event_type, \
          d.record_key, d.payload_digest, n.order_id, n.kind \
          FROM event_dedup d JOIN notifications n ON n.event_id = d.event_id \
-         ORDER BY d.kafka_partition, d.kafka_offset",
+         ORDER BY d.apply_seq",
     )
     .fetch(&source.pool);
     let mut by_partition: BTreeMap<i32, Vec<StoredEvent>> = BTreeMap::new();
