@@ -60,7 +60,7 @@ CEIL_TX="${CEILING_TX:-$(( (OP_APPLIED + OP_COMMITS / 2) / (OP_COMMITS > 0 ? OP_
 CEIL_CONN="${CEILING_CONNECTIONS:-$(SQL -e "SELECT COUNT(DISTINCT kafka_partition) FROM ${RUN_ID}_b.event_dedup")}"
 echo "== (d) the database's ceiling: (b)'s rows, $CEIL_TX events per tx, $CEIL_CONN connections"
 mkdb "${RUN_ID}_d"
-CEIL_ARGS=(bench-db-ceiling --from "$DB_URL_BASE/${RUN_ID}_b" --events-per-tx "$CEIL_TX" --connections "$CEIL_CONN")
+CEIL_ARGS=(--log-level error bench-db-ceiling --from "$DB_URL_BASE/${RUN_ID}_b" --events-per-tx "$CEIL_TX" --connections "$CEIL_CONN")
 # The counters and CPU time around the writes alone: it reads (b)'s rows and
 # opens its connections, says `ready`, and writes on a line from us.
 # (Bash drops a coprocess's variables once it has exited: copies of them.)
