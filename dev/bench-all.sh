@@ -64,7 +64,7 @@ exec > >(tee "$OUT/bench.log") 2>&1
 export BENCH_RESULTS="$OUT/results.tsv"
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || COMMIT="$COMMIT + uncommitted changes in src/"
-FLUSH="$(mariadb -h127.0.0.1 -uorderpipe -porderpipe -N -B -e 'SELECT @@innodb_flush_log_at_trx_commit' 2>/dev/null || echo '?')"
+FLUSH="$(mariadb --protocol=tcp -h127.0.0.1 -P"${ORDERPIPE_MARIADB_PORT:-3306}" -uorderpipe -porderpipe -N -B -e 'SELECT @@innodb_flush_log_at_trx_commit' 2>/dev/null || echo '?')"
 sizes="produce $PRODUCE_COUNT, consume $CONSUME_COUNT (naive $NAIVE), dlq $DLQ_COUNT, relay $ROWS rows at $RATE orders/s, ordering $ORDERING_COUNT, delivery $DELIVERY_COUNT, crash $CRASH_COUNT, cdc $CDC_ROWS, console $CONSOLE_DEAD dead letters"
 # Whether any size is below the full run's: said in the report's head.
 reduced() {

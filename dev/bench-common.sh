@@ -7,8 +7,17 @@ BIN="${ORDERPIPE_BIN:-$ROOT/target/release/orderpipe}"
 unset ORDERPIPE_BIN
 RUN_ID="bench$(date +%s)"
 OUT_DIR="$ROOT/bench-results"
+# The stack measured: the default one, or another started with dev/stack.sh's
+# own knobs (ORDERPIPE_STACK_DIR, ORDERPIPE_KAFKA_PORT, ORDERPIPE_REGISTRY_PORT,
+# ORDERPIPE_MARIADB_PORT; orderpipe ignores them, not being settings): set
+# the same ones here and every client below, orderpipe's included, goes to it.
+[ -z "${ORDERPIPE_KAFKA_PORT:-}" ] \
+  || export ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS="${ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:$ORDERPIPE_KAFKA_PORT}"
+[ -z "${ORDERPIPE_REGISTRY_PORT:-}" ] \
+  || export ORDERPIPE_REGISTRY__URL="${ORDERPIPE_REGISTRY__URL:-http://127.0.0.1:$ORDERPIPE_REGISTRY_PORT/apis/ccompat/v7}"
 BOOTSTRAP="${ORDERPIPE_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:9092}"
-DB_URL_BASE="mysql://orderpipe:orderpipe@127.0.0.1:3306"
+MARIADB_PORT="${ORDERPIPE_MARIADB_PORT:-3306}"
+DB_URL_BASE="mysql://orderpipe:orderpipe@127.0.0.1:$MARIADB_PORT"
 mkdir -p "$OUT_DIR"
 [ -x "$BIN" ] || { echo "build first: cargo build --release --features harness" >&2; exit 1; }
 # The bench-* commands and `produce --count` are the harness (make image
@@ -19,7 +28,7 @@ export ORDERPIPE_TOPICS__ORDER_EVENTS__NAME="$RUN_ID.order.events.v1"
 export ORDERPIPE_TOPICS__INVENTORY_EVENTS__NAME="$RUN_ID.inventory.events.v1"
 export ORDERPIPE_TOPICS__DEAD_LETTER__NAME="$RUN_ID.order.events.v1.dlq"
 TOPIC="$ORDERPIPE_TOPICS__ORDER_EVENTS__NAME"
-SQL() { mariadb -h127.0.0.1 -uorderpipe -porderpipe -N -B "$@"; }
+SQL() { mariadb --protocol=tcp -h127.0.0.1 -P"$MARIADB_PORT" -uorderpipe -porderpipe -N -B "$@"; }
 # A fresh database with the migrations applied.
 mkdb() { SQL -e "CREATE DATABASE $1"; ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$1" "$BIN" migrate >/dev/null; }
 # Machine-readable results, one line per measurement (columns and naming:
@@ -49,6 +58,32 @@ rss_mb() { echo $(( $(cat "$1") / 1024 )); }
 db_counters() {
   SQL -e "SHOW GLOBAL STATUS WHERE Variable_name IN
     ('Questions','Com_insert','Com_update','Com_select','Com_delete','Com_begin','Com_commit','Com_rollback')" > "$1"
+}
+# MariaDB's CPU time so far (user + system, microseconds) into FILE, read
+# before and after a run like db_counters: the difference over the events
+# applied is the server's CPU per event. From /proc/<pid>/stat (fields 14
+# and 15, in clock ticks of `getconf CLK_TCK`), the pid from the server's
+# own pid file (@@pid_file): a MariaDB on this machine only. Every client
+# of the server counts, and background work (purge, page flushing) falls
+# in whichever run it happens in. Read before db_counters and after it: its
+# own query stays out of the statement counts.
+db_cpu() {
+  local pid stat
+  pid="$(cat "$(SQL -e 'SELECT @@pid_file')")" && stat="$(cat "/proc/$pid/stat")" \
+    || { echo "bench: no CPU time of the MariaDB on port $MARIADB_PORT (not on this machine?)" >&2; return 1; }
+  # After the command name "(mariadbd) ": field 3 (state) first, so utime
+  # (field 14) is f[11] and stime (15) f[12].
+  read -r -a f <<<"${stat##*) }"
+  echo $(( (f[11] + f[12]) * 1000000 / $(getconf CLK_TCK) )) > "$1"
+}
+# cpu_per_event BEFORE AFTER EVENTS: MariaDB CPU microseconds per event
+# between two db_cpu files.
+cpu_per_event() {
+  python3 -c 'import sys; print(f"{(int(open(sys.argv[2]).read()) - int(open(sys.argv[1]).read())) / max(int(sys.argv[3]), 1):.1f}")' "$@"
+}
+# counter BEFORE AFTER NAME: how much one db_counters counter grew.
+counter() {
+  echo $(( $(awk -v k="$3" '$1 == k {print $2}' "$2") - $(awk -v k="$3" '$1 == k {print $2}' "$1") ))
 }
 # per_event BEFORE AFTER EVENTS: Questions per event, then the breakdown
 # (`insert=1.000 commit=0.010 ...`) on a second line.

@@ -16,7 +16,7 @@ ROWS="${1:-1000000}"
 RATE="${2:-100}"
 SMALL=$(( ROWS < 100000 ? ROWS : 100000 ))
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
-export ORDERPIPE_DATABASE__URL="mysql://orderpipe:orderpipe@127.0.0.1:3306/${RUN_ID}"
+export ORDERPIPE_DATABASE__URL="$DB_URL_BASE/${RUN_ID}"
 SQL -e "CREATE DATABASE ${RUN_ID}"
 "$BIN" migrate >/dev/null
 "$BIN" topics ensure --group "$RUN_ID-e2e" >/dev/null

@@ -85,6 +85,28 @@ pub enum HarnessCommand {
         #[arg(long)]
         topic: Option<String>,
     },
+    /// Benchmark peer: the database's own ceiling. Writes the rows a
+    /// `consume --handler notification` run stored in FROM (`event_dedup`
+    /// and `notifications`) into database.url, a fresh migrated database,
+    /// with one multi-row `INSERT IGNORE` per table per transaction. Used
+    /// by `make bench-consume`.
+    #[command(hide = true)]
+    BenchDbCeiling {
+        /// The measured consumer's database (`mysql://...`).
+        #[arg(long, value_name = "DB_URL")]
+        from: String,
+        /// Events per transaction (the consumer's).
+        #[arg(long)]
+        events_per_tx: usize,
+        /// Connections writing side by side (the consumer's partition workers).
+        #[arg(long)]
+        connections: usize,
+        /// Once the rows are read and the connections open, print `ready`
+        /// and write only after a line on stdin: the caller reads the
+        /// server's counters around the writes alone.
+        #[arg(long)]
+        start_on_stdin: bool,
+    },
     /// Benchmark report: reads the measurements the `dev/bench-*.sh` scripts
     /// append to RESULTS and writes report.md and SVG plots into OUT. Used by `make bench`.
     #[command(hide = true)]
@@ -173,6 +195,24 @@ pub(super) async fn run(global: &GlobalArgs, command: HarnessCommand) -> anyhow:
             let report =
                 bench::naive_consume(&settings, &db, &topic, &group, handler.as_ref(), limit)
                     .await?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        HarnessCommand::BenchDbCeiling {
+            from,
+            events_per_tx,
+            connections,
+            start_on_stdin,
+        } => {
+            let settings = global.settings()?;
+            let db = Db::connect(&settings.database, connections.max(1) as u32)?;
+            let ceiling = bench::Ceiling::prepare(&db, &from, events_per_tx, connections).await?;
+            if start_on_stdin {
+                println!("ready");
+                tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new()))
+                    .await??;
+            }
+            let report = ceiling.write().await?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)
         }

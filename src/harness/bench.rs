@@ -4,17 +4,29 @@
 //! each record: begin, `INSERT IGNORE` the dedup row, run the effect,
 //! commit, then commit the Kafka offset synchronously — so `make
 //! bench-consume` can show what batching per partition buys.
+//!
+//! [`Ceiling`] is the database's own ceiling for what the consumer
+//! stores: it reads back the rows a measured `orderpipe consume --handler
+//! notification` run stored (`event_dedup` and `notifications`) and writes
+//! exactly those rows again into a fresh database on the same server, with
+//! nothing else: no Kafka, no decoding, no ordering gate, one multi-row
+//! `INSERT IGNORE` per table per transaction, as many events per
+//! transaction and connections as the consumer used.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use futures::TryStreamExt;
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use serde::Serialize;
+use sqlx::Row;
 
 use crate::codec::Codec;
 use crate::config::Settings;
 use crate::consumer::handler::Handler;
-use crate::db::Db;
+use crate::db::rows::{self, Bound};
+use crate::db::{DatabaseSettings, Db, Dialect};
 use crate::dedup::{self, RecordOrigin};
 use crate::kafka::client::client_config;
 use crate::schema::SchemaCatalog;
@@ -82,4 +94,201 @@ pub async fn naive_consume(
         active_secs,
         events_per_sec: records as f64 / active_secs.max(1e-9),
     })
+}
+
+/// One event as the consumer stored it: the `event_dedup` columns a claim
+/// writes ([`dedup::claim_batch`]) and its `notifications` row.
+struct StoredEvent {
+    consumer_group: String,
+    event_id: String,
+    topic: String,
+    kafka_partition: i32,
+    kafka_offset: i64,
+    event_type: String,
+    record_key: String,
+    payload_digest: String,
+    order_id: i64,
+    kind: String,
+}
+
+/// The `event_dedup` columns [`dedup::claim_batch`] writes.
+const DEDUP_COLUMNS: &str = "event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest)";
+/// The `notifications` columns the notification handler writes.
+const NOTIFICATION_COLUMNS: &str = "notifications (event_id, order_id, kind)";
+
+/// Result of a ceiling run.
+#[derive(Debug, Serialize)]
+pub struct CeilingReport {
+    /// Events written (a dedup row and a notification each).
+    pub events: u64,
+    /// Transactions committed.
+    pub transactions: u64,
+    /// Events per transaction, at most (a partition's last one has the rest).
+    pub events_per_tx: usize,
+    /// Connections writing side by side.
+    pub connections: usize,
+    /// Partitions the rows came from (one transaction holds one partition's rows).
+    pub partitions: usize,
+    /// Seconds from the first transaction's begin to the last commit.
+    pub secs: f64,
+    /// Events per second.
+    pub events_per_sec: f64,
+}
+
+/// The database ceiling, ready to write: the rows a consumer stored, read
+/// back, and the connections to write them with, open.
+pub struct Ceiling<'a> {
+    db: &'a Db,
+    by_partition: BTreeMap<i32, Vec<StoredEvent>>,
+    events_per_tx: usize,
+    connections: usize,
+}
+
+impl<'a> Ceiling<'a> {
+    /// Reads the rows a consumer stored in `from` (every `event_dedup` row
+    /// with its `notifications` row) and opens `connections` connections to
+    /// `db`, a freshly migrated database on MariaDB/MySQL.
+    pub async fn prepare(
+        db: &'a Db,
+        from: &str,
+        events_per_tx: usize,
+        connections: usize,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            db.sql() == Dialect::MySql,
+            "the ceiling is measured on MariaDB/MySQL"
+        );
+        let by_partition = read_stored(from).await?;
+        let connections = connections.max(1);
+        // Every connection open before the clock starts.
+        drop(futures::future::try_join_all((0..connections).map(|_| db.pool.acquire())).await?);
+        Ok(Self {
+            db,
+            by_partition,
+            events_per_tx: events_per_tx.max(1),
+            connections,
+        })
+    }
+
+    /// Writes the rows, timed: per transaction `events_per_tx` events of
+    /// one partition, in the order the consumer applied them, as one
+    /// multi-row `INSERT IGNORE` into each table; the partitions dealt to
+    /// the connections, which write side by side (a connection per
+    /// partition worker, like the consumer). Fails unless every row was
+    /// inserted (`db` must hold none of them).
+    pub async fn write(self) -> anyhow::Result<CeilingReport> {
+        let events: usize = self.by_partition.values().map(Vec::len).sum();
+        // Connection i writes the partitions i, i + connections, ...
+        let mut work: Vec<Vec<&[StoredEvent]>> = vec![Vec::new(); self.connections];
+        for (i, rows) in self.by_partition.values().enumerate() {
+            work[i % self.connections].extend(rows.chunks(self.events_per_tx));
+        }
+        let transactions = work.iter().map(Vec::len).sum::<usize>() as u64;
+        let started = Instant::now();
+        let written =
+            futures::future::try_join_all(work.into_iter().map(|txs| write_all(self.db, txs)))
+                .await?;
+        let secs = started.elapsed().as_secs_f64();
+        let written: u64 = written.into_iter().sum();
+        anyhow::ensure!(
+            written == 2 * events as u64,
+            "inserted {written} rows for {events} events (expected 2 each): the target database already held some"
+        );
+        Ok(CeilingReport {
+            events: events as u64,
+            transactions,
+            events_per_tx: self.events_per_tx,
+            connections: self.connections,
+            partitions: self.by_partition.len(),
+            secs,
+            events_per_sec: events as f64 / secs.max(1e-9),
+        })
+    }
+}
+
+/// The events stored in `from`, by partition, each in the order the consumer
+/// applied them (`apply_seq`: offset order, wave by wave within a batch).
+/// Read unordered and sorted here: the server's cheapest plan (an `ORDER
+/// BY` made it sort or walk an index, tens of seconds for 1M rows).
+async fn read_stored(from: &str) -> anyhow::Result<BTreeMap<i32, Vec<StoredEvent>>> {
+    let source = Db::connect(
+        &DatabaseSettings {
+            url: from.to_string().into(),
+            max_connections: Some(1),
+        },
+        1,
+    )?;
+    let mut rows = sqlx::query(
+        "SELECT d.consumer_group, d.event_id, d.topic, d.kafka_partition, d.kafka_offset, d.event_type, \
+         d.record_key, d.payload_digest, n.order_id, n.kind, d.apply_seq \
+         FROM event_dedup d JOIN notifications n ON n.event_id = d.event_id",
+    )
+    .fetch(&source.pool);
+    let mut by_partition: BTreeMap<i32, Vec<(i64, StoredEvent)>> = BTreeMap::new();
+    while let Some(row) = rows.try_next().await? {
+        let event = StoredEvent {
+            consumer_group: row.try_get(0)?,
+            event_id: row.try_get(1)?,
+            topic: row.try_get(2)?,
+            kafka_partition: row.try_get(3)?,
+            kafka_offset: row.try_get(4)?,
+            event_type: row.try_get(5)?,
+            record_key: row.try_get(6)?,
+            payload_digest: row.try_get(7)?,
+            order_id: row.try_get(8)?,
+            kind: row.try_get(9)?,
+        };
+        by_partition
+            .entry(event.kafka_partition)
+            .or_default()
+            .push((row.try_get(10)?, event));
+    }
+    drop(rows);
+    source.pool.close().await;
+    let by_partition: BTreeMap<i32, Vec<StoredEvent>> = by_partition
+        .into_iter()
+        .map(|(partition, mut events)| {
+            events.sort_unstable_by_key(|(apply_seq, _)| *apply_seq);
+            (partition, events.into_iter().map(|(_, e)| e).collect())
+        })
+        .collect();
+    anyhow::ensure!(
+        !by_partition.is_empty(),
+        "{from}: no stored events to write"
+    );
+    Ok(by_partition)
+}
+
+/// One connection's share: each set of events in a transaction of its own
+/// (dedup rows, then notifications, as the consumer writes them); returns
+/// the rows inserted.
+async fn write_all(db: &Db, txs: Vec<&[StoredEvent]>) -> anyhow::Result<u64> {
+    let mut written = 0;
+    for events in txs {
+        let mut tx = db.begin().await?;
+        let verb = tx.sql().insert_ignore_verb();
+        written += rows::insert_all(&mut tx, verb, DEDUP_COLUMNS, 8, events, |e| {
+            vec![
+                Bound::Text(&e.consumer_group),
+                Bound::Text(&e.event_id),
+                Bound::Text(&e.topic),
+                Bound::Int(i64::from(e.kafka_partition)),
+                Bound::Int(e.kafka_offset),
+                Bound::Text(&e.event_type),
+                Bound::Text(&e.record_key),
+                Bound::Text(&e.payload_digest),
+            ]
+        })
+        .await?;
+        written += rows::insert_all(&mut tx, verb, NOTIFICATION_COLUMNS, 3, events, |e| {
+            vec![
+                Bound::Text(&e.event_id),
+                Bound::Int(e.order_id),
+                Bound::Text(&e.kind),
+            ]
+        })
+        .await?;
+        tx.commit().await?;
+    }
+    Ok(written)
 }

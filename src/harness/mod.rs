@@ -8,7 +8,7 @@
 //! | [`generator`] | synthetic order lifecycles: envelopes for `produce --count`, or driven through the order API |
 //! | [`verify`] | the exactly-once and per-order apply-order checks over the handlers' tables |
 //! | [`chaos`] | the `chaos` fault-injection handler and its `[chaos]` settings |
-//! | [`bench`] | benchmark peers (the naive consumer baseline) |
+//! | [`bench`] | benchmark peers (the naive consumer baseline, the database ceiling) |
 //! | [`bench_report`] | the `make bench` report: Markdown table and SVG plots from `target/bench/results.tsv` |
 //! | [`latency`] | after-commit stamps of the API and the consumer, for the end-to-end latency benchmark |
 //!
