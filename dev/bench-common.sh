@@ -3,7 +3,7 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK="$ROOT/dev/stack.sh"
 BIN="${ORDERPIPE_BIN:-$ROOT/target/release/orderpipe}"
-# Not for orderpipe itself: it reads every ORDERPIPE_* variable as settings.
+# Not for orderpipe itself (it ignores a variable naming no setting, with a debug line; unset keeps that line out).
 unset ORDERPIPE_BIN
 RUN_ID="bench$(date +%s)"
 OUT_DIR="$ROOT/bench-results"
