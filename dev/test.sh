@@ -152,6 +152,9 @@ run_serial() {
   local name="$1" start=$SECONDS rc=0
   echo "-- serial: $name"
   "$IT_BINARY" --ignored --exact --test-threads=1 "$name" || rc=$?
+  # A failed test that stops a service (MariaDB, Kafka) may leave it
+  # stopped: start it again, so one failure does not fail every test after.
+  (( rc == 0 )) || "$STACK" up >/dev/null 2>&1 || true
   SERIAL_TIMES+=("$(printf '%5ss  %-4s %s' $((SECONDS - start)) "$( ((rc)) && echo FAIL || echo ok)" "$name")")
   (( rc == 0 )) || serial_failed+=("$name")
 }

@@ -204,15 +204,20 @@ async fn mq(State(state): State<Arc<HealthState>>) -> (StatusCode, Json<serde_js
 
 /// Pings the database every 5 s and records whether it answered.
 pub fn watch_db(db: crate::db::Db, state: Arc<HealthState>) {
-    tokio::spawn(async move {
-        loop {
-            match db.ping().await {
-                Ok(()) => state.db_up().await,
-                Err(e) => state.db_down(&e.to_string()).await,
-            }
-            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    tokio::spawn(ping_db_forever(db, state));
+}
+
+/// The loop of [`watch_db`], for a caller that ends it (a consumer run
+/// aborts it when it returns). Without it an idle process never touches
+/// the database and keeps reporting the last state it saw.
+pub async fn ping_db_forever(db: crate::db::Db, state: Arc<HealthState>) {
+    loop {
+        match db.ping().await {
+            Ok(()) => state.db_up().await,
+            Err(e) => state.db_down(&e.to_string()).await,
         }
-    });
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    }
 }
 
 /// The endpoints as routes (the API merges them into its own router).

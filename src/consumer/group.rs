@@ -88,17 +88,24 @@ pub async fn run(
         batch_size: settings.consumer.batch_size.max(1),
         batch_linger: std::time::Duration::from_millis(settings.consumer.batch_linger_ms),
     });
-    // Report the database state from the start, not only after the first record.
+    // Report the database state from the start, not only after the first
+    // record, and keep reporting it while idle (nothing else would notice
+    // the database going away then).
     match shared.db.ping().await {
         Ok(()) => shared.health.db_up().await,
         Err(e) => shared.health.db_down(&e.to_string()).await,
     }
+    let db_task = tokio::spawn(crate::health::ping_db_forever(
+        shared.db.clone(),
+        shared.health.clone(),
+    ));
 
     let lag_task = tokio::spawn(report_lag(shared.clone()));
     let release_task = tokio::spawn(release_parked(shared.clone()));
     dispatch::dispatch(&shared, shutdown).await;
     lag_task.abort();
     release_task.abort();
+    db_task.abort();
     // Workers have finished; commit what they stored before leaving.
     match shared.consumer.commit_consumer_state(CommitMode::Sync) {
         Ok(()) => {}
