@@ -91,7 +91,8 @@ else
 fi
 on_exit() {
   local rc=$?
-  [[ -n "$BACKGROUND_PID" ]] && kill -- "$BACKGROUND_PID" 2>/dev/null
+  # (an if, not &&: a failed kill of a finished build must not end the trap under set -e)
+  if [[ -n "$BACKGROUND_PID" ]]; then kill -- "$BACKGROUND_PID" 2>/dev/null || true; fi
   if (( started )); then
     echo "== stopping the stack this run started"
     "$STACK" down || true
