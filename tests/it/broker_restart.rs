@@ -11,6 +11,9 @@
 //! `BROKER_RESTART_TRANSACTION_TIMEOUT_MS`
 //! runs the relay and cdc with another `transaction.timeout.ms` (the
 //! measurement of docs/operations.md, "Broker restarts").
+//! `BROKER_RESTART_KAFKA_DEBUG` (e.g. `cgrp,fetch`) turns on librdkafka's
+//! `debug` contexts in the consumers and the router, for a stall's cause.
+//! A failure writes every process's whole stderr to files and names them.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -170,13 +173,28 @@ impl Fleet<'_> {
             };
             if started.elapsed() > timeout {
                 let tails: Vec<String> = self.processes.iter().map(|p| p.tail(30)).collect();
+                let saved = self.save_logs();
                 panic!(
-                    "not {what} within {timeout:?}: {last}\n{}",
+                    "not {what} within {timeout:?}: {last}\n{}\nwhole logs: {saved}",
                     tails.join("\n")
                 );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// Writes each run's whole stderr to a file of a new directory; its path.
+    fn save_logs(&self) -> String {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("broker-restart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for p in &self.processes {
+            for (run, log) in p.logs.iter().enumerate() {
+                let name = format!("{}-{run}.log", p.label.replace(' ', "-"));
+                std::fs::write(dir.join(name), log.lock().unwrap().join("\n")).unwrap();
+            }
+        }
+        dir.display().to_string()
     }
 
     /// Supervises the processes for `period` (the outage).
@@ -232,6 +250,23 @@ async fn count(db: &orderpipe::db::Db, sql: &str) -> i64 {
         .await
         .unwrap_or((-1,));
     n
+}
+
+/// A consuming process (a group, the router), with librdkafka's `debug`
+/// contexts of `BROKER_RESTART_KAFKA_DEBUG` if set.
+fn spawn_consumer(env: &crate::helpers::TestEnv, args: &[&str]) -> Spawned {
+    let mut command = env.command(args);
+    if let Ok(contexts) = std::env::var("BROKER_RESTART_KAFKA_DEBUG") {
+        command
+            .env("ORDERPIPE_KAFKA__OPTIONS__DEBUG", contexts)
+            .env("RUST_LOG", "warn,librdkafka=debug,orderpipe=info");
+    }
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("orderpipe starts");
+    Spawned(child)
 }
 
 /// How the broker goes away.
@@ -317,12 +352,15 @@ async fn broker_away_for_10s_under_load(outage: Outage) {
         Supervised::adopt("cdc", cdc, cdc_log, || {
             source.spawn_with("table_user", &timeout_args)
         }),
-        Supervised::start("router", || env.spawn(ROUTER_ARGS)),
+        Supervised::start("router", || spawn_consumer(env, ROUTER_ARGS)),
     ];
     let group_labels = ["consume billing", "consume shipping"];
     for (label, group) in group_labels.into_iter().zip(&groups) {
         processes.push(Supervised::start(label, move || {
-            env.spawn(&["consume", "--group", group, "--handler", ALL_HANDLERS])
+            spawn_consumer(
+                env,
+                &["consume", "--group", group, "--handler", ALL_HANDLERS],
+            )
         }));
     }
     let mut fleet = Fleet {
