@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use rdkafka::ClientContext;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
 
+use super::coordinator_watch::CoordinatorWatch;
 use crate::health::HealthState;
 
 /// (topic, partition).
@@ -86,19 +87,26 @@ impl Assignment {
     }
 }
 
-/// The librdkafka context that keeps [`Assignment`] up to date.
+/// The librdkafka context that keeps [`Assignment`] up to date, and shows
+/// the statistics to the member's [`CoordinatorWatch`].
 pub struct AssignmentContext {
     assignment: Arc<Assignment>,
     /// This member's per-partition lag gauges; a revoked partition's goes at once.
     pub lag_gauges: crate::lag::PartitionLagGauges,
+    coordinator: Arc<CoordinatorWatch>,
 }
 
 impl AssignmentContext {
     /// A context updating `assignment` for a member of `group`.
-    pub fn new(assignment: Arc<Assignment>, group: &str) -> Self {
+    pub(crate) fn new(
+        assignment: Arc<Assignment>,
+        group: &str,
+        coordinator: Arc<CoordinatorWatch>,
+    ) -> Self {
         Self {
             assignment,
             lag_gauges: crate::lag::PartitionLagGauges::new(group),
+            coordinator,
         }
     }
 }
@@ -106,6 +114,7 @@ impl AssignmentContext {
 impl ClientContext for AssignmentContext {
     fn stats(&self, statistics: rdkafka::Statistics) {
         crate::kafka::client::kafka_statistics(&statistics);
+        self.coordinator.observe(&statistics);
     }
 }
 

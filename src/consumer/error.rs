@@ -21,4 +21,10 @@ pub enum ConsumerError {
     /// The error tier is misconfigured.
     #[error("{0}")]
     Config(String),
+    /// librdkafka's group handler is stuck (see `coordinator_watch`): the
+    /// member stopped so that a new client rejoins the group.
+    #[error(
+        "consumer group member stopped: {0}; a new client rejoins (restart the process: Kubernetes does; the router restarts the group itself)"
+    )]
+    CoordinatorStuck(String),
 }

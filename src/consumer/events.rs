@@ -229,3 +229,23 @@ pub fn consumed(group: &str, topic: &str) {
     counter!(name::CONSUMED, "group" => group.to_string(), "topic" => topic.to_string())
         .increment(1);
 }
+
+/// The member's group handler could not find its coordinator although a
+/// broker was up; the member stops so that a new client rejoins.
+pub struct CoordinatorStuck<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// What the statistics showed.
+    pub reason: &'a str,
+}
+
+impl InternalEvent for CoordinatorStuck<'_> {
+    fn emit(self) {
+        tracing::error!(
+            group = self.group,
+            reason = self.reason,
+            "consumer group handler stuck; stopping this member so that a new client rejoins"
+        );
+        counter!(name::COORDINATOR_STUCK, "group" => self.group.to_string()).increment(1);
+    }
+}

@@ -11,6 +11,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::assignment::{Assignment, AssignmentContext};
 use super::background::{release_parked, report_lag};
+use super::coordinator_watch::CoordinatorWatch;
 use super::error::ConsumerError;
 use super::options::{ConsumeOptions, required_topics};
 use super::settings::{ConsumerSections, consumer_config};
@@ -20,6 +21,7 @@ use super::{dispatch, events, pause};
 use crate::codec::Codec;
 use crate::db::Db;
 use crate::health::HealthState;
+use crate::metrics::InternalEvent;
 use crate::retry::{Forwarder, TierTopics};
 use crate::schema::SchemaCatalog;
 
@@ -44,9 +46,11 @@ pub async fn run(
         eprintln!("health endpoints on http://{bound}/health/ready");
     }
     let assignment = Arc::new(Assignment::new(health.clone()));
+    let coordinator = Arc::new(CoordinatorWatch::default());
     let config = consumer_config(settings, &options.group, options.start_from)?;
-    let consumer: StreamConsumer<AssignmentContext> =
-        config.create_with_context(AssignmentContext::new(assignment.clone(), &options.group))?;
+    let consumer: StreamConsumer<AssignmentContext> = config.create_with_context(
+        AssignmentContext::new(assignment.clone(), &options.group, coordinator.clone()),
+    )?;
     // Read-only rights: check the topics with metadata, never create or alter them.
     crate::topics::require(
         consumer.client(),
@@ -102,10 +106,25 @@ pub async fn run(
 
     let lag_task = tokio::spawn(report_lag(shared.clone()));
     let release_task = tokio::spawn(release_parked(shared.clone()));
-    dispatch::dispatch(&shared, shutdown).await;
+    // A stuck group handler stops the member like a shutdown does.
+    let stop = async {
+        tokio::select! {
+            _ = shutdown => {}
+            reason = coordinator.stuck() => {
+                events::CoordinatorStuck { group: &shared.options.group, reason: &reason }.emit();
+            }
+        }
+    };
+    dispatch::dispatch(&shared, stop).await;
     lag_task.abort();
     release_task.abort();
     db_task.abort();
+    if let Some(reason) = coordinator.reason() {
+        // No commit: it needs the coordinator the handler cannot find. What
+        // the workers stored since the last commit is redelivered to the
+        // next member and skipped as duplicates.
+        return Err(ConsumerError::CoordinatorStuck(reason));
+    }
     // Workers have finished; commit what they stored before leaving.
     match shared.consumer.commit_consumer_state(CommitMode::Sync) {
         Ok(()) => {}
