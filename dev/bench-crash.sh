@@ -14,7 +14,7 @@
 #
 #   dev/bench-crash.sh [COUNT] [KILLS]   (default 1000000 20; needs `make dev-up`)
 #
-# `make test` runs the same scenario on 200,000 events with the debug build
+# `make test` runs the same scenario on 100,000 events with the debug build
 # (tests/it/crash.rs, which also checks every business table).
 set -euo pipefail
 COUNT="${1:-1000000}"
