@@ -87,7 +87,7 @@ impl Assignment {
     }
 }
 
-/// The librdkafka context that keeps [`Assignment`] up to date, and shows
+/// The librdkafka context that keeps [`Assignment`] up to date, and gives
 /// the statistics to the member's [`CoordinatorWatch`].
 pub struct AssignmentContext {
     assignment: Arc<Assignment>,

@@ -1,55 +1,78 @@
 //! A member whose group handler can no longer find its coordinator,
-//! although a broker is up.
+//! although the cluster answers.
 //!
 //! After a single broker's controlled shutdown and restart, librdkafka's
 //! classic-protocol group handler (2.12) can stay in `query-coord` for
-//! good: its session timed out during the outage, the revoke waits for
-//! offset commits that need a coordinator, and once the broker is back and
-//! the client connected again, every coordinator query still finds "no
-//! broker available". Nothing inside the client gets it out; a new client
-//! does (docs/operations.md, "Broker restarts").
+//! good: its session timed out during the outage, and once the broker is
+//! back every coordinator query still finds "no broker available". The
+//! client never leaves that state by itself; a new client rejoins at once
+//! (docs/operations.md, "Broker restarts").
 //!
-//! The watch reads librdkafka's statistics (every 5 s) and reports the
-//! member stuck once the handler has stayed in `query-coord` for
-//! [`STUCK_AFTER`] while a broker has been up that long. While a broker is
-//! up, a healthy handler sends a coordinator query every 500 ms and any
-//! answer moves it out of that state, so this does not happen to a healthy
-//! member, nor while the coordinator is only loading (the handler then
-//! cycles through `wait-coord`), nor while the cluster is down (no broker
-//! is up: the member waits, and reports it on `/health/mq`).
+//! The stats callback records the handler's state (librdkafka's statistics,
+//! every 5 s) and [`watch`] checks it: once the handler has been in
+//! `query-coord` for [`LOOKING_AFTER`], it asks the cluster for metadata
+//! through the member's own client (which also connects it, if it only
+//! lacked a connection), and if the cluster answers and the handler is
+//! still looking [`CONFIRM_AFTER`] later, the member is stuck. A healthy
+//! handler with a broker to ask sends a coordinator query every 500 ms and
+//! any answer moves it out of `query-coord` (while the coordinator only
+//! loads, it cycles through `wait-coord`), and while the cluster is away
+//! the metadata request fails: the member waits, as before.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::Statistics;
+use rdkafka::consumer::Consumer;
 use tokio::sync::watch;
 
-/// How long `query-coord` with a broker up counts as stuck: 60 of the
-/// handler's coordinator queries.
-pub(crate) const STUCK_AFTER: Duration = Duration::from_secs(30);
+use super::Shared;
 
-/// Whether the member's group handler is stuck, and why.
+/// How long in `query-coord` makes the watch ask the cluster.
+const LOOKING_AFTER: Duration = Duration::from_secs(30);
+/// How much longer, with the cluster answering, makes it stuck.
+const CONFIRM_AFTER: Duration = Duration::from_secs(15);
+/// How often the watch looks (librdkafka reports every 5 s).
+const EVERY: Duration = Duration::from_secs(5);
+
+/// The group handler's last reported state, and whether it is stuck.
 pub(crate) struct CoordinatorWatch {
+    /// (state, join state, time in that state) of the last statistics.
+    handler: Mutex<Option<(String, String, Duration)>>,
     stuck: watch::Sender<Option<String>>,
 }
 
 impl Default for CoordinatorWatch {
     fn default() -> Self {
         Self {
+            handler: Mutex::new(None),
             stuck: watch::channel(None).0,
         }
     }
 }
 
 impl CoordinatorWatch {
-    /// Reads one statistics report; the first one that shows the handler
-    /// stuck is kept.
+    /// Records the group handler's state of one statistics report.
     pub(crate) fn observe(&self, stats: &Statistics) {
-        if self.stuck.borrow().is_some() {
-            return;
+        if let Some(group) = &stats.cgrp {
+            // cgrp.stateage is in milliseconds.
+            let age = Duration::from_millis(group.stateage.max(0) as u64);
+            *self.handler.lock().expect("watch lock") =
+                Some((group.state.clone(), group.join_state.clone(), age));
         }
-        if let Some(why) = stuck_reason(stats, STUCK_AFTER) {
-            self.stuck.send_replace(Some(why));
-        }
+    }
+
+    /// The handler's state if it has been looking for its coordinator for
+    /// at least `after`.
+    fn looking_for(&self, after: Duration) -> Option<String> {
+        let handler = self.handler.lock().expect("watch lock");
+        let (state, join_state, age) = handler.as_ref()?;
+        (state == "query-coord" && *age >= after).then(|| {
+            format!(
+                "the group handler has looked for its coordinator for {} s (state {state}, join state {join_state})",
+                age.as_secs()
+            )
+        })
     }
 
     /// Why the handler is stuck, once it is.
@@ -66,38 +89,50 @@ impl CoordinatorWatch {
     }
 }
 
-/// Why the group handler of `stats` is stuck: in `query-coord` for at least
-/// `after` while a broker (not a logical one such as the coordinator's
-/// handle, whose node id is -1) has been up that long.
-fn stuck_reason(stats: &Statistics, after: Duration) -> Option<String> {
-    let group = stats.cgrp.as_ref()?;
-    // cgrp.stateage is in milliseconds, a broker's stateage in microseconds.
-    let in_state = Duration::from_millis(group.stateage.max(0) as u64);
-    if group.state != "query-coord" || in_state < after {
-        return None;
+/// Watches the member's group handler until it is stuck (see the module doc).
+pub(crate) async fn watch(shared: Arc<Shared>, coordinator: Arc<CoordinatorWatch>) {
+    loop {
+        tokio::time::sleep(EVERY).await;
+        if coordinator.looking_for(LOOKING_AFTER).is_none() {
+            continue;
+        }
+        let Some(brokers) = cluster_answers(&shared).await else {
+            continue;
+        };
+        tokio::time::sleep(CONFIRM_AFTER).await;
+        // Still looking, without a change in between (its time in the state grew).
+        if let Some(looking) = coordinator.looking_for(LOOKING_AFTER + CONFIRM_AFTER) {
+            coordinator.stuck.send_replace(Some(format!(
+                "{looking}, although the cluster answers this client ({brokers} broker(s) in its metadata)"
+            )));
+            return;
+        }
     }
-    let up = stats.brokers.values().find(|b| {
-        b.nodeid >= 0 && b.state == "UP" && Duration::from_micros(b.stateage.max(0) as u64) >= after
-    })?;
-    Some(format!(
-        "the group handler has been looking for its coordinator for {} s (state {}, join state {}) \
-         although broker {} has been up for {} s",
-        in_state.as_secs(),
-        group.state,
-        group.join_state,
-        up.name,
-        up.stateage / 1_000_000
-    ))
+}
+
+/// The number of brokers in the metadata of the group's topic, asked
+/// through the member's own client; None if the cluster does not answer.
+async fn cluster_answers(shared: &Arc<Shared>) -> Option<usize> {
+    let shared = shared.clone();
+    tokio::task::spawn_blocking(move || {
+        shared
+            .consumer
+            .fetch_metadata(Some(&shared.options.topic), Duration::from_secs(10))
+            .ok()
+            .map(|m| m.brokers().len())
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 #[cfg(test)]
 mod tests {
-    use rdkafka::statistics::{Broker, ConsumerGroup};
+    use rdkafka::statistics::ConsumerGroup;
 
     use super::*;
 
-    fn stats(state: &str, state_ms: i64, broker: (i32, &str, i64)) -> Statistics {
-        let (nodeid, broker_state, broker_us) = broker;
+    fn stats(state: &str, state_ms: i64) -> Statistics {
         Statistics {
             cgrp: Some(ConsumerGroup {
                 state: state.into(),
@@ -105,81 +140,45 @@ mod tests {
                 join_state: "wait-unassign-to-complete".into(),
                 ..Default::default()
             }),
-            brokers: [(
-                "b".to_string(),
-                Broker {
-                    name: "127.0.0.1:9092/1".into(),
-                    nodeid,
-                    state: broker_state.into(),
-                    stateage: broker_us,
-                    ..Default::default()
-                },
-            )]
-            .into(),
             ..Default::default()
         }
     }
 
-    const AFTER: Duration = Duration::from_secs(30);
-
     #[test]
-    fn query_coord_with_a_broker_up_that_long_is_stuck() {
-        let why = stuck_reason(&stats("query-coord", 45_000, (1, "UP", 31_000_000)), AFTER);
-        let why = why.expect("stuck");
+    fn a_handler_in_query_coord_that_long_is_looking() {
+        let watch = CoordinatorWatch::default();
+        watch.observe(&stats("query-coord", 45_000));
+        let looking = watch.looking_for(LOOKING_AFTER).expect("looking");
         assert!(
-            why.contains("45 s") && why.contains("127.0.0.1:9092/1") && why.contains("31 s"),
-            "{why}"
+            looking.contains("45 s") && looking.contains("wait-unassign-to-complete"),
+            "{looking}"
         );
+        // Not yet long enough to confirm.
+        assert_eq!(watch.looking_for(Duration::from_secs(46)), None);
     }
 
     #[test]
-    fn a_member_that_is_up_or_only_briefly_looking_is_not_stuck() {
-        assert_eq!(
-            stuck_reason(&stats("up", 900_000, (1, "UP", 900_000_000)), AFTER),
-            None
-        );
-        assert_eq!(
-            stuck_reason(&stats("query-coord", 29_000, (1, "UP", 900_000_000)), AFTER),
-            None
-        );
-    }
-
-    #[test]
-    fn no_broker_up_long_enough_means_waiting_not_stuck() {
-        // The cluster is away: the member waits.
-        assert_eq!(
-            stuck_reason(
-                &stats("query-coord", 600_000, (1, "INIT", 600_000_000)),
-                AFTER
-            ),
-            None
-        );
-        // The broker came back moments ago: the next query will find it.
-        assert_eq!(
-            stuck_reason(&stats("query-coord", 600_000, (1, "UP", 2_000_000)), AFTER),
-            None
-        );
-        // Only the coordinator's logical handle is up.
-        assert_eq!(
-            stuck_reason(
-                &stats("query-coord", 600_000, (-1, "UP", 600_000_000)),
-                AFTER
-            ),
-            None
-        );
+    fn a_handler_up_or_briefly_looking_or_never_reported_is_not_looking() {
+        let watch = CoordinatorWatch::default();
+        assert_eq!(watch.looking_for(LOOKING_AFTER), None);
+        watch.observe(&stats("up", 900_000));
+        assert_eq!(watch.looking_for(LOOKING_AFTER), None);
+        watch.observe(&stats("query-coord", 29_000));
+        assert_eq!(watch.looking_for(LOOKING_AFTER), None);
+        // A report without a group handler keeps the last one.
+        watch.observe(&Statistics::default());
+        assert_eq!(watch.looking_for(LOOKING_AFTER), None);
     }
 
     #[tokio::test]
-    async fn the_first_stuck_report_is_kept_and_wakes_the_waiter() {
+    async fn stuck_wakes_the_waiter_with_the_reason() {
         let watch = CoordinatorWatch::default();
-        watch.observe(&stats("up", 1_000, (1, "UP", 1_000_000)));
         assert_eq!(watch.reason(), None);
-        watch.observe(&stats("query-coord", 40_000, (1, "UP", 40_000_000)));
-        watch.observe(&stats("query-coord", 50_000, (1, "UP", 50_000_000)));
+        watch.stuck.send_replace(Some("why".into()));
         let why = tokio::time::timeout(Duration::from_secs(1), watch.stuck())
             .await
             .unwrap();
-        assert!(why.contains("40 s"), "{why}");
-        assert_eq!(watch.reason(), Some(why));
+        assert_eq!(why, "why");
+        assert_eq!(watch.reason().as_deref(), Some("why"));
     }
 }

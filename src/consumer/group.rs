@@ -11,7 +11,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::assignment::{Assignment, AssignmentContext};
 use super::background::{release_parked, report_lag};
-use super::coordinator_watch::CoordinatorWatch;
+use super::coordinator_watch::{self, CoordinatorWatch};
 use super::error::ConsumerError;
 use super::options::{ConsumeOptions, required_topics};
 use super::settings::{ConsumerSections, consumer_config};
@@ -106,6 +106,10 @@ pub async fn run(
 
     let lag_task = tokio::spawn(report_lag(shared.clone()));
     let release_task = tokio::spawn(release_parked(shared.clone()));
+    let watch_task = tokio::spawn(coordinator_watch::watch(
+        shared.clone(),
+        coordinator.clone(),
+    ));
     // A stuck group handler stops the member like a shutdown does.
     let stop = async {
         tokio::select! {
@@ -119,6 +123,7 @@ pub async fn run(
     lag_task.abort();
     release_task.abort();
     db_task.abort();
+    watch_task.abort();
     if let Some(reason) = coordinator.reason() {
         // No commit: it needs the coordinator the handler cannot find. What
         // the workers stored since the last commit is redelivered to the

@@ -30,8 +30,8 @@
 //! * [`assignment`] tracks which partitions this member owns, so a worker
 //!   never commits work for a partition that was revoked;
 //! * `coordinator_watch` notices a group handler that can no longer find
-//!   its coordinator although a broker is up (after a broker restart): the
-//!   member then stops with an error, and a new client rejoins;
+//!   its coordinator although the cluster answers (after a broker
+//!   restart): the member then stops with an error, and a new client rejoins;
 //! * [`handler`] is the trait for effects, [`handlers`] the built-in ones;
 //! * [`version`] checks `event_version` against the majors the handlers declare;
 //! * [`events`] are the consumer's internal events (a log line and a metric each).

@@ -607,6 +607,13 @@ async fn broker_away_for_10s_under_load(outage: Outage) {
     for (what, n) in &measured {
         eprintln!("{what}: {n}");
     }
+    // Members that found their group handler stuck and stopped (consumer/coordinator_watch.rs).
+    for p in &fleet.processes {
+        let stuck = p.lines_with(&["consumer group handler stuck"]);
+        if stuck > 0 {
+            eprintln!("{}: stopped with its group handler stuck: {stuck}", p.label);
+        }
+    }
     for (p, parts) in [
         (relay_log, &["failed fatally"][..]),
         (relay_log, &["Kafka transaction aborted"]),
