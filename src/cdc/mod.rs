@@ -878,11 +878,8 @@ impl Publisher {
         .await
         .map_err(|e| failed(e.into()))?;
         // Commit flushes: every record above is acknowledged or the commit fails.
-        let p = self.producer.clone();
         let committed =
-            tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(60)))
-                .await
-                .expect("commit task does not panic");
+            crate::producer::transactional::commit(&self.producer, Duration::from_secs(60)).await;
         if let Err(e) = committed {
             // The flush before the commit delivered every report: which records were too big?
             let mut refused = Vec::new();

@@ -85,6 +85,37 @@ pub async fn fenced(
     Ok(producer)
 }
 
+/// How many times [`commit`] resumes a commit that timed out.
+const COMMIT_RESUMES: u32 = 5;
+
+/// Commits `producer`'s transaction, resuming it while librdkafka says the
+/// commit timed out but may still complete ("retry call to resume"): such a
+/// commit can succeed at the broker, and aborting or dropping the producer
+/// instead would publish the same records again in a new transaction, twice
+/// for read_committed readers (seen while a broker restarted). Any other
+/// error, or a timeout after [`COMMIT_RESUMES`] resumes, is returned.
+pub async fn commit(producer: &MeasuredProducer, timeout: Duration) -> Result<(), KafkaError> {
+    let mut resumes = 0;
+    loop {
+        let p = producer.clone();
+        let committed = tokio::task::spawn_blocking(move || p.commit_transaction(timeout))
+            .await
+            .expect("commit task does not panic");
+        match committed {
+            Err(KafkaError::Transaction(e))
+                if e.is_retriable()
+                    && !e.txn_requires_abort()
+                    && !e.is_fatal()
+                    && resumes < COMMIT_RESUMES =>
+            {
+                resumes += 1;
+                tracing::warn!(error = %e, resumes, "Kafka transaction commit not finished; resuming it");
+            }
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

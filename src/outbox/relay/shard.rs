@@ -741,11 +741,7 @@ async fn transaction(
         return (abort_or_fatal(producer, e).await, too_large);
     }
     let started = Instant::now();
-    let p = producer.clone();
-    let committed =
-        tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(60)))
-            .await
-            .expect("commit task does not panic");
+    let committed = crate::producer::transactional::commit(producer, Duration::from_secs(60)).await;
     let outcome = match committed {
         Ok(()) => {
             histogram!(name::RELAY_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
