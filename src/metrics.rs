@@ -59,7 +59,7 @@ pub mod name {
     /// Times a partition was paused because its worker's queue was full, by group.
     pub const QUEUE_FULL_PAUSES: &str = "orderpipe_consumer_queue_full_pauses_total";
     /// Members stopped because their group handler could not find its
-    /// coordinator although a broker was up (a new client rejoins).
+    /// coordinator although the cluster answered (a new client rejoins).
     pub const COORDINATOR_STUCK: &str = "orderpipe_consumer_coordinator_stuck_total";
     /// Partitions paused now (queue full or waiting for a retry due time), by group.
     pub const PAUSED_PARTITIONS: &str = "orderpipe_consumer_paused_partitions";

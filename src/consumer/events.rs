@@ -230,12 +230,12 @@ pub fn consumed(group: &str, topic: &str) {
         .increment(1);
 }
 
-/// The member's group handler could not find its coordinator although a
-/// broker was up; the member stops so that a new client rejoins.
+/// The member's group handler could not find its coordinator although the
+/// cluster answered; the member stops so that a new client rejoins.
 pub struct CoordinatorStuck<'a> {
     /// Group.
     pub group: &'a str,
-    /// What the statistics showed.
+    /// What the watch saw (`coordinator_watch`).
     pub reason: &'a str,
 }
 
