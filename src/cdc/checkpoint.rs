@@ -80,20 +80,29 @@ fn read_last(
         .set("enable.partition.eof", "true")
         .create()
         .map_err(kafka_error)?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), READ_TIMEOUT)
-        .map_err(kafka_error)?;
-    let partitions = metadata
-        .topics()
-        .first()
-        .filter(|t| t.error().is_none())
-        .map(|t| t.partitions().len())
-        .unwrap_or(0);
-    if partitions == 0 {
-        return Err(CdcError::Checkpoint(format!(
-            "the offsets topic {topic} does not exist"
-        )));
-    }
+    // A topic `cdc` has just created may not show in a busy broker's
+    // metadata yet (seen while it deleted thousands of partitions): look
+    // again until READ_TIMEOUT before calling it missing.
+    let deadline = std::time::Instant::now() + READ_TIMEOUT;
+    let partitions = loop {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), READ_TIMEOUT)
+            .map_err(kafka_error)?;
+        let partitions = metadata
+            .topics()
+            .first()
+            .filter(|t| t.error().is_none())
+            .map_or(0, |t| t.partitions().len());
+        if partitions > 0 {
+            break partitions;
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(CdcError::Checkpoint(format!(
+                "the offsets topic {topic} does not exist (not in the broker's metadata for {READ_TIMEOUT:?})"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
     let mut assignment = TopicPartitionList::new();
     // Per partition: the offset to read up to. For read_committed the
     // high watermark is past the last stable offset only while a
