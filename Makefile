@@ -25,7 +25,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-delivery bench-crash bench-cdc bench-console cdc-vs-debezium
+.PHONY: build-deps run test soak bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-delivery bench-crash bench-cdc bench-console cdc-vs-debezium
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -37,6 +37,9 @@ run: build-deps ## the pipeline on an embedded stack (mock Kafka, in-process reg
 
 test: ## install and start Kafka, Apicurio and MariaDB, run every test, stop what was started
 	$(REPO_ROOT)/dev/test.sh
+
+soak: ## the issues' full-size robustness runs (100k events, twenty kills; ~20 min), one at a time (ONLY=crash:: a subset)
+	$(REPO_ROOT)/dev/soak.sh
 
 .PHONY: image
 image: ## the Dockerfile's image without a daemon (buildah, mmdebstrap base), run as UID 10001 against the dev stack

@@ -52,10 +52,12 @@ cargo fmt --check
 phase "building tests"
 cargo build --features harness --tests --bins
 # clippy and the image's release build run in the background, at the
-# lowest CPU priority, during the serial phase's robustness tests: those
-# mostly wait (outages, kills, session timeouts), and the two builds are a
-# quarter of a fresh run's time when run in line. The measurement tests run
-# before they start. A failure of either fails the run after the tests.
+# lowest CPU priority, from after the measurement tests (which need a quiet
+# machine) to the end of the serial phase: the tests mostly wait (Kafka
+# rebalances, outages, kills), and the two builds are a quarter of a fresh
+# run's time when run in line. The tests run from their binaries, not with
+# `cargo test`, which would wait on the build lock clippy holds. A failure
+# of either build fails the run after the tests.
 BACKGROUND_PID=""
 BACKGROUND_LOG="$ROOT/target/make-test-background.log"
 start_background_builds() {
@@ -108,9 +110,23 @@ phase "the stack (dev/stack.sh up)"
 # topics (t<hex>.*, 12 partitions each) and database (op_t<hex>). A few runs'
 # worth of partitions exhaust the broker's open files (it then fails to
 # start), and the databases fill MariaDB's buffer pool.
+#
+# A deletion is done when the broker has closed and renamed every partition
+# (its `<topic>-<n>` directory becomes `...-delete`): until then a single
+# broker stalls for tens of seconds (a transactional commit took 28 s after
+# 400 topics were deleted, and a cdc started then found its new offsets
+# topic missing), so the next test waits for it.
+KAFKA_DATA="${ORDERPIPE_STACK_DIR:-$ROOT/.stack}/kafka/data"
 delete_test_leftovers() {
-  "$STACK" kafka-topics --delete --if-exists --topic 't[0-9a-f]{10}[.].*' >/dev/null \
-    || echo "warning: the earlier test topics were not deleted; the broker may run out of open files" >&2
+  local round left
+  for round in $(seq 1 60); do
+    "$STACK" kafka-topics --delete --if-exists --topic 't[0-9a-f]{10}[.].*' >/dev/null 2>&1 || true
+    left=$(find "$KAFKA_DATA" -maxdepth 1 -regextype posix-extended -regex '.*/t[0-9a-f]{10}[.].*-[0-9]+' | wc -l)
+    (( left == 0 )) && break
+    echo "   $left partitions of earlier tests' topics still open on the broker (round $round)"
+    sleep 5
+  done
+  (( left == 0 )) || echo "warning: $left partitions of earlier test topics are still on the broker; it may run out of open files" >&2
   for db in $("$STACK" sql -N -e "SELECT schema_name FROM information_schema.schemata WHERE schema_name REGEXP '^op_t[0-9a-f]{10}\$'"); do
     "$STACK" sql -e "DROP DATABASE \`$db\`"
   done
@@ -118,11 +134,52 @@ delete_test_leftovers() {
 phase "deleting the topics (t<hex>.*) and databases (op_t<hex>) of earlier test runs"
 delete_test_leftovers
 
+# The #[ignore]d tests of tests/it by kind (dev/serial-tests.py reads their
+# ignore reasons): the measurements and the other serial tests run here one
+# at a time, each timed (dev/serial.sh); the soak tests are make soak's, the
+# manual ones are run by hand.
+IT_BINARY="$("$ROOT/dev/test-binaries.sh" it)"
+export IT_BINARY
+[[ -x "$IT_BINARY" ]] || { echo "error: no test binary for tests/it" >&2; exit 1; }
+mapfile -t IGNORED < <("$IT_BINARY" --ignored --list --format terse 2>/dev/null | sed -n 's/: test$//p')
+declare -A KIND_OF=()
+for kind in measurements serial soak manual; do
+  while read -r name; do
+    [[ " ${IGNORED[*]} " == *" $name "* ]] \
+      || { echo "error: dev/serial-tests.py names $name, which $IT_BINARY does not list as ignored" >&2; exit 1; }
+    KIND_OF[$name]=$kind
+  done < <(python3 "$ROOT/dev/serial-tests.py" "$kind")
+done
+MEASUREMENTS=() SERIAL=()
+for name in "${IGNORED[@]}"; do
+  case "${KIND_OF[$name]:-}" in
+    measurements) MEASUREMENTS+=("$name") ;;
+    serial) SERIAL+=("$name") ;;
+    soak|manual) echo "-- not in make test, ${KIND_OF[$name]}: $name" ;;
+    *) echo "error: $name is ignored with a reason no kind of dev/serial-tests.py claims" >&2; exit 1 ;;
+  esac
+done
+(( ${#SERIAL[@]} > 0 && ${#MEASUREMENTS[@]} > 0 )) \
+  || { echo "error: found ${#SERIAL[@]} serial tests, ${#MEASUREMENTS[@]} measurements" >&2; exit 1; }
+mapfile -t TEST_BINARIES < <("$ROOT/dev/test-binaries.sh")
+(( ${#TEST_BINARIES[@]} >= 3 )) || { echo "error: found only these test binaries: ${TEST_BINARIES[*]}" >&2; exit 1; }
+
+# Measurements (a timing bound, a latency) first, on a quiet machine.
+phase "serial measurements (one at a time, a quiet machine)"
+serial_failed=0
+"$ROOT/dev/serial.sh" "${MEASUREMENTS[@]}" || serial_failed=$?
+start_background_builds
+
 phase "Helm chart and alert rules (dev/chart-test.sh)"
 "$ROOT/dev/chart-test.sh"
 
-phase "unit and integration tests (parallel)"
-cargo test --features harness --all-targets
+# Four at a time on two cores: most tests wait on Kafka (group joins,
+# transaction markers, the retry topic's due times), not the CPU.
+phase "unit and integration tests (parallel, ${ORDERPIPE_TEST_THREADS:-4} at a time)"
+for binary in "${TEST_BINARIES[@]}"; do
+  echo "-- $binary"
+  "$binary" --test-threads="${ORDERPIPE_TEST_THREADS:-4}"
+done
 
 # The parallel phase leaves about 5,000 partitions behind. A serial test that
 # SIGKILLs the broker waits for its restart, which recovers every partition
@@ -131,57 +188,9 @@ cargo test --features harness --all-targets
 phase "deleting the parallel phase's topics and databases (a broker restart then loads fewer partitions)"
 delete_test_leftovers
 
-# The serial phase: the #[ignore]d tests of tests/it, one at a time, each
-# timed. The binary runs directly (cargo would wait on the build lock the
-# background clippy holds), from the crate root as cargo runs it.
 phase "serial integration tests (one at a time)"
-IT_BINARY="$(cargo test --features harness --test it --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "it" and m.get("executable"):
-        print(m["executable"])')"
-[[ -x "$IT_BINARY" ]] || { echo "error: no test binary for tests/it" >&2; exit 1; }
-mapfile -t IGNORED < <("$IT_BINARY" --ignored --list --format terse 2>/dev/null | sed -n 's/: test$//p')
-# Not the manual ones (ignore reason "manual: ..."): run by hand.
-mapfile -t MANUAL < <(python3 "$ROOT/dev/serial-tests.py" manual)
-SERIAL=()
-for name in "${IGNORED[@]}"; do
-  [[ " ${MANUAL[*]} " == *" $name "* ]] && echo "-- skipped, manual: $name" || SERIAL+=("$name")
-done
-# Measurements (a timing bound, a latency) first, on a quiet machine; the
-# ignore reason says which ("serial: a measurement ...").
-mapfile -t MEASUREMENTS < <(python3 "$ROOT/dev/serial-tests.py" measurements)
-(( ${#SERIAL[@]} > 0 && ${#MEASUREMENTS[@]} > 0 )) \
-  || { echo "error: found ${#SERIAL[@]} serial tests, ${#MEASUREMENTS[@]} measurements" >&2; exit 1; }
-for name in "${MEASUREMENTS[@]}"; do
-  [[ " ${SERIAL[*]} " == *" $name "* ]] \
-    || { echo "error: dev/serial-tests.py names $name, which $IT_BINARY does not list as ignored" >&2; exit 1; }
-done
-SERIAL_TIMES=() serial_failed=()
-run_serial() {
-  local name="$1" start=$SECONDS rc=0
-  echo "-- serial: $name"
-  "$IT_BINARY" --ignored --exact --test-threads=1 "$name" || rc=$?
-  # A failed test that stops a service (MariaDB, Kafka) may leave it
-  # stopped: start it again, so one failure does not fail every test after.
-  (( rc == 0 )) || "$STACK" up >/dev/null 2>&1 || true
-  SERIAL_TIMES+=("$(printf '%5ss  %-4s %s' $((SECONDS - start)) "$( ((rc)) && echo FAIL || echo ok)" "$name")")
-  (( rc == 0 )) || serial_failed+=("$name")
-}
-for name in "${SERIAL[@]}"; do
-  [[ " ${MEASUREMENTS[*]} " == *" $name "* ]] && run_serial "$name"
-done
-start_background_builds
-for name in "${SERIAL[@]}"; do
-  [[ " ${MEASUREMENTS[*]} " == *" $name "* ]] || run_serial "$name"
-done
-echo "== serial tests: ${#SERIAL[@]} run, ${#serial_failed[@]} failed"
-printf '   %s\n' "${SERIAL_TIMES[@]}"
-if (( ${#serial_failed[@]} )); then
-  printf 'failed: %s\n' "${serial_failed[@]}" >&2
-  exit 1
-fi
+"$ROOT/dev/serial.sh" "${SERIAL[@]}" || serial_failed=$((serial_failed + $?))
+(( serial_failed == 0 )) || { echo "error: $serial_failed serial tests failed (named above)" >&2; exit 1; }
 wait_background_builds
 
 # The chart's image: the Dockerfile built with buildah (no daemon) and run as

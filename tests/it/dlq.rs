@@ -365,7 +365,7 @@ pub(crate) async fn dead_letter_everything(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "serial: heavy; run by `make test` in the serial phase"]
+#[ignore = "soak: the issue's full size (make test runs console_dlq::an_operator_replays_a_filtered_set_of_1000_dead_letters_from_the_browser); run by `make soak`"]
 async fn replay_by_filter_of_10k_dead_letters_applies_all_and_a_second_replay_nothing() {
     let mut env = TestEnv::new().with_database().await;
     let group = "replay.order.consumer";

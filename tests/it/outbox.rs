@@ -573,7 +573,7 @@ fn assert_in_outbox_order(messages: &[OwnedMessage], events: &[Envelope]) {
 /// under load: no row is published twice and, per order, the topic holds
 /// the events in the order the service wrote them.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "serial: heavy; run by `make test` in the serial phase"]
+#[ignore = "soak: the issue's full size (make test runs outbox::two_relays_publish_every_event_once_in_order_per_order); run by `make soak`"]
 async fn two_pipelined_relays_keep_each_orders_events_in_order_over_50k_rows() {
     let env = TestEnv::new().with_database().await;
     env.cli(&["topics", "ensure"]).success();
@@ -660,7 +660,7 @@ impl WaitOutput for std::process::Child {
 
 /// 50k API-driven events while the relay is killed at random moments.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "serial: heavy; run by `make test` in the serial phase"]
+#[ignore = "soak: the issue's full size (make test runs outbox::relay_killed_after_the_kafka_commit_republishes_and_consumers_apply_once); run by `make soak`"]
 async fn a_50k_event_api_run_with_relay_kills_ends_exactly_once() {
     let env = TestEnv::new().with_database().await;
     env.cli(&["topics", "ensure", "--group", "soak.order.consumer"])
