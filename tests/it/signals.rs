@@ -1,16 +1,32 @@
 //! SIGTERM in the first half second of `cdc`, the router (`deliver`
 //! without `--subscription`), `consume` and `relay`: the handler is
 //! installed at process start, so the process stops with status 0 instead
-//! of dying by the signal.
+//! of dying by the signal. The half second counts from the handler's
+//! installation, which the kernel shows (`SigCgt` in /proc/<pid>/status).
 
 use std::process::Child;
 use std::time::{Duration, Instant};
 
 use crate::helpers::TestEnv;
 
-/// Sends SIGTERM to `child` after `after`; returns its exit status (killed
-/// after 60 s if it never exits) and its stderr.
+/// Sends SIGTERM to `child` `after` its SIGTERM handler is installed;
+/// returns its exit status (killed after 60 s if it never exits) and its
+/// stderr.
+///
+/// The clock starts at the handler, as the kernel shows it, not at the
+/// spawn: before it, SIGTERM's default action ends any process, and under
+/// the parallel phase's load a debug build took over 80 ms to get there.
 fn sigterm_after(mut child: Child, after: Duration) -> (std::process::ExitStatus, String) {
+    // Still early: a handler installed only after the connections (a
+    // regression) would take longer than this.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !catches_sigterm(child.id()) {
+        assert!(
+            Instant::now() < deadline,
+            "no SIGTERM handler within 2 s of the start"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     std::thread::sleep(after);
     let _ = std::process::Command::new("kill")
         .arg("-TERM")
@@ -29,6 +45,21 @@ fn sigterm_after(mut child: Child, after: Duration) -> (std::process::ExitStatus
         String::from_utf8_lossy(&output.stderr).to_string(),
     )
 }
+
+/// Whether process `pid` has a handler for SIGTERM: bit 15 of the
+/// `SigCgt` mask in /proc/<pid>/status.
+fn catches_sigterm(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << (SIGTERM - 1)) != 0)
+}
+
+/// SIGTERM's number on Linux.
+const SIGTERM: u32 = 15;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sigterm_in_the_first_half_second_stops_every_long_running_command_with_status_0() {
