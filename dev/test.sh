@@ -139,9 +139,10 @@ delete_test_leftovers
 # ignore reasons): the measurements and the other serial tests run here one
 # at a time, each timed (dev/serial.sh); the soak tests are make soak's, the
 # manual ones are run by hand.
-IT_BINARY="$("$ROOT/dev/test-binaries.sh" it)"
+mapfile -t TEST_BINARIES < <("$ROOT/dev/test-binaries.sh")
+IT_BINARY="$(printf '%s\n' "${TEST_BINARIES[@]}" | grep '/it-[0-9a-f]*$' || true)"
 export IT_BINARY
-[[ -x "$IT_BINARY" ]] || { echo "error: no test binary for tests/it" >&2; exit 1; }
+[[ -x "$IT_BINARY" ]] || { echo "error: no test binary for tests/it among: ${TEST_BINARIES[*]}" >&2; exit 1; }
 mapfile -t IGNORED < <("$IT_BINARY" --ignored --list --format terse 2>/dev/null | sed -n 's/: test$//p')
 declare -A KIND_OF=()
 for kind in measurements serial soak manual; do
@@ -162,13 +163,12 @@ for name in "${IGNORED[@]}"; do
 done
 (( ${#SERIAL[@]} > 0 && ${#MEASUREMENTS[@]} > 0 )) \
   || { echo "error: found ${#SERIAL[@]} serial tests, ${#MEASUREMENTS[@]} measurements" >&2; exit 1; }
-mapfile -t TEST_BINARIES < <("$ROOT/dev/test-binaries.sh")
 (( ${#TEST_BINARIES[@]} >= 3 )) || { echo "error: found only these test binaries: ${TEST_BINARIES[*]}" >&2; exit 1; }
 
 # Measurements (a timing bound, a latency) first, on a quiet machine.
 phase "serial measurements (one at a time, a quiet machine)"
 serial_failed=0
-"$ROOT/dev/serial.sh" "${MEASUREMENTS[@]}" || serial_failed=$?
+"$ROOT/dev/serial.sh" "${MEASUREMENTS[@]}" || serial_failed=1
 start_background_builds
 
 phase "Helm chart and alert rules (dev/chart-test.sh)"
@@ -190,8 +190,8 @@ phase "deleting the parallel phase's topics and databases (a broker restart then
 delete_test_leftovers
 
 phase "serial integration tests (one at a time)"
-"$ROOT/dev/serial.sh" "${SERIAL[@]}" || serial_failed=$((serial_failed + $?))
-(( serial_failed == 0 )) || { echo "error: $serial_failed serial tests failed (named above)" >&2; exit 1; }
+"$ROOT/dev/serial.sh" "${SERIAL[@]}" || serial_failed=1
+(( serial_failed == 0 )) || { echo "error: serial tests failed (named in the tables above)" >&2; exit 1; }
 wait_background_builds
 
 # The chart's image: the Dockerfile built with buildah (no daemon) and run as

@@ -106,19 +106,27 @@ impl Source {
         count: usize,
         timeout: Duration,
     ) -> Vec<(OwnedMessage, ChangeEvent)> {
-        let topic = topic.to_string();
+        let env = &self.env;
+        let messages = tokio::task::block_in_place(|| {
+            wait_for_topic(env, topic);
+            env.read(topic, count, timeout)
+        });
+        self.decode(topic, messages).await
+    }
+
+    /// The change events of `messages`, records of change topic `topic`.
+    pub(crate) async fn decode(
+        &self,
+        topic: &str,
+        messages: Vec<OwnedMessage>,
+    ) -> Vec<(OwnedMessage, ChangeEvent)> {
         let codec = Codec::new(
             &self.env.settings.registry,
-            &topic,
-            &topic_schema(&topic),
+            topic,
+            &topic_schema(topic),
             false,
         )
         .unwrap();
-        let env = &self.env;
-        let messages = tokio::task::block_in_place(|| {
-            wait_for_topic(env, &topic);
-            env.read(&topic, count, timeout)
-        });
         let mut out = Vec::new();
         for message in messages {
             let value = codec.decode_value(message.payload()).await.unwrap();
@@ -624,16 +632,14 @@ async fn snapshot_between_the_stream(rows: u64) {
     let transactions = writer.await.unwrap();
     let expected = (2 * transactions + snapshot_rows) as usize;
     eprintln!("the snapshot: {summary}; the stream before it:\n{before}");
-    read_or_show(
+    let messages = read_or_show(
         &source.env,
         &topic,
         expected,
         Duration::from_secs(300),
         &mut [&mut cdc],
     );
-    let changes = source
-        .changes("big", expected, Duration::from_secs(60))
-        .await;
+    let changes = source.decode(&topic, messages).await;
     eprintln!(
         "snapshot of {snapshot_rows} rows ({} s) between {transactions} transactions of the stream",
         run.elapsed.as_secs_f64()
@@ -669,7 +675,7 @@ async fn snapshot_between_the_stream(rows: u64) {
     cdc.kill().unwrap();
 }
 
-/// [`TestEnv::read`] (once `topic` exists), failing with what `streams`
+/// [`TestEnv::read`] of an existing `topic`, failing with what `streams`
 /// printed when the records do not arrive.
 fn read_or_show(
     env: &TestEnv,
@@ -679,7 +685,6 @@ fn read_or_show(
     streams: &mut [&mut Spawned],
 ) -> Vec<OwnedMessage> {
     let read = tokio::task::block_in_place(|| {
-        wait_for_topic(env, topic);
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             env.read(topic, count, timeout)
         }))
