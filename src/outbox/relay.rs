@@ -430,7 +430,12 @@ impl Relay {
             if let Err(e) = self.balance_leases().await {
                 tracing::warn!(error = %e, "relay leases not renewed; retrying");
             }
-            self.reap_finished_shards().await;
+            if self.reap_finished_shards().await {
+                // A shard to rebuild is work pending, however long ago the
+                // last commit was (a relay stopped by SIGSTOP or a paused
+                // VM wakes to fenced shards and an old clock).
+                last_work = Instant::now();
+            }
             if let Some(fatal) = self.give_up.take() {
                 tracing::error!(error = %fatal, "relay gives up");
                 break Err(fatal);
@@ -522,8 +527,10 @@ impl Relay {
 
     /// Collects the shard tasks that ended on their own (a fatal producer
     /// error): their producers are dropped and rebuilt at the next lease
-    /// check if the shard is still ours.
-    async fn reap_finished_shards(&mut self) {
+    /// check if the shard is still ours. True when one of them is to be
+    /// rebuilt.
+    async fn reap_finished_shards(&mut self) -> bool {
+        let mut rebuild = false;
         let finished: Vec<i64> = self
             .shards
             .iter()
@@ -533,7 +540,7 @@ impl Relay {
         for shard in finished {
             let handle = self.shards.remove(&shard).expect("listed");
             match handle.task.await {
-                Ok(shard::ShardExit::Stopped) => {}
+                Ok(shard::ShardExit::Stopped) => continue,
                 Ok(shard::ShardExit::Fatal(e)) => self.drop_fatal_producer(shard, &e),
                 Ok(shard::ShardExit::TimedOut(e)) => self.renew_timed_out_producer(shard, &e),
                 Err(panic) => {
@@ -541,8 +548,10 @@ impl Relay {
                     self.renewed_at = None;
                 }
             }
+            rebuild = true;
         }
         relay_shards(self.shards.len());
+        rebuild
     }
 
     /// Stops a shard's pipeline after its current Kafka transaction, with

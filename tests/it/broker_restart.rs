@@ -26,7 +26,7 @@ use serde_json::Value;
 use crate::consumer::{count_rows, sigterm};
 use crate::exactly_once::{ALL_HANDLERS, assert_exactly_once};
 use crate::helpers::{Spawned, header, stack};
-use crate::outbox::{drive_orders, event_ids, outbox_events, read_all};
+use crate::outbox::{drive_orders, event_ids, outbox_events, read_settled};
 use crate::router::{stderr_lines, wait_for_line};
 use crate::router_cdc::{Platform, ROUTER_ARGS};
 
@@ -522,9 +522,9 @@ async fn broker_away_for_10s_under_load(outage: Outage) {
     let cdc_topic = source.topic("table_user");
     let (order_records, inventory_records, change_records) = tokio::task::block_in_place(|| {
         (
-            read_all(env, &order_topic, "read_committed"),
-            read_all(env, &inventory_topic, "read_committed"),
-            read_all(env, &cdc_topic, "read_committed"),
+            read_settled(env, &order_topic),
+            read_settled(env, &inventory_topic),
+            read_settled(env, &cdc_topic),
         )
     });
     let inventory_rows = count(

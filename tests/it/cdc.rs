@@ -137,7 +137,8 @@ impl Source {
     }
 }
 
-/// Waits until cdc has created `topic` (it does at start-up).
+/// Waits until the broker's metadata holds `topic` (cdc creates its
+/// topics at start-up; a test creating one waits for the broker to know it).
 pub(crate) fn wait_for_topic(env: &TestEnv, topic: &str) {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let consumer: BaseConsumer =
@@ -158,7 +159,7 @@ pub(crate) fn wait_for_topic(env: &TestEnv, topic: &str) {
         }
         assert!(
             Instant::now() < deadline,
-            "cdc did not create {topic} within 60 s"
+            "{topic} not in the broker's metadata within 60 s"
         );
         std::thread::sleep(Duration::from_millis(200));
     }

@@ -15,7 +15,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 use sqlx::{Connection, MySqlConnection, Row};
 
-use crate::cdc::Source;
+use crate::cdc::{Source, wait_for_topic};
 use crate::helpers::{MYSQL_ADMIN_URL, TestEnv, header};
 
 /// Characters of the big row's body: 1.4 MB.
@@ -333,6 +333,9 @@ async fn the_limit_is_what_librdkafka_and_the_broker_refuse() {
         .unwrap()[0]
         .as_ref()
         .unwrap();
+    // The broker answers DescribeConfigs from its metadata, which learns of
+    // the topic a moment after CreateTopics returns.
+    tokio::task::block_in_place(|| wait_for_topic(&env, &topic));
     let topic_max =
         orderpipe::kafka::size_limit::topic_max_message_bytes(&env.settings.kafka, &topic).await;
     assert_eq!(

@@ -133,30 +133,112 @@ fn relay(env: &TestEnv, instance: &str, extra: &[&str]) -> std::process::Output 
     env.cli(&args).output
 }
 
-/// Reads a whole topic with the given isolation level.
+/// Every record of `topic` that a consumer with `isolation` sees, read from
+/// the beginning until each partition reports its end: the high watermark,
+/// or for `read_committed` the last stable offset (an open transaction ends
+/// the read where it starts). No consumer group, so no rebalance to wait
+/// for; fails after 60 s naming the partitions not read to their end.
 pub(crate) fn read_all(env: &TestEnv, topic: &str, isolation: &str) -> Vec<OwnedMessage> {
+    use rdkafka::TopicPartitionList;
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer =
-        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
-            .set("group.id", format!("{}-{isolation}-reader", env.prefix))
-            .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("isolation.level", isolation)
-            .create()
+    use rdkafka::error::KafkaError;
+    let consumer: BaseConsumer = topic_client(env, isolation)
+        .set("enable.partition.eof", "true")
+        .create()
+        .unwrap();
+    let partitions = partitions_of(&consumer, topic);
+    let mut assignment = TopicPartitionList::new();
+    for &p in &partitions {
+        assignment
+            .add_partition_offset(topic, p, rdkafka::Offset::Beginning)
             .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut at_end = BTreeSet::new();
     let mut out = Vec::new();
-    let mut quiet = 0;
-    while quiet < 15 {
+    while at_end.len() < partitions.len() {
+        assert!(
+            Instant::now() < deadline,
+            "{topic} ({isolation}): partitions {:?} not read to their end in 60 s ({} records read)",
+            partitions
+                .iter()
+                .filter(|p| !at_end.contains(*p))
+                .collect::<Vec<_>>(),
+            out.len()
+        );
         match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                out.push(m.detach());
-                quiet = 0;
+            Some(Ok(m)) => out.push(m.detach()),
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
             }
-            _ => quiet += 1,
+            Some(Err(e)) => eprintln!("reading {topic}: {e} (retried by librdkafka)"),
+            None => {}
         }
     }
     out
+}
+
+/// [`read_all`] with `read_committed` once no transaction is open on
+/// `topic`: every partition's last stable offset has reached its high
+/// watermark, so each transaction's markers are written and what it wrote
+/// is either visible or gone for good. For the final state after the
+/// producers stopped; fails after 60 s naming the partitions still open.
+pub(crate) fn read_settled(env: &TestEnv, topic: &str) -> Vec<OwnedMessage> {
+    use rdkafka::consumer::BaseConsumer;
+    // ListOffsets answers with the asking client's isolation level: the
+    // last stable offset for read_committed, the high watermark otherwise.
+    let committed: BaseConsumer = topic_client(env, "read_committed").create().unwrap();
+    let uncommitted: BaseConsumer = topic_client(env, "read_uncommitted").create().unwrap();
+    let partitions = partitions_of(&committed, topic);
+    let end = |client: &BaseConsumer, p: i32| {
+        use rdkafka::consumer::Consumer;
+        client
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .unwrap()
+            .1
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let open: Vec<(i32, i64, i64)> = partitions
+            .iter()
+            .map(|&p| (p, end(&committed, p), end(&uncommitted, p)))
+            .filter(|(_, stable, high)| stable < high)
+            .collect();
+        if open.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{topic}: transactions still open after 60 s (partition, last stable offset, high watermark): {open:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    read_all(env, topic, "read_committed")
+}
+
+fn topic_client(env: &TestEnv, isolation: &str) -> rdkafka::ClientConfig {
+    let mut config = orderpipe::kafka::client::client_config(&env.settings.kafka.client_options());
+    config
+        .set("group.id", format!("{}-{isolation}-reader", env.prefix))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", isolation);
+    config
+}
+
+/// The partition ids of an existing `topic`.
+fn partitions_of(client: &rdkafka::consumer::BaseConsumer, topic: &str) -> Vec<i32> {
+    use rdkafka::consumer::Consumer;
+    let metadata = client
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let partitions: Vec<i32> = metadata.topics()[0]
+        .partitions()
+        .iter()
+        .map(|p| p.id())
+        .collect();
+    assert!(!partitions.is_empty(), "{topic} has no partitions");
+    partitions
 }
 
 pub(crate) fn event_ids(messages: &[OwnedMessage]) -> Vec<String> {
@@ -371,13 +453,9 @@ async fn kill_after_kafka_commit(env: &TestEnv, group: &str, orders: usize, batc
         outbox_rows(env).await,
         "rows were not marked before the crash"
     );
-    let committed = event_ids(&read_all(env, &order_topic, "read_committed")).len();
-    let inventory_committed = read_all(
-        env,
-        &env.settings.topics.inventory_events.name,
-        "read_committed",
-    )
-    .len();
+    // The crash came between transactions: none is open, the kill's are settled.
+    let committed = event_ids(&read_settled(env, &order_topic)).len();
+    let inventory_committed = read_settled(env, &env.settings.topics.inventory_events.name).len();
     assert!(relay(env, "crashy", &[]).status.success());
     assert_eq!(
         unsent(env).await,
@@ -385,7 +463,7 @@ async fn kill_after_kafka_commit(env: &TestEnv, group: &str, orders: usize, batc
         "no row lost: every row published and marked"
     );
 
-    let published = read_all(env, &order_topic, "read_committed");
+    let published = read_settled(env, &order_topic);
     let ids = event_ids(&published);
     let distinct: BTreeSet<&String> = ids.iter().collect();
     assert_eq!(distinct.len(), events.len(), "every event published");
@@ -432,8 +510,8 @@ async fn relay_killed_inside_the_kafka_transaction_is_never_applied_and_topics_s
     // Restarting the same instance fences and aborts the open transaction.
     assert!(relay(&env, "inflight", &[]).status.success());
 
-    let committed_orders = read_all(&env, &order_topic, "read_committed");
-    let committed_inventory = read_all(&env, &inventory_topic, "read_committed");
+    let committed_orders = read_settled(&env, &order_topic);
+    let committed_inventory = read_settled(&env, &inventory_topic);
     assert_eq!(
         event_ids(&committed_orders).len(),
         events.len(),
@@ -524,11 +602,7 @@ async fn two_relays_publish_every_event_once_in_order_per_order() {
         "no row published twice"
     );
 
-    let messages = read_all(
-        &env,
-        &env.settings.topics.order_events.name,
-        "read_committed",
-    );
+    let messages = read_settled(&env, &env.settings.topics.order_events.name);
     let ids = event_ids(&messages);
     assert_eq!(ids.len(), events.len());
     assert_eq!(
@@ -631,11 +705,7 @@ async fn two_pipelined_relays_keep_each_orders_events_in_order_over_50k_rows() {
     );
 
     let events = outbox_events(&env).await;
-    let messages = read_all(
-        &env,
-        &env.settings.topics.order_events.name,
-        "read_committed",
-    );
+    let messages = read_settled(&env, &env.settings.topics.order_events.name);
     assert_eq!(event_ids(&messages).len(), events.len());
     assert_in_outbox_order(&messages, &events);
 }
@@ -708,11 +778,7 @@ async fn the_codec_reads_what_the_relay_wrote() {
         false,
     )
     .unwrap();
-    let messages = read_all(
-        &env,
-        &env.settings.topics.order_events.name,
-        "read_committed",
-    );
+    let messages = read_settled(&env, &env.settings.topics.order_events.name);
     let by_id: HashMap<String, &Envelope> =
         events.iter().map(|e| (e.event_id.to_string(), e)).collect();
     for m in &messages {
@@ -985,11 +1051,7 @@ async fn wait_until_sent(db: &orderpipe::db::Db, limit: Duration) {
 
 /// Every order event is committed exactly once in the order topic.
 fn assert_committed_once(env: &TestEnv, events: &[Envelope]) {
-    let ids = event_ids(&read_all(
-        env,
-        &env.settings.topics.order_events.name,
-        "read_committed",
-    ));
+    let ids = event_ids(&read_settled(env, &env.settings.topics.order_events.name));
     assert_eq!(ids.len(), events.len(), "each event committed once");
     assert_eq!(
         ids.iter().collect::<BTreeSet<_>>().len(),
