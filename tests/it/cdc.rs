@@ -11,7 +11,9 @@ use rdkafka::message::OwnedMessage;
 use serde_json::json;
 use sqlx::{AssertSqlSafe, MySqlPool, Row};
 
-use crate::helpers::{MYSQL_ADMIN_URL, Spawned, TestEnv, cdc_server_id, header, wait_for_status};
+use crate::helpers::{
+    MYSQL_ADMIN_URL, Spawned, TestEnv, cdc_server_id, header, wait_for_status, wait_for_topic,
+};
 
 /// A test's cdc source: its database, its topics, its server id (the
 /// router's cdc tests use it too).
@@ -134,34 +136,6 @@ impl Source {
             out.push((message, event));
         }
         out
-    }
-}
-
-/// Waits until the broker's metadata holds `topic` (cdc creates its
-/// topics at start-up; a test creating one waits for the broker to know it).
-pub(crate) fn wait_for_topic(env: &TestEnv, topic: &str) {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer =
-        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
-            .create()
-            .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let metadata = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(5))
-            .unwrap();
-        if metadata
-            .topics()
-            .first()
-            .is_some_and(|t| t.error().is_none() && !t.partitions().is_empty())
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{topic} not in the broker's metadata within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

@@ -18,7 +18,7 @@ use orderpipe::cdc::change::{ChangeEvent, ChangeKind, topic_schema};
 use orderpipe::codec::Codec;
 use rdkafka::Message;
 
-use crate::cdc::wait_for_topic;
+use crate::helpers::wait_for_topic;
 use crate::helpers::{TestEnv, cdc_server_id};
 
 /// A MariaDB of this test: its own datadir, port and socket; stopped and

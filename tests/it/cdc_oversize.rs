@@ -15,7 +15,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 use sqlx::{Connection, MySqlConnection, Row};
 
-use crate::cdc::{Source, wait_for_topic};
+use crate::cdc::Source;
+use crate::helpers::wait_for_topic;
 use crate::helpers::{MYSQL_ADMIN_URL, TestEnv, header};
 
 /// Characters of the big row's body: 1.4 MB.

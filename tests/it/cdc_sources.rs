@@ -146,7 +146,7 @@ async fn a_source_row_and_its_event_definitions_choose_what_cdc_captures_and_a_c
     env.cli(&["subs", "update", "event", &other_insert, "--source", "shop"])
         .success();
     let linked = std::time::Instant::now();
-    tokio::task::block_in_place(|| crate::cdc::wait_for_topic(&source.env, &other_topic));
+    tokio::task::block_in_place(|| crate::helpers::wait_for_topic(&source.env, &other_topic));
     eprintln!("other captured {:?} after the change", linked.elapsed());
     // One transaction over both tables: only other's row is published.
     source

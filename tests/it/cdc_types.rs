@@ -27,7 +27,8 @@ use rdkafka::Message;
 use serde_json::Value as Json;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
 
-use crate::cdc::{Source, wait_for_topic};
+use crate::cdc::Source;
+use crate::helpers::wait_for_topic;
 use crate::helpers::{MYSQL_ADMIN_URL, Spawned, TestEnv, cdc_server_id};
 
 const FIXTURE: &str = include_str!("../fixtures/cdc_types.sql");

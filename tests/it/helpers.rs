@@ -477,3 +477,31 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
         .to_string();
     (status, body)
 }
+
+/// Waits until the broker's metadata holds `topic`: CreateTopics answers
+/// when the controller has the topic, and a broker's metadata catches up
+/// after it (cdc creates its topics at start-up, tests with an admin client).
+pub fn wait_for_topic(env: &TestEnv, topic: &str) {
+    let consumer: BaseConsumer =
+        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
+            .create()
+            .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(5))
+            .unwrap();
+        if metadata
+            .topics()
+            .first()
+            .is_some_and(|t| t.error().is_none() && !t.partitions().is_empty())
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{topic} not in the broker's metadata within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

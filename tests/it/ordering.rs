@@ -862,7 +862,7 @@ async fn a_parked_order_does_not_hold_a_cdc_row_with_the_same_key() {
     env.cli(&["topics", "ensure"]).success();
     let mut cdc = source.spawn("account");
     let cdc_topic = source.topic("account");
-    tokio::task::block_in_place(|| crate::cdc::wait_for_topic(env, &cdc_topic));
+    tokio::task::block_in_place(|| crate::helpers::wait_for_topic(env, &cdc_topic));
     let order_topic = env.settings.topics.order_events.name.clone();
     let store = Store::new(env.db(), Origin::Cli);
     for change in ["insert", "update"] {

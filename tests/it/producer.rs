@@ -228,6 +228,7 @@ async fn records_the_broker_refuses_are_counted_failed_and_named() {
     {
         r.unwrap();
     }
+    tokio::task::block_in_place(|| crate::helpers::wait_for_topic(&env, &topic));
     let out = env
         .cli(&["produce", "--count", "40", "--topic", &topic])
         .failure();

@@ -20,10 +20,11 @@ use orderpipe::subscriptions::{FilterSpec, Store, Subscription};
 use rdkafka::Message;
 use serde_json::{Value, json};
 
-use crate::cdc::{Source, wait_for_topic};
+use crate::cdc::Source;
 use crate::consumer::sigterm;
 use crate::delivery::{Seen, downstream};
 use crate::helpers::Spawned;
+use crate::helpers::wait_for_topic;
 use crate::router::{
     actual_at_lag_zero, announced, assert_missing, delete_group, disable, stderr_lines,
     wait_for_subscriptions, wait_until_none_missing,
