@@ -47,6 +47,8 @@ pub enum Bound<'a> {
     Int(i64),
     /// A text.
     Text(&'a str),
+    /// A text or NULL.
+    MaybeText(Option<&'a str>),
 }
 
 /// Binds `value` at the builder's end.
@@ -54,6 +56,7 @@ fn bind(builder: &mut QueryBuilder<Any>, value: Bound<'_>) {
     match value {
         Bound::Int(v) => builder.push_bind(v),
         Bound::Text(v) => builder.push_bind(v),
+        Bound::MaybeText(v) => builder.push_bind(v),
     };
 }
 
@@ -115,6 +118,42 @@ pub async fn insert_all<'a, T>(
     Ok(inserted)
 }
 
+/// `INSERT INTO {into} VALUES (...), ...{then}` for every row, in
+/// [`pieces`]: the upsert of a set, `then` being its
+/// [`Dialect::on_duplicate`](super::Dialect::on_duplicate) clause.
+pub async fn upsert_all<'a, T>(
+    tx: &mut Tx,
+    into: &str,
+    then: &str,
+    rows: &'a [T],
+    values: impl Fn(&'a T) -> Vec<Bound<'a>>,
+) -> Result<(), sqlx::Error> {
+    for piece in pieces(rows) {
+        let mut builder = insert_values("INSERT", into, piece, &values);
+        builder.push(then);
+        builder.build().execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// `DELETE FROM {table} WHERE {key} IN (...)` for every key; returns how
+/// many rows went.
+pub async fn delete_in(
+    tx: &mut Tx,
+    table: &str,
+    key: &str,
+    keys: &[i64],
+) -> Result<u64, sqlx::Error> {
+    execute_in(
+        tx,
+        || QueryBuilder::new(format!("DELETE FROM {table}")),
+        key,
+        "",
+        keys,
+    )
+    .await
+}
+
 /// `{verb} INTO {into} VALUES (...), ...` with every row of `chunk` bound.
 fn insert_values<'a, T>(
     verb: &str,
@@ -168,16 +207,32 @@ pub async fn update_in(
     and: &str,
     keys: &[i64],
 ) -> Result<u64, sqlx::Error> {
-    let mut changed = 0;
-    for chunk in pieces(keys) {
-        let mut builder: QueryBuilder<Any> = QueryBuilder::new(update);
+    let start = || {
+        let mut builder = QueryBuilder::new(update);
         bind(&mut builder, value);
+        builder
+    };
+    execute_in(tx, start, key, and, keys).await
+}
+
+/// `{start} WHERE {key} IN (...){and}` for every piece of `keys`, `start`
+/// making each statement's head; returns how many rows it touched.
+async fn execute_in(
+    tx: &mut Tx,
+    start: impl Fn() -> QueryBuilder<Any>,
+    key: &str,
+    and: &str,
+    keys: &[i64],
+) -> Result<u64, sqlx::Error> {
+    let mut touched = 0;
+    for chunk in pieces(keys) {
+        let mut builder = start();
         builder.push(format!(" WHERE {key} IN ("));
         bind_list(&mut builder, chunk.iter().copied());
         builder.push(format!("){and}"));
-        changed += builder.build().execute(&mut **tx).await?.rows_affected();
+        touched += builder.build().execute(&mut **tx).await?.rows_affected();
     }
-    Ok(changed)
+    Ok(touched)
 }
 
 /// Sets each row's own values on the rows matching its key, in one

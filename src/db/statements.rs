@@ -9,7 +9,7 @@
 //! | [`Dialect::insert_ignore`], [`Dialect::insert_ignore_verb`] | `INSERT IGNORE` | `INSERT OR IGNORE` |
 //! | [`Dialect::locking`], [`Dialect::row_lock`] | `... FOR UPDATE` | as is (a writer locks the whole database) |
 //! | [`Dialect::delete_limited`] | `DELETE ... LIMIT ?` | `DELETE ... WHERE key IN (SELECT key ... LIMIT ?)` |
-//! | [`Dialect::upsert`] | `ON DUPLICATE KEY UPDATE` | `ON CONFLICT (...) DO UPDATE` |
+//! | [`Dialect::upsert`], [`Dialect::on_duplicate`] | `ON DUPLICATE KEY UPDATE` (`IF(matching, VALUES(c), c)`) | `ON CONFLICT (...) DO UPDATE` (`WHERE matching`) |
 //! | [`Dialect::upsert_newer`] | `IF(newer, VALUES(c), c)` per column | `DO UPDATE ... WHERE newer` |
 //! | [`Dialect::integer`] | `CAST(... AS SIGNED)` | `CAST(... AS INTEGER)` |
 //! | [`Tx::lock_wait_timeout`](super::Tx::lock_wait_timeout) | `innodb_lock_wait_timeout` | nothing (no row locks) |
@@ -88,26 +88,66 @@ impl Dialect {
     /// Inserts a row (`columns`, one `?` each) or, on a duplicate `key`,
     /// sets `update` to the new row's values.
     pub fn upsert(self, table: &str, columns: &str, key: &str, update: &[&str]) -> SqlStr {
-        let insert = format!(
-            "INSERT INTO {table} ({columns}) VALUES ({})",
-            placeholders(columns)
-        );
-        let set = |new: &dyn Fn(&str) -> String| {
-            update
+        text(format!(
+            "INSERT INTO {table} ({columns}) VALUES ({}){}",
+            placeholders(columns),
+            self.on_duplicate(table, key, update, &[])
+        ))
+    }
+
+    /// The clause that ends an insert into `table` (of one row or many):
+    /// on a duplicate `key`, `update` takes the new row's values; with
+    /// `matching` groups of columns, only where the stored row equals the
+    /// new one on every column of a group (a NULL equals nothing).
+    pub fn on_duplicate(
+        self,
+        table: &str,
+        key: &str,
+        update: &[&str],
+        matching: &[&[&str]],
+    ) -> String {
+        let condition = |old: &dyn Fn(&str) -> String, new: &dyn Fn(&str) -> String| {
+            matching
                 .iter()
-                .map(|c| format!("{c} = {}", new(c)))
+                .map(|group| {
+                    let equal: Vec<String> = group
+                        .iter()
+                        .map(|c| format!("{} = {}", old(c), new(c)))
+                        .collect();
+                    format!("({})", equal.join(" AND "))
+                })
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(" OR ")
         };
         match self {
-            Self::MySql => text(format!(
-                "{insert} ON DUPLICATE KEY UPDATE {}",
-                set(&|c| format!("VALUES({c})"))
-            )),
-            Self::Sqlite => text(format!(
-                "{insert} ON CONFLICT ({key}) DO UPDATE SET {}",
-                set(&|c| format!("excluded.{c}"))
-            )),
+            Self::MySql => {
+                let new = |c: &str| format!("VALUES({c})");
+                let when = condition(&|c| c.to_string(), &new);
+                // Assignments run left to right on the updated row, but the
+                // condition cannot change on the way: if a group matched,
+                // every assignment keeps it matching; if none did, nothing
+                // is assigned.
+                let set: Vec<String> = update
+                    .iter()
+                    .map(|c| match matching {
+                        [] => format!("{c} = {}", new(c)),
+                        _ => format!("{c} = IF({when}, {}, {c})", new(c)),
+                    })
+                    .collect();
+                format!(" ON DUPLICATE KEY UPDATE {}", set.join(", "))
+            }
+            Self::Sqlite => {
+                let new = |c: &str| format!("excluded.{c}");
+                let set: Vec<String> = update.iter().map(|c| format!("{c} = {}", new(c))).collect();
+                let when = match matching {
+                    [] => String::new(),
+                    _ => format!(" WHERE {}", condition(&|c| format!("{table}.{c}"), &new)),
+                };
+                format!(
+                    " ON CONFLICT ({key}) DO UPDATE SET {}{when}",
+                    set.join(", ")
+                )
+            }
         }
     }
 
@@ -229,6 +269,21 @@ mod tests {
         assert_eq!(
             sql(Dialect::Sqlite.upsert("t", "k, v", "k", &["v"])),
             "INSERT INTO t (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v"
+        );
+    }
+
+    #[test]
+    fn an_upsert_on_matching_columns_keeps_other_rows_on_both_backends() {
+        let matching: &[&[&str]] = &[&["a", "b"], &["e"]];
+        assert_eq!(
+            Dialect::MySql.on_duplicate("t", "k", &["a", "v"], matching),
+            " ON DUPLICATE KEY UPDATE a = IF((a = VALUES(a) AND b = VALUES(b)) OR (e = VALUES(e)), VALUES(a), a), \
+             v = IF((a = VALUES(a) AND b = VALUES(b)) OR (e = VALUES(e)), VALUES(v), v)"
+        );
+        assert_eq!(
+            Dialect::Sqlite.on_duplicate("t", "k", &["a", "v"], matching),
+            " ON CONFLICT (k) DO UPDATE SET a = excluded.a, v = excluded.v \
+             WHERE (t.a = excluded.a AND t.b = excluded.b) OR (t.e = excluded.e)"
         );
     }
 

@@ -1,7 +1,7 @@
 //! The partition worker's ordering decisions: what happens to a record of
 //! a key that may be parked ([`gate`]), whether a record is its key's head
 //! ([`is_head`]), whether a head is done with ([`head_done`]), and parking
-//! or re-heading a key when a record leaves the main path ([`park`]). The
+//! or re-heading keys when records leave the main path ([`park_all`]). The
 //! statements they run are in [`super::store`].
 
 use rdkafka::message::OwnedMessage;
@@ -77,11 +77,59 @@ pub async fn head_done(tx: &mut Tx, group: &str, parked: &Parked) -> Result<bool
     }
 }
 
-/// Parks `key` with `message` as its head, once the record was forwarded
-/// to the retry topic or the DLQ. If the key is parked already, only its
-/// head's state is updated, unless `rehead` (a released record failed and
-/// takes the head's place): a forwarded record that is not the head comes
-/// back from the retry topic to be held behind the head.
+/// A key to park and the forwarded record that becomes, or updates, its
+/// head ([`park_all`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Park<'a> {
+    /// The key.
+    pub key: &'a OrderKey,
+    /// The record forwarded to the retry topic or the DLQ.
+    pub message: &'a OwnedMessage,
+    /// Its event (None when undecodable).
+    pub event: Option<&'a Envelope>,
+    /// Where it went.
+    pub state: ParkState,
+    /// Whether it takes its head's place: a released record that failed.
+    pub rehead: bool,
+}
+
+/// Parks each key of `parks` with its record as its head, once the records
+/// were forwarded to the retry topic or the DLQ, in set statements
+/// ([`crate::db::rows`]'s pieces; the re-heads in their own). A key
+/// parked already only has its head's state updated, unless `rehead`: a
+/// forwarded record that is not the head comes back from the retry topic
+/// to be held behind the head.
+pub async fn park_all(tx: &mut Tx, group: &str, parks: &[Park<'_>]) -> Result<(), DbError> {
+    for rehead in [false, true] {
+        let mut rows: Vec<store::NewPark> = parks
+            .iter()
+            .filter(|p| p.rehead == rehead)
+            .map(|p| {
+                let origin = Origin::of(p.message);
+                store::NewPark {
+                    key: p.key,
+                    // The partition of the key's topic: the head's origin's (a
+                    // retry topic may have another partition count than a
+                    // `cdc.*` topic).
+                    partition: origin.partition,
+                    origin: origin.to_string(),
+                    head: Head {
+                        origin,
+                        event_id: p.event.map(|e| e.event_id.to_string()),
+                        event_name: p.event.map(|e| e.event_name.to_string()),
+                        state: p.state,
+                    },
+                }
+            })
+            .collect();
+        if !rows.is_empty() {
+            store::park_keys(tx, group, &mut rows, rehead).await?;
+        }
+    }
+    Ok(())
+}
+
+/// [`park_all`] of one key.
 pub async fn park(
     tx: &mut Tx,
     group: &str,
@@ -91,21 +139,12 @@ pub async fn park(
     state: ParkState,
     rehead: bool,
 ) -> Result<(), DbError> {
-    let head = Head {
-        origin: Origin::of(message),
-        event_id: event.map(|e| e.event_id.to_string()),
-        event_name: event.map(|e| e.event_name.to_string()),
+    let park = Park {
+        key,
+        message,
+        event,
         state,
+        rehead,
     };
-    // The partition of the key's topic: the head's origin's (a retry
-    // topic may have another partition count than a `cdc.*` topic).
-    let partition = head.origin.partition;
-    if store::insert_parked(tx, group, key, partition, &head).await? {
-        return Ok(());
-    }
-    let current = store::lock(tx, group, key).await?;
-    if !rehead && current.is_some_and(|p| !is_head(&p, &head.origin, head.event_id.as_deref())) {
-        return Ok(());
-    }
-    store::set_head(tx, group, key, &head).await
+    park_all(tx, group, &[park]).await
 }

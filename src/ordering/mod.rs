@@ -58,10 +58,10 @@ use serde::{Deserialize, Serialize};
 use crate::kafka::record::{FailureHistory, headers_from_json};
 use crate::retry::topic_read_by;
 
-pub use gate::{Gate, decide, gate, head_done, park};
+pub use gate::{Gate, Park, decide, gate, head_done, park, park_all};
 pub use store::{
-    HeldRecord, OrderingGauges, Parked, delete_held, first_held, gauges, hold, keys_of_partition,
-    lock, lock_keys, mark_release, releasable, unpark,
+    HeldRecord, OrderingGauges, Parked, delete_held, delete_held_all, first_held, gauges, hold,
+    keys_of_partition, lock, lock_keys, mark_release, releasable, unpark,
 };
 
 /// Whether a group keeps per-key order under failures.
@@ -125,7 +125,7 @@ impl TryFrom<String> for ParkState {
 
 /// The unit of per-key order: a record key (the order id, a row's primary
 /// key) within the main topic it belongs to (`parked_keys.key_topic`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct OrderKey {
     /// The main topic the group reads the key from.
     pub topic: String,

@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use super::{OrderKey, Origin, ParkState};
 use crate::clock::now_ms;
+use crate::db::rows::Bound;
 use crate::db::{Db, DbError, Tx};
 use crate::envelope::Envelope;
 use crate::kafka::record::headers_json;
@@ -156,61 +157,88 @@ pub struct Head {
     pub state: ParkState,
 }
 
-/// Parks `key` (partition `partition` of its topic) behind `head`; false if it was parked already.
-pub async fn insert_parked(
-    tx: &mut Tx,
-    group: &str,
-    key: &OrderKey,
-    partition: i32,
-    head: &Head,
-) -> Result<bool, DbError> {
-    let now = now_ms();
-    let sql = tx.sql().insert_ignore(
-        "INTO parked_keys (consumer_group, key_topic, record_key, kafka_partition, head_origin, head_topic, head_partition, head_offset, \
-         head_event_id, head_event_name, state, parked_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    );
-    let inserted = sqlx::query(sql)
-        .bind(group)
-        .bind(&key.topic)
-        .bind(&key.key)
-        .bind(partition)
-        .bind(head.origin.to_string())
-        .bind(&head.origin.topic)
-        .bind(head.origin.partition)
-        .bind(head.origin.offset)
-        .bind(&head.event_id)
-        .bind(&head.event_name)
-        .bind(head.state.as_str())
-        .bind(now)
-        .bind(now)
-        .execute(&mut **tx)
-        .await?;
-    Ok(inserted.rows_affected() > 0)
+/// A key to park ([`park_keys`]): the partition of its topic, and its head.
+#[derive(Debug, Clone)]
+pub struct NewPark<'a> {
+    /// The key.
+    pub key: &'a OrderKey,
+    /// Its partition.
+    pub partition: i32,
+    /// The record that becomes, or updates, its head.
+    pub head: Head,
+    /// `head.origin` as text (the `head_origin` column).
+    pub origin: String,
 }
 
-/// Makes `head` the head of the parked `key` (or updates its state).
-pub async fn set_head(
+/// The columns of `parked_keys` a park writes, in [`park_keys`]'s order.
+const PARK_COLUMNS: &str = "consumer_group, key_topic, record_key, kafka_partition, head_origin, head_topic, head_partition, \
+                            head_offset, head_event_id, head_event_name, state, parked_ms, updated_ms";
+
+/// What a park of a parked key changes: its head, and when.
+const HEAD_COLUMNS: &[&str] = &[
+    "head_origin",
+    "head_topic",
+    "head_partition",
+    "head_offset",
+    "head_event_id",
+    "head_event_name",
+    "state",
+    "updated_ms",
+];
+
+/// Parks every key of `parks` in one statement per piece
+/// ([`crate::db::rows`]): a key not parked yet is parked behind its head.
+/// A parked key takes the new head if `rehead` (a released record failed
+/// and takes its head's place); otherwise only if the new head is its head
+/// already (the same origin, or the same event: a state change from
+/// retrying to dead; [`super::gate::is_head`]'s rule, in SQL), so a
+/// forwarded record that is not the head leaves it.
+/// Keys go in order, so two transactions lock the rows alike.
+pub async fn park_keys(
     tx: &mut Tx,
     group: &str,
-    key: &OrderKey,
-    head: &Head,
+    parks: &mut [NewPark<'_>],
+    rehead: bool,
 ) -> Result<(), DbError> {
-    sqlx::query(
-        "UPDATE parked_keys SET head_origin = ?, head_topic = ?, head_partition = ?, head_offset = ?, head_event_id = ?, \
-         head_event_name = ?, state = ?, updated_ms = ? WHERE consumer_group = ? AND key_topic = ? AND record_key = ?",
+    parks.sort_by(|a, b| a.key.cmp(b.key));
+    let matching: &[&[&str]] = if rehead {
+        &[]
+    } else {
+        &[
+            &["head_topic", "head_partition", "head_offset"],
+            &["head_event_id"],
+        ]
+    };
+    let then = tx.sql().on_duplicate(
+        "parked_keys",
+        "consumer_group, key_topic, record_key",
+        HEAD_COLUMNS,
+        matching,
+    );
+    let now = now_ms();
+    crate::db::rows::upsert_all(
+        tx,
+        &format!("parked_keys ({PARK_COLUMNS})"),
+        &then,
+        parks,
+        |p| {
+            vec![
+                Bound::Text(group),
+                Bound::Text(&p.key.topic),
+                Bound::Text(&p.key.key),
+                Bound::Int(p.partition.into()),
+                Bound::Text(&p.origin),
+                Bound::Text(&p.head.origin.topic),
+                Bound::Int(p.head.origin.partition.into()),
+                Bound::Int(p.head.origin.offset),
+                Bound::MaybeText(p.head.event_id.as_deref()),
+                Bound::MaybeText(p.head.event_name.as_deref()),
+                Bound::Text(p.head.state.as_str()),
+                Bound::Int(now),
+                Bound::Int(now),
+            ]
+        },
     )
-    .bind(head.origin.to_string())
-    .bind(&head.origin.topic)
-    .bind(head.origin.partition)
-    .bind(head.origin.offset)
-    .bind(&head.event_id)
-    .bind(&head.event_name)
-    .bind(head.state.as_str())
-    .bind(now_ms())
-    .bind(group)
-    .bind(&key.topic)
-    .bind(&key.key)
-    .execute(&mut **tx)
     .await?;
     Ok(())
 }
@@ -335,6 +363,13 @@ pub async fn delete_held(tx: &mut Tx, id: i64) -> Result<bool, DbError> {
         .execute(&mut **tx)
         .await?;
     Ok(r.rows_affected() > 0)
+}
+
+/// Deletes the held records `ids` (released records that failed again and
+/// head their keys now), in one statement per piece.
+pub async fn delete_held_all(tx: &mut Tx, ids: &[i64]) -> Result<(), DbError> {
+    crate::db::rows::delete_in(tx, "held_records", "id", ids).await?;
+    Ok(())
 }
 
 /// Parked keys of one partition of `topic`, to load a consumer's in-memory

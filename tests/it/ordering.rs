@@ -1339,3 +1339,190 @@ async fn the_console_asks_for_the_topic_of_a_key_parked_in_two_topics() {
     .unwrap();
     assert_eq!(states, 3, "nothing changed");
 }
+
+/// Parking a batch of keys in set statements keeps the rules of parking a
+/// key, on MariaDB and on SQLite, for every case of a parked row against
+/// a forwarded record: the database's rows after one `park_all` are the
+/// oracle, and on MariaDB its own statement counters show the inserts and
+/// no update.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_of_keys_parks_in_set_statements_by_the_head_rules_on_both_backends() {
+    let env = TestEnv::new().with_database().await;
+    park_a_batch_of_every_case(&env.db(), true).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = orderpipe::db::DatabaseSettings {
+        url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(),
+        max_connections: Some(2),
+    };
+    let sqlite = Db::connect(&settings, 2).unwrap();
+    sqlite.migrate().await.unwrap();
+    park_a_batch_of_every_case(&sqlite, false).await;
+}
+
+async fn park_a_batch_of_every_case(db: &Db, count_statements: bool) {
+    use orderpipe::envelope::EventData;
+    use orderpipe::ordering::{OrderKey, ParkState};
+    use rdkafka::message::{OwnedHeaders, OwnedMessage};
+    let topic = "orders";
+    let key = |k: &str| OrderKey {
+        topic: topic.into(),
+        key: k.into(),
+    };
+    let record = |k: &str, partition: i32, offset: i64| {
+        OwnedMessage::new(
+            Some(b"{}".to_vec()),
+            Some(k.as_bytes().to_vec()),
+            topic.into(),
+            rdkafka::Timestamp::CreateTime(1),
+            partition,
+            offset,
+            Some(OwnedHeaders::new()),
+        )
+    };
+    let event = || Envelope::new("test", EventData::sample_created(1));
+    let (e1, e2, e3, e4, replayed, other) = (event(), event(), event(), event(), event(), event());
+    // The event of k2's head comes back replayed, at new coordinates.
+    let replayed = Envelope {
+        event_id: e2.event_id,
+        ..replayed
+    };
+    let (k0, k1, k2, k3, k4, k5, k6) = (
+        key("k0"),
+        key("k1"),
+        key("k2"),
+        key("k3"),
+        key("k4"),
+        key("k5"),
+        key("k6"),
+    );
+    // Parked before: k1..k4 with an event at offset 10+i, k5 undecodable.
+    let before = [(&k1, &e1), (&k2, &e2), (&k3, &e3), (&k4, &e4)];
+    let mut tx = db.begin().await.unwrap();
+    for (i, (k, e)) in before.iter().enumerate() {
+        let m = record(&k.key, 3, 10 + i as i64);
+        orderpipe::ordering::park(&mut tx, "g", k, &m, Some(e), ParkState::Retrying, false)
+            .await
+            .unwrap();
+    }
+    let m = record("k5", 3, 15);
+    orderpipe::ordering::park(&mut tx, "g", &k5, &m, None, ParkState::Retrying, false)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let messages = [
+        record("k0", 3, 20),
+        record("k1", 3, 10),
+        record("k2", 5, 99),
+        record("k3", 3, 21),
+        record("k4", 3, 22),
+        record("k5", 3, 23),
+        record("k6", 3, 24),
+        record("k6", 3, 25),
+    ];
+    use orderpipe::ordering::Park;
+    let park = |key, message, event, state, rehead| Park {
+        key,
+        message,
+        event,
+        state,
+        rehead,
+    };
+    let batch = [
+        // A new key: parked behind its record.
+        park(&k0, &messages[0], Some(&other), ParkState::Retrying, false),
+        // Its head again, now dead-lettered: the state changes.
+        park(&k1, &messages[1], Some(&e1), ParkState::Dead, false),
+        // Its head's event replayed from elsewhere: the head moves there.
+        park(&k2, &messages[2], Some(&replayed), ParkState::Dead, false),
+        // Another record of a parked key: the head stays.
+        park(&k3, &messages[3], Some(&other), ParkState::Dead, false),
+        // A released record that failed: it takes the head's place.
+        park(&k4, &messages[4], Some(&other), ParkState::Retrying, true),
+        // Undecodable, elsewhere, behind an undecodable head: no event to match.
+        park(&k5, &messages[5], None, ParkState::Dead, false),
+        // Two records of a new key in one batch: the first heads it.
+        park(&k6, &messages[6], Some(&e3), ParkState::Retrying, false),
+        park(&k6, &messages[7], Some(&e4), ParkState::Dead, false),
+    ];
+    let mut tx = db.begin().await.unwrap();
+    // MariaDB's own statement counters, of this session.
+    let counters = async |tx: &mut orderpipe::db::Tx| -> (i64, i64) {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SHOW SESSION STATUS WHERE Variable_name IN ('Com_insert', 'Com_update')",
+        )
+        .fetch_all(&mut **tx)
+        .await
+        .unwrap();
+        let of = |name: &str| {
+            rows.iter()
+                .find(|r| r.0 == name)
+                .unwrap()
+                .1
+                .parse()
+                .unwrap()
+        };
+        (of("Com_insert"), of("Com_update"))
+    };
+    let counted = if count_statements {
+        Some(counters(&mut tx).await)
+    } else {
+        None
+    };
+    orderpipe::ordering::park_all(&mut tx, "g", &batch)
+        .await
+        .unwrap();
+    if let Some((inserts, updates)) = counted {
+        let (inserts_after, updates_after) = counters(&mut tx).await;
+        // Seven rows go as every set write does, in power-of-two pieces
+        // (4, 2, 1: three statement shapes to prepare, whatever the size),
+        // and the re-head in one more; no per-key update.
+        assert_eq!(inserts_after - inserts, 4, "insert statements");
+        assert_eq!(updates_after - updates, 0, "update statements");
+    }
+    tx.commit().await.unwrap();
+
+    let head = async |k: &OrderKey| {
+        let p = orderpipe::ordering::store::parked(db, "g", k)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{} parked", k.key));
+        (
+            p.head_partition,
+            p.head_offset,
+            p.head_event_id,
+            p.state.as_str(),
+            p.head_origin,
+        )
+    };
+    let id = |e: &Envelope| Some(e.event_id.to_string());
+    let backend = if count_statements {
+        "mariadb"
+    } else {
+        "sqlite"
+    };
+    let expected = [
+        (&k0, (3, 20, id(&other), "retrying")),
+        (&k1, (3, 10, id(&e1), "dead")),
+        (&k2, (5, 99, id(&e2), "dead")),
+        (&k3, (3, 12, id(&e3), "retrying")),
+        (&k4, (3, 22, id(&other), "retrying")),
+        (&k5, (3, 15, None, "retrying")),
+        (&k6, (3, 24, id(&e3), "retrying")),
+    ];
+    for (k, (partition, offset, event_id, state)) in expected {
+        let got = head(k).await;
+        assert_eq!(
+            (got.0, got.1, got.2, got.3),
+            (partition, offset, event_id, state),
+            "{backend}: {}",
+            k.key
+        );
+        assert_eq!(
+            got.4,
+            format!("{topic}/{partition}/{offset}"),
+            "{backend}: {}",
+            k.key
+        );
+    }
+}

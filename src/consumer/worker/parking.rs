@@ -123,8 +123,9 @@ impl Parking {
 
     /// Makes forwarded records the heads of their parked keys (mode
     /// `key`; records without a key have no order to keep), in one
-    /// transaction. A released record that failed leaves `held_records` in
-    /// the same transaction.
+    /// transaction of set statements ([`ordering::park_all`]), not one per key. A
+    /// released record that failed leaves `held_records` in the same
+    /// transaction.
     pub(super) async fn park(&self, forwarded: &[(&Item, ParkState)]) -> Result<(), Revoked> {
         if !self.state.ordered() {
             return Ok(());
@@ -150,30 +151,27 @@ impl Parking {
         if parks.is_empty() {
             return Ok(());
         }
-        let (db, group, parks_ref) = (
+        let (db, group) = (
             &self.state.shared.db,
             self.state.shared.options.group.as_str(),
-            &parks,
         );
+        let requests: Vec<ordering::Park> = parks
+            .iter()
+            .map(|(item, state, key)| ordering::Park {
+                key,
+                message: &item.message,
+                event: item.envelope.as_ref(),
+                state: *state,
+                rehead: item.held_id.is_some(),
+            })
+            .collect();
+        let released: Vec<i64> = parks.iter().filter_map(|(item, ..)| item.held_id).collect();
+        let (requests, released) = (&requests, &released);
         self.state
-            .until_db_ok("cannot park the key", move || async move {
+            .until_db_ok("cannot park the keys", move || async move {
                 let mut tx = db.begin().await?;
-                for (item, state, key) in parks_ref {
-                    let rehead = item.held_id.is_some();
-                    ordering::park(
-                        &mut tx,
-                        group,
-                        key,
-                        &item.message,
-                        item.envelope.as_ref(),
-                        *state,
-                        rehead,
-                    )
-                    .await?;
-                    if let Some(id) = item.held_id {
-                        ordering::delete_held(&mut tx, id).await?;
-                    }
-                }
+                ordering::park_all(&mut tx, group, requests).await?;
+                ordering::delete_held_all(&mut tx, released).await?;
                 Ok(tx.commit().await?)
             })
             .await?;
