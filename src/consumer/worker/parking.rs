@@ -123,9 +123,9 @@ impl Parking {
 
     /// Makes forwarded records the heads of their parked keys (mode
     /// `key`; records without a key have no order to keep), in one
-    /// transaction of set statements ([`ordering::park_all`]), not one per key. A
-    /// released record that failed leaves `held_records` in the same
-    /// transaction.
+    /// transaction of set statements ([`ordering::park_all`]), not one
+    /// per key. Released records that failed leave `held_records` in the
+    /// same transaction.
     pub(super) async fn park(&self, forwarded: &[(&Item, ParkState)]) -> Result<(), Revoked> {
         if !self.state.ordered() {
             return Ok(());
