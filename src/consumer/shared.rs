@@ -39,7 +39,7 @@ pub(crate) struct Shared {
     pub parked: Mutex<crate::ordering::ParkedSet>,
     /// Partitions paused on the consumer, and why (see `pause`).
     pub pauses: Mutex<pause::Pauses>,
-    /// One release of a key at a time in this process (see [`Shared::release_lock`]).
+    /// One release of a key at a time in this process (see [`Shared::release_locks`]).
     pub release_locks: ReleaseLocks,
 }
 
@@ -60,15 +60,25 @@ impl Default for ReleaseLocks {
 }
 
 impl Shared {
-    /// Held while releasing `key`: a second release of it waits, then finds
-    /// what the first applied gone from `held_records`.
-    pub(crate) async fn release_lock(
+    /// Held while releasing `keys`: a second release of one of them waits,
+    /// then finds what the first applied gone from `held_records`. The
+    /// stripes are taken once each and in ascending order, so two releases
+    /// of overlapping sets never wait on each other.
+    pub(crate) async fn release_locks(
         &self,
-        key: &crate::ordering::OrderKey,
-    ) -> tokio::sync::MutexGuard<'_, ()> {
+        keys: &[crate::ordering::OrderKey],
+    ) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
         use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-        let stripe = BuildHasherDefault::<DefaultHasher>::default().hash_one(key) as usize;
-        self.release_locks.0[stripe % RELEASE_STRIPES].lock().await
+        let hasher = BuildHasherDefault::<DefaultHasher>::default();
+        let stripes: std::collections::BTreeSet<usize> = keys
+            .iter()
+            .map(|key| hasher.hash_one(key) as usize % RELEASE_STRIPES)
+            .collect();
+        let mut guards = Vec::with_capacity(stripes.len());
+        for stripe in stripes {
+            guards.push(self.release_locks.0[stripe].lock().await);
+        }
+        guards
     }
 
     /// Adds `delta` records to a partition's in-flight count.

@@ -64,6 +64,7 @@ impl ConsumeSummary {
         self.duplicates += delta.duplicates;
         self.conflicting_duplicates += delta.conflicting_duplicates;
         self.held += delta.held;
+        self.released += delta.released;
         for (name, counts) in delta.handlers {
             let total = self.handlers.entry(name).or_default();
             total.applied += counts.applied;

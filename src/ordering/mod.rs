@@ -60,8 +60,8 @@ use crate::retry::topic_read_by;
 
 pub use gate::{Gate, Park, decide, gate, head_done, park, park_all};
 pub use store::{
-    HeldRecord, OrderingGauges, Parked, delete_held, delete_held_all, first_held, gauges, hold,
-    keys_of_partition, lock, lock_keys, mark_release, releasable, unpark,
+    HeldRecord, OrderingGauges, Parked, delete_held, delete_held_all, first_held, gauges, held_of,
+    hold, keys_of_partition, lock, lock_keys, mark_release, releasable, unpark,
 };
 
 /// Whether a group keeps per-key order under failures.
@@ -224,6 +224,14 @@ impl fmt::Display for Origin {
 }
 
 impl HeldRecord {
+    /// The key it is held behind.
+    pub fn order_key(&self) -> OrderKey {
+        OrderKey {
+            topic: self.key_topic.clone(),
+            key: self.key.clone(),
+        }
+    }
+
     /// The record as it was consumed, to apply or forward it again.
     pub fn to_message(&self) -> OwnedMessage {
         let timestamp = self

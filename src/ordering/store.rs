@@ -101,7 +101,22 @@ pub async fn lock_keys(
     group: &str,
     keys: &[&OrderKey],
 ) -> Result<HashMap<OrderKey, Parked>, DbError> {
-    // Topics in a fixed order: two transactions lock rows of two topics alike.
+    let mut found = HashMap::with_capacity(keys.len());
+    let row_lock = tx.sql().row_lock();
+    for (topic, keys) in by_topic(keys) {
+        for piece in crate::db::rows::pieces(&keys) {
+            let mut query = select_of_keys(PARKED_COLUMNS, "parked_keys", group, topic, piece);
+            query.push(row_lock);
+            let rows: Vec<Parked> = query.build_query_as().fetch_all(&mut **tx).await?;
+            found.extend(rows.into_iter().map(|parked| (parked.order_key(), parked)));
+        }
+    }
+    Ok(found)
+}
+
+/// `keys` by topic, the topics in a fixed order: two transactions lock
+/// rows of two topics alike.
+fn by_topic<'k>(keys: &[&'k OrderKey]) -> std::collections::BTreeMap<&'k str, Vec<&'k str>> {
     let mut by_topic: std::collections::BTreeMap<&str, Vec<&str>> =
         std::collections::BTreeMap::new();
     for key in keys {
@@ -110,28 +125,32 @@ pub async fn lock_keys(
             .or_default()
             .push(key.key.as_str());
     }
-    let mut found = HashMap::with_capacity(keys.len());
-    let row_lock = tx.sql().row_lock();
-    for (topic, keys) in by_topic {
-        for piece in crate::db::rows::pieces(&keys) {
-            let select =
-                format!("SELECT {PARKED_COLUMNS} FROM parked_keys WHERE consumer_group = ");
-            let mut query = sqlx::QueryBuilder::<sqlx::Any>::new(select);
-            query
-                .push_bind(group.to_string())
-                .push(" AND key_topic = ")
-                .push_bind(topic.to_string())
-                .push(" AND record_key IN (");
-            let mut list = query.separated(", ");
-            for key in piece {
-                list.push_bind(key.to_string());
-            }
-            query.push(")").push(row_lock);
-            let rows: Vec<Parked> = query.build_query_as().fetch_all(&mut **tx).await?;
-            found.extend(rows.into_iter().map(|parked| (parked.order_key(), parked)));
-        }
+    by_topic
+}
+
+/// `SELECT {columns} FROM {table}` of `group`'s rows of `keys` in `topic`,
+/// open for what follows the `WHERE`.
+fn select_of_keys(
+    columns: &str,
+    table: &str,
+    group: &str,
+    topic: &str,
+    keys: &[&str],
+) -> sqlx::QueryBuilder<sqlx::Any> {
+    let mut query = sqlx::QueryBuilder::<sqlx::Any>::new(format!(
+        "SELECT {columns} FROM {table} WHERE consumer_group = "
+    ));
+    query
+        .push_bind(group.to_string())
+        .push(" AND key_topic = ")
+        .push_bind(topic.to_string())
+        .push(" AND record_key IN (");
+    let mut list = query.separated(", ");
+    for key in keys {
+        list.push_bind(key.to_string());
     }
-    Ok(found)
+    query.push(")");
+    query
 }
 
 /// The parked row of `key`, if parked (no lock).
@@ -354,6 +373,29 @@ pub async fn first_held(
         .bind(&key.key)
         .fetch_optional(&mut **tx)
         .await?)
+}
+
+/// The records held behind `keys`, oldest first, at most `limit` per
+/// statement (one per topic and piece, so each key's are a prefix of its
+/// held records), and whether that was all of them.
+pub async fn held_of(
+    tx: &mut Tx,
+    group: &str,
+    keys: &[&OrderKey],
+    limit: usize,
+) -> Result<(Vec<HeldRecord>, bool), DbError> {
+    let (mut held, mut complete) = (Vec::new(), true);
+    for (topic, keys) in by_topic(keys) {
+        for piece in crate::db::rows::pieces(&keys) {
+            let mut query = select_of_keys(HELD_COLUMNS, "held_records", group, topic, piece);
+            query.push(" ORDER BY id LIMIT ").push_bind(limit as i64);
+            let rows: Vec<HeldRecord> = query.build_query_as().fetch_all(&mut **tx).await?;
+            complete &= rows.len() < limit;
+            held.extend(rows);
+        }
+    }
+    held.sort_by_key(|h| h.id);
+    Ok((held, complete))
 }
 
 /// Deletes a held record (applied, or made the new head); false if it was gone.

@@ -42,7 +42,7 @@ use super::state::{Item, PartitionState, Revoked};
 use super::waves::waves;
 use crate::backoff::until_available;
 use crate::consumer::ConsumeSummary;
-use crate::consumer::events::{Applied, ConflictingDuplicate, DuplicateSkipped, Held};
+use crate::consumer::events::{Applied, ConflictingDuplicate, DuplicateSkipped, Held, Released};
 use crate::consumer::handler::HandlerError;
 use crate::db::{DbError, Tx};
 use crate::dedup::{self, Conflict, RecordOrigin};
@@ -78,8 +78,6 @@ struct Ledger<'a> {
     reopened: Vec<OrderKey>,
     /// Keys whose head was applied: release their followers.
     heads: Vec<OrderKey>,
-    /// Released records another release had applied first.
-    released_elsewhere: u64,
 }
 
 /// A record left out of the batch's transaction, for the error tier after
@@ -98,9 +96,6 @@ pub(super) struct Deferred {
 pub(super) struct Committed {
     /// Keys whose head was applied in the batch: release their followers.
     pub heads: Vec<OrderKey>,
-    /// Released records that another release of their key had already
-    /// applied (both read the same held row; the first delete wins).
-    pub released_elsewhere: u64,
     /// Records left out of the transaction, in offset order: to settle
     /// through the error tier, or to apply once those before them are.
     pub deferred: Vec<Deferred>,
@@ -152,7 +147,6 @@ impl<'a> Ledger<'a> {
         self.conflicts.extend(wave.conflicts);
         self.reopened.extend(wave.reopened);
         self.heads.extend(wave.heads);
-        self.released_elsewhere += wave.released_elsewhere;
     }
 
     fn note(
@@ -162,6 +156,9 @@ impl<'a> Ledger<'a> {
         outcome: Outcome,
         elapsed: Duration,
     ) {
+        if item.held_id.is_some() && matches!(outcome, Outcome::Applied | Outcome::Duplicate) {
+            self.delta.released += 1;
+        }
         match outcome {
             Outcome::Applied => {
                 self.delta.applied += 1;
@@ -175,7 +172,8 @@ impl<'a> Ledger<'a> {
                 self.delta.held += 1;
                 self.held.push((item, envelope));
             }
-            Outcome::AlreadyReleased => self.released_elsewhere += 1,
+            // Another release of its key applied it (the first delete wins).
+            Outcome::AlreadyReleased => {}
         }
     }
 }
@@ -540,15 +538,29 @@ impl BatchApplier {
             stamps.applied(&events);
         }
         let now = chrono::Utc::now();
-        for (item, envelope, handler_time) in ledger.applied {
+        for (item, envelope, handler_time) in &ledger.applied {
             let _in_record = self.state.span(&item.message, Some(envelope)).entered();
             Applied {
                 group,
                 event_name: envelope.event_name.as_str(),
-                handler_time,
+                handler_time: *handler_time,
                 end_to_end: (now - envelope.event_time).to_std().ok(),
             }
             .emit();
+        }
+        let applied = ledger
+            .applied
+            .iter()
+            .map(|(item, envelope, _)| (*item, *envelope));
+        for (item, envelope) in applied.chain(ledger.duplicates.iter().copied()) {
+            if item.held_id.is_some() {
+                let _in_record = self.state.span(&item.message, Some(envelope)).entered();
+                Released {
+                    group,
+                    event_name: envelope.event_name.as_str(),
+                }
+                .emit();
+            }
         }
         for (item, envelope) in ledger.duplicates {
             let _in_record = self.state.span(&item.message, Some(envelope)).entered();
@@ -571,7 +583,6 @@ impl BatchApplier {
         }
         Committed {
             heads: ledger.heads,
-            released_elsewhere: ledger.released_elsewhere,
             deferred: Vec::new(),
         }
     }

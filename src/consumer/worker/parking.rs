@@ -7,9 +7,9 @@
 //! * a forwarded record parks its key ([`Parking::park`]);
 //! * an undecodable record behind a parked key is held, not forwarded
 //!   ([`Parking::held_poison`]);
-//! * once a head is applied, the records held behind it are read back one
-//!   at a time ([`Parking::next_held`]), and the key unparked when none is
-//!   left. Applying them is the worker's release
+//! * once heads are applied, the records held behind them are read back
+//!   together ([`Parking::held_behind_done_heads`]), and a key unparked when
+//!   none is left. Applying them is the worker's release
 //!   ([`PartitionWorker::release`](super::PartitionWorker::release), in
 //!   `worker/partition.rs`): a released record is decoded, applied and, if
 //!   it fails, settled like any record, which are other stages.
@@ -24,6 +24,9 @@ use rdkafka::message::OwnedMessage;
 
 use super::state::{Item, PartitionState, Revoked};
 use crate::ordering::{self, Gate, OrderKey, ParkState};
+
+/// Held records read at once per statement of a release (a topic of its keys).
+const RELEASE_LIMIT: usize = 512;
 
 /// Parked keys and the records held behind them, for one partition.
 pub(super) struct Parking {
@@ -90,32 +93,58 @@ impl Parking {
             .await
     }
 
-    /// The oldest record held behind `key`; None when its head is not done
-    /// yet, or when nothing is held any more, in which case the key is unparked.
-    pub(super) async fn next_held(
+    /// The records held behind those of `keys` whose head is done, oldest
+    /// first (at most [`RELEASE_LIMIT`] per statement: a prefix of each key's),
+    /// read in one transaction that locks the keys' parked rows. A key
+    /// whose head is done and that has nothing held any more is unparked.
+    pub(super) async fn held_behind_done_heads(
         &self,
-        key: &OrderKey,
-    ) -> Result<Option<ordering::HeldRecord>, crate::db::DbError> {
+        keys: &[OrderKey],
+    ) -> Result<Vec<ordering::HeldRecord>, crate::db::DbError> {
         let shared = &self.state.shared;
         let group = shared.options.group.as_str();
         let mut tx = shared.db.begin().await?;
-        let Some(parked) = ordering::lock(&mut tx, group, key).await? else {
-            tx.commit().await?;
-            return Ok(None);
-        };
-        if !ordering::head_done(&mut tx, group, &parked).await? {
-            tx.commit().await?;
-            return Ok(None);
+        let asked: Vec<&OrderKey> = keys.iter().collect();
+        let parked = ordering::lock_keys(&mut tx, group, &asked).await?;
+        let mut done = Vec::with_capacity(parked.len());
+        for key in keys {
+            if let Some(row) = parked.get(key)
+                && ordering::head_done(&mut tx, group, row).await?
+            {
+                done.push(key);
+            }
         }
-        let held = ordering::first_held(&mut tx, group, key).await?;
-        if held.is_none() {
+        if done.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let (held, complete) = ordering::held_of(&mut tx, group, &done, RELEASE_LIMIT).await?;
+        // Unparked only when the read was complete: a key cut off by the
+        // limit may still have records held.
+        let emptied: Vec<&OrderKey> = match complete {
+            true => done
+                .into_iter()
+                .filter(|key| {
+                    !held
+                        .iter()
+                        .any(|h| h.key_topic == key.topic && h.key == key.key)
+                })
+                .collect(),
+            false => Vec::new(),
+        };
+        for key in &emptied {
             ordering::unpark(&mut tx, group, key).await?;
-            // Forget it before the commit: a park of the key by this consumer
+        }
+        if !emptied.is_empty() {
+            // Forget them before the commit: a park of one by this consumer
             // waits for the row lock, so it lands after this.
-            shared.parked.lock().expect("parked lock").remove(key);
+            let mut parked = shared.parked.lock().expect("parked lock");
+            for key in &emptied {
+                parked.remove(key);
+            }
         }
         tx.commit().await?;
-        if held.is_none() {
+        for key in emptied {
             tracing::info!(group, key = %key.key, topic = %key.topic, "key unparked: every record held behind it was applied");
         }
         Ok(held)

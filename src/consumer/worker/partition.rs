@@ -5,6 +5,7 @@
 //! then the retry topic or the dead-letter topic). It is the one place that
 //! calls more than one stage: the stages call none of each other.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,12 +22,12 @@ use crate::backoff::{Backoff, retry, until_available};
 use crate::clock::now_ms;
 use crate::consumer::Shared;
 use crate::consumer::assignment::PartitionKey;
-use crate::consumer::events::{DeadLettered, ProcessingFailed, Released, SentToRetry};
+use crate::consumer::events::{DeadLettered, ProcessingFailed, SentToRetry};
 use crate::consumer::handler::HandlerError;
 use crate::consumer::pause::PauseReason;
 use crate::kafka::record::{Failure, header, header_text};
 use crate::metrics::InternalEvent;
-use crate::ordering::{OrderKey, ParkState};
+use crate::ordering::{HeldRecord, OrderKey, ParkState};
 use crate::retry::Routed;
 
 /// The worker of one assigned partition: the partition's state and the
@@ -245,12 +246,6 @@ impl PartitionWorker {
         .emit();
     }
 
-    /// Local retries for a retryable failure, then forward to the retry
-    /// topic or the DLQ. What a local retry committed (heads to release).
-    async fn settle(&self, item: &Item, error: HandlerError) -> Result<Committed, Revoked> {
-        self.settle_all(vec![(item, error)]).await
-    }
-
     /// Settles failed records (of distinct keys), in order: each gets its
     /// local retries; those still failing are forwarded together (sent at
     /// once, the broker's acknowledgements awaited together) and their keys
@@ -395,87 +390,89 @@ impl PartitionWorker {
         self.parking.park(&parks).await
     }
 
-    /// Release, the one entry point: for each key whose head is done, applies
-    /// the records held behind it, oldest first; each is deleted from
-    /// `held_records` in the transaction that applies it. A held record that
-    /// fails becomes the new head (it goes through the error tier like any
-    /// failure) and the rest stay held. Unparks a key when none remain.
+    /// Release, the one entry point: for the keys whose head is done,
+    /// applies the records held behind them together, in one batch
+    /// transaction whose waves keep each key's order; each leaves
+    /// `held_records` in the transaction that applies it. A held record
+    /// that fails becomes its key's new head (through the error tier like
+    /// any failure) and the records behind it stay held. Again until
+    /// nothing is left to release; a key is unparked when none remain.
     pub(crate) async fn release(
         &self,
         heads: impl IntoIterator<Item = OrderKey>,
     ) -> Result<(), Revoked> {
-        for key in heads {
-            self.release_key(&key).await?;
+        let mut keys: Vec<OrderKey> = heads.into_iter().collect();
+        if keys.is_empty() {
+            return Ok(());
         }
-        Ok(())
-    }
-
-    async fn release_key(&self, key: &OrderKey) -> Result<(), Revoked> {
-        // The background release may be releasing this key too.
-        let _one_release_at_a_time = self.state.shared.release_lock(key).await;
-        let mut backoff = Backoff::new();
+        keys.sort();
+        keys.dedup();
+        // The background release may be releasing some of these keys too.
+        let _one_release_at_a_time = self.state.shared.release_locks(&keys).await;
         loop {
             self.state.still_owned()?;
-            let what = format!("cannot read the records held behind key {key}");
-            let next_held = until_available(
-                self.state.at(&what),
-                || self.parking.next_held(key),
+            let read = until_available(
+                self.state
+                    .at("cannot read the records held behind the released keys"),
+                || self.parking.held_behind_done_heads(&keys),
                 retry,
                 || self.state.still_owned(),
             );
-            let Some(held) = next_held.await? else {
+            let held = read.await?;
+            if held.is_empty() {
                 return Ok(());
-            };
-            let mut next = Item {
-                message: held.to_message(),
-                envelope: None,
-                held_id: Some(held.id),
-            };
-            match self.decoder.decode(&next.message).await? {
-                Decoded::Envelope(envelope) => next.envelope = Some(envelope),
-                Decoded::Poison(failure) => {
-                    // Undecodable: it becomes the head, dead-lettered.
-                    self.forward_and_park(&[(&next, failure)]).await?;
-                    continue;
-                }
             }
-            // Not retried in place: after a wait, the next held record is
-            // read again (another release of the key may have applied it).
-            match self.batches.apply_one(&next).await {
-                // The other release of this key applied it first.
-                Ok(Committed {
-                    released_elsewhere: 1..,
-                    ..
-                }) => {}
-                Ok(_) => {
-                    self.state.count(|s| s.released += 1);
-                    let _in_record = self
-                        .state
-                        .span(&next.message, next.envelope.as_ref())
-                        .entered();
-                    let event_name = next
-                        .envelope
-                        .as_ref()
-                        .map_or("unknown", |e| e.event_name.as_str());
-                    Released {
-                        group: &self.state.shared.options.group,
-                        event_name,
+            let items = self.decode_held(held).await?;
+            if items.is_empty() {
+                // Only undecodable records, now heads: read again.
+                continue;
+            }
+            let Committed { deferred, .. } = self.batches.apply_until_available(&items).await?;
+            // A record behind a failed one (no error) stays held.
+            let failed: Vec<(&Item, HandlerError)> = deferred
+                .into_iter()
+                .filter_map(|Deferred { index, error }| {
+                    let (item, error) = (&items[index], error?);
+                    self.failed(item, &error);
+                    Some((item, error))
+                })
+                .collect();
+            // A held record is never a head, so a local retry has nothing to release.
+            self.settle_all(failed).await?;
+        }
+    }
+
+    /// Held records (oldest first) as items to apply. An undecodable one
+    /// that is the first of its key becomes the key's head, dead-lettered;
+    /// the records of its key from it on stay held, read again next time.
+    async fn decode_held(&self, held: Vec<HeldRecord>) -> Result<Vec<Item>, Revoked> {
+        let (mut started, mut stopped) = (HashSet::new(), HashSet::new());
+        let mut items: Vec<Item> = Vec::with_capacity(held.len());
+        for record in held {
+            let key = record.order_key();
+            if stopped.contains(&key) {
+                continue;
+            }
+            let mut item = Item {
+                message: record.to_message(),
+                envelope: None,
+                held_id: Some(record.id),
+            };
+            match self.decoder.decode(&item.message).await? {
+                Decoded::Envelope(envelope) => {
+                    item.envelope = Some(envelope);
+                    items.push(item);
+                    started.insert(key);
+                }
+                Decoded::Poison(failure) => {
+                    if !started.contains(&key) {
+                        self.forward_and_park(&[(&item, failure)]).await?;
                     }
-                    .emit();
-                }
-                Err(BatchError::Revoked(revoked)) => return Err(revoked),
-                Err(BatchError::Unavailable(reason)) => {
-                    tracing::warn!(key = %key.key, topic = %key.topic, %reason, "held record not applied; retrying with backoff");
-                    backoff.wait().await;
-                }
-                Err(BatchError::Record(error)) => {
-                    self.failed(&next, &error);
-                    // A held record is never a head, so a local retry has nothing to release.
-                    let span = self.state.span(&next.message, next.envelope.as_ref());
-                    self.settle(&next, error).instrument(span).await?;
+                    stopped.insert(key);
                 }
             }
         }
+        Ok(items)
     }
 }
 
