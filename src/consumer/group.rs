@@ -185,7 +185,7 @@ fn check_group_length(group: &str) -> Result<(), ConsumerError> {
         return Ok(());
     }
     Err(ConsumerError::Config(format!(
-        "consumer group `{}...` is {chars} characters long; the limit is {} (the consumer_group column of event_dedup, \
+        "consumer group `{}...` is {chars} characters long; the limit is {} (the name column of dedup_groups and the consumer_group column of \
          dead_letters, parked_keys and held_records): choose a shorter group name",
         group.chars().take(40).collect::<String>(),
         crate::db::CONSUMER_GROUP_CHARS
