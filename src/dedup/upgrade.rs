@@ -2,17 +2,18 @@
 //! dedup rows of before migration 0021) into the compact `event_dedup`, in
 //! bounded batches, while consumers run.
 //!
-//! Each batch is one short transaction over a range of the legacy primary
-//! key, from its start: insert the range's rows converted (group name to
-//! id, event id text to its 16 bytes, digest to its first 8 bytes; the
-//! `apply_seq` and `created_at` kept), then delete the same range. A
+//! Group after group, each batch is one short transaction over a range of
+//! the legacy primary key, from where the last ended: insert the range's
+//! rows converted (group name to id, event id text to its 16 bytes, digest
+//! to its first 8 bytes; the `apply_seq` and `created_at` kept), then
+//! delete the same range. A
 //! consumer's claim reads the legacy table before it inserts (READ
 //! COMMITTED): a row is in one table or the other at every commit, so a
 //! redelivered event is skipped during the move as after it. When the
 //! legacy table is empty it is dropped, and claims stop reading it.
 //!
-//! The conversion runs in the server (`UNHEX`, a join on `dedup_groups`):
-//! no row travels to this process.
+//! The conversion runs in the server (`UNHEX`, the group's id bound): no
+//! row travels to this process.
 
 use std::time::Instant;
 
@@ -60,18 +61,11 @@ pub struct UpgradeReport {
 const UUID_TEXT: &str =
     "LENGTH(REPLACE(l.event_id, '-', '')) = 32 AND UNHEX(REPLACE(l.event_id, '-', '')) IS NOT NULL";
 
-/// The legacy rows of UUID ids after the key `(group, id)` (`?` `?` `?`:
-/// group, group, id), in the primary key's order: each batch starts where
-/// the last ended, an index seek rather than a walk over the rows the
-/// earlier batches deleted (InnoDB purges them later).
-const AFTER: &str = "(l.consumer_group > ? OR (l.consumer_group = ? AND l.event_id > ?))";
-
-/// [`AFTER`] and up to `(group, id)` (three more `?`).
-fn range() -> String {
-    format!(
-        "{AFTER} AND (l.consumer_group < ? OR (l.consumer_group = ? AND l.event_id <= ?)) AND {UUID_TEXT}"
-    )
-}
+/// One group's legacy rows of UUID ids with ids after `?` and up to `?`
+/// (the group first): a range of the primary key. One group at a time, with
+/// the group an equality, so that the server seeks the range (an `OR` over
+/// two key columns made it read the whole group for each batch).
+const RANGE: &str = "l.consumer_group = ? AND l.event_id > ? AND l.event_id <= ?";
 
 /// Moves every legacy row, `batch` per transaction, calling `progress`
 /// after each; drops the legacy table when it is empty. Nothing to do when
@@ -116,83 +110,86 @@ pub async fn upgrade(
         .fetch_one(&db.pool)
         .await?;
     state.total = total as u64;
-    // Groups that appeared after the migration copied the names (consumers
-    // of an earlier release kept writing).
-    let groups = db.sql().insert_ignore(
-        "INTO dedup_groups (name) SELECT DISTINCT consumer_group FROM event_dedup_legacy",
-    );
-    sqlx::query(groups).execute(&db.pool).await?;
     let insert = format!(
         "{} INTO event_dedup (group_id, event_id, apply_seq, topic, kafka_partition, kafka_offset, event_type, \
          record_key, payload_digest, created_at) \
-         SELECT g.id, UNHEX(REPLACE(l.event_id, '-', '')), l.apply_seq, l.topic, l.kafka_partition, l.kafka_offset, \
+         SELECT ?, UNHEX(REPLACE(l.event_id, '-', '')), l.apply_seq, l.topic, l.kafka_partition, l.kafka_offset, \
          l.event_type, l.record_key, UNHEX(SUBSTR(l.payload_digest, 1, 16)), l.created_at \
-         FROM event_dedup_legacy l JOIN dedup_groups g ON g.name = l.consumer_group WHERE {}",
+         FROM event_dedup_legacy l WHERE {RANGE} AND {UUID_TEXT}",
         db.sql().insert_ignore_verb(),
-        range()
     );
     let delete = format!(
         "DELETE FROM event_dedup_legacy WHERE {}",
-        range().replace("l.", "")
+        format!("{RANGE} AND {UUID_TEXT}").replace("l.", "")
     );
-    // Before every key ('' sorts first; a group name is never empty).
-    let mut after = (String::new(), String::new());
-    loop {
-        // The range's last key: the batch-th row after the last range (or
-        // the last row, when fewer are left).
-        let last: Option<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT l.consumer_group, l.event_id FROM event_dedup_legacy l WHERE {AFTER} AND {UUID_TEXT} \
-             ORDER BY l.consumer_group, l.event_id LIMIT 1 OFFSET ?"
-        )))
-        .bind(&after.0)
-        .bind(&after.0)
-        .bind(&after.1)
-        .bind(i64::from(batch.max(1)) - 1)
-        .fetch_optional(&db.pool)
-        .await?;
-        let last = match last {
-            Some(last) => last,
-            None => {
-                let tail: Option<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
-                    "SELECT l.consumer_group, l.event_id FROM event_dedup_legacy l WHERE {AFTER} AND {UUID_TEXT} \
-                     ORDER BY l.consumer_group DESC, l.event_id DESC LIMIT 1"
-                )))
-                .bind(&after.0)
-                .bind(&after.0)
-                .bind(&after.1)
-                .fetch_optional(&db.pool)
-                .await?;
-                match tail {
-                    Some(tail) => tail,
-                    None => break,
+    // The primary key's first column: a loose index scan.
+    let names: Vec<(String,)> = sqlx::query_as(
+        "SELECT DISTINCT consumer_group FROM event_dedup_legacy ORDER BY consumer_group",
+    )
+    .fetch_all(&db.pool)
+    .await?;
+    for (name,) in names {
+        // Registered by the migration, or now if an earlier release's
+        // consumers went on writing after it.
+        let group = super::group(db, &name).await?;
+        // Before every id.
+        let mut after = String::new();
+        loop {
+            // The range's last id: the batch-th after the last range (or
+            // the group's last, when fewer are left).
+            let last: Option<(String,)> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT l.event_id FROM event_dedup_legacy l WHERE l.consumer_group = ? AND l.event_id > ? \
+                 AND {UUID_TEXT} ORDER BY l.event_id LIMIT 1 OFFSET ?"
+            )))
+            .bind(&name)
+            .bind(&after)
+            .bind(i64::from(batch.max(1)) - 1)
+            .fetch_optional(&db.pool)
+            .await?;
+            let last = match last {
+                Some((last,)) => last,
+                None => {
+                    let tail: Option<(String,)> = sqlx::query_as(AssertSqlSafe(format!(
+                        "SELECT l.event_id FROM event_dedup_legacy l WHERE l.consumer_group = ? AND l.event_id > ? \
+                         AND {UUID_TEXT} ORDER BY l.event_id DESC LIMIT 1"
+                    )))
+                    .bind(&name)
+                    .bind(&after)
+                    .fetch_optional(&db.pool)
+                    .await?;
+                    match tail {
+                        Some((tail,)) => tail,
+                        None => break,
+                    }
                 }
-            }
-        };
-        let mut tx = db.begin().await?;
-        let mut in_range = async |sql: &String| {
-            sqlx::query(AssertSqlSafe(sql.clone()))
-                .bind(&after.0)
-                .bind(&after.0)
-                .bind(&after.1)
-                .bind(&last.0)
-                .bind(&last.0)
-                .bind(&last.1)
+            };
+            let mut tx = db.begin().await?;
+            let inserted = sqlx::query(AssertSqlSafe(insert.clone()))
+                .bind(group.id)
+                .bind(&name)
+                .bind(&after)
+                .bind(&last)
                 .execute(&mut *tx)
-                .await
-                .map(|done| done.rows_affected())
-        };
-        let inserted = in_range(&insert).await?;
-        let deleted = in_range(&delete).await?;
-        tx.commit().await?;
-        after = last;
-        state.moved += deleted;
-        state.already_there += deleted.saturating_sub(inserted);
-        state.secs = started.elapsed().as_secs_f64();
-        state.rows_per_sec = state.moved as f64 / state.secs.max(1e-9);
-        state.eta_secs =
-            state.total.saturating_sub(state.moved) as f64 / state.rows_per_sec.max(1e-9);
-        progress(&state);
-        tokio::task::yield_now().await;
+                .await?
+                .rows_affected();
+            let deleted = sqlx::query(AssertSqlSafe(delete.clone()))
+                .bind(&name)
+                .bind(&after)
+                .bind(&last)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+            after = last;
+            state.moved += deleted;
+            state.already_there += deleted.saturating_sub(inserted);
+            state.secs = started.elapsed().as_secs_f64();
+            state.rows_per_sec = state.moved as f64 / state.secs.max(1e-9);
+            state.eta_secs =
+                state.total.saturating_sub(state.moved) as f64 / state.rows_per_sec.max(1e-9);
+            progress(&state);
+            tokio::task::yield_now().await;
+        }
     }
     let (left,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup_legacy")
         .fetch_one(&db.pool)
