@@ -5,7 +5,7 @@
 -- content digest keeps its first 8 bytes (a reused id is told apart with a
 -- 2^-64 chance of missing it), and created_at is kept unindexed: cleanup,
 -- reconcile and the console find a time's first apply_seq by a binary
--- search over the apply_seq index (src/dedup.rs).
+-- search over the apply_seq index (src/dedup/mod.rs, seq_floor).
 --
 -- Upgrade without losing dedup memory. The old table becomes
 -- event_dedup_legacy and stays readable: a claim also looks its ids up

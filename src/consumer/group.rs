@@ -48,8 +48,12 @@ pub async fn run(
     let assignment = Arc::new(Assignment::new(health.clone()));
     let coordinator = Arc::new(CoordinatorWatch::default());
     let config = consumer_config(settings, &options.group, options.start_from)?;
-    let context =
-        AssignmentContext::new(assignment.clone(), &options.group, coordinator.clone(), &config);
+    let context = AssignmentContext::new(
+        assignment.clone(),
+        &options.group,
+        coordinator.clone(),
+        &config,
+    );
     let consumer: StreamConsumer<AssignmentContext> = config.create_with_context(context)?;
     // Read-only rights: check the topics with metadata, never create or alter them.
     crate::topics::require(
