@@ -25,7 +25,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test soak bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-delivery bench-crash bench-cdc bench-console cdc-vs-debezium
+.PHONY: build-deps run test soak bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-delivery bench-crash bench-cdc bench-console bench-dedup-upgrade cdc-vs-debezium
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -95,6 +95,11 @@ cdc-vs-debezium: build-deps ## orderpipe cdc (json, avro) vs Debezium's MariaDB 
 	cargo build --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/cdc-vs-debezium.sh
+
+bench-dedup-upgrade: build-deps ## the upgrade to compact dedup rows: migrate 0021 and `dedup upgrade` over ROWS (default 10M) rows of the earlier schema, seconds per million
+	cargo build --release --features harness --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-dedup-upgrade.sh $(or $(ROWS),10000000)
 
 bench-console: build-deps ## console: page render times with 100k dead letters (12 partitions x 5 groups), bulk replay console vs CLI
 	cargo build --release --features harness --bin orderpipe

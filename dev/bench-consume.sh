@@ -78,8 +78,8 @@ db_counters "$OUT_DIR/.db1"; db_cpu "$OUT_DIR/.cpu1"
 CEIL_RATE=$(jget "$OUT_DIR/.ceil.json" 'r["events_per_sec"]') CEIL_EVENTS=$(jget "$OUT_DIR/.ceil.json" 'r["events"]')
 # The same rows: counts and a checksum of every column either writer sets.
 stored() {
-  SQL -e "SELECT (SELECT CONCAT(COUNT(*), ' ', COALESCE(SUM(CRC32(CONCAT_WS(',', consumer_group, event_id, topic,
-      kafka_partition, kafka_offset, event_type, record_key, payload_digest))), 0)) FROM $1.event_dedup),
+  SQL -e "SELECT (SELECT CONCAT(COUNT(*), ' ', COALESCE(SUM(CRC32(CONCAT_WS(',', group_id, HEX(event_id), topic,
+      kafka_partition, kafka_offset, event_type, record_key, HEX(payload_digest)))), 0)) FROM $1.event_dedup),
     (SELECT CONCAT(COUNT(*), ' ', COALESCE(SUM(CRC32(CONCAT_WS(',', event_id, order_id, kind))), 0)) FROM $1.notifications)"
 }
 B_ROWS="$(stored "${RUN_ID}_b")" D_ROWS="$(stored "${RUN_ID}_d")"

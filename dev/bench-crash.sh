@@ -36,7 +36,7 @@ export ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$GROUP"
 "$BIN" topics ensure --group "$GROUP" >/dev/null
 echo "== backlog: $COUNT events of $ORDERS orders at a time"
 "$BIN" produce --count "$COUNT" --orders "$ORDERS" --seed "$SEED" --first-order-id 1 --output json >/dev/null
-applied() { SQL -e "SELECT COUNT(*) FROM \`$GROUP\`.event_dedup WHERE consumer_group = '$GROUP'"; }
+applied() { SQL -e "SELECT COUNT(*) FROM \`$GROUP\`.applied_events WHERE consumer_group = '$GROUP'"; }
 start_member() {
   "$BIN" --log-level off consume --group "$GROUP" --handler "$HANDLERS" >/dev/null 2>&1 &
   pids[$1]=$!

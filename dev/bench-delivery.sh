@@ -45,7 +45,7 @@ for n in 16 1; do
   echo "== in_flight = $n"
   ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$db" "$BIN" --log-level off --config "$CONFIG" \
     deliver --subscription "${RUN_ID}-if$n" --until-idle 5 --output json > "$OUT_DIR/.run.json"
-  SQL "$db" -e "SELECT event_id, record_key, kafka_partition, kafka_offset FROM event_dedup" > "$OUT_DIR/.dedup.tsv"
+  SQL "$db" -e "SELECT event_id, record_key, kafka_partition, kafka_offset FROM applied_events" > "$OUT_DIR/.dedup.tsv"
   python3 - "$n" "$OUT_DIR/.run.json" "$OUT_DIR/.dedup.tsv" "$LOG" >> "$RUNS" <<'PY'
 import json, sys
 n, run, dedup, log = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]

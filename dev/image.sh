@@ -287,7 +287,7 @@ cmd_check() {
   local consumed applied rows
   consumed="$(jq -r '.consumed' "$summary")"
   applied="$(jq -r '.applied' "$summary")"
-  rows="$(sql "SELECT COUNT(*) FROM \`$db\`.event_dedup WHERE consumer_group = '$CHECK_GROUP'")"
+  rows="$(sql "SELECT COUNT(*) FROM \`$db\`.applied_events WHERE consumer_group = '$CHECK_GROUP'")"
   [[ "$consumed" == "$CHECK_EVENTS" && "$applied" == "$CHECK_EVENTS" ]] \
     || die "consume summary: consumed $consumed, applied $applied, expected $CHECK_EVENTS: $(cat "$summary")"
   [[ "$rows" == "$CHECK_EVENTS" ]] \

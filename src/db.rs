@@ -9,6 +9,7 @@
 //!
 //! [`DatabaseSettings`] is the `[database]` section of the configuration.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
@@ -17,10 +18,12 @@ use sqlx::AnyPool;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::migrate::Migrator;
 
+mod memo;
 pub mod rows;
 pub mod statements;
 mod tx;
 
+pub use memo::{Legacy, Memo};
 pub use statements::Upsert;
 pub use tx::Tx;
 
@@ -71,7 +74,7 @@ static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("sql/sqlite");
 pub const STRICT_SESSION: &str =
     "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',STRICT_TRANS_TABLES')";
 
-/// Characters of the `consumer_group` columns (`event_dedup`,
+/// Characters of a group name (`dedup_groups.name`, the `consumer_group` columns of
 /// `dead_letters`, `parked_keys`, `held_records`: `sql/mysql/*.sql`).
 pub const CONSUMER_GROUP_CHARS: usize = 255;
 
@@ -164,6 +167,8 @@ pub struct Db {
     pub pool: AnyPool,
     /// Its dialect.
     pub dialect: Dialect,
+    /// What this process remembers of the database's contents.
+    pub memo: Arc<Memo>,
 }
 
 impl Db {
@@ -195,19 +200,29 @@ impl Db {
             })
             .connect_lazy(url)
             .map_err(DbError::from)?;
-        Ok(Self { pool, dialect })
+        Ok(Self {
+            pool,
+            dialect,
+            memo: Arc::default(),
+        })
     }
 
     /// Applies pending migrations from `sql/<dialect>/`.
     pub async fn migrate(&self) -> Result<(), DbError> {
+        self.migrate_to(None).await
+    }
+
+    /// Applies pending migrations up to version `to` (all when None).
+    pub async fn migrate_to(&self, to: Option<i64>) -> Result<(), DbError> {
         let migrator = match self.dialect {
             Dialect::MySql => &MYSQL_MIGRATIONS,
             Dialect::Sqlite => &SQLITE_MIGRATIONS,
         };
-        migrator
-            .run(&self.pool)
-            .await
-            .map_err(|e| DbError::Other(format!("migration failed: {e}")))
+        match to {
+            Some(version) => migrator.run_to(version, &self.pool).await,
+            None => migrator.run(&self.pool).await,
+        }
+        .map_err(|e| DbError::Other(format!("migration failed: {e}")))
     }
 
     /// The backend's statements, for statements run on the pool (see [`statements`]).
@@ -217,7 +232,11 @@ impl Db {
 
     /// Begins a transaction.
     pub async fn begin(&self) -> Result<Tx, DbError> {
-        Ok(Tx::new(self.pool.begin().await?, self.dialect))
+        Ok(Tx::new(
+            self.pool.begin().await?,
+            self.dialect,
+            self.memo.clone(),
+        ))
     }
 
     /// A cheap round trip, for health checks.

@@ -191,46 +191,38 @@ pub async fn forget_applied(
     retry_topic: &str,
     since: DateTime<Utc>,
 ) -> Result<u64, DbError> {
-    let batch = i64::from(crate::dedup::CLEANUP_BATCH);
+    use crate::dedup::{CLEANUP_BATCH, delete_in_batches};
+    let group = crate::dedup::group(db, group).await?.id;
     let by_offset = db.sql().delete_limited(
         "event_dedup",
         "rowid",
-        "consumer_group = ? AND topic = ? AND kafka_partition = ? AND kafka_offset >= ?",
+        "group_id = ? AND topic = ? AND kafka_partition = ? AND kafka_offset >= ?",
     );
     let by_time = db.sql().delete_limited(
         "event_dedup",
         "rowid",
-        "consumer_group = ? AND topic = ? AND created_at >= ?",
+        "group_id = ? AND topic = ? AND apply_seq >= ? AND created_at >= ?",
     );
-    let since = since.format("%Y-%m-%d %H:%M:%S%.3f").to_string();
     let mut removed = 0;
     for p in rewound {
-        loop {
-            let query = sqlx::query(by_offset.clone())
-                .bind(group)
-                .bind(&p.topic)
+        let bind = |q: crate::dedup::AnyQuery<'static>| {
+            q.bind(group)
+                .bind(p.topic.clone())
                 .bind(p.partition)
                 .bind(p.new_offset)
-                .bind(batch);
-            let deleted = query.execute(&db.pool).await?.rows_affected();
-            removed += deleted;
-            if deleted < batch as u64 {
-                break;
-            }
-        }
+        };
+        removed += delete_in_batches(db, by_offset.clone(), bind, CLEANUP_BATCH).await?;
     }
-    loop {
-        let query = sqlx::query(by_time.clone())
-            .bind(group)
-            .bind(retry_topic)
-            .bind(&since)
-            .bind(batch);
-        let deleted = query.execute(&db.pool).await?.rows_affected();
-        removed += deleted;
-        if deleted < batch as u64 {
-            return Ok(removed);
-        }
-    }
+    let floor = crate::dedup::seq_floor(db, since).await?;
+    let since = crate::dedup::db_time(since);
+    let bind = |q: crate::dedup::AnyQuery<'static>| {
+        q.bind(group)
+            .bind(retry_topic.to_string())
+            .bind(floor)
+            .bind(since.clone())
+    };
+    removed += delete_in_batches(db, by_time, bind, CLEANUP_BATCH).await?;
+    Ok(removed)
 }
 
 /// Parses `--reset-to`: an RFC 3339 time, e.g. `2026-12-01T06:30:00Z`.
@@ -243,7 +235,7 @@ pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dedup::{RecordOrigin, claim_batch};
+    use crate::dedup::{RecordOrigin, claim_batch, group};
     use crate::envelope::{Envelope, EventData};
 
     #[test]
@@ -292,10 +284,14 @@ mod tests {
             origin("main", 1, 1),
             origin("main.retry.g", 0, 7),
         ];
-        let mut tx = db.begin().await.unwrap();
         let pairs: Vec<_> = events.iter().zip(origins.iter()).collect();
-        claim_batch(&mut tx, "g", &pairs).await.unwrap();
-        claim_batch(&mut tx, "other", &pairs[..1]).await.unwrap();
+        let (g, other) = (
+            group(&db, "g").await.unwrap(),
+            group(&db, "other").await.unwrap(),
+        );
+        let mut tx = db.begin().await.unwrap();
+        claim_batch(&mut tx, &g, &pairs).await.unwrap();
+        claim_batch(&mut tx, &other, &pairs[..1]).await.unwrap();
         tx.commit().await.unwrap();
         let rewound = |partition, new_offset| RewoundPartition {
             topic: "main".into(),
@@ -316,7 +312,7 @@ mod tests {
         .unwrap();
         assert_eq!(removed, 2, "offsets 1 and 2 of partition 0");
         let left: Vec<(String, String, i64, i64)> =
-            sqlx::query_as("SELECT consumer_group, topic, kafka_partition, kafka_offset FROM event_dedup ORDER BY consumer_group, topic, kafka_partition, kafka_offset")
+            sqlx::query_as("SELECT consumer_group, topic, kafka_partition, kafka_offset FROM applied_events ORDER BY consumer_group, topic, kafka_partition, kafka_offset")
                 .fetch_all(&db.pool)
                 .await
                 .unwrap();

@@ -92,7 +92,12 @@ enum Command {
     )]
     Produce(produce::ProduceArgs),
     /// Apply the database migrations in `sql/` (MariaDB/MySQL or SQLite).
-    Migrate,
+    Migrate {
+        /// Stop after this version (e.g. 20: up to `0020_*.sql`), for a
+        /// staged upgrade or a rehearsal of one on a copy.
+        #[arg(long)]
+        to: Option<i64>,
+    },
     /// Serve the reference order API (orders + outbox in one transaction).
     Api(relay::ApiArgs),
     /// Publish outbox rows with a transactional producer.
@@ -144,6 +149,15 @@ enum DedupCommand {
         older_than: std::time::Duration,
         /// Rows per DELETE statement.
         #[arg(long, default_value_t = crate::dedup::CLEANUP_BATCH)]
+        batch: u32,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Move the dedup rows of before the compact key (migration 0021) into
+    /// it, in bounded batches, while consumers run; progress on stderr.
+    Upgrade {
+        /// Rows moved per transaction.
+        #[arg(long, default_value_t = crate::dedup::UPGRADE_BATCH)]
         batch: u32,
         #[command(flatten)]
         output: OutputArg,
@@ -355,11 +369,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let settings = cli.global.settings()?;
             produce::run(&settings, args).await
         }
-        Command::Migrate => {
+        Command::Migrate { to } => {
             let settings = cli.global.settings()?;
             let db = Db::connect(&settings.database, 2)?;
-            db.migrate().await?;
-            println!("migrations applied ({:?})", db.dialect);
+            db.migrate_to(to).await?;
+            match to {
+                Some(version) => println!("migrations up to {version} applied ({:?})", db.dialect),
+                None => println!("migrations applied ({:?})", db.dialect),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Api(args) => relay::api(&cli.global.settings()?, args).await,
@@ -398,6 +415,38 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ),
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Dedup(DedupCommand::Upgrade { batch, output }) => {
+            let settings = cli.global.settings()?;
+            let db = Db::connect(&settings.database, 2)?;
+            let mut shown = std::time::Instant::now();
+            let report = crate::dedup::upgrade(&db, batch.max(1), |p| {
+                if shown.elapsed() >= std::time::Duration::from_secs(1) || p.moved == p.total {
+                    shown = std::time::Instant::now();
+                    eprintln!(
+                        "dedup upgrade: {}/{} rows moved ({:.0} rows/s, about {:.0} s left)",
+                        p.moved, p.total, p.rows_per_sec, p.eta_secs
+                    );
+                }
+            })
+            .await?;
+            match output.output {
+                Output::Json => println!("{}", serde_json::to_string(&report)?),
+                Output::Table => println!(
+                    "moved {} of {} legacy dedup rows in {:.1} s ({:.0} rows/s); {} left; legacy table {}",
+                    report.progress.moved,
+                    report.progress.total,
+                    report.progress.secs,
+                    report.progress.rows_per_sec,
+                    report.left,
+                    if report.dropped { "dropped" } else { "kept" }
+                ),
+            }
+            Ok(if report.left == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Config { output } => {
             let document =

@@ -266,14 +266,16 @@ impl DbFigures {
         let now = crate::clock::now_ms();
         let since_ms = now - WINDOW.as_millis() as i64;
         // event_dedup.created_at is a DATETIME written in UTC (as dedup::cleanup compares it).
-        let since = (Utc::now() - chrono::Duration::from_std(WINDOW).expect("a minute fits"))
-            .format("%Y-%m-%d %H:%M:%S%.3f")
-            .to_string();
-        let applied: Vec<(String, i64)> =
-            sqlx::query_as("SELECT consumer_group, COUNT(*) FROM event_dedup WHERE created_at >= ? GROUP BY consumer_group")
-                .bind(since)
-                .fetch_all(&db.pool)
-                .await?;
+        let since = Utc::now() - chrono::Duration::from_std(WINDOW).expect("a minute fits");
+        let floor = crate::dedup::seq_floor(db, since).await?;
+        let applied: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT g.name, COUNT(*) FROM event_dedup d JOIN dedup_groups g ON g.id = d.group_id \
+             WHERE d.apply_seq >= ? AND d.created_at >= ? GROUP BY g.name",
+        )
+        .bind(floor)
+        .bind(crate::dedup::db_time(since))
+        .fetch_all(&db.pool)
+        .await?;
         let failed: Vec<(String, i64)> =
             sqlx::query_as("SELECT consumer_group, COUNT(*) FROM dead_letters WHERE last_failure_ms >= ? GROUP BY consumer_group")
                 .bind(since_ms)

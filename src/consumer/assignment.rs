@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rdkafka::ClientContext;
-use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaRespErr;
 
 use super::coordinator_watch::CoordinatorWatch;
 use crate::health::HealthState;
@@ -94,19 +96,26 @@ pub struct AssignmentContext {
     /// This member's per-partition lag gauges; a revoked partition's goes at once.
     pub lag_gauges: crate::lag::PartitionLagGauges,
     coordinator: Arc<CoordinatorWatch>,
+    /// The group runs the cooperative protocol (an incremental
+    /// `partition.assignment.strategy`), as configured.
+    cooperative: bool,
 }
 
 impl AssignmentContext {
-    /// A context updating `assignment` for a member of `group`.
+    /// A context updating `assignment` for a member of `group` created
+    /// with `config`.
     pub(crate) fn new(
         assignment: Arc<Assignment>,
         group: &str,
         coordinator: Arc<CoordinatorWatch>,
+        config: &rdkafka::ClientConfig,
     ) -> Self {
+        let strategy = config.get("partition.assignment.strategy").unwrap_or("");
         Self {
             assignment,
             lag_gauges: crate::lag::PartitionLagGauges::new(group),
             coordinator,
+            cooperative: strategy.contains("cooperative"),
         }
     }
 }
@@ -125,6 +134,37 @@ fn keys(list: &rdkafka::TopicPartitionList) -> impl Iterator<Item = PartitionKey
 }
 
 impl ConsumerContext for AssignmentContext {
+    /// rdkafka's own `rebalance`, but with the protocol this member was
+    /// configured with instead of asking librdkafka for it: that question is
+    /// a request to the group's thread, and a consumer closing (a SIGTERM)
+    /// that gets its last revoke while the group handler is gone waits for
+    /// the answer forever (librdkafka #4041; seen in the serial ordering
+    /// test: a member hung in `rd_kafka_rebalance_protocol` on drop).
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        partitions: &mut rdkafka::TopicPartitionList,
+    ) {
+        let partitions = &*partitions;
+        let rebalance = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(partitions),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(partitions),
+            other => Rebalance::Error(KafkaError::Rebalance(other.into())),
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        let done = match (&rebalance, self.cooperative) {
+            (Rebalance::Assign(list), true) => consumer.incremental_assign(list),
+            (Rebalance::Assign(list), false) => consumer.assign(list),
+            (Rebalance::Revoke(list), true) => consumer.incremental_unassign(list),
+            _ => consumer.unassign(),
+        };
+        if let Err(error) = done {
+            tracing::warn!(%error, "rebalance not applied");
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(list) => {

@@ -48,9 +48,13 @@ pub async fn run(
     let assignment = Arc::new(Assignment::new(health.clone()));
     let coordinator = Arc::new(CoordinatorWatch::default());
     let config = consumer_config(settings, &options.group, options.start_from)?;
-    let consumer: StreamConsumer<AssignmentContext> = config.create_with_context(
-        AssignmentContext::new(assignment.clone(), &options.group, coordinator.clone()),
-    )?;
+    let context = AssignmentContext::new(
+        assignment.clone(),
+        &options.group,
+        coordinator.clone(),
+        &config,
+    );
+    let consumer: StreamConsumer<AssignmentContext> = config.create_with_context(context)?;
     // Read-only rights: check the topics with metadata, never create or alter them.
     crate::topics::require(
         consumer.client(),
@@ -185,7 +189,7 @@ fn check_group_length(group: &str) -> Result<(), ConsumerError> {
         return Ok(());
     }
     Err(ConsumerError::Config(format!(
-        "consumer group `{}...` is {chars} characters long; the limit is {} (the consumer_group column of event_dedup, \
+        "consumer group `{}...` is {chars} characters long; the limit is {} (the name column of dedup_groups and the consumer_group column of \
          dead_letters, parked_keys and held_records): choose a shorter group name",
         group.chars().take(40).collect::<String>(),
         crate::db::CONSUMER_GROUP_CHARS

@@ -49,6 +49,8 @@ pub enum Bound<'a> {
     Text(&'a str),
     /// A text or NULL.
     MaybeText(Option<&'a str>),
+    /// Bytes (a `BINARY` / `BLOB` column).
+    Bytes(&'a [u8]),
 }
 
 /// Binds `value` at the builder's end.
@@ -57,6 +59,7 @@ fn bind(builder: &mut QueryBuilder<Any>, value: Bound<'_>) {
         Bound::Int(v) => builder.push_bind(v),
         Bound::Text(v) => builder.push_bind(v),
         Bound::MaybeText(v) => builder.push_bind(v),
+        Bound::Bytes(v) => builder.push_bind(v),
     };
 }
 

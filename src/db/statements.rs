@@ -203,6 +203,18 @@ impl Dialect {
         }
     }
 
+    /// `SELECT COUNT(*)` of the tables of the database named `?`: 1 when
+    /// it exists, 0 when not.
+    pub fn table_exists(self) -> SqlStr {
+        text(
+            match self {
+                Self::MySql => "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
+                Self::Sqlite => "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+            }
+            .to_string(),
+        )
+    }
+
     /// `expr` as a 64-bit integer (MySQL's `SUM` is a DECIMAL).
     pub fn integer(self, expr: &str) -> String {
         match self {

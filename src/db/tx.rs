@@ -2,10 +2,11 @@
 //! asks it for a statement ([`Tx::sql`]) instead of being handed a dialect.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 use sqlx::{AnyConnection, Transaction};
 
-use super::Dialect;
+use super::{Dialect, Memo};
 
 /// A transaction handed to stores and handlers: their writes commit or roll
 /// back together (a handler's effect with the event's dedup row). It
@@ -14,12 +15,22 @@ use super::Dialect;
 pub struct Tx {
     inner: Transaction<'static, sqlx::Any>,
     dialect: Dialect,
+    memo: Arc<Memo>,
 }
 
 impl Tx {
     /// Wraps a transaction begun on a pool of `dialect`.
-    pub fn new(inner: Transaction<'static, sqlx::Any>, dialect: Dialect) -> Self {
-        Self { inner, dialect }
+    pub fn new(inner: Transaction<'static, sqlx::Any>, dialect: Dialect, memo: Arc<Memo>) -> Self {
+        Self {
+            inner,
+            dialect,
+            memo,
+        }
+    }
+
+    /// What the process remembers of the database's contents.
+    pub fn memo(&self) -> &Memo {
+        &self.memo
     }
 
     /// The backend's statements (see [`super::statements`]).

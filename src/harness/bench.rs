@@ -13,7 +13,7 @@
 //! `INSERT IGNORE` per table per transaction, as many events per
 //! transaction and connections as the consumer used.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
@@ -65,6 +65,7 @@ pub async fn naive_consume(
         SchemaCatalog::embedded().order_events(),
         false,
     )?;
+    let group = dedup::group(db, group).await?;
     let mut records = 0;
     let mut started = None;
     while records < limit {
@@ -81,7 +82,7 @@ pub async fn naive_consume(
             offset: message.offset(),
             key: envelope.key(),
         };
-        if dedup::claim(&mut tx, group, &envelope, &origin).await? {
+        if dedup::claim(&mut tx, &group, &envelope, &origin).await? {
             handler.apply(&mut tx, &envelope).await?;
         }
         tx.commit().await?;
@@ -99,20 +100,21 @@ pub async fn naive_consume(
 /// One event as the consumer stored it: the `event_dedup` columns a claim
 /// writes ([`dedup::claim_batch`]) and its `notifications` row.
 struct StoredEvent {
-    consumer_group: String,
-    event_id: String,
+    group_id: i64,
+    event_id: Vec<u8>,
+    event_id_text: String,
     topic: String,
     kafka_partition: i32,
     kafka_offset: i64,
     event_type: String,
     record_key: String,
-    payload_digest: String,
+    payload_digest: Option<Vec<u8>>,
     order_id: i64,
     kind: String,
 }
 
 /// The `event_dedup` columns [`dedup::claim_batch`] writes.
-const DEDUP_COLUMNS: &str = "event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest)";
+const DEDUP_COLUMNS: &str = "event_dedup (group_id, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest)";
 /// The `notifications` columns the notification handler writes.
 const NOTIFICATION_COLUMNS: &str = "notifications (event_id, order_id, kind)";
 
@@ -139,6 +141,7 @@ pub struct CeilingReport {
 /// back, and the connections to write them with, open.
 pub struct Ceiling<'a> {
     db: &'a Db,
+    groups: Vec<(i64, String)>,
     by_partition: BTreeMap<i32, Vec<StoredEvent>>,
     events_per_tx: usize,
     connections: usize,
@@ -158,12 +161,13 @@ impl<'a> Ceiling<'a> {
             db.sql() == Dialect::MySql,
             "the ceiling is measured on MariaDB/MySQL"
         );
-        let by_partition = read_stored(from).await?;
+        let (groups, by_partition) = read_stored(from).await?;
         let connections = connections.max(1);
         // Every connection open before the clock starts.
         drop(futures::future::try_join_all((0..connections).map(|_| db.pool.acquire())).await?);
         Ok(Self {
             db,
+            groups,
             by_partition,
             events_per_tx: events_per_tx.max(1),
             connections,
@@ -184,6 +188,15 @@ impl<'a> Ceiling<'a> {
             work[i % self.connections].extend(rows.chunks(self.events_per_tx));
         }
         let transactions = work.iter().map(Vec::len).sum::<usize>() as u64;
+        // The groups' rows, as the consumer registers them before its first
+        // transaction: not timed.
+        for (id, name) in &self.groups {
+            sqlx::query("INSERT INTO dedup_groups (id, name) VALUES (?, ?)")
+                .bind(*id)
+                .bind(name)
+                .execute(&self.db.pool)
+                .await?;
+        }
         let started = Instant::now();
         let written =
             futures::future::try_join_all(work.into_iter().map(|txs| write_all(self.db, txs)))
@@ -206,11 +219,15 @@ impl<'a> Ceiling<'a> {
     }
 }
 
-/// The events stored in `from`, by partition, each in the order the consumer
-/// applied them (`apply_seq`: offset order, wave by wave within a batch).
-/// Read unordered and sorted here: the server's cheapest plan (an `ORDER
-/// BY` made it sort or walk an index, tens of seconds for 1M rows).
-async fn read_stored(from: &str) -> anyhow::Result<BTreeMap<i32, Vec<StoredEvent>>> {
+/// The dedup groups and the events stored in `from`, by partition, each in
+/// the order the consumer applied them (`apply_seq`: offset order, wave by
+/// wave within a batch). Both tables read whole, unordered, and joined
+/// here by event id: the server's cheapest plan (an `ORDER BY` made it sort
+/// or walk an index, tens of seconds for 1M rows, and the notification's
+/// text id has no index to meet the dedup row's binary one).
+async fn read_stored(
+    from: &str,
+) -> anyhow::Result<(Vec<(i64, String)>, BTreeMap<i32, Vec<StoredEvent>>)> {
     let source = Db::connect(
         &DatabaseSettings {
             url: from.to_string().into(),
@@ -218,30 +235,46 @@ async fn read_stored(from: &str) -> anyhow::Result<BTreeMap<i32, Vec<StoredEvent
         },
         1,
     )?;
+    let groups: Vec<(i64, String)> = sqlx::query_as("SELECT id, name FROM dedup_groups")
+        .fetch_all(&source.pool)
+        .await?;
+    let notifications: HashMap<String, (i64, String)> = sqlx::query_as::<_, (String, i64, String)>(
+        "SELECT event_id, order_id, kind FROM notifications",
+    )
+    .fetch_all(&source.pool)
+    .await?
+    .into_iter()
+    .map(|(id, order, kind)| (id, (order, kind)))
+    .collect();
     let mut rows = sqlx::query(
-        "SELECT d.consumer_group, d.event_id, d.topic, d.kafka_partition, d.kafka_offset, d.event_type, \
-         d.record_key, d.payload_digest, n.order_id, n.kind, d.apply_seq \
-         FROM event_dedup d JOIN notifications n ON n.event_id = d.event_id",
+        "SELECT group_id, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, payload_digest, apply_seq \
+         FROM event_dedup",
     )
     .fetch(&source.pool);
     let mut by_partition: BTreeMap<i32, Vec<(i64, StoredEvent)>> = BTreeMap::new();
     while let Some(row) = rows.try_next().await? {
+        let event_id: Vec<u8> = row.try_get(1)?;
+        let event_id_text = uuid::Uuid::from_slice(&event_id)?.to_string();
+        let Some((order_id, kind)) = notifications.get(&event_id_text).cloned() else {
+            continue;
+        };
         let event = StoredEvent {
-            consumer_group: row.try_get(0)?,
-            event_id: row.try_get(1)?,
+            group_id: row.try_get(0)?,
+            event_id,
+            event_id_text,
             topic: row.try_get(2)?,
             kafka_partition: row.try_get(3)?,
             kafka_offset: row.try_get(4)?,
             event_type: row.try_get(5)?,
             record_key: row.try_get(6)?,
             payload_digest: row.try_get(7)?,
-            order_id: row.try_get(8)?,
-            kind: row.try_get(9)?,
+            order_id,
+            kind,
         };
         by_partition
             .entry(event.kafka_partition)
             .or_default()
-            .push((row.try_get(10)?, event));
+            .push((row.try_get(8)?, event));
     }
     drop(rows);
     source.pool.close().await;
@@ -256,7 +289,7 @@ async fn read_stored(from: &str) -> anyhow::Result<BTreeMap<i32, Vec<StoredEvent
         !by_partition.is_empty(),
         "{from}: no stored events to write"
     );
-    Ok(by_partition)
+    Ok((groups, by_partition))
 }
 
 /// One connection's share: each set of events in a transaction of its own
@@ -269,20 +302,22 @@ async fn write_all(db: &Db, txs: Vec<&[StoredEvent]>) -> anyhow::Result<u64> {
         let verb = tx.sql().insert_ignore_verb();
         written += rows::insert_all(&mut tx, verb, DEDUP_COLUMNS, 8, events, |e| {
             vec![
-                Bound::Text(&e.consumer_group),
-                Bound::Text(&e.event_id),
+                Bound::Int(e.group_id),
+                Bound::Bytes(&e.event_id),
                 Bound::Text(&e.topic),
                 Bound::Int(i64::from(e.kafka_partition)),
                 Bound::Int(e.kafka_offset),
                 Bound::Text(&e.event_type),
                 Bound::Text(&e.record_key),
-                Bound::Text(&e.payload_digest),
+                e.payload_digest
+                    .as_deref()
+                    .map_or(Bound::MaybeText(None), Bound::Bytes),
             ]
         })
         .await?;
         written += rows::insert_all(&mut tx, verb, NOTIFICATION_COLUMNS, 3, events, |e| {
             vec![
-                Bound::Text(&e.event_id),
+                Bound::Text(&e.event_id_text),
                 Bound::Int(e.order_id),
                 Bound::Text(&e.kind),
             ]

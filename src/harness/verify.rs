@@ -143,7 +143,7 @@ pub async fn applied_order(
     events: &[Envelope],
 ) -> Result<(Fact, Vec<String>), DbError> {
     let rows: Vec<(String, String)> = sqlx::query_as(
-        "SELECT record_key, event_id FROM event_dedup WHERE consumer_group = ? ORDER BY apply_seq",
+        "SELECT record_key, event_id FROM applied_events WHERE consumer_group = ? ORDER BY apply_seq",
     )
     .bind(group)
     .fetch_all(&db.pool)
@@ -181,7 +181,7 @@ pub async fn applied_sequence(
     order: i64,
 ) -> Result<Vec<(String, i64)>, DbError> {
     Ok(sqlx::query_as(
-        "SELECT event_type, apply_seq FROM event_dedup WHERE consumer_group = ? AND record_key = ? ORDER BY apply_seq",
+        "SELECT event_type, apply_seq FROM applied_events WHERE consumer_group = ? AND record_key = ? ORDER BY apply_seq",
     )
     .bind(group)
     .bind(order.to_string())
@@ -199,7 +199,7 @@ pub async fn others_applied_between(
     to: i64,
 ) -> Result<i64, DbError> {
     let (n,): (i64,) = sqlx::query_as(
-        "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND record_key <> ? AND apply_seq > ? AND apply_seq < ?",
+        "SELECT COUNT(*) FROM applied_events WHERE consumer_group = ? AND record_key <> ? AND apply_seq > ? AND apply_seq < ?",
     )
     .bind(group)
     .bind(order.to_string())

@@ -444,7 +444,8 @@ pub async fn keys_of_partition(
 pub async fn releasable(db: &Db, group: &str) -> Result<Vec<(OrderKey, i32)>, DbError> {
     let rows: Vec<(String, String, i32)> = sqlx::query_as(
         "SELECT p.key_topic, p.record_key, p.kafka_partition FROM parked_keys p WHERE p.consumer_group = ? AND (p.state = ? \
-         OR EXISTS (SELECT 1 FROM event_dedup d WHERE d.consumer_group = p.consumer_group AND d.event_id = p.head_event_id))",
+         OR EXISTS (SELECT 1 FROM event_dedup d JOIN dedup_groups g ON g.id = d.group_id \
+         WHERE g.name = p.consumer_group AND d.event_id = unhex(replace(p.head_event_id, '-', ''))))",
     )
     .bind(group)
     .bind(ParkState::Release.as_str())

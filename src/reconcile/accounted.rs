@@ -5,38 +5,17 @@
 //! (`parked_keys`).
 //!
 //! Lookups are by event id for `event_dedup` (its primary key is
-//! `(consumer_group, event_id)`; an event applied from the retry topic or a
+//! `(group_id, event_id)`; an event applied from the retry topic or a
 //! replay has its dedup row at that other position) and by original
 //! position for the rest (each has a unique key starting with the group and
 //! the original topic, partition and offset), so every statement uses an
 //! index.
 
-use std::collections::HashSet;
-
+use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
-use sqlx::{Any, QueryBuilder, Row};
+use sqlx::Row;
 
-use crate::db::rows::pieces;
 use crate::db::{Db, DbError};
-
-/// The ids among `ids` that `group` applied (has an `event_dedup` row for).
-pub async fn applied_ids(db: &Db, group: &str, ids: &[String]) -> Result<HashSet<String>, DbError> {
-    let mut found = HashSet::with_capacity(ids.len());
-    for chunk in pieces(ids) {
-        let mut builder: QueryBuilder<Any> =
-            QueryBuilder::new("SELECT event_id FROM event_dedup WHERE consumer_group = ");
-        builder.push_bind(group).push(" AND event_id IN (");
-        let mut list = builder.separated(", ");
-        for id in chunk {
-            list.push_bind(id.as_str());
-        }
-        builder.push(")");
-        for row in builder.build().fetch_all(&db.pool).await? {
-            found.insert(row.try_get::<String, _>(0)?);
-        }
-    }
-    Ok(found)
-}
 
 /// A record a group accounts for other than by applying it, by where it
 /// was first consumed.
@@ -120,26 +99,33 @@ pub struct AppliedRow {
 }
 
 /// Calls `each` with every dedup row of `group` applied from `topic` and
-/// created at or after `since` (`YYYY-MM-DD HH:MM:SS.mmm`, the database's
-/// clock; `created_at` is indexed), streaming.
+/// created at or after `since` (by the database's clock), streaming: the
+/// rows from [`crate::dedup::seq_floor`] on, an `apply_seq` index range.
 pub async fn applied_since(
     db: &Db,
     group: &str,
     topic: &str,
-    since: &str,
+    since: DateTime<Utc>,
     mut each: impl FnMut(AppliedRow),
 ) -> Result<(), DbError> {
+    let floor = crate::dedup::seq_floor(db, since).await?;
     let mut rows = sqlx::query(
-        "SELECT event_id, event_type, kafka_partition, kafka_offset FROM event_dedup \
-         WHERE consumer_group = ? AND topic = ? AND created_at >= ?",
+        "SELECT d.event_id, d.event_type, d.kafka_partition, d.kafka_offset FROM event_dedup d \
+         JOIN dedup_groups g ON g.id = d.group_id \
+         WHERE d.apply_seq >= ? AND g.name = ? AND d.topic = ? AND d.created_at >= ?",
     )
+    .bind(floor)
     .bind(group)
     .bind(topic)
-    .bind(since)
+    .bind(crate::dedup::db_time(since))
     .fetch(&db.pool);
     while let Some(row) = rows.try_next().await? {
+        let id: Vec<u8> = row.try_get(0)?;
+        let Ok(id) = uuid::Uuid::from_slice(&id) else {
+            continue;
+        };
         each(AppliedRow {
-            event_id: row.try_get(0)?,
+            event_id: id.to_string(),
             event_name: row.try_get(1)?,
             partition: row.try_get(2)?,
             offset: row.try_get(3)?,

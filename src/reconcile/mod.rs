@@ -270,7 +270,7 @@ pub async fn reconcile(
             .collect::<HashSet<_>>()
             .into_iter()
             .collect();
-        let applied = accounted::applied_ids(db, &request.group, &ids).await?;
+        let applied = crate::dedup::applied_ids(db, &request.group, &ids).await?;
         for record in chunk {
             let id = record.event_id.as_deref().map(canonical_id);
             positions.entry(record.partition).or_default().push((
@@ -355,12 +355,10 @@ pub async fn reconcile(
         windows.iter().map(|w| (w.partition, w)).collect();
     let since =
         chrono::DateTime::from_timestamp_millis(request.since_ms - CLOCK_MARGIN.as_millis() as i64)
-            .unwrap_or_default()
-            .format("%Y-%m-%d %H:%M:%S%.3f")
-            .to_string();
+            .unwrap_or_default();
     let mut applied_not_in_topic = Vec::new();
     let mut applied_not_in_topic_count = 0u64;
-    accounted::applied_since(db, &request.group, &request.topic, &since, |row| {
+    accounted::applied_since(db, &request.group, &request.topic, since, |row| {
         if !window_of
             .get(&row.partition)
             .is_some_and(|w| w.contains(row.offset))

@@ -401,11 +401,11 @@ async fn group_rows(env: &TestEnv, group: &str, topic: &str) {
     .unwrap();
     for i in 0..12 {
         sqlx::query(
-            "INSERT INTO event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, created_at) \
+            "INSERT INTO event_dedup (group_id, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, created_at) \
              VALUES (?, ?, ?, 1, ?, 'order.created', 'k', UTC_TIMESTAMP(3))",
         )
-        .bind(group)
-        .bind(uuid::Uuid::new_v4().to_string())
+        .bind(crate::helpers::dedup_group(&db, group).await)
+        .bind(uuid::Uuid::new_v4().as_bytes().to_vec())
         .bind(topic)
         .bind(i)
         .execute(&db.pool)

@@ -65,11 +65,12 @@ pub fn produce_lifecycles(env: &TestEnv, count: usize, orders: usize, seed: u64)
 }
 
 pub async fn count_rows(db: &Db, group: &str) -> i64 {
-    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ?")
-        .bind(group)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap_or((-1,));
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM applied_events WHERE consumer_group = ?")
+            .bind(group)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap_or((-1,));
     n
 }
 
@@ -467,14 +468,15 @@ async fn dedup_cleanup_deletes_old_rows_in_batches_and_keeps_recent_ones() {
     let db = env.db();
     // One statement: 2,500 autocommits (an fsync each) took 115 s on a
     // loaded machine.
+    let g = crate::helpers::dedup_group(&db, "g").await;
     let rows: Vec<String> = (0..2_500)
         .map(|i| {
             let age = if i < 2_300 { "10 DAY" } else { "1 HOUR" };
-            format!("('g', UUID(), 't', 0, {i}, 'order.created', '1', NOW(3) - INTERVAL {age})")
+            format!("({g}, UNHEX(REPLACE(UUID(), '-', '')), 't', 0, {i}, 'order.created', '1', NOW(3) - INTERVAL {age})")
         })
         .collect();
     let sql = format!(
-        "INSERT INTO event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, created_at) \
+        "INSERT INTO event_dedup (group_id, event_id, topic, kafka_partition, kafka_offset, event_type, record_key, created_at) \
          VALUES {}",
         rows.join(", ")
     );
@@ -496,7 +498,7 @@ async fn dedup_cleanup_deletes_old_rows_in_batches_and_keeps_recent_ones() {
         .success();
     let report: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["removed"], 2_300, "{out}");
-    let (left,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup")
+    let (left,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM applied_events")
         .fetch_one(&db.pool)
         .await
         .unwrap();

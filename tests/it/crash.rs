@@ -216,7 +216,7 @@ async fn a_crash_between_the_commit_and_a_forwards_acknowledgement_loses_nothing
     );
     // Committed before the crash: per partition, the last offset applied.
     let committed: HashMap<i32, i64> =
-        sqlx::query_as("SELECT kafka_partition, MAX(kafka_offset) FROM event_dedup WHERE consumer_group = ? GROUP BY kafka_partition")
+        sqlx::query_as("SELECT kafka_partition, MAX(kafka_offset) FROM applied_events WHERE consumer_group = ? GROUP BY kafka_partition")
             .bind(group)
             .fetch_all(&db.pool)
             .await

@@ -31,7 +31,7 @@ use crate::helpers::{Spawned, TestEnv};
 /// since the epoch), in apply order.
 async fn applied_from(db: &Db, group: &str, topic: &str) -> Vec<(i64, String, i64)> {
     sqlx::query_as(
-        "SELECT kafka_offset, record_key, CAST(UNIX_TIMESTAMP(created_at) * 1000 AS SIGNED) FROM event_dedup \
+        "SELECT kafka_offset, record_key, CAST(UNIX_TIMESTAMP(created_at) * 1000 AS SIGNED) FROM applied_events \
          WHERE consumer_group = ? AND topic = ? ORDER BY apply_seq",
     )
     .bind(group)
@@ -373,14 +373,15 @@ async fn a_partition_stalled_on_the_database_holds_back_no_other_and_the_member_
     // Partition 0's first event: its dedup row is inserted by a transaction
     // left open, so the worker's claim waits for that row lock.
     let db = env.db();
+    let group_id = crate::helpers::dedup_group(&db, group).await;
     let mut lock = db.pool.begin().await.unwrap();
     let first = &stalled[0];
     sqlx::query(
-        "INSERT INTO event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key) \
+        "INSERT INTO event_dedup (group_id, event_id, topic, kafka_partition, kafka_offset, event_type, record_key) \
          VALUES (?, ?, ?, 0, 0, ?, ?)",
     )
-    .bind(group)
-    .bind(first.event_id.to_string())
+    .bind(group_id)
+    .bind(first.event_id.as_bytes().to_vec())
     .bind(&main)
     .bind(first.event_name.as_str())
     .bind(first.key())
@@ -403,7 +404,7 @@ async fn a_partition_stalled_on_the_database_holds_back_no_other_and_the_member_
     let produced = Instant::now();
     let applied = |db: Db| async move {
         let (n,): (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND kafka_partition <> 0",
+            "SELECT COUNT(*) FROM applied_events WHERE consumer_group = ? AND kafka_partition <> 0",
         )
         .bind(group)
         .fetch_one(&db.pool)
@@ -432,7 +433,7 @@ async fn a_partition_stalled_on_the_database_holds_back_no_other_and_the_member_
         produced.elapsed()
     );
     let (stalled_applied,): (i64,) = sqlx::query_as(
-        "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = ? AND kafka_partition = 0",
+        "SELECT COUNT(*) FROM applied_events WHERE consumer_group = ? AND kafka_partition = 0",
     )
     .bind(group)
     .fetch_one(&env.db().pool)

@@ -337,7 +337,7 @@ async fn while_one_key_waits_in_retry_the_main_partition_keeps_flowing() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let (order_1,): (i64,) = sqlx::query_as(
-        "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = 'flow' AND record_key = '1'",
+        "SELECT COUNT(*) FROM applied_events WHERE consumer_group = 'flow' AND record_key = '1'",
     )
     .fetch_one(&db.pool)
     .await

@@ -52,15 +52,7 @@ impl TestEnv {
     /// Creates a fresh database for this test, migrated, and points the
     /// settings and the CLI at it.
     pub async fn with_database(mut self) -> Self {
-        let name = format!("op_{}", self.prefix);
-        let admin = sqlx::MySqlPool::connect(&MYSQL_ADMIN_URL)
-            .await
-            .expect("MariaDB reachable (make dev-up)");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let url = format!("{MYSQL_ADMIN_URL}{name}");
+        let url = empty_mysql_database(&format!("op_{}", self.prefix)).await;
         self.settings.database.url = url.clone().into();
         self.set_env("ORDERPIPE_DATABASE__URL", &url);
         let db = orderpipe::db::Db::connect(&self.settings.database, 2).unwrap();
@@ -504,4 +496,52 @@ pub fn wait_for_topic(env: &TestEnv, topic: &str) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The dedup id of consumer group `name` in `db`, registered as a consumer
+/// registers it: for tests that write dedup rows by hand (`event_dedup`
+/// keys on it and on the event id's 16 bytes, `UNHEX(REPLACE(?, '-', ''))`).
+pub async fn dedup_group(db: &orderpipe::db::Db, name: &str) -> i64 {
+    orderpipe::dedup::group(db, name).await.unwrap().id
+}
+
+/// The database at `url` migrated with the shipped `migrations` before
+/// `first_left_out` (copies of the files), as a release before it left it.
+pub async fn migrated_before(
+    url: &str,
+    migrations: &str,
+    first_left_out: &str,
+) -> orderpipe::db::Db {
+    let settings = orderpipe::db::DatabaseSettings {
+        url: url.to_string().into(),
+        max_connections: Some(2),
+    };
+    let db = orderpipe::db::Db::connect(&settings, 2).unwrap();
+    let before = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(migrations).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_str().unwrap().to_string();
+        if file.as_str() < first_left_out {
+            std::fs::copy(&path, before.path().join(file)).unwrap();
+        }
+    }
+    sqlx::migrate::Migrator::new(before.path())
+        .await
+        .unwrap()
+        .run(&db.pool)
+        .await
+        .unwrap();
+    db
+}
+
+/// A new, empty MariaDB database named `name` (no migration applied); its URL.
+pub async fn empty_mysql_database(name: &str) -> String {
+    let admin = sqlx::MySqlPool::connect(&MYSQL_ADMIN_URL)
+        .await
+        .expect("MariaDB reachable (make dev-up)");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    format!("{MYSQL_ADMIN_URL}{name}")
 }

@@ -56,7 +56,7 @@ async fn rows_for(db: &Db, table: &str, order_id: i64) -> i64 {
 }
 
 async fn dedup_rows(db: &Db, event_id: &str) -> i64 {
-    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup WHERE event_id = ?")
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM applied_events WHERE event_id = ?")
         .bind(event_id)
         .fetch_one(&db.pool)
         .await
@@ -322,7 +322,7 @@ async fn a_reused_event_id_with_other_content_is_skipped_counted_logged_and_list
     assert_eq!(line["level"], "ERROR", "{line}");
     assert_eq!(line["event_id"], first.event_id.to_string(), "{line}");
     let (partition,): (i32,) =
-        sqlx::query_as("SELECT kafka_partition FROM event_dedup WHERE event_id = ?")
+        sqlx::query_as("SELECT kafka_partition FROM applied_events WHERE event_id = ?")
             .bind(first.event_id.to_string())
             .fetch_one(&db.pool)
             .await
@@ -385,9 +385,13 @@ async fn a_reused_event_id_with_other_content_is_skipped_counted_logged_and_list
 /// follows the order of the set.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_claim_returns_only_the_rows_it_inserted() {
-    use orderpipe::dedup::{RecordOrigin, claim_batch};
+    use orderpipe::dedup::{RecordOrigin, claim_batch, group};
     let env = TestEnv::new().with_database().await;
     let db = env.db();
+    let (g, other) = (
+        group(&db, "g").await.unwrap(),
+        group(&db, "other").await.unwrap(),
+    );
     let events: Vec<Envelope> = (1..=4).map(|order| created(order, "1.0")).collect();
     let origins: Vec<RecordOrigin> = (0..5)
         .map(|offset| RecordOrigin {
@@ -399,7 +403,7 @@ async fn a_batch_claim_returns_only_the_rows_it_inserted() {
         .collect();
     let mut tx = db.begin().await.unwrap();
     assert_eq!(
-        claim_batch(&mut tx, "g", &[(&events[1], &origins[0])])
+        claim_batch(&mut tx, &g, &[(&events[1], &origins[0])])
             .await
             .unwrap(),
         [true]
@@ -412,17 +416,17 @@ async fn a_batch_claim_returns_only_the_rows_it_inserted() {
         (&events[2], &origins[4]),
     ];
     assert_eq!(
-        claim_batch(&mut tx, "g", &set).await.unwrap(),
+        claim_batch(&mut tx, &g, &set).await.unwrap(),
         [true, false, false, true]
     );
     // Another group claims its own rows.
     assert_eq!(
-        claim_batch(&mut tx, "other", &set).await.unwrap(),
+        claim_batch(&mut tx, &other, &set).await.unwrap(),
         [true, true, false, true]
     );
     tx.commit().await.unwrap();
     let rows: Vec<(String, i64, i64)> =
-        sqlx::query_as("SELECT event_id, kafka_offset, apply_seq FROM event_dedup WHERE consumer_group = 'g' ORDER BY apply_seq")
+        sqlx::query_as("SELECT event_id, kafka_offset, apply_seq FROM applied_events WHERE consumer_group = 'g' ORDER BY apply_seq")
             .fetch_all(&db.pool)
             .await
             .unwrap();
@@ -441,14 +445,14 @@ async fn a_batch_claim_returns_only_the_rows_it_inserted() {
     let many: Vec<Envelope> = (100..1300).map(|order| created(order, "1.0")).collect();
     let set: Vec<(&Envelope, &RecordOrigin)> = many.iter().map(|e| (e, &origins[0])).collect();
     let mut tx = db.begin().await.unwrap();
-    let claimed = claim_batch(&mut tx, "g", &set).await.unwrap();
+    let claimed = claim_batch(&mut tx, &g, &set).await.unwrap();
     assert!(
         claimed.iter().all(|c| *c),
         "{} of 1200 claimed",
         claimed.iter().filter(|c| **c).count()
     );
     assert!(
-        claim_batch(&mut tx, "g", &set)
+        claim_batch(&mut tx, &g, &set)
             .await
             .unwrap()
             .iter()
@@ -456,7 +460,7 @@ async fn a_batch_claim_returns_only_the_rows_it_inserted() {
     );
     tx.commit().await.unwrap();
     let (n,): (i64,) =
-        sqlx::query_as("SELECT COUNT(*) FROM event_dedup WHERE consumer_group = 'g'")
+        sqlx::query_as("SELECT COUNT(*) FROM applied_events WHERE consumer_group = 'g'")
             .fetch_one(&db.pool)
             .await
             .unwrap();

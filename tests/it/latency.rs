@@ -60,7 +60,7 @@ async fn the_consumer_stamps_each_applied_event_once_after_its_commit() {
     // After the commit: each stamp is no earlier than its dedup row's commit
     // made it visible (the row exists), and within the run.
     let rows: Vec<(String,)> =
-        sqlx::query_as("SELECT event_id FROM event_dedup WHERE consumer_group = 'stamped'")
+        sqlx::query_as("SELECT event_id FROM applied_events WHERE consumer_group = 'stamped'")
             .fetch_all(&env.db().pool)
             .await
             .unwrap();

@@ -719,19 +719,8 @@ fn a_bad_ordering_mode_names_the_accepted_values() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_parked_before_the_head_columns_keeps_its_head_after_the_migration() {
     let env = TestEnv::new();
-    let name = format!("op_{}_upgrade", env.prefix);
-    let admin = sqlx::MySqlPool::connect(&crate::helpers::MYSQL_ADMIN_URL)
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
-        .execute(&admin)
-        .await
-        .unwrap();
-    upgrade_keeps_the_head(
-        &format!("{}{name}", crate::helpers::MYSQL_ADMIN_URL),
-        "sql/mysql",
-    )
-    .await;
+    let url = crate::helpers::empty_mysql_database(&format!("op_{}_upgrade", env.prefix)).await;
+    upgrade_keeps_the_head(&url, "sql/mysql").await;
     let dir = tempfile::tempdir().unwrap();
     upgrade_keeps_the_head(
         &format!("sqlite://{}/t.db?mode=rwc", dir.path().display()),
@@ -740,35 +729,10 @@ async fn a_key_parked_before_the_head_columns_keeps_its_head_after_the_migration
     .await;
 }
 
-/// The database at `url` migrated with the shipped `migrations` before
-/// `first_left_out` (copies of the files), as a release before it left it.
-async fn migrated_before(url: &str, migrations: &str, first_left_out: &str) -> Db {
-    let settings = orderpipe::db::DatabaseSettings {
-        url: url.to_string().into(),
-        max_connections: Some(2),
-    };
-    let db = Db::connect(&settings, 2).unwrap();
-    let before = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(migrations).unwrap() {
-        let path = entry.unwrap().path();
-        let file = path.file_name().unwrap().to_str().unwrap().to_string();
-        if file.as_str() < first_left_out {
-            std::fs::copy(&path, before.path().join(file)).unwrap();
-        }
-    }
-    sqlx::migrate::Migrator::new(before.path())
-        .await
-        .unwrap()
-        .run(&db.pool)
-        .await
-        .unwrap();
-    db
-}
-
 /// Migrates `url` up to 0006, parks a key the old way, then applies every
 /// migration as `orderpipe migrate` does.
 async fn upgrade_keeps_the_head(url: &str, migrations: &str) {
-    let db = migrated_before(url, migrations, "0007").await;
+    let db = crate::helpers::migrated_before(url, migrations, "0007").await;
     sqlx::query(
         "INSERT INTO parked_keys (consumer_group, record_key, kafka_partition, head_origin, head_event_id, head_event_name, \
          state, parked_ms, updated_ms) VALUES ('g', '42', 3, 'order.events.v1-eu_2/3/77', NULL, 'order.created', 'dead', 1, 1)",
@@ -1084,19 +1048,8 @@ async fn a_parked_order_does_not_hold_a_cdc_row_with_the_same_key() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_parked_before_key_topics_belongs_to_its_heads_topic_after_the_migration() {
     let env = TestEnv::new();
-    let name = format!("op_{}_keytopic", env.prefix);
-    let admin = sqlx::MySqlPool::connect(&crate::helpers::MYSQL_ADMIN_URL)
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
-        .execute(&admin)
-        .await
-        .unwrap();
-    upgrade_keeps_the_key_with_its_head(
-        &format!("{}{name}", crate::helpers::MYSQL_ADMIN_URL),
-        "sql/mysql",
-    )
-    .await;
+    let url = crate::helpers::empty_mysql_database(&format!("op_{}_keytopic", env.prefix)).await;
+    upgrade_keeps_the_key_with_its_head(&url, "sql/mysql").await;
     let dir = tempfile::tempdir().unwrap();
     upgrade_keeps_the_key_with_its_head(
         &format!("sqlite://{}/t.db?mode=rwc", dir.path().display()),
@@ -1111,7 +1064,7 @@ async fn a_key_parked_before_key_topics_belongs_to_its_heads_topic_after_the_mig
 async fn upgrade_keeps_the_key_with_its_head(url: &str, migrations: &str) {
     use orderpipe::ordering::{self, OrderKey, ParkState};
     use rdkafka::message::{OwnedHeaders, OwnedMessage};
-    let db = migrated_before(url, migrations, "0017").await;
+    let db = crate::helpers::migrated_before(url, migrations, "0017").await;
     sqlx::query(
         "INSERT INTO parked_keys (consumer_group, record_key, kafka_partition, head_origin, head_topic, head_partition, head_offset, \
          head_event_id, head_event_name, state, parked_ms, updated_ms) \

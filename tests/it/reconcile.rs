@@ -98,19 +98,21 @@ async fn reconcile_finds_exactly_the_events_deleted_behind_the_consumers_back() 
     // Delete 7 dedup rows behind the consumer's back.
     let db = env.db();
     let deleted: Vec<(String, i32, i64, String)> = sqlx::query_as(
-        "SELECT event_id, kafka_partition, kafka_offset, event_type FROM event_dedup WHERE consumer_group = ? ORDER BY RAND() LIMIT 7",
+        "SELECT event_id, kafka_partition, kafka_offset, event_type FROM applied_events WHERE consumer_group = ? ORDER BY RAND() LIMIT 7",
     )
     .bind(group)
     .fetch_all(&db.pool)
     .await
     .unwrap();
     for (id, ..) in &deleted {
-        sqlx::query("DELETE FROM event_dedup WHERE consumer_group = ? AND event_id = ?")
-            .bind(group)
-            .bind(id)
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        sqlx::query(
+            "DELETE FROM event_dedup WHERE group_id = ? AND event_id = UNHEX(REPLACE(?, '-', ''))",
+        )
+        .bind(crate::helpers::dedup_group(&db, group).await)
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
     }
     let expected: BTreeSet<(i64, i64, String)> = deleted
         .iter()
@@ -151,10 +153,10 @@ async fn reconcile_finds_exactly_the_events_deleted_behind_the_consumers_back() 
     let (p, o) = (deleted[0].1, deleted[0].2);
     let stranger = uuid::Uuid::now_v7().to_string();
     sqlx::query(
-        "INSERT INTO event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type, record_key) \
-         VALUES (?, ?, ?, ?, ?, 'order.created', '1')",
+        "INSERT INTO event_dedup (group_id, event_id, topic, kafka_partition, kafka_offset, event_type, record_key) \
+         VALUES (?, UNHEX(REPLACE(?, '-', '')), ?, ?, ?, 'order.created', '1')",
     )
-    .bind(group)
+    .bind(crate::helpers::dedup_group(&db, group).await)
     .bind(&stranger)
     .bind(&env.settings.topics.order_events.name)
     .bind(p)
@@ -276,8 +278,8 @@ async fn the_persister_and_the_groups_members_export_the_latest_run() {
     produce_lifecycles(&env, 200, 20, 43);
     assert_eq!(consume(&env, group, "notification")["applied"], 200);
     let db = env.db();
-    sqlx::query("DELETE FROM event_dedup WHERE consumer_group = ? ORDER BY apply_seq LIMIT 3")
-        .bind(group)
+    sqlx::query("DELETE FROM event_dedup WHERE group_id = ? ORDER BY apply_seq LIMIT 3")
+        .bind(crate::helpers::dedup_group(&db, group).await)
         .execute(&db.pool)
         .await
         .unwrap();

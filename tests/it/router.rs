@@ -614,13 +614,7 @@ async fn a_router_started_before_its_database_waits_for_it_and_then_serves() {
     );
 
     // The database comes: the router reads it and serves what it holds.
-    let admin = sqlx::MySqlPool::connect(&crate::helpers::MYSQL_ADMIN_URL)
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
-        .execute(&admin)
-        .await
-        .unwrap();
+    assert_eq!(crate::helpers::empty_mysql_database(&name).await, url);
     env.settings.database.url = url.into();
     let db = env.db();
     db.migrate().await.unwrap();

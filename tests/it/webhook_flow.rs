@@ -275,7 +275,7 @@ async fn a_slow_endpoint_holds_no_database_transaction_open_while_it_answers() {
     // And the delivery then commits: its dedup row.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM event_dedup")
+        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM applied_events")
             .fetch_one(&db.pool)
             .await
             .unwrap();

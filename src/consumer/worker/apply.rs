@@ -182,11 +182,22 @@ impl<'a> Ledger<'a> {
 /// decoded records in one DB transaction (the module doc).
 pub(super) struct BatchApplier {
     state: Arc<PartitionState>,
+    /// The group's dedup id, read on the pool before the first transaction.
+    group: tokio::sync::OnceCell<dedup::Group>,
 }
 
 impl BatchApplier {
     pub(super) fn new(state: Arc<PartitionState>) -> Self {
-        Self { state }
+        Self {
+            state,
+            group: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The group's dedup id; [`BatchApplier::apply`] reads it before it
+    /// opens a transaction (on the pool: SQLite's has one connection).
+    fn group(&self) -> &dedup::Group {
+        self.group.get().expect("read before the transaction")
     }
 
     /// Applies `items` in one transaction, retrying in place with backoff
@@ -233,7 +244,12 @@ impl BatchApplier {
         let outside = Outside::deliver(&self.state, items)
             .await
             .map_err(unavailable)?;
-        let mut tx = self.state.shared.db.begin().await.map_err(unavailable)?;
+        let shared = &self.state.shared;
+        self.group
+            .get_or_try_init(|| dedup::group(&shared.db, &shared.options.group))
+            .await
+            .map_err(unavailable)?;
+        let mut tx = shared.db.begin().await.map_err(unavailable)?;
         let mut ledger = Ledger::default();
         let keys: Vec<Option<OrderKey>> = items
             .iter()
@@ -402,7 +418,7 @@ impl BatchApplier {
             .iter()
             .map(|(i, o)| (envelope_of(&items[*i]), o))
             .collect();
-        let fresh = dedup::claim_batch(tx, &self.state.shared.options.group, &claims).await?;
+        let fresh = dedup::claim_batch(tx, self.group(), &claims).await?;
         let mut applying = Vec::with_capacity(claiming.len());
         for ((index, origin), fresh) in claiming.iter().zip(fresh) {
             let (item, envelope) = (&items[*index], envelope_of(&items[*index]));
@@ -486,8 +502,7 @@ impl BatchApplier {
         origin: &RecordOrigin,
         ledger: &mut Ledger<'_>,
     ) -> Result<(), DbError> {
-        let conflict =
-            dedup::check_duplicate(tx, &self.state.shared.options.group, envelope, origin).await?;
+        let conflict = dedup::check_duplicate(tx, self.group(), envelope, origin).await?;
         ledger.conflicts.extend(conflict);
         Ok(())
     }

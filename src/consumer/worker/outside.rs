@@ -98,7 +98,7 @@ impl Outside {
             .keys()
             .map(|&i| envelope(&items[i]).event_id.to_string())
             .collect();
-        let done = crate::reconcile::accounted::applied_ids(&state.shared.db, group, &ids).await?;
+        let done = crate::dedup::applied_ids(&state.shared.db, group, &ids).await?;
         let mut open: Vec<usize> = keys
             .keys()
             .copied()
