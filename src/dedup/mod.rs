@@ -1,13 +1,20 @@
 //! `event_dedup`: the exactly-once-in-effect guard.
 //!
 //! Inside the transaction that applies an event, [`claim_batch`] inserts the
-//! rows `(consumer_group, event_id)` of a whole batch with one `INSERT IGNORE
-//! ... RETURNING`. A returned row means this group has not applied the
-//! event: run the effect. A missing one means it has: skip it. Because the row and the effect commit together, a crash at any
-//! point either leaves both or neither, and a redelivery is recognised.
+//! rows `(group_id, event_id)` of a whole batch with one `INSERT IGNORE ...
+//! RETURNING`. A returned row means this group has not applied the event:
+//! run the effect. A missing one means it has: skip it. Because the row and
+//! the effect commit together, a crash at any point either leaves both or
+//! neither, and a redelivery is recognised.
+//!
+//! The key is compact (migration 0021): the group's small integer from
+//! `dedup_groups` ([`group`]) and the event id's 16 bytes. Rows written
+//! before it stay readable in `event_dedup_legacy` until [`upgrade`] has
+//! moved them; every lookup here reads both while it exists.
 //!
 //! Rows only need to outlive the longest time a record can be redelivered;
-//! [`cleanup`] deletes older ones in small batches so no long lock is held.
+//! [`cleanup`] deletes older ones in small batches so no long lock is held,
+//! by the `apply_seq` range below [`seq_floor`].
 //!
 //! Each row keeps a [`content_digest`] of the event. A duplicate whose
 //! digest differs from its row's is still skipped (the first event under the
@@ -525,7 +532,7 @@ const SEQ_TIME_SLACK: Duration = Duration::from_secs(300);
 
 /// An `apply_seq` below which every dedup row was created before `time`:
 /// a binary search over the `apply_seq` index (one indexed read per step,
-/// about 24 for 10M rows) for `time` less [`SEQ_TIME_SLACK`]. Readers
+/// about 24 for 10M rows) for `time` less a slack (5 minutes). Readers
 /// scan from it (`apply_seq >= ?`) and filter `created_at` exactly: an
 /// index range instead of an index on `created_at` in every row.
 pub async fn seq_floor(db: &Db, time: DateTime<Utc>) -> Result<i64, DbError> {

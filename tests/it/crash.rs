@@ -16,13 +16,13 @@ use crate::consumer::{consume, count_rows, produce_lifecycles, sigterm};
 use crate::exactly_once::{ALL_HANDLERS, assert_applied_in_order, assert_exactly_once};
 use crate::helpers::{Spawned, TestEnv, header};
 
-/// Waits until `group` has applied `target` events (polled once a second:
-/// counting a million dedup rows is itself work for the database). A
+/// Waits until `group` has applied `target` events, polled every `poll`
+/// (counting a million dedup rows is itself work for the database). A
 /// timeout stops `members` and the panic shows what each printed.
 async fn wait_for_applied(
     db: &Db,
     group: &str,
-    target: i64,
+    (target, poll): (i64, Duration),
     timeout: Duration,
     members: &mut [Spawned],
 ) -> i64 {
@@ -39,7 +39,7 @@ async fn wait_for_applied(
                 outputs.join("\n---\n")
             );
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(poll).await;
     }
 }
 
@@ -71,11 +71,24 @@ async fn kill_two_members_during_a_run(total: usize, orders: usize, kills: usize
     let consuming = Instant::now();
     let mut members = [start(), start()];
     let mut rng = rand::rng();
+    // Polls and the moment's jitter short enough that the members (a debug
+    // build applies 20k events in about 10 s) never run past the next kill's
+    // share between a poll and a kill: with one poll a second and up to
+    // 700 ms more, a 20k run once finished before its third kill.
+    let poll = Duration::from_millis((total as u64 / 400).clamp(50, 1000));
+    let jitter = (4 * poll.as_millis() as u64).min(700);
     for kill in 0..kills {
         // Kill k at (k + 1) / (kills + 2) of the run, give or take a moment.
         let target = (total * (kill + 1) / (kills + 2)) as i64;
-        wait_for_applied(&db, group, target, Duration::from_secs(180), &mut members).await;
-        tokio::time::sleep(Duration::from_millis(rng.random_range(0..700))).await;
+        wait_for_applied(
+            &db,
+            group,
+            (target, poll),
+            Duration::from_secs(180),
+            &mut members,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..jitter))).await;
         let victim = kill % 2;
         members[victim].kill().unwrap();
         members[victim].wait().unwrap();
@@ -95,7 +108,7 @@ async fn kill_two_members_during_a_run(total: usize, orders: usize, kills: usize
     wait_for_applied(
         &db,
         group,
-        total as i64,
+        (total as i64, poll),
         Duration::from_secs(300),
         &mut members,
     )

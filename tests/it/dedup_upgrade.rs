@@ -126,8 +126,21 @@ async fn mariadb_dedup_memory_survives_the_compact_key_and_the_online_move() {
     // Before the move, g's old rows are still in the legacy table.
     assert_eq!(applied_rows(&db, "g").await.len(), 5);
 
+    // The upgrade runs as its own process does, on a pool of its own: `db`
+    // (a consumer) read the legacy table above and remembers it as there.
+    let connect = || {
+        Db::connect(
+            &orderpipe::db::DatabaseSettings {
+                url: url.clone().into(),
+                max_connections: Some(2),
+            },
+            2,
+        )
+        .unwrap()
+    };
+    assert_eq!(db.memo.legacy(), orderpipe::db::Legacy::Present);
     let mut seen = Vec::new();
-    let report = dedup::upgrade(&db, 7, |p| seen.push(p.moved))
+    let report = dedup::upgrade(&connect(), 7, |p| seen.push(p.moved))
         .await
         .unwrap();
     assert_eq!(
@@ -169,15 +182,8 @@ async fn mariadb_dedup_memory_survives_the_compact_key_and_the_online_move() {
     // A process that knew the legacy table (its memo says present) finds it
     // gone and claims on; a fresh one never looks. Both skip the old events.
     assert_eq!(claim_all(&db, "g", &old).await, [false; 25]);
-    let fresh = Db::connect(
-        &orderpipe::db::DatabaseSettings {
-            url: url.clone().into(),
-            max_connections: Some(2),
-        },
-        2,
-    )
-    .unwrap();
-    assert_eq!(claim_all(&fresh, "h", &old).await, [false; 25]);
+    assert_eq!(db.memo.legacy(), orderpipe::db::Legacy::Gone);
+    assert_eq!(claim_all(&connect(), "h", &old).await, [false; 25]);
     // Nothing left to do.
     let again = dedup::upgrade(&db, 7, |_| {}).await.unwrap();
     assert_eq!((again.progress.moved, again.dropped), (0, false));
