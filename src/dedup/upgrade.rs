@@ -20,7 +20,7 @@ use std::time::Instant;
 use serde::Serialize;
 use sqlx::AssertSqlSafe;
 
-use super::LEGACY;
+use super::{AnyQuery, LEGACY};
 use crate::db::{Db, DbError, Legacy};
 
 /// Rows moved per transaction by default.
@@ -163,19 +163,19 @@ pub async fn upgrade(
                     }
                 }
             };
+            // The insert binds the group's id first; both then bind the range.
             let mut tx = db.begin().await?;
-            let inserted = sqlx::query(AssertSqlSafe(insert.clone()))
-                .bind(group.id)
-                .bind(&name)
-                .bind(&after)
-                .bind(&last)
+            let in_range = |query: AnyQuery<'static>| {
+                query
+                    .bind(name.clone())
+                    .bind(after.clone())
+                    .bind(last.clone())
+            };
+            let inserted = in_range(sqlx::query(AssertSqlSafe(insert.clone())).bind(group.id))
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
-            let deleted = sqlx::query(AssertSqlSafe(delete.clone()))
-                .bind(&name)
-                .bind(&after)
-                .bind(&last)
+            let deleted = in_range(sqlx::query(AssertSqlSafe(delete.clone())))
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
