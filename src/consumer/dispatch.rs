@@ -1,15 +1,19 @@
 //! The dispatcher: one poll loop routing records to one worker per
 //! assigned partition, which never waits on a worker.
 //!
-//! Each worker reads from a bounded queue. When a partition's queue is
-//! full (its worker waits for a retry record's due time, for the database,
-//! or is just slower than the fetch), the record that did not fit and every
-//! later one of that partition go to the partition's *overflow*, in offset
-//! order, and the partition is paused on the consumer, so librdkafka fetches
-//! nothing more for it (records it had fetched already may still arrive:
-//! they join the overflow). As soon as the worker makes room, the overflow
-//! moves into its queue, and once it is empty the partition is resumed;
+//! Each worker reads from a bounded queue of one batch. When a partition's
+//! queue is full (its worker waits for a retry record's due time, for the
+//! database, or is just slower than the fetch), the record that did not fit
+//! and every later one of that partition go to the partition's *overflow*,
+//! in offset order. As soon as the worker makes room, the overflow moves
+//! into its queue. Once the overflow holds `consumer.overflow_batches`
+//! batches, the partition is paused on the consumer, so librdkafka fetches
+//! nothing more for it, and it is resumed when the overflow is empty;
 //! librdkafka fetches again from the record after the last one delivered.
+//! Pausing late is deliberate: librdkafka drops what it had prefetched for
+//! a partition it pauses, so a pause at the first record that did not fit
+//! made it fetch again for every batch and the worker wait for that fetch
+//! (docs/tuning.md, "Pausing late").
 //! Meanwhile the loop keeps polling: every other partition flows, the
 //! health poll stays fresh, and the member never exceeds
 //! `max.poll.interval.ms`.
@@ -48,12 +52,22 @@ fn queue_capacity(batch_size: usize) -> usize {
     batch_size
 }
 
+/// Records in a partition's overflow that pause it: `overflow_batches`
+/// batches, at least one record.
+fn pause_at(batch_size: usize, overflow_batches: usize) -> usize {
+    (batch_size * overflow_batches).max(1)
+}
+
 /// One partition's way to its worker: the worker's queue and the records
-/// that did not fit, oldest first (not empty only while paused).
+/// that did not fit, oldest first.
 struct Route {
     generation: u64,
     tx: mpsc::Sender<OwnedMessage>,
     overflow: VecDeque<OwnedMessage>,
+    /// Overflow records that pause the partition.
+    pause_at: usize,
+    /// Paused for a full queue, until the overflow is empty.
+    paused: bool,
 }
 
 /// Where [`Route::offer`] put a record.
@@ -61,19 +75,35 @@ struct Route {
 enum Offered {
     /// Into the worker's queue.
     Queued,
-    /// Into the overflow; `first`: the overflow was empty (pause now).
-    Overflow { first: bool },
+    /// Into the overflow; `first`: the overflow was empty (wait for room);
+    /// `pause`: the overflow just reached the pause threshold.
+    Overflow { first: bool, pause: bool },
     /// Nowhere: the worker stopped (its partition was revoked).
     WorkerGone,
 }
 
 impl Route {
-    fn new(generation: u64, tx: mpsc::Sender<OwnedMessage>) -> Self {
+    fn new(generation: u64, tx: mpsc::Sender<OwnedMessage>, pause_at: usize) -> Self {
         Self {
             generation,
             tx,
             overflow: VecDeque::new(),
+            pause_at: pause_at.max(1),
+            paused: false,
         }
+    }
+
+    /// Whether the overflow just reached the pause threshold: pause now.
+    fn pause_now(&mut self) -> bool {
+        let pause = !self.paused && self.overflow.len() >= self.pause_at;
+        self.paused |= pause;
+        pause
+    }
+
+    /// Whether the partition was paused and its overflow is now empty:
+    /// resume it now.
+    fn resume_now(&mut self) -> bool {
+        self.overflow.is_empty() && std::mem::take(&mut self.paused)
     }
 
     /// Queues `message` behind every record of the partition already
@@ -81,13 +111,19 @@ impl Route {
     fn offer(&mut self, message: OwnedMessage) -> Offered {
         if !self.overflow.is_empty() {
             self.overflow.push_back(message);
-            return Offered::Overflow { first: false };
+            return Offered::Overflow {
+                first: false,
+                pause: self.pause_now(),
+            };
         }
         match self.tx.try_send(message) {
             Ok(()) => Offered::Queued,
             Err(TrySendError::Full(message)) => {
                 self.overflow.push_back(message);
-                Offered::Overflow { first: true }
+                Offered::Overflow {
+                    first: true,
+                    pause: self.pause_now(),
+                }
             }
             Err(TrySendError::Closed(_)) => Offered::WorkerGone,
         }
@@ -153,6 +189,8 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
         let dropped = route.drop_overflow();
         if dropped > 0 {
             shared.in_flight_change(key, -(dropped as isize));
+        }
+        if route.resume_now() {
             shared.resume_partition(key, route.generation, PauseReason::QueueFull);
         }
     };
@@ -168,10 +206,10 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                 };
                 match reserved {
                     Ok(permit) => {
-                        if route.refill(permit) {
-                            shared.resume_partition(&key, generation, PauseReason::QueueFull);
-                        } else {
+                        if !route.refill(permit) {
                             rooms.push(room(key, route));
+                        } else if route.resume_now() {
+                            shared.resume_partition(&key, generation, PauseReason::QueueFull);
                         }
                     }
                     // The worker stopped: its partition was revoked.
@@ -223,19 +261,23 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                     let (tx, rx) = mpsc::channel(queue_capacity(shared.batch_size));
                     let worker = PartitionWorker::new(shared.clone(), key.clone(), generation);
                     handles.push(tokio::spawn(worker.run(rx)));
-                    routes.insert(key.clone(), Route::new(generation, tx));
+                    routes.insert(key.clone(), Route::new(generation, tx, pause_at(shared.batch_size, shared.overflow_batches)));
                 }
                 shared.summary.lock().expect("summary lock").consumed += 1;
                 events::consumed(&shared.options.group, message.topic());
                 shared.in_flight_change(&key, 1);
                 let route = routes.get_mut(&key).expect("route just ensured");
                 match route.offer(message) {
-                    Offered::Queued | Offered::Overflow { first: false } => {}
-                    Offered::Overflow { first: true } => {
-                        shared.summary.lock().expect("summary lock").queue_full_pauses += 1;
-                        PartitionPaused { group: &shared.options.group, topic: &key.0, partition: key.1 }.emit();
-                        shared.pause_partition(&key, generation, PauseReason::QueueFull);
-                        rooms.push(room(key, route));
+                    Offered::Queued => {}
+                    Offered::Overflow { first, pause } => {
+                        if pause {
+                            shared.summary.lock().expect("summary lock").queue_full_pauses += 1;
+                            PartitionPaused { group: &shared.options.group, topic: &key.0, partition: key.1 }.emit();
+                            shared.pause_partition(&key, generation, PauseReason::QueueFull);
+                        }
+                        if first {
+                            rooms.push(room(key, route));
+                        }
                     }
                     // The worker stopped because the partition was revoked.
                     Offered::WorkerGone => shared.in_flight_change(&key, -1),
@@ -273,18 +315,66 @@ mod tests {
         )
     }
 
+    /// An overflow record that neither starts the overflow nor pauses.
+    const QUIET: Offered = Offered::Overflow {
+        first: false,
+        pause: false,
+    };
+
+    #[tokio::test]
+    async fn a_partition_is_paused_once_when_its_overflow_reaches_the_threshold_and_resumed_when_it_is_empty()
+     {
+        // A queue of two records; paused at three in the overflow.
+        let (tx, mut rx) = mpsc::channel(2);
+        let mut route = Route::new(1, tx, 3);
+        let offered: Vec<Offered> = (0..7).map(|o| route.offer(record(o))).collect();
+        let overflow = |first, pause| Offered::Overflow { first, pause };
+        assert_eq!(
+            offered,
+            vec![
+                Offered::Queued,
+                Offered::Queued,
+                overflow(true, false),
+                QUIET,
+                overflow(false, true),
+                QUIET,
+                QUIET,
+            ],
+            "waits for room at the first overflow, pauses at the third, once"
+        );
+        assert!(!route.resume_now(), "not while the overflow holds records");
+        let mut received = Vec::new();
+        while !route.overflow.is_empty() {
+            received.push(rx.recv().await.expect("queued").offset());
+            let permit = route.tx.clone().reserve_owned().await.expect("alive");
+            route.refill(permit);
+        }
+        assert!(route.resume_now(), "the overflow is empty: resume");
+        assert!(!route.resume_now(), "once");
+        while let Ok(m) = rx.try_recv() {
+            received.push(m.offset());
+        }
+        assert_eq!(received, (0..7).collect::<Vec<_>>(), "in order, once each");
+    }
+
     #[tokio::test]
     async fn a_full_queue_overflows_in_order_and_refills_as_the_worker_makes_room() {
         // A queue of two records.
         let (tx, mut rx) = mpsc::channel(2);
-        let mut route = Route::new(1, tx);
+        let mut route = Route::new(1, tx, 1);
         assert_eq!(route.offer(record(0)), Offered::Queued);
         assert_eq!(route.offer(record(1)), Offered::Queued);
-        assert_eq!(route.offer(record(2)), Offered::Overflow { first: true });
-        assert_eq!(route.offer(record(3)), Offered::Overflow { first: false });
+        assert_eq!(
+            route.offer(record(2)),
+            Offered::Overflow {
+                first: true,
+                pause: true
+            }
+        );
+        assert_eq!(route.offer(record(3)), QUIET);
         // Room appears, but record 4 must not overtake the overflow.
         assert_eq!(rx.recv().await.map(|m| m.offset()), Some(0));
-        assert_eq!(route.offer(record(4)), Offered::Overflow { first: false });
+        assert_eq!(route.offer(record(4)), QUIET);
         let mut received = vec![0];
         while !route.overflow.is_empty() {
             let permit = route
@@ -315,12 +405,12 @@ mod tests {
     #[tokio::test]
     async fn a_stopped_worker_gets_nothing_and_its_overflow_is_dropped() {
         let (tx, rx) = mpsc::channel(2);
-        let mut route = Route::new(1, tx);
+        let mut route = Route::new(1, tx, 1);
         for offset in 0..4 {
             route.offer(record(offset));
         }
         drop(rx);
-        assert_eq!(route.offer(record(9)), Offered::Overflow { first: false });
+        assert_eq!(route.offer(record(9)), QUIET);
         assert!(route.tx.clone().reserve_owned().await.is_err());
         assert_eq!(route.drop_overflow(), 3);
         assert_eq!(route.offer(record(10)), Offered::WorkerGone);

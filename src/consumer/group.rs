@@ -94,6 +94,7 @@ pub async fn run(
         pauses: Mutex::new(pause::Pauses::default()),
         release_locks: Default::default(),
         batch_size: settings.consumer.batch_size.max(1),
+        overflow_batches: settings.consumer.overflow_batches,
         batch_linger: std::time::Duration::from_millis(settings.consumer.batch_linger_ms),
     });
     // Report the database state from the start, not only after the first

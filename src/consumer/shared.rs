@@ -30,6 +30,8 @@ pub(crate) struct Shared {
     /// dropped on revoke), per partition.
     pub in_flight: Mutex<HashMap<PartitionKey, usize>>,
     pub batch_size: usize,
+    /// `consumer.overflow_batches`.
+    pub overflow_batches: usize,
     /// `consumer.batch_linger_ms`.
     pub batch_linger: std::time::Duration,
     /// First record received, last batch committed.
