@@ -12,6 +12,7 @@
 //! |---|---|
 //! | [`clock`] | the one time source: `now_ms()` |
 //! | [`backoff`] | the one retry-until-available helper: capped exponential backoff, a stop condition |
+//! | [`hex`] | the one hex encoding: digests, ids, binary values shown as text |
 //! | [`kafka`] | the Kafka floor: client settings and options, the measured producer, record headers |
 //! | [`envelope`] | the event envelope, event names and payloads (seed 000) |
 //! | [`schema`] | the Avro schemas in `schemas/`, registering and compatibility checks |
@@ -61,6 +62,7 @@ pub mod explore;
 #[cfg(feature = "harness")]
 pub mod harness;
 pub mod health;
+pub mod hex;
 pub mod kafka;
 pub mod lag;
 pub mod metrics;

@@ -127,7 +127,7 @@ pub fn change_id(source: &str, transaction: &str, row_index: u32) -> Uuid {
 /// A W3C trace id derived from an event id (32 lower-case hex, never all zero).
 pub fn trace_id_of(event_id: &Uuid) -> String {
     let digest = Sha256::digest(event_id.as_bytes());
-    let mut text: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let mut text = crate::hex::lower(&digest[..16]);
     if text.bytes().all(|b| b == b'0') {
         text.replace_range(31..32, "1");
     }
@@ -302,14 +302,7 @@ impl Fields {
 }
 
 /// `0x` and the lower-case hex of `bytes`: the JSON form of binary columns.
-pub fn hex(bytes: &[u8]) -> String {
-    let mut text = String::with_capacity(2 + 2 * bytes.len());
-    text.push_str("0x");
-    for b in bytes {
-        text.push_str(&format!("{b:02x}"));
-    }
-    text
-}
+pub use crate::hex::prefixed as hex;
 
 /// An f32 as the shortest JSON number that reads back as it (3.14159, not
 /// 3.141590118408203): the JSON form of FLOAT columns.

@@ -223,7 +223,7 @@ impl Authenticator {
 fn new_session_id() -> String {
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex::lower(&bytes)
 }
 
 /// The session id in the request's cookies.

@@ -44,10 +44,6 @@ pub const OPEN_POSTS: [&str; 1] = ["/login"];
 /// Largest form body read (bulk filters are a few fields).
 const MAX_FORM_BYTES: usize = 1024 * 1024;
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// HMAC-SHA256 (RFC 2104) of `message` under `key` (a key of at most 64 bytes).
 fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
     let mut block = [0u8; 64];
@@ -78,7 +74,7 @@ impl CsrfKey {
     /// The token of `principal`'s forms.
     pub fn token(&self, principal: &Principal) -> String {
         let message = format!("{}\u{0}{}", principal.who, principal.role.as_str());
-        hex(&hmac_sha256(&self.0, message.as_bytes()))
+        crate::hex::lower(&hmac_sha256(&self.0, message.as_bytes()))
     }
 
     /// Whether `given` is `principal`'s token (compared in constant time).
@@ -184,7 +180,7 @@ mod tests {
     fn hmac_matches_rfc_4231_case_2() {
         let mac = hmac_sha256(b"Jefe", b"what do ya want for nothing?");
         assert_eq!(
-            hex(&mac),
+            crate::hex::lower(&mac),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
     }

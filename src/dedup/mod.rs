@@ -96,9 +96,7 @@ pub fn content_digest(envelope: &Envelope) -> [u8; DIGEST_BYTES] {
 }
 
 /// Lower-case hex of `bytes`, as digests are shown.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use crate::hex::lower as hex;
 
 /// A consumer group as its dedup rows name it: a small integer from
 /// `dedup_groups` instead of its name in every row.

@@ -366,16 +366,8 @@ pub struct RecordView {
 pub fn bytes_text(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
         Ok(text) => text.to_string(),
-        Err(_) => hex(bytes),
+        Err(_) => crate::hex::prefixed(bytes),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::from("0x");
-    for b in bytes {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
 }
 
 /// Bytes of a value shown in hex when it does not decode.
@@ -531,7 +523,7 @@ impl Explorer {
                     .collect(),
                 value_bytes: value.len(),
                 value_hex: if decoded.is_undecodable() {
-                    hex(&value[..value.len().min(HEX_PREVIEW)])
+                    crate::hex::prefixed(&value[..value.len().min(HEX_PREVIEW)])
                 } else {
                     String::new()
                 },
