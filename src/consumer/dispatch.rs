@@ -64,7 +64,7 @@ struct Route {
     generation: u64,
     tx: mpsc::Sender<OwnedMessage>,
     overflow: VecDeque<OwnedMessage>,
-    /// Overflow records that pause the partition.
+    /// Overflow records that pause the partition, at least one ([`pause_at`]).
     pause_at: usize,
     /// Paused for a full queue, until the overflow is empty.
     paused: bool,
@@ -88,7 +88,7 @@ impl Route {
             generation,
             tx,
             overflow: VecDeque::new(),
-            pause_at: pause_at.max(1),
+            pause_at,
             paused: false,
         }
     }
