@@ -57,7 +57,7 @@ rss_mb() { echo $(( $(cat "$1") / 1024 )); }
 # counts, so run benchmarks on an otherwise quiet MariaDB.
 db_counters() {
   SQL -e "SHOW GLOBAL STATUS WHERE Variable_name IN
-    ('Questions','Com_insert','Com_update','Com_select','Com_delete','Com_begin','Com_commit','Com_rollback')" > "$1"
+    ('Questions','Com_insert','Com_insert_select','Com_update','Com_update_multi','Com_select','Com_delete','Com_delete_multi','Com_begin','Com_commit','Com_rollback')" > "$1"
 }
 # MariaDB's CPU time so far (user + system, microseconds) into FILE, read
 # before and after a run like db_counters: the difference over the events

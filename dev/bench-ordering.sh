@@ -17,7 +17,7 @@ COUNT="${1:-100000}"
 ORDERS=10000
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 HANDLERS="chaos,inventory,payment,logistics,notification,points"
-statements() { SQL -e "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_select','Com_insert','Com_update','Com_delete')" | awk '{printf "%s=%s ", $1, $2}'; }
+statements() { SQL -e "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_select','Com_insert','Com_insert_select','Com_update','Com_update_multi','Com_delete','Com_delete_multi')" | awk '{printf "%s=%s ", $1, $2}'; }
 
 echo "== backlog: $COUNT events of $ORDERS orders at a time"
 "$BIN" topics ensure >/dev/null

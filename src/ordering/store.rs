@@ -205,7 +205,7 @@ const HEAD_COLUMNS: &[&str] = &[
     "updated_ms",
 ];
 
-/// Parks every key of `parks` in one statement per piece
+/// Parks every key of `parks` in one statement
 /// ([`crate::db::rows`]): a key not parked yet is parked behind its head.
 /// A parked key takes the new head if `rehead` (a released record failed
 /// and takes its head's place); otherwise only if the new head is its head
@@ -408,7 +408,7 @@ pub async fn delete_held(tx: &mut Tx, id: i64) -> Result<bool, DbError> {
 }
 
 /// Deletes the held records `ids` (released records that failed again and
-/// head their keys now), in one statement per piece.
+/// head their keys now), in one statement.
 pub async fn delete_held_all(tx: &mut Tx, ids: &[i64]) -> Result<(), DbError> {
     crate::db::rows::delete_in(tx, "held_records", "id", ids).await?;
     Ok(())

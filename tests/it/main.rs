@@ -20,6 +20,7 @@ mod console_dlq;
 mod console_explore;
 mod consumer;
 mod crash;
+mod db_rows;
 mod dedup_upgrade;
 mod delivery;
 mod dispatch;

@@ -842,7 +842,8 @@ async fn mark(db: &Db, marks: &Marks) -> Result<(), DbError> {
     if !marks.sent.is_empty() {
         rows::update_in(
             &mut tx,
-            "UPDATE outbox_messages SET sent_ms = ",
+            "outbox_messages",
+            "sent_ms",
             rows::Bound::Int(now),
             "id",
             " AND sent_ms IS NULL",

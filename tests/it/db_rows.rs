@@ -1,0 +1,247 @@
+//! The set statements of `orderpipe::db::rows` (a set as one JSON
+//! parameter, read back as a table), on MariaDB and SQLite: what each one
+//! writes, reads, changes and deletes is read back with plain SQL, texts
+//! that need escaping and bytes included, and a set of any size is one
+//! statement.
+
+use orderpipe::db::rows::{self, Bound};
+use orderpipe::db::{DatabaseSettings, Db};
+use sqlx::Row;
+
+use crate::helpers::TestEnv;
+
+/// A row of the probe table: key, name, raw bytes.
+type Probe = (i64, Option<String>, Option<Vec<u8>>);
+/// The same with its note, after the updates.
+type Noted = (i64, Option<String>, Option<String>, Option<Vec<u8>>);
+
+/// Every row of the probe table, in insertion order (its auto-increment id).
+async fn probe_rows(db: &Db) -> Vec<Probe> {
+    sqlx::query_as("SELECT k, name, raw FROM rows_probe ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// The names of `keys` the way `rows::select_in` finds them, sorted.
+async fn select_names(db: &Db, keys: &[i64]) -> Vec<(i64, Option<String>)> {
+    let mut tx = db.begin().await.unwrap();
+    let found = rows::select_in(&mut tx, "SELECT k, name FROM rows_probe", "k", "", keys)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let mut found: Vec<(i64, Option<String>)> =
+        found.iter().map(|r| (r.get(0), r.get(1))).collect();
+    found.sort();
+    found
+}
+
+/// Inserts `(key, name, raw)` rows with `INSERT IGNORE ... RETURNING k`:
+/// the keys the database says it wrote, in its order.
+async fn insert(db: &Db, probes: &[(i64, Option<&str>, Vec<u8>)]) -> Vec<i64> {
+    let mut tx = db.begin().await.unwrap();
+    let verb = tx.sql().insert_ignore_verb();
+    let written = rows::insert_returning(
+        &mut tx,
+        verb,
+        "rows_probe (k, name, raw)",
+        "k",
+        probes,
+        |(k, name, raw)| vec![Bound::Int(*k), Bound::MaybeText(*name), Bound::Bytes(raw)],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    written.iter().map(|r| r.get::<i64, _>(0)).collect()
+}
+
+async fn every_set_statement_writes_what_it_was_given(db: &Db) {
+    // Texts that JSON and SQL both escape, bytes of every kind, a NULL.
+    let tricky = "quote \" apostrophe ' backslash \\ newline \n tab \t 注文 🚚 \u{1}";
+    let first = [
+        (3, Some(tricky), vec![0u8, 255, 16, b'"']),
+        (1, None, vec![]),
+        (2, Some(""), b"\\x00".to_vec()),
+    ];
+    assert_eq!(insert(db, &first).await, [3, 1, 2]);
+    // Rows go in in the given order (the auto-increment numbers them so).
+    assert_eq!(
+        probe_rows(db).await,
+        [
+            (3, Some(tricky.to_string()), Some(vec![0, 255, 16, b'"'])),
+            (1, None, Some(vec![])),
+            (2, Some(String::new()), Some(b"\\x00".to_vec())),
+        ]
+    );
+    // A key present already is ignored and not returned.
+    assert_eq!(
+        insert(
+            db,
+            &[(1, Some("again"), vec![9]), (4, Some("four"), vec![4])]
+        )
+        .await,
+        [4]
+    );
+    assert_eq!(probe_rows(db).await[1], (1, None, Some(vec![])));
+
+    // A key list with repeats and misses finds each row once.
+    assert_eq!(
+        select_names(db, &[2, 4, 2, 99, 4]).await,
+        [(2, Some(String::new())), (4, Some("four".into()))]
+    );
+
+    // Each row's own values, where the condition holds (key 1's name is NULL).
+    let mut tx = db.begin().await.unwrap();
+    let moves = [
+        (1, vec![Bound::Text("one"), Bound::Bytes(&[1, 1])]),
+        (4, vec![Bound::Text("vier"), Bound::Bytes(&[4, 4])]),
+        (77, vec![Bound::Text("nobody"), Bound::Bytes(&[7])]),
+    ];
+    let changed = rows::update_each(
+        &mut tx,
+        "rows_probe",
+        "note = 'moved'",
+        &["name", "raw"],
+        "k",
+        "name IS NOT NULL",
+        &moves,
+    )
+    .await
+    .unwrap();
+    assert_eq!(changed, 1);
+    // One value for every key, with a condition of its own.
+    let noted = rows::update_in(
+        &mut tx,
+        "rows_probe",
+        "note",
+        Bound::Text("seen"),
+        "k",
+        " AND note IS NULL",
+        &[1, 2, 4, 4],
+    )
+    .await
+    .unwrap();
+    assert_eq!(noted, 2);
+    tx.commit().await.unwrap();
+    let notes: Vec<Noted> = sqlx::query_as("SELECT k, note, name, raw FROM rows_probe ORDER BY k")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        notes,
+        [
+            (1, Some("seen".into()), None, Some(vec![])),
+            (
+                2,
+                Some("seen".into()),
+                Some(String::new()),
+                Some(b"\\x00".to_vec())
+            ),
+            (3, None, Some(tricky.into()), Some(vec![0, 255, 16, b'"'])),
+            (
+                4,
+                Some("moved".into()),
+                Some("vier".into()),
+                Some(vec![4, 4])
+            ),
+        ]
+    );
+
+    // Deletes count each row once, and only the keys named.
+    let mut tx = db.begin().await.unwrap();
+    assert_eq!(
+        rows::delete_in(&mut tx, "rows_probe", "k", &[3, 3, 100])
+            .await
+            .unwrap(),
+        1
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(
+        probe_rows(db).await.iter().map(|p| p.0).collect::<Vec<_>>(),
+        [1, 2, 4]
+    );
+
+    // Empty sets touch nothing and send nothing.
+    assert!(insert(db, &[]).await.is_empty());
+    assert!(select_names(db, &[]).await.is_empty());
+}
+
+/// 1,300 rows, past any fixed statement shape, all written in order by
+/// one statement: on MariaDB, the server's own count of the connection's
+/// `INSERT ... SELECT`s says so.
+async fn a_large_set_is_one_statement(db: &Db) {
+    let probes: Vec<(i64, String)> = (1000..2300).map(|k| (k, format!("bulk {k}"))).collect();
+    let mut tx = db.begin().await.unwrap();
+    let mysql = tx.sql() == orderpipe::db::Dialect::MySql;
+    let count = "SHOW SESSION STATUS LIKE 'Com_insert_select'";
+    let before: Option<(String, String)> = if mysql {
+        Some(sqlx::query_as(count).fetch_one(&mut *tx).await.unwrap())
+    } else {
+        None
+    };
+    let verb = tx.sql().insert_ignore_verb();
+    let written = rows::insert_returning(
+        &mut tx,
+        verb,
+        "rows_probe (k, name)",
+        "k",
+        &probes,
+        |(k, name)| vec![Bound::Int(*k), Bound::Text(name)],
+    )
+    .await
+    .unwrap();
+    if let Some((_, before)) = before {
+        let (_, after): (String, String) = sqlx::query_as(count).fetch_one(&mut *tx).await.unwrap();
+        assert_eq!(
+            after.parse::<i64>().unwrap() - before.parse::<i64>().unwrap(),
+            1
+        );
+    }
+    tx.commit().await.unwrap();
+    let written: Vec<i64> = written.iter().map(|r| r.get(0)).collect();
+    assert_eq!(written, (1000..2300).collect::<Vec<_>>());
+    let stored: Vec<(i64, String)> =
+        sqlx::query_as("SELECT k, name FROM rows_probe WHERE k >= 1000 ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, probes);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn set_statements_on_mariadb_write_read_and_count_like_plain_sql() {
+    let env = TestEnv::new().with_database().await;
+    let db = env.db();
+    sqlx::query(
+        "CREATE TABLE rows_probe (id BIGINT AUTO_INCREMENT PRIMARY KEY, k BIGINT NOT NULL UNIQUE, \
+         name VARCHAR(200) NULL, raw VARBINARY(16) NULL, note VARCHAR(20) NULL) \
+         DEFAULT CHARSET utf8mb4",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    every_set_statement_writes_what_it_was_given(&db).await;
+    a_large_set_is_one_statement(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn set_statements_on_sqlite_write_read_and_count_like_plain_sql() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::connect(
+        &DatabaseSettings {
+            url: format!("sqlite://{}/t.db?mode=rwc", dir.path().display()).into(),
+            max_connections: Some(1),
+        },
+        1,
+    )
+    .unwrap();
+    sqlx::query(
+        "CREATE TABLE rows_probe (id INTEGER PRIMARY KEY AUTOINCREMENT, k INTEGER NOT NULL UNIQUE, \
+         name TEXT NULL, raw BLOB NULL, note TEXT NULL)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    every_set_statement_writes_what_it_was_given(&db).await;
+    a_large_set_is_one_statement(&db).await;
+}
