@@ -5,15 +5,13 @@
 //! A set goes to the database as **one JSON parameter**, read back as a
 //! table (`JSON_TABLE` on MariaDB, `json_each` on SQLite; [`JsonRows`]),
 //! so one statement serves a set of any size and its text (prepared once
-//! per connection) does not depend on the size. Measured against the
-//! earlier shape, a `VALUES` list cut into power-of-two pieces (up to nine
-//! statements per 512 rows), on 300k and 1M events: MariaDB's CPU per event
-//! 35 µs against 38–43 µs and the consumer 8–20 % faster (docs/tuning.md,
-//! "One statement per table per wave"). Inserts read the set `ORDER BY` its
-//! position, so rows go in, and take their locks and `AUTO_INCREMENT`
-//! numbers, in the caller's order; key lists are joined, not `IN (SELECT)`,
-//! because MariaDB plans a single-table `UPDATE`/`DELETE` with an `IN`
-//! subquery as a scan of the table.
+//! per connection) does not depend on the size. It also costs the server
+//! less than the `VALUES` lists cut into power-of-two pieces that came
+//! before (docs/tuning.md, "One statement per table per wave"), as long as
+//! the set is read as plain columns: text columns are `VARCHAR`s unless a
+//! value is too long for one, and only upserts pay for an `ORDER BY`.
+//! Key lists are joined, not `IN (SELECT ...)`, because MariaDB plans a
+//! single-table `UPDATE`/`DELETE` with an `IN` subquery as a scan.
 //!
 //! Padding a `VALUES` list up to a fixed shape by repeating a row is not an
 //! option: a repeated row is a duplicate key to `INSERT IGNORE`, which locks
@@ -89,7 +87,8 @@ pub async fn insert_returning<'a, T>(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let mut builder = insert_select(tx.sql(), verb, into, &JsonRows::of(rows, values));
+    let set = JsonRows::of(rows, values);
+    let mut builder = insert_select(tx.sql(), verb, into, &set, false);
     builder.push(format!(" RETURNING {returning}"));
     builder.build().fetch_all(&mut **tx).await
 }
@@ -155,7 +154,10 @@ pub async fn upsert_all<'a, T>(
     if rows.is_empty() {
         return Ok(());
     }
-    let mut builder = insert_select(tx.sql(), "INSERT", into, &JsonRows::of(rows, values));
+    // Ordered: an upsert's callers lock keys in their order (two
+    // transactions lock rows alike), and a key given twice updates last.
+    let set = JsonRows::of(rows, values);
+    let mut builder = insert_select(tx.sql(), "INSERT", into, &set, true);
     builder.push(then);
     builder.build().execute(&mut **tx).await?;
     Ok(())
@@ -194,9 +196,18 @@ pub async fn delete_in(
     Ok(builder.build().execute(&mut **tx).await?.rows_affected())
 }
 
-/// `INSERT ... SELECT` of a set's rows in their order, `verb` being
-/// `INSERT`, `INSERT IGNORE` or its dialect's form.
-fn insert_select(dialect: Dialect, verb: &str, into: &str, set: &JsonRows) -> QueryBuilder<Any> {
+/// `INSERT ... SELECT` of a set's rows, `verb` being `INSERT`, `INSERT
+/// IGNORE` or its dialect's form. `ordered`: `ORDER BY` the rows' positions.
+/// Unordered, rows still go in in the document's order, the order in which
+/// both table functions produce them (not a promise of SQL: `tests/it`'s
+/// `db_rows` checks it on both backends), and no sort is paid for.
+fn insert_select(
+    dialect: Dialect,
+    verb: &str,
+    into: &str,
+    set: &JsonRows,
+    ordered: bool,
+) -> QueryBuilder<Any> {
     let columns: Vec<String> = (0..set.kinds.len())
         .map(|i| set.column(dialect, i))
         .collect();
@@ -206,7 +217,10 @@ fn insert_select(dialect: Dialect, verb: &str, into: &str, set: &JsonRows) -> Qu
     ));
     set.push_table(&mut builder, dialect);
     // WHERE: SQLite reads `... FROM t ON CONFLICT` as a join's ON without it.
-    builder.push(format!(" WHERE 1 = 1 ORDER BY {}", JsonRows::position()));
+    builder.push(" WHERE 1 = 1");
+    if ordered {
+        builder.push(format!(" ORDER BY {}", JsonRows::position()));
+    }
     builder
 }
 
@@ -333,7 +347,13 @@ struct JsonRows {
     doc: String,
     /// Each column's kind, from the first row's values.
     kinds: Vec<Kind>,
+    /// Each column's longest value in the JSON, in bytes.
+    widths: Vec<usize>,
 }
+
+/// The longest text a `VARCHAR` column of the set may carry (MariaDB's
+/// largest utf8mb4 `VARCHAR`, in characters; a byte count is never less).
+const MAX_VARCHAR: usize = 16_383;
 
 /// How a column travels in the JSON and is read back.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -347,7 +367,7 @@ impl JsonRows {
     /// The set of `rows`, each row's values given by `values`.
     fn of<'a, T>(rows: &'a [T], values: impl Fn(&'a T) -> Vec<Bound<'a>>) -> Self {
         let mut doc = Vec::with_capacity(rows.len() * 64);
-        let mut kinds = Vec::new();
+        let (mut kinds, mut widths) = (Vec::new(), Vec::new());
         doc.push(b'[');
         for (r, row) in rows.iter().enumerate() {
             doc.extend_from_slice(if r == 0 { b"[" } else { b",[" });
@@ -355,17 +375,21 @@ impl JsonRows {
                 if v > 0 {
                     doc.push(b',');
                 }
+                let start = doc.len();
                 let kind = push_json(&mut doc, value);
+                let width = doc.len() - start;
                 if r == 0 {
                     kinds.push(kind);
+                    widths.push(width);
                 }
+                widths[v] = widths[v].max(width);
                 debug_assert_eq!(kinds.get(v), Some(&kind), "column {v} changes kind");
             }
             doc.push(b']');
         }
         doc.push(b']');
         let doc = String::from_utf8(doc).expect("JSON text of UTF-8 strings and digits");
-        Self { doc, kinds }
+        Self { doc, kinds, widths }
     }
 
     /// A set of keys, distinct (a key list is a condition, not rows).
@@ -383,8 +407,14 @@ impl JsonRows {
                 builder.push("JSON_TABLE(").push_bind(self.doc.clone());
                 builder.push(", '$[*]' COLUMNS (j_n FOR ORDINALITY");
                 for (i, kind) in self.kinds.iter().enumerate() {
+                    // A VARCHAR is read faster than a LONGTEXT (measured:
+                    // 31–34 against 37 µs of MariaDB CPU per event), but it
+                    // would cut a longer value without an error.
                     let sql_type = match kind {
                         Kind::Int => "BIGINT",
+                        Kind::Text | Kind::Bytes if self.widths[i] <= MAX_VARCHAR => {
+                            "VARCHAR(16383)"
+                        }
                         Kind::Text | Kind::Bytes => "LONGTEXT",
                     };
                     builder.push(format!(", j_{i} {sql_type} PATH '$[{i}]' ERROR ON ERROR"));

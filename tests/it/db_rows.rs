@@ -161,6 +161,15 @@ async fn every_set_statement_writes_what_it_was_given(db: &Db) {
         [1, 2, 4]
     );
 
+    // A text past the longest VARCHAR (16,383 characters) is stored whole,
+    // not cut (the set reads such a column as a LONGTEXT).
+    let long = "注文".repeat(10_000);
+    assert_eq!(insert(db, &[(5, Some(long.as_str()), vec![5])]).await, [5]);
+    assert_eq!(
+        probe_rows(db).await.last(),
+        Some(&(5, Some(long.clone()), Some(vec![5])))
+    );
+
     // Empty sets touch nothing and send nothing.
     assert!(insert(db, &[]).await.is_empty());
     assert!(select_names(db, &[]).await.is_empty());
@@ -214,7 +223,7 @@ async fn set_statements_on_mariadb_write_read_and_count_like_plain_sql() {
     let db = env.db();
     sqlx::query(
         "CREATE TABLE rows_probe (id BIGINT AUTO_INCREMENT PRIMARY KEY, k BIGINT NOT NULL UNIQUE, \
-         name VARCHAR(200) NULL, raw VARBINARY(16) NULL, note VARCHAR(20) NULL) \
+         name MEDIUMTEXT NULL, raw VARBINARY(16) NULL, note VARCHAR(20) NULL) \
          DEFAULT CHARSET utf8mb4",
     )
     .execute(&db.pool)
