@@ -312,7 +312,7 @@ impl Column {
     }
 }
 
-pub use crate::codec::row_change::{float_json, hex};
+pub use crate::codec::row_change::float_json;
 
 /// An f64 as the shortest JSON number that reads back as it.
 pub fn double_json(f: f64) -> Json {
@@ -360,7 +360,7 @@ fn render(kind: &Kind, value: &Value) -> Json {
     let text = |charset: &Charset, bytes: &[u8]| {
         charset
             .decode(bytes)
-            .map_or_else(|| Json::String(hex(bytes)), Json::String)
+            .map_or_else(|| Json::String(crate::hex::prefixed(bytes)), Json::String)
     };
     match (kind, value) {
         (_, Value::NULL) => Json::Null,
@@ -423,7 +423,7 @@ fn render(kind: &Kind, value: &Value) -> Json {
             if let Some(n) = pad_to {
                 bytes.resize(bytes.len().max(*n), 0);
             }
-            Json::String(hex(&bytes))
+            Json::String(crate::hex::prefixed(&bytes))
         }
         (Kind::Enum { charset, .. } | Kind::Set { charset, .. }, Value::Bytes(b)) => {
             text(charset, b)
@@ -432,7 +432,7 @@ fn render(kind: &Kind, value: &Value) -> Json {
             serde_json::from_slice(b).unwrap_or_else(|_| text(&Charset::Utf8, b))
         }
         (Kind::Uuid | Kind::Inet6 | Kind::Inet4, Value::Bytes(b)) => text(&Charset::Utf8, b),
-        (Kind::Geometry, Value::Bytes(b)) => Json::String(hex(b)),
+        (Kind::Geometry, Value::Bytes(b)) => Json::String(crate::hex::prefixed(b)),
         // Anything else: as the value says.
         (_, Value::Int(n)) => Json::from(*n),
         (_, Value::UInt(n)) => Json::from(*n),

@@ -301,9 +301,6 @@ impl Fields {
     }
 }
 
-/// `0x` and the lower-case hex of `bytes`: the JSON form of binary columns.
-pub use crate::hex::prefixed as hex;
-
 /// An f32 as the shortest JSON number that reads back as it (3.14159, not
 /// 3.141590118408203): the JSON form of FLOAT columns.
 pub fn float_json(f: f32) -> serde_json::Value {
@@ -391,7 +388,7 @@ pub fn untyped_value(value: Value) -> Value {
                 // Integers beyond a long (BIGINT UNSIGNED, BIT(64)): decimal(20,0).
                 Value::Decimal(d) => decimal_integer(&d),
                 // Binary columns: `0x` hex, as in the JSON form.
-                Value::Bytes(b) => serde_json::Value::String(hex(&b)),
+                Value::Bytes(b) => serde_json::Value::String(crate::hex::prefixed(&b)),
                 Value::String(s) => serde_json::Value::String(s),
                 _ => serde_json::Value::Null,
             };

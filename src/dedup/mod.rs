@@ -95,9 +95,6 @@ pub fn content_digest(envelope: &Envelope) -> [u8; DIGEST_BYTES] {
     digest
 }
 
-/// Lower-case hex of `bytes`, as digests are shown.
-pub use crate::hex::lower as hex;
-
 /// A consumer group as its dedup rows name it: a small integer from
 /// `dedup_groups` instead of its name in every row.
 #[derive(Debug, Clone)]
@@ -347,7 +344,7 @@ pub async fn check_duplicate(
     let (first_topic, first_partition, first_offset, Some(first_digest)) = first else {
         return Ok(None);
     };
-    let digest = hex(&content_digest(envelope));
+    let digest = crate::hex::lower(&content_digest(envelope));
     if digest == first_digest {
         return Ok(None);
     }
@@ -407,7 +404,12 @@ async fn first_applied(
     .fetch_optional(&mut **tx)
     .await?;
     if let Some((topic, partition, offset, digest)) = row {
-        return Ok(Some((topic, partition, offset, digest.map(|d| hex(&d)))));
+        return Ok(Some((
+            topic,
+            partition,
+            offset,
+            digest.map(|d| crate::hex::lower(&d)),
+        )));
     }
     if !legacy_present(tx).await? {
         return Ok(None);
@@ -727,8 +729,14 @@ mod tests {
             ),
             (3, 10, 12)
         );
-        assert_eq!(listed[0].first_digest, hex(&content_digest(&first)));
-        assert_eq!(listed[0].digest, hex(&content_digest(&reused)));
+        assert_eq!(
+            listed[0].first_digest,
+            crate::hex::lower(&content_digest(&first))
+        );
+        assert_eq!(
+            listed[0].digest,
+            crate::hex::lower(&content_digest(&reused))
+        );
         assert!(conflicts(&db, Some("other"), 10).await.unwrap().is_empty());
         assert_eq!(conflicts(&db, None, 10).await.unwrap().len(), 1);
     }

@@ -5,8 +5,9 @@
 //! converts the rows itself.
 
 use orderpipe::db::Db;
-use orderpipe::dedup::{self, RecordOrigin, claim_batch, content_digest, hex};
+use orderpipe::dedup::{self, RecordOrigin, claim_batch, content_digest};
 use orderpipe::envelope::{Envelope, EventData};
+use orderpipe::hex;
 
 use crate::helpers::{TestEnv, migrated_before};
 
@@ -40,7 +41,7 @@ async fn applied_the_old_way(db: &Db, group: &str, events: &[Envelope], first_se
         .bind(e.event_id.to_string())
         .bind(first_seq + i as i64)
         .bind(i as i64)
-        .bind(format!("{}{}", hex(&content_digest(e)), "ab".repeat(24)))
+        .bind(format!("{}{}", hex::lower(&content_digest(e)), "ab".repeat(24)))
         .execute(&db.pool)
         .await
         .unwrap();
@@ -103,7 +104,7 @@ async fn upgrade_keeps_the_memory(url: &str, migrations: &str) -> (Db, Vec<Envel
     tx.commit().await.unwrap();
     assert_eq!(
         (conflict.first_offset, conflict.first_digest.clone()),
-        (0, hex(&content_digest(&old[0]))),
+        (0, hex::lower(&content_digest(&old[0]))),
         "{migrations}"
     );
     (db, old)
