@@ -25,11 +25,9 @@ pub struct ConsumerSettings {
     pub batch_size: usize,
     /// How long a partition's batch waits, after its first record, for
     /// more before it is applied (0: it takes what is already waiting).
-    #[serde(default)]
     pub batch_linger_ms: u64,
     /// Records a partition may hold beyond its queue, in batches, before it
     /// is paused on the consumer (0: paused at the first that does not fit).
-    #[serde(default = "default_overflow_batches")]
     pub overflow_batches: usize,
     /// `/health/mq` fails past this total lag.
     pub lag_threshold: i64,
@@ -43,11 +41,6 @@ pub struct ConsumerSettings {
     pub fetch_queue_min_messages: u32,
     /// librdkafka `fetch.message.max.bytes`: bytes one fetch brings per partition, at most.
     pub fetch_partition_max_bytes: u32,
-}
-
-/// `consumer.overflow_batches` when a config file leaves it out.
-fn default_overflow_batches() -> usize {
-    2
 }
 
 impl ConsumerSettings {
