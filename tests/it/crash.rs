@@ -16,16 +16,23 @@ use crate::consumer::{consume, count_rows, produce_lifecycles, sigterm};
 use crate::exactly_once::{ALL_HANDLERS, assert_applied_in_order, assert_exactly_once};
 use crate::helpers::{Spawned, TestEnv, header};
 
-/// Waits until `group` has applied `target` events, polled every `poll`
-/// (counting a million dedup rows is itself work for the database). A
-/// timeout stops `members` and the panic shows what each printed.
-async fn wait_for_applied(
-    db: &Db,
-    group: &str,
-    (target, poll): (i64, Duration),
+/// What [`wait_for_applied`] waits for: `target` events applied within
+/// `timeout`, counted every `poll` (counting a million dedup rows is itself
+/// work for the database).
+struct Applied {
+    target: i64,
+    poll: Duration,
     timeout: Duration,
-    members: &mut [Spawned],
-) -> i64 {
+}
+
+/// Waits until `group` has applied `until.target` events. A timeout stops
+/// `members` and the panic shows what each printed.
+async fn wait_for_applied(db: &Db, group: &str, until: Applied, members: &mut [Spawned]) -> i64 {
+    let Applied {
+        target,
+        poll,
+        timeout,
+    } = until;
     let deadline = Instant::now() + timeout;
     loop {
         let n = count_rows(db, group).await;
@@ -80,14 +87,12 @@ async fn kill_two_members_during_a_run(total: usize, orders: usize, kills: usize
     for kill in 0..kills {
         // Kill k at (k + 1) / (kills + 2) of the run, give or take a moment.
         let target = (total * (kill + 1) / (kills + 2)) as i64;
-        wait_for_applied(
-            &db,
-            group,
-            (target, poll),
-            Duration::from_secs(180),
-            &mut members,
-        )
-        .await;
+        let until = Applied {
+            target,
+            poll,
+            timeout: Duration::from_secs(180),
+        };
+        wait_for_applied(&db, group, until, &mut members).await;
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..jitter))).await;
         let victim = kill % 2;
         members[victim].kill().unwrap();
@@ -105,14 +110,12 @@ async fn kill_two_members_during_a_run(total: usize, orders: usize, kills: usize
         );
         members[victim] = start();
     }
-    wait_for_applied(
-        &db,
-        group,
-        (total as i64, poll),
-        Duration::from_secs(300),
-        &mut members,
-    )
-    .await;
+    let until = Applied {
+        target: total as i64,
+        poll,
+        timeout: Duration::from_secs(300),
+    };
+    wait_for_applied(&db, group, until, &mut members).await;
     eprintln!(
         "all {total} applied {:.1} s after the members started",
         consuming.elapsed().as_secs_f64()
