@@ -2,25 +2,30 @@
 //! (a batch's dedup rows, a handler's effects), instead of one round trip
 //! per row.
 //!
-//! A set goes to the database as **one JSON parameter**, read back as a
-//! table (`JSON_TABLE` on MariaDB, `json_each` on SQLite; [`JsonRows`]),
-//! so one statement serves a set of any size and its text (prepared once
-//! per connection) does not depend on the size. It also costs the server
-//! less than the `VALUES` lists cut into power-of-two pieces that came
-//! before (docs/tuning.md, "One statement per table per wave"), as long as
-//! the set is read as plain columns: text columns are `VARCHAR`s unless a
-//! value is too long for one, and only upserts pay for an `ORDER BY`.
-//! Key lists are joined, not `IN (SELECT ...)`, because MariaDB plans a
-//! single-table `UPDATE`/`DELETE` with an `IN` subquery as a scan.
+//! **Reads, updates and deletes by key** take the set as **one JSON
+//! parameter**, read back as a table (`JSON_TABLE` on MariaDB, `json_each`
+//! on SQLite; [`JsonRows`]), so one statement serves a set of any size and
+//! its text (prepared once per connection) does not depend on the size.
+//! Text columns are `VARCHAR`s unless a value is too long for one, which
+//! the server reads faster. Key lists are joined, not `IN (SELECT ...)`,
+//! because MariaDB plans a single-table `UPDATE`/`DELETE` with an `IN`
+//! subquery as a scan.
+//!
+//! **Inserts** are `VALUES` lists cut into power-of-two [`pieces`] (a few
+//! statement shapes), never an `INSERT ... SELECT` of such a table: on
+//! MariaDB's default `innodb_autoinc_lock_mode = 1`, an `INSERT ... SELECT`
+//! into a table with an `AUTO_INCREMENT` column holds the table's AUTO-INC
+//! lock until it ends, so one insert waiting on a row lock (a partition
+//! stalled on the database) would hold back every insert into that table:
+//! the other partitions' and the application's own. A `VALUES` insert
+//! takes that lock only while it counts its rows (`tests/it`'s `db_rows`
+//! and `dispatch` check both sides).
 //!
 //! Padding a `VALUES` list up to a fixed shape by repeating a row is not an
 //! option: a repeated row is a duplicate key to `INSERT IGNORE`, which locks
 //! the gap before it (a shared next-key lock), and batches of concurrent
 //! workers then deadlock on each other's gaps (measured: 30 deadlocks in
 //! one short test run).
-//!
-//! [`pieces`] remains for the few text-keyed lookups that build their own
-//! statements, and [`insert_all`] for the harness's bulk writes.
 //!
 //! Every table, column and condition passed here is a constant of the
 //! calling store, never user input; values are always bound.
@@ -71,11 +76,11 @@ fn bind(builder: &mut QueryBuilder<Any>, value: Bound<'_>) {
     };
 }
 
-/// `{verb} INTO {into} SELECT ... RETURNING {returning}` for every row
-/// (`values` gives a row's values, in the order of `into`'s columns), in one
-/// statement: the rows the database returned, i.e. the ones actually
-/// inserted. `verb` is `INSERT IGNORE` or its dialect's form
-/// ([`super::Dialect::insert_ignore_verb`]).
+/// `{verb} INTO {into} VALUES (...), ... RETURNING {returning}` for every
+/// row (`values` gives a row's values, in the order of `into`'s columns),
+/// in [`pieces`]: the rows the database returned, i.e. the ones actually
+/// inserted, in the given order. `verb` is `INSERT IGNORE` or its
+/// dialect's form ([`super::Dialect::insert_ignore_verb`]).
 pub async fn insert_returning<'a, T>(
     tx: &mut Tx,
     verb: &str,
@@ -84,13 +89,13 @@ pub async fn insert_returning<'a, T>(
     rows: &'a [T],
     values: impl Fn(&'a T) -> Vec<Bound<'a>>,
 ) -> Result<Vec<AnyRow>, sqlx::Error> {
-    if rows.is_empty() {
-        return Ok(Vec::new());
+    let mut returned = Vec::new();
+    for piece in pieces(rows) {
+        let mut builder = insert_values(verb, into, piece, &values);
+        builder.push(format!(" RETURNING {returning}"));
+        returned.extend(builder.build().fetch_all(&mut **tx).await?);
     }
-    let set = JsonRows::of(rows, values);
-    let mut builder = insert_select(tx.sql(), verb, into, &set, false);
-    builder.push(format!(" RETURNING {returning}"));
-    builder.build().fetch_all(&mut **tx).await
+    Ok(returned)
 }
 
 /// Values one statement may bind, at most: SQLite's limit (MariaDB's and
@@ -141,7 +146,9 @@ fn insert_values<'a, T>(
     builder
 }
 
-/// `INSERT INTO {into} SELECT ...{then}` for every row, in one statement:
+/// `INSERT INTO {into} VALUES (...), ...{then}` for every row, in
+/// [`pieces`] and in the given order (callers lock keys in their order, so
+/// two transactions lock rows alike, and a key given twice updates last):
 /// the upsert of a set, `then` being its
 /// [`Dialect::on_duplicate`](super::Dialect::on_duplicate) clause.
 pub async fn upsert_all<'a, T>(
@@ -151,15 +158,11 @@ pub async fn upsert_all<'a, T>(
     rows: &'a [T],
     values: impl Fn(&'a T) -> Vec<Bound<'a>>,
 ) -> Result<(), sqlx::Error> {
-    if rows.is_empty() {
-        return Ok(());
+    for piece in pieces(rows) {
+        let mut builder = insert_values("INSERT", into, piece, &values);
+        builder.push(then);
+        builder.build().execute(&mut **tx).await?;
     }
-    // Ordered: an upsert's callers lock keys in their order (two
-    // transactions lock rows alike), and a key given twice updates last.
-    let set = JsonRows::of(rows, values);
-    let mut builder = insert_select(tx.sql(), "INSERT", into, &set, true);
-    builder.push(then);
-    builder.build().execute(&mut **tx).await?;
     Ok(())
 }
 
@@ -194,34 +197,6 @@ pub async fn delete_in(
         }
     }
     Ok(builder.build().execute(&mut **tx).await?.rows_affected())
-}
-
-/// `INSERT ... SELECT` of a set's rows, `verb` being `INSERT`, `INSERT
-/// IGNORE` or its dialect's form. `ordered`: `ORDER BY` the rows' positions.
-/// Unordered, rows still go in in the document's order, the order in which
-/// both table functions produce them (not a promise of SQL: `tests/it`'s
-/// `db_rows` checks it on both backends), and no sort is paid for.
-fn insert_select(
-    dialect: Dialect,
-    verb: &str,
-    into: &str,
-    set: &JsonRows,
-    ordered: bool,
-) -> QueryBuilder<Any> {
-    let columns: Vec<String> = (0..set.kinds.len())
-        .map(|i| set.column(dialect, i))
-        .collect();
-    let mut builder = QueryBuilder::new(format!(
-        "{verb} INTO {into} SELECT {} FROM ",
-        columns.join(", ")
-    ));
-    set.push_table(&mut builder, dialect);
-    // WHERE: SQLite reads `... FROM t ON CONFLICT` as a join's ON without it.
-    builder.push(" WHERE 1 = 1");
-    if ordered {
-        builder.push(format!(" ORDER BY {}", JsonRows::position()));
-    }
-    builder
 }
 
 /// `{select} WHERE {key} IN (keys){and}`, in one statement: the rows found.
@@ -405,7 +380,7 @@ impl JsonRows {
         match dialect {
             Dialect::MySql => {
                 builder.push("JSON_TABLE(").push_bind(self.doc.clone());
-                builder.push(", '$[*]' COLUMNS (j_n FOR ORDINALITY");
+                builder.push(", '$[*]' COLUMNS (");
                 for (i, kind) in self.kinds.iter().enumerate() {
                     // A VARCHAR is read faster than a LONGTEXT (measured:
                     // 31–34 against 37 µs of MariaDB CPU per event), but it
@@ -417,14 +392,17 @@ impl JsonRows {
                         }
                         Kind::Text | Kind::Bytes => "LONGTEXT",
                     };
-                    builder.push(format!(", j_{i} {sql_type} PATH '$[{i}]' ERROR ON ERROR"));
+                    let comma = if i == 0 { "" } else { ", " };
+                    builder.push(format!(
+                        "{comma}j_{i} {sql_type} PATH '$[{i}]' ERROR ON ERROR"
+                    ));
                 }
                 builder.push(")) AS j");
             }
             Dialect::Sqlite => {
                 // Renamed: json_each's own columns (`id`, `key`, `value`,
                 // ...) would clash with the joined table's.
-                builder.push("(SELECT key AS j_n, value AS j_v FROM json_each(");
+                builder.push("(SELECT value AS j_v FROM json_each(");
                 builder.push_bind(self.doc.clone()).push(")) AS j");
             }
         }
@@ -440,11 +418,6 @@ impl JsonRows {
             Kind::Bytes => format!("UNHEX({plain})"),
             Kind::Int | Kind::Text => plain,
         }
-    }
-
-    /// A row's position in the set, to read the rows in order.
-    fn position() -> &'static str {
-        "j.j_n"
     }
 }
 

@@ -13,7 +13,7 @@
 //! | [`Dialect::upsert_newer`] | `IF(newer, VALUES(c), c)` per column | `DO UPDATE ... WHERE newer` |
 //! | [`Dialect::integer`] | `CAST(... AS SIGNED)` | `CAST(... AS INTEGER)` |
 //! | [`Tx::lock_wait_timeout`](super::Tx::lock_wait_timeout) | `innodb_lock_wait_timeout` | nothing (no row locks) |
-//! | a set of rows ([`super::rows`]) | `JSON_TABLE(?, '$[*]' COLUMNS (...))`, `UPDATE t JOIN`, `DELETE t FROM t JOIN` | `json_each(?)`, `UPDATE ... FROM`, `DELETE ... IN (SELECT ...)` |
+//! | a set of keys to read, update or delete ([`super::rows`]) | `JSON_TABLE(?, '$[*]' COLUMNS (...))`, `UPDATE t JOIN`, `DELETE t FROM t JOIN` | `json_each(?)`, `UPDATE ... FROM`, `DELETE ... IN (SELECT ...)` |
 //!
 //! Every argument is a constant of the calling store (table and column
 //! names, conditions with `?` placeholders), never user input.

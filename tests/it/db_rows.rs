@@ -1,8 +1,8 @@
-//! The set statements of `orderpipe::db::rows` (a set as one JSON
-//! parameter, read back as a table), on MariaDB and SQLite: what each one
-//! writes, reads, changes and deletes is read back with plain SQL, texts
-//! that need escaping and bytes included, and a set of any size is one
-//! statement.
+//! The set statements of `orderpipe::db::rows`, on MariaDB and SQLite:
+//! what each one writes, reads, changes and deletes is read back with plain
+//! SQL, texts that need escaping and bytes included; a key set of any size
+//! is one statement; and, on MariaDB, an insert stalled on a row lock
+//! holds back no other insert into its table.
 
 use orderpipe::db::rows::{self, Bound};
 use orderpipe::db::{DatabaseSettings, Db};
@@ -162,12 +162,29 @@ async fn every_set_statement_writes_what_it_was_given(db: &Db) {
     );
 
     // A text past the longest VARCHAR (16,383 characters) is stored whole,
-    // not cut (the set reads such a column as a LONGTEXT).
+    // not cut, by an insert and by an update (whose set reads such a column
+    // as a LONGTEXT).
     let long = "注文".repeat(10_000);
     assert_eq!(insert(db, &[(5, Some(long.as_str()), vec![5])]).await, [5]);
+    let longer = format!("{long}!");
+    let mut tx = db.begin().await.unwrap();
+    let renamed = [(5, vec![Bound::Text(&longer), Bound::Bytes(&[5])])];
+    let changed = rows::update_each(
+        &mut tx,
+        "rows_probe",
+        "note = NULL",
+        &["name", "raw"],
+        "k",
+        "1 = 1",
+        &renamed,
+    )
+    .await
+    .unwrap();
+    assert_eq!(changed, 1);
+    tx.commit().await.unwrap();
     assert_eq!(
         probe_rows(db).await.last(),
-        Some(&(5, Some(long.clone()), Some(vec![5])))
+        Some(&(5, Some(longer.clone()), Some(vec![5])))
     );
 
     // Empty sets touch nothing and send nothing.
@@ -175,19 +192,28 @@ async fn every_set_statement_writes_what_it_was_given(db: &Db) {
     assert!(select_names(db, &[]).await.is_empty());
 }
 
-/// 1,300 rows, past any fixed statement shape, all written in order by
-/// one statement: on MariaDB, the server's own count of the connection's
-/// `INSERT ... SELECT`s says so.
-async fn a_large_set_is_one_statement(db: &Db) {
+/// The server's count of a statement kind on this connection (MariaDB's
+/// session status); `None` on SQLite, which keeps none.
+async fn statements_run(tx: &mut orderpipe::db::Tx, kind: &str) -> Option<i64> {
+    if tx.sql() != orderpipe::db::Dialect::MySql {
+        return None;
+    }
+    let (n,): (String,) = sqlx::query_as(
+        "SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = ?",
+    )
+    .bind(kind.to_uppercase())
+    .fetch_one(&mut **tx)
+    .await
+    .unwrap();
+    Some(n.parse().unwrap())
+}
+
+/// 1,300 rows, past any one statement shape: all inserted, in order; then
+/// all changed by one statement, as the server's own count of the
+/// connection's multi-table `UPDATE`s says.
+async fn a_large_set_goes_in_whole_and_changes_in_one_statement(db: &Db) {
     let probes: Vec<(i64, String)> = (1000..2300).map(|k| (k, format!("bulk {k}"))).collect();
     let mut tx = db.begin().await.unwrap();
-    let mysql = tx.sql() == orderpipe::db::Dialect::MySql;
-    let count = "SHOW SESSION STATUS LIKE 'Com_insert_select'";
-    let before: Option<(String, String)> = if mysql {
-        Some(sqlx::query_as(count).fetch_one(&mut *tx).await.unwrap())
-    } else {
-        None
-    };
     let verb = tx.sql().insert_ignore_verb();
     let written = rows::insert_returning(
         &mut tx,
@@ -199,22 +225,101 @@ async fn a_large_set_is_one_statement(db: &Db) {
     )
     .await
     .unwrap();
-    if let Some((_, before)) = before {
-        let (_, after): (String, String) = sqlx::query_as(count).fetch_one(&mut *tx).await.unwrap();
-        assert_eq!(
-            after.parse::<i64>().unwrap() - before.parse::<i64>().unwrap(),
-            1
-        );
-    }
+    let keys: Vec<i64> = probes.iter().map(|p| p.0).collect();
+    let before = statements_run(&mut tx, "Com_update_multi").await;
+    let changed = rows::update_in(
+        &mut tx,
+        "rows_probe",
+        "note",
+        Bound::Text("bulk"),
+        "k",
+        "",
+        &keys,
+    )
+    .await
+    .unwrap();
+    let after = statements_run(&mut tx, "Com_update_multi").await;
     tx.commit().await.unwrap();
+    assert_eq!(changed, 1300);
+    if let (Some(before), Some(after)) = (before, after) {
+        assert_eq!(after - before, 1, "one UPDATE for 1,300 keys");
+    }
     let written: Vec<i64> = written.iter().map(|r| r.get(0)).collect();
-    assert_eq!(written, (1000..2300).collect::<Vec<_>>());
-    let stored: Vec<(i64, String)> =
-        sqlx::query_as("SELECT k, name FROM rows_probe WHERE k >= 1000 ORDER BY id")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    assert_eq!(written, keys);
+    let stored: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT k, name FROM rows_probe WHERE k >= 1000 AND note = 'bulk' ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(stored, probes);
+}
+
+/// An insert that waits on a row lock (its key is being written by a
+/// transaction left open, as when a partition stalls on the database) holds
+/// back no insert of other rows into the same table. An `INSERT ... SELECT`
+/// would: on MariaDB's default `innodb_autoinc_lock_mode = 1` it holds the
+/// table's AUTO-INC lock until it ends, and every other insert into the
+/// table, the application's own included, waits behind it.
+async fn an_insert_waiting_on_a_row_lock_holds_back_no_other_insert(db: &Db) {
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO rows_probe (k, name) VALUES (7000, 'held')")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    // Waits on key 7000 until the holder ends.
+    let waiting = tokio::spawn({
+        let db = db.clone();
+        async move {
+            insert(
+                &db,
+                &[(7000, Some("late"), vec![]), (7001, Some("late"), vec![])],
+            )
+            .await
+        }
+    });
+    // Waiting, as the server shows it: the statement has run for half a
+    // second (it takes milliseconds when nothing holds it). InnoDB's own
+    // list of lock waits is a cache that does not always show it.
+    let started = std::time::Instant::now();
+    loop {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() \
+             AND INFO LIKE 'INSERT IGNORE INTO rows_probe%' AND TIME_MS >= 500",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if n > 0 {
+            break;
+        }
+        assert!(
+            !waiting.is_finished() && started.elapsed() < std::time::Duration::from_secs(30),
+            "the insert of a held key did not wait"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    // Another key, while the first insert waits: it must not wait. A lock
+    // wait past 5 s fails the statement (error 1205) and so the test.
+    let mut tx = db.begin().await.unwrap();
+    sqlx::query("SET SESSION innodb_lock_wait_timeout = 5")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let verb = tx.sql().insert_ignore_verb();
+    let other = rows::insert_returning(&mut tx, verb, "rows_probe (k, name)", "k", &[8000], |k| {
+        vec![Bound::Int(*k), Bound::Text("free")]
+    })
+    .await
+    .expect("an insert of another key waited for the stalled one");
+    tx.commit().await.unwrap();
+    assert_eq!(other.len(), 1);
+
+    // The holder gives up its row; the waiting insert then writes both.
+    holder.rollback().await.unwrap();
+    assert_eq!(waiting.await.unwrap(), [7000, 7001]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -230,7 +335,11 @@ async fn set_statements_on_mariadb_write_read_and_count_like_plain_sql() {
     .await
     .unwrap();
     every_set_statement_writes_what_it_was_given(&db).await;
-    a_large_set_is_one_statement(&db).await;
+    a_large_set_goes_in_whole_and_changes_in_one_statement(&db).await;
+    // Four connections: the lock holder, the waiting insert, the other
+    // insert and the watch on the server's lock waits.
+    let db = Db::connect(&env.settings.database, 4).unwrap();
+    an_insert_waiting_on_a_row_lock_holds_back_no_other_insert(&db).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -252,5 +361,5 @@ async fn set_statements_on_sqlite_write_read_and_count_like_plain_sql() {
     .await
     .unwrap();
     every_set_statement_writes_what_it_was_given(&db).await;
-    a_large_set_is_one_statement(&db).await;
+    a_large_set_goes_in_whole_and_changes_in_one_statement(&db).await;
 }
