@@ -234,18 +234,13 @@ pub async fn update_in(
     and: &str,
     keys: &[i64],
 ) -> Result<u64, sqlx::Error> {
-    let rows: Vec<(i64, Vec<Bound<'_>>)> = keys.iter().map(|&k| (k, Vec::new())).collect();
+    if keys.is_empty() {
+        return Ok(0);
+    }
     let set = format!("{column} = ");
-    update_join(
-        tx,
-        table,
-        (&set, Some(value)),
-        &[],
-        key,
-        &format!("1 = 1{and}"),
-        &rows,
-    )
-    .await
+    let condition = format!("1 = 1{and}");
+    let keys = JsonRows::keys(keys);
+    update_join(tx, table, key, &keys, (&set, Some(value)), &[], &condition).await
 }
 
 /// Sets each row's own values on the rows matching its key, in one
@@ -261,31 +256,31 @@ pub async fn update_each<'a>(
     condition: &str,
     rows: &'a [(i64, Vec<Bound<'a>>)],
 ) -> Result<u64, sqlx::Error> {
-    update_join(tx, table, (fixed, None), columns, key, condition, rows).await
-}
-
-/// The `UPDATE` of [`update_in`] and [`update_each`]: `table` joined with
-/// the set (each row its key, then its `columns`' values), setting `fixed`
-/// (followed by the bound value when there is one) and then each column to
-/// the row's value.
-async fn update_join<'a>(
-    tx: &mut Tx,
-    table: &str,
-    (fixed, value): (&str, Option<Bound<'_>>),
-    columns: &[&str],
-    key: &str,
-    condition: &str,
-    rows: &'a [(i64, Vec<Bound<'a>>)],
-) -> Result<u64, sqlx::Error> {
     if rows.is_empty() {
         return Ok(0);
     }
-    let dialect = tx.sql();
     let set = JsonRows::of(rows, |(k, values)| {
         std::iter::once(Bound::Int(*k))
             .chain(values.iter().copied())
             .collect()
     });
+    update_join(tx, table, key, &set, (fixed, None), columns, condition).await
+}
+
+/// The `UPDATE` of [`update_in`] and [`update_each`]: `table` joined with
+/// `set` on its first column (`key`), setting `fixed` (followed by the bound
+/// value when there is one) and then each of `columns` to the set's next
+/// columns, where `condition` holds.
+async fn update_join(
+    tx: &mut Tx,
+    table: &str,
+    key: &str,
+    set: &JsonRows,
+    (fixed, value): (&str, Option<Bound<'_>>),
+    columns: &[&str],
+    condition: &str,
+) -> Result<u64, sqlx::Error> {
+    let dialect = tx.sql();
     let mut builder = QueryBuilder::new(format!("UPDATE {table} "));
     // MariaDB: UPDATE t JOIN set ON ... SET ...; SQLite: UPDATE t SET ... FROM set.
     if dialect == Dialect::MySql {

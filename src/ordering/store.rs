@@ -205,7 +205,7 @@ const HEAD_COLUMNS: &[&str] = &[
     "updated_ms",
 ];
 
-/// Parks every key of `parks` in one statement
+/// Parks every key of `parks` in one statement per piece
 /// ([`crate::db::rows`]): a key not parked yet is parked behind its head.
 /// A parked key takes the new head if `rehead` (a released record failed
 /// and takes its head's place); otherwise only if the new head is its head

@@ -213,19 +213,13 @@ async fn statements_run(tx: &mut orderpipe::db::Tx, kind: &str) -> Option<i64> {
 /// connection's multi-table `UPDATE`s says.
 async fn a_large_set_goes_in_whole_and_changes_in_one_statement(db: &Db) {
     let probes: Vec<(i64, String)> = (1000..2300).map(|k| (k, format!("bulk {k}"))).collect();
-    let mut tx = db.begin().await.unwrap();
-    let verb = tx.sql().insert_ignore_verb();
-    let written = rows::insert_returning(
-        &mut tx,
-        verb,
-        "rows_probe (k, name)",
-        "k",
-        &probes,
-        |(k, name)| vec![Bound::Int(*k), Bound::Text(name)],
-    )
-    .await
-    .unwrap();
     let keys: Vec<i64> = probes.iter().map(|p| p.0).collect();
+    let named: Vec<(i64, Option<&str>, Vec<u8>)> = probes
+        .iter()
+        .map(|(k, name)| (*k, Some(name.as_str()), Vec::new()))
+        .collect();
+    assert_eq!(insert(db, &named).await, keys);
+    let mut tx = db.begin().await.unwrap();
     let before = statements_run(&mut tx, "Com_update_multi").await;
     let changed = rows::update_in(
         &mut tx,
@@ -244,8 +238,6 @@ async fn a_large_set_goes_in_whole_and_changes_in_one_statement(db: &Db) {
     if let (Some(before), Some(after)) = (before, after) {
         assert_eq!(after - before, 1, "one UPDATE for 1,300 keys");
     }
-    let written: Vec<i64> = written.iter().map(|r| r.get(0)).collect();
-    assert_eq!(written, keys);
     let stored: Vec<(i64, String)> = sqlx::query_as(
         "SELECT k, name FROM rows_probe WHERE k >= 1000 AND note = 'bulk' ORDER BY id",
     )
