@@ -25,7 +25,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test soak bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-delivery bench-crash bench-cdc bench-console bench-dedup-upgrade cdc-vs-debezium
+.PHONY: build-deps run test soak bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-delivery bench-crash bench-cdc bench-console bench-dedup-upgrade cdc-vs-debezium heap-profile
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -100,6 +100,11 @@ bench-dedup-upgrade: build-deps ## the upgrade to compact dedup rows: migrate 00
 	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-dedup-upgrade.sh $(or $(ROWS),10000000)
+
+heap-profile: build-deps ## a consumer's memory and allocations: `consume` under heaptrack over COUNT (default 300k), the sites that hold most at the peak and those called most per event
+	cargo build --release --features harness --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/heap-profile.sh $(or $(COUNT),300000)
 
 bench-console: build-deps ## console: page render times with 100k dead letters (12 partitions x 5 groups), bulk replay console vs CLI
 	cargo build --release --features harness --bin orderpipe
