@@ -7,8 +7,9 @@
 //! changes stay in commit order in one partition.
 //!
 //! Exactly once for read_committed consumers: binlog transactions are
-//! gathered into a batch (up to `batch_max_rows` rows, `batch_max_bytes` or
-//! `batch_linger_ms`), and one Kafka transaction carries the batch's records
+//! gathered into a batch (what the stream holds, up to `batch_max_rows`
+//! rows or `batch_max_bytes`, and `batch_linger_ms` more once it holds
+//! nothing), and one Kafka transaction carries the batch's records
 //! and the checkpoint — the binlog position after its last transaction —
 //! to the compacted offsets topic, keyed by the source name
 //! ([`checkpoint`]). A transaction larger than `batch_max_rows` or
@@ -118,7 +119,9 @@ pub struct CdcSettings {
     /// The same bound in bytes of the binlog's rows events (the rows' size
     /// as the database wrote them, not as JSON).
     pub batch_max_bytes: usize,
-    /// How long a batch waits for more transactions once it has a change.
+    /// How long a batch with a change waits for more once the stream has
+    /// nothing ready (0: published at once; a batch grows while the
+    /// stream holds more, up to the bounds above).
     pub batch_linger_ms: u64,
     /// `json` (one envelope schema, data/old as JSON text) or `avro` (one
     /// schema per table, typed data/old, [`table_schema`]).
@@ -870,37 +873,50 @@ impl Publisher {
             }
         }
         let value = checkpoint.to_bytes();
-        self.send(
-            FutureRecord::to(&self.cdc.offsets_topic)
-                .key(checkpoint.source.as_bytes())
-                .payload(value.as_slice()),
-        )
-        .await
-        .map_err(|e| failed(e.into()))?;
-        // Commit flushes: every record above is acknowledged or the commit fails.
-        let committed =
-            crate::producer::transactional::commit(&self.producer, Duration::from_secs(60)).await;
-        if let Err(e) = committed {
-            // The flush before the commit delivered every report: which records were too big?
-            let mut refused = Vec::new();
-            for (index, delivery) in deliveries {
-                if let Ok(Ok(Err((e, _)))) =
-                    tokio::time::timeout(Duration::from_secs(5), delivery).await
-                    && is_size_refusal(&e)
-                {
-                    refused.push(index);
-                }
+        let checkpoint_delivery = self
+            .send(
+                FutureRecord::to(&self.cdc.offsets_topic)
+                    .key(checkpoint.source.as_bytes())
+                    .payload(value.as_slice()),
+            )
+            .await
+            .map_err(|e| failed(e.into()))?;
+        // Every acknowledgement before the commit, as the relay does. The
+        // commit flushes first, and rdkafka's flush, finding reports its
+        // own polling thread has not yet served, polls in 100 ms steps: a
+        // commit called before the reports were in waited out a step, so
+        // every transaction took ~100 ms and a lone change ~170 ms to reach
+        // a consumer (docs/cdc.md, "Latency").
+        let (indexes, futures): (Vec<_>, Vec<_>) = deliveries
+            .into_iter()
+            .map(|(index, delivery)| (Some(index), delivery))
+            .chain([(None, checkpoint_delivery)])
+            .unzip();
+        let reports = futures::future::join_all(futures).await;
+        let mut failure = None;
+        let mut refused = Vec::new();
+        for (index, report) in indexes.into_iter().zip(reports) {
+            let error = match report {
+                Ok(Ok(_)) => continue,
+                Ok(Err((e, _))) => e,
+                Err(_canceled) => KafkaError::Canceled,
+            };
+            if let Some(index) = index.filter(|_| is_size_refusal(&error)) {
+                refused.push(index);
             }
+            failure.get_or_insert(error);
+        }
+        if let Some(error) = failure {
             return Err(TxFailure {
-                error: e.into(),
+                error: error.into(),
                 refused,
             });
         }
-        Ok(())
+        crate::producer::transactional::commit(&self.producer, Duration::from_secs(60))
+            .await
+            .map_err(|e| failed(e.into()))
     }
 
-    /// Hands a record to librdkafka, waiting (not failing) while its queue
-    /// is full; the delivery report is not awaited (the commit covers it).
     async fn send(
         &self,
         mut record: FutureRecord<'_, [u8], [u8]>,
@@ -1080,10 +1096,15 @@ pub async fn run(
                     None => std::future::pending().await,
                 }
             };
+            // Biased: a transaction the stream already holds is taken
+            // before a due flush, so a batch grows while changes keep
+            // coming and is published once the stream has nothing ready
+            // (or at the batch limit); a lone change waits no linger.
             let (stop, next) = tokio::select! {
+                biased;
                 _ = &mut shutdown => (true, None),
-                _ = flush_due => (false, None),
                 tx = reader.next_transaction(limit) => (false, Some(tx)),
+                _ = flush_due => (false, None),
             };
             match next {
                 Some(Ok(tx)) => {

@@ -720,7 +720,7 @@ async fn lag_from_binlog_commit_to_a_read_committed_consumer() {
     let source =
         Source::new(&["CREATE TABLE lat (id BIGINT PRIMARY KEY, written_at DATETIME(6) NOT NULL)"])
             .await;
-    let mut cdc = source.spawn("lat");
+    let mut cdc = source.spawn_with("lat", &["--output", "json"]);
     let topic = source.topic("lat");
     let count = 2_000u64;
     let reader = {
@@ -754,6 +754,7 @@ async fn lag_from_binlog_commit_to_a_read_committed_consumer() {
             received
         })
     };
+    let writing = Instant::now();
     for i in 0..count {
         let sql = format!("INSERT INTO lat VALUES ({i}, UTC_TIMESTAMP(6))");
         sqlx::raw_sql(AssertSqlSafe(sql))
@@ -762,6 +763,7 @@ async fn lag_from_binlog_commit_to_a_read_committed_consumer() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let writing = writing.elapsed();
     let received = tokio::task::block_in_place(|| reader.join().unwrap());
     assert_eq!(
         received.len() as u64,
@@ -797,7 +799,25 @@ async fn lag_from_binlog_commit_to_a_read_committed_consumer() {
         at(1.0)
     );
     assert!(at(0.99) < 5_000.0, "p99 {} ms", at(0.99));
-    cdc.kill().unwrap();
+    // A Kafka transaction that waits for nothing takes a few ms here; one
+    // whose commit waited out rdkafka's 100 ms flush step (the commit
+    // called before the delivery reports were in) took ~100 ms, so the
+    // stream could not hold more than one per 100 ms of writing. The
+    // bound, 1.5 per 100 ms, is out of reach for such a commit and a sixth
+    // of what 10 ms per transaction makes of this stream.
+    let summary = crate::outbox::stop(&mut cdc);
+    let transactions = summary["kafka_transactions"].as_u64().unwrap();
+    let at_100ms = writing.as_secs_f64() / 0.1;
+    eprintln!(
+        "{transactions} Kafka transactions in {:.1} s of writing",
+        writing.as_secs_f64()
+    );
+    assert!(
+        transactions as f64 > 1.5 * at_100ms,
+        "{transactions} Kafka transactions for {count} single-row transactions over {:.1} s: \
+         about 100 ms each, a commit waiting on something other than the broker",
+        writing.as_secs_f64()
+    );
 }
 
 /// `[cdc] value_format = "avro"`: a snapshot and the stream write a table's
