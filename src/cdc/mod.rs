@@ -81,6 +81,12 @@ pub const LAG_METRIC: &str = "orderpipe_cdc_lag_seconds";
 /// this often, so the position keeps up with a busy database.
 const IDLE_CHECKPOINT: Duration = Duration::from_secs(5);
 
+/// A batch with changes stops gathering this long past its linger even
+/// while the stream still holds more (a change-less batch: at
+/// [`IDLE_CHECKPOINT`]), so a stream that is never idle, a backlog, is
+/// still published in bounded batches and its checkpoint moves.
+const GATHER_MAX: Duration = Duration::from_millis(100);
+
 /// The `[cdc]` section of the configuration: one binlog source.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1096,15 +1102,23 @@ pub async fn run(
                     None => std::future::pending().await,
                 }
             };
+            let overdue = wait.is_some_and(|at| {
+                Instant::now() >= at + if due { GATHER_MAX } else { Duration::ZERO }
+            });
             // Biased: a transaction the stream already holds is taken
             // before a due flush, so a batch grows while changes keep
-            // coming and is published once the stream has nothing ready
-            // (or at the batch limit); a lone change waits no linger.
-            let (stop, next) = tokio::select! {
-                biased;
-                _ = &mut shutdown => (true, None),
-                tx = reader.next_transaction(limit) => (false, Some(tx)),
-                _ = flush_due => (false, None),
+            // coming and is published once the stream has nothing ready,
+            // at the batch limit or when overdue; a lone change waits no
+            // linger.
+            let (stop, next) = if overdue {
+                (false, None)
+            } else {
+                tokio::select! {
+                    biased;
+                    _ = &mut shutdown => (true, None),
+                    tx = reader.next_transaction(limit) => (false, Some(tx)),
+                    _ = flush_due => (false, None),
+                }
             };
             match next {
                 Some(Ok(tx)) => {
