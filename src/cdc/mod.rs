@@ -923,6 +923,9 @@ impl Publisher {
             .map_err(|e| failed(e.into()))
     }
 
+    /// Hands a record to librdkafka, waiting (not failing) while its queue
+    /// is full; returns its delivery report, which `send_and_commit` awaits
+    /// before it commits.
     async fn send(
         &self,
         mut record: FutureRecord<'_, [u8], [u8]>,
