@@ -690,25 +690,37 @@ async fn published(env: &TestEnv, topic: &str, end: i64, stream: &mut Spawned) {
 }
 
 /// The sum of `topic`'s high watermarks: records and transaction markers.
+/// A partition without a leader yet (a topic just created, or a broker
+/// just restarted by the serial test before) is asked again, for 60 s.
 fn topic_end(env: &TestEnv, topic: &str) -> i64 {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let consumer: BaseConsumer =
         orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
             .create()
             .unwrap();
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .unwrap();
-    metadata.topics()[0]
-        .partitions()
-        .iter()
-        .map(|p| {
-            consumer
-                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
-                .unwrap()
-                .1
-        })
-        .sum()
+    let end = || -> rdkafka::error::KafkaResult<i64> {
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        metadata.topics()[0]
+            .partitions()
+            .iter()
+            .map(|p| {
+                consumer
+                    .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                    .map(|(_, high)| high)
+            })
+            .sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match end() {
+            Ok(end) => return end,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("{topic}'s watermarks: {e}; asking again");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("{topic}'s watermarks for 60 s: {e}"),
+        }
+    }
 }
 
 /// Measures the lag from a row's commit in MariaDB to a read_committed
