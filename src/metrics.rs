@@ -29,6 +29,8 @@ pub mod name {
     pub const TRANSACTIONS: &str = "orderpipe_relay_transactions_total";
     /// Relay shard producers dropped after a fatal error, by reason (fenced, fatal).
     pub const RELAY_PRODUCER_FATAL: &str = "orderpipe_relay_producer_fatal_total";
+    /// Published outbox rows the log-based relay deleted.
+    pub const RELAY_OUTBOX_DELETED: &str = "orderpipe_relay_outbox_deleted_total";
     /// Shards this relay leases with a ready (fenced-in) producer.
     pub const RELAY_SHARDS: &str = "orderpipe_relay_shards";
     /// Records received, by group and topic.

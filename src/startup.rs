@@ -9,6 +9,7 @@
 
 use crate::config::Settings;
 use crate::consumer::ConsumerSections;
+use crate::outbox::log_relay::LogRelaySections;
 use crate::outbox::relay::RelaySections;
 use crate::topics::TopicSpec;
 
@@ -55,6 +56,16 @@ pub fn relay_sections(settings: &Settings) -> RelaySections<'_> {
         producer: &settings.producer,
         registry: &settings.registry,
         topics: &settings.topics,
+    }
+}
+
+/// What the log-based relay reads of the settings.
+pub fn log_relay_sections(settings: &Settings) -> LogRelaySections<'_> {
+    LogRelaySections {
+        relay: relay_sections(settings),
+        outbox: &settings.outbox,
+        cdc: &settings.cdc,
+        database_url: &settings.database.url,
     }
 }
 

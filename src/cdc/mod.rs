@@ -374,21 +374,38 @@ struct Publisher {
     /// Per topic, the largest record it takes: read once per topic, lowered
     /// when the broker refuses a record anyway.
     limits: HashMap<String, RecordLimit>,
+    /// What the row changes become instead of change events (the
+    /// log-based outbox relay); `None`: change events.
+    rows: Option<Box<dyn RowRecords>>,
 }
 
-/// One record of a batch's Kafka transaction: a change, or a dead letter.
-struct Outgoing {
-    topic: String,
-    key: Vec<u8>,
-    value: Vec<u8>,
-    headers: Vec<(&'static str, Vec<u8>)>,
+/// One record of a batch's Kafka transaction: a change, a dead letter,
+/// or (the log-based outbox relay, [`RowRecords`]) an outbox row's record.
+pub(crate) struct Outgoing {
+    pub(crate) topic: String,
+    pub(crate) key: Vec<u8>,
+    pub(crate) value: Vec<u8>,
+    pub(crate) headers: OwnedHeaders,
     /// The change it carries (a change topic's record), for the metrics.
     change: Option<&'static str>,
     /// Its size as librdkafka counts it.
-    size: usize,
+    pub(crate) size: usize,
 }
 
 impl Outgoing {
+    /// A record of `headers` (name, value) on `topic`.
+    pub(crate) fn new(topic: String, key: Vec<u8>, value: Vec<u8>, headers: OwnedHeaders) -> Self {
+        let size = RecordLimit::record_size_with(&key, &value, &headers);
+        Self {
+            topic,
+            key,
+            value,
+            headers,
+            change: None,
+            size,
+        }
+    }
+
     /// The change record of `event` on `topic`; `truncated` marks its cut columns.
     fn change(
         topic: &str,
@@ -396,23 +413,47 @@ impl Outgoing {
         value: Vec<u8>,
         truncated: Option<&oversize::Truncated>,
     ) -> Self {
-        let headers = change_headers(event, truncated);
-        let key = event.key.clone().into_bytes();
-        let size = Self::size_of(&key, &value, &headers);
+        let headers = owned(&change_headers(event, truncated));
         Self {
-            topic: topic.to_string(),
-            key,
-            value,
-            headers,
             change: Some(event.change.as_str()),
-            size,
+            ..Self::new(
+                topic.to_string(),
+                event.key.clone().into_bytes(),
+                value,
+                headers,
+            )
         }
     }
+}
 
-    fn size_of(key: &[u8], value: &[u8], headers: &[(&'static str, Vec<u8>)]) -> usize {
-        let headers: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-        RecordLimit::record_size(key, value, &headers)
-    }
+/// `headers` as librdkafka's.
+fn owned(headers: &[(&'static str, Vec<u8>)]) -> OwnedHeaders {
+    headers.iter().fold(
+        OwnedHeaders::new_with_capacity(headers.len()),
+        |h, (key, value)| {
+            h.insert(Header {
+                key,
+                value: Some(value.as_slice()),
+            })
+        },
+    )
+}
+
+/// What `cdc`'s machinery publishes when it carries another stream than
+/// the change events: the log-based outbox relay ([`crate::outbox::log_relay`])
+/// reads the outbox table's inserts through it and turns each into the
+/// record the polling relay would write.
+pub(crate) trait RowRecords: Send {
+    /// The record of `change` (of `tx`), or none (a change the stream
+    /// does not publish). An error stops the stream, naming the row.
+    fn record<'a>(
+        &'a mut self,
+        tx: &'a BinlogTransaction,
+        change: &'a binlog::RowChange,
+    ) -> futures::future::BoxFuture<'a, Result<Option<Outgoing>, CdcError>>;
+
+    /// After the Kafka transaction of `records` (from `batch`) committed.
+    fn committed(&mut self, records: &[Outgoing], batch: &[BinlogTransaction]);
 }
 
 /// The headers of a change record; `truncated` marks its cut columns.
@@ -488,6 +529,7 @@ impl Publisher {
             options,
             transactional_id: id,
             limits: HashMap::new(),
+            rows: None,
         })
     }
 
@@ -770,8 +812,8 @@ impl Publisher {
             size: record.size(),
             topic: dead_letter_topic,
             key: record.key,
+            headers: owned(&record.headers),
             value: record.value,
-            headers: record.headers,
             change: None,
         }
     }
@@ -796,7 +838,11 @@ impl Publisher {
             let mut records = Vec::new();
             for tx in batch {
                 for (index, change) in tx.changes.iter().enumerate() {
-                    records.push(self.record_of(tx, index, change).await?);
+                    let record = match self.rows.as_mut() {
+                        Some(rows) => rows.record(tx, change).await?,
+                        None => Some(self.record_of(tx, index, change).await?),
+                    };
+                    records.extend(record);
                 }
             }
             tracing::debug!(records = records.len(), checkpoint = %checkpoint.position, "cdc: publishing a batch");
@@ -822,6 +868,9 @@ impl Publisher {
                 crate::producer::transactional::fenced(&self.options, &self.transactional_id)
                     .await?;
         };
+        if let Some(rows) = self.rows.as_mut() {
+            rows.committed(&records, batch);
+        }
         for record in &records {
             if let Some(change) = record.change {
                 counter!(CHANGES_METRIC, "topic" => record.topic.clone(), "change" => change)
@@ -850,21 +899,12 @@ impl Publisher {
         };
         let mut deliveries = Vec::with_capacity(records.len());
         for (index, record) in records.iter().enumerate() {
-            let headers = record.headers.iter().fold(
-                OwnedHeaders::new_with_capacity(record.headers.len()),
-                |h, (key, value)| {
-                    h.insert(Header {
-                        key,
-                        value: Some(value.as_slice()),
-                    })
-                },
-            );
             let sent = self
                 .send(
                     FutureRecord::to(&record.topic)
                         .key(record.key.as_slice())
                         .payload(record.value.as_slice())
-                        .headers(headers),
+                        .headers(record.headers.clone()),
                 )
                 .await;
             match sent {
@@ -946,8 +986,12 @@ impl Publisher {
 /// Creates the source's topics when missing (change topics, offsets
 /// topic); refuses to start when one differs in a way `ensure` will not fix.
 pub async fn ensure_topics(kafka: &KafkaSettings, cdc: &CdcSettings) -> Result<(), CdcError> {
+    ensure(kafka, cdc.topic_specs()).await
+}
+
+/// Creates `specs` when missing; refuses a topic `ensure` will not fix.
+async fn ensure(kafka: &KafkaSettings, specs: Vec<TopicSpec>) -> Result<(), CdcError> {
     let admin = TopicAdmin::new(kafka).map_err(|e| CdcError::Setup(e.to_string()))?;
-    let specs = cdc.topic_specs();
     let changes = admin
         .ensure(&specs.iter().collect::<Vec<_>>(), EnsureOptions::default())
         .await
@@ -968,7 +1012,9 @@ struct Started {
 
 /// The start-up both `cdc` and `cdc snapshot` do: check the source's
 /// settings and tables, create the topics, fence the previous producer.
-async fn start(sections: &CdcSections<'_>) -> Result<Started, CdcError> {
+/// For another stream than change events (`only_offsets`, [`RowRecords`])
+/// only the offsets topic is cdc's to create.
+async fn start(sections: &CdcSections<'_>, only_offsets: bool) -> Result<Started, CdcError> {
     let cdc = sections.cdc;
     let url = cdc
         .source
@@ -978,7 +1024,11 @@ async fn start(sections: &CdcSections<'_>) -> Result<Started, CdcError> {
         .to_string();
     let mut conn = binlog::connect(&url).await?;
     binlog::check_source(&mut conn, &cdc.tables).await?;
-    ensure_topics(sections.kafka, cdc).await?;
+    let mut specs = cdc.topic_specs();
+    if only_offsets {
+        specs.retain(|s| s.name == cdc.offsets_topic);
+    }
+    ensure(sections.kafka, specs).await?;
     let publisher = Publisher::new(sections).await?;
     Ok(Started {
         url,
@@ -993,6 +1043,17 @@ async fn start(sections: &CdcSections<'_>) -> Result<Started, CdcError> {
 pub async fn run(
     sections: CdcSections<'_>,
     options: CdcOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<CdcSummary, CdcError> {
+    run_with(sections, options, None, shutdown).await
+}
+
+/// [`run`], publishing what `rows` makes of the row changes (`None`:
+/// change events).
+pub(crate) async fn run_with(
+    sections: CdcSections<'_>,
+    options: CdcOptions,
+    rows: Option<Box<dyn RowRecords>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<CdcSummary, CdcError> {
     let cdc = sections.cdc;
@@ -1016,7 +1077,7 @@ pub async fn run(
     } = loop {
         let started = tokio::select! {
             _ = &mut shutdown => return Ok(summary),
-            started = start(&sections) => started,
+            started = start(&sections, rows.is_some()) => started,
         };
         match started {
             Ok(started) => break started,
@@ -1036,6 +1097,7 @@ pub async fn run(
         }
     };
     backoff.reset();
+    publisher.rows = rows;
     ready(READY_PRODUCER, None);
     let mut committed =
         match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {

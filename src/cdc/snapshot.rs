@@ -63,7 +63,7 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
         url,
         mut conn,
         mut publisher,
-    } = super::start(&sections).await?;
+    } = super::start(&sections, false).await?;
     let from =
         match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {
             Some(c) => c.position,

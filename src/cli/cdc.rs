@@ -168,11 +168,7 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
             summary.changes,
             summary.binlog_transactions,
             summary.kafka_transactions,
-            summary
-                .checkpoint
-                .as_ref()
-                .or(summary.started_at.as_ref())
-                .map_or("-".to_string(), ToString::to_string)
+            position_text(&summary.checkpoint, &summary.started_at)
         ),
     }
     Ok(ExitCode::SUCCESS)
@@ -263,4 +259,15 @@ fn sections<'a>(settings: &'a Settings, cdc: &'a crate::cdc::CdcSettings) -> Cdc
         registry: &settings.registry,
         database_url: &settings.database.url,
     }
+}
+
+/// The last checkpoint of a run, else where it started, else `-`.
+pub(super) fn position_text(
+    checkpoint: &Option<BinlogPosition>,
+    started_at: &Option<BinlogPosition>,
+) -> String {
+    checkpoint
+        .as_ref()
+        .or(started_at.as_ref())
+        .map_or("-".to_string(), ToString::to_string)
 }

@@ -9,9 +9,11 @@ use clap::Args;
 use super::OutputArg;
 use super::consume::shutdown_signal;
 use super::output::{self, Output};
+use crate::cdc::binlog::BinlogPosition;
 use crate::config::Settings;
 use crate::db::Db;
 use crate::health::HealthState;
+use crate::outbox::OutboxSource;
 use crate::outbox::relay::{CrashPoint, Relay, RelayOptions};
 use crate::outbox::wake::{WakeListener, WakeNotifier};
 
@@ -34,6 +36,14 @@ pub struct ApiArgs {
 /// Flags of `orderpipe relay`.
 #[derive(Debug, Args)]
 pub struct RelayArgs {
+    /// Where to read the outbox: binlog (its inserts in the binlog), poll (claim queries), or
+    /// auto (binlog when the database allows it, else poll). Default: outbox.source.
+    #[arg(long, value_enum)]
+    source: Option<OutboxSource>,
+    /// Binlog source: where to start when it has no checkpoint yet, FILE:POS (as SHOW MASTER
+    /// STATUS prints). Default: the binlog's current end. Ignored once a checkpoint exists.
+    #[arg(long, value_parser = BinlogPosition::parse)]
+    start_position: Option<BinlogPosition>,
     /// Name of this instance in the shard leases (the pod name); unique among running relays.
     #[arg(long, env = "HOSTNAME", default_value = "relay-0")]
     instance: String,
@@ -113,6 +123,24 @@ pub async fn api(settings: &Settings, args: ApiArgs) -> anyhow::Result<ExitCode>
 pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitCode> {
     // Before start-up: a SIGTERM in it stops the relay cleanly rather than killing it.
     super::signals::install()?;
+    let source = match args.source.unwrap_or(settings.outbox.source) {
+        OutboxSource::Auto => {
+            match crate::outbox::log_relay::binlog_usable(&settings.database.url).await {
+                Ok(()) => OutboxSource::Binlog,
+                Err(why) => {
+                    tracing::warn!(%why, "relay: outbox.source = auto: polling the outbox, the binlog is not usable");
+                    eprintln!(
+                        "relay: outbox.source = auto: polling the outbox table, because the binlog is not usable: {why}"
+                    );
+                    OutboxSource::Poll
+                }
+            }
+        }
+        chosen => chosen,
+    };
+    if source == OutboxSource::Binlog {
+        return log_relay(settings, args).await;
+    }
     // The shard pipelines share 8 connections: with one per claim and mark
     // (34), the marks of different shards contended on the same
     // clustered-index pages (their ids interleave): 8.0k rows/s against
@@ -151,7 +179,75 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
         wake,
     };
     serve_health(args.health_addr, &db).await?;
-    // Read-only rights on topics: check them, never create or alter them.
+    require_topics(settings)?;
+    let relay = Relay::new(crate::startup::relay_sections(settings), db, options).await?;
+    // A shard producer that keeps failing fatally ends the process non-zero.
+    let summary = relay.run(shutdown_signal()).await?;
+    match args.output.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
+        Output::Table => print_relay(&summary),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `orderpipe relay` reading the outbox from the binlog ([`crate::outbox::log_relay`]).
+async fn log_relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitCode> {
+    use crate::outbox::log_relay::{self, LogRelayOptions};
+    let polling_only = [
+        (args.until_idle.is_some(), "--until-idle"),
+        (args.crash_at.is_some(), "--crash-at"),
+        (args.wake_listen.is_some(), "--wake-listen"),
+    ];
+    if let Some((_, flag)) = polling_only.iter().find(|(given, _)| *given) {
+        anyhow::bail!(
+            "{flag} belongs to the polling relay; with --source binlog (or outbox.source = \"binlog\") leave it out, or pass --source poll"
+        );
+    }
+    let db = Db::connect(&settings.database, 4)?;
+    if args.migrate {
+        db.migrate().await?;
+    }
+    crate::metrics::install();
+    let health = log_relay::health();
+    if let Some(addr) = args.health_addr {
+        let bound = crate::health::serve(addr, health.clone()).await?;
+        eprintln!("health endpoints on http://{bound}/health/ready");
+    }
+    require_topics(settings)?;
+    let options = LogRelayOptions {
+        instance: args.instance,
+        transactional_id_prefix: args
+            .transactional_id_prefix
+            .unwrap_or_else(|| settings.producer.transactional_id_prefix.clone()),
+        lease_ttl: Duration::from_secs(args.lease_ttl.max(1)),
+        sent_retention: args.sent_retention,
+        start_position: args.start_position,
+        health: Some(health),
+    };
+    let summary = log_relay::run(
+        crate::startup::log_relay_sections(settings),
+        db,
+        options,
+        shutdown_signal(),
+    )
+    .await?;
+    match args.output.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
+        Output::Table => println!(
+            "relay (binlog): published {} outbox rows in {} Kafka transactions, dead-lettered {}, deleted {} published rows; checkpoint {}",
+            summary.published,
+            summary.transactions,
+            summary.dead_lettered,
+            summary.deleted,
+            super::cdc::position_text(&summary.checkpoint, &summary.started_at)
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Checks the topics a relay writes exist as declared (read-only rights on
+/// topics: it never creates or alters them).
+fn require_topics(settings: &Settings) -> anyhow::Result<()> {
     let required = [
         &settings.topics.order_events,
         &settings.topics.inventory_events,
@@ -163,14 +259,7 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
         &required,
         &crate::topics::ensure_command(None),
     )?;
-    let relay = Relay::new(crate::startup::relay_sections(settings), db, options).await?;
-    // A shard producer that keeps failing fatally ends the process non-zero.
-    let summary = relay.run(shutdown_signal()).await?;
-    match args.output.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
-        Output::Table => print_relay(&summary),
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// Serves `/metrics` and `/health/*` for a role that does not consume.

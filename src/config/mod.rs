@@ -67,9 +67,9 @@ pub struct Settings {
     pub database: crate::db::DatabaseSettings,
     /// Declared topics.
     pub topics: crate::topics::TopicsSettings,
-    /// The relay's wake-up on new outbox rows (`[outbox]`).
+    /// Where the relay reads the outbox, and its wake-up (`[outbox]`).
     #[serde(default)]
-    pub outbox: crate::outbox::wake::WakeSettings,
+    pub outbox: crate::outbox::OutboxSettings,
     /// The control plane's admin API (`[admin]`: address, token).
     #[serde(default)]
     pub admin: crate::subscriptions::admin::AdminSettings,

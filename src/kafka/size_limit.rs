@@ -26,6 +26,8 @@
 
 use std::collections::BTreeMap;
 
+use rdkafka::message::{Headers, OwnedHeaders};
+
 use super::client::KafkaSettings;
 
 /// librdkafka's default `message.max.bytes`.
@@ -92,6 +94,15 @@ impl RecordLimit {
             })
             .sum();
         RECORD_OVERHEAD + key.len() + value.len() + headers
+    }
+
+    /// [`Self::record_size`] of a record with librdkafka's headers.
+    pub fn record_size_with(key: &[u8], value: &[u8], headers: &OwnedHeaders) -> usize {
+        let pairs: Vec<(&str, &[u8])> = headers
+            .iter()
+            .map(|h| (h.key, h.value.unwrap_or_default()))
+            .collect();
+        Self::record_size(key, value, &pairs)
     }
 
     /// Whether a record of `size` ([`Self::record_size`]) may be produced.

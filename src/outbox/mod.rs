@@ -17,16 +17,107 @@
 
 pub mod dead_letter;
 pub mod limits;
+pub mod log_relay;
 pub mod relay;
 pub mod wake;
 
 use metrics::gauge;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::db::{DbError, Tx};
 use crate::envelope::Envelope;
 use crate::metrics::name;
+
+/// Where `orderpipe relay` reads the outbox rows it publishes
+/// (`outbox.source`, `--source`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum OutboxSource {
+    /// The binlog when the database allows it at start, else polling (with
+    /// a warning saying why).
+    Auto,
+    /// The inserts of `outbox_messages` in the binlog ([`log_relay`]).
+    Binlog,
+    /// Claim queries on the table ([`relay`]), for databases without
+    /// binlog access. The default in this release (docs/relay.md).
+    #[default]
+    Poll,
+}
+
+/// The `[outbox]` section: where the relay reads, and its wake-up.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboxSettings {
+    /// `auto` | `binlog` | `poll`.
+    pub source: OutboxSource,
+    /// The log-based relay's name: the key of its checkpoint, its lease and
+    /// its `transactional.id` (`<prefix>-cdc-<name>`).
+    pub binlog_name: String,
+    /// The log-based relay's replica `server_id`: unique among the
+    /// database's replicas (and apart from `cdc.server_id`).
+    pub binlog_server_id: u32,
+    /// The compacted topic of the log-based relay's checkpoints.
+    pub offsets_topic: String,
+    /// Where the polling relay listens for wake-up datagrams (`host:port`;
+    /// port 0 = any free port, printed at start). Empty: it does not listen
+    /// and finds new rows at its next poll.
+    pub wake_listen: String,
+    /// Where the API sends a wake-up after each commit (`host:port` of each
+    /// relay, or a name resolving to all of them, such as a headless
+    /// Service). Empty: it sends none.
+    pub wake_targets: Vec<String>,
+}
+
+impl Default for OutboxSettings {
+    fn default() -> Self {
+        Self {
+            source: OutboxSource::Poll,
+            binlog_name: "outbox".into(),
+            binlog_server_id: 4202,
+            offsets_topic: "orderpipe.outbox.offsets".into(),
+            wake_listen: String::new(),
+            wake_targets: Vec::new(),
+        }
+    }
+}
+
+impl OutboxSettings {
+    /// Rejects values that would only fail later, naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let check = |field: &str, addr: &str| {
+            let ok = addr
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{field}: `{addr}` is not host:port (e.g. 127.0.0.1:7070 or orderpipe-relay:7070)"
+                ))
+            }
+        };
+        if !self.wake_listen.is_empty() {
+            check("outbox.wake_listen", &self.wake_listen)?;
+        }
+        self.wake_targets
+            .iter()
+            .try_for_each(|t| check("outbox.wake_targets", t))?;
+        if self.binlog_name.is_empty() || self.binlog_name.contains(char::is_whitespace) {
+            return Err(format!(
+                "outbox.binlog_name = {:?}: must be non-empty, without spaces",
+                self.binlog_name
+            ));
+        }
+        if self.binlog_server_id == 0 {
+            return Err("outbox.binlog_server_id = 0: a replica needs a server_id from 1 to 4294967295, unique among the database's replicas".into());
+        }
+        if self.offsets_topic.trim().is_empty() {
+            return Err("outbox.offsets_topic is empty: name the compacted topic of the log-based relay's checkpoints".into());
+        }
+        Ok(())
+    }
+}
 
 /// Shards of the outbox; a relay owns whole shards.
 pub const SHARDS: i64 = 16;

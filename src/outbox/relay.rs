@@ -232,6 +232,25 @@ pub enum RelayError {
     },
 }
 
+/// The codecs of the topics an outbox row may name (order and inventory
+/// events), their schemas registered (or looked up) at once.
+pub(crate) async fn topic_codecs(
+    registry: &RegistrySettings,
+    topics: &TopicsSettings,
+) -> Result<BTreeMap<String, Codec>, RelayError> {
+    let catalog = SchemaCatalog::embedded();
+    let mut codecs = BTreeMap::new();
+    for (topic, schema) in [
+        (&topics.order_events.name, catalog.order_events()),
+        (&topics.inventory_events.name, catalog.inventory_events()?),
+    ] {
+        let codec = Codec::new(registry, topic, schema, registry.auto_register)?;
+        codec.warm_up().await?;
+        codecs.insert(topic.clone(), codec);
+    }
+    Ok(codecs)
+}
+
 /// Whether a producer error leaves the producer unusable: fenced by a newer
 /// producer with the same `transactional.id`, or in librdkafka's fatal state.
 fn is_fatal(error: &KafkaError, producer: &MeasuredProducer) -> bool {
@@ -347,24 +366,7 @@ impl Relay {
                 &topics.dead_letter.name,
             ])
             .await;
-        let catalog = SchemaCatalog::embedded();
-        let mut codecs = BTreeMap::new();
-        for (topic, schema) in [
-            (&settings.topics.order_events.name, catalog.order_events()),
-            (
-                &settings.topics.inventory_events.name,
-                catalog.inventory_events()?,
-            ),
-        ] {
-            let codec = Codec::new(
-                settings.registry,
-                topic,
-                schema,
-                settings.registry.auto_register,
-            )?;
-            codec.warm_up().await?;
-            codecs.insert(topic.clone(), codec);
-        }
+        let codecs = topic_codecs(settings.registry, settings.topics).await?;
         let (wake, wake_rx) = watch::channel(0u64);
         let (events_tx, events) = mpsc::unbounded_channel();
         let shared = Arc::new(shard::ShardShared {

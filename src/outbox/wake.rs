@@ -22,14 +22,12 @@
 //! committed during a claim are claimed right after it.
 //!
 //! Configuration: `[outbox] wake_listen` (relay, `--wake-listen`) and
-//! `[outbox] wake_targets` (API, `--wake-relay`), see [`WakeSettings`].
+//! `[outbox] wake_targets` (API, `--wake-relay`), see [`super::OutboxSettings`].
 
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 
 /// What a wake-up datagram carries (its content is not checked: any
 /// datagram on the port wakes the relay, the worst a stray one does is an
@@ -39,44 +37,6 @@ const DATAGRAM: &[u8] = b"orderpipe-outbox-wake";
 /// How often a [`WakeNotifier`] resolves its host names again (a headless
 /// Service's name resolves to the relay pods running now).
 pub const RESOLVE_EVERY: Duration = Duration::from_secs(15);
-
-/// The `[outbox]` section: the relay's wake-up.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(default, deny_unknown_fields)]
-pub struct WakeSettings {
-    /// Where the relay listens for wake-up datagrams (`host:port`; port 0 =
-    /// any free port, printed at start). Empty: it does not listen and
-    /// finds new rows at its next poll.
-    pub wake_listen: String,
-    /// Where the API sends a wake-up after each commit (`host:port` of each
-    /// relay, or a name resolving to all of them, such as a headless
-    /// Service). Empty: it sends none.
-    pub wake_targets: Vec<String>,
-}
-
-impl WakeSettings {
-    /// Rejects an address that is not `host:port`, naming the field.
-    pub fn validate(&self) -> Result<(), String> {
-        let check = |field: &str, addr: &str| {
-            let ok = addr
-                .rsplit_once(':')
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if ok {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{field}: `{addr}` is not host:port (e.g. 127.0.0.1:7070 or orderpipe-relay:7070)"
-                ))
-            }
-        };
-        if !self.wake_listen.is_empty() {
-            check("outbox.wake_listen", &self.wake_listen)?;
-        }
-        self.wake_targets
-            .iter()
-            .try_for_each(|t| check("outbox.wake_targets", t))
-    }
-}
 
 /// The relay's side: a UDP socket whose datagrams end an idle wait.
 #[derive(Debug)]
@@ -164,7 +124,7 @@ impl WakeNotifier {
     }
 
     /// The notifier of `settings.wake_targets`; None when there are none.
-    pub fn from_settings(settings: &WakeSettings) -> io::Result<Option<Self>> {
+    pub fn from_settings(settings: &super::OutboxSettings) -> io::Result<Option<Self>> {
         if settings.wake_targets.is_empty() {
             Ok(None)
         } else {
@@ -236,12 +196,13 @@ mod tests {
 
     #[test]
     fn addresses_are_checked_naming_the_field() {
-        let ok = WakeSettings {
+        let ok = crate::outbox::OutboxSettings {
             wake_listen: "0.0.0.0:7070".into(),
             wake_targets: vec!["orderpipe-relay:7070".into()],
+            ..Default::default()
         };
         assert_eq!(ok.validate(), Ok(()));
-        let bad = WakeSettings {
+        let bad = crate::outbox::OutboxSettings {
             wake_listen: "7070".into(),
             ..Default::default()
         };
@@ -250,7 +211,7 @@ mod tests {
                 .unwrap_err()
                 .starts_with("outbox.wake_listen: `7070` is not host:port")
         );
-        let bad = WakeSettings {
+        let bad = crate::outbox::OutboxSettings {
             wake_targets: vec!["relay:http".into()],
             ..Default::default()
         };
@@ -259,7 +220,7 @@ mod tests {
                 .unwrap_err()
                 .starts_with("outbox.wake_targets: `relay:http`")
         );
-        assert_eq!(WakeSettings::default().validate(), Ok(()));
+        assert_eq!(crate::outbox::OutboxSettings::default().validate(), Ok(()));
     }
 
     #[test]

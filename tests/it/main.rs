@@ -31,6 +31,7 @@ mod exactly_once;
 mod helpers;
 mod integrity;
 mod latency;
+mod log_relay;
 mod observability;
 mod operator;
 mod ordering;

@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use metrics::histogram;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Headers, OwnedHeaders};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer};
 use sqlx::Row;
 use tokio::sync::{mpsc, watch};
@@ -637,7 +637,7 @@ async fn encode(
         .await
         .map_err(|e| ClaimError::Row(row.id, e.to_string()))?;
     let headers = record_headers(&envelope);
-    let size = record_size(&row.key, &payload, &headers);
+    let size = RecordLimit::record_size_with(row.key.as_bytes(), &payload, &headers);
     let refusals = refused.get(&row.id);
     let mut limit = shared.limits.cached(&row.topic);
     if !limit.fits(size) || refusals.is_some() {
@@ -672,15 +672,6 @@ async fn encode(
         key: row.key,
         payload,
     }))
-}
-
-/// The size librdkafka counts for a record ([`RecordLimit::record_size`]).
-fn record_size(key: &str, payload: &[u8], headers: &OwnedHeaders) -> usize {
-    let pairs: Vec<(&str, &[u8])> = headers
-        .iter()
-        .map(|h| (h.key, h.value.unwrap_or_default()))
-        .collect();
-    RecordLimit::record_size(key.as_bytes(), payload, &pairs)
 }
 
 /// Rows whose record the broker (or librdkafka) refused as too large:

@@ -1,0 +1,369 @@
+//! The log-based outbox relay (`relay --source binlog`) against MariaDB's
+//! binlog and Kafka: the records it writes are the polling relay's, byte
+//! for byte; SIGKILLs and failovers to a standby lose no row and show none
+//! twice; published rows leave the table.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rdkafka::Message;
+use rdkafka::message::{Headers, OwnedMessage};
+use sqlx::{AssertSqlSafe, MySqlPool, Row};
+
+use crate::helpers::{MYSQL_ADMIN_URL, Spawned, TestEnv, cdc_server_id, header};
+use crate::outbox::{drive_orders, read_settled, start_api};
+
+/// A test database whose outbox inserts are also copied (by a trigger, in
+/// the same transaction) to `outbox_copy`: the oracle of what was written,
+/// in id order, after the relay deleted the published rows.
+async fn log_env() -> (TestEnv, MySqlPool) {
+    let mut env = TestEnv::new().with_database().await;
+    let prefix = env.prefix.clone();
+    env.set_env("ORDERPIPE_OUTBOX__BINLOG_NAME", &format!("{prefix}-outbox"));
+    env.set_env(
+        "ORDERPIPE_OUTBOX__OFFSETS_TOPIC",
+        &format!("{prefix}.outbox.offsets"),
+    );
+    env.set_env("ORDERPIPE_OUTBOX__BINLOG_SERVER_ID", &cdc_server_id());
+    let pool = MySqlPool::connect(&format!("{MYSQL_ADMIN_URL}op_{prefix}"))
+        .await
+        .unwrap();
+    for ddl in [
+        "CREATE TABLE outbox_copy (id BIGINT PRIMARY KEY, event_id CHAR(36) NOT NULL, message_key VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL)",
+        "CREATE TRIGGER outbox_copy_insert AFTER INSERT ON outbox_messages FOR EACH ROW \
+         INSERT INTO outbox_copy (id, event_id, message_key, topic) VALUES (NEW.id, NEW.event_id, NEW.message_key, NEW.topic)",
+    ] {
+        sqlx::query(AssertSqlSafe(ddl))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    env.cli(&["topics", "ensure"]).success();
+    (env, pool)
+}
+
+/// The binlog's end now (`FILE:POS`).
+async fn binlog_end(pool: &MySqlPool) -> String {
+    let row = sqlx::query("SHOW MASTER STATUS")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    format!("{}:{}", row.get::<String, _>(0), row.get::<u64, _>(1))
+}
+
+/// What the service wrote: per topic, (key, event id) in id order.
+async fn written(pool: &MySqlPool) -> BTreeMap<String, Vec<(String, String)>> {
+    let rows: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT topic, message_key, event_id FROM outbox_copy ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let mut by_topic: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for (topic, key, id) in rows {
+        by_topic.entry(topic).or_default().push((key, id));
+    }
+    by_topic
+}
+
+async fn count(pool: &MySqlPool, sql: &'static str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(pool).await.unwrap();
+    n
+}
+
+/// Every record of `topic` read_committed, once the topic holds `expected`
+/// of them (fails after `limit`).
+fn read_when(env: &TestEnv, topic: &str, expected: usize, limit: Duration) -> Vec<OwnedMessage> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let records = read_settled(env, topic);
+        if records.len() >= expected || Instant::now() > deadline {
+            return records;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Each written event exactly once on its topic and, per order, in the
+/// order the service wrote them.
+fn assert_once_in_order(
+    env: &TestEnv,
+    written: &BTreeMap<String, Vec<(String, String)>>,
+    limit: Duration,
+) {
+    for (topic, rows) in written {
+        let records = read_when(env, topic, rows.len(), limit);
+        let ids: Vec<String> = records
+            .iter()
+            .map(|m| header(m, "event_id").unwrap())
+            .collect();
+        let unique: BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len(), "{topic}: an event twice");
+        let expected: BTreeSet<&String> = rows.iter().map(|(_, id)| id).collect();
+        assert_eq!(
+            unique, expected,
+            "{topic}: the events written, no more, no less"
+        );
+        let mut on_topic: BTreeMap<String, Vec<(i32, i64, String)>> = BTreeMap::new();
+        for m in &records {
+            let key = String::from_utf8_lossy(m.key().unwrap()).into_owned();
+            on_topic.entry(key).or_default().push((
+                m.partition(),
+                m.offset(),
+                header(m, "event_id").unwrap(),
+            ));
+        }
+        let mut per_order: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (key, id) in rows {
+            per_order.entry(key).or_default().push(id);
+        }
+        for (key, ids) in per_order {
+            let mut got = on_topic.remove(key).unwrap();
+            got.sort();
+            let got: Vec<&str> = got.iter().map(|g| g.2.as_str()).collect();
+            assert_eq!(got, ids, "{topic}: order {key} out of order");
+        }
+    }
+}
+
+fn log_relay(env: &TestEnv, instance: &str, extra: &[&str]) -> Spawned {
+    let mut args = vec![
+        "relay",
+        "--source",
+        "binlog",
+        "--instance",
+        instance,
+        "--output",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    env.spawn(&args)
+}
+
+/// (partition, key, value, headers) of a record.
+type Bytes = (i32, Vec<u8>, Vec<u8>, Vec<(String, Vec<u8>)>);
+
+fn bytes_of(m: &OwnedMessage) -> Bytes {
+    let headers = m
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                .collect()
+        })
+        .unwrap_or_default();
+    (
+        m.partition(),
+        m.key().unwrap_or_default().to_vec(),
+        m.payload().unwrap_or_default().to_vec(),
+        headers,
+    )
+}
+
+/// The same outbox rows published by the polling relay, then read from the
+/// binlog from before they were written: every record twice on its topic,
+/// the two equal in partition, key, value and headers, byte for byte. The
+/// polling relay's marks (updates) are in the binlog too and publish
+/// nothing; the log relay deletes the rows it published.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_log_relay_writes_the_polling_relays_records_byte_for_byte() {
+    let (env, pool) = log_env().await;
+    let start = binlog_end(&pool).await;
+    let api = start_api(&env).await;
+    drive_orders(&api, 60, 8).await;
+    let written = written(&pool).await;
+    let rows: usize = written.values().map(Vec::len).sum();
+    assert!(written.len() == 2 && rows > 150, "{rows} rows: {written:?}");
+    env.cli(&[
+        "relay",
+        "--source",
+        "poll",
+        "--instance",
+        "poll",
+        "--until-idle",
+        "2",
+    ])
+    .success();
+    let mut relay = log_relay(&env, "log", &["--start-position", &start]);
+    let mut compared = 0;
+    for (topic, events) in &written {
+        let records = read_when(&env, topic, 2 * events.len(), Duration::from_secs(60));
+        assert_eq!(
+            records.len(),
+            2 * events.len(),
+            "{topic}: both relays' records"
+        );
+        let mut by_id: BTreeMap<String, Vec<Bytes>> = BTreeMap::new();
+        for m in &records {
+            by_id
+                .entry(header(m, "event_id").unwrap())
+                .or_default()
+                .push(bytes_of(m));
+        }
+        for (id, pair) in &by_id {
+            assert_eq!(pair.len(), 2, "{topic} {id}: one record from each relay");
+            assert_eq!(
+                pair[0], pair[1],
+                "{topic} {id}: the two relays' records differ"
+            );
+            assert_eq!(pair[0].3.len(), 5, "{topic} {id}: the five headers");
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, rows);
+    // The published rows leave the table (the copy keeps them).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count(&pool, "SELECT COUNT(*) FROM outbox_messages").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "published rows not deleted in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let summary = crate::outbox::stop(&mut relay);
+    assert_eq!(summary["published"], rows, "{summary}");
+    assert_eq!(summary["deleted"], rows, "{summary}");
+}
+
+/// 16 writers through the API while the active log relay is SIGKILLed five
+/// times, each time at a moment it has just published, and a standby under
+/// another name takes over from the checkpoint when the lease expires: every
+/// event once, per order in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkilled_log_relays_fail_over_to_a_standby_and_lose_nothing_nor_repeat_anything() {
+    let (env, pool) = log_env().await;
+    let start = binlog_end(&pool).await;
+    let api = start_api(&env).await;
+    // The writers go on until the last kill.
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writers = tokio::spawn({
+        let writing = writing.clone();
+        async move {
+            let mut events = 0;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                events += drive_orders(&api, 100, 16).await;
+            }
+            events
+        }
+    });
+    let order_topic = env.settings.topics.order_events.name.clone();
+    let spawn = |n: usize| {
+        let name = format!("relay-{n}");
+        (
+            name.clone(),
+            log_relay(
+                &env,
+                &name,
+                &["--start-position", &start, "--lease-ttl", "2"],
+            ),
+        )
+    };
+    let mut relays: BTreeMap<String, Spawned> = BTreeMap::from([spawn(0), spawn(1)]);
+    let mut next = 2;
+    let mut kills = 0;
+    while kills < 5 {
+        // The lease holder, once it has published more than before.
+        let before = end_offsets(&env, &order_topic);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let holder = loop {
+            assert!(Instant::now() < deadline, "no relay published for 60 s");
+            let holder: Option<(String,)> = sqlx::query_as(
+                "SELECT owner FROM relay_source_leases WHERE expires_ms > UNIX_TIMESTAMP(NOW(3)) * 1000",
+            )
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            if let Some((holder,)) = holder
+                && relays.contains_key(&holder)
+                && end_offsets(&env, &order_topic) > before
+            {
+                break holder;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // A moment into its next batch, not at a round point.
+        tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % 40)).await;
+        let mut killed = relays.remove(&holder).unwrap();
+        killed.kill().unwrap();
+        let _ = killed.wait();
+        kills += 1;
+        let (name, standby) = spawn(next);
+        relays.insert(name, standby);
+        next += 1;
+    }
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let events = writers.await.unwrap();
+    eprintln!("{kills} SIGKILLs of the lease holder during {events} events");
+    let written = written(&pool).await;
+    assert_once_in_order(&env, &written, Duration::from_secs(90));
+    for (_, mut relay) in relays {
+        let _ = crate::outbox::stop(&mut relay);
+    }
+}
+
+/// Sum of the high watermarks of `topic`.
+fn end_offsets(env: &TestEnv, topic: &str) -> i64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let client: BaseConsumer =
+        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
+            .create()
+            .unwrap();
+    let Ok(metadata) = client.fetch_metadata(Some(topic), Duration::from_secs(10)) else {
+        return 0;
+    };
+    metadata.topics()[0]
+        .partitions()
+        .iter()
+        .filter_map(|p| {
+            client
+                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                .ok()
+        })
+        .map(|(_, high)| high)
+        .sum()
+}
+
+/// `--source binlog` refuses the polling relay's flags, naming them; a bad
+/// `--source` names the accepted values.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_log_relay_flags_name_the_flag_and_the_choices() {
+    let env = TestEnv::new();
+    let run = env.cli(&["relay", "--source", "binlog", "--until-idle", "2"]);
+    let text = run.failure();
+    assert!(
+        text.contains("--until-idle") && text.contains("--source poll"),
+        "{text}"
+    );
+    let text = env.cli(&["relay", "--source", "wal"]).failure();
+    assert!(
+        text.contains("auto") && text.contains("binlog") && text.contains("poll"),
+        "{text}"
+    );
+}
+
+/// `auto` polls, with a warning that says why, when the binlog cannot be
+/// read: here a SQLite database, which has none.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_falls_back_to_polling_and_says_why() {
+    let mut env = TestEnv::new();
+    env.cli(&["topics", "ensure"]).success();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/outbox.db?mode=rwc", dir.path().display());
+    env.set_env("ORDERPIPE_DATABASE__URL", &url);
+    let run = env.cli(&[
+        "relay",
+        "--source",
+        "auto",
+        "--instance",
+        "auto",
+        "--migrate",
+        "--until-idle",
+        "1",
+    ]);
+    run.success();
+    let text = run.text();
+    assert!(
+        text.contains("polling the outbox table, because the binlog is not usable")
+            && text.contains("not a mysql:// URL"),
+        "{text}"
+    );
+}
