@@ -16,7 +16,9 @@
 # report's CDF).
 #
 #   dev/bench-latency.sh [RATE] [EVENTS] [SECS_A] [SECS_B]   (called by dev/bench-relay.sh)
-#   RUNS=low (or high) runs one of the two.
+#   RUNS=low (or high) runs one of the two. SOURCE=binlog runs the log-based
+#   relay (`relay --source binlog`, no wake-up, no poll) instead of the
+#   polling one; its runs are named low-binlog / high-binlog.
 set -euo pipefail
 RATE="${1:-100}"
 EVENTS="${2:-5000}"
@@ -55,17 +57,30 @@ announced() {
   echo "no address announced in $file" >&2; return 1
 }
 
+SOURCE="${SOURCE:-poll}"
+if [ "$SOURCE" = binlog ]; then
+  export ORDERPIPE_OUTBOX__BINLOG_NAME="$RUN_ID-outbox" ORDERPIPE_OUTBOX__OFFSETS_TOPIC="$RUN_ID.outbox.offsets"
+  export ORDERPIPE_OUTBOX__BINLOG_SERVER_ID=$(( 100000 + RANDOM * 7 + $$ % 1000 ))
+fi
+
 run() {
   local label="$1" slug="$2" orders="$3" rate="$4" drivers="$5" secs="$6"
-  echo "== $label: $orders orders at $rate orders/s ($drivers drivers), relay woken by the API"
   : > "$WORK/api.tsv"; : > "$WORK/applied.tsv"
-  "$BIN" relay --instance "bench-lat-$slug" --batch-size 500 --poll-ms 100 --wake-listen 127.0.0.1:0 \
-    --health-addr 127.0.0.1:0 > /dev/null 2> "$WORK/relay.err" &
+  if [ "$SOURCE" = binlog ]; then
+    label="$label, log-based relay"; slug="$slug-binlog"
+    echo "== $label: $orders orders at $rate orders/s ($drivers drivers), relay reading the binlog"
+    RELAY_CMD=(relay --source binlog --instance "bench-lat-$slug" --health-addr 127.0.0.1:0)
+  else
+    echo "== $label: $orders orders at $rate orders/s ($drivers drivers), relay woken by the API"
+    RELAY_CMD=(relay --source poll --instance "bench-lat-$slug" --batch-size 500 --poll-ms 100 --wake-listen 127.0.0.1:0 --health-addr 127.0.0.1:0)
+  fi
+  "$BIN" "${RELAY_CMD[@]}" > /dev/null 2> "$WORK/relay.err" &
   RELAY=$!
   ORDERPIPE_CHAOS__COMMIT_STAMPS="$WORK/applied.tsv" "$BIN" consume --group "$GROUP" --handler notification \
     --start-from latest --health-addr 127.0.0.1:0 > /dev/null 2> "$WORK/consumer.err" &
   CONSUMER=$!
-  WAKE=$(announced "$WORK/relay.err" "relay wake-up listening on udp://")
+  WAKE=""
+  [ "$SOURCE" = binlog ] || WAKE=$(announced "$WORK/relay.err" "relay wake-up listening on udp://")
   RELAY_HTTP=$(announced "$WORK/relay.err" "health endpoints on http://")
   CONSUMER_HTTP=$(announced "$WORK/consumer.err" "health endpoints on http://")
   # Leases, producers, the group's first assignment.
@@ -76,6 +91,7 @@ run() {
   (
     t0=$(date +%s.%N)
     while sleep 2; do
+      # The log-based relay deletes what it published; the polling one marks it.
       backlog=$(SQL -e "SELECT COUNT(*) FROM $DB.outbox_messages WHERE sent_ms IS NULL" 2>/dev/null || echo 0)
       lag=$(curl -s "http://$CONSUMER_HTTP/metrics" | awk '/^orderpipe_consumer_lag_records/ {s += $NF} END {print s + 0}')
       echo "$(python3 -c "import time; print(round(time.time() - $t0, 2))") $backlog $lag" >> "$WORK/samples"
@@ -84,7 +100,8 @@ run() {
   SAMPLER=$!
   # A driver that cannot keep the rate (the API's commits are the limit on a
   # loaded box) is stopped at twice the run's length; what it did is measured.
-  ORDERPIPE_OUTBOX__WAKE_TARGETS="[\"$WAKE\"]" timeout "$((secs * 2 + 10))" "$BIN" bench-drive-orders --orders "$orders" \
+  local targets="[]"; [ -n "$WAKE" ] && targets="[\"$WAKE\"]"
+  ORDERPIPE_OUTBOX__WAKE_TARGETS="$targets" timeout "$((secs * 2 + 10))" "$BIN" bench-drive-orders --orders "$orders" \
     --rate "$rate" --drivers "$drivers" --seed 2 --stamps "$WORK/api.tsv" > "$WORK/drive.json" \
     || echo "{\"stopped\": \"after $((secs * 2 + 10)) s, behind the rate\", \"events\": $(wc -l < "$WORK/api.tsv")}" > "$WORK/drive.json"
   # Let the tail drain (applied stamps stop growing for 3 s, at most 60 s).
@@ -110,7 +127,7 @@ run() {
   echo "consumer handler: $(cat "$WORK/handler.json")"
   echo "relay stages:"; cat "$WORK/stages.json"
   echo "backlog/lag every 2 s: $(cat "$WORK/slope.json")"
-  local cmd="dev/bench-latency.sh: orderpipe relay --poll-ms 100 --wake-listen 127.0.0.1:0 & ORDERPIPE_CHAOS__COMMIT_STAMPS=F orderpipe consume --handler notification & ORDERPIPE_OUTBOX__WAKE_TARGETS=[relay] orderpipe bench-drive-orders --orders $orders --rate $rate --drivers $drivers --stamps F"
+  local cmd="SOURCE=$SOURCE dev/bench-latency.sh: orderpipe ${RELAY_CMD[*]} & ORDERPIPE_CHAOS__COMMIT_STAMPS=F orderpipe consume --handler notification & ORDERPIPE_OUTBOX__WAKE_TARGETS=[relay] orderpipe bench-drive-orders --orders $orders --rate $rate --drivers $drivers --stamps F"
   for p in p50 p90 p99 p99.9 max; do
     result relay "API commit → consumer commit, $label" "$p latency" "$(jget "$WORK/lat.json" "r['$p']")" ms "" "$cmd"
   done

@@ -5,6 +5,9 @@
 #      again at 50 and 200 rows per Kafka transaction; rows/s each, and each
 #      run's time per batch in every pipeline stage (claim, encode, produce,
 #      commit, mark: the relay's summary, `stages_ms`);
+#   1b. the log-based relay (`relay --source binlog`): the same ROWS rows
+#      copied into a database of its own in 1,000-row transactions, read
+#      from the binlog as a backlog (catch-up), published and deleted;
 #   2. the plain idempotent producer (`orderpipe produce`, no transactions,
 #      no database) on the same broker, for the cost of the outbox path;
 #   3. end-to-end latency from the API's commit to the consumer's commit
@@ -34,10 +37,10 @@ SQL -e "DELETE FROM ${RUN_ID}.outbox_messages WHERE id > (SELECT id FROM (SELECT
 SMALL_LAST=$(SQL -e "SELECT id FROM ${RUN_ID}.outbox_messages ORDER BY id LIMIT 1 OFFSET $((SMALL - 1))")
 for run in default 50 200; do
   if [ "$run" = default ]; then
-    rows=$ROWS; RELAY_ARGS=(relay --instance bench-default --until-idle 2 --output json)
+    rows=$ROWS; RELAY_ARGS=(relay --source poll --instance bench-default --until-idle 2 --output json)
     SQL -e "UPDATE ${RUN_ID}.outbox_messages SET sent_ms = NULL"
   else
-    rows=$SMALL; RELAY_ARGS=(relay --instance "bench-$run" --batch-size "$run" --until-idle 2 --output json)
+    rows=$SMALL; RELAY_ARGS=(relay --source poll --instance "bench-$run" --batch-size "$run" --until-idle 2 --output json)
     SQL -e "UPDATE ${RUN_ID}.outbox_messages SET sent_ms = IF(id <= $SMALL_LAST, NULL, 1)"
   fi
   echo "== relay, $rows rows, ${run/default/default settings (500)} rows per Kafka transaction"
@@ -52,6 +55,28 @@ for run in default 50 200; do
     result relay "$variant" "Kafka commit $p" "$(jget "$OUT_DIR/.relay-$run.json" "r['stages_ms']['commit']['$p']")" ms "" "$CMD"
   done
 done
+
+echo "== log-based relay, $ROWS rows: copied in 1,000-row transactions, then read from the binlog"
+LOGDB="${RUN_ID}log"
+SQL -e "CREATE DATABASE $LOGDB"
+ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$LOGDB" "$BIN" migrate >/dev/null
+START=$(SQL -e "SHOW MASTER STATUS" | awk '{print $1 ":" $2}')
+LO=0
+while :; do
+  HI=$(SQL -e "SELECT MAX(id) FROM (SELECT id FROM ${RUN_ID}.outbox_messages WHERE id > $LO ORDER BY id LIMIT 1000) x")
+  [ "$HI" = NULL ] && break
+  echo "INSERT INTO $LOGDB.outbox_messages (event_id, tx_id, shard, topic, message_key, event_name, envelope, created_ms) SELECT event_id, tx_id, shard, topic, message_key, event_name, envelope, created_ms FROM ${RUN_ID}.outbox_messages WHERE id > $LO AND id <= $HI;"
+  LO=$HI
+done | SQL
+export ORDERPIPE_OUTBOX__BINLOG_NAME="$RUN_ID-outbox" ORDERPIPE_OUTBOX__OFFSETS_TOPIC="$RUN_ID.outbox.offsets"
+RELAY_ARGS=(relay --source binlog --instance bench-binlog --start-position "$START" --until-idle 3 --output json)
+ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$LOGDB" "$BIN" "${RELAY_ARGS[@]}" > "$OUT_DIR/.relay-binlog.json"
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("binlog", r["published"], r["active_secs"], r["transactions"])' \
+  "$OUT_DIR/.relay-binlog.json" >> "$OUT_DIR/.batches"
+result relay "log-based (binlog), $ROWS rows" throughput "$(jget "$OUT_DIR/.relay-binlog.json" 'r["published"] / max(r["active_secs"], 1e-9)')" rec/s \
+  "plain producer" "ORDERPIPE_DATABASE__URL=.../$LOGDB orderpipe ${RELAY_ARGS[*]}"
+echo "   left in the table after the relay's deletes: $(SQL -e "SELECT COUNT(*) FROM $LOGDB.outbox_messages") rows"
+SQL -e "DROP DATABASE $LOGDB" || true
 
 echo "== plain idempotent producer, $ROWS events"
 PRODUCE_ARGS=(produce --count "$ROWS" --orders 10000 --seed 1 --output json)
@@ -77,7 +102,7 @@ print("encode of the next batch run during produce + commit, mark during the nex
 stages = ["claim", "encode", "produce", "commit", "mark"]
 print(f"{'rows per transaction':>22} " + " ".join(f"{s:>15}" for s in stages))
 for batch, *_ in batches:
-    st = json.load(open(f"{out}/.relay-{batch}.json"))["stages_ms"]
+    st = json.load(open(f"{out}/.relay-{batch}.json")).get("stages_ms", {})
     cell = lambda s: f"{st[s]['p50']:.1f} / {st[s]['p99']:.1f}" if s in st else "-"
     print(f"{batch:>22} " + " ".join(f"{cell(s):>15}" for s in stages))
 print(f"plain idempotent producer (orderpipe produce, no DB, no transactions): {produce['events_per_sec']:,.0f} events/s")

@@ -193,15 +193,15 @@ pub async fn relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
 /// `orderpipe relay` reading the outbox from the binlog ([`crate::outbox::log_relay`]).
 async fn log_relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitCode> {
     use crate::outbox::log_relay::{self, LogRelayOptions};
-    let polling_only = [
-        (args.until_idle.is_some(), "--until-idle"),
-        (args.crash_at.is_some(), "--crash-at"),
-        (args.wake_listen.is_some(), "--wake-listen"),
-    ];
-    if let Some((_, flag)) = polling_only.iter().find(|(given, _)| *given) {
+    if args.crash_at.is_some() {
         anyhow::bail!(
-            "{flag} belongs to the polling relay; with --source binlog (or outbox.source = \"binlog\") leave it out, or pass --source poll"
+            "--crash-at belongs to the polling relay; with --source binlog (or outbox.source = \"binlog\") leave it out, or pass --source poll"
         );
+    }
+    // The wake-up shortens the polling relay's waits; the binlog stream
+    // needs none (a chart may pass it for an `auto` that falls back).
+    if let Some(addr) = args.wake_listen.as_deref().filter(|a| !a.is_empty()) {
+        eprintln!("relay: reading the binlog; --wake-listen {addr} is not needed and not opened");
     }
     let db = Db::connect(&settings.database, 4)?;
     if args.migrate {
@@ -223,6 +223,7 @@ async fn log_relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
         sent_retention: args.sent_retention,
         start_position: args.start_position,
         health: Some(health),
+        until_idle: args.until_idle.map(Duration::from_secs),
     };
     let summary = log_relay::run(
         crate::startup::log_relay_sections(settings),

@@ -111,6 +111,8 @@ pub struct LogRelayOptions {
     pub start_position: Option<BinlogPosition>,
     /// Where the run reports its readiness.
     pub health: Option<Arc<HealthState>>,
+    /// Stop once nothing was published for this long (benchmarks, backfills).
+    pub until_idle: Option<Duration>,
 }
 
 /// What a run did.
@@ -124,6 +126,8 @@ pub struct LogRelaySummary {
     pub transactions: u64,
     /// Published rows deleted from the table.
     pub deleted: u64,
+    /// Seconds from the first Kafka commit to the last.
+    pub active_secs: f64,
     /// Where the relay resumed.
     pub started_at: Option<BinlogPosition>,
     /// The last committed checkpoint.
@@ -260,10 +264,12 @@ pub async fn run(
         start_position: options.start_position.clone(),
         health: options.health.clone(),
     };
+    let idle = counts.clone().idle(options.until_idle);
     let stop = async {
         tokio::select! {
             _ = &mut shutdown => {}
             _ = lost.wait_for(|l| l.is_some()) => {}
+            _ = idle => {}
         }
     };
     let result =
@@ -284,16 +290,58 @@ pub async fn run(
         dead_lettered: counts.dead_lettered.load(Ordering::Relaxed),
         transactions: summary.kafka_transactions,
         deleted,
+        active_secs: counts.active_secs(),
         started_at: summary.started_at,
         checkpoint: summary.checkpoint,
     })
 }
 
-/// Rows published and dead-lettered so far (read at exit).
+/// Rows published and dead-lettered so far, and when (read at exit).
 #[derive(Debug, Default)]
 struct Counts {
     published: AtomicU64,
     dead_lettered: AtomicU64,
+    /// Milliseconds since the epoch of the first and the last commit (0: none yet).
+    first_ms: AtomicU64,
+    last_ms: AtomicU64,
+}
+
+impl Counts {
+    /// After a Kafka commit of `published` and `dead` rows.
+    fn committed(&self, published: usize, dead: usize) {
+        if published + dead == 0 {
+            // A checkpoint of other tables' transactions only.
+            return;
+        }
+        let now = crate::clock::now_ms() as u64;
+        self.published
+            .fetch_add(published as u64, Ordering::Relaxed);
+        self.dead_lettered.fetch_add(dead as u64, Ordering::Relaxed);
+        let _ = self
+            .first_ms
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+        self.last_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn active_secs(&self) -> f64 {
+        let first = self.first_ms.load(Ordering::Relaxed);
+        self.last_ms.load(Ordering::Relaxed).saturating_sub(first) as f64 / 1000.0
+    }
+
+    /// Resolves once nothing was committed for `limit` (never without one).
+    async fn idle(self: Arc<Self>, limit: Option<Duration>) {
+        let Some(limit) = limit else {
+            return std::future::pending().await;
+        };
+        let started = crate::clock::now_ms() as u64;
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let last = self.last_ms.load(Ordering::Relaxed).max(started);
+            if crate::clock::now_ms() as u64 >= last + limit.as_millis() as u64 {
+                return;
+            }
+        }
+    }
 }
 
 /// Turns the outbox table's inserts into the polling relay's records
@@ -450,12 +498,7 @@ impl RowRecords for OutboxRecords {
             crate::producer::produced(&row.topic, &row.event_name, 1);
         }
         counter!(name::TRANSACTIONS, "outcome" => "committed").increment(1);
-        self.counts
-            .published
-            .fetch_add((rows.len() - dead.len()) as u64, Ordering::Relaxed);
-        self.counts
-            .dead_lettered
-            .fetch_add(dead.len() as u64, Ordering::Relaxed);
+        self.counts.committed(rows.len() - dead.len(), dead.len());
         if !rows.is_empty() {
             let _ = self.cleanup.send(rows.into_iter().map(|r| r.id).collect());
         }

@@ -36,12 +36,12 @@ use crate::metrics::name;
 pub enum OutboxSource {
     /// The binlog when the database allows it at start, else polling (with
     /// a warning saying why).
+    #[default]
     Auto,
     /// The inserts of `outbox_messages` in the binlog ([`log_relay`]).
     Binlog,
     /// Claim queries on the table ([`relay`]), for databases without
-    /// binlog access. The default in this release (docs/relay.md).
-    #[default]
+    /// binlog access.
     Poll,
 }
 
@@ -72,7 +72,7 @@ pub struct OutboxSettings {
 impl Default for OutboxSettings {
     fn default() -> Self {
         Self {
-            source: OutboxSource::Poll,
+            source: OutboxSource::Auto,
             binlog_name: "outbox".into(),
             binlog_server_id: 4202,
             offsets_topic: "orderpipe.outbox.offsets".into(),

@@ -37,6 +37,10 @@ impl TestEnv {
             spec.name = format!("{prefix}.{}", spec.name);
             env.insert(format!("ORDERPIPE_TOPICS__{key}__NAME"), spec.name.clone());
         }
+        // Most relay tests are the polling relay's (crash hooks, --until-idle
+        // over a filled table); the log relay's tests pass --source binlog.
+        env.insert("ORDERPIPE_OUTBOX__SOURCE".into(), "poll".into());
+        settings.outbox.source = orderpipe::outbox::OutboxSource::Poll;
         // Relays of parallel tests share the broker: their shards' transactional ids must differ.
         env.insert(
             "ORDERPIPE_PRODUCER__TRANSACTIONAL_ID_PREFIX".into(),
