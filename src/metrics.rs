@@ -29,6 +29,9 @@ pub mod name {
     pub const TRANSACTIONS: &str = "orderpipe_relay_transactions_total";
     /// Relay shard producers dropped after a fatal error, by reason (fenced, fatal).
     pub const RELAY_PRODUCER_FATAL: &str = "orderpipe_relay_producer_fatal_total";
+    /// 1 while this log-based relay holds its source's lease (reads the
+    /// binlog), 0 while it is a standby.
+    pub const RELAY_SOURCE_ACTIVE: &str = "orderpipe_relay_source_active";
     /// Published outbox rows the log-based relay deleted.
     pub const RELAY_OUTBOX_DELETED: &str = "orderpipe_relay_outbox_deleted_total";
     /// Shards this relay leases with a ready (fenced-in) producer.

@@ -454,6 +454,17 @@ pub(crate) trait RowRecords: Send {
 
     /// After the Kafka transaction of `records` (from `batch`) committed.
     fn committed(&mut self, records: &[Outgoing], batch: &[BinlogTransaction]);
+
+    /// On a first start (no checkpoint, no `--start-position`): what the
+    /// table holds that the stream will not show, as one transaction whose
+    /// `end` is the binlog position it is consistent with; the stream
+    /// starts there. `None`: start at the binlog's current end.
+    fn backlog<'a>(
+        &'a mut self,
+        _conn: &'a mut mysql_async::Conn,
+    ) -> futures::future::BoxFuture<'a, Result<Option<BinlogTransaction>, CdcError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// The headers of a change record; `truncated` marks its cut columns.
@@ -1103,13 +1114,23 @@ pub(crate) async fn run_with(
         match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {
             Some(checkpoint) => checkpoint.position,
             None => {
-                let start = match options.start_position {
-                    Some(p) => p,
-                    None => binlog::current_position(&mut conn).await?,
+                let backlog = match (&options.start_position, publisher.rows.as_mut()) {
+                    (None, Some(rows)) => rows.backlog(&mut conn).await?,
+                    _ => None,
                 };
-                // Durable before the first change: a restart resumes here, not at a later "current".
+                let start = match (options.start_position, &backlog) {
+                    (Some(p), _) => p,
+                    (None, Some(backlog)) => backlog.end.clone(),
+                    (None, None) => binlog::current_position(&mut conn).await?,
+                };
+                // Durable before the first change (with the backlog, in
+                // its Kafka transaction): a restart resumes here, not at a
+                // later "current".
                 publisher
-                    .publish(&[], &Checkpoint::new(&cdc.name, start.clone()))
+                    .publish(
+                        backlog.as_slice(),
+                        &Checkpoint::new(&cdc.name, start.clone()),
+                    )
                     .await?;
                 start
             }

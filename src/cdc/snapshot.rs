@@ -48,6 +48,43 @@ pub fn at_or_past(a: &BinlogPosition, b: &BinlogPosition) -> bool {
     (a.file.as_str(), a.pos) >= (b.file.as_str(), b.pos)
 }
 
+/// Opens a consistent snapshot on `conn` (`START TRANSACTION WITH
+/// CONSISTENT SNAPSHOT`) and returns the binlog position it is consistent
+/// with: what the snapshot reads committed before it, what the binlog holds
+/// after it committed after (MariaDB's `binlog_snapshot_file`/`_position`).
+pub(crate) async fn consistent_snapshot(
+    conn: &mut mysql_async::Conn,
+) -> Result<BinlogPosition, CdcError> {
+    conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        .await
+        .map_err(|e| CdcError::Source(format!("consistent snapshot: {e}")))?;
+    let status: Vec<(String, String)> = conn
+        .query("SHOW STATUS LIKE 'binlog_snapshot_%'")
+        .await
+        .map_err(|e| CdcError::Source(format!("consistent snapshot: {e}")))?;
+    let value = |name: &str| {
+        status
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    match (
+        value("Binlog_snapshot_file"),
+        value("Binlog_snapshot_position"),
+    ) {
+        (Some(file), Some(pos)) if !file.is_empty() => Ok(BinlogPosition {
+            file,
+            pos: pos
+                .parse()
+                .map_err(|_| CdcError::Source(format!("binlog_snapshot_position = {pos:?}")))?,
+            ..BinlogPosition::default()
+        }),
+        _ => Err(CdcError::Source(
+            "the source has no binlog_snapshot_file/position status (MariaDB's consistent snapshot): cannot place the snapshot in the binlog".into(),
+        )),
+    }
+}
+
 /// Runs a snapshot of `table` (`db.table`) for the source of `sections`.
 pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSummary, CdcError> {
     let mut cdc = sections.cdc.clone();
@@ -82,36 +119,7 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
     conn.query_drop("SET character_set_results = NULL")
         .await
         .map_err(sql)?;
-    conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-        .await
-        .map_err(sql)?;
-    let status: Vec<(String, String)> = conn
-        .query("SHOW STATUS LIKE 'binlog_snapshot_%'")
-        .await
-        .map_err(sql)?;
-    let value = |name: &str| {
-        status
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.clone())
-    };
-    let position = match (
-        value("Binlog_snapshot_file"),
-        value("Binlog_snapshot_position"),
-    ) {
-        (Some(file), Some(pos)) if !file.is_empty() => BinlogPosition {
-            file,
-            pos: pos
-                .parse()
-                .map_err(|_| CdcError::Source(format!("binlog_snapshot_position = {pos:?}")))?,
-            ..BinlogPosition::default()
-        },
-        _ => {
-            return Err(CdcError::Source(
-                "the source has no binlog_snapshot_file/position status (MariaDB's consistent snapshot): cannot place the snapshot in the binlog".into(),
-            ));
-        }
-    };
+    let position = consistent_snapshot(&mut conn).await?;
     // Everything before the snapshot goes out first.
     let caught_up_changes = catch_up(&mut publisher, &url, &cdc, &from, &position).await?;
     // The rows, as of the snapshot, in one Kafka transaction with its checkpoint.

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use metrics::counter;
+use metrics::{counter, gauge};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
@@ -61,22 +61,18 @@ use crate::metrics::name;
 /// The outbox table the relay reads.
 pub const TABLE: &str = "outbox_messages";
 
-/// Readiness condition: this relay holds its source's lease (a standby
-/// waits, not ready).
-pub const READY_LEASE: &str = "source_lease";
-
-/// The readiness of a log-based relay: unmet until it holds the lease,
-/// has opened its binlog stream and initialised its producer.
+/// The readiness of a log-based relay: `cdc`'s (binlog stream open,
+/// producer initialised) once it holds the lease. A standby that reaches
+/// the database is ready too: waiting is its job, and a rolling update
+/// must be able to start it while the old pod still holds the lease
+/// (`orderpipe_relay_source_active` says which one reads).
 pub fn health() -> Arc<HealthState> {
-    HealthState::conditions(&[
-        (READY_LEASE, "the source lease is not yet taken"),
-        (crate::cdc::READY_BINLOG, "not yet connected to the source"),
-        (
-            crate::cdc::READY_PRODUCER,
-            "transactions not yet initialised",
-        ),
-    ])
+    crate::cdc::health()
 }
+
+/// Unsent rows a first start publishes from the table, in one Kafka
+/// transaction; a larger backlog is the polling relay's to drain first.
+pub const BACKLOG_MAX: usize = 50_000;
 
 /// Published rows deleted per statement.
 const DELETE_CHUNK: usize = 1000;
@@ -221,25 +217,35 @@ pub async fn run(
     };
     let set_ready = |unmet: Option<String>| {
         if let Some(health) = &options.health {
-            health.set_condition(READY_LEASE, unmet);
+            for condition in [crate::cdc::READY_BINLOG, crate::cdc::READY_PRODUCER] {
+                health.set_condition(condition, unmet.clone());
+            }
         }
     };
-    // A standby: wait for the lease (not ready meanwhile).
+    gauge!(name::RELAY_SOURCE_ACTIVE).set(0.0);
+    let mut announced = false;
+    // A standby: wait for the lease (ready meanwhile, see [`health`]).
     loop {
         match lease.take().await {
             Ok(None) => break,
-            Ok(Some(holder)) => set_ready(Some(format!(
-                "standby: the lease of outbox source {} is held by {holder}",
-                cdc.name
-            ))),
-            Err(e) => set_ready(Some(format!("cannot read the lease: {e}"))),
+            Ok(Some(holder)) => {
+                set_ready(None);
+                if !announced {
+                    eprintln!(
+                        "relay {}: standby; the lease of outbox source {} is held by {holder}",
+                        options.instance, cdc.name
+                    );
+                    announced = true;
+                }
+            }
+            Err(e) => set_ready(Some(format!("cannot read the source lease: {e}"))),
         }
         tokio::select! {
             _ = &mut shutdown => return Ok(LogRelaySummary::default()),
             _ = tokio::time::sleep(options.lease_ttl / 3) => {}
         }
     }
-    set_ready(None);
+    gauge!(name::RELAY_SOURCE_ACTIVE).set(1.0);
     eprintln!(
         "relay {}: holding the lease of outbox source {}; reading {} from the binlog",
         options.instance, cdc.name, cdc.tables[0]
@@ -301,14 +307,23 @@ pub async fn run(
 struct Counts {
     published: AtomicU64,
     dead_lettered: AtomicU64,
-    /// Milliseconds since the epoch of the first and the last commit (0: none yet).
+    /// Milliseconds since the epoch of the first and the last commit of
+    /// rows (0: none yet).
     first_ms: AtomicU64,
     last_ms: AtomicU64,
+    /// When the first checkpoint committed (the stream is about to open).
+    started_ms: AtomicU64,
 }
 
 impl Counts {
     /// After a Kafka commit of `published` and `dead` rows.
     fn committed(&self, published: usize, dead: usize) {
+        let _ = self.started_ms.compare_exchange(
+            0,
+            crate::clock::now_ms() as u64,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
         if published + dead == 0 {
             // A checkpoint of other tables' transactions only.
             return;
@@ -328,16 +343,17 @@ impl Counts {
         self.last_ms.load(Ordering::Relaxed).saturating_sub(first) as f64 / 1000.0
     }
 
-    /// Resolves once nothing was committed for `limit` (never without one).
+    /// Resolves once nothing was committed for `limit` since the first
+    /// checkpoint (never without a limit).
     async fn idle(self: Arc<Self>, limit: Option<Duration>) {
         let Some(limit) = limit else {
             return std::future::pending().await;
         };
-        let started = crate::clock::now_ms() as u64;
         loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
+            let started = self.started_ms.load(Ordering::Relaxed);
             let last = self.last_ms.load(Ordering::Relaxed).max(started);
-            if crate::clock::now_ms() as u64 >= last + limit.as_millis() as u64 {
+            if started > 0 && crate::clock::now_ms() as u64 >= last + limit.as_millis() as u64 {
                 return;
             }
         }
@@ -484,6 +500,65 @@ impl RowRecords for OutboxRecords {
                 .await
                 .map(Some)
                 .map_err(|e| CdcError::Row(format!("{}: {e}", place())))
+        })
+    }
+
+    /// The unsent rows a first start finds (left by the polling relay, or
+    /// written before the relay ever ran), read in a consistent snapshot:
+    /// published in the Kafka transaction of the first checkpoint, the
+    /// snapshot's binlog position, so no row is missed and none shown twice.
+    fn backlog<'a>(
+        &'a mut self,
+        conn: &'a mut mysql_async::Conn,
+    ) -> BoxFuture<'a, Result<Option<BinlogTransaction>, CdcError>> {
+        use mysql_async::prelude::Queryable;
+        Box::pin(async move {
+            let position = crate::cdc::snapshot::consistent_snapshot(conn).await?;
+            let rows: Vec<(i64, String, String, String, String)> = conn
+                .query(format!(
+                    "SELECT id, topic, message_key, event_name, envelope FROM {TABLE} \
+                     WHERE sent_ms IS NULL ORDER BY id LIMIT {}",
+                    BACKLOG_MAX + 1
+                ))
+                .await
+                .map_err(|e| CdcError::Source(format!("reading the unsent outbox rows: {e}")))?;
+            let _ = conn.query_drop("COMMIT").await;
+            if rows.len() > BACKLOG_MAX {
+                return Err(CdcError::Setup(format!(
+                    "the outbox holds more than {BACKLOG_MAX} unsent rows and the log-based relay has no checkpoint yet: \
+                     drain them with `orderpipe relay --source poll --until-idle 5` first (stop the polling relays), then start it"
+                )));
+            }
+            if !rows.is_empty() {
+                eprintln!(
+                    "relay: first start: publishing {} unsent outbox rows from the table, then the binlog from {position}",
+                    rows.len()
+                );
+            }
+            let columns = Arc::new(crate::cdc::table_schema::TableColumns {
+                columns: Vec::new(),
+            });
+            let changes = rows
+                .into_iter()
+                .map(|(id, topic, key, event_name, envelope)| RowChange {
+                    database: String::new(),
+                    table: TABLE.to_string(),
+                    kind: ChangeKind::Insert,
+                    key: id.to_string(),
+                    data: serde_json::json!({
+                        "id": id, "topic": topic, "message_key": key,
+                        "event_name": event_name, "envelope": envelope,
+                    }),
+                    old: None,
+                    columns: columns.clone(),
+                })
+                .collect();
+            Ok(Some(BinlogTransaction {
+                end: position,
+                timestamp: (crate::clock::now_ms() / 1000) as u32,
+                changes,
+                ..BinlogTransaction::default()
+            }))
         })
     }
 

@@ -230,6 +230,48 @@ async fn the_log_relay_writes_the_polling_relays_records_byte_for_byte() {
     assert_eq!(summary["deleted"], rows, "{summary}");
 }
 
+/// A first start (no checkpoint, no `--start-position`) over a table the
+/// polling relay left rows in: the unsent rows are published from a
+/// consistent snapshot in the first checkpoint's transaction, rows marked
+/// sent are not, and the stream continues from the snapshot's position
+/// while writers go on: every row once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_start_publishes_the_unsent_rows_then_the_binlog_each_once() {
+    let (env, pool) = log_env().await;
+    let api = start_api(&env).await;
+    drive_orders(&api, 30, 4).await;
+    // The first 20 rows as if the polling relay had published them.
+    sqlx::query("UPDATE outbox_messages SET sent_ms = 1 ORDER BY id LIMIT 20")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM outbox_copy ORDER BY id LIMIT 20")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let unsent = count(
+        &pool,
+        "SELECT COUNT(*) FROM outbox_messages WHERE sent_ms IS NULL",
+    )
+    .await;
+    let mut relay = relay_from(&env, "binlog", "first", &[]);
+    // Writers while it starts, and after.
+    let more = tokio::spawn({
+        let api = api.clone();
+        async move { drive_orders(&api, 30, 4).await }
+    });
+    more.await.unwrap();
+    let written = written(&pool).await;
+    assert_once_in_order(&env, &written, Duration::from_secs(60));
+    let summary = crate::outbox::stop(&mut relay);
+    let rows: usize = written.values().map(Vec::len).sum();
+    assert_eq!(summary["published"], rows, "{summary}");
+    assert!(
+        rows as i64 > unsent && unsent >= 50,
+        "{rows} rows, {unsent} unsent at start"
+    );
+}
+
 /// 16 writers through the API while the active log relay is SIGKILLed five
 /// times, each time at a moment it has just published, and a standby under
 /// another name takes over from the checkpoint when the lease expires: every

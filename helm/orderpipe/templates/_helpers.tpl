@@ -118,7 +118,8 @@ volumeMounts:
      http.subscriptions entry per subscriptions[] item (without the chart's own
      keys), ssl.ca.location when secretKeys.kafkaCa is set, and lag.groups
      (unless set) naming every consumer and subscription group, and
-     producer.transactional_id_prefix (unless set) per release, and each
+     producer.transactional_id_prefix, outbox.binlog_name and
+     outbox.offsets_topic (unless set) per release, and each
      consumers[].retry as retry.groups."<group>". Fails the render on values
      that cannot work (a bad retry value, a group name outside the house
      pattern unless naming.enforce is false), naming them. */}}
@@ -161,6 +162,17 @@ volumeMounts:
 {{- $_ := set $producer "transactional_id_prefix" (printf "%s-relay" (include "orderpipe.fullname" .)) -}}
 {{- $_ := set $config "producer" $producer -}}
 {{- end -}}
+{{- /* The log-based relay's checkpoint key and lease (outbox.binlog_name) and its
+     offsets topic: per release too, so two releases never resume from each
+     other's binlog position. */ -}}
+{{- $outbox := get $config "outbox" | default (dict) -}}
+{{- if not (hasKey $outbox "binlog_name") -}}
+{{- $_ := set $outbox "binlog_name" (printf "%s-outbox" (include "orderpipe.fullname" .)) -}}
+{{- end -}}
+{{- if not (hasKey $outbox "offsets_topic") -}}
+{{- $_ := set $outbox "offsets_topic" (printf "%s.outbox.offsets" (include "orderpipe.fullname" .)) -}}
+{{- end -}}
+{{- $_ := set $config "outbox" $outbox -}}
 {{- if .Values.subscriptions -}}
 {{- if dig "http" "subscriptions" (list) $config -}}
 {{- fail "declare HTTP subscriptions under subscriptions[] (one deliver Deployment each), not config.http.subscriptions" -}}
