@@ -11,7 +11,8 @@
 #   2. the plain idempotent producer (`orderpipe produce`, no transactions,
 #      no database) on the same broker, for the cost of the outbox path;
 #   3. end-to-end latency from the API's commit to the consumer's commit
-#      (dev/bench-latency.sh: RATE orders/s, then 5,000 events/s).
+#      (dev/bench-latency.sh: RATE orders/s, then 5,000 events/s), with the
+#      polling relay and with the log-based one.
 #
 #   dev/bench-relay.sh [ROWS] [RATE]   (defaults 1000000 and 100; needs `make dev-up`)
 set -euo pipefail
@@ -112,5 +113,8 @@ PY
 rm -f "$OUT_DIR"/.batches "$OUT_DIR"/.relay-*.json "$OUT_DIR"/.produce.json
 SQL -e "DROP DATABASE ${RUN_ID}" || true
 
-# 3. End to end, API commit -> consumer commit, both stamped after their commits.
+# 3. End to end, API commit -> consumer commit, both stamped after their commits:
+#    the polling relay, then the log-based one (runs low-binlog, high-binlog;
+#    the report's CDF draws all four).
 "$ROOT/dev/bench-latency.sh" "$RATE"
+SOURCE=binlog "$ROOT/dev/bench-latency.sh" "$RATE"
