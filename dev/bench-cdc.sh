@@ -12,7 +12,10 @@
 #   3. lag: LAG_ROWS single-row inserts 5 ms apart with both running; from the
 #      row's UTC_TIMESTAMP(6) (taken just before its commit) to its arrival at
 #      a read_committed consumer (kafka-console-consumer, fetch.max.wait.ms=10),
-#      p50/p99 each.
+#      p50/p99 each, split at the record's CreateTime (set by the producer when
+#      the record is handed to it): commit -> produced (binlog read, batching,
+#      encoding) and produced -> consumed (send, Kafka commit, fetch); cdc's
+#      own stage times (gather, encode, produce, commit) from its summary.
 # The peer runs through dev/debezium-lib.sh (its jars from Maven Central, a
 # shim for Kafka 4.4). Skip the peer with CDC_PEER=none.
 #
@@ -42,7 +45,7 @@ DBZ_TOPIC="$RUN_ID.dbz.$DB"
 export ORDERPIPE_CDC__NAME="$RUN_ID" ORDERPIPE_CDC__TOPIC_PREFIX="$RUN_ID.cdc" ORDERPIPE_CDC__OFFSETS_TOPIC="$RUN_ID.cdc.offsets"
 export ORDERPIPE_CDC__PARTITIONS=3 ORDERPIPE_CDC__SOURCE="$DB_URL_BASE/$DB"
 export ORDERPIPE_PRODUCER__TRANSACTIONAL_ID_PREFIX="$RUN_ID"
-CDC_ARGS=(cdc --table "$DB.load,$DB.lat" --server-id "$((20000 + RANDOM))")
+CDC_ARGS=(cdc --output json --table "$DB.load,$DB.lat" --server-id "$((20000 + RANDOM))")
 # Variant names of the report's rows; a row's peer is the other's variant of the same metric.
 CDC_NAME="orderpipe cdc (exactly once)"
 DBZ_NAME="Debezium MariaDB 3.5.0 (Connect standalone, at least once)"
@@ -76,14 +79,16 @@ stamp() {
   "$STACK" kafka-class org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BOOTSTRAP" \
     --topic "$1" --from-beginning --max-messages "$2" --isolation-level read_committed \
     --consumer-property fetch.max.wait.ms=10 --consumer-property group.id="$RUN_ID-$(basename "$3")" \
-    --property print.key=true --property print.value=false 2>> "$WORK/consumer.err" \
+    --property print.key=true --property print.value=false --property print.timestamp=true \
+    2>> "$WORK/consumer.err" \
     | python3 -u -c '
 import re, sys, time
+# "CreateTime:<ms>\t<key>": arrival (µs), key, CreateTime (ms)
 with open(sys.argv[1], "w") as out:
     for line in sys.stdin:
-        m = re.search(r"-?\d+", line)
+        m = re.match(r"CreateTime:(-?\d+)\t\D*(-?\d+)", line)
         if m:
-            out.write(f"{time.time_ns() // 1000}\t{m.group(0)}\n"); out.flush()' "$3" &
+            out.write(f"{time.time_ns() // 1000}\t{m.group(2)}\t{m.group(1)}\n"); out.flush()' "$3" &
   CONSUMER_PID=$!
   sleep 6  # the JVM starts and joins before the first change arrives
 }
@@ -144,46 +149,78 @@ catch_up cdc "$CDC_TOPIC.load" start_cdc; CDC_RATE=$CAUGHT_UP
 CMD="orderpipe ${CDC_ARGS[*]}"
 result cdc "$CDC_NAME, $ROWS-change backlog" "catch-up throughput" "$CDC_RATE" rows/s \
   "$([ $HAVE_PEER = 1 ] && echo "$DBZ_NAME, $ROWS-change backlog")" "$CMD"
+stop "$CDC_PID"
 if [ $HAVE_PEER = 1 ]; then
-  stop "$CDC_PID"
   echo "== Debezium catches up the same backlog"
   catch_up debezium "$DBZ_TOPIC.load" start_peer; DBZ_RATE=$CAUGHT_UP
   result cdc "$DBZ_NAME, $ROWS-change backlog" "catch-up throughput" \
     "$DBZ_RATE" rows/s "" "ConnectStandalone + io.debezium.connector.mariadb.MariaDbConnector (dev/bench-cdc.sh)"
-  start_cdc
 fi
+# A fresh cdc for the lag phase: its summary's stage times are the lag phase's alone.
+start_cdc
 
 echo "== lag: $LAG_ROWS single-row inserts 5 ms apart, commit -> read_committed consumer"
-stamp "$CDC_TOPIC.lat" "$LAG_ROWS" "$WORK/cdc-lat.tsv"
-[ $HAVE_PEER = 1 ] && stamp "$DBZ_TOPIC.lat" "$LAG_ROWS" "$WORK/dbz-lat.tsv"
+stamp "$CDC_TOPIC.lat" "$((LAG_ROWS + 1))" "$WORK/cdc-lat.tsv"
+[ $HAVE_PEER = 1 ] && stamp "$DBZ_TOPIC.lat" "$((LAG_ROWS + 1))" "$WORK/dbz-lat.tsv"
+# One untimed row first: a topic's first record costs cdc a schema lookup (~180 ms, once per
+# topic and process), which would otherwise delay the first timed rows queued behind it.
+SQL "$DB" -e "INSERT INTO $DB.lat VALUES (-1, UTC_TIMESTAMP(6))"
+wait_stamps "$WORK/cdc-lat.tsv" 1 60
+[ $HAVE_PEER = 1 ] && wait_stamps "$WORK/dbz-lat.tsv" 1 60
 for i in $(seq 0 $((LAG_ROWS - 1))); do
   echo "INSERT INTO $DB.lat VALUES ($i, UTC_TIMESTAMP(6)); DO SLEEP(0.005);"
 done | SQL "$DB"
 SQL -e "SELECT id, CAST(UNIX_TIMESTAMP(CONVERT_TZ(written_at, '+00:00', @@session.time_zone)) * 1000000 AS INTEGER) FROM $DB.lat" > "$WORK/written.tsv"
-wait_stamps "$WORK/cdc-lat.tsv" "$LAG_ROWS" 120
-[ $HAVE_PEER = 1 ] && wait_stamps "$WORK/dbz-lat.tsv" "$LAG_ROWS" 120
+wait_stamps "$WORK/cdc-lat.tsv" "$((LAG_ROWS + 1))" 120
+[ $HAVE_PEER = 1 ] && wait_stamps "$WORK/dbz-lat.tsv" "$((LAG_ROWS + 1))" 120
+# lag STAMPS: p50 p99 max (ms) of commit -> consumed, then p50 p99 of commit -> produced and of
+# produced -> consumed (CreateTime has ms resolution), then the number of records whose CreateTime
+# comes before their commit stamp by over 1 ms (a CreateTime not taken at send time).
 lag() { python3 - "$WORK/written.tsv" "$1" <<'PY'
 import sys
-written = dict(l.split()[:2] for l in open(sys.argv[1]))
-lags = sorted((int(at) - int(written[k])) / 1000 for at, k in (l.split() for l in open(sys.argv[2])))
-q = lambda p: lags[min(int(p * (len(lags) - 1) + 0.5), len(lags) - 1)]
-print(f"{q(0.5):.1f} {q(0.99):.1f} {lags[-1]:.1f}")
+written = {k: int(us) for k, us in (l.split()[:2] for l in open(sys.argv[1]))}
+total, to_kafka, to_consumer = [], [], []
+for at, k, created_ms in (l.split() for l in open(sys.argv[2])):
+    if k == "-1":  # the untimed warm-up row
+        continue
+    w, at, created = written[k], int(at), int(created_ms) * 1000
+    total.append((at - w) / 1000)
+    to_kafka.append((created - w) / 1000)
+    to_consumer.append((at - created) / 1000)
+def q(xs, p):
+    xs = sorted(xs)
+    return xs[min(int(p * (len(xs) - 1) + 0.5), len(xs) - 1)]
+odd = sum(1 for x in to_kafka if x < -1)
+print(f"{q(total, .5):.1f} {q(total, .99):.1f} {max(total):.1f} "
+      f"{q(to_kafka, .5):.1f} {q(to_kafka, .99):.1f} {q(to_consumer, .5):.1f} {q(to_consumer, .99):.1f} {odd}")
 PY
 }
-read -r P50 P99 MAX <<<"$(lag "$WORK/cdc-lat.tsv")"
-echo "   cdc: p50 $P50 ms, p99 $P99 ms, max $MAX ms"
-for m in p50 p99; do
-  result cdc "$CDC_NAME" "lag $m" "$([ $m = p50 ] && echo "$P50" || echo "$P99")" ms \
-    "$([ $HAVE_PEER = 1 ] && echo "$DBZ_NAME")" "$CMD"
-done
-if [ $HAVE_PEER = 1 ]; then
-  read -r D50 D99 DMAX <<<"$(lag "$WORK/dbz-lat.tsv")"
-  echo "   Debezium: p50 $D50 ms, p99 $D99 ms, max $DMAX ms"
-  for m in p50 p99; do
-    result cdc "$DBZ_NAME" "lag $m" \
-      "$([ $m = p50 ] && echo "$D50" || echo "$D99")" ms "" "ConnectStandalone + MariaDbConnector"
-  done
-fi
+# report_lag VARIANT PEER CMD STAMPS
+report_lag() {
+  local p50 p99 max k50 k99 c50 c99 odd
+  read -r p50 p99 max k50 k99 c50 c99 odd <<<"$(lag "$4")"
+  echo "   $1: p50 $p50 ms, p99 $p99 ms, max $max ms"
+  echo "      commit -> produced (CreateTime): p50 $k50 ms, p99 $k99 ms; produced -> consumed: p50 $c50 ms, p99 $c99 ms"
+  [ "$odd" = 0 ] || echo "      note: $odd records have a CreateTime over 1 ms before their commit stamp"
+  result cdc "$1" "lag p50" "$p50" ms "$2" "$3"
+  result cdc "$1" "lag p99" "$p99" ms "$2" "$3"
+  result cdc "$1" "lag p50, commit -> produced" "$k50" ms "$2" "$3"
+  result cdc "$1" "lag p99, commit -> produced" "$k99" ms "$2" "$3"
+  result cdc "$1" "lag p50, produced -> consumed" "$c50" ms "$2" "$3"
+  result cdc "$1" "lag p99, produced -> consumed" "$c99" ms "$2" "$3"
+}
+report_lag "$CDC_NAME" "$([ $HAVE_PEER = 1 ] && echo "$DBZ_NAME")" "$CMD" "$WORK/cdc-lat.tsv"
+[ $HAVE_PEER = 1 ] && report_lag "$DBZ_NAME" "" "ConnectStandalone + MariaDbConnector" "$WORK/dbz-lat.tsv"
 stop "$CDC_PID"; [ $HAVE_PEER = 1 ] && stop "$PEER_PID"
+echo "== cdc's stage times in the lag phase (ms per batch; from its --output json summary)"
+python3 - "$WORK/cdc.out" <<'PY'
+import json, sys
+stages = json.load(open(sys.argv[1]))["stages_ms"]
+print(f"   {'stage':<8} {'batches':>8} {'mean':>8} {'p50':>8} {'p99':>8} {'max':>8}")
+for name in ("gather", "encode", "produce", "commit"):
+    t = stages.get(name)
+    if t:
+        print(f"   {name:<8} {t['count']:>8} {t['mean']:>8.2f} {t['p50']:>8.2f} {t['p99']:>8.2f} {t['max']:>8.2f}")
+PY
 echo
 echo "cdc vs the database's own write rate ($CLIENTS clients, durability on): $LOAD_RATE rows/s written, $CDC_RATE rows/s captured$([ $HAVE_PEER = 1 ] && echo ", Debezium $DBZ_RATE rows/s")"

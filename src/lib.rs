@@ -35,6 +35,7 @@
 //! | [`subscriptions`] | subscriptions as data (seed 003's control plane): tables, property filters, desired bindings, the admin API |
 //! | [`db`] | database pool, the one place for MySQL/SQLite statement differences, migrations from `sql/` |
 //! | [`health`] | `/metrics` and `/health/*` endpoints |
+//! | [`stages`] | where a pipeline's time goes: per-stage histograms and a run's p50/p99 per stage (relay, cdc) |
 //! | [`metrics`] | metric names, the recorder and `/metrics` rendering, the internal-event pattern, owned series (no domain imports) |
 //! | [`topics`] | topic reconcile (`topics ensure` / `describe`) |
 //! | [`config`] | layered settings: defaults, file, environment, flags; composes the components' sections |
@@ -74,6 +75,7 @@ pub mod retry;
 pub mod rewind;
 pub mod router;
 pub mod schema;
+pub mod stages;
 pub mod startup;
 pub mod subscriptions;
 pub mod telemetry;

@@ -64,6 +64,7 @@ use crate::kafka::record::header;
 use crate::kafka::size_limit::{RecordLimit, topic_max_message_bytes};
 use crate::metrics::InternalEvent;
 use crate::producer::ProducerSettings;
+use crate::stages::{StageClock, StageTimes};
 use crate::topics::{EnsureOptions, TopicAdmin, TopicSpec};
 use binlog::{BinlogPosition, BinlogReader, BinlogTransaction};
 use change::{CHANGE_EVENT_VERSION, ChangeEvent, change_id, topic_schema, trace_id_of};
@@ -76,6 +77,10 @@ pub const TRANSACTIONS_METRIC: &str = "orderpipe_cdc_transactions_total";
 /// Metric: seconds between the last published transaction's commit in the
 /// database and its Kafka commit.
 pub const LAG_METRIC: &str = "orderpipe_cdc_lag_seconds";
+/// Metric: seconds a batch spends in each stage (`gather`: its first
+/// transaction read to its publishing, `encode`, `produce`: the Kafka
+/// transaction's sends and acknowledgements, `commit`).
+pub const STAGE_METRIC: &str = "orderpipe_cdc_stage_duration_seconds";
 
 /// A batch of only change-less transactions (other tables) is checkpointed
 /// this often, so the position keeps up with a busy database.
@@ -350,6 +355,9 @@ pub struct CdcSummary {
     pub started_at: Option<BinlogPosition>,
     /// The last committed checkpoint.
     pub checkpoint: Option<BinlogPosition>,
+    /// Milliseconds per batch in each stage (`gather`, `encode`,
+    /// `produce`, `commit`): where a change's time goes.
+    pub stages_ms: BTreeMap<String, StageTimes>,
 }
 
 /// The `transactional.id` of a source's producer.
@@ -377,6 +385,8 @@ struct Publisher {
     /// What the row changes become instead of change events (the
     /// log-based outbox relay); `None`: change events.
     rows: Option<Box<dyn RowRecords>>,
+    /// The time per batch of each stage.
+    stages: StageClock,
 }
 
 /// One record of a batch's Kafka transaction: a change, a dead letter,
@@ -541,6 +551,7 @@ impl Publisher {
             transactional_id: id,
             limits: HashMap::new(),
             rows: None,
+            stages: StageClock::new(STAGE_METRIC),
         })
     }
 
@@ -846,6 +857,7 @@ impl Publisher {
         let records = loop {
             // Encode first (the registry is asked once per topic), then send
             // without waiting inside the transaction.
+            let encoding = Instant::now();
             let mut records = Vec::new();
             for tx in batch {
                 for (index, change) in tx.changes.iter().enumerate() {
@@ -856,6 +868,7 @@ impl Publisher {
                     records.extend(record);
                 }
             }
+            self.stages.record("encode", encoding);
             tracing::debug!(records = records.len(), checkpoint = %checkpoint.position, "cdc: publishing a batch");
             self.producer.begin_transaction()?;
             let result = self.send_and_commit(&records, checkpoint).await;
@@ -908,6 +921,7 @@ impl Publisher {
             error,
             refused: Vec::new(),
         };
+        let producing = Instant::now();
         let mut deliveries = Vec::with_capacity(records.len());
         for (index, record) in records.iter().enumerate() {
             let sent = self
@@ -969,9 +983,13 @@ impl Publisher {
                 refused,
             });
         }
+        self.stages.record("produce", producing);
+        let committing = Instant::now();
         crate::producer::transactional::commit(&self.producer, Duration::from_secs(60))
             .await
-            .map_err(|e| failed(e.into()))
+            .map_err(|e| failed(e.into()))?;
+        self.stages.record("commit", committing);
+        Ok(())
     }
 
     /// Hands a record to librdkafka, waiting (not failing) while its queue
@@ -1241,6 +1259,11 @@ pub(crate) async fn run_with(
                 None => {}
             }
             if let Some(last) = batch.last() {
+                // A batch of only other tables' transactions waits
+                // IDLE_CHECKPOINT by design: not a change's time.
+                if let Some(since) = since.filter(|_| due) {
+                    publisher.stages.record("gather", since);
+                }
                 let position = last.resume_point().clone();
                 summary.changes += publisher
                     .publish(&batch, &Checkpoint::new(&cdc.name, position.clone()))
@@ -1257,6 +1280,7 @@ pub(crate) async fn run_with(
             }
         }
     }
+    summary.stages_ms = publisher.stages.take();
     Ok(summary)
 }
 

@@ -154,6 +154,10 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
         summary.kafka_transactions += run.kafka_transactions;
         summary.started_at = summary.started_at.or(run.started_at);
         summary.checkpoint = run.checkpoint.or(summary.checkpoint);
+        // Percentiles do not add up across streams: the last one's.
+        if !run.stages_ms.is_empty() {
+            summary.stages_ms = run.stages_ms;
+        }
         let (Some(capture), Some((_, current))) = (next, watch.as_mut()) else {
             break;
         };
@@ -170,6 +174,9 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
             summary.kafka_transactions,
             position_text(&summary.checkpoint, &summary.started_at)
         ),
+    }
+    if args.output.output == Output::Table {
+        println!("{}", super::output::stage_table(&summary.stages_ms));
     }
     Ok(ExitCode::SUCCESS)
 }

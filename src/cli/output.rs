@@ -7,8 +7,10 @@
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 use crate::schema::{CompatReport, Registered};
+use crate::stages::StageTimes;
 use crate::topics::{Change, TopicState};
 
 /// Output format of a command.
@@ -38,6 +40,32 @@ pub(crate) fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>
         table.add_row(row);
     }
     table
+}
+
+/// The time per batch of each stage of a pipeline (the relays', `cdc`'s).
+pub(crate) fn stage_table(stages: &BTreeMap<String, StageTimes>) -> Table {
+    let ms = |v: f64| format!("{v:.1}");
+    let rows = stages.iter().map(|(stage, t)| {
+        vec![
+            stage.clone(),
+            t.count.to_string(),
+            ms(t.mean),
+            ms(t.p50),
+            ms(t.p99),
+            ms(t.max),
+        ]
+    });
+    table(
+        &[
+            "stage (per batch)",
+            "batches",
+            "mean ms",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+        ],
+        rows,
+    )
 }
 
 /// Prints `items` as JSON, or as a table with `header` and one `row` per

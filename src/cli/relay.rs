@@ -243,6 +243,9 @@ async fn log_relay(settings: &Settings, args: RelayArgs) -> anyhow::Result<ExitC
             super::cdc::position_text(&summary.checkpoint, &summary.started_at)
         ),
     }
+    if args.output.output == Output::Table {
+        println!("{}", output::stage_table(&summary.stages_ms));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -289,29 +292,5 @@ fn print_relay(summary: &crate::outbox::relay::RelaySummary) {
         .iter()
         .map(|(t, n)| vec![t.clone(), n.to_string()]);
     println!("{}", output::table(&["topic", "records"], rows));
-    let ms = |v: f64| format!("{v:.1}");
-    let stages = summary.stages_ms.iter().map(|(stage, t)| {
-        vec![
-            stage.clone(),
-            t.count.to_string(),
-            ms(t.mean),
-            ms(t.p50),
-            ms(t.p99),
-            ms(t.max),
-        ]
-    });
-    println!(
-        "{}",
-        output::table(
-            &[
-                "stage (per batch)",
-                "batches",
-                "mean ms",
-                "p50 ms",
-                "p99 ms",
-                "max ms"
-            ],
-            stages
-        )
-    );
+    println!("{}", output::stage_table(&summary.stages_ms));
 }

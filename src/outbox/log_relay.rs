@@ -57,6 +57,7 @@ use crate::db::{Db, DbError};
 use crate::envelope::Envelope;
 use crate::health::HealthState;
 use crate::metrics::name;
+use crate::stages::StageTimes;
 
 /// The outbox table the relay reads.
 pub const TABLE: &str = "outbox_messages";
@@ -128,6 +129,8 @@ pub struct LogRelaySummary {
     pub started_at: Option<BinlogPosition>,
     /// The last committed checkpoint.
     pub checkpoint: Option<BinlogPosition>,
+    /// Milliseconds per batch in each stage, as `cdc` times them.
+    pub stages_ms: BTreeMap<String, StageTimes>,
 }
 
 /// Why the log-based relay stopped or could not start.
@@ -299,6 +302,7 @@ pub async fn run(
         active_secs: counts.active_secs(),
         started_at: summary.started_at,
         checkpoint: summary.checkpoint,
+        stages_ms: summary.stages_ms,
     })
 }
 

@@ -166,41 +166,7 @@ pub struct RelaySummary {
     pub stages_ms: BTreeMap<String, StageTimes>,
 }
 
-/// Milliseconds one pipeline stage took per batch, over a run.
-#[derive(Debug, Default, Clone, Serialize)]
-pub struct StageTimes {
-    /// Batches timed.
-    pub count: u64,
-    /// Mean.
-    pub mean: f64,
-    /// Median.
-    pub p50: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Longest.
-    pub max: f64,
-}
-
-impl StageTimes {
-    /// The figures of `samples` (milliseconds, any order).
-    pub fn of(samples: &mut [f64]) -> Self {
-        if samples.is_empty() {
-            return Self::default();
-        }
-        samples.sort_unstable_by(f64::total_cmp);
-        // Nearest rank: the smallest sample with at least p of them at or below it.
-        let rank = |p: f64| {
-            samples[((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1]
-        };
-        Self {
-            count: samples.len() as u64,
-            mean: samples.iter().sum::<f64>() / samples.len() as f64,
-            p50: rank(0.50),
-            p99: rank(0.99),
-            max: samples[samples.len() - 1],
-        }
-    }
-}
+pub use crate::stages::StageTimes;
 
 /// Relay failures that stop it.
 #[derive(Debug, thiserror::Error)]
@@ -378,7 +344,7 @@ impl Relay {
             poll_interval: options.poll_interval,
             stop_grace: options.lease_ttl / 3,
             wake: wake_rx,
-            stage_samples: Default::default(),
+            stages: crate::stages::StageClock::new(name::RELAY_STAGE_SECONDS),
             busy: AtomicUsize::new(0),
         });
         Ok(Self {
@@ -492,12 +458,7 @@ impl Relay {
         while let Ok(event) = self.events.try_recv() {
             self.record(event);
         }
-        let samples = std::mem::take(&mut *self.shared.stage_samples.lock().expect("not poisoned"));
-        for (stage, mut ms) in samples {
-            self.summary
-                .stages_ms
-                .insert(stage.to_string(), StageTimes::of(&mut ms));
-        }
+        self.summary.stages_ms = self.shared.stages.take();
         self.release_leases().await;
         result.map(|()| self.summary)
     }
@@ -844,15 +805,6 @@ fn relay_shards(n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stage_times_use_nearest_rank_percentiles() {
-        let mut ms: Vec<f64> = (1..=200).rev().map(f64::from).collect();
-        let t = StageTimes::of(&mut ms);
-        assert_eq!((t.count, t.p50, t.p99, t.max), (200, 100.0, 198.0, 200.0));
-        assert!((t.mean - 100.5).abs() < 1e-9);
-        assert_eq!(StageTimes::of(&mut []).count, 0);
-    }
 
     #[test]
     fn transactional_ids_belong_to_shards() {

@@ -88,6 +88,10 @@ pub async fn fenced(
 /// How many times [`commit`] resumes a commit that timed out.
 const COMMIT_RESUMES: u32 = 5;
 
+/// How long [`commit`] waits for acknowledged records to leave
+/// librdkafka's count before it commits.
+const SETTLE_MAX: Duration = Duration::from_millis(100);
+
 /// Commits `producer`'s transaction, resuming it while librdkafka says the
 /// commit timed out but may still complete ("retry call to resume"): such a
 /// commit can succeed at the broker, and aborting or dropping the producer
@@ -95,6 +99,7 @@ const COMMIT_RESUMES: u32 = 5;
 /// for read_committed readers (seen while a broker restarted). Any other
 /// error, or a timeout after [`COMMIT_RESUMES`] resumes, is returned.
 pub async fn commit(producer: &MeasuredProducer, timeout: Duration) -> Result<(), KafkaError> {
+    settle(producer).await;
     let mut resumes = 0;
     loop {
         let p = producer.clone();
@@ -113,6 +118,21 @@ pub async fn commit(producer: &MeasuredProducer, timeout: Duration) -> Result<()
             }
             other => return other,
         }
+    }
+}
+
+/// Waits (at most [`SETTLE_MAX`]) until librdkafka counts no record of
+/// `producer` in flight. A delivery report the caller awaited resolves
+/// inside the event callback of rdkafka's polling thread, but its records
+/// count as in flight until that event is freed, a moment later. A commit
+/// called in that moment flushes, finds them, and rdkafka's flush then
+/// polls an event queue that is already empty for its full 100 ms step:
+/// about 1 % of the commits of `cdc`'s lag benchmark took 102 ms this way
+/// (`orderpipe_cdc_stage_duration_seconds{stage="commit"}`).
+async fn settle(producer: &MeasuredProducer) {
+    let deadline = tokio::time::Instant::now() + SETTLE_MAX;
+    while producer.in_flight_count() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_micros(200)).await;
     }
 }
 

@@ -830,6 +830,22 @@ async fn lag_from_binlog_commit_to_a_read_committed_consumer() {
          about 100 ms each, a commit waiting on something other than the broker",
         writing.as_secs_f64()
     );
+    // The summary says where the time went: every stage of every batch
+    // (gather: of the batches with changes, not other tables' alone).
+    let stages = &summary["stages_ms"];
+    eprintln!("cdc stage times (ms per batch): {stages}");
+    for (stage, at_least) in [
+        ("gather", count.min(1)),
+        ("encode", transactions),
+        ("produce", transactions),
+        ("commit", transactions),
+    ] {
+        let timed = stages[stage]["count"].as_u64().unwrap_or(0);
+        assert!(
+            timed >= at_least as u64,
+            "{timed} batches timed in stage {stage}, {transactions} transactions: {stages}"
+        );
+    }
 }
 
 /// `[cdc] value_format = "avro"`: a snapshot and the stream write a table's

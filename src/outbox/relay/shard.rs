@@ -72,6 +72,7 @@ use crate::metrics::{InternalEvent, name};
 use crate::outbox::dead_letter::{DeadRow, RowDeadLettered};
 use crate::outbox::limits::Limits;
 use crate::producer::record_headers;
+use crate::stages::StageClock;
 
 /// A row that looks over its topic's limit is measured again against a
 /// limit read from the broker at most this long ago (an operator may have
@@ -108,13 +109,9 @@ pub(super) struct ShardShared {
     /// Shards that have not found their outbox empty since they started or
     /// last published: the relay is not idle while any is.
     pub busy: AtomicUsize,
-    /// Milliseconds per batch of each stage, for the run's summary
-    /// (bounded: the first [`MAX_STAGE_SAMPLES`] batches of each stage).
-    pub stage_samples: Mutex<BTreeMap<&'static str, Vec<f64>>>,
+    /// Each batch's time per stage: the metric and the run's summary.
+    pub stages: StageClock,
 }
-
-/// Batches whose stage times a run's summary keeps, per stage.
-const MAX_STAGE_SAMPLES: usize = 1_000_000;
 
 /// Reports from the shard tasks to the relay's main loop.
 pub(super) enum ShardEvent {
@@ -558,7 +555,7 @@ async fn claim(
         }
     }
     tx.rollback().await?;
-    stage_time(shared, "claim", started);
+    shared.stages.record("claim", started);
     let started = Instant::now();
     let mut batch = Batch {
         records: Vec::with_capacity(read.len()),
@@ -584,7 +581,7 @@ async fn claim(
         }
     }
     if !batch.is_empty() {
-        stage_time(shared, "encode", started);
+        shared.stages.record("encode", started);
     }
     Ok(batch)
 }
@@ -726,7 +723,7 @@ async fn transaction(
         }
         refused.get_or_insert(error);
     }
-    stage_time(shared, "produce", started);
+    shared.stages.record("produce", started);
     if let Some(e) = refused {
         tracing::warn!(shard, error = %e, too_large = too_large.len(), "a record of the Kafka transaction was refused");
         return (abort_or_fatal(producer, e).await, too_large);
@@ -736,7 +733,7 @@ async fn transaction(
     let outcome = match committed {
         Ok(()) => {
             histogram!(name::RELAY_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
-            sample(shared, "commit", started);
+            shared.stages.sample("commit", started);
             ShardOutcome::Committed
         }
         Err(e) => abort_or_fatal(producer, e).await,
@@ -814,7 +811,7 @@ async fn mark_sent(
                 }
             }
         }
-        stage_time(&shared, "mark", started);
+        shared.stages.record("mark", started);
         let dead: Vec<i64> = marks.dead.iter().map(|(id, _)| *id).collect();
         remove(&in_flight, &marks.sent);
         remove(&in_flight, &dead);
@@ -854,21 +851,4 @@ async fn mark(db: &Db, marks: &Marks) -> Result<(), DbError> {
     }
     tx.commit().await?;
     Ok(())
-}
-
-/// Time spent in one stage of a shard's pipeline: the metric and the
-/// run's summary.
-fn stage_time(shared: &ShardShared, stage: &'static str, started: Instant) {
-    histogram!(name::RELAY_STAGE_SECONDS, "stage" => stage).record(started.elapsed().as_secs_f64());
-    sample(shared, stage, started);
-}
-
-/// Keeps one batch's stage time for the run's summary.
-fn sample(shared: &ShardShared, stage: &'static str, started: Instant) {
-    let ms = started.elapsed().as_secs_f64() * 1000.0;
-    let mut samples = shared.stage_samples.lock().expect("not poisoned");
-    let list = samples.entry(stage).or_default();
-    if list.len() < MAX_STAGE_SAMPLES {
-        list.push(ms);
-    }
 }
