@@ -176,7 +176,8 @@ wait_stamps "$WORK/cdc-lat.tsv" "$((LAG_ROWS + 1))" 120
 # lag STAMPS: p50 p99 max (ms) of commit -> consumed, then p50 p99 of commit -> produced and of
 # produced -> consumed (CreateTime has ms resolution), then the number of records whose CreateTime
 # comes before their commit stamp by over 1 ms (a CreateTime not taken at send time).
-lag() { python3 - "$WORK/written.tsv" "$1" <<'PY'
+# Also writes the commit -> consumed latencies to OUT (labelled LABEL) for the report's CDF.
+lag() { python3 - "$WORK/written.tsv" "$1" "$2" "$3" <<'PY'
 import sys
 written = {k: int(us) for k, us in (l.split()[:2] for l in open(sys.argv[1]))}
 total, to_kafka, to_consumer = [], [], []
@@ -191,14 +192,16 @@ def q(xs, p):
     xs = sorted(xs)
     return xs[min(int(p * (len(xs) - 1) + 0.5), len(xs) - 1)]
 odd = sum(1 for x in to_kafka if x < -1)
+with open(sys.argv[3], "w") as out:
+    out.write(f"# label: {sys.argv[4]}\n" + "".join(f"{x:.3f}\n" for x in total))
 print(f"{q(total, .5):.1f} {q(total, .99):.1f} {max(total):.1f} "
       f"{q(to_kafka, .5):.1f} {q(to_kafka, .99):.1f} {q(to_consumer, .5):.1f} {q(to_consumer, .99):.1f} {odd}")
 PY
 }
-# report_lag VARIANT PEER CMD STAMPS
+# report_lag VARIANT PEER CMD STAMPS SLUG
 report_lag() {
   local p50 p99 max k50 k99 c50 c99 odd
-  read -r p50 p99 max k50 k99 c50 c99 odd <<<"$(lag "$4")"
+  read -r p50 p99 max k50 k99 c50 c99 odd <<<"$(lag "$4" "$(dirname "$RESULTS")/cdc-latency-$5.txt" "$1")"
   echo "   $1: p50 $p50 ms, p99 $p99 ms, max $max ms"
   echo "      commit -> produced (CreateTime): p50 $k50 ms, p99 $k99 ms; produced -> consumed: p50 $c50 ms, p99 $c99 ms"
   [ "$odd" = 0 ] || echo "      note: $odd records have a CreateTime over 1 ms before their commit stamp"
@@ -209,8 +212,9 @@ report_lag() {
   result cdc "$1" "lag p50, produced -> consumed" "$c50" ms "$2" "$3"
   result cdc "$1" "lag p99, produced -> consumed" "$c99" ms "$2" "$3"
 }
-report_lag "$CDC_NAME" "$([ $HAVE_PEER = 1 ] && echo "$DBZ_NAME")" "$CMD" "$WORK/cdc-lat.tsv"
-[ $HAVE_PEER = 1 ] && report_lag "$DBZ_NAME" "" "ConnectStandalone + MariaDbConnector" "$WORK/dbz-lat.tsv"
+rm -f "$(dirname "$RESULTS")"/cdc-latency-*.txt  # this run's alone on the report's CDF
+report_lag "$CDC_NAME" "$([ $HAVE_PEER = 1 ] && echo "$DBZ_NAME")" "$CMD" "$WORK/cdc-lat.tsv" cdc
+[ $HAVE_PEER = 1 ] && report_lag "$DBZ_NAME" "" "ConnectStandalone + MariaDbConnector" "$WORK/dbz-lat.tsv" debezium
 stop "$CDC_PID"; [ $HAVE_PEER = 1 ] && stop "$PEER_PID"
 echo "== cdc's stage times in the lag phase (ms per batch; from its --output json summary)"
 python3 - "$WORK/cdc.out" <<'PY'

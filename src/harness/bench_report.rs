@@ -320,8 +320,8 @@ pub fn write_report(results: &Path, out_dir: &Path) -> Result<ReportFiles, Repor
 }
 
 /// Every plot the results allow: throughput bars per benchmark, throughput
-/// against failure rate (ordering), relay throughput per batch size, and the
-/// API-to-apply latency CDF of the latency `runs` (one line each).
+/// against failure rate (ordering), relay throughput per batch size, and a
+/// latency CDF per [`LatencyKind`] of the latency `runs` (one line each).
 fn write_plots(
     results: &Results,
     runs: &[LatencyRun],
@@ -381,25 +381,29 @@ fn write_plots(
         plot.draw(&path, &series).map_err(plot_error(&path))?;
         written.push(path);
     }
-    let series: BTreeMap<String, Vec<(f64, f64)>> = runs
-        .iter()
-        .filter(|run| !run.sorted.is_empty())
-        .map(|run| {
-            let name = format!(
-                "{}: p50 {} ms, p99 {} ms",
-                run.label,
-                format_value(percentile(&run.sorted, 50.0)),
-                format_value(percentile(&run.sorted, 99.0))
-            );
-            (name, cdf_points(&run.sorted))
-        })
-        .collect();
-    if !series.is_empty() {
-        let path = out_dir.join("latency-cdf.svg");
+    for kind in LatencyKind::ALL {
+        let series: BTreeMap<String, Vec<(f64, f64)>> = runs
+            .iter()
+            .filter(|run| run.kind == kind && !run.sorted.is_empty())
+            .map(|run| {
+                let name = format!(
+                    "{}: p50 {} ms, p99 {} ms",
+                    run.label,
+                    format_value(percentile(&run.sorted, 50.0)),
+                    format_value(percentile(&run.sorted, 99.0))
+                );
+                (name, cdf_points(&run.sorted))
+            })
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        let (file, title, y_desc) = kind.plot();
+        let path = out_dir.join(file);
         let plot = LinePlot {
-            title: "API commit → consumer commit: latency CDF".into(),
+            title: title.into(),
             x_desc: "milliseconds (log scale)",
-            y_desc: "fraction of events applied within",
+            y_desc,
             log_x: true,
             marks: false,
         };
@@ -418,17 +422,64 @@ pub const LATENCIES: &str = "relay-latency-ms.txt";
 /// `# label: <name>` line (default: `<run>`).
 pub const LATENCY_RUN_PREFIX: &str = "latency-";
 
+/// What a latency run measured, and so the CDF it is drawn on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyKind {
+    /// `latency-<run>.txt` (`dev/bench-latency.sh`): API commit → consumer commit.
+    Api,
+    /// `cdc-latency-<run>.txt` (`dev/bench-cdc.sh`): binlog commit →
+    /// read_committed consumer, `cdc` and Debezium.
+    Cdc,
+}
+
+impl LatencyKind {
+    const ALL: [Self; 2] = [Self::Api, Self::Cdc];
+
+    /// The file-name prefix of its runs.
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Api => LATENCY_RUN_PREFIX,
+            Self::Cdc => "cdc-latency-",
+        }
+    }
+
+    /// Its CDF's file, title and y axis.
+    fn plot(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Self::Api => (
+                "latency-cdf.svg",
+                "API commit → consumer commit: latency CDF",
+                "fraction of events applied within",
+            ),
+            Self::Cdc => (
+                "cdc-latency-cdf.svg",
+                "binlog commit → read_committed consumer: latency CDF",
+                "fraction of changes consumed within",
+            ),
+        }
+    }
+
+    /// The kind of the run in file `name`, if it is one.
+    fn of_file(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| name.starts_with(kind.prefix()) && name.ends_with(".txt"))
+    }
+}
+
 /// One latency run: its label and its latencies (ms), sorted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LatencyRun {
     /// What ran (`100 orders/s`).
     pub label: String,
+    /// What it measured.
+    pub kind: LatencyKind,
     /// Latencies in milliseconds, ascending.
     pub sorted: Vec<f64>,
 }
 
-/// Every latency run in `dir` ([`LATENCY_RUN_PREFIX`] files, then the old
-/// [`LATENCIES`] file), by file name.
+/// Every latency run in `dir` (the files of each [`LatencyKind`], then the
+/// old [`LATENCIES`] file), by file name.
 fn latency_runs(dir: &Path) -> Result<Vec<LatencyRun>, ReportError> {
     let mut paths: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(entries) => entries
@@ -436,7 +487,8 @@ fn latency_runs(dir: &Path) -> Result<Vec<LatencyRun>, ReportError> {
             .filter(|p| {
                 p.file_name()
                     .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(LATENCY_RUN_PREFIX) && n.ends_with(".txt"))
+                    .and_then(LatencyKind::of_file)
+                    .is_some()
             })
             .collect(),
         Err(_) => Vec::new(),
@@ -471,7 +523,11 @@ fn sorted_latencies(path: &Path) -> Result<LatencyRun, ReportError> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut label = match stem.strip_prefix(LATENCY_RUN_PREFIX) {
+    let kind = path
+        .file_name()
+        .and_then(|n| LatencyKind::of_file(&n.to_string_lossy()))
+        .unwrap_or(LatencyKind::Api);
+    let mut label = match stem.strip_prefix(kind.prefix()) {
         Some(run) => run.to_string(),
         None => "latency".to_string(),
     };
@@ -505,6 +561,7 @@ fn sorted_latencies(path: &Path) -> Result<LatencyRun, ReportError> {
     values.sort_by(f64::total_cmp);
     Ok(LatencyRun {
         label,
+        kind,
         sorted: values,
     })
 }
@@ -850,6 +907,7 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
             run,
             LatencyRun {
                 label: "latency".into(),
+                kind: LatencyKind::Api,
                 sorted: vec![1.0, 2.0, 3.0]
             }
         );
@@ -864,8 +922,16 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
             run,
             LatencyRun {
                 label: "100 orders/s".into(),
+                kind: LatencyKind::Api,
                 sorted: vec![0.0, 7.5]
             }
+        );
+        let cdc = dir.path().join("cdc-latency-debezium.txt");
+        std::fs::write(&cdc, "4\n").unwrap();
+        let run = sorted_latencies(&cdc).unwrap();
+        assert_eq!(
+            (run.label.as_str(), run.kind),
+            ("debezium", LatencyKind::Cdc)
         );
     }
 
@@ -976,6 +1042,11 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
             format!("# label: 5000 events/s\n{fast}"),
         )
         .unwrap();
+        std::fs::write(
+            dir.path().join("cdc-latency-cdc.txt"),
+            format!("# label: orderpipe cdc\n{fast}"),
+        )
+        .unwrap();
         let out = dir.path().join("out");
         let files = write_report(&results, &out).unwrap();
 
@@ -997,7 +1068,8 @@ relay\tbatch 50\tthroughput\t500\trows/s\tplain producer\trelay --batch-size 50 
                 "throughput-relay.svg",
                 "throughput-vs-failure-rate.svg",
                 "relay-throughput-per-batch.svg",
-                "latency-cdf.svg"
+                "latency-cdf.svg",
+                "cdc-latency-cdf.svg"
             ]
         );
         for (plot, name) in files.plots.iter().zip(&names) {
