@@ -842,7 +842,7 @@ async fn lag_from_binlog_commit_to_a_read_committed_consumer() {
     ] {
         let timed = stages[stage]["count"].as_u64().unwrap_or(0);
         assert!(
-            timed >= at_least as u64,
+            timed >= at_least,
             "{timed} batches timed in stage {stage}, {transactions} transactions: {stages}"
         );
     }
