@@ -45,7 +45,7 @@ DBZ_TOPIC="$RUN_ID.dbz.$DB"
 export ORDERPIPE_CDC__NAME="$RUN_ID" ORDERPIPE_CDC__TOPIC_PREFIX="$RUN_ID.cdc" ORDERPIPE_CDC__OFFSETS_TOPIC="$RUN_ID.cdc.offsets"
 export ORDERPIPE_CDC__PARTITIONS=3 ORDERPIPE_CDC__SOURCE="$DB_URL_BASE/$DB"
 export ORDERPIPE_PRODUCER__TRANSACTIONAL_ID_PREFIX="$RUN_ID"
-CDC_ARGS=(cdc --output json --table "$DB.load,$DB.lat" --server-id "$((20000 + RANDOM))")
+CDC_ARGS=(cdc --output json --table "$DB.load,$DB.lat" --server-id "$((20000 + RANDOM))" ${CDC_EXTRA_ARGS:-})
 # Variant names of the report's rows; a row's peer is the other's variant of the same metric.
 CDC_NAME="orderpipe cdc (exactly once)"
 DBZ_NAME="Debezium MariaDB 3.5.0 (Connect standalone, at least once)"

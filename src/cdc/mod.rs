@@ -82,6 +82,9 @@ pub const LAG_METRIC: &str = "orderpipe_cdc_lag_seconds";
 /// transaction's sends and acknowledgements, `commit`).
 pub const STAGE_METRIC: &str = "orderpipe_cdc_stage_duration_seconds";
 
+/// `linger.ms` of the source's producer unless `producer.options` sets one.
+const PUBLISH_LINGER_MS: &str = "0";
+
 /// A batch of only change-less transactions (other tables) is checkpointed
 /// this often, so the position keeps up with a busy database.
 const IDLE_CHECKPOINT: Duration = Duration::from_secs(5);
@@ -530,12 +533,32 @@ fn is_size_refusal(e: &KafkaError) -> bool {
     )
 }
 
+/// The source's producer options: the transactional producers' with
+/// `linger.ms` [`PUBLISH_LINGER_MS`] unless `producer.options` sets a
+/// linger. A batch is handed to librdkafka whole and its acknowledgements
+/// awaited, so a linger only delays it; what queues while a request is in
+/// flight still goes out together. Measured in docs/cdc.md ("No linger"):
+/// p50 9–12 ms against 19–21 ms with 5 ms, catch-up no slower.
+fn publisher_options(
+    kafka: &KafkaSettings,
+    producer: &ProducerSettings,
+) -> Result<BTreeMap<String, String>, CdcError> {
+    let mut options = crate::producer::transactional::options(kafka, producer)
+        .map_err(|e| CdcError::Setup(e.to_string()))?;
+    if !["linger.ms", "queue.buffering.max.ms"]
+        .iter()
+        .any(|key| producer.options.contains_key(*key))
+    {
+        options.insert("linger.ms".into(), PUBLISH_LINGER_MS.into());
+    }
+    Ok(options)
+}
+
 impl Publisher {
     /// Builds the source's transactional producer and fences its
     /// predecessor: `init_transactions` aborts what that one left open.
     async fn new(sections: &CdcSections<'_>) -> Result<Self, CdcError> {
-        let options = crate::producer::transactional::options(sections.kafka, sections.producer)
-            .map_err(|e| CdcError::Setup(e.to_string()))?;
+        let options = publisher_options(sections.kafka, sections.producer)?;
         let id = transactional_id(
             &sections.producer.transactional_id_prefix,
             &sections.cdc.name,
@@ -1308,6 +1331,17 @@ mod tests {
         s.name = "two words".into();
         assert!(s.validate().unwrap_err().contains("cdc.name"));
         settings().validate().unwrap();
+    }
+
+    #[test]
+    fn the_producer_lingers_only_when_told_to() {
+        let mut s = crate::config::Settings::default();
+        let options = publisher_options(&s.kafka, &s.producer).unwrap();
+        assert_eq!(options["linger.ms"], "0");
+        assert_eq!(options["acks"], "all");
+        s.producer.options.insert("linger.ms".into(), "20".into());
+        let options = publisher_options(&s.kafka, &s.producer).unwrap();
+        assert_eq!(options["linger.ms"], "20");
     }
 
     #[test]
