@@ -17,7 +17,8 @@
 #      encoding) and produced -> consumed (send, Kafka commit, fetch); cdc's
 #      own stage times (gather, encode, produce, commit) from its summary.
 # The peer runs through dev/debezium-lib.sh (its jars from Maven Central, a
-# shim for Kafka 4.4). Skip the peer with CDC_PEER=none.
+# shim for Kafka 4.4). Skip the peer with CDC_PEER=none; CDC_EXTRA_ARGS (split on spaces) go to
+# `orderpipe cdc`, e.g. CDC_EXTRA_ARGS="-X linger.ms=5" for an A/B.
 #
 #   dev/bench-cdc.sh [ROWS] [LAG_ROWS]   (defaults 100000 and 2000; needs `make dev-up`)
 set -euo pipefail
