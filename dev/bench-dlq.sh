@@ -36,8 +36,10 @@ export ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_dlq"
 DEAD_ARGS=(consume --group "$RUN_ID-replay" --handler chaos,notification --ordering none --until-idle 5 --output json)
 dead_t0=$(now)
 ORDERPIPE_CHAOS__PERMANENT_ALL=true "$BIN" "${DEAD_ARGS[@]}" > "$OUT_DIR/.dead.json"
-# Nothing is applied, so the summary's active_secs (first record to last
-# commit of an applied batch) is 0: the wall time less the idle wait instead.
+# Two clocks: the summary's active_secs (first record received to the last
+# batch settled, here its dead letters acknowledged: the clock the happy
+# path's rows use), and the wall time less the idle wait, which adds the
+# process's start and its first group join.
 dead_secs=$(python3 -c 'import sys; print(float(sys.argv[2]) - float(sys.argv[1]) - 5)' "$dead_t0" "$(now)")
 "$BIN" dlq persist --until-idle 5 --output json > "$OUT_DIR/.persist.json"
 echo "== dlq replay --group $RUN_ID-replay"
@@ -83,8 +85,10 @@ APPLY_CMD="$DB_ENV orderpipe ${APPLY_ARGS[*]}"
 result dlq "consume with error tier" throughput "$(rate "$OUT_DIR/.tier.json")" events/s "consume without error tier" "$TIER_CMD"
 result dlq "consume without error tier" throughput "$(rate "$OUT_DIR/.plain.json")" events/s "" \
   "ORDERPIPE_DATABASE__URL=$DB/${RUN_ID}_plain orderpipe ${PLAIN_ARGS[*]}"
-result dlq "every event dead-lettered (wall time less 5 s idle)" throughput \
-  "$(jget "$OUT_DIR/.dead.json" "r['dead_lettered'] / max($dead_secs, 1e-9)")" rec/s "consume with error tier" "$DEAD_CMD"
+result dlq "every event dead-lettered" throughput \
+  "$(jget "$OUT_DIR/.dead.json" "r['dead_lettered'] / max(r['active_secs'], 1e-9)")" rec/s "consume with error tier" "$DEAD_CMD"
+result dlq "every event dead-lettered (wall time less 5 s idle: with start and group join)" throughput \
+  "$(jget "$OUT_DIR/.dead.json" "r['dead_lettered'] / max($dead_secs, 1e-9)")" rec/s "" "$DEAD_CMD"
 result dlq "dlq replay" throughput "$REPLAY_RATE" rec/s "" "$REPLAY_CMD"
 result dlq "replayed records applied" throughput "$APPLY_RATE" rec/s "" "$APPLY_CMD"
 result dlq "replay, applied end to end" throughput "$E2E_RATE" rec/s "" "$REPLAY_CMD; $APPLY_CMD"

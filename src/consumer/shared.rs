@@ -34,7 +34,8 @@ pub(crate) struct Shared {
     pub overflow_batches: usize,
     /// `consumer.batch_linger_ms`.
     pub batch_linger: std::time::Duration,
-    /// First record received, last batch committed.
+    /// First record received, last batch settled (committed, or its
+    /// failures forwarded): the span `active_secs` reports.
     pub active: Mutex<Option<(Instant, Instant)>>,
     /// Keys this consumer knows to be parked (mode `key`): only records of
     /// these keys, and retry-topic records, consult `parked_keys`.
@@ -62,6 +63,13 @@ impl Default for ReleaseLocks {
 }
 
 impl Shared {
+    /// Moves the activity clock's end to now: a batch is settled.
+    pub(crate) fn settled(&self) {
+        if let Some((_, last)) = self.active.lock().expect("active lock").as_mut() {
+            *last = Instant::now();
+        }
+    }
+
     /// Held while releasing `keys`: a second release of one of them waits,
     /// then finds what the first applied gone from `held_records`. The
     /// stripes are taken once each and in ascending order, so two releases

@@ -53,7 +53,8 @@ pub struct ConsumeSummary {
     pub queue_full_pauses: u64,
     /// Per handler.
     pub handlers: BTreeMap<String, HandlerCounts>,
-    /// Seconds from the first record received to the last batch committed.
+    /// Seconds from the first record received to the last batch settled
+    /// (committed, or its failed records forwarded).
     pub active_secs: f64,
 }
 

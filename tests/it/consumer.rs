@@ -6,7 +6,6 @@ use std::io::Write;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use orderpipe::codec::Codec;
 use orderpipe::db::Db;
 use orderpipe::envelope::Envelope;
 use orderpipe::harness::generator::LifecycleGenerator;
@@ -175,13 +174,7 @@ async fn poison_records_are_reported_and_do_not_stop_the_consumer() {
     let env = TestEnv::new().with_database().await;
     env.cli(&["topics", "ensure", "--group", "g"]).success();
     let topic = env.settings.topics.order_events.name.clone();
-    let codec = Codec::new(
-        &env.settings.registry,
-        &topic,
-        SchemaCatalog::embedded().order_events(),
-        true,
-    )
-    .unwrap();
+    let codec = env.order_events_codec();
     let good: Vec<Envelope> = LifecycleGenerator::new("checkout", 3, 1, 5)
         .take(6)
         .collect();

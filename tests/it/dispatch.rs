@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use orderpipe::clock::now_ms;
-use orderpipe::codec::Codec;
 use orderpipe::db::Db;
 use orderpipe::envelope::Envelope;
 use orderpipe::harness::generator::LifecycleGenerator;
@@ -18,7 +17,6 @@ use orderpipe::kafka::client::client_config;
 use orderpipe::kafka::record::header;
 use orderpipe::producer::record_headers;
 use orderpipe::retry::retry_topic;
-use orderpipe::schema::SchemaCatalog;
 use rdkafka::message::Header;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
@@ -72,14 +70,7 @@ async fn produce_to(
     partition_of: impl Fn(&Envelope) -> i32,
     due_of: impl Fn(usize) -> Option<i64>,
 ) {
-    let main = &env.settings.topics.order_events.name;
-    let codec = Codec::new(
-        &env.settings.registry,
-        main,
-        SchemaCatalog::embedded().order_events(),
-        true,
-    )
-    .unwrap();
+    let codec = env.order_events_codec();
     let producer: FutureProducer = client_config(&env.settings.kafka.client_options())
         .create()
         .unwrap();

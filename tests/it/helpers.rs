@@ -23,6 +23,18 @@ pub struct TestEnv {
 }
 
 impl TestEnv {
+    /// The Confluent-framed codec of this test's order events topic (the
+    /// schema registered on first use).
+    pub fn order_events_codec(&self) -> orderpipe::codec::Codec {
+        orderpipe::codec::Codec::new(
+            &self.settings.registry,
+            &self.settings.topics.order_events.name,
+            orderpipe::schema::SchemaCatalog::embedded().order_events(),
+            true,
+        )
+        .expect("order events codec")
+    }
+
     /// A fresh namespace on the dev stack.
     pub fn new() -> Self {
         let prefix = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);

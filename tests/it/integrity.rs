@@ -24,14 +24,20 @@ use crate::helpers::{TestEnv, http_get};
 
 /// Sends one framed value keyed by its order, with the usual headers.
 async fn send(env: &TestEnv, envelope: &Envelope, value: &[u8]) {
+    send_to(env, envelope, value, None).await
+}
+
+/// [`send`], to the given partition instead of the key's.
+async fn send_to(env: &TestEnv, envelope: &Envelope, value: &[u8], partition: Option<i32>) {
     let producer: FutureProducer = client_config(&env.settings.kafka.client_options())
         .create()
         .unwrap();
     let key = envelope.key();
-    let record = FutureRecord::to(&env.settings.topics.order_events.name)
+    let mut record = FutureRecord::to(&env.settings.topics.order_events.name)
         .key(&key)
         .payload(value)
         .headers(record_headers(envelope));
+    record.partition = partition;
     producer
         .send(record, Duration::from_secs(10))
         .await
@@ -253,13 +259,7 @@ async fn a_reused_event_id_with_other_content_is_skipped_counted_logged_and_list
         d.quantity += 5;
     }
     let after = created(10, "1.0");
-    let codec = Codec::new(
-        &env.settings.registry,
-        &env.settings.topics.order_events.name,
-        SchemaCatalog::embedded().order_events(),
-        true,
-    )
-    .unwrap();
+    let codec = env.order_events_codec();
     for e in [&first, &redelivered, &reused, &after] {
         send(&env, e, &codec.encode(e).await.unwrap()).await;
     }
@@ -471,6 +471,75 @@ async fn a_batch_claim_returns_only_the_rows_it_inserted() {
 /// event the verdict the per-event path gives: written, already done
 /// (a redelivery caught by business state), ignored, or an illegal
 /// transition that fails that event alone and writes nothing for it.
+/// Records of one wave (one partition, distinct orders) that different
+/// handlers refuse: each goes to the DLQ with its own handler's reason, the
+/// others commit once, and a refused record leaves no effect of any handler
+/// (neither of those before the one that refused it nor of those after).
+#[tokio::test(flavor = "multi_thread")]
+async fn records_refused_by_different_handlers_in_one_wave_each_go_to_the_dlq_alone() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure", "--group", "waves"]).success();
+    let codec = env.order_events_codec();
+    let life = |order: i64, step: usize| {
+        Envelope::new("checkout", EventData::sample_lifecycle(order).remove(step))
+    };
+    // [created, paid, shipped, canceled, refunded][step]. Order 2's cancel
+    // has no reservation to release (inventory, the first handler, refuses
+    // it); order 3's refund has no payment (inventory ignores it, payment,
+    // the second, refuses it).
+    let (created_1, canceled_2, refunded_3, created_4) =
+        (life(1, 0), life(2, 3), life(3, 4), life(4, 0));
+    let events = [&created_1, &canceled_2, &refunded_3, &created_4];
+    for e in events {
+        send_to(&env, e, &codec.encode(e).await.unwrap(), Some(0)).await;
+    }
+
+    let summary = consume(&env, "waves", "inventory,payment,notification");
+    assert_eq!(summary["applied"], 2, "{summary}");
+    assert_eq!(summary["dead_lettered"], 2, "{summary}");
+    assert_eq!(summary["apply_failures"], 2, "{summary}");
+    let db = env.db();
+    for (order, applied) in [(1, true), (2, false), (3, false), (4, true)] {
+        let want = i64::from(applied);
+        for table in ["inventory_reservations", "payments", "notifications"] {
+            let want = if table == "payments" { 0 } else { want };
+            assert_eq!(
+                rows_for(&db, table, order).await,
+                want,
+                "order {order}, {table}"
+            );
+        }
+    }
+    for e in events {
+        let applied = e.event_id == created_1.event_id || e.event_id == created_4.event_id;
+        assert_eq!(
+            dedup_rows(&db, &e.event_id.to_string()).await,
+            i64::from(applied)
+        );
+    }
+
+    env.cli(&["dlq", "persist", "--until-idle", "3"]).success();
+    let listed: Value =
+        serde_json::from_str(&env.cli(&["dlq", "list", "--output", "json"]).success()).unwrap();
+    let rows = listed.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{listed:#}");
+    // Each with its own handler's words, and where it came from.
+    for (refused, offset, why) in [
+        (&canceled_2, 1, "cannot release stock"),
+        (&refunded_3, 2, "cannot refund"),
+    ] {
+        let row = rows
+            .iter()
+            .find(|r| r["event_id"] == refused.event_id.to_string())
+            .unwrap_or_else(|| panic!("{listed:#}"));
+        assert_eq!(row["error_class"], "handler_fatal", "{row}");
+        let message = row["error_message"].as_str().unwrap();
+        assert!(message.contains(why), "{row}");
+        assert_eq!(row["original_partition"], 0, "{row}");
+        assert_eq!(row["original_offset"], offset, "{row}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_handlers_batch_entry_points_judge_each_event_on_its_own() {
     use orderpipe::consumer::handler::{Effect, Handler, HandlerError};

@@ -329,21 +329,13 @@ async fn a_pool_configured_below_the_partition_workers_is_raised_and_the_databas
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_longer_than_its_columns_is_dead_lettered_and_persisted_whole_and_never_parked() {
-    use orderpipe::codec::Codec;
-    use orderpipe::schema::SchemaCatalog;
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{FutureProducer, FutureRecord};
     let env = TestEnv::new().with_database().await;
     let group = "operator.longkey";
     env.cli(&["topics", "ensure", "--group", group]).success();
     let topic = env.settings.topics.order_events.name.clone();
-    let codec = Codec::new(
-        &env.settings.registry,
-        &topic,
-        SchemaCatalog::embedded().order_events(),
-        true,
-    )
-    .unwrap();
+    let codec = env.order_events_codec();
     let event = orderpipe::harness::generator::LifecycleGenerator::new("checkout", 1, 1, 5)
         .next()
         .unwrap();

@@ -14,17 +14,6 @@ use rdkafka::message::Headers;
 
 use crate::helpers::{TestEnv, header};
 
-fn codec(env: &TestEnv) -> Codec {
-    let topic = &env.settings.topics.order_events.name;
-    Codec::new(
-        &env.settings.registry,
-        topic,
-        SchemaCatalog::embedded().order_events(),
-        true,
-    )
-    .unwrap()
-}
-
 #[test]
 fn one_order_lands_in_one_partition_in_the_order_sent() {
     let env = TestEnv::new();
@@ -64,7 +53,7 @@ fn one_order_lands_in_one_partition_in_the_order_sent() {
         count,
         Duration::from_secs(120),
     );
-    let codec = codec(&env);
+    let codec = env.order_events_codec();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut seen: HashMap<i64, Vec<(i32, i64, uuid::Uuid)>> = HashMap::new();
     for m in &messages {
@@ -116,7 +105,7 @@ fn every_record_has_the_headers_and_decodes_to_the_same_envelope() {
         sent.len(),
         Duration::from_secs(60),
     );
-    let codec = codec(&env);
+    let codec = env.order_events_codec();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let by_id: HashMap<_, _> = sent.iter().map(|e| (e.event_id, e)).collect();
     for m in &messages {

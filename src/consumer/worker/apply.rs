@@ -20,11 +20,12 @@
 //!      writes its effects for the whole wave; a handler acting outside the
 //!      database (HTTP) ran before the transaction opened (`worker/outside.rs`)
 //!      and its results are taken from there;
-//!    * a record a handler failed is taken out: the wave rolls back to its
-//!      savepoint and runs again without it, and the later records of its
-//!      key are left out too ([`Deferred`]). The batch is not split: the
-//!      rest commits, and the worker takes the deferred records through
-//!      the error tier afterwards;
+//!    * a record a handler failed is taken out: the attempt stops at that
+//!      handler (the ones after it do not run on a wave about to be rolled
+//!      back), the wave rolls back to its savepoint and runs again without
+//!      it, and the later records of its key are left out too
+//!      ([`Deferred`]). The batch is not split: the rest commits, and the
+//!      worker takes the deferred records through the error tier afterwards;
 //! 3. **commit**, only while the partition is still ours;
 //! 4. **bookkeeping**, after the commit: the summary, the consumer's parked
 //!    set and the metrics, from the [`Ledger`] the stages filled.
@@ -431,7 +432,6 @@ impl BatchApplier {
             }
         }
         let envelopes: Vec<&Envelope> = applying.iter().map(|&i| envelope_of(&items[i])).collect();
-        let mut failures: Vec<(usize, HandlerError)> = Vec::new();
         for (h, handler) in self.state.shared.options.handlers.iter().enumerate() {
             let results = if handler.acts_outside() {
                 // Done before the transaction opened ([`super::outside`]).
@@ -439,21 +439,21 @@ impl BatchApplier {
             } else {
                 handler.apply_batch(tx, &envelopes).await?
             };
+            let mut failures: Vec<(usize, HandlerError)> = Vec::new();
             for (&index, result) in applying.iter().zip(results) {
                 match result {
                     Ok(effect) => ledger.delta.record_effect(handler.name(), effect),
                     Err(HandlerError::Unavailable(reason)) => {
                         return Err(HandlerError::Unavailable(reason));
                     }
-                    Err(error) if !failures.iter().any(|(i, _)| *i == index) => {
-                        failures.push((index, error))
-                    }
-                    Err(_) => {}
+                    Err(error) => failures.push((index, error)),
                 }
             }
-        }
-        if !failures.is_empty() {
-            return Ok(Wave::Failed(failures));
+            // The wave runs again without these records: the handlers after
+            // this one would only write effects the rollback undoes.
+            if !failures.is_empty() {
+                return Ok(Wave::Failed(failures));
+            }
         }
         let elapsed = started.elapsed();
         for &index in &applying {
@@ -524,9 +524,7 @@ impl BatchApplier {
     fn bookkeeping(&self, mut ledger: Ledger<'_>) -> Committed {
         let shared = &self.state.shared;
         let group = shared.options.group.as_str();
-        if let Some((_, last)) = shared.active.lock().expect("active lock").as_mut() {
-            *last = Instant::now();
-        }
+        shared.settled();
         ledger.delta.conflicting_duplicates = ledger.conflicts.len() as u64;
         shared
             .summary

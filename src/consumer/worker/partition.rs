@@ -387,7 +387,9 @@ impl PartitionWorker {
             };
             parks.push((*item, state));
         }
-        self.parking.park(&parks).await
+        self.parking.park(&parks).await?;
+        self.state.shared.settled();
+        Ok(())
     }
 
     /// Release, the one entry point: for the keys whose head is done,
