@@ -40,6 +40,7 @@
 //! | [`topics`] | topic reconcile (`topics ensure` / `describe`) |
 //! | [`config`] | layered settings: defaults, file, environment, flags; composes the components' sections |
 //! | [`startup`] | builds the roles from the settings: the sections each one reads |
+//! | [`stopping`] | a stop that cannot hang: the phase a stopping process is in, the deadline past which it exits anyway |
 //! | [`telemetry`] | logging setup |
 //! | `harness` | demo, benchmarks, generator, exactly-once verification, the `chaos` handler: only with the cargo feature `harness` |
 //! | [`console`] | `orderpipe console`: the operator's web UI (overview, dead letters, held orders, topics, schemas, subscriptions), roles, CSRF, audit |
@@ -77,6 +78,7 @@ pub mod router;
 pub mod schema;
 pub mod stages;
 pub mod startup;
+pub mod stopping;
 pub mod subscriptions;
 pub mod telemetry;
 pub mod topics;

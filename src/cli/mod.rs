@@ -71,6 +71,11 @@ struct GlobalArgs {
     /// Export spans over OTLP/HTTP to this collector URL (needs `--features otlp`).
     #[arg(long, global = true, env = "ORDERPIPE_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
+    /// Seconds a stop (SIGTERM) may take before the process exits anyway
+    /// with status 124, naming what it waited on; keep it under the pod's
+    /// terminationGracePeriodSeconds.
+    #[arg(long, global = true, env = "ORDERPIPE_STOP_TIMEOUT_SECS", default_value_t = crate::stopping::DEFAULT_STOP_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    stop_timeout: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -287,6 +292,7 @@ pub fn main() -> ExitCode {
     // Before any thread allocates: fewer malloc arenas, less memory (docs/tuning.md, "Memory").
     crate::startup::cap_malloc_arenas();
     let cli = Cli::parse();
+    crate::stopping::set_timeout(std::time::Duration::from_secs(cli.global.stop_timeout));
     if let Err(e) = telemetry::init(
         cli.global.log_format,
         &cli.global.log_level,
@@ -310,6 +316,8 @@ pub fn main() -> ExitCode {
         }
     };
     telemetry::shutdown();
+    crate::stopping::phase("ending the runtime's tasks");
+    drop(runtime);
     code
 }
 

@@ -7,7 +7,8 @@
 //! thing every long-running command does (cdc, deliver, consume, relay, api,
 //! console, dlq persist, subs serve): a signal during start-up is remembered,
 //! and the command stops at its first chance with status 0. A second
-//! signal exits at once (status 130), for a stop that hangs.
+//! signal exits at once (status 130); with no second signal, a stop that
+//! overruns `--stop-timeout` exits with status 124 ([`crate::stopping`]).
 
 use std::sync::OnceLock;
 
@@ -37,6 +38,7 @@ pub fn install() -> std::io::Result<()> {
                 _ = interrupt.recv() => "SIGINT",
             };
             tracing::info!(signal = name, "stopping (a second signal exits at once)");
+            crate::stopping::arm();
             let _ = stop.send(true);
             tokio::select! {
                 _ = term.recv() => {}
@@ -53,6 +55,7 @@ pub fn install() -> std::io::Result<()> {
         }
         tokio::spawn(async move {
             let _ = tokio::signal::ctrl_c().await;
+            crate::stopping::arm();
             let _ = stop.send(true);
         });
     }

@@ -123,6 +123,9 @@ pub async fn run(
                 events::CoordinatorStuck { group: &shared.options.group, reason: &reason }.emit();
             }
         }
+        crate::stopping::phase(
+            "the partition workers finish their batches (database transactions, forwards to the retry topic or DLQ)",
+        );
     };
     dispatch::dispatch(&shared, stop).await;
     lag_task.abort();
@@ -136,6 +139,7 @@ pub async fn run(
         return Err(ConsumerError::CoordinatorStuck(reason));
     }
     // Workers have finished; commit what they stored before leaving.
+    crate::stopping::phase("committing the group's offsets");
     match shared.consumer.commit_consumer_state(CommitMode::Sync) {
         Ok(()) => {}
         Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
@@ -143,6 +147,7 @@ pub async fn run(
             tracing::warn!(error = %e, "final offset commit failed; records since the last commit will be redelivered and skipped as duplicates")
         }
     }
+    crate::stopping::phase("closing the Kafka consumer and the error tier's producer");
     let mut summary = shared.summary.lock().expect("summary lock").clone();
     summary.active_secs = shared
         .active

@@ -16,7 +16,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
 use crate::exactly_once::{ALL_HANDLERS, assert_applied_in_order, assert_exactly_once};
-use crate::helpers::{Spawned, TestEnv, http_get, stack, wait_for_status};
+use crate::helpers::{Spawned, TestEnv, http_get, kill_and_output, stack, wait_for_status};
 
 /// Runs the group to idleness and returns its JSON summary.
 pub fn consume(env: &TestEnv, group: &str, handlers: &str) -> Value {
@@ -100,12 +100,28 @@ async fn wait_for_rows(
     }
 }
 
-pub fn sigterm(child: &mut Child) {
+/// Stops `child` with SIGTERM and returns its exit status. One still
+/// running a minute later (its own stop timeout is 25 s) is killed, and the
+/// test fails with what it printed rather than hanging.
+pub fn sigterm(child: &mut Child) -> std::process::ExitStatus {
     let _ = std::process::Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
         .status();
-    let _ = child.wait();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().expect("child status") {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "pid {} still ran 60 s after SIGTERM: {}",
+                child.id(),
+                kill_and_output(child)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -341,7 +357,7 @@ async fn rebalance_safety_members_join_and_leave() {
         &mut [&mut first, &mut second, &mut third],
     )
     .await;
-    sigterm(&mut first); // leaves cleanly
+    assert_stopped(&mut first); // leaves
     wait_for_rows(&pool, group, 35_000, wait, &mut [&mut second, &mut third]).await;
     second.kill().unwrap(); // dies
     second.wait().unwrap();
@@ -354,9 +370,106 @@ async fn rebalance_safety_members_join_and_leave() {
         &mut [&mut third, &mut fourth],
     )
     .await;
-    sigterm(&mut third);
-    sigterm(&mut fourth);
+    assert_stopped(&mut third);
+    assert_stopped(&mut fourth);
     assert_exactly_once(&pool, group, &events).await;
+}
+
+/// Stops a member with SIGTERM: it exits 0, or 124 when its stop overran
+/// the stop timeout (a close librdkafka never finishes, #4041), which loses
+/// nothing either (the callers' exactly-once check); anything else, a crash
+/// included, fails with what it printed.
+fn assert_stopped(member: &mut Spawned) {
+    let status = sigterm(member);
+    match status.code() {
+        Some(0) => {}
+        Some(orderpipe::stopping::EXIT_STOP_TIMEOUT) => {
+            eprintln!(
+                "a member's stop overran its timeout: {}",
+                member.stop_and_output()
+            )
+        }
+        _ => panic!(
+            "a member stopped with {status}: {}",
+            member.stop_and_output()
+        ),
+    }
+}
+
+/// A stop that waits on something that never answers (here a table lock
+/// another session holds) exits with status 124 at the stop timeout, names
+/// what it waited on, and loses nothing: the next member applies every
+/// event once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_held_up_by_a_lock_exits_at_the_stop_timeout_naming_the_wait_and_loses_nothing() {
+    let env = TestEnv::new().with_database().await;
+    let group = "stuck-stop.order.consumer";
+    env.cli(&["topics", "ensure", "--group", group]).success();
+    let events = produce_lifecycles(&env, 40, 10, 53);
+    let db = env.db();
+    // The consumer's first transaction writes event_dedup: it waits for this lock.
+    let mut locker = db.pool.acquire().await.unwrap();
+    sqlx::raw_sql("LOCK TABLES event_dedup WRITE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let mut member = env.spawn(&[
+        "consume",
+        "--group",
+        group,
+        "--handler",
+        ALL_HANDLERS,
+        "--stop-timeout",
+        "3",
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (waiting,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM information_schema.processlist \
+             WHERE db = DATABASE() AND state = 'Waiting for table metadata lock' \
+             AND info LIKE 'INSERT%event_dedup%'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the consumer never waited for the lock: {}",
+            member.stop_and_output()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let stopping = Instant::now();
+    let status = sigterm(&mut member);
+    let took = stopping.elapsed();
+    let printed = member.stop_and_output();
+    assert_eq!(
+        status.code(),
+        Some(orderpipe::stopping::EXIT_STOP_TIMEOUT),
+        "{printed}"
+    );
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(20),
+        "exited {took:?} after SIGTERM: {printed}"
+    );
+    assert!(
+        printed.contains("did not finish within 3 s")
+            && printed.contains("the partition workers finish their batches"),
+        "the line does not say what the stop waited on: {printed}"
+    );
+
+    sqlx::raw_sql("UNLOCK TABLES")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    drop(locker);
+    let summary = consume(&env, group, ALL_HANDLERS);
+    assert_eq!(summary["applied"], 40, "{summary}");
+    assert_exactly_once(&db, group, &events).await;
 }
 
 /// MariaDB stopped for 20 s with records flowing (issue 3).

@@ -313,27 +313,31 @@ impl Spawned {
     /// what it printed (the streams nobody else took): for the message of a
     /// failing test, so a flaky run explains itself.
     pub fn stop_and_output(&mut self) -> String {
-        use std::io::Read;
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-        }
-        let status = self
-            .0
-            .wait()
-            .map(|s| s.to_string())
-            .unwrap_or_else(|e| e.to_string());
-        let mut printed = String::new();
-        if let Some(mut out) = self.0.stdout.take() {
-            let _ = out.read_to_string(&mut printed);
-        }
-        if let Some(mut err) = self.0.stderr.take() {
-            let _ = err.read_to_string(&mut printed);
-        }
-        // The end is what explains a stall; keep the last 8 KB.
-        let tail = printed.len().saturating_sub(8 * 1024);
-        let tail = printed.ceil_char_boundary(tail);
-        format!("{status}; printed:\n{}", &printed[tail..])
+        kill_and_output(&mut self.0)
     }
+}
+
+/// [`Spawned::stop_and_output`] for a bare child.
+pub fn kill_and_output(child: &mut std::process::Child) -> String {
+    use std::io::Read;
+    if matches!(child.try_wait(), Ok(None)) {
+        let _ = child.kill();
+    }
+    let status = child
+        .wait()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|e| e.to_string());
+    let mut printed = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = out.read_to_string(&mut printed);
+    }
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut printed);
+    }
+    // The end is what explains a stall; keep the last 8 KB.
+    let tail = printed.len().saturating_sub(8 * 1024);
+    let tail = printed.ceil_char_boundary(tail);
+    format!("{status}; printed:\n{}", &printed[tail..])
 }
 
 impl Drop for Spawned {
