@@ -28,6 +28,8 @@ pub struct HealthState {
     last_poll_ms: AtomicI64,
     lag: AtomicI64,
     lag_threshold: i64,
+    /// An operator paused the group: its lag grows by design, not a fault.
+    paused: AtomicBool,
     max_poll_gap_ms: i64,
     /// Whether readiness needs the database (`false` for cdc, whose source
     /// is its own condition).
@@ -85,6 +87,7 @@ impl HealthState {
             last_poll_ms: AtomicI64::new(now_ms()),
             lag: AtomicI64::new(0),
             lag_threshold,
+            paused: AtomicBool::new(false),
             max_poll_gap_ms,
             needs_db: true,
             conditions: std::sync::Mutex::new(Vec::new()),
@@ -117,6 +120,12 @@ impl HealthState {
     /// Total lag over the assigned partitions.
     pub fn set_lag(&self, lag: i64) {
         self.lag.store(lag, Ordering::Relaxed);
+    }
+
+    /// Whether an operator's pause of the group is in force: `/health/mq`
+    /// then stays healthy whatever the lag, and says paused.
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
     }
 
     /// Whether the database is up.
@@ -165,7 +174,8 @@ impl HealthState {
                 self.max_poll_gap_ms
             ));
         }
-        if lag > self.lag_threshold {
+        let paused = self.paused.load(Ordering::Relaxed);
+        if lag > self.lag_threshold && !paused {
             reasons.push(format!(
                 "lag {lag} records is over the threshold {}",
                 self.lag_threshold
@@ -174,7 +184,7 @@ impl HealthState {
         let healthy = reasons.is_empty();
         (
             healthy,
-            json!({"healthy": healthy, "lag": lag, "lag_threshold": self.lag_threshold, "ms_since_poll": since_poll, "reasons": reasons}),
+            json!({"healthy": healthy, "paused": paused, "lag": lag, "lag_threshold": self.lag_threshold, "ms_since_poll": since_poll, "reasons": reasons}),
         )
     }
 }
@@ -303,5 +313,23 @@ mod tests {
         assert!(ready, "no database needed: {body}");
         // A service without conditions still needs its database.
         assert!(!HealthState::service().readiness().await.0);
+    }
+
+    #[test]
+    fn a_paused_group_is_healthy_whatever_its_lag_but_not_when_it_stops_polling() {
+        let state = HealthState::consumer(100, std::time::Duration::from_secs(30));
+        state.set_lag(5_000);
+        assert!(!state.mq().0, "lagging");
+        state.set_paused(true);
+        let (healthy, body) = state.mq();
+        assert!(healthy, "{body}");
+        assert_eq!(body["paused"], true);
+        state
+            .last_poll_ms
+            .store(now_ms() - 60_000, Ordering::Relaxed);
+        assert!(!state.mq().0, "a paused member still polls");
+        state.polled();
+        state.set_paused(false);
+        assert!(!state.mq().0, "resumed: the lag counts again");
     }
 }

@@ -68,6 +68,9 @@ pub mod name {
     pub const COORDINATOR_STUCK: &str = "orderpipe_consumer_coordinator_stuck_total";
     /// Partitions paused now (queue full or waiting for a retry due time), by group.
     pub const PAUSED_PARTITIONS: &str = "orderpipe_consumer_paused_partitions";
+    /// 1 while an operator's pause of the group is in force (`orderpipe
+    /// group pause`), else 0, by group; exported by each member.
+    pub const GROUP_PAUSED: &str = "orderpipe_group_paused";
     /// Pending rows in `dead_letters` (persister).
     pub const DEAD_LETTERS_PENDING: &str = "orderpipe_dead_letters_pending";
     /// Events of the order topic the group neither applied nor accounts for

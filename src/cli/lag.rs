@@ -8,6 +8,7 @@ use clap::Args;
 use super::OutputArg;
 use super::output::{self, Output};
 use crate::config::Settings;
+use crate::consumer::group_pause::GroupPause;
 use crate::lag::{self, GroupLag};
 
 /// Flags of `orderpipe lag`.
@@ -38,8 +39,23 @@ pub async fn run(settings: &Settings, args: LagArgs) -> anyhow::Result<ExitCode>
     )
     .await?;
     let measured = lag::measure(&settings.kafka, &topic, &groups, named).await?;
-    print(&measured, args.output.output);
+    // The operators' pauses, from the database; lag is the broker's, so a
+    // database that does not answer costs only this column.
+    let paused = match paused_groups(settings).await {
+        Ok(paused) => Some(paused),
+        Err(e) => {
+            tracing::warn!(error = %e, "paused groups not read; the lag is shown without them");
+            None
+        }
+    };
+    print(&measured, paused.as_deref(), args.output.output);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The pauses in force now.
+async fn paused_groups(settings: &Settings) -> anyhow::Result<Vec<GroupPause>> {
+    let db = crate::db::Db::connect(&settings.database, 1)?;
+    Ok(crate::consumer::group_pause::list(&db).await?)
 }
 
 fn age(seconds: Option<f64>) -> String {
@@ -51,13 +67,15 @@ fn age(seconds: Option<f64>) -> String {
     )
 }
 
-fn print(groups: &[GroupLag], format: Output) {
+fn print(groups: &[GroupLag], paused: Option<&[GroupPause]>, format: Output) {
     if format == Output::Json {
         #[derive(serde::Serialize)]
         struct Report<'a> {
             groups: &'a [GroupLag],
+            /// `null` when the database did not answer.
+            paused: Option<&'a [GroupPause]>,
         }
-        return output::json(&Report { groups });
+        return output::json(&Report { groups, paused });
     }
     if groups.is_empty() {
         println!("no consumer group with committed offsets on this topic");
@@ -95,7 +113,9 @@ fn print(groups: &[GroupLag], format: Output) {
             .iter()
             .filter_map(|p| p.oldest_unconsumed_age_seconds)
             .reduce(f64::max);
+        let pause = paused.and_then(|p| p.iter().find(|p| p.group == g.group));
         let status = match g.status {
+            _ if pause.is_some() => "PAUSED by an operator (orderpipe group list)",
             lag::GroupStatus::Consuming => "consuming",
             lag::GroupStatus::NoMembers => "NO MEMBERS (nobody consumes it)",
             lag::GroupStatus::NoCommittedOffsets => "no committed offsets on this topic",

@@ -12,6 +12,7 @@ pub mod cdc;
 pub mod console;
 pub mod consume;
 pub mod dlq;
+pub mod group;
 #[cfg(feature = "harness")]
 pub mod harness;
 pub mod lag;
@@ -124,6 +125,10 @@ enum Command {
     /// Event dedup table maintenance.
     #[command(subcommand)]
     Dedup(DedupCommand),
+    /// Pause or resume a consumer group (members keep their partitions and
+    /// backlog; stored, so it survives restarts), or list the paused ones.
+    #[command(subcommand)]
+    Group(group::GroupCommand),
     /// Consumer group lag from the broker: committed and log-end offsets,
     /// lag and the oldest unconsumed record's age, members or none.
     Lag(lag::LagArgs),
@@ -400,6 +405,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Console(args) => console::run(&cli.global.settings()?, args).await,
         Command::Lag(args) => lag::run(&cli.global.settings()?, args).await,
+        Command::Group(command) => group::run(&cli.global.settings()?, command).await,
         Command::Reconcile(args) => reconcile::run(&cli.global.settings()?, args).await,
         Command::Subs(command) => subs::run(&cli.global.settings()?, command).await,
         Command::Dlq(command) => {

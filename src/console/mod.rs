@@ -10,7 +10,8 @@
 //! | [`auth`] | who asks ([`Principal`]) and their [`Role`]: proxy header, bearer token, login cookie |
 //! | [`csrf`] | the gate of every POST: CSRF token, operator role, read-only |
 //! | [`audit`] | the `console_audit` rows of every state change, and the `/audit` page |
-//! | [`overview`] | `/`: per group lag, applied/s, failure rate, dead letters, parked keys |
+//! | [`overview`] | `/`: per group lag, applied/s, failure rate, dead letters, parked keys, an operator's pause |
+//! | [`groups`] | pause and resume a group from its card (confirmed, audited) |
 //!
 //! Adding a page: a module with a `pub const PAGE: Page` (its routes, its nav
 //! link, example paths of its POST routes), listed in [`PAGES`]; handlers take
@@ -23,6 +24,7 @@ pub mod audit;
 pub mod auth;
 pub mod csrf;
 pub mod dead_letters;
+pub mod groups;
 pub mod held;
 pub mod overview;
 pub mod schemas;
@@ -65,6 +67,7 @@ pub const PAGES: &[Page] = &[
     overview::PAGE,
     dead_letters::PAGE,
     held::PAGE,
+    groups::PAGE,
     topics::PAGE,
     schemas::PAGE,
     subscriptions::PAGE,

@@ -24,7 +24,7 @@ use axum::routing::get;
 use chrono::Utc;
 
 use super::auth::Principal;
-use super::{Chrome, ConsoleError, ConsoleState, Page};
+use super::{Chrome, ConsoleError, ConsoleState, Page, filters};
 use crate::db::{Db, DbError};
 use crate::lag::{self, GroupLag, GroupStatus};
 
@@ -90,6 +90,8 @@ pub struct GroupCard {
     pub held_records: i64,
     /// How long the oldest parked key has waited (`-` when none).
     pub oldest_parked: String,
+    /// An operator's pause in force, if any.
+    pub paused: Option<crate::consumer::group_pause::GroupPause>,
 }
 
 /// What the overview shows.
@@ -259,6 +261,7 @@ struct DbFigures {
     pending: BTreeMap<String, Vec<(String, i64)>>,
     parked: BTreeMap<String, (i64, Option<i64>)>,
     held: BTreeMap<String, i64>,
+    paused: BTreeMap<String, crate::consumer::group_pause::GroupPause>,
 }
 
 impl DbFigures {
@@ -296,7 +299,9 @@ impl DbFigures {
         )
         .fetch_all(&db.pool)
         .await?;
+        let paused = crate::consumer::group_pause::list(db).await?;
         let mut figures = Self {
+            paused: paused.into_iter().map(|p| (p.group.clone(), p)).collect(),
             applied: applied.into_iter().collect(),
             failed: failed.into_iter().collect(),
             parked: parked
@@ -321,6 +326,7 @@ impl DbFigures {
         groups.extend(self.failed.keys().cloned());
         groups.extend(self.pending.keys().cloned());
         groups.extend(self.parked.keys().cloned());
+        groups.extend(self.paused.keys().cloned());
         groups
     }
 }
@@ -350,6 +356,7 @@ fn cards(lags: Vec<GroupLag>, figures: DbFigures) -> Vec<GroupCard> {
                 parked_keys,
                 held_records: figures.held.get(&group).copied().unwrap_or(0),
                 oldest_parked: oldest.map_or_else(|| "-".into(), |ms| age(now - ms)),
+                paused: figures.paused.get(&group).cloned(),
                 status: "not measured on the broker".into(),
                 group,
                 ..GroupCard::default()
@@ -358,6 +365,11 @@ fn cards(lags: Vec<GroupLag>, figures: DbFigures) -> Vec<GroupCard> {
                 (card.status, card.alarming) = describe(lag.status, lag.members, lag.total_lag);
                 card.members = lag.members;
                 card.total_lag = lag.total_lag;
+                if let Some(p) = &card.paused {
+                    // Its lag grows by design: say so instead of alarming.
+                    card.status = format!("PAUSED by {}: {}", p.paused_by, card.status);
+                    card.alarming = false;
+                }
                 card.partitions = lag
                     .partitions
                     .into_iter()

@@ -23,6 +23,11 @@
 //! partition is paused while any reason holds, for the generation of the
 //! assignment that set it, and resumed only when none is left.
 //!
+//! An operator's pause of the group ([`group_pause`](super::group_pause))
+//! *holds* every route: records go to the overflow, none to the worker,
+//! and the partition is paused on the consumer. Resuming refills the
+//! queues from the overflow first, so the held records keep their order.
+//!
 //! A revoked partition's overflow is dropped (its next owner re-reads those
 //! records: their offsets were never stored).
 
@@ -68,6 +73,8 @@ struct Route {
     pause_at: usize,
     /// Paused for a full queue, until the overflow is empty.
     paused: bool,
+    /// Held by an operator's pause: nothing goes to the worker.
+    held: bool,
 }
 
 /// Where [`Route::offer`] put a record.
@@ -90,6 +97,7 @@ impl Route {
             overflow: VecDeque::new(),
             pause_at,
             paused: false,
+            held: false,
         }
     }
 
@@ -109,7 +117,7 @@ impl Route {
     /// Queues `message` behind every record of the partition already
     /// offered, without waiting.
     fn offer(&mut self, message: OwnedMessage) -> Offered {
-        if !self.overflow.is_empty() {
+        if self.held || !self.overflow.is_empty() {
             self.overflow.push_back(message);
             return Offered::Overflow {
                 first: false,
@@ -177,6 +185,26 @@ fn room(key: PartitionKey, route: &Route) -> Room {
     Box::pin(async move { (key, generation, tx.reserve_owned().await) })
 }
 
+/// Holds `route` (an operator's pause: paused on the consumer, records kept
+/// in the overflow) or releases it (resumed, the overflow first).
+fn hold(
+    shared: &Shared,
+    key: &PartitionKey,
+    route: &mut Route,
+    held: bool,
+    rooms: &mut FuturesUnordered<Room>,
+) {
+    route.held = held;
+    if held {
+        shared.pause_partition(key, route.generation, PauseReason::Operator);
+        return;
+    }
+    shared.resume_partition(key, route.generation, PauseReason::Operator);
+    if !route.overflow.is_empty() {
+        rooms.push(room(key.clone(), route));
+    }
+}
+
 /// Routes records to partition workers until shutdown or idle.
 pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output = ()>) {
     let mut routes: HashMap<PartitionKey, Route> = HashMap::new();
@@ -184,6 +212,8 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
     let mut handles = Vec::new();
     let mut last_record = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    // Whether the routes are held by an operator's pause.
+    let mut holding = false;
     // Drops a route's overflow: those records are no longer in flight here.
     let retire = |key: &PartitionKey, route: &mut Route| {
         let dropped = route.drop_overflow();
@@ -205,6 +235,8 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                     continue;
                 };
                 match reserved {
+                    // Held: the resume asks for room again.
+                    Ok(_) if route.held => {}
                     Ok(permit) => {
                         if !route.refill(permit) {
                             rooms.push(room(key, route));
@@ -226,6 +258,12 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                     current
                 });
                 shared.forget_stale_pauses();
+                if shared.operator_paused() != holding {
+                    holding = !holding;
+                    for (key, route) in routes.iter_mut() {
+                        hold(shared, key, route, holding, &mut rooms);
+                    }
+                }
                 if let Some(idle) = shared.options.until_idle {
                     // Idle: nothing pending, and no record nor rebalance for `idle`
                     // (a member that just joined has not been idle yet).
@@ -261,7 +299,11 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                     let (tx, rx) = mpsc::channel(queue_capacity(shared.batch_size));
                     let worker = PartitionWorker::new(shared.clone(), key.clone(), generation);
                     handles.push(tokio::spawn(worker.run(rx)));
-                    routes.insert(key.clone(), Route::new(generation, tx, pause_at(shared.batch_size, shared.overflow_batches)));
+                    let mut route = Route::new(generation, tx, pause_at(shared.batch_size, shared.overflow_batches));
+                    if holding {
+                        hold(shared, &key, &mut route, true, &mut rooms);
+                    }
+                    routes.insert(key.clone(), route);
                 }
                 shared.summary.lock().expect("summary lock").consumed += 1;
                 events::consumed(&shared.options.group, message.topic());
@@ -399,6 +441,44 @@ mod tests {
             route.offer(record(5)),
             Offered::Queued,
             "an empty overflow sends straight to the queue"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_held_route_gives_its_worker_nothing_and_on_release_hands_on_in_order() {
+        let (tx, mut rx) = mpsc::channel(2);
+        let mut route = Route::new(1, tx, 100);
+        assert_eq!(route.offer(record(0)), Offered::Queued);
+        route.held = true;
+        for offset in 1..5 {
+            assert_eq!(
+                route.offer(record(offset)),
+                QUIET,
+                "held: into the overflow"
+            );
+        }
+        assert_eq!(rx.recv().await.map(|m| m.offset()), Some(0));
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing reaches the worker while held"
+        );
+        route.held = false;
+        let mut received = Vec::new();
+        while !route.overflow.is_empty() {
+            let permit = route.tx.clone().reserve_owned().await.expect("alive");
+            route.refill(permit);
+            while let Ok(m) = rx.try_recv() {
+                received.push(m.offset());
+            }
+        }
+        assert_eq!(route.offer(record(5)), Offered::Queued);
+        while let Ok(m) = rx.try_recv() {
+            received.push(m.offset());
+        }
+        assert_eq!(
+            received,
+            vec![1, 2, 3, 4, 5],
+            "the held records first, in order"
         );
     }
 

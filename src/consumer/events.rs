@@ -218,6 +218,42 @@ pub fn paused_partitions(group: &str, paused: usize) {
     gauge!(name::PAUSED_PARTITIONS, "group" => group.to_string()).set(paused as f64);
 }
 
+/// Whether an operator's pause of the group is in force (1) or not (0).
+pub fn group_paused(group: &str, paused: bool) {
+    gauge!(name::GROUP_PAUSED, "group" => group.to_string()).set(if paused { 1.0 } else { 0.0 });
+}
+
+/// A member started or stopped following an operator's pause of its group.
+pub struct GroupPauseFollowed<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// Who paused it; `None`: resumed (or the pause ended by itself).
+    pub paused_by: Option<&'a str>,
+    /// Why.
+    pub reason: &'a str,
+    /// When the pause ends by itself (ms since the epoch).
+    pub until_ms: Option<i64>,
+}
+
+impl InternalEvent for GroupPauseFollowed<'_> {
+    fn emit(self) {
+        match self.paused_by {
+            Some(paused_by) => tracing::warn!(
+                group = self.group,
+                paused_by,
+                reason = self.reason,
+                until_ms = ?self.until_ms,
+                "group paused by an operator: fetching stopped, records held"
+            ),
+            None => tracing::warn!(
+                group = self.group,
+                "group resumed: held records go on in order"
+            ),
+        }
+        group_paused(self.group, self.paused_by.is_some());
+    }
+}
+
 /// Exports a group's conflicting-duplicates counter at 0 from the start, so
 /// `increase()` sees its first conflict (a series born at 1 shows no increase).
 pub fn conflicting_duplicates_start(group: &str) {

@@ -17,7 +17,7 @@ use super::options::{ConsumeOptions, required_topics};
 use super::settings::{ConsumerSections, consumer_config};
 use super::shared::Shared;
 use super::summary::ConsumeSummary;
-use super::{dispatch, events, pause};
+use super::{dispatch, events, group_pause, pause};
 use crate::codec::Codec;
 use crate::db::Db;
 use crate::health::HealthState;
@@ -92,6 +92,7 @@ pub async fn run(
         active: Mutex::new(None),
         parked: Mutex::new(crate::ordering::ParkedSet::default()),
         pauses: Mutex::new(pause::Pauses::default()),
+        operator_paused: Default::default(),
         release_locks: Default::default(),
         batch_size: settings.consumer.batch_size.max(1),
         overflow_batches: settings.consumer.overflow_batches,
@@ -109,6 +110,9 @@ pub async fn run(
         shared.health.clone(),
     ));
 
+    // Before the first record: a member that starts while its group is paused holds it.
+    shared.follow_group_pause_once().await;
+    let pause_task = tokio::spawn(group_pause::follow(shared.clone()));
     let lag_task = tokio::spawn(report_lag(shared.clone()));
     let release_task = tokio::spawn(release_parked(shared.clone()));
     let watch_task = tokio::spawn(coordinator_watch::watch(
@@ -129,6 +133,7 @@ pub async fn run(
     };
     dispatch::dispatch(&shared, stop).await;
     lag_task.abort();
+    pause_task.abort();
     release_task.abort();
     db_task.abort();
     watch_task.abort();

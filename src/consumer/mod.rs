@@ -23,8 +23,11 @@
 //!   never waits on a worker: a partition whose worker's queue is full is
 //!   paused instead;
 //! * `pause` keeps why each partition is paused (the dispatcher's full
-//!   queue, a worker's wait for a retry record's due time): it is resumed
-//!   when no reason is left;
+//!   queue, a worker's wait for a retry record's due time, an operator's
+//!   pause of the group): it is resumed when no reason is left;
+//! * [`group_pause`] is the operator's pause of a whole group (`orderpipe
+//!   group pause|resume`), stored in `group_pauses` and followed by every
+//!   member within a second;
 //! * [`worker`] batches a partition's records into one DB transaction and
 //!   retries database failures with backoff without committing past them;
 //! * [`assignment`] tracks which partitions this member owns, so a worker
@@ -47,6 +50,7 @@ mod dispatch;
 mod error;
 pub mod events;
 mod group;
+pub mod group_pause;
 pub mod handler;
 pub mod handlers;
 pub mod naming;

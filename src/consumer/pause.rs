@@ -24,6 +24,8 @@ pub(crate) enum PauseReason {
     QueueFull,
     /// Its worker waits for a retry-topic record's due time.
     DueWait,
+    /// An operator paused the group (`orderpipe group pause`).
+    Operator,
 }
 
 impl PauseReason {
@@ -31,6 +33,7 @@ impl PauseReason {
         match self {
             Self::QueueFull => 1,
             Self::DueWait => 2,
+            Self::Operator => 4,
         }
     }
 }

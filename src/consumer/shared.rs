@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     pub parked: Mutex<crate::ordering::ParkedSet>,
     /// Partitions paused on the consumer, and why (see `pause`).
     pub pauses: Mutex<pause::Pauses>,
+    /// An operator's pause of the group is in force, as last read ([`super::group_pause`]).
+    pub operator_paused: std::sync::atomic::AtomicBool,
     /// One release of a key at a time in this process (see [`Shared::release_locks`]).
     pub release_locks: ReleaseLocks,
 }

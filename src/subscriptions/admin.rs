@@ -12,6 +12,9 @@
 //! | `POST /refresh[?consumer=NAME]` | routers recompute their groups and reconcile now (seed: `refresh_bindings`); answers the desired bindings |
 //! | `GET /bindings[?consumer=NAME]` | desired bindings, the actual state when a router serves this API, and their difference |
 //! | `POST /reload[?consumer=NAME]` | routers re-read the tables now (seed: `reload_config`) |
+//! | `GET /groups/paused` | the consumer groups an operator paused ([`crate::consumer::group_pause`]) |
+//! | `POST /groups/{group}/pause` | pause a group (body: [`PauseRequest`], `{}` for none), as `orderpipe group pause` |
+//! | `POST /groups/{group}/resume` | resume it; answers whether it was paused |
 //!
 //! Every request that changes state (every method but `GET`) needs
 //! `Authorization: Bearer <admin.token>`: none or a malformed header is
@@ -40,6 +43,7 @@ use super::model::*;
 use super::record::Record;
 use super::store::{Origin, RequestKind, Store};
 use super::{Invalid, SubsError};
+use crate::consumer::group_pause::{self, GroupPause};
 use crate::db::{Db, DbError};
 use crate::metrics::name;
 
@@ -150,6 +154,9 @@ pub fn router(state: AdminState) -> Router {
         .route("/refresh", post(refresh))
         .route("/reload", post(reload))
         .route("/bindings", get(bindings))
+        .route("/groups/paused", get(paused_groups))
+        .route("/groups/{group}/pause", post(pause_group))
+        .route("/groups/{group}/resume", post(resume_group))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authorize,
@@ -299,6 +306,62 @@ fn toggle(word: &str) -> Result<bool, ApiError> {
             Err(Invalid::new("<path>", format!("`{other}` is not one of enable, disable")).into())
         }
     }
+}
+
+/// The body of `POST /groups/{group}/pause`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseRequest {
+    /// End the pause by itself after this many seconds.
+    #[serde(default)]
+    pub for_secs: Option<u64>,
+    /// Why.
+    #[serde(default)]
+    pub reason: String,
+    /// Who (default `admin-api`).
+    #[serde(default)]
+    pub by: Option<String>,
+}
+
+/// `GET /groups/paused`.
+async fn paused_groups(State(s): State<AdminState>) -> Answer<Vec<GroupPause>> {
+    Ok(Json(
+        group_pause::list(s.store.db())
+            .await
+            .map_err(SubsError::from)?,
+    ))
+}
+
+/// `POST /groups/{group}/pause`.
+async fn pause_group(
+    State(s): State<AdminState>,
+    Path(group): Path<String>,
+    payload: Result<Json<PauseRequest>, JsonRejection>,
+) -> Answer<GroupPause> {
+    let request = body(payload)?;
+    if !crate::db::fits_column(&group, crate::db::CONSUMER_GROUP_CHARS) {
+        return Err(Invalid::new(
+            "group",
+            format!("longer than {} characters", crate::db::CONSUMER_GROUP_CHARS),
+        )
+        .into());
+    }
+    let until = request
+        .for_secs
+        .map(|secs| crate::clock::now_ms() + (secs as i64) * 1000);
+    let by = request.by.unwrap_or_else(|| "admin-api".into());
+    let pause = group_pause::pause(s.store.db(), &group, until, &by, &request.reason)
+        .await
+        .map_err(SubsError::from)?;
+    Ok(Json(pause))
+}
+
+/// `POST /groups/{group}/resume`.
+async fn resume_group(State(s): State<AdminState>, Path(group): Path<String>) -> Answer<Value> {
+    let was = group_pause::resume(s.store.db(), &group)
+        .await
+        .map_err(SubsError::from)?;
+    Ok(Json(json!({"group": group, "was_paused": was})))
 }
 
 /// `GET /<kind>` (subscriptions: [`list_subscriptions`]).
@@ -489,6 +552,68 @@ mod tests {
             !format!("{short:?}").contains("hunter2"),
             "Debug redacts it"
         );
+    }
+
+    /// `POST /groups/{group}/pause` and `.../resume` with the token, as
+    /// `orderpipe group pause|resume`; without it, refused; a bad body names
+    /// the field.
+    #[tokio::test]
+    async fn groups_are_paused_and_resumed_with_the_token_and_listed() {
+        let (_dir, db) = crate::db::sqlite_for_test().await;
+        let token = SecretString::from("0123456789abcdef-token");
+        let state = AdminState::new(db.clone(), "order.events.v1", Some(&token));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router(state)).await });
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let post = |path: &str, auth: bool, body: Value| {
+            let mut request = client.post(format!("http://{addr}{path}")).json(&body);
+            if auth {
+                request = request.bearer_auth("0123456789abcdef-token");
+            }
+            request.send()
+        };
+        let refused = post("/groups/g1/pause", false, json!({})).await.unwrap();
+        assert_eq!(refused.status(), 401);
+        assert!(group_pause::active(&db, "g1").await.unwrap().is_none());
+
+        let paused = post(
+            "/groups/g1/pause",
+            true,
+            json!({"reason": "fix", "for_secs": 600}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(paused.status(), 200);
+        let paused: Value = paused.json().await.unwrap();
+        assert_eq!(paused["paused_by"], "admin-api");
+        assert!(group_pause::active(&db, "g1").await.unwrap().is_some());
+        let listed: Value = client
+            .get(format!("http://{addr}/groups/paused"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(listed[0]["group"], "g1", "{listed}");
+        assert_eq!(listed[0]["reason"], "fix");
+
+        let bad = post("/groups/g1/pause", true, json!({"for": "10m"}))
+            .await
+            .unwrap();
+        assert_eq!(bad.status(), 400);
+        let bad: Value = bad.json().await.unwrap();
+        assert!(bad["error"].as_str().unwrap().contains("for"), "{bad}");
+
+        let resumed: Value = post("/groups/g1/resume", true, json!({}))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(resumed, json!({"group": "g1", "was_paused": true}));
+        assert!(group_pause::active(&db, "g1").await.unwrap().is_none());
     }
 
     /// `GET /bindings` with a router's actual state: desired, actual and the

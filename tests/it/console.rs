@@ -244,6 +244,102 @@ async fn sign_in_bad_input_errors_and_the_audit_trail() {
     }
 }
 
+/// Pause and resume from a group's card: confirmed by the group's name,
+/// a reason required, written to `group_pauses` (what every member follows)
+/// and to the audit log, and shown on the card.
+#[tokio::test]
+async fn an_operator_pauses_and_resumes_a_group_from_its_card_confirmed_and_audited() {
+    use orderpipe::consumer::group_pause;
+    let env = TestEnv::new().with_database().await;
+    let console = TestConsole::start(&env, |_| {}).await;
+    let csrf = console.csrf_of(Role::Operator).await;
+    let db = console.state.db();
+    let group = "billing.order.consumer";
+    let pause = |confirm: &'static str, reason: &'static str| {
+        let csrf = csrf.clone();
+        let console = &console;
+        async move {
+            console
+                .post_as(
+                    Role::Operator,
+                    "/groups/pause",
+                    Some(&csrf),
+                    &[
+                        ("group", group),
+                        ("reason", reason),
+                        ("for", "1h"),
+                        ("confirm", confirm),
+                    ],
+                )
+                .await
+        }
+    };
+    let (status, body) = pause("billing", "ledger fix").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("<strong>confirm</strong>"), "{body}");
+    let (status, body) = pause("billing.order.consumer", "").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("<strong>reason</strong>"), "{body}");
+    assert!(
+        group_pause::active(db, group).await.unwrap().is_none(),
+        "refused: nothing paused"
+    );
+
+    let (status, body) = pause("billing.order.consumer", "ledger fix").await;
+    assert_eq!(status, 303, "{body}");
+    let paused = group_pause::active(db, group)
+        .await
+        .unwrap()
+        .expect("paused");
+    assert_eq!(
+        (paused.paused_by.as_str(), paused.reason.as_str()),
+        ("operator-token", "ledger fix")
+    );
+    let in_an_hour = orderpipe::clock::now_ms() + 3_600_000;
+    assert!(
+        paused
+            .until_ms
+            .is_some_and(|u| (in_an_hour - 60_000..=in_an_hour).contains(&u))
+    );
+    let (_, page) = console.get_as(Role::Viewer, "/").await;
+    assert!(
+        page.contains("Paused by operator-token") && page.contains("ledger fix"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("action=\"/groups/resume\""),
+        "a viewer gets no form"
+    );
+    let (_, page) = console.get_as(Role::Operator, "/").await;
+    assert!(page.contains("action=\"/groups/resume\""), "{page}");
+
+    let (status, body) = console
+        .post_as(
+            Role::Operator,
+            "/groups/resume",
+            Some(&csrf),
+            &[("group", group), ("confirm", group)],
+        )
+        .await;
+    assert_eq!(status, 303, "{body}");
+    assert!(group_pause::active(db, group).await.unwrap().is_none());
+    let actions: Vec<(String, String)> = audit::recent(db, None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.action.starts_with("group."))
+        .map(|r| (r.action, r.outcome))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("group.resume".to_string(), "resumed".to_string()),
+            ("group.pause".to_string(), "paused".to_string())
+        ],
+        "newest first"
+    );
+}
+
 #[tokio::test]
 async fn a_proxy_header_names_the_user_only_when_configured() {
     let env = TestEnv::new().with_database().await;

@@ -18,6 +18,22 @@ use serde_json::Value;
 use crate::exactly_once::{ALL_HANDLERS, assert_applied_in_order, assert_exactly_once};
 use crate::helpers::{Spawned, TestEnv, http_get, kill_and_output, stack, wait_for_status};
 
+/// A member of `group` (every handler) with its health endpoint on a free
+/// port: the process and the endpoint's address.
+pub fn member_with_health(env: &TestEnv, group: &str) -> (Spawned, String) {
+    let mut child = env.spawn(&[
+        "consume",
+        "--group",
+        group,
+        "--handler",
+        ALL_HANDLERS,
+        "--health-addr",
+        "127.0.0.1:0",
+    ]);
+    let addr = crate::helpers::health_addr(&mut child);
+    (child, addr)
+}
+
 /// Runs the group to idleness and returns its JSON summary.
 pub fn consume(env: &TestEnv, group: &str, handlers: &str) -> Value {
     let out = env
@@ -494,16 +510,7 @@ async fn database_outage(outage: Duration) {
     let total = 20_000;
     let group = "outage.order.consumer";
     let pool = env.db();
-    let mut consumer = env.spawn(&[
-        "consume",
-        "--group",
-        group,
-        "--handler",
-        ALL_HANDLERS,
-        "--health-addr",
-        "127.0.0.1:0",
-    ]);
-    let health = crate::helpers::health_addr(&mut consumer);
+    let (mut consumer, health) = member_with_health(&env, group);
     let mut producer = env.spawn(&[
         "produce",
         "--count",

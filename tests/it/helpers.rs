@@ -461,6 +461,13 @@ pub fn wait_for_status(
     }
 }
 
+/// The value of `series` (an exact `name{labels}`) on `/metrics`, if exported.
+pub fn metric(addr: &str, series: &str) -> Option<f64> {
+    let (_, body) = http_get(addr, "/metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+}
+
 /// A plain HTTP/1.1 GET; returns (status, body).
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};

@@ -20,7 +20,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
 use crate::consumer::consume;
-use crate::helpers::{TestEnv, http_get};
+use crate::helpers::{TestEnv, metric};
 
 /// Sends one framed value keyed by its order, with the usual headers.
 async fn send(env: &TestEnv, envelope: &Envelope, value: &[u8]) {
@@ -233,13 +233,6 @@ fn spawn_consumer(
         .recv_timeout(Duration::from_secs(30))
         .expect("health endpoint announced");
     (child, addr, lines)
-}
-
-/// The value of `series` (an exact `name{labels}`) on `/metrics`, if exported.
-fn metric(addr: &str, series: &str) -> Option<f64> {
-    let (_, body) = http_get(addr, "/metrics");
-    body.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -28,6 +28,7 @@ mod dlq;
 mod dlq_gauges;
 mod dlq_retention;
 mod exactly_once;
+mod group_pause;
 mod helpers;
 mod integrity;
 mod latency;
