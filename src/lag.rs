@@ -120,6 +120,14 @@ pub struct PartitionLag {
     pub log_start_offset: i64,
     /// Log-end offset for `read_committed` (the last stable offset).
     pub log_end_offset: i64,
+    /// The high watermark: above `log_end_offset` while a transaction is
+    /// open on the partition (its records are not readable committed yet).
+    pub high_watermark: i64,
+    /// How long the oldest transaction open on the partition has held the
+    /// last stable offset (the age of its first record), when one does: a
+    /// producer that never commits nor aborts holds every `read_committed`
+    /// consumer there until the broker's transaction timeout.
+    pub open_transaction_age_seconds: Option<f64>,
     /// Offsets between the committed (or start) offset and the log end.
     pub lag: i64,
     /// Timestamp (ms since the epoch) of the first record not consumed yet.
@@ -201,11 +209,17 @@ pub async fn measure(
 /// A consumer that never joins a group: metadata, watermarks, group list,
 /// and reading the first unconsumed records.
 pub(crate) fn probe(kafka: &KafkaSettings) -> Result<BaseConsumer, KafkaError> {
+    probe_reading(kafka, "read_committed")
+}
+
+/// [`probe`] with `isolation` (`read_uncommitted`: its watermark is the
+/// high watermark, and it reads an open transaction's records).
+fn probe_reading(kafka: &KafkaSettings, isolation: &str) -> Result<BaseConsumer, KafkaError> {
     client_config(&kafka.client_options())
         .set("group.id", "orderpipe.lag.probe")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
+        .set("isolation.level", isolation)
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest")
         // Only the first record of each partition is wanted.
@@ -258,10 +272,12 @@ fn measure_groups(
     keep_empty: bool,
 ) -> Result<Vec<GroupLag>, LagError> {
     let probe = probe(kafka)?;
+    let uncommitted = probe_reading(kafka, "read_uncommitted")?;
     let Some(topic_partitions) = partitions(&probe, topic)? else {
         return Err(LagError::NoTopic(topic.to_string()));
     };
-    let mut watermarks: BTreeMap<(String, i32), (i64, i64)> = BTreeMap::new();
+    // (log start, last stable offset, high watermark) per partition.
+    let mut watermarks: BTreeMap<(String, i32), (i64, i64, i64)> = BTreeMap::new();
     let mut result = Vec::new();
     for group in groups {
         let (state, members) = describe_group(&probe, group)?;
@@ -282,10 +298,12 @@ fn measure_groups(
         if any_committed {
             for ((t, p), committed_offset) in &committed {
                 let key = (t.clone(), *p);
-                let (low, high) = match watermarks.get(&key) {
+                let (low, high, high_watermark) = match watermarks.get(&key) {
                     Some(w) => *w,
                     None => {
-                        let w = probe.fetch_watermarks(t, *p, REQUEST_TIMEOUT)?;
+                        let (low, stable) = probe.fetch_watermarks(t, *p, REQUEST_TIMEOUT)?;
+                        let (_, high) = uncommitted.fetch_watermarks(t, *p, REQUEST_TIMEOUT)?;
+                        let w = (low, stable, high.max(stable));
                         watermarks.insert(key, w);
                         w
                     }
@@ -297,12 +315,15 @@ fn measure_groups(
                     committed_offset: *committed_offset,
                     log_start_offset: low,
                     log_end_offset: high,
+                    high_watermark,
+                    open_transaction_age_seconds: None,
                     lag: (high - from).max(0),
                     oldest_unconsumed_timestamp_ms: None,
                     oldest_unconsumed_age_seconds: None,
                 });
             }
             oldest_unconsumed(&probe, &mut partitions)?;
+            open_transactions(&uncommitted, &mut partitions)?;
         }
         let status = match (any_committed, members) {
             (true, 0) => GroupStatus::NoMembers,
@@ -457,6 +478,43 @@ fn oldest_unconsumed(
     Ok(())
 }
 
+/// Reads, with the `read_uncommitted` probe, the first record at the last
+/// stable offset of each partition whose high watermark is above it: the
+/// first record of the oldest open transaction, whose age is how long that
+/// transaction has held `read_committed` readers.
+fn open_transactions(
+    uncommitted: &BaseConsumer,
+    partitions: &mut [PartitionLag],
+) -> Result<(), KafkaError> {
+    let open = |p: &PartitionLag| p.high_watermark > p.log_end_offset;
+    let topics: std::collections::BTreeSet<String> = partitions
+        .iter()
+        .filter(|p| open(p))
+        .map(|p| p.topic.clone())
+        .collect();
+    for topic in topics {
+        let mut assignment = TopicPartitionList::new();
+        for p in partitions.iter().filter(|p| open(p) && p.topic == topic) {
+            assignment.add_partition_offset(
+                &p.topic,
+                p.partition,
+                Offset::Offset(p.log_end_offset),
+            )?;
+        }
+        let first = first_records(uncommitted, &assignment)?;
+        let now = crate::clock::now_ms();
+        for p in partitions
+            .iter_mut()
+            .filter(|p| open(p) && p.topic == topic)
+        {
+            if let Some(Some(timestamp)) = first.get(&p.partition) {
+                p.open_transaction_age_seconds = Some(((now - timestamp).max(0) as f64) / 1000.0);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The timestamp of the first record from each assigned position of one
 /// topic, by partition; None for a partition that reached its end first.
 fn first_records(
@@ -568,6 +626,8 @@ impl InternalEvent for GroupLagMeasured<'_> {
         let mut lags = Vec::new();
         let mut ages = Vec::new();
         let mut members = Vec::new();
+        // By partition: groups reading the same partition see the same transaction.
+        let mut open: BTreeMap<(String, i32), f64> = BTreeMap::new();
         for group in self.groups {
             tracing::debug!(group = group.group, members = group.members, lag = group.total_lag, status = ?group.status, "group lag measured");
             members.push((vec![("group", group.group.clone())], group.members as f64));
@@ -579,12 +639,23 @@ impl InternalEvent for GroupLagMeasured<'_> {
                 ];
                 lags.push((labels.clone(), p.lag as f64));
                 ages.push((labels, p.oldest_unconsumed_age_seconds.unwrap_or(0.0)));
+                open.insert(
+                    (p.topic.clone(), p.partition),
+                    p.open_transaction_age_seconds.unwrap_or(0.0),
+                );
             }
         }
+        let open = open.into_iter().map(|((topic, partition), age)| {
+            (
+                vec![("topic", topic), ("partition", partition.to_string())],
+                age,
+            )
+        });
         // Groups or partitions no longer measured lose their series.
         EXPORTED.replace(name::GROUP_MEMBERS, members);
         EXPORTED.replace(name::GROUP_LAG, lags);
         EXPORTED.replace(name::GROUP_OLDEST_AGE, ages);
+        EXPORTED.replace(name::OPEN_TRANSACTION_AGE, open);
     }
 }
 

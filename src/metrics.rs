@@ -91,6 +91,10 @@ pub mod name {
     /// Age of the oldest record a group has not consumed yet (0 when caught up), by group,
     /// topic and partition (persister).
     pub const GROUP_OLDEST_AGE: &str = "orderpipe_group_oldest_unconsumed_age_seconds";
+    /// How long the oldest open transaction of a partition has held its last
+    /// stable offset below the high watermark (0: none), by topic and
+    /// partition, from the persister's lag measurement (`lag.groups`).
+    pub const OPEN_TRANSACTION_AGE: &str = "orderpipe_open_transaction_age_seconds";
     /// Live members of a configured group as the broker describes it (persister).
     pub const GROUP_MEMBERS: &str = "orderpipe_group_members";
     /// Failed measurements of the broker-side group lag (persister).

@@ -92,6 +92,10 @@ fn print(groups: &[GroupLag], paused: Option<&[GroupPause]>, format: Output) {
                 p.log_end_offset.to_string(),
                 p.lag.to_string(),
                 age(p.oldest_unconsumed_age_seconds),
+                p.open_transaction_age_seconds.map_or_else(
+                    || "-".into(),
+                    |s| format!("{} (high watermark {})", age(Some(s)), p.high_watermark),
+                ),
             ]
         })
     });
@@ -103,6 +107,7 @@ fn print(groups: &[GroupLag], paused: Option<&[GroupPause]>, format: Output) {
         "log end",
         "lag",
         "oldest unconsumed",
+        "open transaction",
     ];
     if groups.iter().any(|g| !g.partitions.is_empty()) {
         println!("{}", output::table(&header, rows));

@@ -59,6 +59,9 @@ pub struct PartitionRow {
     pub lag: i64,
     /// Age of the oldest unconsumed record, or `-`.
     pub age: String,
+    /// How long an open transaction has held the partition's last stable
+    /// offset below its high watermark, or `-`.
+    pub open_transaction: String,
 }
 
 /// One group's card.
@@ -383,6 +386,16 @@ fn cards(lags: Vec<GroupLag>, figures: DbFigures) -> Vec<GroupCard> {
                         age: p
                             .oldest_unconsumed_age_seconds
                             .map_or_else(|| "-".into(), |s| age((s * 1000.0) as i64)),
+                        open_transaction: p.open_transaction_age_seconds.map_or_else(
+                            || "-".into(),
+                            |s| {
+                                format!(
+                                    "{} (high watermark {})",
+                                    age((s * 1000.0) as i64),
+                                    p.high_watermark
+                                )
+                            },
+                        ),
                         topic: p.topic,
                         partition: p.partition,
                     })

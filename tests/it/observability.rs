@@ -467,13 +467,11 @@ fn chart_alert_rules(lag_threshold: u64) -> String {
 /// With every member of a group stopped: `orderpipe lag` shows what is left
 /// and how old it is, the DLQ persister exports it, and the chart's lag and
 /// absent-consumer alerts fire in a real Prometheus.
-#[tokio::test(flavor = "multi_thread")]
-async fn lag_and_its_alerts_with_every_member_of_a_group_stopped() {
-    let mut env = TestEnv::new().with_database().await;
-    let group = "stopped";
-    let topic = env.settings.topics.order_events.name.clone();
+/// `count` events of `orders` orders produced and applied by `group` (the
+/// notification handler), which then stops: its offsets are committed.
+fn caught_up_group(env: &TestEnv, group: &str, count: usize, orders: usize, seed: u64) {
     env.cli(&["topics", "ensure", "--group", group]).success();
-    produce_lifecycles(&env, 200, 40, 21);
+    produce_lifecycles(env, count, orders, seed);
     env.cli(&[
         "consume",
         "--group",
@@ -484,6 +482,14 @@ async fn lag_and_its_alerts_with_every_member_of_a_group_stopped() {
         "2",
     ])
     .success();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lag_and_its_alerts_with_every_member_of_a_group_stopped() {
+    let mut env = TestEnv::new().with_database().await;
+    let group = "stopped";
+    let topic = env.settings.topics.order_events.name.clone();
+    caught_up_group(&env, group, 200, 40, 21);
     // Every member is gone; 150 more records arrive.
     env.cli(&[
         "produce",
@@ -743,4 +749,98 @@ async fn lag_is_zero_for_a_caught_up_group_past_transaction_markers() {
         .filter_map(|g| g["group"].as_str())
         .collect();
     assert_eq!(names, [group], "{out}");
+}
+
+/// `orderpipe lag --group G --output json`, the partition `partition` of `topic`.
+fn lag_partition(env: &TestEnv, group: &str, topic: &str, partition: i64) -> Value {
+    let out = env
+        .cli(&["lag", "--group", group, "--output", "json"])
+        .success();
+    let report: Value = serde_json::from_str(&out).unwrap();
+    report["groups"][0]["partitions"]
+        .as_array()
+        .and_then(|ps| {
+            ps.iter()
+                .find(|p| p["topic"] == topic && p["partition"] == partition)
+                .cloned()
+        })
+        .unwrap_or_else(|| panic!("partition {partition} of {topic} in {out}"))
+}
+
+/// A producer that opened a transaction and stopped (neither commits nor
+/// aborts) holds its partition's last stable offset: `orderpipe lag` shows
+/// the high watermark above it, the stable offset at the open record's own
+/// offset (as the broker acknowledged it to the producer), and how long it
+/// has been open; aborting it ends all three.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_left_open_shows_in_lag_with_its_age_until_it_is_aborted() {
+    use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+    let env = TestEnv::new().with_database().await;
+    let group = "txn-watch";
+    let topic = env.settings.topics.order_events.name.clone();
+    caught_up_group(&env, group, 60, 12, 31);
+
+    let producer: FutureProducer =
+        orderpipe::kafka::client::client_config(&env.settings.kafka.client_options())
+            .set("transactional.id", format!("{}-hanging", env.prefix))
+            .set("transaction.timeout.ms", "300000")
+            .create()
+            .unwrap();
+    producer.init_transactions(Duration::from_secs(30)).unwrap();
+    producer.begin_transaction().unwrap();
+    let (partition, offset) = producer
+        .send(
+            FutureRecord::to(&topic)
+                .partition(3)
+                .key("7")
+                .payload("open"),
+            Duration::from_secs(10),
+        )
+        .await
+        .map(|delivery| (delivery.partition as i64, delivery.offset))
+        .unwrap_or_else(|(e, _)| panic!("{e}"));
+    let opened = Instant::now();
+    // The producer stops here: nothing commits or aborts its transaction.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let held = loop {
+        let p = lag_partition(&env, group, &topic, partition);
+        if p["open_transaction_age_seconds"]
+            .as_f64()
+            .is_some_and(|age| age >= 2.0)
+        {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no open transaction shown: {p}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(
+        held["log_end_offset"], offset,
+        "the stable offset stops at the open record: {held}"
+    );
+    assert_eq!(held["high_watermark"], offset + 1, "{held}");
+    let age = held["open_transaction_age_seconds"].as_f64().unwrap();
+    assert!(age <= opened.elapsed().as_secs_f64() + 1.0, "{held}");
+    let table = env.cli(&["lag", "--group", group]).success();
+    assert!(
+        table.contains("open transaction")
+            && table.contains(&format!("(high watermark {})", offset + 1)),
+        "{table}"
+    );
+
+    producer.abort_transaction(Duration::from_secs(30)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = lag_partition(&env, group, &topic, partition);
+        if p["open_transaction_age_seconds"].is_null() && p["high_watermark"] == p["log_end_offset"]
+        {
+            // The abort marker takes an offset: the stable offset moves past both.
+            assert_eq!(p["log_end_offset"], offset + 2, "{p}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the aborted transaction still shows: {p}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
