@@ -90,6 +90,11 @@ impl Prometheus {
 
     /// Waits until the alert `name` with label `group` is in state `firing`.
     async fn expect_firing(&self, name: &str, group: &str) {
+        self.expect_firing_for(name, "group", group).await
+    }
+
+    /// Waits until alert `name` with label `label` = `value` fires.
+    async fn expect_firing_for(&self, name: &str, label: &str, value: &str) {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut last = String::new();
         while Instant::now() < deadline {
@@ -99,7 +104,7 @@ impl Prometheus {
                 let alerts = v["data"]["alerts"].as_array().cloned().unwrap_or_default();
                 let state = alerts
                     .iter()
-                    .find(|a| a["labels"]["alertname"] == name && a["labels"]["group"] == group)
+                    .find(|a| a["labels"]["alertname"] == name && a["labels"][label] == value)
                     .map(|a| a["state"].as_str().unwrap_or_default().to_string());
                 if state.as_deref() == Some("firing") {
                     return;
@@ -108,7 +113,7 @@ impl Prometheus {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        panic!("{name} for group {group} never fired; last: {last}");
+        panic!("{name} for {label} {value} never fired; last: {last}");
     }
 
     /// Waits until `promql` returns `want`.
@@ -420,8 +425,9 @@ async fn every_log_line_of_a_record_carries_its_trace_id() {
 }
 
 /// The chart's alert rules as Prometheus loads them: the Helm values filled
-/// in (the lag threshold is `lag_threshold`) and every `for:` cut to 5 s.
-fn chart_alert_rules(lag_threshold: u64) -> String {
+/// in (with `values` set, e.g. `alerts.lagThreshold=100`) and every `for:`
+/// cut to 5 s.
+fn chart_alert_rules(values: &[&str]) -> String {
     // The chart's own render (helm, installed by dev/chart-test.sh, which
     // `make test` runs first), so every template construct in alerts.yaml
     // is what a cluster gets.
@@ -437,12 +443,8 @@ fn chart_alert_rules(lag_threshold: u64) -> String {
             "--show-only",
             "templates/monitoring.yaml",
         ])
-        .args([
-            "--set",
-            "alerts.enabled=true",
-            "--set",
-            &format!("alerts.lagThreshold={lag_threshold}"),
-        ])
+        .args(["--set", "alerts.enabled=true"])
+        .args(values.iter().flat_map(|v| ["--set", v]))
         .output()
         .unwrap_or_else(|e| panic!("{helm}: {e} (dev/chart-test.sh installs it)"));
     assert!(
@@ -464,9 +466,6 @@ fn chart_alert_rules(lag_threshold: u64) -> String {
         .replace("for: 1m", "for: 5s")
 }
 
-/// With every member of a group stopped: `orderpipe lag` shows what is left
-/// and how old it is, the DLQ persister exports it, and the chart's lag and
-/// absent-consumer alerts fire in a real Prometheus.
 /// `count` events of `orders` orders produced and applied by `group` (the
 /// notification handler), which then stops: its offsets are committed.
 fn caught_up_group(env: &TestEnv, group: &str, count: usize, orders: usize, seed: u64) {
@@ -484,6 +483,9 @@ fn caught_up_group(env: &TestEnv, group: &str, count: usize, orders: usize, seed
     .success();
 }
 
+/// With every member of a group stopped: `orderpipe lag` shows what is left
+/// and how old it is, the DLQ persister exports it, and the chart's lag and
+/// absent-consumer alerts fire in a real Prometheus.
 #[tokio::test(flavor = "multi_thread")]
 async fn lag_and_its_alerts_with_every_member_of_a_group_stopped() {
     let mut env = TestEnv::new().with_database().await;
@@ -588,7 +590,7 @@ async fn lag_and_its_alerts_with_every_member_of_a_group_stopped() {
     ]);
     let prometheus = Prometheus::start_with_rules(
         &[format!("127.0.0.1:{port}")],
-        Some(&chart_alert_rules(100)),
+        Some(&chart_alert_rules(&["alerts.lagThreshold=100"])),
     );
     prometheus
         .expect(
@@ -820,6 +822,31 @@ async fn a_transaction_left_open_shows_in_lag_with_its_age_until_it_is_aborted()
     assert_eq!(held["high_watermark"], offset + 1, "{held}");
     let age = held["open_transaction_age_seconds"].as_f64().unwrap();
     assert!(age <= opened.elapsed().as_secs_f64() + 1.0, "{held}");
+    // The persister exports it; the chart's alert fires in a real Prometheus.
+    let mut env = env;
+    env.set_env("ORDERPIPE_LAG__GROUPS", &format!("[\"{group}\"]"));
+    env.set_env("ORDERPIPE_LAG__EXPORT_INTERVAL_SECS", "1");
+    let port = free_port();
+    let mut persister = env.spawn(&[
+        "dlq",
+        "persist",
+        "--health-addr",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let prometheus = Prometheus::start_with_rules(
+        &[format!("127.0.0.1:{port}")],
+        Some(&chart_alert_rules(&[
+            "alerts.openTransactionMaxAgeSeconds=3",
+        ])),
+    );
+    prometheus
+        .expect_firing_for(
+            "OrderpipeTransactionHangs",
+            "partition",
+            &partition.to_string(),
+        )
+        .await;
+    sigterm(&mut persister);
     let table = env.cli(&["lag", "--group", group]).success();
     assert!(
         table.contains("open transaction")
