@@ -23,6 +23,9 @@
 //! `orderpipe_reconcile_applied_not_in_topic`,
 //! `orderpipe_reconcile_last_run_timestamp_seconds`, labelled by group).
 //!
+//! The persister's tick also exports `orderpipe_group_paused{group}` = 1 for
+//! each group an operator paused ([`crate::consumer::group_pause`]).
+//!
 //! Another gauge read from the database joins by adding its query to
 //! [`tick`], writing its series through the same [`SeriesOwner`].
 
@@ -89,6 +92,20 @@ pub async fn tick(db: &Db, scope: &Scope, owner: &SeriesOwner) {
     // The latest `orderpipe reconcile` run of each group (crate::reconcile::store).
     if let Err(e) = crate::reconcile::export_gauges(db, scope.group(), owner).await {
         tracing::warn!(error = %e, gauge = name::RECONCILE_MISSING, "database gauge not measured; keeping its last values");
+    }
+    // The operators' pauses, from the persister only (a member exports its
+    // own group's): a paused group with no member left still silences its
+    // lag alerts.
+    if scope.group().is_none() {
+        match crate::consumer::group_pause::list(db).await {
+            Ok(pauses) => owner.replace(
+                name::GROUP_PAUSED,
+                pauses.into_iter().map(|p| (vec![("group", p.group)], 1.0)),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, gauge = name::GROUP_PAUSED, "database gauge not measured; keeping its last values")
+            }
+        }
     }
 }
 

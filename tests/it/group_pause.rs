@@ -178,3 +178,31 @@ async fn a_pause_for_a_while_ends_by_itself_and_bad_flags_are_named() {
         .failure();
     assert!(bad.contains("--for"), "{bad}");
 }
+
+/// The persister exports every paused group, so a paused group whose
+/// members are all gone still silences its lag alerts; the series goes on
+/// resume.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_persister_exports_every_paused_group() {
+    let mut env = TestEnv::new().with_database().await;
+    env.set_env("ORDERPIPE_DLQ__GAUGE_INTERVAL_SECS", "1");
+    let mut persister = env.spawn(&["dlq", "persist", "--health-addr", "127.0.0.1:0"]);
+    let addr = crate::helpers::health_addr(&mut persister);
+    let series = "orderpipe_group_paused{group=\"nobody-left\"}";
+    env.cli(&["group", "pause", "nobody-left", "--reason", "drained"])
+        .success();
+    wait_until(
+        "the persister exports the pause",
+        Duration::from_secs(30),
+        async || metric(&addr, series) == Some(1.0),
+    )
+    .await;
+    env.cli(&["group", "resume", "nobody-left"]).success();
+    wait_until(
+        "the series goes on resume",
+        Duration::from_secs(30),
+        async || metric(&addr, series).is_none(),
+    )
+    .await;
+    sigterm(&mut persister);
+}
