@@ -466,6 +466,29 @@ fn chart_alert_rules(values: &[&str]) -> String {
         .replace("for: 1m", "for: 5s")
 }
 
+/// A DLQ persister exporting `group`'s broker-side lag every second, and a
+/// Prometheus scraping it with the chart's alert rules (`values` set).
+fn persister_watched_by_prometheus(
+    env: &mut TestEnv,
+    group: &str,
+    values: &[&str],
+) -> (crate::helpers::Spawned, Prometheus) {
+    env.set_env("ORDERPIPE_LAG__GROUPS", &format!("[\"{group}\"]"));
+    env.set_env("ORDERPIPE_LAG__EXPORT_INTERVAL_SECS", "1");
+    let port = free_port();
+    let persister = env.spawn(&[
+        "dlq",
+        "persist",
+        "--health-addr",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let prometheus = Prometheus::start_with_rules(
+        &[format!("127.0.0.1:{port}")],
+        Some(&chart_alert_rules(values)),
+    );
+    (persister, prometheus)
+}
+
 /// `count` events of `orders` orders produced and applied by `group` (the
 /// notification handler), which then stops: its offsets are committed.
 fn caught_up_group(env: &TestEnv, group: &str, count: usize, orders: usize, seed: u64) {
@@ -579,19 +602,8 @@ async fn lag_and_its_alerts_with_every_member_of_a_group_stopped() {
     );
 
     // The persister exports the group's broker-side lag; Prometheus fires both alerts.
-    env.set_env("ORDERPIPE_LAG__GROUPS", &format!("[\"{group}\"]"));
-    env.set_env("ORDERPIPE_LAG__EXPORT_INTERVAL_SECS", "1");
-    let port = free_port();
-    let mut persister = env.spawn(&[
-        "dlq",
-        "persist",
-        "--health-addr",
-        &format!("127.0.0.1:{port}"),
-    ]);
-    let prometheus = Prometheus::start_with_rules(
-        &[format!("127.0.0.1:{port}")],
-        Some(&chart_alert_rules(&["alerts.lagThreshold=100"])),
-    );
+    let (mut persister, prometheus) =
+        persister_watched_by_prometheus(&mut env, group, &["alerts.lagThreshold=100"]);
     prometheus
         .expect(
             &format!(r#"sum(orderpipe_group_lag_records{{group="{group}"}})"#),
@@ -824,20 +836,10 @@ async fn a_transaction_left_open_shows_in_lag_with_its_age_until_it_is_aborted()
     assert!(age <= opened.elapsed().as_secs_f64() + 1.0, "{held}");
     // The persister exports it; the chart's alert fires in a real Prometheus.
     let mut env = env;
-    env.set_env("ORDERPIPE_LAG__GROUPS", &format!("[\"{group}\"]"));
-    env.set_env("ORDERPIPE_LAG__EXPORT_INTERVAL_SECS", "1");
-    let port = free_port();
-    let mut persister = env.spawn(&[
-        "dlq",
-        "persist",
-        "--health-addr",
-        &format!("127.0.0.1:{port}"),
-    ]);
-    let prometheus = Prometheus::start_with_rules(
-        &[format!("127.0.0.1:{port}")],
-        Some(&chart_alert_rules(&[
-            "alerts.openTransactionMaxAgeSeconds=3",
-        ])),
+    let (mut persister, prometheus) = persister_watched_by_prometheus(
+        &mut env,
+        group,
+        &["alerts.openTransactionMaxAgeSeconds=3"],
     );
     prometheus
         .expect_firing_for(
