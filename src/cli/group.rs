@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 
 use super::OutputArg;
 use super::output::{self, Output};
@@ -23,15 +23,8 @@ pub enum GroupCommand {
     Pause {
         /// The consumer group.
         group: String,
-        /// End the pause by itself after this long (e.g. 30m, 2h).
-        #[arg(long = "for", value_parser = humantime::parse_duration)]
-        duration: Option<Duration>,
-        /// Why, for whoever looks next (shown by `group list` and in the members' logs).
-        #[arg(long, default_value = "")]
-        reason: String,
-        /// Who pauses it (default: $USER).
-        #[arg(long)]
-        by: Option<String>,
+        #[command(flatten)]
+        pause: PauseArgs,
         #[command(flatten)]
         output: OutputArg,
     },
@@ -49,15 +42,42 @@ pub enum GroupCommand {
     },
 }
 
+/// How long, why and by whom: the flags of `group pause` and `subs pause`.
+#[derive(Debug, Clone, Args)]
+pub struct PauseArgs {
+    /// End the pause by itself after this long (e.g. 30m, 2h).
+    #[arg(long = "for", value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Why, for whoever looks next (shown by `group list` and in the members' logs).
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    /// Who pauses it (default: $USER).
+    #[arg(long)]
+    by: Option<String>,
+}
+
+impl PauseArgs {
+    /// Who: `--by`, else $USER, else `cli`.
+    pub fn by(&self) -> String {
+        self.by
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .unwrap_or_else(|| "cli".into())
+    }
+
+    /// When the pause ends by itself (ms since the epoch), if `--for` was given.
+    pub fn until_ms(&self) -> Option<i64> {
+        self.duration.map(|d| now_ms() + d.as_millis() as i64)
+    }
+}
+
 /// Runs `orderpipe group ...`.
 pub async fn run(settings: &Settings, command: GroupCommand) -> anyhow::Result<ExitCode> {
     let db = Db::connect(&settings.database, 1)?;
     match command {
         GroupCommand::Pause {
             group,
-            duration,
-            reason,
-            by,
+            pause,
             output,
         } => {
             if !crate::db::fits_column(&group, crate::db::CONSUMER_GROUP_CHARS) {
@@ -66,10 +86,7 @@ pub async fn run(settings: &Settings, command: GroupCommand) -> anyhow::Result<E
                     crate::db::CONSUMER_GROUP_CHARS
                 );
             }
-            let by = by
-                .or_else(|| std::env::var("USER").ok())
-                .unwrap_or_else(|| "cli".into());
-            let until = duration.map(|d| now_ms() + d.as_millis() as i64);
+            let (by, until, reason) = (pause.by(), pause.until_ms(), pause.reason);
             let pause = group_pause::pause(&db, &group, until, &by, &reason).await?;
             tracing::info!(group, paused_by = by, reason, until_ms = ?until, "group paused");
             print(&[pause], output.output, "paused");
@@ -97,22 +114,24 @@ pub async fn run(settings: &Settings, command: GroupCommand) -> anyhow::Result<E
     Ok(ExitCode::SUCCESS)
 }
 
+/// A pause's time as `YYYY-MM-DD HH:MM:SS UTC`.
+pub(crate) fn utc(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || ms.to_string(),
+        |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+    )
+}
+
 /// Pauses as a table or JSON (`{"<key>": [...]}`).
 fn print(pauses: &[GroupPause], format: Output, key: &str) {
     if format == Output::Json {
         return output::json(&serde_json::json!({ key: pauses }));
     }
-    let at = |ms: i64| {
-        chrono::DateTime::from_timestamp_millis(ms).map_or_else(
-            || ms.to_string(),
-            |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
-        )
-    };
     let rows = pauses.iter().map(|p| {
         vec![
             p.group.clone(),
-            at(p.paused_at_ms),
-            p.until_ms.map_or_else(|| "until resumed".into(), at),
+            utc(p.paused_at_ms),
+            p.until_ms.map_or_else(|| "until resumed".into(), utc),
             p.paused_by.clone(),
             p.reason.clone(),
         ]

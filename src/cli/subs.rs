@@ -1,7 +1,9 @@
 //! `orderpipe subs ...`: subscriptions as data (seed 003's control plane)
 //! on the command line: `add|list|show|update|enable|disable|remove` of
 //! consumers, subscriptions, events and sources, `bindings`, `refresh`,
-//! `reload`, and `serve` (the admin HTTP API, [`crate::subscriptions::admin`]).
+//! `reload`, `pause|resume` (a subscription's group or a consumer's groups,
+//! [`crate::subscriptions::pause`]), and `serve` (the admin HTTP API,
+//! [`crate::subscriptions::admin`]).
 //!
 //! The commands write the tables directly (the database credentials are
 //! the authority here); each change also writes a control request that
@@ -15,6 +17,7 @@ use serde_json::json;
 
 use super::OutputArg;
 use super::consume::shutdown_signal;
+use super::group::{PauseArgs, utc};
 use super::output::{self, Output};
 use crate::config::Settings;
 use crate::db::Db;
@@ -23,6 +26,7 @@ use crate::health::HealthState;
 use crate::retry::RetryLayer;
 use crate::subscriptions::admin::{self, AdminState};
 use crate::subscriptions::model::*;
+use crate::subscriptions::pause::{self as subscription_pause, GroupAction, PauseTarget};
 use crate::subscriptions::record::Record;
 use crate::subscriptions::store::{Origin, RequestKind, Store, SubscriptionQuery};
 use crate::subscriptions::{Binding, FilterSpec, Invalid, PropertyFilter, SubsError};
@@ -75,6 +79,25 @@ pub enum SubsCommand {
     Remove {
         #[command(flatten)]
         target: Target,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Pause a subscription's group, or every group of a consumer: nothing
+    /// more is delivered, the backlog and the members stay, lag keeps being
+    /// reported; survives restarts. A group is one ordered stream, so the
+    /// pause holds every subscription of it (the answer names them).
+    Pause {
+        #[command(flatten)]
+        target: PausedTarget,
+        #[command(flatten)]
+        pause: PauseArgs,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Resume what `subs pause` paused: delivery goes on in order within a second.
+    Resume {
+        #[command(flatten)]
+        target: PausedTarget,
         #[command(flatten)]
         output: OutputArg,
     },
@@ -153,6 +176,39 @@ enum TargetKind {
     Subscription,
     Event,
     Source,
+}
+
+/// What `subs pause|resume` acts on: `consumer NAME` or `subscription ID`.
+#[derive(Debug, Clone, Args)]
+pub struct PausedTarget {
+    /// consumer (every group of it) or subscription (its group).
+    #[arg(value_enum)]
+    kind: PausedKind,
+    /// The consumer's name or the subscription's id.
+    key: String,
+}
+
+/// The kind of a [`PausedTarget`]: only these have groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PausedKind {
+    Consumer,
+    Subscription,
+}
+
+impl PausedTarget {
+    fn parse(&self) -> anyhow::Result<PauseTarget> {
+        Ok(match self.kind {
+            PausedKind::Consumer => PauseTarget::Consumer(self.key.clone()),
+            PausedKind::Subscription => {
+                PauseTarget::Subscription(self.key.parse().map_err(|_| {
+                    anyhow::anyhow!(
+                        "subscription: `{}` is not a subscription id (a number; see `subs list`)",
+                        self.key
+                    )
+                })?)
+            }
+        })
+    }
 }
 
 /// `subs add ...`.
@@ -507,6 +563,21 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
         SubsCommand::Remove { target, output } => {
             target.apply(&store, Action::Remove, output.output).await?
         }
+        SubsCommand::Pause {
+            target,
+            pause,
+            output,
+        } => {
+            let (by, until) = (pause.by(), pause.until_ms());
+            let done =
+                subscription_pause::pause(&store, &target.parse()?, until, &by, &pause.reason)
+                    .await?;
+            print_group_actions(&done, output.output, "paused");
+        }
+        SubsCommand::Resume { target, output } => {
+            let done = subscription_pause::resume(&store, &target.parse()?).await?;
+            print_group_actions(&done, output.output, "resumed");
+        }
         SubsCommand::Bindings { consumer, output } => {
             if let Some(name) = &consumer {
                 store.consumer(name).await?;
@@ -550,6 +621,33 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `subs pause|resume` did, group by group.
+fn print_group_actions(done: &[GroupAction], format: Output, verb: &str) {
+    if format == Output::Json {
+        return output::json(&json!({ verb: done }));
+    }
+    if done.is_empty() {
+        println!("no group serves it (it has no subscription): nothing {verb}");
+        return;
+    }
+    let rows = done.iter().map(|a| {
+        let ids: Vec<String> = a.subscriptions.iter().map(|id| format!("#{id}")).collect();
+        let state = match (&a.pause, a.was_paused) {
+            (Some(p), _) => match p.until_ms {
+                Some(until) => format!("paused until {}", utc(until)),
+                None => "paused until resumed".into(),
+            },
+            (None, true) => "resumed: delivers on in order within a second".into(),
+            (None, false) => "was not paused".into(),
+        };
+        vec![a.group.clone(), ids.join(" "), state]
+    });
+    println!(
+        "{}",
+        output::table(&["group", "subscriptions held by it", "now"], rows)
+    );
 }
 
 /// `--disabled` given to an update: refused, pointing at `subs disable`

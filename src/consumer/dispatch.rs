@@ -205,6 +205,23 @@ fn hold(
     }
 }
 
+/// Holds or releases every route when the operator's pause, as last read,
+/// differs from `holding`.
+fn follow_operator_pause(
+    shared: &Shared,
+    holding: &mut bool,
+    routes: &mut HashMap<PartitionKey, Route>,
+    rooms: &mut FuturesUnordered<Room>,
+) {
+    if shared.operator_paused() == *holding {
+        return;
+    }
+    *holding = !*holding;
+    for (key, route) in routes.iter_mut() {
+        hold(shared, key, route, *holding, rooms);
+    }
+}
+
 /// Routes records to partition workers until shutdown or idle.
 pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output = ()>) {
     let mut routes: HashMap<PartitionKey, Route> = HashMap::new();
@@ -258,12 +275,7 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                     current
                 });
                 shared.forget_stale_pauses();
-                if shared.operator_paused() != holding {
-                    holding = !holding;
-                    for (key, route) in routes.iter_mut() {
-                        hold(shared, key, route, holding, &mut rooms);
-                    }
-                }
+                follow_operator_pause(shared, &mut holding, &mut routes, &mut rooms);
                 if let Some(idle) = shared.options.until_idle {
                     // Idle: nothing pending, and no record nor rebalance for `idle`
                     // (a member that just joined has not been idle yet).
@@ -286,6 +298,9 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                     }
                 };
                 last_record = Instant::now();
+                // At once, not at the next tick: a record that arrives after
+                // the pause was read is held, whatever the tick's phase.
+                follow_operator_pause(shared, &mut holding, &mut routes, &mut rooms);
                 shared.active.lock().expect("active lock").get_or_insert((last_record, last_record));
                 let key = (message.topic().to_string(), message.partition());
                 let Some(generation) = shared.assignment.generation(&key) else {

@@ -15,6 +15,8 @@
 //! | `GET /groups/paused` | the consumer groups an operator paused ([`crate::consumer::group_pause`]) |
 //! | `POST /groups/{group}/pause` | pause a group (body: [`PauseRequest`], `{}` for none), as `orderpipe group pause` |
 //! | `POST /groups/{group}/resume` | resume it; answers whether it was paused |
+//! | `POST /subscriptions/{id}/pause`, `POST /consumers/{name}/pause` | pause the group serving the subscription, or each of the consumer's groups (body: [`PauseRequest`]); answers every group with the subscriptions it holds ([`super::pause`]) |
+//! | `POST /subscriptions/{id}/resume`, `POST /consumers/{name}/resume` | resume them |
 //!
 //! Every request that changes state (every method but `GET`) needs
 //! `Authorization: Bearer <admin.token>`: none or a malformed header is
@@ -40,6 +42,7 @@ use sha2::{Digest, Sha256};
 
 use super::bindings::{ActualState, diff};
 use super::model::*;
+use super::pause::{GroupAction, PauseTarget};
 use super::record::Record;
 use super::store::{Origin, RequestKind, Store};
 use super::{Invalid, SubsError};
@@ -138,6 +141,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/events/{key}", record_routes::<EventDefinition>())
         .route("/consumers", get(list::<Consumer>).post(add::<Consumer>))
         .route("/consumers/{name}", record_routes::<Consumer>())
+        .route("/consumers/{name}/pause", post(pause_consumer))
+        .route("/consumers/{name}/resume", post(resume_consumer))
         .route(
             "/consumers/{name}/{toggle}",
             post(toggle_enabled::<Consumer>),
@@ -147,6 +152,8 @@ pub fn router(state: AdminState) -> Router {
             get(list_subscriptions).post(add::<Subscription>),
         )
         .route("/subscriptions/{id}", record_routes::<Subscription>())
+        .route("/subscriptions/{id}/pause", post(pause_subscription))
+        .route("/subscriptions/{id}/resume", post(resume_subscription))
         .route(
             "/subscriptions/{id}/{toggle}",
             post(toggle_enabled::<Subscription>),
@@ -323,6 +330,19 @@ pub struct PauseRequest {
     pub by: Option<String>,
 }
 
+impl PauseRequest {
+    /// When the pause ends by itself, if `for_secs` was given.
+    fn until_ms(&self) -> Option<i64> {
+        self.for_secs
+            .map(|secs| crate::clock::now_ms() + (secs as i64) * 1000)
+    }
+
+    /// Who: `by`, else `admin-api`.
+    fn by(&self) -> String {
+        self.by.clone().unwrap_or_else(|| "admin-api".into())
+    }
+}
+
 /// `GET /groups/paused`.
 async fn paused_groups(State(s): State<AdminState>) -> Answer<Vec<GroupPause>> {
     Ok(Json(
@@ -346,10 +366,7 @@ async fn pause_group(
         )
         .into());
     }
-    let until = request
-        .for_secs
-        .map(|secs| crate::clock::now_ms() + (secs as i64) * 1000);
-    let by = request.by.unwrap_or_else(|| "admin-api".into());
+    let (until, by) = (request.until_ms(), request.by());
     let pause = group_pause::pause(s.store.db(), &group, until, &by, &request.reason)
         .await
         .map_err(SubsError::from)?;
@@ -362,6 +379,53 @@ async fn resume_group(State(s): State<AdminState>, Path(group): Path<String>) ->
         .await
         .map_err(SubsError::from)?;
     Ok(Json(json!({"group": group, "was_paused": was})))
+}
+
+/// `POST /subscriptions/{id}/pause`: its group's pause (see [`super::pause`]).
+async fn pause_subscription(
+    State(s): State<AdminState>,
+    Path(id): Path<String>,
+    payload: Result<Json<PauseRequest>, JsonRejection>,
+) -> Answer<Vec<GroupAction>> {
+    let target = PauseTarget::Subscription(Subscription::parse_key(&id)?);
+    pause_target(&s, &target, body(payload)?).await
+}
+
+/// `POST /consumers/{name}/pause`: the pause of each of its groups.
+async fn pause_consumer(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+    payload: Result<Json<PauseRequest>, JsonRejection>,
+) -> Answer<Vec<GroupAction>> {
+    pause_target(&s, &PauseTarget::Consumer(name), body(payload)?).await
+}
+
+async fn pause_target(
+    s: &AdminState,
+    target: &PauseTarget,
+    request: PauseRequest,
+) -> Answer<Vec<GroupAction>> {
+    let (until, by) = (request.until_ms(), request.by());
+    let done = super::pause::pause(&s.store, target, until, &by, &request.reason).await?;
+    Ok(Json(done))
+}
+
+/// `POST /subscriptions/{id}/resume`.
+async fn resume_subscription(
+    State(s): State<AdminState>,
+    Path(id): Path<String>,
+) -> Answer<Vec<GroupAction>> {
+    let target = PauseTarget::Subscription(Subscription::parse_key(&id)?);
+    Ok(Json(super::pause::resume(&s.store, &target).await?))
+}
+
+/// `POST /consumers/{name}/resume`.
+async fn resume_consumer(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+) -> Answer<Vec<GroupAction>> {
+    let target = PauseTarget::Consumer(name);
+    Ok(Json(super::pause::resume(&s.store, &target).await?))
 }
 
 /// `GET /<kind>` (subscriptions: [`list_subscriptions`]).

@@ -27,6 +27,8 @@
 //! * [`admin`]: the admin HTTP API (CRUD, `POST /refresh`, `GET /bindings`,
 //!   `POST /reload`), bearer token for every state change.
 //! * `orderpipe subs ...` ([`crate::cli::subs`]) is the same CRUD on the command line.
+//! * [`pause`]: a subscription's or a consumer's pause, as the pause of the
+//!   groups serving it.
 //! * [`record::Record`]: the four kinds behind one trait, so the API and the
 //!   CLI handle show, add, update, enable/disable and remove once for all kinds.
 
@@ -34,6 +36,7 @@ pub mod admin;
 pub mod bindings;
 pub mod filter;
 pub mod model;
+pub mod pause;
 pub mod record;
 pub mod store;
 pub mod watch;

@@ -11,7 +11,7 @@ use crate::exactly_once::{assert_applied_in_order, assert_exactly_once};
 use crate::helpers::{TestEnv, metric, wait_for_status};
 
 /// `orderpipe lag --group G --output json`.
-fn lag(env: &TestEnv, group: &str) -> Value {
+pub(crate) fn lag(env: &TestEnv, group: &str) -> Value {
     let out = env
         .cli(&["lag", "--group", group, "--output", "json"])
         .success();
@@ -19,7 +19,11 @@ fn lag(env: &TestEnv, group: &str) -> Value {
 }
 
 /// Polls `check` every 200 ms until it holds; fails after `timeout` with `what`.
-async fn wait_until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+pub(crate) async fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut check: impl AsyncFnMut() -> bool,
+) {
     let deadline = Instant::now() + timeout;
     while !check().await {
         assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");

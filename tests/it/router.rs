@@ -633,3 +633,150 @@ async fn a_router_started_before_its_database_waits_for_it_and_then_serves() {
     .await;
     sigterm(&mut router);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_subscription_delivers_nothing_until_resumed_then_everything_in_order() {
+    const TOKEN: &str = "router-pause-token";
+    let mut env = TestEnv::new().with_database().await;
+    env.set_env("RUST_LOG", "warn,orderpipe=info");
+    env.set_env("ORDERPIPE_ADMIN__TOKEN", TOKEN);
+    let order_topic = env.settings.topics.order_events.name.clone();
+    env.cli(&["topics", "ensure"]).success();
+    let (base, seen) = downstream().await;
+    let store = Store::new(env.db(), Origin::Cli);
+    let sms = format!("sms{}", &env.prefix[1..]);
+    add_consumer(&store, &sms, format!("{base}/hook/ok")).await;
+    let sub = async |event: &str, bind_key: &str| {
+        subscribe(&store, &order_topic, &sms, event, bind_key, vec![]).await
+    };
+    // Two subscriptions share the group `orders`; `shipped` has its own.
+    let created = sub("order.created", "orders").await;
+    let paid = sub("order.payment.succeeded", "orders").await;
+    let shipped = sub("order.shipped", "ship").await;
+    let group = created.group.clone();
+    assert_ne!(shipped.group, group);
+
+    let first = produce(&env, 60, 10, 1, 81);
+    let mut router = env.spawn(&["deliver", "--admin-addr", "127.0.0.1:0"]);
+    let log = stderr_lines(&mut router);
+    let mut want_first = ids(&first, "order.created", None);
+    want_first.extend(ids(&first, "order.payment.succeeded", None));
+    want_first.extend(ids(&first, "order.shipped", None));
+    wait_for(&seen, "ok", &want_first, Duration::from_secs(90)).await;
+
+    // Bad targets are named.
+    let bad = env.cli(&["subs", "pause", "subscription", "abc"]).failure();
+    assert!(bad.contains("`abc` is not a subscription id"), "{bad}");
+    let bad = env.cli(&["subs", "pause", "consumer", "nobody"]).failure();
+    assert!(bad.contains("consumer `nobody` not found"), "{bad}");
+    assert!(
+        env.cli(&["group", "list"])
+            .success()
+            .contains("no group is paused"),
+        "a refused pause paused nothing"
+    );
+
+    // Pausing one subscription pauses its group, and says which
+    // subscriptions that holds.
+    let id = created.id.to_string();
+    let answer: Value = serde_json::from_str(
+        &env.cli(&[
+            "subs",
+            "pause",
+            "subscription",
+            &id,
+            "--reason",
+            "crm fix",
+            "--output",
+            "json",
+        ])
+        .success(),
+    )
+    .unwrap();
+    assert_eq!(
+        answer["paused"],
+        json!([{
+            "group": group,
+            "subscriptions": [created.id, paid.id],
+            "pause": answer["paused"][0]["pause"],
+            "was_paused": false,
+        }]),
+        "{answer}"
+    );
+    assert_eq!(answer["paused"][0]["pause"]["reason"], "crm fix");
+    wait_for_line(
+        &log,
+        &["group paused by an operator", &group],
+        Duration::from_secs(30),
+    )
+    .await;
+
+    // Changes keep coming: the other group delivers them, this one holds
+    // its own, and its lag shows them.
+    let second = produce(&env, 60, 10, 1_001, 82);
+    wait_for(
+        &seen,
+        "ok",
+        &ids(&second, "order.shipped", None),
+        Duration::from_secs(60),
+    )
+    .await;
+    crate::group_pause::wait_until(
+        "the paused group's lag shows the new records",
+        Duration::from_secs(60),
+        async || {
+            let lag = crate::group_pause::lag(&env, &group);
+            lag["groups"][0]["total_lag"].as_i64().unwrap_or(0) >= second.len() as i64
+                && lag["paused"][0]["group"] == group
+        },
+    )
+    .await;
+    let mut held = ids(&second, "order.created", None);
+    held.extend(ids(&second, "order.payment.succeeded", None));
+    let got: BTreeSet<String> = received(&seen, "ok").into_iter().collect();
+    assert!(
+        got.is_disjoint(&held),
+        "a paused subscription delivered {} of its {} held changes; the router's log:\n{}",
+        got.intersection(&held).count(),
+        held.len(),
+        log.lock().unwrap().join("\n")
+    );
+
+    // Resume through the router's admin API: all of it, once, in order.
+    let admin = announced(&log, "admin API listening on http://");
+    let url = format!("http://{admin}/subscriptions/{}/resume", paid.id);
+    let (status, body) = crate::subscriptions::call("POST", &url, None, None).await;
+    assert_eq!(status, 401, "a resume needs the token: {body}");
+    let (status, body) = crate::subscriptions::call("POST", &url, Some(TOKEN), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body[0]["group"], group, "{body}");
+    assert_eq!(body[0]["was_paused"], true, "{body}");
+    wait_for(&seen, "ok", &held, Duration::from_secs(60)).await;
+    let got = received(&seen, "ok");
+    let all: Vec<&Envelope> = first.iter().chain(&second).collect();
+    for e in &all {
+        let n = got.iter().filter(|g| **g == e.event_id.to_string()).count();
+        assert!(n <= 1, "{} delivered {n} times", e.event_id);
+    }
+    let position = |e: &Envelope| got.iter().position(|g| *g == e.event_id.to_string());
+    for order in second.iter().map(|e| e.data.order_id()) {
+        let of = |name: &str| {
+            second
+                .iter()
+                .find(|e| e.data.order_id() == order && e.event_name.as_str() == name)
+                .and_then(position)
+        };
+        if let (Some(c), Some(p)) = (of("order.created"), of("order.payment.succeeded")) {
+            assert!(
+                c < p,
+                "order {order}: its payment was delivered before its creation"
+            );
+        }
+    }
+    assert!(
+        env.cli(&["group", "list"])
+            .success()
+            .contains("no group is paused")
+    );
+    sigterm(&mut router);
+}

@@ -431,7 +431,12 @@ impl Admin {
     }
 }
 
-async fn call(method: &str, url: &str, token: Option<&str>, body: Option<Value>) -> (u16, Value) {
+pub(crate) async fn call(
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let mut request = client.request(method.parse().unwrap(), url);
     if let Some(token) = token {
