@@ -386,7 +386,8 @@ def check_console(docs, values):
     for key, name in (("consoleViewerToken", "ORDERPIPE_CONSOLE__VIEWER_TOKEN"), ("consoleOperatorToken", "ORDERPIPE_CONSOLE__OPERATOR_TOKEN")):
         problems += secret_env_problems(deployments, d, name, values.get("existingSecret"), secret_keys.get(key), "console")
     env = {e["name"]: e.get("value") for e in container(d).get("env") or []}
-    for key, name in (("proxyUserHeader", "ORDERPIPE_CONSOLE__PROXY_USER_HEADER"), ("proxyRoleHeader", "ORDERPIPE_CONSOLE__PROXY_ROLE_HEADER")):
+    for key, name in (("proxyUserHeader", "ORDERPIPE_CONSOLE__PROXY_USER_HEADER"), ("proxyRoleHeader", "ORDERPIPE_CONSOLE__PROXY_ROLE_HEADER"),
+                      ("prometheusUrl", "ORDERPIPE_CONSOLE__PROMETHEUS_URL")):
         if env.get(name) != (console.get(key) or None):
             problems.append(f"console: {name} is {env.get(name)!r}, console.{key} is {console.get(key)!r}")
     labels = d["spec"]["template"]["metadata"]["labels"]

@@ -38,6 +38,15 @@ pub struct ConsoleSettings {
     /// live state (the overview, held orders; [`crate::console::Chrome::refreshing`]). 0: never.
     #[serde(default = "default_refresh_secs")]
     pub refresh_secs: u32,
+    /// The Prometheus that scrapes the pods (`http://prometheus:9090`): the
+    /// history charts come from its `query_range`. Unset: from the
+    /// console's own samples (`console_samples`).
+    #[serde(default)]
+    pub prometheus_url: Option<String>,
+    /// Seconds between two of the console's own samples (only without
+    /// `prometheus_url`).
+    #[serde(default = "default_sample_interval_secs")]
+    pub sample_interval_secs: u32,
 }
 
 impl Default for ConsoleSettings {
@@ -50,6 +59,8 @@ impl Default for ConsoleSettings {
             proxy_user_header: None,
             proxy_role_header: None,
             refresh_secs: default_refresh_secs(),
+            prometheus_url: None,
+            sample_interval_secs: default_sample_interval_secs(),
         }
     }
 }
@@ -60,6 +71,10 @@ fn default_listen() -> String {
 
 fn default_refresh_secs() -> u32 {
     10
+}
+
+fn default_sample_interval_secs() -> u32 {
+    60
 }
 
 impl ConsoleSettings {
@@ -100,6 +115,16 @@ impl ConsoleSettings {
         }
         if self.proxy_role_header.is_some() && self.proxy_user_header.is_none() {
             return Err("console.proxy_role_header needs console.proxy_user_header (the header naming the user)".into());
+        }
+        if let Some(url) = &self.prometheus_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(format!(
+                "console.prometheus_url: `{url}` is not an http:// or https:// URL (e.g. http://prometheus:9090)"
+            ));
+        }
+        if self.sample_interval_secs == 0 {
+            return Err("console.sample_interval_secs: 0; accepted: 1 or more seconds".into());
         }
         Ok(())
     }

@@ -12,6 +12,7 @@
 //! | [`audit`] | the `console_audit` rows of every state change, and the `/audit` page |
 //! | [`overview`] | `/`: per group lag, applied/s, failure rate, dead letters, parked keys, an operator's pause |
 //! | [`groups`] | pause and resume a group from its card (confirmed, audited) |
+//! | [`history`] | `/history`: charts of the last hour or day, from Prometheus or the console's own samples |
 //!
 //! Adding a page: a module with a `pub const PAGE: Page` (its routes, its nav
 //! link, example paths of its POST routes), listed in [`PAGES`]; handlers take
@@ -26,6 +27,7 @@ pub mod csrf;
 pub mod dead_letters;
 pub mod groups;
 pub mod held;
+pub mod history;
 pub mod overview;
 pub mod schemas;
 pub mod subscriptions;
@@ -65,6 +67,7 @@ pub struct Page {
 /// Every page, in navigation order.
 pub const PAGES: &[Page] = &[
     overview::PAGE,
+    history::PAGE,
     dead_letters::PAGE,
     held::PAGE,
     groups::PAGE,
@@ -391,6 +394,7 @@ pub async fn serve(
     // The first lag measurement starts now, so the first overview need not wait for it.
     let warm = state.clone();
     tokio::spawn(async move { warm.lag_cache().latest(&warm).await });
+    history::sampler::start(&state);
     crate::health::serve_app(addr, router(state), health, bound, shutdown).await
 }
 

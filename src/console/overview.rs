@@ -95,6 +95,12 @@ pub struct GroupCard {
     pub oldest_parked: String,
     /// An operator's pause in force, if any.
     pub paused: Option<crate::consumer::group_pause::GroupPause>,
+    /// Events applied over the window.
+    pub applied_in_window: i64,
+    /// Records dead-lettered over the window.
+    pub failed_in_window: i64,
+    /// Whether the broker measured its lag (`total_lag` means something).
+    pub lag_measured: bool,
 }
 
 /// What the overview shows.
@@ -360,6 +366,8 @@ fn cards(lags: Vec<GroupLag>, figures: DbFigures) -> Vec<GroupCard> {
                 held_records: figures.held.get(&group).copied().unwrap_or(0),
                 oldest_parked: oldest.map_or_else(|| "-".into(), |ms| age(now - ms)),
                 paused: figures.paused.get(&group).cloned(),
+                applied_in_window: applied,
+                failed_in_window: failed,
                 status: "not measured on the broker".into(),
                 group,
                 ..GroupCard::default()
@@ -368,6 +376,7 @@ fn cards(lags: Vec<GroupLag>, figures: DbFigures) -> Vec<GroupCard> {
                 (card.status, card.alarming) = describe(lag.status, lag.members, lag.total_lag);
                 card.members = lag.members;
                 card.total_lag = lag.total_lag;
+                card.lag_measured = true;
                 if let Some(p) = &card.paused {
                     // Its lag grows by design: say so instead of alarming.
                     card.status = format!("PAUSED by {}: {}", p.paused_by, card.status);

@@ -18,6 +18,7 @@ mod console;
 mod console_browser;
 mod console_dlq;
 mod console_explore;
+mod console_history;
 mod consumer;
 mod crash;
 mod db_rows;

@@ -25,14 +25,14 @@ fn free_port() -> u16 {
 }
 
 /// A Prometheus scraping `targets` every second, on a free port.
-struct Prometheus {
+pub(crate) struct Prometheus {
     child: Child,
-    url: String,
+    pub(crate) url: String,
     _dir: tempfile::TempDir,
 }
 
 impl Prometheus {
-    fn start(targets: &[String]) -> Self {
+    pub(crate) fn start(targets: &[String]) -> Self {
         Self::start_with_rules(targets, None)
     }
 
@@ -117,7 +117,7 @@ impl Prometheus {
     }
 
     /// Waits until `promql` returns `want`.
-    async fn expect(&self, promql: &str, want: f64) {
+    pub(crate) async fn expect(&self, promql: &str, want: f64) {
         let deadline = Instant::now() + Duration::from_secs(90);
         let mut last = None;
         while Instant::now() < deadline {
