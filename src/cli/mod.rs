@@ -21,6 +21,7 @@ pub mod produce;
 pub mod reconcile;
 pub mod relay;
 pub mod router;
+pub mod search;
 pub mod signals;
 pub mod subs;
 
@@ -129,6 +130,10 @@ enum Command {
     /// backlog; stored, so it survives restarts), or list the paused ones.
     #[command(subcommand)]
     Group(group::GroupCommand),
+    /// Find records of a topic by key, event id, time range and a predicate
+    /// on the decoded body (the subscriptions' filter language), over a
+    /// bounded scan with progress; matches as JSON lines.
+    Search(search::SearchArgs),
     /// Consumer group lag from the broker: committed and log-end offsets,
     /// lag and the oldest unconsumed record's age, members or none.
     Lag(lag::LagArgs),
@@ -405,6 +410,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Console(args) => console::run(&cli.global.settings()?, args).await,
         Command::Lag(args) => lag::run(&cli.global.settings()?, args).await,
+        Command::Search(args) => search::run(&cli.global.settings()?, args).await,
         Command::Group(command) => group::run(&cli.global.settings()?, command).await,
         Command::Reconcile(args) => reconcile::run(&cli.global.settings()?, args).await,
         Command::Subs(command) => subs::run(&cli.global.settings()?, command).await,

@@ -7,7 +7,8 @@
 //! 1. identifies the user ([`super::auth`]); unknown → 401;
 //! 2. reads the form's `csrf_token` (or an `X-CSRF-Token` header) and
 //!    compares it with the user's: missing or wrong → 403;
-//! 3. unless the route is in [`ANY_ROLE_POSTS`] (sign out), requires an
+//! 3. unless the route is in [`ANY_ROLE_POSTS`] (sign out, start or cancel a
+//!    record search), requires an
 //!    operator on a console that is not read-only → 403.
 //!
 //! A page (GET) asked for without a login is sent to the login form (303)
@@ -35,8 +36,9 @@ pub const FIELD: &str = "csrf_token";
 /// The header that may hold it instead (scripts).
 pub const HEADER: &str = "x-csrf-token";
 
-/// POST routes any signed-in user may send (with a CSRF token).
-pub const ANY_ROLE_POSTS: [&str; 1] = ["/logout"];
+/// POST routes any signed-in user may send (with a CSRF token): they
+/// change nothing (a record search reads, and its cancel ends a read).
+pub const ANY_ROLE_POSTS: [&str; 3] = ["/logout", "/search", "/search/cancel"];
 
 /// POST routes that need no sign-in and no token (they sign in).
 pub const OPEN_POSTS: [&str; 1] = ["/login"];

@@ -12,6 +12,7 @@
 //! | [`audit`] | the `console_audit` rows of every state change, and the `/audit` page |
 //! | [`overview`] | `/`: per group lag, applied/s, failure rate, dead letters, parked keys, an operator's pause |
 //! | [`groups`] | pause and resume a group from its card (confirmed, audited) |
+//! | [`search`] | `/search`: records of a topic by key, event id, time and a predicate; progress, cancel, export, replay |
 //! | [`history`] | `/history`: charts of the last hour or day, from Prometheus or the console's own samples |
 //!
 //! Adding a page: a module with a `pub const PAGE: Page` (its routes, its nav
@@ -30,6 +31,7 @@ pub mod held;
 pub mod history;
 pub mod overview;
 pub mod schemas;
+pub mod search;
 pub mod subscriptions;
 pub mod topics;
 
@@ -72,6 +74,7 @@ pub const PAGES: &[Page] = &[
     held::PAGE,
     groups::PAGE,
     topics::PAGE,
+    search::PAGE,
     schemas::PAGE,
     subscriptions::PAGE,
     audit::PAGE,
@@ -271,6 +274,7 @@ struct Inner {
     auth: auth::Authenticator,
     csrf: csrf::CsrfKey,
     lag: overview::LagCache,
+    searches: search::Jobs,
 }
 
 /// A [`ConsoleState`] that does not keep the console alive (background tasks hold it).
@@ -292,6 +296,7 @@ impl ConsoleState {
             auth: auth::Authenticator::new(&settings.console),
             csrf: csrf::CsrfKey::random(),
             lag: overview::LagCache::default(),
+            searches: search::Jobs::default(),
             settings,
             db,
         })))
@@ -325,6 +330,11 @@ impl ConsoleState {
     /// The broker lag measured in the background (the overview's).
     pub fn lag_cache(&self) -> &overview::LagCache {
         &self.0.lag
+    }
+
+    /// The record searches of this console.
+    pub fn searches(&self) -> &search::Jobs {
+        &self.0.searches
     }
 
     /// A handle that does not keep the console alive.

@@ -44,7 +44,7 @@ impl From<ExploreError> for ConsoleError {
 }
 
 /// Kafka's rule for topic names: 1 to 249 of `[a-zA-Z0-9._-]`.
-fn check_topic(topic: &str) -> Result<(), ConsoleError> {
+pub(super) fn check_topic(topic: &str) -> Result<(), ConsoleError> {
     let ok = (1..=249).contains(&topic.len())
         && topic
             .bytes()
@@ -59,7 +59,7 @@ fn check_topic(topic: &str) -> Result<(), ConsoleError> {
     }
 }
 
-fn explorer(state: &ConsoleState) -> Result<Explorer, ConsoleError> {
+pub(super) fn explorer(state: &ConsoleState) -> Result<Explorer, ConsoleError> {
     let s = state.settings();
     Ok(Explorer::new(&s.kafka, &s.producer, &s.registry)?)
 }
@@ -100,28 +100,28 @@ fn blank(s: &Option<String>) -> Option<&str> {
     s.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
 
-/// One record, ready for the template.
-struct RecordRow {
-    partition: i32,
-    offset: i64,
-    time: String,
-    key: String,
-    headers: Vec<(String, String)>,
-    schema_id: String,
+/// One record, ready for the template (`explore_record.html`).
+pub(super) struct RecordRow {
+    pub(super) partition: i32,
+    pub(super) offset: i64,
+    pub(super) time: String,
+    pub(super) key: String,
+    pub(super) headers: Vec<(String, String)>,
+    pub(super) schema_id: String,
     /// `envelope`, `invalid`, `undecodable`, `empty`.
-    kind: &'static str,
+    pub(super) kind: &'static str,
     /// Event name, or the class of what is wrong.
-    title: String,
+    pub(super) title: String,
     /// Why it does not decode.
-    reason: String,
+    pub(super) reason: String,
     /// The decoded value, pretty JSON.
-    json: String,
-    value_bytes: usize,
-    value_hex: String,
+    pub(super) json: String,
+    pub(super) value_bytes: usize,
+    pub(super) value_hex: String,
 }
 
 impl RecordRow {
-    fn of(r: RecordView) -> Self {
+    pub(super) fn of(r: RecordView) -> Self {
         let schema_id = r
             .decoded
             .schema_id()

@@ -116,6 +116,13 @@ impl Decoder {
     }
 }
 
+impl Decoder {
+    /// `value` as the consumers take it, if it is a valid envelope.
+    pub async fn envelope(&self, value: &[u8]) -> Option<crate::envelope::Envelope> {
+        self.codec.decode(Some(value)).await.ok()
+    }
+}
+
 /// What `value` is without asking the registry (it did not answer):
 /// `not_framed` when that is plain from the bytes, else `registry_unavailable` with `why`.
 pub fn registry_unavailable(value: Option<&[u8]>, why: &str) -> Decoded {

@@ -7,6 +7,8 @@
 //! * [`partition`]: key -> partition with the partitioner the producers use.
 //! * [`decode`]: a value -> envelope, row change, other Avro, or undecodable (and why).
 //! * [`registry`]: the registry's subjects, versions, compatibility levels, and the diff of two versions.
+//! * [`search`]: the records of a whole topic matching a key, an event id, a
+//!   time range and a predicate, over a bounded scan with progress and cancel.
 //!
 //! Records are read `read_committed`, as the consumer groups read them:
 //! records of aborted or open transactions are not shown, and the end of a
@@ -15,6 +17,7 @@
 pub mod decode;
 pub mod partition;
 pub mod registry;
+pub mod search;
 
 use std::time::{Duration, Instant};
 
@@ -179,6 +182,27 @@ pub struct RawRecord {
     pub value: Option<Vec<u8>>,
 }
 
+impl RawRecord {
+    /// A copy of `message`.
+    pub fn of(message: &impl Message) -> Self {
+        Self {
+            partition: message.partition(),
+            offset: message.offset(),
+            timestamp_ms: message.timestamp().to_millis(),
+            key: message.key().map(<[u8]>::to_vec),
+            headers: message
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            value: message.payload().map(<[u8]>::to_vec),
+        }
+    }
+}
+
 /// What one read found.
 #[derive(Debug, Clone, Serialize)]
 pub struct Page<R> {
@@ -201,7 +225,7 @@ pub struct Page<R> {
 }
 
 /// A reader of one partition that never joins a group or commits.
-fn reader(kafka: &KafkaSettings) -> Result<BaseConsumer, KafkaError> {
+pub(crate) fn reader(kafka: &KafkaSettings) -> Result<BaseConsumer, KafkaError> {
     crate::kafka::client::assignment_reader(kafka, "orderpipe.console.explore")
 }
 
@@ -307,21 +331,7 @@ pub fn read(
                 page.scanned += 1;
                 page.next_offset = message.offset() + 1;
                 if key.is_none_or(|k| message.key() == Some(k)) {
-                    page.records.push(RawRecord {
-                        partition,
-                        offset: message.offset(),
-                        timestamp_ms: message.timestamp().to_millis(),
-                        key: message.key().map(<[u8]>::to_vec),
-                        headers: message
-                            .headers()
-                            .map(|h| {
-                                h.iter()
-                                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                                    .collect()
-                            })
-                            .unwrap_or_default(),
-                        value: message.payload().map(<[u8]>::to_vec),
-                    });
+                    page.records.push(RawRecord::of(&message));
                 }
                 if page.next_offset >= high {
                     page.reached_end = true;
@@ -478,11 +488,34 @@ impl Explorer {
 
     /// Decodes each record of `page`.
     pub async fn view(&self, page: Page<RawRecord>) -> Page<RecordView> {
-        let mut records = Vec::with_capacity(page.records.len());
-        // Once the registry does not answer, the rest of the page is not
-        // sent to it: a hung registry would cost its timeout per record.
+        Page {
+            records: self.views(&page.records).await,
+            topic: page.topic,
+            partition: page.partition,
+            range: page.range,
+            start_offset: page.start_offset,
+            next_offset: page.next_offset,
+            scanned: page.scanned,
+            reached_end: page.reached_end,
+        }
+    }
+
+    /// Runs a [`search::SearchSpec`] over its topic, reporting to `progress`.
+    pub async fn search(
+        &self,
+        spec: &search::SearchSpec,
+        progress: &std::sync::Arc<search::Progress>,
+    ) -> Result<search::SearchOutcome, ExploreError> {
+        search::search(&self.kafka, &self.decoder, spec, progress).await
+    }
+
+    /// Decodes each of `records`.
+    pub async fn views(&self, raw: &[RawRecord]) -> Vec<RecordView> {
+        let mut records = Vec::with_capacity(raw.len());
+        // Once the registry does not answer, the rest is not sent to it: a
+        // hung registry would cost its timeout per record.
         let mut registry_down: Option<String> = None;
-        for r in &page.records {
+        for r in raw {
             let decoded = match &registry_down {
                 Some(why) => decode::registry_unavailable(r.value.as_deref(), why),
                 None => self.decoder.decode(r.value.as_deref()).await,
@@ -530,16 +563,7 @@ impl Explorer {
                 decoded,
             });
         }
-        Page {
-            topic: page.topic,
-            partition: page.partition,
-            range: page.range,
-            start_offset: page.start_offset,
-            next_offset: page.next_offset,
-            scanned: page.scanned,
-            reached_end: page.reached_end,
-            records,
-        }
+        records
     }
 }
 

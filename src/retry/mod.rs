@@ -27,6 +27,7 @@
 //!   `seed000`, `seed001`, `seed003` are aliases) or explicit delays, with jitter, per group.
 
 pub mod policy;
+pub mod redrive;
 
 use std::time::Duration;
 

@@ -345,10 +345,15 @@ impl Browser {
         field.send_keys(text).await.unwrap();
     }
 
-    /// The POST forms of the page other than sign-out (its action forms).
+    /// The POST forms of the page other than sign-out and search (its action forms).
     pub async fn action_forms(&self) -> usize {
+        // Every POST form but those any role may send (sign out, search).
+        let open: String = orderpipe::console::csrf::ANY_ROLE_POSTS
+            .iter()
+            .map(|path| format!(":not([action='{path}'])"))
+            .collect();
         self.client
-            .find_all(Locator::Css("form[method='post']:not([action='/logout'])"))
+            .find_all(Locator::Css(&format!("form[method='post']{open}")))
             .await
             .unwrap()
             .len()

@@ -19,6 +19,7 @@ mod console_browser;
 mod console_dlq;
 mod console_explore;
 mod console_history;
+mod console_search;
 mod consumer;
 mod crash;
 mod db_rows;
