@@ -29,6 +29,7 @@
 //! | [`dedup`] | the `event_dedup` guard and its retention cleanup |
 //! | [`explore`] | the topic explorer's reading: records at an offset or time, an order's records by key and partitioner, decoding through the registry; the registry's subjects, versions and diffs (the console's read-only pages) |
 //! | [`lag`] | consumer group lag as the broker sees it (`orderpipe lag`, the persister's exporter) |
+//! | [`masking`] | the field paths shown as `•••` in the console and the CLI unless revealed |
 //! | [`reconcile`] | produced-vs-applied reconciliation of a group over a window (`orderpipe reconcile`, `reconcile_runs`, its gauges) |
 //! | [`rewind`] | rewind a stopped group by time (`consume --reset-to`, `deliver --reset-to`): offsets per partition, the dedup rows of what is read again |
 //! | [`router`] | `deliver` without `--subscription`: one consumer group per (consumer, bind_key) of the subscription tables, reloaded live, reconciled |
@@ -67,6 +68,7 @@ pub mod health;
 pub mod hex;
 pub mod kafka;
 pub mod lag;
+pub mod masking;
 pub mod metrics;
 pub mod ordering;
 pub mod outbox;

@@ -1,5 +1,6 @@
 //! `orderpipe dlq ...`: the operator's commands for dead letters.
 
+use crate::masking::FieldMask;
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -58,6 +59,10 @@ pub enum DlqCommand {
         /// head it waits behind.
         #[arg(long)]
         held: bool,
+        /// Show the fields of `console.masked_fields` as they are (written
+        /// to the audit table); without it they show as •••.
+        #[arg(long)]
+        reveal: bool,
         #[command(flatten)]
         output: OutputArg,
     },
@@ -356,6 +361,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             id,
             held: true,
             output,
+            ..
         } => {
             let Some(view) = crate::dlq::held::held_view(&db, id).await? else {
                 anyhow::bail!(
@@ -367,6 +373,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
         DlqCommand::Show {
             id,
             held: false,
+            reveal,
             output,
         } => {
             let filter = Filter {
@@ -382,7 +389,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 SchemaCatalog::embedded().order_events(),
                 false,
             )?;
-            let decoded = match (
+            let mut decoded = match (
                 record.json_value(),
                 codec.decode(record.payload.as_deref()).await,
             ) {
@@ -390,6 +397,12 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
                 (None, Ok(envelope)) => serde_json::to_value(&envelope)?,
                 (None, Err(e)) => json!({"undecodable": e.to_string()}),
             };
+            let mask =
+                FieldMask::parse(&settings.console.masked_fields).map_err(anyhow::Error::msg)?;
+            let target = json!({"dead_letter": id, "command": "dlq show"});
+            if let Some(mask) = super::output::cli_mask(&db, &mask, reveal, target).await? {
+                mask.apply(&mut decoded);
+            }
             let heads = ignore::heading(&db, &record).await?;
             dead_letter(&record, &decoded, heads.as_ref(), output.output);
         }

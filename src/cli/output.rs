@@ -223,3 +223,24 @@ fn retention(ms: &str) -> String {
         Err(_) => ms.to_string(),
     }
 }
+
+/// The CLI's side: `mask` applied to what `apply` is given, unless the
+/// user said `--reveal`, which is written to the audit table first (who:
+/// `$USER`, role `cli`, `target` naming what was shown).
+pub async fn cli_mask(
+    db: &crate::db::Db,
+    mask: &crate::masking::FieldMask,
+    reveal: bool,
+    target: serde_json::Value,
+) -> Result<Option<crate::masking::FieldMask>, crate::db::DbError> {
+    if mask.is_empty() {
+        return Ok(None);
+    }
+    if !reveal {
+        return Ok(Some(mask.clone()));
+    }
+    let who = std::env::var("USER").unwrap_or_else(|_| "cli".into());
+    crate::console::audit::record_as(db, &who, "cli", "reveal", &target, 1, "masked fields shown")
+        .await?;
+    Ok(None)
+}

@@ -12,6 +12,7 @@ use clap::Args;
 use crate::config::Settings;
 use crate::explore::Explorer;
 use crate::explore::search::{Progress, SearchSpec};
+use crate::masking::FieldMask;
 
 /// `orderpipe search ...`.
 #[derive(Debug, Args)]
@@ -38,6 +39,10 @@ pub struct SearchArgs {
     /// Read at most this many records (default 1,000,000).
     #[arg(long)]
     max_scan: Option<u64>,
+    /// Show the fields of `console.masked_fields` as they are (written to
+    /// the audit table); without it they show as •••.
+    #[arg(long)]
+    reveal: bool,
 }
 
 /// Runs `orderpipe search`.
@@ -54,6 +59,15 @@ pub async fn run(settings: &Settings, args: SearchArgs) -> anyhow::Result<ExitCo
         &args.predicate,
         args.max_scan,
     )?;
+    let mask = FieldMask::parse(&settings.console.masked_fields).map_err(anyhow::Error::msg)?;
+    let mask = match mask.is_empty() {
+        true => None,
+        false => {
+            let db = crate::db::Db::connect(&settings.database, 1)?;
+            let target = serde_json::json!({"command": "search", "topic": topic});
+            super::output::cli_mask(&db, &mask, args.reveal, target).await?
+        }
+    };
     let explorer = Explorer::new(&settings.kafka, &settings.producer, &settings.registry)?;
     let progress = Arc::new(Progress::default());
     let started = Instant::now();
@@ -77,7 +91,11 @@ pub async fn run(settings: &Settings, args: SearchArgs) -> anyhow::Result<ExitCo
     watcher.abort();
     let outcome = outcome?;
     for view in explorer.views(&outcome.matches).await {
-        println!("{}", serde_json::to_string(&view)?);
+        let mut view = serde_json::to_value(&view)?;
+        if let Some(mask) = &mask {
+            mask.apply_under(&mut view, crate::masking::RECORD_VIEW_JSON);
+        }
+        println!("{view}");
     }
     eprintln!(
         "{}; ended: {:?} in {:.2} s",

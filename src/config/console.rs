@@ -47,6 +47,11 @@ pub struct ConsoleSettings {
     /// `prometheus_url`).
     #[serde(default = "default_sample_interval_secs")]
     pub sample_interval_secs: u32,
+    /// Field paths of decoded records shown as `•••` (`data.mobile`,
+    /// `data.*.email`): in the console unless an operator reveals them, and
+    /// in `dlq show` / `search` without `--reveal` ([`crate::masking`]).
+    #[serde(default)]
+    pub masked_fields: Vec<String>,
 }
 
 impl Default for ConsoleSettings {
@@ -61,6 +66,7 @@ impl Default for ConsoleSettings {
             refresh_secs: default_refresh_secs(),
             prometheus_url: None,
             sample_interval_secs: default_sample_interval_secs(),
+            masked_fields: Vec::new(),
         }
     }
 }
@@ -123,6 +129,7 @@ impl ConsoleSettings {
                 "console.prometheus_url: `{url}` is not an http:// or https:// URL (e.g. http://prometheus:9090)"
             ));
         }
+        crate::masking::FieldMask::parse(&self.masked_fields)?;
         if self.sample_interval_secs == 0 {
             return Err("console.sample_interval_secs: 0; accepted: 1 or more seconds".into());
         }

@@ -50,13 +50,36 @@ pub async fn record(
     count: u64,
     outcome: &str,
 ) -> Result<(), DbError> {
+    record_as(
+        db,
+        &principal.who,
+        principal.role.as_str(),
+        action,
+        target,
+        count,
+        outcome,
+    )
+    .await
+}
+
+/// [`record`] for someone who is not signed in to the console: the CLI's
+/// user (`role` = `cli`), as `orderpipe dlq show --reveal` writes it.
+pub async fn record_as(
+    db: &Db,
+    who: &str,
+    role: &str,
+    action: &str,
+    target: &serde_json::Value,
+    count: u64,
+    outcome: &str,
+) -> Result<(), DbError> {
     let outcome: String = outcome.chars().take(OUTCOME_CHARS).collect();
     sqlx::query(
         "INSERT INTO console_audit (at_ms, who, role, action, target, item_count, outcome) VALUES (?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(crate::clock::now_ms())
-    .bind(principal.who.as_str())
-    .bind(principal.role.as_str())
+    .bind(who)
+    .bind(role)
     .bind(action)
     .bind(target.to_string())
     .bind(count as i64)

@@ -18,6 +18,7 @@
 //! process; its progress (delivery reports settled of the count) is the page
 //! `/dead-letters/replays/{run}`, which reloads itself while it runs.
 
+use super::masking::{Masking, RevealQuery};
 use askama::Template;
 use axum::Router;
 use axum::extract::{Form, Path, Query, State};
@@ -308,13 +309,17 @@ struct DetailPage {
     original_timestamp: Option<i64>,
     /// The parked key it heads: (key, state, records held behind it, its page).
     heads: Option<(String, String, i64, String)>,
+    masking: Masking,
 }
 
 async fn detail(
     State(state): State<ConsoleState>,
     principal: Principal,
+    uri: axum::http::Uri,
     Path(id): Path<i64>,
+    Query(reveal): Query<RevealQuery>,
 ) -> Result<Html<String>, ConsoleError> {
+    let masking = Masking::of(&state, &principal, &uri, reveal.reveal.as_deref()).await?;
     let db = state.db();
     let filter = Filter {
         ids: vec![id],
@@ -339,11 +344,13 @@ async fn detail(
         codec.decode(record.payload.as_deref()).await,
     ) {
         (Some(json), _) => (
-            serde_json::to_string_pretty(&json).unwrap_or_default(),
+            serde_json::to_string_pretty(&masking.apply(json)).unwrap_or_default(),
             None,
         ),
         (None, Ok(envelope)) => (
-            serde_json::to_string_pretty(&envelope).unwrap_or_default(),
+            serde_json::to_value(&envelope)
+                .map(|v| serde_json::to_string_pretty(&masking.apply(v)).unwrap_or_default())
+                .unwrap_or_default(),
             None,
         ),
         (None, Err(e)) => (String::new(), Some(e.to_string())),
@@ -368,6 +375,7 @@ async fn detail(
         original_timestamp: record.original_timestamp,
         heads,
         row: record.row,
+        masking,
     })
 }
 

@@ -12,6 +12,7 @@
 //! | [`audit`] | the `console_audit` rows of every state change, and the `/audit` page |
 //! | [`overview`] | `/`: per group lag, applied/s, failure rate, dead letters, parked keys, an operator's pause |
 //! | [`groups`] | pause and resume a group from its card (confirmed, audited) |
+//! | [`masking`] | `console.masked_fields` shown as `•••`, revealed per page by an operator (audited) |
 //! | [`search`] | `/search`: records of a topic by key, event id, time and a predicate; progress, cancel, export, replay |
 //! | [`history`] | `/history`: charts of the last hour or day, from Prometheus or the console's own samples |
 //!
@@ -29,6 +30,7 @@ pub mod dead_letters;
 pub mod groups;
 pub mod held;
 pub mod history;
+pub mod masking;
 pub mod overview;
 pub mod schemas;
 pub mod search;
@@ -275,6 +277,7 @@ struct Inner {
     csrf: csrf::CsrfKey,
     lag: overview::LagCache,
     searches: search::Jobs,
+    mask: crate::masking::FieldMask,
 }
 
 /// A [`ConsoleState`] that does not keep the console alive (background tasks hold it).
@@ -292,7 +295,10 @@ impl ConsoleState {
                     .into(),
             ));
         }
+        let mask = crate::masking::FieldMask::parse(&settings.console.masked_fields)
+            .map_err(ConsoleError::Internal)?;
         Ok(Self(Arc::new(Inner {
+            mask,
             auth: auth::Authenticator::new(&settings.console),
             csrf: csrf::CsrfKey::random(),
             lag: overview::LagCache::default(),
@@ -330,6 +336,11 @@ impl ConsoleState {
     /// The broker lag measured in the background (the overview's).
     pub fn lag_cache(&self) -> &overview::LagCache {
         &self.0.lag
+    }
+
+    /// The fields masked on the pages that show decoded records.
+    pub fn field_mask(&self) -> &crate::masking::FieldMask {
+        &self.0.mask
     }
 
     /// The record searches of this console.

@@ -20,13 +20,14 @@ use std::sync::{Arc, Mutex};
 use askama::Template;
 use axum::Router;
 use axum::extract::{Form, Path, Query, State};
-use axum::http::header;
+use axum::http::{Uri, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::json;
 
 use super::auth::Principal;
+use super::masking::{Masking, RevealQuery};
 use super::topics::RecordRow;
 use super::{Chrome, ConsoleError, ConsoleState, Page, audit, filters};
 use crate::explore::RecordView;
@@ -215,6 +216,7 @@ struct SearchJobPage {
     more: usize,
     next_offsets: String,
     replayed: Option<u64>,
+    masking: Masking,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -287,19 +289,22 @@ async fn start(
     Ok(Redirect::to(&format!("/search/{}", job.id)).into_response())
 }
 
-/// `?replayed=N` after a replay.
+/// `?replayed=N` after a replay; `?reveal=1`: an operator reveals masked fields.
 #[derive(Debug, Default, Deserialize)]
 struct ShowQuery {
     replayed: Option<u64>,
+    reveal: Option<String>,
 }
 
 async fn show(
     State(state): State<ConsoleState>,
     principal: Principal,
+    uri: Uri,
     Path(id): Path<u64>,
     Query(q): Query<ShowQuery>,
 ) -> Result<Html<String>, ConsoleError> {
     let job = state.searches().get(id)?;
+    let masking = Masking::of(&state, &principal, &uri, q.reveal.as_deref()).await?;
     let row = JobRow::of(&job);
     let (records, more, next_offsets) = match &*job.result.lock().expect("result lock") {
         Some(Ok((outcome, views, _))) => (
@@ -307,7 +312,7 @@ async fn show(
                 .iter()
                 .take(SHOWN)
                 .cloned()
-                .map(RecordRow::of)
+                .map(|r| RecordRow::of(r, &masking))
                 .collect(),
             views.len().saturating_sub(SHOWN),
             outcome
@@ -330,6 +335,7 @@ async fn show(
         more,
         next_offsets,
         replayed: q.replayed,
+        masking,
     })
 }
 
@@ -364,9 +370,13 @@ async fn cancel(
 
 async fn export(
     State(state): State<ConsoleState>,
+    principal: Principal,
+    uri: Uri,
     Path(id): Path<u64>,
+    Query(q): Query<RevealQuery>,
 ) -> Result<Response, ConsoleError> {
     let job = state.searches().get(id)?;
+    let masking = Masking::of(&state, &principal, &uri, q.reveal.as_deref()).await?;
     let result = job.result.lock().expect("result lock");
     let Some(Ok((_, views, _))) = &*result else {
         return Err(ConsoleError::Conflict(format!(
@@ -375,9 +385,8 @@ async fn export(
     };
     let mut lines = String::new();
     for view in views {
-        lines.push_str(
-            &serde_json::to_string(view).map_err(|e| ConsoleError::Internal(e.to_string()))?,
-        );
+        let view = serde_json::to_value(view).map_err(|e| ConsoleError::Internal(e.to_string()))?;
+        lines.push_str(&masking.apply_to_view(view).to_string());
         lines.push('\n');
     }
     Ok((

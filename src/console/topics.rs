@@ -9,10 +9,12 @@ use askama::Template;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
+use axum::http::Uri;
 use axum::response::Html;
 use axum::routing::get;
 use serde::Deserialize;
 
+use super::masking::Masking;
 use super::{Chrome, ConsoleError, ConsoleState, Page, Principal};
 use crate::explore::{
     self, Decoded, ExploreError, Explorer, OrderSearch, PartitionRange, RecordView, Start,
@@ -82,6 +84,9 @@ struct ReadQuery {
     limit: Option<String>,
     #[serde(default)]
     order_id: Option<String>,
+    /// `1`: an operator reveals the masked fields ([`Masking`]).
+    #[serde(default)]
+    reveal: Option<String>,
 }
 
 fn query(q: Result<Query<ReadQuery>, QueryRejection>) -> Result<ReadQuery, ConsoleError> {
@@ -121,13 +126,15 @@ pub(super) struct RecordRow {
 }
 
 impl RecordRow {
-    pub(super) fn of(r: RecordView) -> Self {
+    pub(super) fn of(r: RecordView, masking: &Masking) -> Self {
         let schema_id = r
             .decoded
             .schema_id()
             .map(|id| id.to_string())
             .unwrap_or_else(|| "—".into());
-        let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+        let pretty = |v: &serde_json::Value| {
+            serde_json::to_string_pretty(&masking.apply(v.clone())).unwrap_or_default()
+        };
         let (kind, title, reason, json) = match &r.decoded {
             Decoded::Empty => (
                 "empty",
@@ -178,6 +185,7 @@ struct TopicsPage {
     order_id: String,
     partitioner: String,
     search: Option<SearchView>,
+    masking: Masking,
 }
 
 struct SearchView {
@@ -192,7 +200,7 @@ struct SearchView {
 }
 
 impl SearchView {
-    fn of(topic: &str, s: OrderSearch) -> Self {
+    fn of(topic: &str, s: OrderSearch, masking: &Masking) -> Self {
         Self {
             topic: topic.to_string(),
             order_id: s.order_id,
@@ -201,7 +209,12 @@ impl SearchView {
             start_offset: s.page.start_offset,
             next_offset: s.page.next_offset,
             reached_end: s.page.reached_end,
-            records: s.page.records.into_iter().map(RecordRow::of).collect(),
+            records: s
+                .page
+                .records
+                .into_iter()
+                .map(|r| RecordRow::of(r, masking))
+                .collect(),
         }
     }
 }
@@ -210,9 +223,11 @@ impl SearchView {
 async fn list(
     State(state): State<ConsoleState>,
     principal: Principal,
+    uri: Uri,
     q: Result<Query<ReadQuery>, QueryRejection>,
 ) -> Result<Html<String>, ConsoleError> {
     let q = query(q)?;
+    let masking = Masking::of(&state, &principal, &uri, blank(&q.reveal)).await?;
     let explorer = explorer(&state)?;
     let order_topic = state.settings().topics.order_events.name.clone();
     let search_topic = blank(&q.topic).unwrap_or(&order_topic).to_string();
@@ -230,6 +245,7 @@ async fn list(
                 explorer
                     .find_order(&search_topic, order_id, start, limit)
                     .await?,
+                &masking,
             ))
         }
         None => None,
@@ -242,6 +258,7 @@ async fn list(
         search_topic,
         partitioner: explorer.partitioner().name.clone(),
         search,
+        masking,
     })
 }
 
@@ -258,6 +275,7 @@ struct TopicPage {
     time: String,
     limit: String,
     read: Option<ReadView>,
+    masking: Masking,
 }
 
 struct ReadView {
@@ -276,10 +294,12 @@ struct ReadView {
 async fn show(
     State(state): State<ConsoleState>,
     principal: Principal,
+    uri: Uri,
     Path(topic): Path<String>,
     q: Result<Query<ReadQuery>, QueryRejection>,
 ) -> Result<Html<String>, ConsoleError> {
     let q = query(q)?;
+    let masking = Masking::of(&state, &principal, &uri, blank(&q.reveal)).await?;
     check_topic(&topic)?;
     let explorer = explorer(&state)?;
     let summary = explorer.describe(&topic).await?;
@@ -305,7 +325,11 @@ async fn show(
                 next_offset: page.next_offset,
                 reached_end: page.reached_end,
                 limit,
-                records: page.records.into_iter().map(RecordRow::of).collect(),
+                records: page
+                    .records
+                    .into_iter()
+                    .map(|r| RecordRow::of(r, &masking))
+                    .collect(),
             })
         }
         None => None,
@@ -321,6 +345,7 @@ async fn show(
         limit: value(&q.limit),
         read,
         topic,
+        masking,
     })
 }
 

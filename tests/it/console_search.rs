@@ -47,6 +47,15 @@ fn ids(events: &[Envelope], keep: impl Fn(&Envelope) -> bool) -> BTreeSet<String
         .collect()
 }
 
+/// Starts a search with `fields` as a viewer (who may: it reads).
+async fn start_search(console: &TestConsole, fields: &[(&str, &str)]) {
+    let csrf = console.csrf_of(Role::Viewer).await;
+    let (status, body) = console
+        .post_as(Role::Viewer, "/search", Some(&csrf), fields)
+        .await;
+    assert_eq!(status, 303, "a viewer may search: {body}");
+}
+
 /// Waits until search `id` of `console` has ended; returns its page.
 async fn ended(console: &TestConsole, id: u64) -> String {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -117,15 +126,11 @@ async fn records_are_found_by_key_event_id_time_and_predicate_and_a_search_cance
     // The console: a viewer searches with a predicate, sees the matches, exports them.
     let console = TestConsole::start(&env, |_| {}).await;
     let csrf = console.csrf_of(Role::Viewer).await;
-    let (status, _) = console
-        .post_as(
-            Role::Viewer,
-            "/search",
-            Some(&csrf),
-            &[("topic", &topic), ("where", "order_id:in:5,4242")],
-        )
-        .await;
-    assert_eq!(status, 303, "a viewer may search");
+    start_search(
+        &console,
+        &[("topic", &topic), ("where", "order_id:in:5,4242")],
+    )
+    .await;
     let page = ended(&console, 1).await;
     let want = ids(&events, |e| [5, 4242].contains(&e.data.order_id()));
     assert!(page.contains("complete in"), "{page}");
@@ -145,15 +150,7 @@ async fn records_are_found_by_key_event_id_time_and_predicate_and_a_search_cance
 
     // A search over every record, cancelled while it runs: it ends early,
     // says so, and keeps what it had.
-    let (status, _) = console
-        .post_as(
-            Role::Viewer,
-            "/search",
-            Some(&csrf),
-            &[("topic", &topic), ("where", "order_id:eq:-1")],
-        )
-        .await;
-    assert_eq!(status, 303);
+    start_search(&console, &[("topic", &topic), ("where", "order_id:eq:-1")]).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (_, page) = console.get_as(Role::Viewer, "/search/2").await;
@@ -207,4 +204,94 @@ async fn records_are_found_by_key_event_id_time_and_predicate_and_a_search_cance
     }
     let (_, audit) = console.get_as(Role::Operator, "/audit").await;
     assert!(audit.contains("search.replay"), "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn masked_fields_show_as_dots_until_an_operator_reveals_them_and_each_reveal_is_audited() {
+    let mut env = TestEnv::new().with_database().await;
+    env.set_env(
+        "ORDERPIPE_CONSOLE__MASKED_FIELDS",
+        r#"["data.sku", "data.user_id"]"#,
+    );
+    env.cli(&["topics", "ensure"]).success();
+    let topic = env.settings.topics.order_events.name.clone();
+    let events = produce(&env, 200, 20, 1, 103);
+    let created = events
+        .iter()
+        .find(|e| e.event_name.as_str() == "order.created")
+        .unwrap();
+    let data = serde_json::to_value(&created.data).unwrap();
+    let sku = data["sku"].as_str().unwrap().to_string();
+    let user = data["user_id"].to_string();
+    let order = created.data.order_id().to_string();
+    let sku_shown = |text: &str| text.contains(&format!("\"{sku}\""));
+    // The pages show the envelope as pretty JSON, HTML-escaped.
+    let page_masked = |html: &str| {
+        html.contains("&#34;sku&#34;: &#34;•••&#34;") && !html.contains(&format!("&#34;{sku}&#34;"))
+    };
+
+    // The CLI masks without --reveal, and audits the reveal.
+    let masked = env.cli(&["search", "--key", &order]).success();
+    assert!(
+        masked.contains("\"sku\":\"•••\"") && !sku_shown(&masked),
+        "{masked}"
+    );
+    assert!(!masked.contains(&format!("\"user_id\":{user}")), "{masked}");
+    let shown = env.cli(&["search", "--key", &order, "--reveal"]).success();
+    assert!(sku_shown(&shown), "{shown}");
+    let db = env.db();
+    let (cli_reveals,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM console_audit WHERE action = 'reveal' AND role = 'cli'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(cli_reveals, 1);
+
+    // The console: masked for everyone; a viewer may not reveal; an
+    // operator's reveal shows the values and writes an audit row.
+    let console = TestConsole::start(&env, |s| {
+        s.console.masked_fields = vec!["data.sku".into(), "data.user_id".into()];
+    })
+    .await;
+    let page = format!("/topics?order_id={order}&topic={topic}");
+    for role in [Role::Viewer, Role::Operator] {
+        let (status, html) = console.get_as(role, &page).await;
+        assert_eq!(status, 200);
+        assert!(page_masked(&html), "{html}");
+        assert!(
+            html.contains("id=\"masking\""),
+            "the page says fields are masked"
+        );
+    }
+    let (status, _) = console
+        .get_as(Role::Viewer, &format!("{page}&reveal=1"))
+        .await;
+    assert_eq!(status, 403, "a viewer may not reveal");
+    let (status, html) = console
+        .get_as(Role::Operator, &format!("{page}&reveal=1"))
+        .await;
+    assert_eq!(status, 200);
+    assert!(
+        html.contains(&format!("&#34;sku&#34;: &#34;{sku}&#34;")),
+        "revealed: {html}"
+    );
+    let (reveals, target): (i64, String) = sqlx::query_as(
+        "SELECT COUNT(*), MAX(target) FROM console_audit WHERE action = 'reveal' AND role = 'operator'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(reveals, 1, "one reveal, the operator's");
+    assert!(target.contains(&format!("order_id={order}")), "{target}");
+
+    // A search's page and its export are masked the same way.
+    start_search(&console, &[("topic", &topic), ("key", &order)]).await;
+    let html = ended(&console, 1).await;
+    assert!(page_masked(&html), "{html}");
+    let (_, lines) = console.get_as(Role::Viewer, "/search/1/export").await;
+    assert!(
+        lines.contains("\"sku\":\"•••\"") && !sku_shown(&lines),
+        "{lines}"
+    );
 }
