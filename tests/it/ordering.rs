@@ -288,6 +288,28 @@ async fn a_dead_lettered_payment_holds_its_followers_until_replayed() {
     );
     let head = env.cli(&["dlq", "show", &head_id.to_string()]).success();
     assert!(head.contains("2 records held behind it"), "{head}");
+    // Fields of console.masked_fields show as ••• unless --reveal, which is audited.
+    env.set_env("ORDERPIPE_CONSOLE__MASKED_FIELDS", r#"["data.order_id"]"#);
+    let shown = |extra: &[&str]| {
+        let mut args = vec!["dlq", "show", "--output", "json"];
+        args.extend_from_slice(extra);
+        json(&env.cli(&args).success())
+    };
+    let head_arg = head_id.to_string();
+    let masked = shown(&[&head_arg]);
+    assert_eq!(masked["envelope"]["data"]["order_id"], "•••", "{masked}");
+    let revealed = shown(&[&head_arg, "--reveal"]);
+    assert_eq!(
+        revealed["envelope"]["data"]["order_id"], order,
+        "{revealed}"
+    );
+    let reveals = scalar(
+        &env.db(),
+        "SELECT COUNT(*) FROM console_audit WHERE action = 'reveal' AND role = 'cli'",
+    )
+    .await;
+    assert_eq!(reveals, 1, "the reveal is audited, the masked show is not");
+    env.set_env("ORDERPIPE_CONSOLE__MASKED_FIELDS", "[]");
     // Ignoring the head without saying what happens to them is refused.
     let refused = env.cli(&[
         "dlq",
