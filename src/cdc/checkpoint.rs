@@ -11,8 +11,9 @@
 //!
 //! On start the source reads its last committed checkpoint with a
 //! read_committed consumer, after its producer's `init_transactions` has
-//! aborted whatever a killed predecessor left open: what it reads is
-//! exactly what read_committed consumers of the change topics saw.
+//! aborted whatever a killed predecessor left open and [`seal`] has
+//! decided what a broker crash left undecided: what it reads is exactly
+//! what read_committed consumers of the change topics see.
 
 use std::time::Duration;
 
@@ -54,6 +55,70 @@ impl Checkpoint {
 
 /// How long to wait for the offsets topic's metadata and records.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The key of [`seal`]'s records: a source's name and a space, which no
+/// source name has, so the checkpoint reader passes them by.
+fn seal_key(source: &str) -> String {
+    format!("{source} seal")
+}
+
+/// Commits one transaction of a small record on each partition of the
+/// offsets topic before the checkpoint is read. A single broker that
+/// restarts after a crash can complete a transaction yet skip its markers
+/// on partitions it does not know the leader of yet ("likely deleted
+/// already and hence can be skipped" in its log): the predecessor's last
+/// checkpoint is then neither committed nor aborted, a read_committed read
+/// stops before it, and the source resumed from the one before and
+/// published a batch twice (a CI run, 14 duplicate changes). Kafka decides
+/// such records with their producer's next marker on the partition, and
+/// the fenced producer keeps the predecessor's producer id: this commit
+/// decides them now, as the source's next checkpoint would have later.
+pub(super) async fn seal(
+    producer: &crate::kafka::client::MeasuredProducer,
+    topic: &str,
+    source: &str,
+) -> Result<(), CdcError> {
+    use rdkafka::producer::{FutureRecord, Producer};
+    let kafka_error = |e: KafkaError| CdcError::Checkpoint(format!("sealing {topic}: {e}"));
+    let partitions = {
+        let (p, t) = (producer.clone(), topic.to_string());
+        tokio::task::spawn_blocking(move || {
+            p.client()
+                .fetch_metadata(Some(&t), READ_TIMEOUT)
+                .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()))
+        })
+        .await
+        .expect("metadata task does not panic")
+        .map_err(kafka_error)?
+    };
+    let (key, value) = (
+        seal_key(source),
+        crate::envelope::format_utc(&chrono::Utc::now()),
+    );
+    producer.begin_transaction().map_err(kafka_error)?;
+    let mut deliveries = Vec::with_capacity(partitions);
+    for partition in 0..partitions as i32 {
+        let record = FutureRecord::to(topic)
+            .partition(partition)
+            .key(key.as_bytes())
+            .payload(value.as_bytes());
+        deliveries.push(
+            producer
+                .send_result(record)
+                .map_err(|(e, _)| kafka_error(e))?,
+        );
+    }
+    for delivery in futures::future::join_all(deliveries).await {
+        match delivery {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => return Err(kafka_error(e)),
+            Err(_canceled) => return Err(kafka_error(KafkaError::Canceled)),
+        }
+    }
+    crate::producer::transactional::commit(producer, READ_TIMEOUT)
+        .await
+        .map_err(kafka_error)
+}
 
 /// The last committed checkpoint of `source` on `topic`, or None.
 pub async fn last_committed(
@@ -149,6 +214,7 @@ fn read_last(
             Err(KafkaError::PartitionEOF(partition)) => {
                 if let Some(i) = ends.iter().position(|(p, _)| *p == partition) {
                     done[i] = true;
+                    warn_if_short(&consumer, topic, ends[i]);
                 }
                 continue;
             }
@@ -171,6 +237,27 @@ fn read_last(
         }
     }
     Ok(last)
+}
+
+/// A read_committed read ends at the last stable offset: short of the
+/// high watermark when a transaction there is still open, which after
+/// [`seal`] is another producer's (an older `transactional_id_prefix`, a
+/// hanging transaction): the checkpoint read may be older than the last.
+fn warn_if_short(consumer: &BaseConsumer, topic: &str, (partition, high): (i32, i64)) {
+    let at = consumer.position().ok().and_then(|p| {
+        p.find_partition(topic, partition)
+            .and_then(|e| e.offset().to_raw())
+    });
+    if let Some(at) = at.filter(|at| *at < high) {
+        tracing::warn!(
+            topic,
+            partition,
+            stable_offset = at,
+            high_watermark = high,
+            "cdc: the offsets topic has a transaction open at the checkpoint read's end that is not this \
+             source's; the checkpoint read may be older than the last (kafka-transactions.sh find-hanging)"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -556,7 +556,8 @@ fn publisher_options(
 
 impl Publisher {
     /// Builds the source's transactional producer and fences its
-    /// predecessor: `init_transactions` aborts what that one left open.
+    /// predecessor: `init_transactions` aborts what that one left open,
+    /// and [`checkpoint::seal`] decides what a broker crash left undecided.
     async fn new(sections: &CdcSections<'_>) -> Result<Self, CdcError> {
         let options = publisher_options(sections.kafka, sections.producer)?;
         let id = transactional_id(
@@ -564,6 +565,7 @@ impl Publisher {
             &sections.cdc.name,
         );
         let producer = crate::producer::transactional::fenced(&options, &id).await?;
+        checkpoint::seal(&producer, &sections.cdc.offsets_topic, &sections.cdc.name).await?;
         Ok(Self {
             producer,
             codecs: HashMap::new(),

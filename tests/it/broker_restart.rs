@@ -626,6 +626,9 @@ async fn broker_away_for_10s_under_load(outage: Outage) {
         }
     }
 
+    // Every process's whole log, for a failure's post-mortem (the CI prints only the tail).
+    eprintln!("whole logs: {}", fleet.save_logs());
+
     // Nothing lost, nothing twice.
     assert_eq!(published, recorded_ids, "every recorded event published");
     for (topic, (records, dups)) in &per_topic {
