@@ -132,10 +132,11 @@ impl RecordRow {
             .schema_id()
             .map(|id| id.to_string())
             .unwrap_or_else(|| "—".into());
-        let pretty = |v: &serde_json::Value| {
-            serde_json::to_string_pretty(&masking.apply(v.clone())).unwrap_or_default()
+        // The row owns the view: its JSON is masked in place, not copied.
+        let pretty = |v: serde_json::Value| {
+            serde_json::to_string_pretty(&masking.apply(v)).unwrap_or_default()
         };
-        let (kind, title, reason, json) = match &r.decoded {
+        let (kind, title, reason, json) = match r.decoded {
             Decoded::Empty => (
                 "empty",
                 "no value (tombstone)".to_string(),
@@ -144,17 +145,17 @@ impl RecordRow {
             ),
             Decoded::Envelope {
                 event_name, json, ..
-            } => ("envelope", event_name.clone(), String::new(), pretty(json)),
+            } => ("envelope", event_name, String::new(), pretty(json)),
             Decoded::Invalid { reason, json, .. } => (
                 "invalid",
                 "undecodable: invalid_envelope".into(),
-                reason.clone(),
+                reason,
                 pretty(json),
             ),
             Decoded::Undecodable { class, reason, .. } => (
                 "undecodable",
                 format!("undecodable: {class}"),
-                reason.clone(),
+                reason,
                 String::new(),
             ),
         };
