@@ -434,6 +434,7 @@ def check_cdc_router(docs, values):
         if ready != "/health/ready":
             problems.append(f"cdc: readiness probe {ready}, not /health/ready (binlog stream open, producer initialised)")
         secret_env(d, "ORDERPIPE_CDC__SOURCE", secret_keys.get("cdcSource"), "cdc")
+        secret_env(d, "ORDERPIPE_CDC__HASH_KEY", secret_keys.get("cdcHashKey"), "cdc")
 
     router = values.get("router") or {}
     admin = router.get("admin") or {}

@@ -70,7 +70,7 @@ for d in docs:
             assert spec.get("automountServiceAccountToken") is False and spec.get("serviceAccountName"), d["metadata"]["name"]
             assert "limits" in c.get("resources", {}), d["metadata"]["name"]
             for e in c.get("env", []):
-                assert "value" not in e or not any(k in e["name"] for k in ("PASSWORD", "DATABASE__URL", "TOKEN", "CDC__SOURCE")), "inline secret"
+                assert "value" not in e or not any(k in e["name"] for k in ("PASSWORD", "DATABASE__URL", "TOKEN", "CDC__SOURCE", "HASH_KEY")), "inline secret"
 print(f"{len(docs)} manifests: non-root, read-only, no privilege escalation, limits set, secrets by reference, no service account token")
 PY
   echo "== the rendered config loads"
@@ -225,8 +225,8 @@ expect_fail "the admin API on httpPort" 'router.admin.port is 8080; accepted: a 
 render "${cdc[@]}" --set router.enabled=true --set router.admin.enabled=true > "$OUT/router-no-token.yaml"
 python3 "$ROOT/dev/chart-checks.py" roles "$OUT/router-no-token.yaml" --values "$CHART/values.yaml" \
   --values <(printf 'cdc: {enabled: true}\nrouter: {enabled: true, admin: {enabled: true}}\n')
-if grep -q 'ORDERPIPE_ADMIN__TOKEN\|ORDERPIPE_CDC__SOURCE' "$OUT/router-no-token.yaml"; then
-  echo "an empty secretKeys.adminToken/cdcSource rendered its variable" >&2; exit 1
+if grep -q 'ORDERPIPE_ADMIN__TOKEN\|ORDERPIPE_CDC__SOURCE\|ORDERPIPE_CDC__HASH_KEY' "$OUT/router-no-token.yaml"; then
+  echo "an empty secretKeys.adminToken/cdcSource/cdcHashKey rendered its variable" >&2; exit 1
 fi
 prod=(--values "$CHART/values.yaml" --values "$CHART/ci/production-values.yaml")
 sed '/- name: ORDERPIPE_ADMIN__TOKEN$/,+4d' "$OUT/production.yaml" > "$OUT/router-lost-token.yaml"
@@ -486,7 +486,7 @@ if "$ROOT/dev/stack.sh" status > /dev/null 2>&1; then
 import sys, yaml
 prod, dev, db = yaml.safe_load(open(sys.argv[1])), yaml.safe_load(open(sys.argv[2])), sys.argv[4]
 prod["existingSecret"] = dev["existingSecret"]
-prod["secretKeys"] = {k: v for k, v in prod["secretKeys"].items() if k in ("databaseUrl", "adminToken", "consoleOperatorToken")}
+prod["secretKeys"] = {k: v for k, v in prod["secretKeys"].items() if k in ("databaseUrl", "adminToken", "consoleOperatorToken", "cdcHashKey")}
 prod["config"]["kafka"] = dev["config"]["kafka"]
 prod["config"]["registry"] = dev["config"]["registry"]
 prod["config"]["topics"] = dev["config"]["topics"]
@@ -510,6 +510,7 @@ PY
       "${hooks[@]}" "$OUT/kubelet-$values-rendered.yaml" --event none --service-links "$links" "${args[@]}" \
         --secret "orderpipe-dev/cdc-source-url=mysql://orderpipe:orderpipe@127.0.0.1:3306" \
         --secret "orderpipe-dev/admin-api-token=chart-test-admin-token-$run" \
+        --secret "orderpipe-dev/cdc-hash-key=chart-test-hash-key-$run" \
         --secret "orderpipe-dev/console-operator-token=chart-test-console-token-$run" > "$OUT/kubelet.txt" \
         || { echo "$values values, service links $links:" >&2; cat "$OUT/kubelet.txt" >&2; exit 1; }
       grep -E "^  kubelet|Deployments started" "$OUT/kubelet.txt"

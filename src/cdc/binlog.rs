@@ -321,6 +321,8 @@ struct Open {
 pub struct BinlogReader {
     stream: BinlogStream,
     tables: HashSet<String>,
+    /// The columns dropped, hashed or masked before the rows go on.
+    redaction: std::sync::Arc<super::redact::Redaction>,
     file: String,
     open: Option<Open>,
     /// Bytes of checksum after each event (4 with CRC32, else 0): the first
@@ -477,6 +479,7 @@ impl BinlogReader {
         from: &BinlogPosition,
         resume: ResumeMode,
         tables: &[String],
+        redaction: std::sync::Arc<super::redact::Redaction>,
     ) -> Result<Self, CdcError> {
         let mut conn = connect(url).await?;
         let source_server = self::server_id(&mut conn).await?;
@@ -565,6 +568,7 @@ impl BinlogReader {
         Ok(Self {
             stream,
             tables: tables.iter().cloned().collect(),
+            redaction,
             file: from.file.clone(),
             open: None,
             checksum_len,
@@ -933,23 +937,32 @@ impl BinlogReader {
         let images = super::row_image::rows(rows, tme, &layout.columns.columns).map_err(|e| {
             CdcError::Source(format!("cannot decode a row of {database}.{table}: {e}"))
         })?;
+        self.redaction
+            .check_key(&database, &table, &layout.key)
+            .map_err(CdcError::Setup)?;
+        let redact = |row: &mut serde_json::Map<String, serde_json::Value>| {
+            self.redaction.apply(&database, &table, row)
+        };
         let mut changes = Vec::new();
         for (before, after) in images {
             let before = before.map(|r| layout.json(&r));
             let after = after.map(|r| layout.json(&r));
-            let (kind, data, old) = match (before, after) {
+            // `old` from the values as stored (a masked column that changed
+            // is in it, masked), then every image redacted, the key last.
+            let (kind, mut data, mut old) = match (before, after) {
                 (None, Some(after)) => (ChangeKind::Insert, after, None),
                 (Some(before), Some(after)) => {
                     let old = changed_columns(&before, &after);
-                    (
-                        ChangeKind::Update,
-                        after,
-                        Some(serde_json::Value::Object(old)),
-                    )
+                    (ChangeKind::Update, after, Some(old))
                 }
                 (Some(before), None) => (ChangeKind::Delete, before, None),
                 (None, None) => continue,
             };
+            redact(&mut data);
+            if let Some(old) = old.as_mut() {
+                redact(old);
+            }
+            let old = old.map(serde_json::Value::Object);
             let key = layout.key(&data);
             changes.push(RowChange {
                 database: database.clone(),

@@ -44,6 +44,7 @@ pub mod change;
 pub mod checkpoint;
 pub mod column;
 pub mod oversize;
+pub mod redact;
 pub mod row_image;
 pub mod snapshot;
 pub mod table_schema;
@@ -158,6 +159,13 @@ pub struct CdcSettings {
     /// cdc's dead-letter topic; unset: `<topic_prefix>.dlq`.
     #[serde(default)]
     pub dead_letter_topic: Option<String>,
+    /// Per table (`db.table`), the columns to drop, hash or mask before
+    /// they leave the process ([`redact`]).
+    #[serde(default)]
+    pub redact: BTreeMap<String, redact::ColumnRules>,
+    /// The secret key of `redact`'s hashes (HMAC-SHA-256).
+    #[serde(default)]
+    pub hash_key: Option<SecretString>,
 }
 
 impl CdcSettings {
@@ -199,6 +207,8 @@ impl CdcSettings {
         {
             return Err("cdc.dead_letter_topic is empty: name a topic, or leave it unset for <topic_prefix>.dlq".into());
         }
+        // The hash key is checked when cdc starts: only its pods get it.
+        redact::check_rules(&self.redact)?;
         if self.batch_max_rows == 0 {
             return Err("cdc.batch_max_rows = 0: must be at least 1".into());
         }
@@ -224,6 +234,11 @@ impl CdcSettings {
             rows: self.batch_max_rows,
             bytes: self.batch_max_bytes,
         }
+    }
+
+    /// `redact` and `hash_key`, checked.
+    pub fn redaction(&self) -> Result<redact::Redaction, String> {
+        redact::Redaction::new(&self.redact, self.hash_key.as_ref())
     }
 
     /// The change topic of `table` (`db.table`).
@@ -390,6 +405,9 @@ struct Publisher {
     rows: Option<Box<dyn RowRecords>>,
     /// The time per batch of each stage.
     stages: StageClock,
+    /// `cdc.redact`: applied by the readers to the rows, by `encode` to
+    /// the typed schema's columns.
+    redaction: std::sync::Arc<redact::Redaction>,
 }
 
 /// One record of a batch's Kafka transaction: a change, a dead letter,
@@ -558,7 +576,9 @@ impl Publisher {
     /// Builds the source's transactional producer and fences its
     /// predecessor: `init_transactions` aborts what that one left open,
     /// and [`checkpoint::seal`] decides what a broker crash left undecided.
-    async fn new(sections: &CdcSections<'_>) -> Result<Self, CdcError> {
+    /// `change_events`: whether it publishes row changes (and so applies
+    /// `cdc.redact`), not another stream's records ([`RowRecords`]).
+    async fn new(sections: &CdcSections<'_>, change_events: bool) -> Result<Self, CdcError> {
         let options = publisher_options(sections.kafka, sections.producer)?;
         let id = transactional_id(
             &sections.producer.transactional_id_prefix,
@@ -577,6 +597,10 @@ impl Publisher {
             limits: HashMap::new(),
             rows: None,
             stages: StageClock::new(STAGE_METRIC),
+            redaction: std::sync::Arc::new(match change_events {
+                true => sections.cdc.redaction().map_err(CdcError::Setup)?,
+                false => redact::Redaction::default(),
+            }),
         })
     }
 
@@ -634,18 +658,17 @@ impl Publisher {
         let (schema, value) = match self.cdc.value_format {
             table_schema::ValueFormat::Json => (topic_schema(topic), event.to_avro()),
             table_schema::ValueFormat::Avro => {
-                let schema = table_schema::table_schema(
-                    topic,
-                    &change.database,
-                    &change.table,
-                    &change.columns,
-                )
-                .map_err(CdcError::Setup)?;
+                let columns =
+                    self.redaction
+                        .columns(&change.database, &change.table, &change.columns);
+                let schema =
+                    table_schema::table_schema(topic, &change.database, &change.table, &columns)
+                        .map_err(CdcError::Setup)?;
                 let value = table_schema::typed_value(
                     event.to_avro(),
                     &event.data,
                     event.old.as_ref(),
-                    &change.columns,
+                    &columns,
                 )
                 .map_err(|e| {
                     CdcError::Setup(format!("{}.{}: {e}", change.database, change.table))
@@ -1083,7 +1106,7 @@ async fn start(sections: &CdcSections<'_>, only_offsets: bool) -> Result<Started
         specs.retain(|s| s.name == cdc.offsets_topic);
     }
     ensure(sections.kafka, specs).await?;
-    let publisher = Publisher::new(sections).await?;
+    let publisher = Publisher::new(sections, !only_offsets).await?;
     Ok(Started {
         url,
         conn,
@@ -1191,7 +1214,7 @@ pub(crate) async fn run_with(
     'connect: loop {
         let mut reader = tokio::select! {
             _ = &mut shutdown => break 'connect,
-            reader = BinlogReader::open(&url, cdc.server_id, &committed, cdc.resume, &cdc.tables) => match reader {
+            reader = BinlogReader::open(&url, cdc.server_id, &committed, cdc.resume, &cdc.tables, publisher.redaction.clone()) => match reader {
                 Ok(reader) => reader,
                 // A checkpoint without a usable GTID: reconnecting cannot fix it.
                 Err(e @ CdcError::Setup(_)) => return Err(e),

@@ -156,6 +156,10 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
         .await
         .map_err(sql)?;
     conn.query_drop("COMMIT").await.map_err(sql)?;
+    publisher
+        .redaction
+        .check_key(db, name, &key_columns)
+        .map_err(CdcError::Setup)?;
     let mut changes = Vec::with_capacity(rows.len());
     for row in rows {
         let mut data = serde_json::Map::new();
@@ -163,6 +167,7 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
             let value = row.as_ref(i).cloned().unwrap_or(mysql_async::Value::NULL);
             data.insert(column.name.clone(), column.json(&value));
         }
+        publisher.redaction.apply(db, name, &mut data);
         let null = serde_json::Value::Null;
         let key = primary_key(
             &key_columns
@@ -215,7 +220,15 @@ async fn catch_up(
     if at_or_past(from, to) {
         return Ok(0);
     }
-    let mut reader = BinlogReader::open(url, cdc.server_id, from, cdc.resume, &cdc.tables).await?;
+    let mut reader = BinlogReader::open(
+        url,
+        cdc.server_id,
+        from,
+        cdc.resume,
+        &cdc.tables,
+        publisher.redaction.clone(),
+    )
+    .await?;
     let limit = cdc.piece_limit();
     let (mut batch, mut rows, mut bytes, mut published) = (Vec::new(), 0usize, 0usize, 0u64);
     loop {

@@ -108,12 +108,13 @@ pub struct ConfigError(String);
 pub const REDACTED: &str = "__REDACTED__";
 
 /// Secret fields, by their path in the config file.
-const SECRET_FIELDS: [&str; 7] = [
+const SECRET_FIELDS: [&str; 8] = [
     "kafka.sasl_password",
     "registry.password",
     "database.url",
     "admin.token",
     "cdc.source",
+    "cdc.hash_key",
     "console.viewer_token",
     "console.operator_token",
 ];
@@ -226,6 +227,7 @@ impl Settings {
                 "registry.password" => self.registry.password.as_ref(),
                 "admin.token" => self.admin.token.as_ref(),
                 "cdc.source" => self.cdc.source.as_ref(),
+                "cdc.hash_key" => self.cdc.hash_key.as_ref(),
                 "console.viewer_token" => self.console.viewer_token.as_ref(),
                 "console.operator_token" => self.console.operator_token.as_ref(),
                 _ => Some(&self.database.url),
@@ -422,7 +424,7 @@ mod tests {
         std::fs::write(
             &path,
             "[kafka]\nsasl_password = \"hunter2\"\n[kafka.options]\n\"ssl.key.password\" = \"keypass\"\n\"security.protocol\" = \"SASL_SSL\"\n\
-             [database]\nurl = \"mysql://app:dbpass@db:3306/orders\"\n",
+             [database]\nurl = \"mysql://app:dbpass@db:3306/orders\"\n[cdc]\nhash_key = \"hashkey1\"\n",
         )
         .unwrap();
         // In a Jail: no other test's ORDERPIPE_* variables meanwhile.
@@ -435,7 +437,7 @@ mod tests {
     fn redacted_round_trip(path: &Path) {
         let document = Settings::redacted_document(Some(path), &serde_json::json!({})).unwrap();
         let text = document.to_string();
-        for secret in ["hunter2", "keypass", "dbpass"] {
+        for secret in ["hunter2", "keypass", "dbpass", "hashkey1"] {
             assert!(!text.contains(secret), "{secret} printed: {text}");
         }
         assert_eq!(

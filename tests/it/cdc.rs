@@ -12,7 +12,8 @@ use serde_json::json;
 use sqlx::{AssertSqlSafe, MySqlPool, Row};
 
 use crate::helpers::{
-    MYSQL_ADMIN_URL, Spawned, TestEnv, cdc_server_id, header, wait_for_status, wait_for_topic,
+    CliRun, MYSQL_ADMIN_URL, Spawned, TestEnv, cdc_server_id, header, wait_for_status,
+    wait_for_topic,
 };
 
 /// A test's cdc source: its database, its topics, its server id (the
@@ -77,6 +78,53 @@ impl Source {
         ];
         args.extend_from_slice(extra);
         self.env.spawn(&args)
+    }
+
+    /// `orderpipe cdc snapshot --table <db>.<table> EXTRA`.
+    pub(crate) fn snapshot(&self, table: &str, extra: &[&str]) -> CliRun {
+        let table = format!("{}.{table}", self.database);
+        let mut args = vec![
+            "cdc",
+            "snapshot",
+            "--table",
+            &table,
+            "--server-id",
+            &self.server_id,
+        ];
+        args.extend_from_slice(extra);
+        tokio::task::block_in_place(|| self.env.cli(&args))
+    }
+
+    /// The registry's schema of `message` (by its Confluent schema id), and
+    /// the name and type of each field of its `data` record.
+    pub(crate) async fn data_fields(
+        &self,
+        message: &OwnedMessage,
+    ) -> (serde_json::Value, Vec<(String, serde_json::Value)>) {
+        let id = orderpipe::codec::schema_id(message.payload().unwrap()).unwrap();
+        let url = format!("{}/schemas/ids/{id}", self.env.settings.registry.url);
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let written: serde_json::Value = http.get(&url).send().await.unwrap().json().await.unwrap();
+        let schema: serde_json::Value =
+            serde_json::from_str(written["schema"].as_str().unwrap()).unwrap();
+        let data = &schema["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == "data")
+            .unwrap()["type"][1];
+        let fields = data["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["name"].as_str().unwrap().to_string(),
+                    f["type"][1].clone(),
+                )
+            })
+            .collect();
+        (schema, fields)
     }
 
     pub(crate) async fn exec(&self, statements: &[&str]) {
@@ -583,18 +631,7 @@ async fn snapshot_between_the_stream(rows: u64) {
     let mut cdc = source.spawn("big");
     published(&source.env, &topic, 500, &mut cdc).await;
     let before = cdc.stop_and_output();
-    let table = format!("{}.big", source.database);
-    let args = [
-        "cdc",
-        "snapshot",
-        "--table",
-        &table,
-        "--server-id",
-        &source.server_id,
-        "--output",
-        "json",
-    ];
-    let run = tokio::task::block_in_place(|| source.env.cli(&args));
+    let run = source.snapshot("big", &["--output", "json"]);
     let summary: serde_json::Value = serde_json::from_str(&run.success()).unwrap();
     let snapshot_rows = summary["rows"].as_u64().unwrap();
     assert!(snapshot_rows >= rows, "{summary}");
@@ -860,16 +897,7 @@ async fn with_value_format_avro_a_snapshot_and_the_stream_share_one_typed_schema
     ])
     .await;
     source.env.set_env("ORDERPIPE_CDC__VALUE_FORMAT", "avro");
-    let table = format!("{}.typed", source.database);
-    let args = [
-        "cdc",
-        "snapshot",
-        "--table",
-        &table,
-        "--server-id",
-        &source.server_id,
-    ];
-    tokio::task::block_in_place(|| source.env.cli(&args)).success();
+    source.snapshot("typed", &[]).success();
     let mut cdc = source.spawn("typed");
     source
         .exec(&["INSERT INTO typed (id, small, name) VALUES (2, 7, NULL)"])
@@ -887,29 +915,14 @@ async fn with_value_format_avro_a_snapshot_and_the_stream_share_one_typed_schema
         1,
         "one schema for the snapshot's and the stream's rows"
     );
-    let id = ids.into_iter().next().unwrap();
-    let url = format!("{}/schemas/ids/{id}", source.env.settings.registry.url);
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let written: serde_json::Value = http.get(&url).send().await.unwrap().json().await.unwrap();
-    let schema: serde_json::Value =
-        serde_json::from_str(written["schema"].as_str().unwrap()).unwrap();
+    let (schema, types) = source.data_fields(&changes[0].0).await;
     assert_eq!(
         schema["namespace"],
         json!(format!("orderpipe.cdc.v1.tables.{}.typed", source.database)),
         "{schema}"
     );
-    let row = &schema["fields"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["name"] == "data")
-        .unwrap()["type"][1];
-    let types: Vec<(&str, &serde_json::Value)> = row["fields"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| (f["name"].as_str().unwrap(), &f["type"][1]))
-        .collect();
+    let types: Vec<(&str, &serde_json::Value)> =
+        types.iter().map(|(name, t)| (name.as_str(), t)).collect();
     assert_eq!(
         types,
         [

@@ -12,6 +12,7 @@ mod cdc;
 mod cdc_failover;
 mod cdc_large_tx;
 mod cdc_oversize;
+mod cdc_redact;
 mod cdc_sources;
 mod cdc_types;
 mod console;
