@@ -8,7 +8,14 @@
 //! (the envelope: `data.mobile`; a row change's columns: `data.data.mobile`);
 //! `*` stands for any one key or array index. A path that names an object
 //! or an array masks all of it.
+//!
+//! What never leaves `cdc` as it is has its rules here too ([`ColumnRules`]:
+//! per table, the columns to drop, hash or mask), read from `[cdc.redact]`
+//! and from the control plane's `cdc_sources.redact`; `cdc::redact` applies them.
 
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// What a masked value shows.
@@ -81,6 +88,80 @@ fn mask_at(value: &mut Value, path: &[String]) -> usize {
             .map_or(0, |v| mask_at(v, rest)),
         _ => 0,
     }
+}
+
+/// One table's rules: the columns to drop, hash and mask.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnRules {
+    /// Removed from `data` and `old`, and from the typed schema.
+    #[serde(default)]
+    pub drop: Vec<String>,
+    /// HMAC-SHA-256 of the value's text under `cdc.hash_key`, hex.
+    #[serde(default)]
+    pub hash: Vec<String>,
+    /// `***` (`cdc::redact::MASK`).
+    #[serde(default)]
+    pub mask: Vec<String>,
+}
+
+/// What happens to a column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Left out.
+    Drop,
+    /// HMAC-SHA-256 under `cdc.hash_key`.
+    Hash,
+    /// A fixed mask.
+    Mask,
+}
+
+impl Action {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Action::Drop => "drop",
+            Action::Hash => "hash",
+            Action::Mask => "mask",
+        }
+    }
+}
+
+/// Each table's column -> action, or the first bad rule, named as
+/// `field` (`cdc.redact`, or a source's `redact`) and its table.
+pub fn check_rules(
+    field: &str,
+    rules: &BTreeMap<String, ColumnRules>,
+) -> Result<BTreeMap<String, BTreeMap<String, Action>>, String> {
+    let mut tables = BTreeMap::new();
+    for (table, rules) in rules {
+        if table
+            .split_once('.')
+            .is_none_or(|(db, t)| db.is_empty() || t.is_empty() || t.contains('.'))
+        {
+            return Err(format!(
+                "{field}.{table:?}: expected <database>.<table> = {{ drop = [..], hash = [..], mask = [..] }}, \
+                 e.g. \"shop.table_user\" = {{ hash = [\"mobile\"] }}"
+            ));
+        }
+        let mut columns = BTreeMap::new();
+        for (action, names) in [
+            (Action::Drop, &rules.drop),
+            (Action::Hash, &rules.hash),
+            (Action::Mask, &rules.mask),
+        ] {
+            for name in names {
+                if let Some(before) = columns.insert(name.clone(), action) {
+                    return Err(format!(
+                        "{field}.{table:?}: column {name:?} is under both `{}` and `{}`; name it once",
+                        before.as_str(),
+                        action.as_str()
+                    ));
+                }
+            }
+        }
+        tables.insert(table.clone(), columns);
+    }
+    Ok(tables)
 }
 
 #[cfg(test)]

@@ -22,6 +22,10 @@
 //! A change that would be refused at start (source disabled or removed,
 //! no event definition left) is logged and the current capture kept; it
 //! applies (is refused) at the next start.
+//!
+//! The row's `redact` (column rules, `[cdc.redact]`'s shape) joins the
+//! process's own `cdc.redact`; a table named by both is refused. A change
+//! of the rules restarts the stream like a change of tables.
 
 use secrecy::{ExposeSecret, SecretString};
 
@@ -160,7 +164,8 @@ impl Watch {
 }
 
 impl Capture {
-    /// Whether `other` reads the same server as the same user and the same tables.
+    /// Whether `other` reads the same server as the same user and the
+    /// same tables, with the same column rules.
     pub fn same_as(&self, other: &Capture) -> bool {
         let s = (
             &self.source.db_host,
@@ -172,7 +177,7 @@ impl Capture {
             other.source.db_port,
             &other.source.db_user,
         );
-        s == o && self.tables == other.tables
+        s == o && self.tables == other.tables && self.source.redact == other.source.redact
     }
 }
 
@@ -217,6 +222,7 @@ mod tests {
             db_user: user.into(),
             enabled: true,
             description: String::new(),
+            redact: Default::default(),
             created_ms: 0,
             updated_ms: 0,
         }

@@ -208,7 +208,7 @@ impl CdcSettings {
             return Err("cdc.dead_letter_topic is empty: name a topic, or leave it unset for <topic_prefix>.dlq".into());
         }
         // The hash key is checked when cdc starts: only its pods get it.
-        redact::check_rules(&self.redact)?;
+        crate::masking::check_rules("cdc.redact", &self.redact)?;
         if self.batch_max_rows == 0 {
             return Err("cdc.batch_max_rows = 0: must be at least 1".into());
         }

@@ -11,48 +11,17 @@ use std::collections::BTreeMap;
 
 use hmac::{Hmac, Mac};
 use secrecy::{ExposeSecret, SecretString};
-use serde::Deserialize;
 use serde_json::{Map, Value};
 use sha2::Sha256;
+
+use crate::masking::check_rules;
+pub use crate::masking::{Action, ColumnRules};
 
 use super::column::{Charset, Column, Kind};
 use super::table_schema::TableColumns;
 
 /// What replaces a masked column's value.
 pub const MASK: &str = "***";
-
-/// One table's rules: the columns to drop, hash and mask.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ColumnRules {
-    /// Removed from `data` and `old`, and from the typed schema.
-    #[serde(default)]
-    pub drop: Vec<String>,
-    /// HMAC-SHA-256 of the value's text under `cdc.hash_key`, hex.
-    #[serde(default)]
-    pub hash: Vec<String>,
-    /// [`MASK`].
-    #[serde(default)]
-    pub mask: Vec<String>,
-}
-
-/// What happens to a column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    Drop,
-    Hash,
-    Mask,
-}
-
-impl Action {
-    fn as_str(self) -> &'static str {
-        match self {
-            Action::Drop => "drop",
-            Action::Hash => "hash",
-            Action::Mask => "mask",
-        }
-    }
-}
 
 /// Every table's rules and the hash key, checked.
 #[derive(Clone, Default)]
@@ -81,7 +50,7 @@ impl Redaction {
         rules: &BTreeMap<String, ColumnRules>,
         key: Option<&SecretString>,
     ) -> Result<Self, String> {
-        let tables = check_rules(rules)?;
+        let tables = check_rules("cdc.redact", rules)?;
         let hashes = tables
             .values()
             .any(|c| c.values().any(|a| *a == Action::Hash));
@@ -186,42 +155,6 @@ impl Redaction {
             .collect();
         std::borrow::Cow::Owned(TableColumns { columns: redacted })
     }
-}
-
-/// Each table's column -> action, or the first bad rule, named.
-pub fn check_rules(
-    rules: &BTreeMap<String, ColumnRules>,
-) -> Result<BTreeMap<String, BTreeMap<String, Action>>, String> {
-    let mut tables = BTreeMap::new();
-    for (table, rules) in rules {
-        if table
-            .split_once('.')
-            .is_none_or(|(db, t)| db.is_empty() || t.is_empty() || t.contains('.'))
-        {
-            return Err(format!(
-                "cdc.redact.{table:?}: expected <database>.<table> = {{ drop = [..], hash = [..], mask = [..] }}, \
-                 e.g. [cdc.redact.\"shop.table_user\"] hash = [\"mobile\"]"
-            ));
-        }
-        let mut columns = BTreeMap::new();
-        for (action, names) in [
-            (Action::Drop, &rules.drop),
-            (Action::Hash, &rules.hash),
-            (Action::Mask, &rules.mask),
-        ] {
-            for name in names {
-                if let Some(before) = columns.insert(name.clone(), action) {
-                    return Err(format!(
-                        "cdc.redact.{table:?}: column {name:?} is under both `{}` and `{}`; name it once",
-                        before.as_str(),
-                        action.as_str()
-                    ));
-                }
-            }
-        }
-        tables.insert(table.clone(), columns);
-    }
-    Ok(tables)
 }
 
 #[cfg(test)]

@@ -202,6 +202,16 @@ fn apply(
     };
     cdc.source = Some(source_url(&capture.source, secret, field)?);
     cdc.tables = capture.tables.clone();
+    // The process's own rules, then the row's (again at each change of the row).
+    cdc.redact = settings.cdc.redact.clone();
+    for (table, rules) in &capture.source.redact {
+        if cdc.redact.insert(table.clone(), rules.clone()).is_some() {
+            anyhow::bail!(
+                "cdc.redact and the redact of cdc_sources `{}` both name {table}: keep its rules in one",
+                capture.source.name
+            );
+        }
+    }
     eprintln!(
         "cdc {}: source `{}` ({}:{} as {}) from cdc_sources captures {}",
         cdc.name,

@@ -9,6 +9,7 @@
 //! the authority here); each change also writes a control request that
 //! routers poll. Bad input names the flag and the accepted values.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
@@ -375,6 +376,11 @@ pub struct SourceArgs {
     /// Free text.
     #[arg(long)]
     description: Option<String>,
+    /// Columns cdc drops, hashes or masks, as JSON: table -> {drop, hash,
+    /// mask} lists, e.g. '{"shop.users": {"hash": ["mobile"]}}' (update: the
+    /// whole set; '{}' clears it).
+    #[arg(long, value_name = "JSON")]
+    redact: Option<String>,
     /// Add it disabled.
     #[arg(long)]
     disabled: bool,
@@ -382,12 +388,30 @@ pub struct SourceArgs {
     output: OutputArg,
 }
 
+impl SourceArgs {
+    /// `--redact`, parsed.
+    fn redact(&self) -> anyhow::Result<Option<BTreeMap<String, crate::masking::ColumnRules>>> {
+        self.redact
+            .as_deref()
+            .map(|text| {
+                serde_json::from_str(text).map_err(|e| {
+                    anyhow::anyhow!(
+                        "--redact: {e}; expected a JSON object of tables, each with drop, hash or mask lists, \
+                         e.g. '{{\"shop.users\": {{\"hash\": [\"mobile\"]}}}}'"
+                    )
+                })
+            })
+            .transpose()
+    }
+}
+
 /// A store error with its field spelled as the flag that sets it.
 fn flag_error(e: SubsError) -> anyhow::Error {
     match e {
         SubsError::Invalid(Invalid { field, reason }) => {
             let flag = match field.as_str() {
-                "event" | "url" | "method" | "topic" | "source" | "description" | "name" => {
+                "event" | "url" | "method" | "topic" | "source" | "description" | "name"
+                | "redact" => {
                     format!("--{field}")
                 }
                 "db_host" => "--host".into(),
@@ -461,6 +485,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
             added::<EventDefinition>(&store, &new, order_topic, a.output.output).await?;
         }
         SubsCommand::Add(AddCommand::Source(a)) => {
+            let redact = a.redact()?;
             let (Some(host), Some(user)) = (a.host, a.user) else {
                 anyhow::bail!("--host and --user: both required to add a source");
             };
@@ -471,6 +496,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
                 db_user: user,
                 enabled: Some(!a.disabled),
                 description: a.description,
+                redact,
             };
             added::<Source>(&store, &new, order_topic, a.output.output).await?;
         }
@@ -542,6 +568,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
         SubsCommand::Update(UpdateCommand::Source(a)) => {
             only_for_add(a.disabled, "source", &a.name)?;
             let patch = SourcePatch {
+                redact: a.redact()?,
                 db_host: a.host,
                 db_port: a.port,
                 db_user: a.user,
@@ -841,13 +868,28 @@ impl Printed for EventDefinition {
 
 impl Printed for Source {
     fn print(sources: &[Self], format: Output) {
-        let header = ["source", "host", "user", "enabled", "description"];
+        let header = ["source", "host", "user", "enabled", "redact", "description"];
         output::print_list(sources, format, &header, |s| {
+            // `shop.users: hash mobile; drop id_card`, one table after another.
+            let redact: Vec<String> = s
+                .redact
+                .iter()
+                .map(|(table, r)| {
+                    let parts: Vec<String> =
+                        [("drop", &r.drop), ("hash", &r.hash), ("mask", &r.mask)]
+                            .into_iter()
+                            .filter(|(_, columns)| !columns.is_empty())
+                            .map(|(action, columns)| format!("{action} {}", columns.join(",")))
+                            .collect();
+                    format!("{table}: {}", parts.join("; "))
+                })
+                .collect();
             vec![
                 s.name.clone(),
                 format!("{}:{}", s.db_host, s.db_port),
                 s.db_user.clone(),
                 yes_no(s.enabled),
+                redact.join(" | "),
                 s.description.clone(),
             ]
         });

@@ -7,11 +7,14 @@
 //! patch may be missing (`#[serde(default)]` on the struct), and an unknown
 //! field is refused.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::Invalid;
 use super::filter::{FilterSpec, PropertyFilter};
 use crate::delivery::SuccessRule;
+use crate::masking::ColumnRules;
 use crate::retry::RetryLayer;
 
 /// A name: lower case letters, digits, `-` and `_`, starting with a letter
@@ -112,6 +115,8 @@ pub struct Source {
     pub enabled: bool,
     /// Free text.
     pub description: String,
+    /// Per table, the columns cdc drops, hashes or masks (beside `[cdc.redact]`).
+    pub redact: BTreeMap<String, ColumnRules>,
     /// Created (ms since the epoch).
     pub created_ms: i64,
     /// Last changed (ms since the epoch).
@@ -211,6 +216,9 @@ pub struct NewSource {
     pub enabled: Option<bool>,
     /// Free text.
     pub description: Option<String>,
+    /// Per table, the columns cdc drops, hashes or masks; default none.
+    #[serde(default)]
+    pub redact: Option<BTreeMap<String, ColumnRules>>,
 }
 
 /// Changes to a source; unset fields stay.
@@ -227,6 +235,8 @@ pub struct SourcePatch {
     pub enabled: Option<bool>,
     /// Free text.
     pub description: Option<String>,
+    /// The whole set of column rules (`{}`: none).
+    pub redact: Option<BTreeMap<String, ColumnRules>>,
 }
 
 /// A new event definition.

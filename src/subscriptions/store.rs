@@ -121,8 +121,7 @@ pub struct Store {
     origin: Origin,
 }
 
-const SOURCE_COLUMNS: &str =
-    "id, name, db_host, db_port, db_user, enabled, description, created_ms, updated_ms";
+const SOURCE_COLUMNS: &str = "id, name, db_host, db_port, db_user, enabled, description, created_ms, updated_ms, redact_json";
 const EVENT_SELECT: &str = "SELECT e.id, e.routing_key, e.topic, s.name, e.description, e.created_ms, e.updated_ms \
      FROM event_definitions e LEFT JOIN cdc_sources s ON s.id = e.source_id";
 const CONSUMER_COLUMNS: &str = "id, name, http_method, http_url, timeout_ms, retry_json, channel_id, enabled, description, created_ms, updated_ms, success";
@@ -178,6 +177,12 @@ fn source(r: &AnyRow) -> Result<Source, sqlx::Error> {
         db_user: r.try_get(4)?,
         enabled: r.try_get::<i32, _>(5)? != 0,
         description: r.try_get(6)?,
+        redact: match r.try_get::<Option<String>, _>(9)? {
+            Some(json) => {
+                serde_json::from_str(&json).map_err(|e| sqlx::Error::Decode(Box::new(e)))?
+            }
+            None => Default::default(),
+        },
         created_ms: r.try_get(7)?,
         updated_ms: r.try_get(8)?,
     })
@@ -398,12 +403,13 @@ impl Store {
             Some(&new.db_user),
             new.description.as_deref(),
         )?;
+        let redact = redact_json(new.redact.as_ref())?;
         let existing = "SELECT id FROM cdc_sources WHERE name = ?";
         let mut tx = self.begin_add("source", existing, &new.name).await?;
         let now = now_ms();
         sqlx::query(
-            "INSERT INTO cdc_sources (name, db_host, db_port, db_user, enabled, description, created_ms, updated_ms) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO cdc_sources (name, db_host, db_port, db_user, enabled, description, created_ms, updated_ms, redact_json) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&new.name)
         .bind(&new.db_host)
@@ -413,6 +419,7 @@ impl Store {
         .bind(new.description.clone().unwrap_or_default())
         .bind(now)
         .bind(now)
+        .bind(redact)
         .execute(&mut *tx)
         .await
         .map_err(|e| duplicate(e, "source", &new.name))?;
@@ -432,6 +439,7 @@ impl Store {
             patch.db_user.as_deref(),
             patch.description.as_deref(),
         )?;
+        let redact = redact_json(patch.redact.as_ref())?;
         let current = self.source(name).await?;
         let tx = self.db.begin().await?;
         // Only the fields the patch names change, in the statement itself
@@ -439,13 +447,14 @@ impl Store {
         let update = sqlx::query(
             "UPDATE cdc_sources SET db_host = COALESCE(?, db_host), db_port = COALESCE(?, db_port), \
              db_user = COALESCE(?, db_user), enabled = COALESCE(?, enabled), description = COALESCE(?, description), \
-             updated_ms = ? WHERE id = ?",
+             redact_json = COALESCE(?, redact_json), updated_ms = ? WHERE id = ?",
         )
         .bind(patch.db_host.clone())
         .bind(patch.db_port)
         .bind(patch.db_user.clone())
         .bind(patch.enabled.map(i32::from))
-        .bind(patch.description.clone());
+        .bind(patch.description.clone())
+        .bind(redact);
         self.commit_update(tx, update, current.id, None).await?;
         self.source(name).await
     }
@@ -1149,6 +1158,25 @@ fn check_topic(topic: &str) -> Result<(), Invalid> {
 }
 
 /// Checks a source's fields.
+/// A source's column rules as stored (JSON text), checked as cdc checks
+/// `[cdc.redact]`; None when not given.
+fn redact_json(
+    rules: Option<&std::collections::BTreeMap<String, crate::masking::ColumnRules>>,
+) -> Result<Option<String>, Invalid> {
+    let Some(rules) = rules else {
+        return Ok(None);
+    };
+    crate::masking::check_rules("redact", rules).map_err(|e| {
+        Invalid::new(
+            "redact",
+            format!("{e} (a JSON object: table -> {{drop, hash, mask}} column lists)"),
+        )
+    })?;
+    Ok(Some(
+        serde_json::to_string(rules).expect("column rules serialize"),
+    ))
+}
+
 fn check_source_fields(
     host: Option<&str>,
     port: Option<i32>,
@@ -1203,6 +1231,68 @@ mod tests {
                 .collect(),
             ..NewSubscription::default()
         }
+    }
+
+    /// A source's column rules (migration 0025): checked as cdc checks
+    /// `[cdc.redact]`, stored and read back, replaced whole, cleared by `{}`.
+    #[tokio::test]
+    async fn a_sources_column_rules_are_checked_kept_replaced_and_cleared() {
+        let (_dir, db) = crate::db::sqlite_for_test().await;
+        let store = Store::new(db, Origin::Cli);
+        let rules = |json: serde_json::Value| Some(serde_json::from_value(json).unwrap());
+        let new = |redact| NewSource {
+            name: "shop".into(),
+            db_host: "db".into(),
+            db_user: "repl".into(),
+            redact,
+            ..NewSource::default()
+        };
+        let e = store
+            .add_source(&new(rules(json!({"users": {"drop": ["a"]}}))))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, SubsError::Invalid(i) if i.field == "redact" && i.reason.contains("<database>.<table>")),
+            "{e}"
+        );
+        let added = store
+            .add_source(&new(rules(
+                json!({"shop.users": {"hash": ["mobile"], "drop": ["id_card"]}}),
+            )))
+            .await
+            .unwrap();
+        assert_eq!(added.redact["shop.users"].hash, ["mobile"]);
+        assert_eq!(added.redact["shop.users"].drop, ["id_card"]);
+        let patch = |redact| SourcePatch {
+            redact,
+            ..SourcePatch::default()
+        };
+        // Another field's patch keeps them; a new set replaces them; {} clears them.
+        let kept = store
+            .update_source(
+                "shop",
+                &SourcePatch {
+                    description: Some("x".into()),
+                    ..SourcePatch::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(kept.redact, added.redact);
+        let replaced = store
+            .update_source(
+                "shop",
+                &patch(rules(json!({"shop.users": {"mask": ["email"]}}))),
+            )
+            .await
+            .unwrap();
+        assert_eq!(replaced.redact["shop.users"].mask, ["email"]);
+        assert!(replaced.redact["shop.users"].hash.is_empty());
+        let cleared = store
+            .update_source("shop", &patch(rules(json!({}))))
+            .await
+            .unwrap();
+        assert!(cleared.redact.is_empty());
     }
 
     /// The SQLite twin of 0012: CRUD, bindings by (consumer, bind_key), control requests.

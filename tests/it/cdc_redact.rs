@@ -179,3 +179,115 @@ async fn with_value_format_json_dropped_hashed_and_masked_columns_never_reach_ka
 async fn with_value_format_avro_dropped_hashed_and_masked_columns_never_reach_kafka() {
     redacted_columns_never_reach_kafka("avro").await;
 }
+
+/// A `cdc_sources` row's `redact` applies as `[cdc.redact]` does, a bad
+/// one is refused naming the flag, and a change of it applies while `cdc
+/// --source` runs: from one change on, with the new rules, never the old
+/// ones again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_rows_redact_applies_and_a_change_of_it_applies_while_cdc_runs() {
+    let mut source = Source::new(&[
+        "CREATE TABLE people (id BIGINT PRIMARY KEY, name VARCHAR(20), mobile VARCHAR(20))",
+    ])
+    .await;
+    source.env.set_env("ORDERPIPE_CDC__HASH_KEY", HASH_KEY);
+    let (db, topic) = (source.database.clone(), source.topic("people"));
+    let rules = |action: &str| format!(r#"{{"{db}.people": {{"{action}": ["mobile"]}}}}"#);
+    let env = &source.env;
+    crate::cdc_sources::add_local_source(&source, "shop", &["--redact", &rules("mask")]);
+    let bad = env
+        .cli(&[
+            "subs",
+            "update",
+            "source",
+            "shop",
+            "--redact",
+            r#"{"people": {"drop": ["mobile"]}}"#,
+        ])
+        .failure();
+    assert!(
+        bad.contains("--redact") && bad.contains("<database>.<table>"),
+        "{bad}"
+    );
+    for change in ["insert", "update"] {
+        let key = format!("{db}.people.{change}");
+        env.cli(&[
+            "subs", "add", "event", &key, "--topic", &topic, "--source", "shop",
+        ])
+        .success();
+    }
+    let mut cdc = crate::cdc_sources::spawn_cdc(&source, "shop");
+    source
+        .exec(&["INSERT INTO people VALUES (1, 'ann', '13800000000')"])
+        .await;
+    let first = source.changes("people", 1, Duration::from_secs(60)).await;
+    assert_eq!(
+        first[0].1.data,
+        json!({"id": 1, "name": "ann", "mobile": "***"})
+    );
+
+    // Hash instead of mask: rows go in until one comes out hashed.
+    env.cli(&[
+        "subs",
+        "update",
+        "source",
+        "shop",
+        "--redact",
+        &rules("hash"),
+    ])
+    .success();
+    let hashed = python_hmac("13800000000");
+    // Each row's mobile, in id order, once `rows` rows are out.
+    let mobiles = |changes: &[(
+        rdkafka::message::OwnedMessage,
+        orderpipe::cdc::change::ChangeEvent,
+    )]| {
+        by_key(changes)
+            .into_iter()
+            .map(|(key, events)| {
+                (
+                    key.parse::<i64>().unwrap(),
+                    events[0].data["mobile"].clone(),
+                )
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_values()
+            .collect::<Vec<Value>>()
+    };
+    let insert = |id: usize| format!("INSERT INTO people VALUES ({id}, 'bob', '13800000000')");
+    let mut rows = 1;
+    while rows < 200 {
+        rows += 1;
+        source.exec(&[&insert(rows)]).await;
+        let out = source
+            .changes("people", rows, Duration::from_secs(30))
+            .await;
+        if mobiles(&out).last() == Some(&json!(hashed)) {
+            break;
+        }
+    }
+    // Three more after the switch: none goes back to the old rules.
+    for _ in 0..3 {
+        rows += 1;
+        source.exec(&[&insert(rows)]).await;
+    }
+    let mobiles = mobiles(
+        &source
+            .changes("people", rows, Duration::from_secs(30))
+            .await,
+    );
+    let switched = mobiles
+        .iter()
+        .position(|m| *m == json!(hashed))
+        .expect("a change with the new rules within 200 rows");
+    assert!(
+        mobiles[..switched].iter().all(|m| *m == json!("***"))
+            && mobiles[switched..].iter().all(|m| *m == json!(hashed)),
+        "masked, then hashed from one change on: {mobiles:?}"
+    );
+    assert!(
+        matches!(cdc.try_wait(), Ok(None)),
+        "the same cdc process runs"
+    );
+    let _ = cdc.kill();
+}

@@ -26,8 +26,26 @@ fn topic_exists(source: &Source, topic: &str) -> bool {
     metadata.topics().iter().any(|t| t.name() == topic)
 }
 
+/// `subs add source NAME` for the dev stack's MariaDB (as `orderpipe`), with `extra` flags.
+pub(crate) fn add_local_source(source: &Source, name: &str, extra: &[&str]) {
+    let mut args = vec![
+        "subs",
+        "add",
+        "source",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "3306",
+        "--user",
+        "orderpipe",
+    ];
+    args.extend_from_slice(extra);
+    source.env.cli(&args).success();
+}
+
 /// `cdc --source NAME` with this test's server id and start position.
-fn spawn_cdc(source: &Source, name: &str) -> crate::helpers::Spawned {
+pub(crate) fn spawn_cdc(source: &Source, name: &str) -> crate::helpers::Spawned {
     source.env.spawn(&[
         "cdc",
         "--source",
@@ -51,19 +69,7 @@ async fn a_source_row_and_its_event_definitions_choose_what_cdc_captures_and_a_c
     );
     let db = source.database.clone();
     let env = &source.env;
-    env.cli(&[
-        "subs",
-        "add",
-        "source",
-        "shop",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "3306",
-        "--user",
-        "orderpipe",
-    ])
-    .success();
+    add_local_source(&source, "shop", &[]);
     let user_topic = source.topic("table_user");
     let other_topic = source.topic("other");
     for change in ["insert", "update"] {
@@ -179,20 +185,7 @@ async fn a_disabled_unknown_or_empty_source_is_refused_by_name() {
             .failure()
     };
     for (name, disabled) in [("off", true), ("empty", false), ("default-topic", false)] {
-        let mut args = vec![
-            "subs",
-            "add",
-            "source",
-            name,
-            "--host",
-            "127.0.0.1",
-            "--user",
-            "orderpipe",
-        ];
-        if disabled {
-            args.push("--disabled");
-        }
-        env.cli(&args).success();
+        add_local_source(&source, name, if disabled { &["--disabled"] } else { &[] });
     }
     let user_topic = source.topic("table_user");
     let insert = format!("{db}.table_user.insert");
@@ -275,19 +268,7 @@ async fn a_snapshot_with_a_source_row_reads_from_its_host_and_only_a_captured_ta
     );
     let db = source.database.clone();
     let env = &source.env;
-    let add_source = [
-        "subs",
-        "add",
-        "source",
-        "shop",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "3306",
-        "--user",
-        "orderpipe",
-    ];
-    env.cli(&add_source).success();
+    add_local_source(&source, "shop", &[]);
     let user_topic = source.topic("table_user");
     let event = format!("{db}.table_user.insert");
     env.cli(&[
