@@ -18,7 +18,8 @@
 #      own stage times (gather, encode, produce, commit) from its summary.
 # The peer runs through dev/debezium-lib.sh (its jars from Maven Central, a
 # shim for Kafka 4.4). Skip the peer with CDC_PEER=none; CDC_EXTRA_ARGS (split on spaces) go to
-# `orderpipe cdc`, e.g. CDC_EXTRA_ARGS="-X linger.ms=5" for an A/B.
+# `orderpipe cdc`, e.g. CDC_EXTRA_ARGS="-X linger.ms=5" for an A/B. CDC_REDACT="hash=note,amount"
+# (or drop=/mask=) gives the load table those [cdc.redact] rules, for the cost of masking.
 #
 #   dev/bench-cdc.sh [ROWS] [LAG_ROWS]   (defaults 100000 and 2000; needs `make dev-up`)
 set -euo pipefail
@@ -46,6 +47,12 @@ DBZ_TOPIC="$RUN_ID.dbz.$DB"
 export ORDERPIPE_CDC__NAME="$RUN_ID" ORDERPIPE_CDC__TOPIC_PREFIX="$RUN_ID.cdc" ORDERPIPE_CDC__OFFSETS_TOPIC="$RUN_ID.cdc.offsets"
 export ORDERPIPE_CDC__PARTITIONS=3 ORDERPIPE_CDC__SOURCE="$DB_URL_BASE/$DB"
 export ORDERPIPE_PRODUCER__TRANSACTIONAL_ID_PREFIX="$RUN_ID"
+if [[ -n "${CDC_REDACT:-}" ]]; then
+  action="${CDC_REDACT%%=*}" columns="${CDC_REDACT#*=}"
+  printf '[cdc.redact."%s.load"]\n%s = ["%s"]\n' "$DB" "$action" "${columns//,/\", \"}" > "$RESULTS.redact.toml"
+  export ORDERPIPE_CONFIG="$RESULTS.redact.toml" ORDERPIPE_CDC__HASH_KEY="bench-key-of-at-least-32-bytes-long"
+  echo "cdc with [cdc.redact.\"$DB.load\"] $action = [$columns]"
+fi
 CDC_ARGS=(cdc --output json --table "$DB.load,$DB.lat" --server-id "$((20000 + RANDOM))" ${CDC_EXTRA_ARGS:-})
 # Variant names of the report's rows; a row's peer is the other's variant of the same metric.
 CDC_NAME="orderpipe cdc (exactly once)"
