@@ -44,8 +44,9 @@ pub struct Capture {
 }
 
 /// Reads source `name` and its event definitions from `store`; refuses an
-/// unknown or disabled source, a source without CDC event definitions and
-/// a definition whose topic is not the one `cdc` writes for its table.
+/// unknown or disabled source, a source without CDC event definitions, a
+/// definition whose topic is not the one `cdc` writes for its table, and
+/// column rules for a table `cdc.redact` (the process's own) has rules for.
 pub async fn capture(store: &Store, name: &str, cdc: &CdcSettings) -> Result<Capture, CdcError> {
     let setup = |what: String| CdcError::Setup(what);
     // A database that fails is worth retrying ([`Watch`]); a missing row is not.
@@ -90,6 +91,12 @@ pub async fn capture(store: &Store, name: &str, cdc: &CdcSettings) -> Result<Cap
     }
     tables.sort();
     tables.dedup();
+    if let Some(table) = source.redact.keys().find(|t| cdc.redact.contains_key(*t)) {
+        return Err(setup(format!(
+            "--source {name}: cdc.redact and the redact of cdc_sources `{name}` both name {table}: \
+             keep its rules in one (orderpipe subs update source {name} --redact ...)"
+        )));
+    }
     if tables.is_empty() {
         return Err(setup(format!(
             "--source {name}: no event definition <db>.<table>.<insert|update|delete> names source `{name}`, \
@@ -212,6 +219,48 @@ pub fn source_url(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rules for a table in both the row and `cdc.redact` are refused,
+    /// naming both: at start, and (through [`Watch::changed`], which logs it
+    /// and keeps the current capture) when a row changes while cdc runs.
+    #[tokio::test]
+    async fn a_rows_rules_for_a_table_cdc_redact_names_too_are_refused() {
+        let (_dir, db) = crate::db::sqlite_for_test().await;
+        let store = Store::new(db, crate::subscriptions::store::Origin::Cli);
+        let mut cdc = crate::config::Settings::default().cdc;
+        let rules: std::collections::BTreeMap<String, crate::masking::ColumnRules> =
+            serde_json::from_value(serde_json::json!({"shop.t": {"hash": ["mobile"]}})).unwrap();
+        store
+            .add_source(&crate::subscriptions::model::NewSource {
+                name: "shop".into(),
+                db_host: "db".into(),
+                db_user: "repl".into(),
+                redact: Some(rules.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        store
+            .add_event(
+                &crate::subscriptions::model::NewEvent {
+                    routing_key: "shop.t.insert".into(),
+                    topic: Some(cdc.topic_of("shop.t")),
+                    source: Some("shop".into()),
+                    description: None,
+                },
+                "order.events.v1",
+            )
+            .await
+            .unwrap();
+        let captured = capture(&store, "shop", &cdc).await.unwrap();
+        assert_eq!(captured.source.redact, rules);
+        cdc.redact = rules;
+        let e = capture(&store, "shop", &cdc).await.unwrap_err().to_string();
+        assert!(
+            e.contains("cdc.redact and the redact of cdc_sources `shop` both name shop.t"),
+            "{e}"
+        );
+    }
 
     fn row(host: &str, port: i32, user: &str) -> Source {
         Source {

@@ -112,6 +112,9 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
     }
     // The process's own source URL: the password of a cdc_sources row's user.
     let own_source = cdc.source.clone();
+    // The settings before a row's are applied: its own column rules, which
+    // the row's may not name again (checked when the capture is read).
+    let own = cdc.clone();
     let mut watch = None;
     if let Some(name) = cdc.source_name.clone() {
         if !cdc.tables.is_empty() {
@@ -120,7 +123,7 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
                  (the source's event definitions, or a list of tables)"
             );
         }
-        let (w, capture) = Watch::start(control_plane(settings)?, &name, &cdc).await?;
+        let (w, capture) = Watch::start(control_plane(settings)?, &name, &own).await?;
         apply(settings, &mut cdc, own_source.as_ref(), &capture)?;
         watch = Some((w, capture));
     }
@@ -143,7 +146,7 @@ pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode>
             match watch.as_mut() {
                 Some((w, current)) => tokio::select! {
                     () = shutdown_signal() => {}
-                    capture = w.changed(&cdc, current) => next = Some(capture),
+                    capture = w.changed(&own, current) => next = Some(capture),
                 },
                 None => shutdown_signal().await,
             }
@@ -202,16 +205,10 @@ fn apply(
     };
     cdc.source = Some(source_url(&capture.source, secret, field)?);
     cdc.tables = capture.tables.clone();
-    // The process's own rules, then the row's (again at each change of the row).
+    // The process's own rules, then the row's (again at each change of the
+    // row); `capture` refused a table both name.
     cdc.redact = settings.cdc.redact.clone();
-    for (table, rules) in &capture.source.redact {
-        if cdc.redact.insert(table.clone(), rules.clone()).is_some() {
-            anyhow::bail!(
-                "cdc.redact and the redact of cdc_sources `{}` both name {table}: keep its rules in one",
-                capture.source.name
-            );
-        }
-    }
+    cdc.redact.extend(capture.source.redact.clone());
     eprintln!(
         "cdc {}: source `{}` ({}:{} as {}) from cdc_sources captures {}",
         cdc.name,
