@@ -19,6 +19,18 @@ pub fn prefixed(bytes: &[u8]) -> String {
     text
 }
 
+/// The bytes of [`lower`]'s text (either case); `None` for text that is
+/// not an even number of hex digits.
+pub fn decode(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 fn push(text: &mut String, bytes: &[u8]) {
     for b in bytes {
         let _ = write!(text, "{b:02x}");
@@ -35,5 +47,9 @@ mod tests {
         assert_eq!(prefixed(&[0xde, 0xad]), "0xdead");
         assert_eq!(lower(&[]), "");
         assert_eq!(prefixed(&[]), "0x");
+        assert_eq!(decode("000fA0ff"), Some(vec![0x00, 0x0f, 0xa0, 0xff]));
+        assert_eq!(decode(""), Some(vec![]));
+        assert_eq!(decode("abc"), None);
+        assert_eq!(decode("zz"), None);
     }
 }

@@ -33,6 +33,7 @@
 //! | [`reconcile`] | produced-vs-applied reconciliation of a group over a window (`orderpipe reconcile`, `reconcile_runs`, its gauges) |
 //! | [`rewind`] | rewind a stopped group by time (`consume --reset-to`, `deliver --reset-to`): offsets per partition, the dedup rows of what is read again |
 //! | [`router`] | `deliver` without `--subscription`: one consumer group per (consumer, bind_key) of the subscription tables, reloaded live, reconciled |
+//! | [`snapshot_signals`] | `cdc_signals`: the rows that start, stop, pause and resume a cdc source's incremental snapshots (CLI, admin API, SQL) |
 //! | [`subscriptions`] | subscriptions as data (seed 003's control plane): tables, property filters, desired bindings, the admin API |
 //! | [`db`] | database pool, the one place for MySQL/SQLite statement differences, migrations from `sql/` |
 //! | [`health`] | `/metrics` and `/health/*` endpoints |
@@ -78,6 +79,7 @@ pub mod retry;
 pub mod rewind;
 pub mod router;
 pub mod schema;
+pub mod snapshot_signals;
 pub mod stages;
 pub mod startup;
 pub mod stopping;

@@ -287,6 +287,10 @@ pub struct BinlogTransaction {
     /// resume from (the transaction's start, with the changes published
     /// up to the end of this piece).
     pub continues: Option<BinlogPosition>,
+    /// Set on a chunk of an incremental snapshot ([`super::incremental`]),
+    /// not a transaction of the binlog: its id, which its rows' event ids
+    /// derive from.
+    pub snapshot: Option<String>,
 }
 
 impl BinlogTransaction {
@@ -796,6 +800,7 @@ impl BinlogReader {
                     first_row: open.published,
                     bytes: open.bytes,
                     continues: None,
+                    snapshot: None,
                 }
             };
             match data {
@@ -901,6 +906,7 @@ impl BinlogReader {
                         first_row,
                         bytes: std::mem::take(&mut open.bytes),
                         continues: Some(continues),
+                        snapshot: None,
                     });
                 }
                 _ => {}

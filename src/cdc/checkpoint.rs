@@ -17,6 +17,7 @@
 
 use std::time::Duration;
 
+use mysql_async::Value;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -35,6 +36,10 @@ pub struct Checkpoint {
     pub position: BinlogPosition,
     /// When it was written (ISO 8601 UTC).
     pub committed_at: String,
+    /// The incremental snapshots under way, as of `position`
+    /// ([`super::incremental`]); absent when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotState>,
 }
 
 impl Checkpoint {
@@ -44,12 +49,102 @@ impl Checkpoint {
             source: source.to_string(),
             position,
             committed_at: crate::envelope::format_utc(&chrono::Utc::now()),
+            snapshot: None,
         }
+    }
+
+    /// This checkpoint, carrying `snapshot`.
+    pub fn with_snapshot(self, snapshot: Option<SnapshotState>) -> Self {
+        Self { snapshot, ..self }
     }
 
     /// The record value (JSON).
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a checkpoint serializes")
+    }
+}
+
+/// The incremental snapshots of a source ([`super::incremental`]), as its
+/// checkpoint keeps them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotState {
+    /// The queue: the first is being read.
+    #[serde(default)]
+    pub tables: Vec<TableProgress>,
+    /// Paused by a signal: no chunk is read until resumed.
+    #[serde(default)]
+    pub paused: bool,
+    /// The id of the last signal applied; the next read starts after it.
+    #[serde(default)]
+    pub last_signal: i64,
+}
+
+/// One table's snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableProgress {
+    /// `db.table`.
+    pub table: String,
+    /// When it was queued (ISO 8601): part of its records' event ids, so a
+    /// second snapshot of a table is not taken for the first one's repeat.
+    pub started_at: String,
+    /// The primary key of the last row out; `None`: none yet.
+    #[serde(default)]
+    pub after: Option<Vec<KeyPart>>,
+    /// Rows out.
+    #[serde(default)]
+    pub rows: u64,
+    /// Chunks out.
+    #[serde(default)]
+    pub chunks: u64,
+    /// information_schema's estimate of the table's rows when its first
+    /// chunk was read (0 before): progress and ETA, not a bound.
+    #[serde(default)]
+    pub estimate: u64,
+}
+
+/// One column of a primary key value, kept in the checkpoint to start the
+/// next chunk from: integers as they are, anything else as the bytes the
+/// server sent (hex), which it compares back the same way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyPart {
+    /// A signed integer.
+    Int(i64),
+    /// An unsigned integer.
+    Uint(u64),
+    /// Text, binary, decimal, temporal: the value's bytes as hex.
+    Hex(String),
+}
+
+impl KeyPart {
+    /// The part of a value the binary protocol returned.
+    pub fn of(value: &Value) -> Self {
+        let text = |t: String| Self::Hex(crate::hex::lower(t.as_bytes()));
+        match value {
+            Value::Int(i) => Self::Int(*i),
+            Value::UInt(u) => Self::Uint(*u),
+            Value::Bytes(b) => Self::Hex(crate::hex::lower(b)),
+            Value::Float(f) => text(f.to_string()),
+            Value::Double(d) => text(d.to_string()),
+            Value::Date(y, mo, d, h, mi, s, us) => text(format!(
+                "{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}.{us:06}"
+            )),
+            Value::Time(negative, days, h, mi, s, us) => text(format!(
+                "{}{}:{mi:02}:{s:02}.{us:06}",
+                if *negative { "-" } else { "" },
+                u32::from(*h) + days * 24
+            )),
+            Value::NULL => Self::Hex(String::new()),
+        }
+    }
+
+    /// The value to bind.
+    pub fn value(&self) -> Value {
+        match self {
+            Self::Int(i) => Value::Int(*i),
+            Self::Uint(u) => Value::UInt(*u),
+            Self::Hex(h) => Value::Bytes(crate::hex::decode(h).unwrap_or_default()),
+        }
     }
 }
 

@@ -43,6 +43,7 @@ pub mod catalogue;
 pub mod change;
 pub mod checkpoint;
 pub mod column;
+pub mod incremental;
 pub mod oversize;
 pub mod redact;
 pub mod row_image;
@@ -89,6 +90,24 @@ const PUBLISH_LINGER_MS: &str = "0";
 /// A batch of only change-less transactions (other tables) is checkpointed
 /// this often, so the position keeps up with a busy database.
 const IDLE_CHECKPOINT: Duration = Duration::from_secs(5);
+
+/// How often a source with incremental snapshots looks at its signals and
+/// its pending chunk while the stream is idle.
+const SNAPSHOT_TICK: Duration = Duration::from_millis(250);
+
+/// The control plane's pool the signals of incremental snapshots are read
+/// from (`database.url`); `None` when it cannot be built (then logged).
+fn signals_db(url: &SecretString) -> Option<crate::db::Db> {
+    let settings = crate::db::DatabaseSettings {
+        url: url.clone(),
+        max_connections: Some(1),
+    };
+    crate::db::Db::connect(&settings, 1)
+        .inspect_err(
+            |e| tracing::warn!(error = %e, "cdc: snapshot signals (cdc_signals) cannot be read"),
+        )
+        .ok()
+}
 
 /// A batch with changes stops gathering this long past its linger even
 /// while the stream still holds more (a change-less batch: at
@@ -166,6 +185,14 @@ pub struct CdcSettings {
     /// The secret key of `redact`'s hashes (HMAC-SHA-256).
     #[serde(default)]
     pub hash_key: Option<SecretString>,
+    /// Rows per chunk of an incremental snapshot ([`incremental`]): each
+    /// chunk is one `SELECT ... LIMIT` in a consistent snapshot.
+    #[serde(default = "default_chunk_rows")]
+    pub snapshot_chunk_rows: usize,
+}
+
+fn default_chunk_rows() -> usize {
+    4096
 }
 
 impl CdcSettings {
@@ -209,6 +236,9 @@ impl CdcSettings {
         }
         // The hash key is checked when cdc starts: only its pods get it.
         crate::masking::check_rules("cdc.redact", &self.redact)?;
+        if self.snapshot_chunk_rows == 0 {
+            return Err("cdc.snapshot_chunk_rows = 0: must be at least 1".into());
+        }
         if self.batch_max_rows == 0 {
             return Err("cdc.batch_max_rows = 0: must be at least 1".into());
         }
@@ -612,8 +642,9 @@ impl Publisher {
         change: &binlog::RowChange,
     ) -> ChangeEvent {
         let transaction = tx
-            .gtid
+            .snapshot
             .clone()
+            .or_else(|| tx.gtid.clone())
             .unwrap_or_else(|| format!("{}:{}", tx.end.file, tx.end.pos));
         // The index in the whole transaction, however it was cut in pieces.
         let index = tx.first_row + index;
@@ -1176,31 +1207,41 @@ pub(crate) async fn run_with(
     backoff.reset();
     publisher.rows = rows;
     ready(READY_PRODUCER, None);
-    let mut committed =
-        match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {
-            Some(checkpoint) => checkpoint.position,
-            None => {
-                let backlog = match (&options.start_position, publisher.rows.as_mut()) {
-                    (None, Some(rows)) => rows.backlog(&mut conn).await?,
-                    _ => None,
-                };
-                let start = match (options.start_position, &backlog) {
-                    (Some(p), _) => p,
-                    (None, Some(backlog)) => backlog.end.clone(),
-                    (None, None) => binlog::current_position(&mut conn).await?,
-                };
-                // Durable before the first change (with the backlog, in
-                // its Kafka transaction): a restart resumes here, not at a
-                // later "current".
-                publisher
-                    .publish(
-                        backlog.as_slice(),
-                        &Checkpoint::new(&cdc.name, start.clone()),
-                    )
-                    .await?;
-                start
-            }
-        };
+    let last = checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await?;
+    // Incremental snapshots are of change events only (not the log relay's rows).
+    let mut snapshots = publisher.rows.is_none().then(|| {
+        incremental::IncrementalSnapshots::new(
+            cdc,
+            &url,
+            publisher.redaction.clone(),
+            last.as_ref().and_then(|c| c.snapshot.clone()),
+            signals_db(sections.database_url),
+        )
+    });
+    let mut committed = match last {
+        Some(checkpoint) => checkpoint.position,
+        None => {
+            let backlog = match (&options.start_position, publisher.rows.as_mut()) {
+                (None, Some(rows)) => rows.backlog(&mut conn).await?,
+                _ => None,
+            };
+            let start = match (options.start_position, &backlog) {
+                (Some(p), _) => p,
+                (None, Some(backlog)) => backlog.end.clone(),
+                (None, None) => binlog::current_position(&mut conn).await?,
+            };
+            // Durable before the first change (with the backlog, in
+            // its Kafka transaction): a restart resumes here, not at a
+            // later "current".
+            publisher
+                .publish(
+                    backlog.as_slice(),
+                    &Checkpoint::new(&cdc.name, start.clone()),
+                )
+                .await?;
+            start
+        }
+    };
     drop(conn);
     summary.started_at = Some(committed.clone());
     tracing::info!(source = %cdc.name, from = %committed, tables = ?cdc.tables, "cdc: reading the binlog");
@@ -1246,7 +1287,38 @@ pub(crate) async fn run_with(
         // checkpoint is inside it until then): published after the linger.
         let mut due = false;
         let mut since: Option<Instant> = None;
+        // Where the stream has read to: the resume point of the batch's
+        // last transaction (a snapshot chunk goes in there).
+        let mut read_to = committed.clone();
+        if let Some(snapshots) = snapshots.as_mut() {
+            snapshots.reset();
+        }
+        // Wakes the loop for the snapshots' signals and chunks while the
+        // stream is idle.
+        let mut tick = tokio::time::interval(SNAPSHOT_TICK);
         loop {
+            // The snapshots: signals, then a chunk when the batch has room;
+            // a chunk goes in when the stream has reached its position.
+            let mut full = false;
+            if let Some(snapshots) = snapshots.as_mut() {
+                if snapshots.poll_signals().await {
+                    due = true;
+                    since.get_or_insert_with(Instant::now);
+                }
+                if snapshots.wants_chunk() && !limit.reached(rows, bytes) {
+                    snapshots.read_chunk().await;
+                }
+                if let Some(chunk) = snapshots.reached(&read_to) {
+                    rows += chunk.changes.len();
+                    due = true;
+                    since.get_or_insert_with(Instant::now);
+                    batch.push(chunk);
+                    if !limit.reached(rows, bytes) {
+                        continue;
+                    }
+                    full = true;
+                }
+            }
             let wait = since.map(|s| s + if due { linger } else { IDLE_CHECKPOINT });
             let flush_due = async {
                 match wait {
@@ -1257,12 +1329,19 @@ pub(crate) async fn run_with(
             let overdue = wait.is_some_and(|at| {
                 Instant::now() >= at + if due { GATHER_MAX } else { Duration::ZERO }
             });
+            let snapshotting = snapshots.is_some();
+            let ticking = async {
+                match snapshotting {
+                    true => tick.tick().await,
+                    false => std::future::pending().await,
+                }
+            };
             // Biased: a transaction the stream already holds is taken
             // before a due flush, so a batch grows while changes keep
             // coming and is published once the stream has nothing ready,
             // at the batch limit or when overdue; a lone change waits no
             // linger.
-            let (stop, next) = if overdue {
+            let (stop, next) = if overdue || full {
                 (false, None)
             } else {
                 tokio::select! {
@@ -1270,11 +1349,17 @@ pub(crate) async fn run_with(
                     _ = &mut shutdown => (true, None),
                     tx = reader.next_transaction(limit) => (false, Some(tx)),
                     _ = flush_due => (false, None),
+                    _ = ticking => continue,
                 }
             };
             match next {
                 Some(Ok(tx)) => {
                     backoff.reset();
+                    if let Some(chunk) = snapshots.as_mut().and_then(|s| s.before(&tx, &read_to)) {
+                        rows += chunk.changes.len();
+                        due = true;
+                        batch.push(chunk);
+                    }
                     if tx.continues.is_none() {
                         summary.binlog_transactions += 1;
                     }
@@ -1282,6 +1367,7 @@ pub(crate) async fn run_with(
                     bytes += tx.bytes;
                     due |= !tx.changes.is_empty() || tx.first_row > 0;
                     since.get_or_insert_with(Instant::now);
+                    read_to = tx.resume_point().clone();
                     batch.push(tx);
                     if !limit.reached(rows, bytes) {
                         continue;
@@ -1313,12 +1399,28 @@ pub(crate) async fn run_with(
                     publisher.stages.record("gather", since);
                 }
                 let position = last.resume_point().clone();
+                let state = snapshots.as_ref().and_then(|s| s.persisted());
                 summary.changes += publisher
-                    .publish(&batch, &Checkpoint::new(&cdc.name, position.clone()))
+                    .publish(
+                        &batch,
+                        &Checkpoint::new(&cdc.name, position.clone()).with_snapshot(state),
+                    )
                     .await?;
                 summary.kafka_transactions += 1;
                 committed = position;
                 summary.checkpoint = Some(committed.clone());
+            } else if due && let Some(snapshots) = snapshots.as_ref() {
+                // Only signals changed the state: a checkpoint where the stream is.
+                publisher
+                    .publish(
+                        &[],
+                        &Checkpoint::new(&cdc.name, committed.clone())
+                            .with_snapshot(snapshots.persisted()),
+                    )
+                    .await?;
+            }
+            if let Some(snapshots) = snapshots.as_mut().filter(|_| due || !batch.is_empty()) {
+                snapshots.committed().await;
             }
             batch.clear();
             (rows, bytes, due) = (0, 0, false);

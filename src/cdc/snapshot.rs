@@ -1,6 +1,7 @@
-//! `orderpipe cdc snapshot --table T`: a table's existing rows as `insert`
-//! changes, between the stream's changes without a gap (Maxwell's
-//! bootstrap).
+//! `orderpipe cdc snapshot --blocking --table T`: a table's existing rows
+//! as `insert` changes, between the stream's changes without a gap
+//! (Maxwell's bootstrap), with the stream stopped; and [`TableRows`], how
+//! both this and the incremental snapshot ([`super::incremental`]) read rows.
 //!
 //! 1. Take the source's producer (`init_transactions` fences a running
 //!    `cdc` of the same name: stop it first; it resumes after the snapshot).
@@ -27,6 +28,7 @@ use super::binlog::{self, BinlogPosition, BinlogReader, BinlogTransaction, RowCh
 use super::change::{ChangeKind, primary_key};
 use super::checkpoint::{self, Checkpoint};
 use super::column::{Column, INFORMATION_SCHEMA_QUERY, InformationSchemaColumn};
+use super::redact::Redaction;
 use super::table_schema::TableColumns;
 use super::{CdcError, CdcSections, Publisher};
 
@@ -85,6 +87,179 @@ pub(crate) async fn consistent_snapshot(
     }
 }
 
+/// A table as both snapshots read it: its columns described as the stream
+/// describes them (src/cdc/column.rs), its primary key, and its rows made
+/// into row changes the stream's way (redacted).
+pub(crate) struct TableRows {
+    database: String,
+    table: String,
+    columns: std::sync::Arc<TableColumns>,
+    /// The primary key's columns, in key order.
+    key_columns: Vec<String>,
+    /// Where each key column is in `columns`.
+    key_indexes: Vec<usize>,
+    /// `SELECT <every column> FROM <table>`.
+    select: String,
+}
+
+/// Sets up `conn` to read rows as the stream renders them: UTC, text in
+/// the column's own charset, repeatable reads.
+pub(crate) async fn prepare_session(conn: &mut mysql_async::Conn) -> Result<(), CdcError> {
+    for statement in [
+        "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        "SET time_zone = '+00:00'",
+        // Text as stored, in the column's own charset, as the binlog
+        // carries it: one decoding (src/cdc/column.rs) for both.
+        "SET character_set_results = NULL",
+    ] {
+        conn.query_drop(statement)
+            .await
+            .map_err(|e| CdcError::Source(format!("{statement}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// `name` quoted as a MariaDB identifier.
+fn quoted(name: &str) -> String {
+    format!("`{}`", name.replace('`', "``"))
+}
+
+impl TableRows {
+    /// Reads `table`'s (`db.table`) columns and key; refuses rules of
+    /// `redaction` that drop or mask a key column.
+    pub(crate) async fn describe(
+        conn: &mut mysql_async::Conn,
+        table: &str,
+        redaction: &Redaction,
+    ) -> Result<Self, CdcError> {
+        let sql = |e: mysql_async::Error| CdcError::Source(format!("describing {table}: {e}"));
+        let (db, name) = table.split_once('.').expect("validated as db.table");
+        let key_columns: Vec<String> = conn
+            .exec(
+                "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION",
+                (db, name),
+            )
+            .await
+            .map_err(sql)?;
+        let info: Vec<mysql_async::Row> = conn
+            .exec(INFORMATION_SCHEMA_QUERY, (db, name))
+            .await
+            .map_err(sql)?;
+        if info.is_empty() {
+            return Err(CdcError::Source(format!("{table}: no such table")));
+        }
+        let columns = TableColumns {
+            columns: info
+                .iter()
+                .map(|row| Column::from_information_schema(&InformationSchemaColumn::from_row(row)))
+                .collect(),
+        };
+        redaction
+            .check_key(db, name, &key_columns)
+            .map_err(CdcError::Setup)?;
+        let key_indexes = key_columns
+            .iter()
+            .filter_map(|k| columns.names().position(|c| c == k))
+            .collect();
+        let list: Vec<String> = columns.names().map(quoted).collect();
+        Ok(Self {
+            select: format!(
+                "SELECT {} FROM {}.{}",
+                list.join(", "),
+                quoted(db),
+                quoted(name)
+            ),
+            database: db.to_string(),
+            table: name.to_string(),
+            columns: std::sync::Arc::new(columns),
+            key_columns,
+            key_indexes,
+        })
+    }
+
+    /// The primary key's columns.
+    pub(crate) fn key_columns(&self) -> &[String] {
+        &self.key_columns
+    }
+
+    /// Every row (the binary protocol, a prepared statement, returns typed values).
+    pub(crate) async fn all(
+        &self,
+        conn: &mut mysql_async::Conn,
+    ) -> Result<Vec<mysql_async::Row>, mysql_async::Error> {
+        conn.exec(&self.select, ()).await
+    }
+
+    /// Up to `limit` rows whose key is past `after` (all from the first
+    /// when `None`), in key order: one chunk of an incremental snapshot.
+    /// A composite key's "past" is spelled out column by column
+    /// (`a > ? OR (a = ? AND b > ?)`), which MariaDB reads as index ranges.
+    pub(crate) async fn chunk(
+        &self,
+        conn: &mut mysql_async::Conn,
+        after: Option<&[mysql_async::Value]>,
+        limit: usize,
+    ) -> Result<Vec<mysql_async::Row>, mysql_async::Error> {
+        let keys: Vec<String> = self.key_columns.iter().map(|k| quoted(k)).collect();
+        let mut params = Vec::new();
+        let mut sql = self.select.clone();
+        if let Some(after) = after {
+            let mut terms = Vec::new();
+            for (i, key) in keys.iter().enumerate() {
+                let mut term: Vec<String> = keys[..i].iter().map(|k| format!("{k} = ?")).collect();
+                term.push(format!("{key} > ?"));
+                params.extend(after[..=i].iter().cloned());
+                terms.push(format!("({})", term.join(" AND ")));
+            }
+            sql.push_str(&format!(" WHERE {}", terms.join(" OR ")));
+        }
+        sql.push_str(&format!(" ORDER BY {} LIMIT {limit}", keys.join(", ")));
+        conn.exec(sql, mysql_async::Params::Positional(params))
+            .await
+    }
+
+    /// The raw values of `row`'s primary key (where the next chunk starts).
+    pub(crate) fn key_of(&self, row: &mysql_async::Row) -> Vec<mysql_async::Value> {
+        self.key_indexes
+            .iter()
+            .map(|&i| row.as_ref(i).cloned().unwrap_or(mysql_async::Value::NULL))
+            .collect()
+    }
+
+    /// `row` as a row change of `kind`, redacted by `redaction`.
+    pub(crate) fn change(
+        &self,
+        row: &mysql_async::Row,
+        kind: ChangeKind,
+        redaction: &Redaction,
+    ) -> RowChange {
+        let mut data = serde_json::Map::new();
+        for (i, column) in self.columns.columns.iter().enumerate() {
+            let value = row.as_ref(i).cloned().unwrap_or(mysql_async::Value::NULL);
+            data.insert(column.name.clone(), column.json(&value));
+        }
+        redaction.apply(&self.database, &self.table, &mut data);
+        let null = serde_json::Value::Null;
+        let key = primary_key(
+            &self
+                .key_columns
+                .iter()
+                .map(|c| data.get(c).unwrap_or(&null))
+                .collect::<Vec<_>>(),
+        );
+        RowChange {
+            database: self.database.clone(),
+            table: self.table.clone(),
+            kind,
+            key,
+            data: serde_json::Value::Object(data),
+            old: None,
+            columns: self.columns.clone(),
+        }
+    }
+}
+
 /// Runs a snapshot of `table` (`db.table`) for the source of `sections`.
 pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSummary, CdcError> {
     let mut cdc = sections.cdc.clone();
@@ -101,90 +276,28 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
         mut conn,
         mut publisher,
     } = super::start(&sections, false).await?;
-    let from =
-        match checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await? {
-            Some(c) => c.position,
-            None => binlog::current_position(&mut conn).await?,
-        };
+    let last = checkpoint::last_committed(sections.kafka, &cdc.offsets_topic, &cdc.name).await?;
+    // An incremental snapshot under way goes on where it was.
+    let incremental = last.as_ref().and_then(|c| c.snapshot.clone());
+    let from = match last {
+        Some(c) => c.position,
+        None => binlog::current_position(&mut conn).await?,
+    };
     // The consistent snapshot and the binlog position it matches.
     let sql = |e: mysql_async::Error| CdcError::Source(format!("snapshot of {table}: {e}"));
-    conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .await
-        .map_err(sql)?;
-    conn.query_drop("SET time_zone = '+00:00'")
-        .await
-        .map_err(sql)?;
-    // Text as stored, in the column's own charset, as the binlog carries it:
-    // one decoding (src/cdc/column.rs) for both.
-    conn.query_drop("SET character_set_results = NULL")
-        .await
-        .map_err(sql)?;
+    prepare_session(&mut conn).await?;
+    let rows = TableRows::describe(&mut conn, table, &publisher.redaction).await?;
     let position = consistent_snapshot(&mut conn).await?;
     // Everything before the snapshot goes out first.
-    let caught_up_changes = catch_up(&mut publisher, &url, &cdc, &from, &position).await?;
+    let caught_up_changes =
+        catch_up(&mut publisher, &url, &cdc, &from, &position, &incremental).await?;
     // The rows, as of the snapshot, in one Kafka transaction with its checkpoint.
-    let (db, name) = table.split_once('.').expect("validated as db.table");
-    let key_columns: Vec<String> = conn
-        .exec(
-            "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE \
-             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION",
-            (db, name),
-        )
-        .await
-        .map_err(sql)?;
-    // The columns, described as the stream describes them (src/cdc/column.rs).
-    let info: Vec<mysql_async::Row> = conn
-        .exec(INFORMATION_SCHEMA_QUERY, (db, name))
-        .await
-        .map_err(sql)?;
-    let columns = std::sync::Arc::new(TableColumns {
-        columns: info
-            .iter()
-            .map(|row| Column::from_information_schema(&InformationSchemaColumn::from_row(row)))
-            .collect(),
-    });
-    let list: Vec<String> = columns
-        .names()
-        .map(|c| format!("`{}`", c.replace('`', "``")))
-        .collect();
-    // The binary protocol (a prepared statement) returns typed values.
-    let rows: Vec<mysql_async::Row> = conn
-        .exec(
-            format!("SELECT {} FROM `{db}`.`{name}`", list.join(", ")),
-            (),
-        )
-        .await
-        .map_err(sql)?;
+    let read = rows.all(&mut conn).await.map_err(sql)?;
     conn.query_drop("COMMIT").await.map_err(sql)?;
-    publisher
-        .redaction
-        .check_key(db, name, &key_columns)
-        .map_err(CdcError::Setup)?;
-    let mut changes = Vec::with_capacity(rows.len());
-    for row in rows {
-        let mut data = serde_json::Map::new();
-        for (i, column) in columns.columns.iter().enumerate() {
-            let value = row.as_ref(i).cloned().unwrap_or(mysql_async::Value::NULL);
-            data.insert(column.name.clone(), column.json(&value));
-        }
-        publisher.redaction.apply(db, name, &mut data);
-        let null = serde_json::Value::Null;
-        let key = primary_key(
-            &key_columns
-                .iter()
-                .map(|c| data.get(c).unwrap_or(&null))
-                .collect::<Vec<_>>(),
-        );
-        changes.push(RowChange {
-            database: db.to_string(),
-            table: name.to_string(),
-            kind: ChangeKind::Insert,
-            key,
-            data: serde_json::Value::Object(data),
-            old: None,
-            columns: columns.clone(),
-        });
-    }
+    let changes: Vec<RowChange> = read
+        .iter()
+        .map(|row| rows.change(row, ChangeKind::Insert, &publisher.redaction))
+        .collect();
     let rows = changes.len() as u64;
     let snapshot = BinlogTransaction {
         gtid: None,
@@ -197,7 +310,7 @@ pub async fn run(sections: CdcSections<'_>, table: &str) -> Result<SnapshotSumma
     publisher
         .publish(
             std::slice::from_ref(&snapshot),
-            &Checkpoint::new(&cdc.name, position.clone()),
+            &Checkpoint::new(&cdc.name, position.clone()).with_snapshot(incremental),
         )
         .await?;
     Ok(SnapshotSummary {
@@ -216,6 +329,7 @@ async fn catch_up(
     cdc: &super::CdcSettings,
     from: &BinlogPosition,
     to: &BinlogPosition,
+    incremental: &Option<checkpoint::SnapshotState>,
 ) -> Result<u64, CdcError> {
     if at_or_past(from, to) {
         return Ok(0);
@@ -253,7 +367,10 @@ async fn catch_up(
             let end = batch.last().expect("a transaction was pushed");
             let end = end.resume_point().clone();
             published += publisher
-                .publish(&batch, &Checkpoint::new(&cdc.name, end))
+                .publish(
+                    &batch,
+                    &Checkpoint::new(&cdc.name, end).with_snapshot(incremental.clone()),
+                )
                 .await?;
             batch.clear();
             (rows, bytes) = (0, 0);

@@ -52,18 +52,26 @@ pub struct CdcArgs {
 /// `orderpipe cdc snapshot`.
 #[derive(Debug, clap::Subcommand)]
 enum CdcCommand {
-    /// Publish a table's existing rows as inserts, between the stream's changes
-    /// without a gap; stop the running `cdc` of the same name first, start it after.
-    /// With a source row (`cdc --source NAME snapshot`, or cdc.source_name), from
-    /// that row's database, and only a table its event definitions capture.
+    /// Snapshots of tables' existing rows. Incremental (start|stop|pause|resume|status):
+    /// the running `cdc` reads them in key chunks beside the stream, as `read` records
+    /// (docs/cdc.md, "Incremental snapshots"). `--blocking --table T`: the whole table as
+    /// inserts in one Kafka transaction, with the stream stopped (small tables). With a
+    /// source row (`cdc --source NAME snapshot`, or cdc.source_name), from that row's
+    /// database, and only a table its event definitions capture.
     Snapshot {
-        /// The table, <database>.<table>.
+        #[command(subcommand)]
+        action: Option<super::snapshot::SnapshotAction>,
+        /// The blocking snapshot of --table: stop the running `cdc` of the same name
+        /// first, start it after.
         #[arg(long)]
-        table: String,
-        /// Source name (whose checkpoint it continues). Default: cdc.name.
+        blocking: bool,
+        /// The table of --blocking, <database>.<table>.
         #[arg(long)]
+        table: Option<String>,
+        /// Source name (whose checkpoint it continues, whose signals it sends). Default: cdc.name.
+        #[arg(long, global = true)]
         name: Option<String>,
-        /// The replica's server_id for catching up to the snapshot. Default: cdc.server_id.
+        /// The replica's server_id for catching up to the snapshot (--blocking). Default: cdc.server_id.
         #[arg(long)]
         server_id: Option<u32>,
         #[command(flatten)]
@@ -74,13 +82,35 @@ enum CdcCommand {
 /// Runs `orderpipe cdc` until SIGTERM or Ctrl-C.
 pub async fn run(settings: &Settings, args: CdcArgs) -> anyhow::Result<ExitCode> {
     if let Some(CdcCommand::Snapshot {
+        action,
+        blocking,
         table,
         name,
         server_id,
         output,
     }) = args.command
     {
-        return snapshot(settings, table, name, args.source_name, server_id, output).await;
+        return match (action, blocking, table) {
+            (Some(action), false, None) => {
+                let name = name.unwrap_or_else(|| settings.cdc.name.clone());
+                super::snapshot::run(settings, &name, action, output.output).await
+            }
+            (None, true, Some(table)) => {
+                snapshot(settings, table, name, args.source_name, server_id, output).await
+            }
+            (None, true, None) => {
+                anyhow::bail!("--blocking needs --table <database>.<table>, the table to snapshot")
+            }
+            (None, false, _) => anyhow::bail!(
+                "cdc snapshot: name an action (start, stop, pause, resume, status: the incremental \
+                 snapshot beside the running stream), or --blocking --table <database>.<table> \
+                 for the old blocking snapshot with the stream stopped"
+            ),
+            (Some(_), _, _) => anyhow::bail!(
+                "cdc snapshot: --blocking and --table go without an action \
+                 (cdc snapshot start --table T queues an incremental one)"
+            ),
+        };
     }
     // Before start-up: a SIGTERM in it stops the process cleanly rather than killing it.
     super::signals::install()?;
@@ -221,7 +251,7 @@ fn apply(
     Ok(())
 }
 
-/// Runs `orderpipe cdc snapshot`. With a source row (`cdc --source NAME
+/// Runs `orderpipe cdc snapshot --blocking`. With a source row (`cdc --source NAME
 /// snapshot`, or `cdc.source_name`) it reads from that row's host, port and
 /// user, as the stream does, and only a table the row's event definitions
 /// capture: a snapshot of another database than the stream's would splice

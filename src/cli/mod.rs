@@ -23,6 +23,7 @@ pub mod relay;
 pub mod router;
 pub mod search;
 pub mod signals;
+pub mod snapshot;
 pub mod subs;
 
 use std::collections::BTreeMap;
@@ -251,7 +252,7 @@ enum ConfigFormat {
 #[derive(Debug, Args, Clone, Copy)]
 pub struct OutputArg {
     /// Output format.
-    #[arg(long, value_enum, default_value = "table")]
+    #[arg(long, value_enum, default_value = "table", global = true)]
     pub output: Output,
 }
 
@@ -485,5 +486,16 @@ fn exit_if(failed: bool) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        // Duplicate flags, a global flag a subcommand defines again, and
+        // the like panic here rather than at a user's first run.
+        super::Cli::command().debug_assert();
     }
 }

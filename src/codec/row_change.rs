@@ -39,15 +39,20 @@ pub enum ChangeKind {
     Update,
     /// A row was deleted.
     Delete,
+    /// A row as an incremental snapshot read it (`cdc snapshot start`):
+    /// its state then, not a change; routed only to subscriptions of
+    /// `<db>.<table>.read`.
+    Read,
 }
 
 impl ChangeKind {
-    /// `insert`, `update` or `delete`: the last segment of the event name.
+    /// `insert`, `update`, `delete` or `read`: the last segment of the event name.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Insert => "insert",
             Self::Update => "update",
             Self::Delete => "delete",
+            Self::Read => "read",
         }
     }
 
@@ -56,9 +61,10 @@ impl ChangeKind {
             "insert" => Ok(Self::Insert),
             "update" => Ok(Self::Update),
             "delete" => Ok(Self::Delete),
+            "read" => Ok(Self::Read),
             other => Err(EnvelopeError::field(
                 "change",
-                format!("`{other}` is not one of insert, update, delete"),
+                format!("`{other}` is not one of insert, update, delete, read"),
             )),
         }
     }

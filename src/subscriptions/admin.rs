@@ -17,6 +17,8 @@
 //! | `POST /groups/{group}/resume` | resume it; answers whether it was paused |
 //! | `POST /subscriptions/{id}/pause`, `POST /consumers/{name}/pause` | pause the group serving the subscription, or each of the consumer's groups (body: [`PauseRequest`]); answers every group with the subscriptions it holds ([`super::pause`]) |
 //! | `POST /subscriptions/{id}/resume`, `POST /consumers/{name}/resume` | resume them |
+//! | `POST /cdc/{source}/snapshot/{action}` | `start`, `stop`, `pause` or `resume` the cdc source's incremental snapshots (body: [`SnapshotRequest`]), as `orderpipe cdc snapshot`: answers the signal written ([`crate::snapshot_signals`]) |
+//! | `GET /cdc/{source}/snapshot/signals` | its 20 newest signals and what became of them |
 //!
 //! Every request that changes state (every method but `GET`) needs
 //! `Authorization: Bearer <admin.token>`: none or a malformed header is
@@ -49,6 +51,7 @@ use super::{Invalid, SubsError};
 use crate::consumer::group_pause::{self, GroupPause};
 use crate::db::{Db, DbError};
 use crate::metrics::name;
+use crate::snapshot_signals::{self, SignalKind};
 
 /// The `[admin]` section: the admin API's address and token.
 #[derive(Debug, Clone, Deserialize)]
@@ -164,6 +167,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/groups/paused", get(paused_groups))
         .route("/groups/{group}/pause", post(pause_group))
         .route("/groups/{group}/resume", post(resume_group))
+        .route("/cdc/{source}/snapshot/signals", get(snapshot_signals_of))
+        .route("/cdc/{source}/snapshot/{action}", post(snapshot_signal))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authorize,
@@ -341,6 +346,75 @@ impl PauseRequest {
     fn by(&self) -> String {
         self.by.clone().unwrap_or_else(|| "admin-api".into())
     }
+}
+
+/// The body of `POST /cdc/{source}/snapshot/{action}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// The tables, `<db>.<table>`: required by `start`; `stop` without
+    /// any stops every snapshot.
+    #[serde(default)]
+    pub tables: Vec<String>,
+    /// Who (default `admin-api`).
+    #[serde(default)]
+    pub by: Option<String>,
+}
+
+/// `POST /cdc/{source}/snapshot/{action}`: a signal to the source.
+async fn snapshot_signal(
+    State(s): State<AdminState>,
+    Path((source, action)): Path<(String, String)>,
+    payload: Result<Json<SnapshotRequest>, JsonRejection>,
+) -> Answer<snapshot_signals::Signal> {
+    let request = body(payload)?;
+    let kind = match action.as_str() {
+        "start" => SignalKind::Start,
+        "stop" => SignalKind::Stop,
+        "pause" => SignalKind::Pause,
+        "resume" => SignalKind::Resume,
+        other => {
+            return Err(Invalid::new(
+                "action",
+                format!("`{other}` is not one of start, stop, pause, resume"),
+            )
+            .into());
+        }
+    };
+    if kind == SignalKind::Start && request.tables.is_empty() {
+        return Err(
+            Invalid::new("tables", "start needs the tables to snapshot, <db>.<table>").into(),
+        );
+    }
+    for (i, table) in request.tables.iter().enumerate() {
+        if table
+            .split_once('.')
+            .is_none_or(|(d, t)| d.is_empty() || t.is_empty())
+        {
+            return Err(Invalid::new(
+                format!("tables[{i}]"),
+                format!("`{table}` is not <db>.<table>"),
+            )
+            .into());
+        }
+    }
+    let by = request.by.unwrap_or_else(|| "admin-api".into());
+    let signal = snapshot_signals::send(s.store.db(), &source, kind, &request.tables, &by)
+        .await
+        .map_err(SubsError::from)?;
+    Ok(Json(signal))
+}
+
+/// `GET /cdc/{source}/snapshot/signals`.
+async fn snapshot_signals_of(
+    State(s): State<AdminState>,
+    Path(source): Path<String>,
+) -> Answer<Vec<snapshot_signals::Signal>> {
+    Ok(Json(
+        snapshot_signals::recent(s.store.db(), &source, 20)
+            .await
+            .map_err(SubsError::from)?,
+    ))
 }
 
 /// `GET /groups/paused`.

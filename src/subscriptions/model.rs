@@ -54,8 +54,9 @@ pub fn group_name(consumer: &str, bind_key: &str) -> String {
     format!("{consumer}.{bind_key}.consumer")
 }
 
-/// The operations of a change event, the last part of a CDC routing key.
-pub const CDC_OPERATIONS: [&str; 3] = ["insert", "update", "delete"];
+/// The operations of a change event, the last part of a CDC routing key
+/// (`read`: a row of an incremental snapshot, delivered only where subscribed).
+pub const CDC_OPERATIONS: [&str; 4] = ["insert", "update", "delete", "read"];
 
 /// Checks a routing key: dot-separated parts of letters, digits, `_`, `-`
 /// and `$`, at least two parts, at most 128 characters.

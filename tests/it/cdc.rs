@@ -86,6 +86,7 @@ impl Source {
         let mut args = vec![
             "cdc",
             "snapshot",
+            "--blocking",
             "--table",
             &table,
             "--server-id",

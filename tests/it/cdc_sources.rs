@@ -289,6 +289,7 @@ async fn a_snapshot_with_a_source_row_reads_from_its_host_and_only_a_captured_ta
             "--source",
             "shop",
             "snapshot",
+            "--blocking",
             "--table",
             table,
             "--server-id",

@@ -372,6 +372,7 @@ fn check_stream(
             let key = data.get("id").map(|v| v.to_string()).unwrap_or_default();
             assert_eq!(event.key, key, "{format} {table}: the key is the id");
             match event.change {
+                ChangeKind::Read => panic!("a read record in the stream: {}", what(event)),
                 ChangeKind::Insert => {
                     assert!(
                         event.old.is_none() && !before.contains_key(&key),
@@ -542,6 +543,7 @@ async fn every_column_type_arrives_as_mariadb_renders_it_in_json_avro_and_the_sn
                             let args = [
                                 "cdc",
                                 "snapshot",
+                                "--blocking",
                                 "--table",
                                 &table,
                                 "--name",

@@ -10,6 +10,7 @@
 mod broker_restart;
 mod cdc;
 mod cdc_failover;
+mod cdc_incremental;
 mod cdc_large_tx;
 mod cdc_oversize;
 mod cdc_redact;

@@ -383,16 +383,16 @@ async fn sources_and_events_are_managed_and_refused_while_in_use() {
 }
 
 /// A running `orderpipe subs serve` and its base URL.
-struct Admin {
+pub(crate) struct Admin {
     process: Spawned,
-    base: String,
+    pub(crate) base: String,
     stderr: std::sync::mpsc::Receiver<String>,
     /// Lines up to the announcement.
     first: Vec<String>,
 }
 
 impl Admin {
-    fn start(env: &TestEnv) -> Self {
+    pub(crate) fn start(env: &TestEnv) -> Self {
         let mut process = env.spawn(&["subs", "serve", "--addr", "127.0.0.1:0"]);
         let stderr = process.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
