@@ -26,8 +26,9 @@ pub const MASK: &str = "***";
 /// Every table's rules and the hash key, checked.
 #[derive(Clone, Default)]
 pub struct Redaction {
-    /// `db.table` -> column -> action.
-    tables: BTreeMap<String, BTreeMap<String, Action>>,
+    /// database -> table -> column -> action: looked up per row without
+    /// building a `db.table` string.
+    tables: BTreeMap<String, BTreeMap<String, BTreeMap<String, Action>>>,
     key: Option<SecretString>,
 }
 
@@ -62,15 +63,24 @@ impl Redaction {
                     .into(),
             );
         }
-        Ok(Self { tables, key })
+        let mut by_database: BTreeMap<String, BTreeMap<String, _>> = BTreeMap::new();
+        for (name, columns) in tables {
+            let (database, table) = name.split_once('.').expect("check_rules: db.table");
+            by_database
+                .entry(database.to_string())
+                .or_default()
+                .insert(table.to_string(), columns);
+        }
+        Ok(Self {
+            tables: by_database,
+            key,
+        })
     }
 
     fn rules(&self, database: &str, table: &str) -> Option<&BTreeMap<String, Action>> {
-        if self.tables.is_empty() {
-            return None;
-        }
         self.tables
-            .get(&format!("{database}.{table}"))
+            .get(database)?
+            .get(table)
             .filter(|r| !r.is_empty())
     }
 
