@@ -15,6 +15,7 @@
 //! | [`masking`] | `console.masked_fields` shown as `•••`, revealed per page by an operator (audited) |
 //! | [`search`] | `/search`: records of a topic by key, event id, time and a predicate; progress, cancel, export, replay |
 //! | [`history`] | `/history`: charts of the last hour or day, from Prometheus or the console's own samples |
+//! | [`snapshots`] | `/snapshots`: a cdc source's incremental snapshots, their progress and recent signals |
 //!
 //! Adding a page: a module with a `pub const PAGE: Page` (its routes, its nav
 //! link, example paths of its POST routes), listed in [`PAGES`]; handlers take
@@ -34,6 +35,7 @@ pub mod masking;
 pub mod overview;
 pub mod schemas;
 pub mod search;
+pub mod snapshots;
 pub mod subscriptions;
 pub mod topics;
 
@@ -79,6 +81,7 @@ pub const PAGES: &[Page] = &[
     search::PAGE,
     schemas::PAGE,
     subscriptions::PAGE,
+    snapshots::PAGE,
     audit::PAGE,
 ];
 

@@ -394,6 +394,25 @@ async fn snapshot_signals_from_sql_the_cli_and_the_admin_api_pause_resume_stop_a
     .await;
     assert_eq!(rows_out(&paused, &table), Some(0), "paused: no chunk read");
     assert_eq!(metric(&addr, "orderpipe_cdc_snapshot_paused"), Some(1.0));
+    // The console shows the queue as the checkpoint has it.
+    let prefix = env.prefix.clone();
+    let console = crate::console_browser::TestConsole::start(env, |s| {
+        s.cdc.offsets_topic = format!("{prefix}.cdc.offsets");
+    })
+    .await;
+    let (status, page) = console
+        .get_as(
+            orderpipe::console::Role::Viewer,
+            &format!("/snapshots?source={}", env.prefix),
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains(&table)
+            && page.contains("id=\"snapshots-paused\"")
+            && page.contains("queued "),
+        "{page}"
+    );
     let other = format!("{}.other", source.database);
     env.cli(&["cdc", "snapshot", "start", "--table", &other])
         .success();
