@@ -25,7 +25,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test soak bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-delivery bench-crash bench-cdc bench-console bench-dedup-upgrade cdc-vs-debezium heap-profile
+.PHONY: build-deps run test soak bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-delivery bench-crash bench-cdc bench-cdc-snapshot bench-console bench-dedup-upgrade cdc-vs-debezium heap-profile
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -90,6 +90,11 @@ bench-cdc: build-deps ## binlog source: catch-up rows/s vs the DB's insert rate 
 	cargo build --release --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/bench-cdc.sh $(or $(ROWS),100000) $(or $(LAG_ROWS),2000)
+
+bench-cdc-snapshot: build-deps ## incremental snapshots: cdc's and Debezium's rows/s on the same table, and the stream's lag while each runs
+	cargo build --release --features harness --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-cdc-snapshot.sh $(or $(ROWS),200000) $(or $(LAG_ROWS),1000)
 
 cdc-vs-debezium: build-deps ## orderpipe cdc (json, avro) vs Debezium's MariaDB connector, every column of tests/fixtures/cdc_types.sql against MariaDB's own values (debug build; ORDERPIPE_BIN= another)
 	cargo build --features harness --bin orderpipe

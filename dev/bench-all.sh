@@ -5,7 +5,7 @@
 #                              with the harness: `make bench` does both)
 #
 # Runs dev/bench-produce.sh, bench-consume.sh, bench-dlq.sh, bench-relay.sh,
-# bench-ordering.sh, bench-delivery.sh, bench-crash.sh, bench-cdc.sh, bench-console.sh and
+# bench-ordering.sh, bench-delivery.sh, bench-crash.sh, bench-cdc.sh, bench-cdc-snapshot.sh, bench-console.sh and
 # bench-dedup-upgrade.sh one after the other (each runs its peers side by side:
 # Kafka's perf tools, the naive per-record consumer, before/after), collects
 # their rows in a fresh target/bench/results.tsv, and writes
@@ -25,9 +25,10 @@
 #   RATE=N             default 100 (orders/s of the relay's latency run; not scaled)
 #   CRASH_COUNT=N      default 1,000,000 (two members SIGKILLed 20 times; not COUNT)
 #   CDC_ROWS=N         default 100,000 (binlog backlog cdc and Debezium catch up; 2,000 rows for lag)
+#   SNAPSHOT_ROWS=N    default 200,000 (the table cdc's and Debezium's incremental snapshots read; 1,000 lag probes)
 #   CONSOLE_DEAD=N     default 100,000 (dead letters behind the console pages; replays of 20,000 x 5 pairs)
 #   UPGRADE_ROWS=N     default 10,000,000 (dedup rows of before migration 0021 that `dedup upgrade` moves)
-#   BENCHES="produce consume"   a subset, in this order (default: all ten)
+#   BENCHES="produce consume"   a subset, in this order (default: all eleven)
 # Durability is never turned off: acks=all everywhere, and MariaDB runs with
 # the stack's innodb_flush_log_at_trx_commit (1: fsync per commit), which the
 # report records.
@@ -51,15 +52,16 @@ RATE="${RATE:-100}"
 CRASH_COUNT="${CRASH_COUNT:-$(scaled 1000000 1000)}"
 DELIVERY_COUNT="${DELIVERY_COUNT:-$(scaled 12000 1000)}"
 CDC_ROWS="${CDC_ROWS:-$(scaled 100000 1000)}"
+SNAPSHOT_ROWS="${SNAPSHOT_ROWS:-$(scaled 200000 1000)}"
 CONSOLE_DEAD="${CONSOLE_DEAD:-$(scaled 100000 1000)}"
 UPGRADE_ROWS="${UPGRADE_ROWS:-$(scaled 10000000 1000)}"
-BENCHES="${BENCHES:-produce consume dlq relay ordering delivery crash cdc console dedup-upgrade}"
-for n in "$PRODUCE_COUNT" "$CONSUME_COUNT" "$NAIVE" "$DLQ_COUNT" "$ORDERING_COUNT" "$ROWS" "$RATE" "$CRASH_COUNT" "$DELIVERY_COUNT" "$CDC_ROWS" "$CONSOLE_DEAD" "$UPGRADE_ROWS"; do
+BENCHES="${BENCHES:-produce consume dlq relay ordering delivery crash cdc cdc-snapshot console dedup-upgrade}"
+for n in "$PRODUCE_COUNT" "$CONSUME_COUNT" "$NAIVE" "$DLQ_COUNT" "$ORDERING_COUNT" "$ROWS" "$RATE" "$CRASH_COUNT" "$DELIVERY_COUNT" "$CDC_ROWS" "$SNAPSHOT_ROWS" "$CONSOLE_DEAD" "$UPGRADE_ROWS"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "sizes must be positive integers, got '$n'" >&2; exit 2; }
 done
 for b in $BENCHES; do
-  [[ " produce consume dlq relay ordering delivery crash cdc console dedup-upgrade " == *" $b "* ]] \
-    || { echo "BENCHES: unknown benchmark '$b' (accepted: produce consume dlq relay ordering delivery crash cdc console dedup-upgrade)" >&2; exit 2; }
+  [[ " produce consume dlq relay ordering delivery crash cdc cdc-snapshot console dedup-upgrade " == *" $b "* ]] \
+    || { echo "BENCHES: unknown benchmark '$b' (accepted: produce consume dlq relay ordering delivery crash cdc cdc-snapshot console dedup-upgrade)" >&2; exit 2; }
 done
 
 mkdir -p "$OUT"
@@ -68,12 +70,12 @@ export BENCH_RESULTS="$OUT/results.tsv"
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || COMMIT="$COMMIT + uncommitted changes in src/"
 FLUSH="$(mariadb --protocol=tcp -h127.0.0.1 -P"${ORDERPIPE_MARIADB_PORT:-3306}" -uorderpipe -porderpipe -N -B -e 'SELECT @@innodb_flush_log_at_trx_commit' 2>/dev/null || echo '?')"
-sizes="produce $PRODUCE_COUNT, consume $CONSUME_COUNT (naive $NAIVE), dlq $DLQ_COUNT, relay $ROWS rows at $RATE orders/s, ordering $ORDERING_COUNT, delivery $DELIVERY_COUNT, crash $CRASH_COUNT, cdc $CDC_ROWS, console $CONSOLE_DEAD dead letters, dedup upgrade $UPGRADE_ROWS rows"
+sizes="produce $PRODUCE_COUNT, consume $CONSUME_COUNT (naive $NAIVE), dlq $DLQ_COUNT, relay $ROWS rows at $RATE orders/s, ordering $ORDERING_COUNT, delivery $DELIVERY_COUNT, crash $CRASH_COUNT, cdc $CDC_ROWS, cdc snapshot $SNAPSHOT_ROWS, console $CONSOLE_DEAD dead letters, dedup upgrade $UPGRADE_ROWS rows"
 # Whether any size is below the full run's: said in the report's head.
 reduced() {
   if [ "$PRODUCE_COUNT" -lt 1000000 ] || [ "$CONSUME_COUNT" -lt 1000000 ] || [ "$NAIVE" -lt 50000 ] \
     || [ "$DLQ_COUNT" -lt 100000 ] || [ "$ORDERING_COUNT" -lt 100000 ] || [ "$ROWS" -lt 1000000 ] \
-    || [ "$CRASH_COUNT" -lt 1000000 ] || [ "$CDC_ROWS" -lt 100000 ] || [ "$CONSOLE_DEAD" -lt 100000 ] \
+    || [ "$CRASH_COUNT" -lt 1000000 ] || [ "$CDC_ROWS" -lt 100000 ] || [ "$SNAPSHOT_ROWS" -lt 200000 ] || [ "$CONSOLE_DEAD" -lt 100000 ] \
     || [ "$UPGRADE_ROWS" -lt 10000000 ]; then
     echo ": REDUCED sizes, not the full run"
   fi
@@ -95,6 +97,7 @@ args_of() {
     delivery) echo "$DELIVERY_COUNT 50" ;;
     crash) echo "$CRASH_COUNT 20" ;;
     cdc) echo "$CDC_ROWS 2000" ;;
+    cdc-snapshot) echo "$SNAPSHOT_ROWS 1000" ;;
     console) echo "$CONSOLE_DEAD $((CONSOLE_DEAD / 5)) 10 5" ;;
     dedup-upgrade) echo "$UPGRADE_ROWS" ;;
   esac

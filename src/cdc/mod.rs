@@ -1308,15 +1308,15 @@ pub(crate) async fn run_with(
                 if snapshots.wants_chunk() && !limit.reached(rows, bytes) {
                     snapshots.read_chunk().await;
                 }
+                // Not straight to the next chunk: the stream's ready
+                // transactions join the batch first, so a change waits at
+                // most one chunk's Kafka transaction.
                 if let Some(chunk) = snapshots.reached(&read_to) {
                     rows += chunk.changes.len();
                     due = true;
                     since.get_or_insert_with(Instant::now);
                     batch.push(chunk);
-                    if !limit.reached(rows, bytes) {
-                        continue;
-                    }
-                    full = true;
+                    full = limit.reached(rows, bytes);
                 }
             }
             let wait = since.map(|s| s + if due { linger } else { IDLE_CHECKPOINT });
