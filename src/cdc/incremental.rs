@@ -32,7 +32,6 @@
 //! **Signals** ([`crate::snapshot_signals`]) are read every second, applied
 //! in order, and their last id kept in the state.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,7 +91,6 @@ pub(crate) struct IncrementalSnapshots {
     /// The control plane (`cdc_signals`); `None`: signals are not read.
     signals: Option<Db>,
     conn: Option<mysql_async::Conn>,
-    described: HashMap<String, TableRows>,
     /// As of the batch being built.
     state: SnapshotState,
     /// As of the last checkpoint committed.
@@ -128,7 +126,6 @@ impl IncrementalSnapshots {
             redaction,
             signals,
             conn: None,
-            described: HashMap::new(),
             committed: state.clone(),
             state,
             pending: None,
@@ -255,18 +252,29 @@ impl IncrementalSnapshots {
     }
 
     /// Reads the next chunk of the first queued table in a consistent
-    /// snapshot. A failure is logged and tried again later: the stream
-    /// goes on meanwhile; a table that is gone leaves the queue.
-    pub(crate) async fn read_chunk(&mut self) {
+    /// snapshot. A failure is logged and tried again later, the stream
+    /// going on meanwhile; a table that cannot be snapshotted (gone, no
+    /// primary key, rules that drop a key column) leaves the queue, and
+    /// then the state changed: whether it did.
+    pub(crate) async fn read_chunk(&mut self) -> bool {
         let Some(progress) = self.state.tables.first().cloned() else {
-            return;
+            return false;
         };
         match self.try_read_chunk(&progress).await {
-            Ok(chunk) => self.pending = Some(chunk),
+            Ok(chunk) => {
+                self.pending = Some(chunk);
+                false
+            }
+            Err(e @ CdcError::Setup(_)) => {
+                self.state.tables.remove(0);
+                tracing::error!(source = %self.source, table = %progress.table, error = %e, "cdc: the table cannot be snapshotted; it leaves the queue");
+                true
+            }
             Err(e) => {
                 self.conn = None;
                 self.retry_at = Instant::now() + RETRY_AFTER;
                 tracing::warn!(source = %self.source, table = %progress.table, error = %e, retry_in_s = RETRY_AFTER.as_secs(), "cdc: a snapshot chunk could not be read; the stream goes on");
+                false
             }
         }
     }
@@ -280,15 +288,14 @@ impl IncrementalSnapshots {
             self.conn = Some(conn);
         }
         let conn = self.conn.as_mut().expect("connected above");
-        if !self.described.contains_key(&progress.table) {
-            let rows = TableRows::describe(conn, &progress.table, &self.redaction).await?;
-            if rows.key_columns().is_empty() {
-                return Err(CdcError::Setup(format!(
-                    "{} has no primary key: an incremental snapshot reads by key (use --blocking)",
-                    progress.table
-                )));
-            }
-            self.described.insert(progress.table.clone(), rows);
+        // Described for each chunk: a column added or dropped while the
+        // snapshot runs is in the next chunk as it is in the stream.
+        let rows = TableRows::describe(conn, &progress.table, &self.redaction).await?;
+        if rows.key_columns().is_empty() {
+            return Err(CdcError::Setup(format!(
+                "{} has no primary key: an incremental snapshot reads by key (cdc snapshot --blocking reads it whole)",
+                progress.table
+            )));
         }
         if progress.estimate == 0 {
             let (db, name) = progress.table.split_once('.').expect("db.table");
@@ -303,7 +310,6 @@ impl IncrementalSnapshots {
                 first.estimate = estimate.unwrap_or(0).max(1);
             }
         }
-        let rows = &self.described[&progress.table];
         let at = consistent_snapshot(conn).await?;
         let after: Option<Vec<Value>> = progress
             .after

@@ -1305,8 +1305,12 @@ pub(crate) async fn run_with(
                     due = true;
                     since.get_or_insert_with(Instant::now);
                 }
-                if snapshots.wants_chunk() && !limit.reached(rows, bytes) {
-                    snapshots.read_chunk().await;
+                if snapshots.wants_chunk()
+                    && !limit.reached(rows, bytes)
+                    && snapshots.read_chunk().await
+                {
+                    due = true;
+                    since.get_or_insert_with(Instant::now);
                 }
                 // Not straight to the next chunk: the stream's ready
                 // transactions join the batch first, so a change waits at

@@ -81,7 +81,8 @@ pub(crate) async fn consistent_snapshot(
                 .map_err(|_| CdcError::Source(format!("binlog_snapshot_position = {pos:?}")))?,
             ..BinlogPosition::default()
         }),
-        _ => Err(CdcError::Source(
+        // Not MariaDB (MySQL has no such status): nothing to retry.
+        _ => Err(CdcError::Setup(
             "the source has no binlog_snapshot_file/position status (MariaDB's consistent snapshot): cannot place the snapshot in the binlog".into(),
         )),
     }
@@ -147,7 +148,7 @@ impl TableRows {
             .await
             .map_err(sql)?;
         if info.is_empty() {
-            return Err(CdcError::Source(format!("{table}: no such table")));
+            return Err(CdcError::Setup(format!("{table}: no such table")));
         }
         let columns = TableColumns {
             columns: info

@@ -572,6 +572,26 @@ async fn snapshot_signals_from_sql_the_cli_and_the_admin_api_pause_resume_stop_a
         "{signals}"
     );
     assert_eq!(signals[1]["requested_by"], "api-test", "{signals}");
+    // A queued table that is dropped leaves the queue at its next chunk;
+    // the stream goes on.
+    env.cli(&["cdc", "snapshot", "pause"]).success();
+    env.cli(&["cdc", "snapshot", "start", "--table", &table])
+        .success();
+    source.exec(&["DROP TABLE small"]).await;
+    env.cli(&["cdc", "snapshot", "resume"]).success();
+    wait_for_checkpoint(
+        env,
+        &mut cdc,
+        Duration::from_secs(60),
+        "a dropped table dequeued",
+        |c| {
+            c.snapshot
+                .as_ref()
+                .is_some_and(|s| s.last_signal >= 13 && !s.paused && s.tables.is_empty())
+        },
+    )
+    .await;
+    assert!(matches!(cdc.try_wait(), Ok(None)), "cdc still runs");
     // Bad flags name what is accepted.
     let e = env.cli(&["cdc", "snapshot", "--table", &table]).failure();
     assert!(e.contains("--blocking") && e.contains("start"), "{e}");
