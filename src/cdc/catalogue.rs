@@ -23,13 +23,20 @@
 //! no event definition left) is logged and the current capture kept; it
 //! applies (is refused) at the next start.
 //!
-//! The row's `redact` (column rules, `[cdc.redact]`'s shape) joins the
-//! process's own `cdc.redact`; a table named by both is refused. A change
-//! of the rules restarts the stream like a change of tables.
+//! Column rules come from the source row's `redact` (`[cdc.redact]`'s
+//! shape) and from its event definitions' (each one its table's; every
+//! definition of a table carries the same rules or none: one table, one
+//! record shape, one typed schema), and join the process's own
+//! `cdc.redact`. A table given rules in two of these places is refused,
+//! naming both. A change of the rules restarts the stream like a change of
+//! tables.
+
+use std::collections::BTreeMap;
 
 use secrecy::{ExposeSecret, SecretString};
 
 use super::{CdcError, CdcSettings};
+use crate::masking::ColumnRules;
 use crate::subscriptions::model::cdc_table;
 use crate::subscriptions::watch::{ChangeWatch, POLL_INTERVAL};
 use crate::subscriptions::{Source, Store, SubsError};
@@ -41,6 +48,8 @@ pub struct Capture {
     pub source: Source,
     /// Its tables, `db.table`, sorted, each once.
     pub tables: Vec<String>,
+    /// The column rules of its tables: the row's and its event definitions'.
+    pub redact: BTreeMap<String, ColumnRules>,
 }
 
 /// Reads source `name` and its event definitions from `store`; refuses an
@@ -69,6 +78,8 @@ pub async fn capture(store: &Store, name: &str, cdc: &CdcSettings) -> Result<Cap
         .await
         .map_err(|e| read(e, "event_definitions"))?;
     let mut tables = Vec::new();
+    // Per table, its event definitions' rules and the definition they came from.
+    let mut events_rules: BTreeMap<String, (ColumnRules, String)> = BTreeMap::new();
     for event in events.iter().filter(|e| e.source.as_deref() == Some(name)) {
         let Some(table) = cdc_table(&event.routing_key) else {
             tracing::warn!(
@@ -88,6 +99,21 @@ pub async fn capture(store: &Store, name: &str, cdc: &CdcSettings) -> Result<Cap
             )));
         }
         tables.push(table.to_string());
+        if event.redact != ColumnRules::default() {
+            if let Some((rules, other)) = events_rules.get(table)
+                && *rules != event.redact
+            {
+                return Err(setup(format!(
+                    "--source {name}: event definitions `{other}` and `{}` give {table} different column rules: \
+                     one table has one record shape; give them the same rules, or keep them on one \
+                     (orderpipe subs update event {} --redact ...)",
+                    event.routing_key, event.routing_key
+                )));
+            }
+            events_rules
+                .entry(table.to_string())
+                .or_insert_with(|| (event.redact.clone(), event.routing_key.clone()));
+        }
     }
     tables.sort();
     tables.dedup();
@@ -97,13 +123,34 @@ pub async fn capture(store: &Store, name: &str, cdc: &CdcSettings) -> Result<Cap
              keep its rules in one (orderpipe subs update source {name} --redact ...)"
         )));
     }
+    let mut redact = source.redact.clone();
+    for (table, (rules, event)) in events_rules {
+        let elsewhere = if cdc.redact.contains_key(&table) {
+            Some("cdc.redact".to_string())
+        } else if source.redact.contains_key(&table) {
+            Some(format!("the redact of cdc_sources `{name}`"))
+        } else {
+            None
+        };
+        if let Some(elsewhere) = elsewhere {
+            return Err(setup(format!(
+                "--source {name}: {elsewhere} and event definition `{event}` both give {table} column rules: \
+                 keep them in one"
+            )));
+        }
+        redact.insert(table, rules);
+    }
     if tables.is_empty() {
         return Err(setup(format!(
             "--source {name}: no event definition <db>.<table>.<insert|update|delete> names source `{name}`, \
              so there is nothing to capture; add one (orderpipe subs add event DB.TABLE.insert --source {name})"
         )));
     }
-    Ok(Capture { source, tables })
+    Ok(Capture {
+        source,
+        tables,
+        redact,
+    })
 }
 
 /// Follows the control plane for one source (see the module docs).
@@ -184,7 +231,7 @@ impl Capture {
             other.source.db_port,
             &other.source.db_user,
         );
-        s == o && self.tables == other.tables && self.source.redact == other.source.redact
+        s == o && self.tables == other.tables && self.redact == other.redact
     }
 }
 
@@ -246,7 +293,7 @@ mod tests {
                     routing_key: "shop.t.insert".into(),
                     topic: Some(cdc.topic_of("shop.t")),
                     source: Some("shop".into()),
-                    description: None,
+                    ..Default::default()
                 },
                 "order.events.v1",
             )
@@ -260,6 +307,103 @@ mod tests {
             e.contains("cdc.redact and the redact of cdc_sources `shop` both name shop.t"),
             "{e}"
         );
+    }
+
+    /// An event definition's rules are its table's; definitions of one
+    /// table must agree, and a table with rules on the row or in
+    /// `cdc.redact` takes none from a definition.
+    #[tokio::test]
+    async fn event_definitions_rules_join_the_capture_and_disagreements_are_refused() {
+        use crate::subscriptions::model::{EventPatch, NewEvent, NewSource, SourcePatch};
+        let (_dir, db) = crate::db::sqlite_for_test().await;
+        let store = Store::new(db, crate::subscriptions::store::Origin::Cli);
+        let cdc = crate::config::Settings::default().cdc;
+        let rules =
+            |json: serde_json::Value| -> ColumnRules { serde_json::from_value(json).unwrap() };
+        let new_source = NewSource {
+            name: "shop".into(),
+            db_host: "db".into(),
+            db_user: "repl".into(),
+            ..Default::default()
+        };
+        store.add_source(&new_source).await.unwrap();
+        for (change, redact) in [
+            (
+                "insert",
+                Some(rules(serde_json::json!({"hash": ["mobile"]}))),
+            ),
+            ("update", None),
+        ] {
+            let event = NewEvent {
+                routing_key: format!("shop.t.{change}"),
+                topic: Some(cdc.topic_of("shop.t")),
+                source: Some("shop".into()),
+                redact,
+                ..Default::default()
+            };
+            store.add_event(&event, "order.events.v1").await.unwrap();
+        }
+        let captured = capture(&store, "shop", &cdc).await.unwrap();
+        assert_eq!(captured.redact["shop.t"].hash, ["mobile"]);
+        assert!(captured.source.redact.is_empty());
+        let patch = |redact| EventPatch {
+            redact: Some(redact),
+            ..Default::default()
+        };
+        store
+            .update_event(
+                "shop.t.update",
+                &patch(rules(serde_json::json!({"mask": ["mobile"]}))),
+            )
+            .await
+            .unwrap();
+        let e = capture(&store, "shop", &cdc).await.unwrap_err().to_string();
+        assert!(
+            e.contains("`shop.t.insert` and `shop.t.update` give shop.t different column rules"),
+            "{e}"
+        );
+        store
+            .update_event("shop.t.update", &patch(ColumnRules::default()))
+            .await
+            .unwrap();
+        assert_eq!(
+            capture(&store, "shop", &cdc).await.unwrap().redact,
+            captured.redact
+        );
+        let on_row = SourcePatch {
+            redact: Some(
+                serde_json::from_value(serde_json::json!({"shop.t": {"drop": ["note"]}})).unwrap(),
+            ),
+            ..Default::default()
+        };
+        store.update_source("shop", &on_row).await.unwrap();
+        let e = capture(&store, "shop", &cdc).await.unwrap_err().to_string();
+        assert!(
+            e.contains("the redact of cdc_sources `shop` and event definition `shop.t.insert` both give shop.t column rules"),
+            "{e}"
+        );
+        // The store refuses rules an event cannot have, naming the field.
+        for (key, redact) in [
+            ("order.created", serde_json::json!({"hash": ["mobile"]})),
+            (
+                "shop.u.insert",
+                serde_json::json!({"hash": ["a"], "drop": ["a"]}),
+            ),
+        ] {
+            let event = NewEvent {
+                routing_key: key.into(),
+                redact: Some(rules(redact)),
+                ..Default::default()
+            };
+            let e = store
+                .add_event(&event, "order.events.v1")
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&e, SubsError::Invalid(i) if i.field == "redact"),
+                "{key}: {e}"
+            );
+        }
     }
 
     fn row(host: &str, port: i32, user: &str) -> Source {

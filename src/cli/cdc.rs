@@ -238,7 +238,7 @@ fn apply(
     // The process's own rules, then the row's (again at each change of the
     // row); `capture` refused a table both name.
     cdc.redact = settings.cdc.redact.clone();
-    cdc.redact.extend(capture.source.redact.clone());
+    cdc.redact.extend(capture.redact.clone());
     eprintln!(
         "cdc {}: source `{}` ({}:{} as {}) from cdc_sources captures {}",
         cdc.name,

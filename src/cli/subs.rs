@@ -355,8 +355,23 @@ pub struct EventArgs {
     /// Free text.
     #[arg(long)]
     description: Option<String>,
+    /// Columns cdc drops, hashes or masks in this table's rows, as JSON: drop, hash and
+    /// mask lists, e.g. '{"hash": ["mobile"]}' (update: the whole set; '{}' clears it). Every
+    /// definition of a table carries the same rules or none.
+    #[arg(long, value_name = "JSON")]
+    redact: Option<String>,
     #[command(flatten)]
     output: OutputArg,
+}
+
+impl EventArgs {
+    /// `--redact`, parsed.
+    fn redact(&self) -> anyhow::Result<Option<crate::masking::ColumnRules>> {
+        parse_redact(
+            self.redact.as_deref(),
+            "a JSON object of drop, hash or mask lists, e.g. '{\"hash\": [\"mobile\"]}'",
+        )
+    }
 }
 
 /// Flags of a source.
@@ -391,18 +406,24 @@ pub struct SourceArgs {
 impl SourceArgs {
     /// `--redact`, parsed.
     fn redact(&self) -> anyhow::Result<Option<BTreeMap<String, crate::masking::ColumnRules>>> {
-        self.redact
-            .as_deref()
-            .map(|text| {
-                serde_json::from_str(text).map_err(|e| {
-                    anyhow::anyhow!(
-                        "--redact: {e}; expected a JSON object of tables, each with drop, hash or mask lists, \
-                         e.g. '{{\"shop.users\": {{\"hash\": [\"mobile\"]}}}}'"
-                    )
-                })
-            })
-            .transpose()
+        parse_redact(
+            self.redact.as_deref(),
+            "a JSON object of tables, each with drop, hash or mask lists, \
+             e.g. '{\"shop.users\": {\"hash\": [\"mobile\"]}}'",
+        )
     }
+}
+
+/// `--redact`'s JSON, or what was expected.
+fn parse_redact<T: serde::de::DeserializeOwned>(
+    text: Option<&str>,
+    expected: &str,
+) -> anyhow::Result<Option<T>> {
+    text.map(|text| {
+        serde_json::from_str(text)
+            .map_err(|e| anyhow::anyhow!("--redact: {e}; expected {expected}"))
+    })
+    .transpose()
 }
 
 /// A store error with its field spelled as the flag that sets it.
@@ -477,6 +498,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
         }
         SubsCommand::Add(AddCommand::Event(a)) => {
             let new = NewEvent {
+                redact: a.redact()?,
                 routing_key: a.routing_key,
                 topic: a.topic,
                 source: a.source,
@@ -559,6 +581,7 @@ pub async fn run(settings: &Settings, command: SubsCommand) -> anyhow::Result<Ex
         }
         SubsCommand::Update(UpdateCommand::Event(a)) => {
             let patch = EventPatch {
+                redact: a.redact()?,
                 topic: a.topic,
                 source: a.source,
                 description: a.description,
@@ -854,12 +877,13 @@ impl Printed for Subscription {
 
 impl Printed for EventDefinition {
     fn print(events: &[Self], format: Output) {
-        let header = ["event", "topic", "source", "description"];
+        let header = ["event", "topic", "source", "redact", "description"];
         output::print_list(events, format, &header, |e| {
             vec![
                 e.routing_key.clone(),
                 e.topic.clone(),
                 e.source.clone().unwrap_or_default(),
+                rules_text(&e.redact),
                 e.description.clone(),
             ]
         });
@@ -874,15 +898,7 @@ impl Printed for Source {
             let redact: Vec<String> = s
                 .redact
                 .iter()
-                .map(|(table, r)| {
-                    let parts: Vec<String> =
-                        [("drop", &r.drop), ("hash", &r.hash), ("mask", &r.mask)]
-                            .into_iter()
-                            .filter(|(_, columns)| !columns.is_empty())
-                            .map(|(action, columns)| format!("{action} {}", columns.join(",")))
-                            .collect();
-                    format!("{table}: {}", parts.join("; "))
-                })
+                .map(|(table, r)| format!("{table}: {}", rules_text(r)))
                 .collect();
             vec![
                 s.name.clone(),
@@ -894,6 +910,20 @@ impl Printed for Source {
             ]
         });
     }
+}
+
+/// One table's rules as `hash mobile; drop id_card` (empty: none).
+fn rules_text(rules: &crate::masking::ColumnRules) -> String {
+    [
+        ("drop", &rules.drop),
+        ("hash", &rules.hash),
+        ("mask", &rules.mask),
+    ]
+    .into_iter()
+    .filter(|(_, columns)| !columns.is_empty())
+    .map(|(action, columns)| format!("{action} {}", columns.join(",")))
+    .collect::<Vec<_>>()
+    .join("; ")
 }
 
 fn print_bindings(bindings: &[Binding], format: Output) {

@@ -138,6 +138,9 @@ pub struct EventDefinition {
     pub source: Option<String>,
     /// Free text, e.g. "user table insert".
     pub description: String,
+    /// The columns cdc drops, hashes or masks in its table's rows (a CDC
+    /// routing key's table only; every definition of a table the same).
+    pub redact: ColumnRules,
     /// Created (ms since the epoch).
     pub created_ms: i64,
     /// Last changed (ms since the epoch).
@@ -252,6 +255,9 @@ pub struct NewEvent {
     pub source: Option<String>,
     /// Free text.
     pub description: Option<String>,
+    /// The columns cdc drops, hashes or masks in its table's rows; default none.
+    #[serde(default)]
+    pub redact: Option<ColumnRules>,
 }
 
 /// Changes to an event definition; unset fields stay.
@@ -264,6 +270,8 @@ pub struct EventPatch {
     pub source: Option<String>,
     /// Free text.
     pub description: Option<String>,
+    /// The whole set of column rules (`{}`: none).
+    pub redact: Option<ColumnRules>,
 }
 
 /// A new downstream consumer.

@@ -122,7 +122,7 @@ pub struct Store {
 }
 
 const SOURCE_COLUMNS: &str = "id, name, db_host, db_port, db_user, enabled, description, created_ms, updated_ms, redact_json";
-const EVENT_SELECT: &str = "SELECT e.id, e.routing_key, e.topic, s.name, e.description, e.created_ms, e.updated_ms \
+const EVENT_SELECT: &str = "SELECT e.id, e.routing_key, e.topic, s.name, e.description, e.created_ms, e.updated_ms, e.redact_json \
      FROM event_definitions e LEFT JOIN cdc_sources s ON s.id = e.source_id";
 const CONSUMER_COLUMNS: &str = "id, name, http_method, http_url, timeout_ms, retry_json, channel_id, enabled, description, created_ms, updated_ms, success";
 const SUBSCRIPTION_FROM: &str = "FROM subscriptions s JOIN event_definitions e ON e.id = s.event_id \
@@ -177,12 +177,7 @@ fn source(r: &AnyRow) -> Result<Source, sqlx::Error> {
         db_user: r.try_get(4)?,
         enabled: r.try_get::<i32, _>(5)? != 0,
         description: r.try_get(6)?,
-        redact: match r.try_get::<Option<String>, _>(9)? {
-            Some(json) => {
-                serde_json::from_str(&json).map_err(|e| sqlx::Error::Decode(Box::new(e)))?
-            }
-            None => Default::default(),
-        },
+        redact: stored_json(r.try_get(9)?)?,
         created_ms: r.try_get(7)?,
         updated_ms: r.try_get(8)?,
     })
@@ -196,9 +191,20 @@ fn event(r: &AnyRow) -> Result<EventDefinition, sqlx::Error> {
         topic: r.try_get(2)?,
         source: r.try_get(3)?,
         description: r.try_get(4)?,
+        redact: stored_json(r.try_get(7)?)?,
         created_ms: r.try_get(5)?,
         updated_ms: r.try_get(6)?,
     })
+}
+
+/// A `*_json` column's value; NULL: the default.
+fn stored_json<T: serde::de::DeserializeOwned + Default>(
+    json: Option<String>,
+) -> Result<T, sqlx::Error> {
+    match json {
+        Some(json) => serde_json::from_str(&json).map_err(|e| sqlx::Error::Decode(Box::new(e))),
+        None => Ok(T::default()),
+    }
 }
 
 /// Row of `CONSUMER_COLUMNS` (with `prefix` columns before them).
@@ -510,14 +516,15 @@ impl Store {
             .unwrap_or_else(|| default_topic(&new.routing_key, order_topic));
         check_topic(&topic)?;
         check_text("description", new.description.as_deref(), 255)?;
+        let redact = event_redact_json(&new.routing_key, new.redact.as_ref())?;
         let source_id = match new.source.as_deref() {
             Some(name) if !name.is_empty() => Some(self.source_id(tx, name).await?),
             _ => None,
         };
         let now = now_ms();
         let row = sqlx::query(
-            "INSERT INTO event_definitions (routing_key, topic, source_id, description, created_ms, updated_ms) \
-             VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+            "INSERT INTO event_definitions (routing_key, topic, source_id, description, created_ms, updated_ms, redact_json) \
+             VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
         )
         .bind(&new.routing_key)
         .bind(&topic)
@@ -525,6 +532,7 @@ impl Store {
         .bind(new.description.clone().unwrap_or_default())
         .bind(now)
         .bind(now)
+        .bind(redact)
         .fetch_one(&mut **tx)
         .await
         .map_err(|e| duplicate(e, "event", &new.routing_key))?;
@@ -541,6 +549,7 @@ impl Store {
             check_topic(topic)?;
         }
         check_text("description", patch.description.as_deref(), 255)?;
+        let redact = event_redact_json(routing_key, patch.redact.as_ref())?;
         let current = self.event(routing_key).await?;
         let mut tx = self.db.begin().await?;
         let source_id = match patch.source.as_deref() {
@@ -551,12 +560,13 @@ impl Store {
         let update = sqlx::query(
             "UPDATE event_definitions SET topic = COALESCE(?, topic), \
              source_id = CASE ? WHEN 1 THEN ? ELSE source_id END, description = COALESCE(?, description), \
-             updated_ms = ? WHERE id = ?",
+             redact_json = COALESCE(?, redact_json), updated_ms = ? WHERE id = ?",
         )
         .bind(patch.topic.clone())
         .bind(i32::from(patch.source.is_some()))
         .bind(source_id)
-        .bind(patch.description.clone());
+        .bind(patch.description.clone())
+        .bind(redact);
         self.commit_update(tx, update, current.id, None).await?;
         self.event(routing_key).await
     }
@@ -1157,7 +1167,6 @@ fn check_topic(topic: &str) -> Result<(), Invalid> {
     }
 }
 
-/// Checks a source's fields.
 /// A source's column rules as stored (JSON text), checked as cdc checks
 /// `[cdc.redact]`; None when not given.
 fn redact_json(
@@ -1177,6 +1186,35 @@ fn redact_json(
     ))
 }
 
+/// An event definition's column rules as stored, checked as cdc checks a
+/// `[cdc.redact]` table's; None when not given. Only a CDC routing key
+/// names a table whose columns there are.
+fn event_redact_json(
+    routing_key: &str,
+    rules: Option<&crate::masking::ColumnRules>,
+) -> Result<Option<String>, Invalid> {
+    let Some(rules) = rules else {
+        return Ok(None);
+    };
+    if *rules == crate::masking::ColumnRules::default() {
+        return Ok(Some("{}".into()));
+    }
+    let Some(table) = cdc_table(routing_key) else {
+        return Err(Invalid::new(
+            "redact",
+            format!(
+                "`{routing_key}` is an order event, not <db>.<table>.<operation>: only a table's columns can be masked"
+            ),
+        ));
+    };
+    let one = BTreeMap::from([(table.to_string(), rules.clone())]);
+    crate::masking::check_rules("redact", &one).map_err(|e| Invalid::new("redact", e))?;
+    Ok(Some(
+        serde_json::to_string(rules).expect("column rules serialize"),
+    ))
+}
+
+/// Checks a source's fields.
 fn check_source_fields(
     host: Option<&str>,
     port: Option<i32>,

@@ -11,8 +11,10 @@ use serde_json::{Value, json};
 
 use crate::cdc::{Source, by_key};
 use crate::helpers::STACK_SCRIPT;
+use crate::subscriptions::call;
 
 const HASH_KEY: &str = "a test key of the hashes, 32+ bytes long";
+const ADMIN_TOKEN: &str = "redact-admin-token-for-tests";
 
 /// Values that must not appear on the topic in any form.
 const SECRETS: [&str; 6] = [
@@ -183,7 +185,8 @@ async fn with_value_format_avro_dropped_hashed_and_masked_columns_never_reach_ka
 /// A `cdc_sources` row's `redact` applies as `[cdc.redact]` does, a bad
 /// one is refused naming the flag, and a change of it applies while `cdc
 /// --source` runs: from one change on, with the new rules, never the old
-/// ones again.
+/// ones again. Then the rules move to an event definition (the admin API):
+/// refused while the row names the table too, applied once it does not.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_source_rows_redact_applies_and_a_change_of_it_applies_while_cdc_runs() {
     let mut source = Source::new(&[
@@ -191,6 +194,7 @@ async fn a_source_rows_redact_applies_and_a_change_of_it_applies_while_cdc_runs(
     ])
     .await;
     source.env.set_env("ORDERPIPE_CDC__HASH_KEY", HASH_KEY);
+    source.env.set_env("ORDERPIPE_ADMIN__TOKEN", ADMIN_TOKEN);
     let (db, topic) = (source.database.clone(), source.topic("people"));
     let rules = |action: &str| format!(r#"{{"{db}.people": {{"{action}": ["mobile"]}}}}"#);
     let env = &source.env;
@@ -271,19 +275,82 @@ async fn a_source_rows_redact_applies_and_a_change_of_it_applies_while_cdc_runs(
         rows += 1;
         source.exec(&[&insert(rows)]).await;
     }
-    let mobiles = mobiles(
+    let seen = mobiles(
         &source
             .changes("people", rows, Duration::from_secs(30))
             .await,
     );
-    let switched = mobiles
+    let switched = seen
         .iter()
         .position(|m| *m == json!(hashed))
         .expect("a change with the new rules within 200 rows");
     assert!(
-        mobiles[..switched].iter().all(|m| *m == json!("***"))
-            && mobiles[switched..].iter().all(|m| *m == json!(hashed)),
-        "masked, then hashed from one change on: {mobiles:?}"
+        seen[..switched].iter().all(|m| *m == json!("***"))
+            && seen[switched..].iter().all(|m| *m == json!(hashed)),
+        "masked, then hashed from one change on: {seen:?}"
+    );
+    assert!(
+        matches!(cdc.try_wait(), Ok(None)),
+        "the same cdc process runs"
+    );
+
+    // The rules move to an event definition, through the admin API: while
+    // the row still names the table they are refused (the hashing goes on);
+    // once the row's are cleared, the definition's apply.
+    let admin = crate::subscriptions::Admin::start(env);
+    let insert_key = format!("{db}.people.insert");
+    let (status, answer) = call(
+        "PATCH",
+        &format!("{}/events/{insert_key}", admin.base),
+        Some(ADMIN_TOKEN),
+        Some(json!({"redact": {"drop": ["mobile"], "hash": ["mobile"]}})),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["field"].as_str()),
+        (400, Some("redact")),
+        "{answer}"
+    );
+    let (status, answer) = call(
+        "PATCH",
+        &format!("{}/events/{insert_key}", admin.base),
+        Some(ADMIN_TOKEN),
+        Some(json!({"redact": {"drop": ["mobile"]}})),
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["redact"]["drop"]),
+        (200, &json!(["mobile"])),
+        "{answer}"
+    );
+    let listed = env.cli(&["subs", "list", "events"]).success();
+    assert!(listed.contains("drop mobile"), "{listed}");
+    env.cli(&["subs", "update", "source", "shop", "--redact", "{}"])
+        .success();
+    let before = rows;
+    let mut dropped = false;
+    while rows < before + 200 && !dropped {
+        rows += 1;
+        source.exec(&[&insert(rows)]).await;
+        let out = source
+            .changes("people", rows, Duration::from_secs(30))
+            .await;
+        dropped = mobiles(&out).last() == Some(&Value::Null);
+    }
+    let seen = mobiles(
+        &source
+            .changes("people", rows, Duration::from_secs(30))
+            .await,
+    );
+    let gone = seen[before..]
+        .iter()
+        .position(Value::is_null)
+        .expect("a change without mobile within 200 rows")
+        + before;
+    assert!(
+        seen[switched..gone].iter().all(|m| *m == json!(hashed))
+            && seen[gone..].iter().all(Value::is_null),
+        "hashed until the definition's rules applied, then dropped, never in clear: {seen:?}"
     );
     assert!(
         matches!(cdc.try_wait(), Ok(None)),
