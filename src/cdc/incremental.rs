@@ -65,6 +65,15 @@ pub const ETA_METRIC: &str = "orderpipe_cdc_snapshot_eta_seconds";
 
 /// How often the signals are read.
 const SIGNAL_INTERVAL: Duration = Duration::from_secs(1);
+/// How long the stream waits for one read (or write-back) of the signals:
+/// they are read between its batches, so a control database that does not
+/// answer must not hold the stream up.
+const SIGNAL_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long after a failed read the signals are read again.
+const SIGNAL_RETRY: Duration = Duration::from_secs(30);
+/// How long the stream waits for one chunk's read before it goes on
+/// without it (and tries again after [`RETRY_AFTER`]).
+const CHUNK_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a chunk that could not be read waits before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -101,6 +110,8 @@ pub(crate) struct IncrementalSnapshots {
     applied: Vec<(i64, String)>,
     out: Vec<(String, u64)>,
     next_poll: Instant,
+    /// The last read of the signals failed (warned once).
+    signals_failing: bool,
     /// No chunk is read before this (after a failed read).
     retry_at: Instant,
     /// Rows committed by this process, and since when: the ETA's rate.
@@ -132,6 +143,7 @@ impl IncrementalSnapshots {
             applied: Vec::new(),
             out: Vec::new(),
             next_poll: now,
+            signals_failing: false,
             retry_at: now,
             rate: (0, now),
         };
@@ -155,14 +167,29 @@ impl IncrementalSnapshots {
             return false;
         };
         self.next_poll = Instant::now() + SIGNAL_INTERVAL;
-        let signals = match snapshot_signals::after(db, &self.source, self.state.last_signal).await
-        {
-            Ok(signals) => signals,
-            Err(e) => {
-                tracing::debug!(error = %e, "cdc: snapshot signals not read (cdc_signals: orderpipe migrate?)");
+        let read = tokio::time::timeout(
+            SIGNAL_TIMEOUT,
+            snapshot_signals::after(db, &self.source, self.state.last_signal),
+        )
+        .await;
+        let signals = match read {
+            Ok(Ok(signals)) => signals,
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {} ms", SIGNAL_TIMEOUT.as_millis()),
+                };
+                self.next_poll = Instant::now() + SIGNAL_RETRY;
+                // Once per outage: the stream does not depend on it.
+                if !std::mem::replace(&mut self.signals_failing, true) {
+                    tracing::warn!(source = %self.source, %error, retry_in_s = SIGNAL_RETRY.as_secs(), "cdc: snapshot signals (cdc_signals in database.url) not read; the stream goes on (orderpipe migrate?)");
+                }
                 return false;
             }
         };
+        if std::mem::replace(&mut self.signals_failing, false) {
+            tracing::info!(source = %self.source, "cdc: snapshot signals read again");
+        }
         for signal in &signals {
             let outcome = self.apply(signal);
             SignalApplied {
@@ -260,7 +287,15 @@ impl IncrementalSnapshots {
         let Some(progress) = self.state.tables.first().cloned() else {
             return false;
         };
-        match self.try_read_chunk(&progress).await {
+        let read = tokio::time::timeout(CHUNK_TIMEOUT, self.try_read_chunk(&progress))
+            .await
+            .unwrap_or_else(|_| {
+                Err(CdcError::Source(format!(
+                    "no chunk within {} s",
+                    CHUNK_TIMEOUT.as_secs()
+                )))
+            });
+        match read {
             Ok(chunk) => {
                 self.pending = Some(chunk);
                 false
@@ -402,8 +437,13 @@ impl IncrementalSnapshots {
         self.gauges();
         if let Some(db) = &self.signals {
             for (id, outcome) in self.applied.drain(..) {
-                if let Err(e) = snapshot_signals::applied(db, id, &outcome).await {
-                    tracing::debug!(error = %e, id, "cdc: a signal's outcome not written");
+                let written = tokio::time::timeout(
+                    SIGNAL_TIMEOUT,
+                    snapshot_signals::applied(db, id, &outcome),
+                )
+                .await;
+                if !matches!(written, Ok(Ok(()))) {
+                    tracing::warn!(id, %outcome, "cdc: a signal's outcome not written to cdc_signals (it is applied)");
                 }
             }
         }
@@ -576,6 +616,33 @@ mod tests {
         s.reset();
         assert_eq!(s.state.tables.len(), 1);
         assert_eq!(s.state.tables[0].after, None);
+    }
+
+    /// A control database that does not answer (a blackhole address)
+    /// holds the stream up for at most the timeout, then not for a while.
+    #[tokio::test]
+    async fn signals_that_cannot_be_read_hold_the_stream_up_for_the_timeout_only() {
+        let mut cdc = crate::config::Settings::default().cdc;
+        cdc.tables = vec!["shop.a".into()];
+        // TEST-NET-1: routed nowhere, so a connect waits rather than fails.
+        let db = crate::db::Db::connect(
+            &crate::db::DatabaseSettings {
+                url: "mysql://u:p@192.0.2.1:3306/x".to_string().into(),
+                max_connections: Some(1),
+            },
+            1,
+        )
+        .unwrap();
+        let mut s = IncrementalSnapshots::new(&cdc, "mysql://x", Arc::default(), None, Some(db));
+        let started = Instant::now();
+        assert!(!s.poll_signals().await);
+        let waited = started.elapsed();
+        // Without the timeout: the pool's 5 s acquire timeout, every second.
+        assert!(waited < SIGNAL_TIMEOUT * 4, "{waited:?}");
+        let again = Instant::now();
+        assert!(!s.poll_signals().await);
+        assert!(again.elapsed() < Duration::from_millis(50), "backed off");
+        assert!(s.next_poll > Instant::now() + SIGNAL_RETRY / 2);
     }
 
     #[test]
