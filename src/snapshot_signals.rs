@@ -141,7 +141,48 @@ fn signal(row: Row) -> Signal {
     }
 }
 
-/// Writes a signal of `kind` for `source` naming `tables`.
+/// Why a signal was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// A bad input: the field (`tables[1]`) and what it accepts.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field.
+        field: String,
+        /// Why, and what is accepted.
+        reason: String,
+    },
+    /// The database.
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+/// Checks what a signal of `kind` names: `<db>.<table>` each, and at least
+/// one for a start. The source checks the rest when it applies it (a table
+/// it does not capture is refused on the signal's row).
+fn check(kind: SignalKind, tables: &[String]) -> Result<(), SendError> {
+    let invalid = |field: String, reason: String| Err(SendError::Invalid { field, reason });
+    if kind == SignalKind::Start && tables.is_empty() {
+        return invalid(
+            "tables".into(),
+            "execute-snapshot needs the tables to snapshot, <db>.<table>".into(),
+        );
+    }
+    for (i, table) in tables.iter().enumerate() {
+        if table
+            .split_once('.')
+            .is_none_or(|(d, t)| d.is_empty() || t.is_empty() || t.contains('.'))
+        {
+            return invalid(
+                format!("tables[{i}]"),
+                format!("{table:?} is not <db>.<table>, e.g. shop.orders"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Writes a signal of `kind` for `source` naming `tables`, checked first.
 #[tracing::instrument(skip(db))]
 pub async fn send(
     db: &Db,
@@ -149,7 +190,8 @@ pub async fn send(
     kind: SignalKind,
     tables: &[String],
     requested_by: &str,
-) -> Result<Signal, sqlx::Error> {
+) -> Result<Signal, SendError> {
+    check(kind, tables)?;
     let data = serde_json::json!({ "data-collections": tables }).to_string();
     let created_at_ms = now_ms();
     sqlx::query(
@@ -243,6 +285,33 @@ mod tests {
         let newest = &recent(&db, "src", 1).await.unwrap()[0];
         assert_eq!(newest.outcome.as_deref(), Some("paused"));
         assert!(newest.applied_at_ms.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_bad_table_or_a_start_without_one_is_refused_naming_the_field() {
+        let (_dir, db) = crate::db::sqlite_for_test().await;
+        let field = |kind, tables: &[&str]| {
+            let tables: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
+            match check(kind, &tables) {
+                Err(SendError::Invalid { field, .. }) => field,
+                other => panic!("{tables:?}: {other:?}"),
+            }
+        };
+        assert_eq!(field(SignalKind::Start, &[]), "tables");
+        assert_eq!(field(SignalKind::Stop, &["shop.a", "orders"]), "tables[1]");
+        assert_eq!(field(SignalKind::Start, &["shop."]), "tables[0]");
+        let e = send(&db, "src", SignalKind::Start, &["a.b.c".into()], "t")
+            .await
+            .unwrap_err();
+        assert!(e.to_string().starts_with("tables[0]: "), "{e}");
+        assert!(
+            after(&db, "src", 0).await.unwrap().is_empty(),
+            "nothing written"
+        );
+        assert!(
+            check(SignalKind::Stop, &[]).is_ok(),
+            "a stop of every table"
+        );
     }
 
     #[test]

@@ -447,7 +447,7 @@ pub async fn run(settings: &Settings, command: DlqCommand) -> anyhow::Result<Exi
             }
             let bar = output::progress_bar(Some(bound.rows as u64), "replayed");
             // The same progress a console shows (dlq_replays), for this run too.
-            let who = std::env::var("USER").unwrap_or_else(|_| "cli".into());
+            let who = super::who(None);
             let tracker =
                 Tracker::start(&db, Origin::Cli, &who, &filter.to_json(), bound.rows as u64)
                     .await?;

@@ -59,10 +59,7 @@ pub struct PauseArgs {
 impl PauseArgs {
     /// Who: `--by`, else $USER, else `cli`.
     pub fn by(&self) -> String {
-        self.by
-            .clone()
-            .or_else(|| std::env::var("USER").ok())
-            .unwrap_or_else(|| "cli".into())
+        super::who(self.by.clone())
     }
 
     /// When the pause ends by itself (ms since the epoch), if `--for` was given.

@@ -256,6 +256,12 @@ pub struct OutputArg {
     pub output: Output,
 }
 
+/// Who runs a command that records it: `--by`, else $USER, else `cli`.
+pub(crate) fn who(by: Option<String>) -> String {
+    by.or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "cli".into())
+}
+
 fn parse_key_value(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),

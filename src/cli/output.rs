@@ -239,7 +239,7 @@ pub async fn cli_mask(
     if !reveal {
         return Ok(Some(mask.clone()));
     }
-    let who = std::env::var("USER").unwrap_or_else(|_| "cli".into());
+    let who = super::who(None);
     crate::console::audit::record_as(db, &who, "cli", "reveal", &target, 1, "masked fields shown")
         .await?;
     Ok(None)

@@ -70,20 +70,16 @@ pub async fn run(
         SnapshotAction::Resume { by } => (SignalKind::Resume, Vec::new(), by),
         SnapshotAction::Status => return status(settings, &db, name, format).await,
     };
-    for (i, table) in tables.iter().enumerate() {
-        if table
-            .split_once('.')
-            .is_none_or(|(d, t)| d.is_empty() || t.is_empty())
-        {
-            anyhow::bail!(
-                "--table[{i}] = {table:?}: expected <database>.<table>, e.g. shop.orders"
-            );
-        }
-    }
-    let by = by
-        .or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "cli".into());
-    let signal = snapshot_signals::send(&db, name, kind, &tables, &by).await?;
+    let by = super::who(by);
+    let signal = snapshot_signals::send(&db, name, kind, &tables, &by)
+        .await
+        .map_err(|e| match e {
+            // The field as the flag that sets it.
+            snapshot_signals::SendError::Invalid { field, reason } => {
+                anyhow::anyhow!("{}: {reason}", field.replacen("tables", "--table", 1))
+            }
+            e => e.into(),
+        })?;
     tracing::info!(
         source = name,
         id = signal.id,

@@ -381,27 +381,15 @@ async fn snapshot_signal(
             .into());
         }
     };
-    if kind == SignalKind::Start && request.tables.is_empty() {
-        return Err(
-            Invalid::new("tables", "start needs the tables to snapshot, <db>.<table>").into(),
-        );
-    }
-    for (i, table) in request.tables.iter().enumerate() {
-        if table
-            .split_once('.')
-            .is_none_or(|(d, t)| d.is_empty() || t.is_empty())
-        {
-            return Err(Invalid::new(
-                format!("tables[{i}]"),
-                format!("`{table}` is not <db>.<table>"),
-            )
-            .into());
-        }
-    }
     let by = request.by.unwrap_or_else(|| "admin-api".into());
     let signal = snapshot_signals::send(s.store.db(), &source, kind, &request.tables, &by)
         .await
-        .map_err(SubsError::from)?;
+        .map_err(|e| match e {
+            snapshot_signals::SendError::Invalid { field, reason } => {
+                SubsError::from(Invalid::new(field, reason))
+            }
+            snapshot_signals::SendError::Db(e) => SubsError::from(e),
+        })?;
     Ok(Json(signal))
 }
 
