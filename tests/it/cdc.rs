@@ -937,17 +937,22 @@ async fn with_value_format_avro_a_snapshot_and_the_stream_share_one_typed_schema
             ("born", &json!("string"))
         ]
     );
-    let events: Vec<&ChangeEvent> = changes.iter().map(|(_, e)| e).collect();
+    // Rows 1 and 2 may be on different partitions: only a key's order holds.
+    let keys = by_key(&changes);
+    let (row1, row2) = (&keys["1"], &keys["2"]);
+    assert_eq!(row1.len(), 1, "{row1:?}");
     assert_eq!(
-        events[0].data,
+        row1[0].data,
         json!({"id": 1, "small": -3, "price": 1.5, "name": "ann", "balance": "12.50",
                "at": "2026-12-01T06:00:00.123", "body": "hi", "born": "2000-01-02"})
     );
-    assert_eq!(events[1].data["small"], json!(7));
-    assert_eq!(events[1].data["name"], json!(null));
-    assert_eq!(events[2].change, ChangeKind::Update);
-    assert_eq!(events[2].old, Some(json!({"name": null, "price": null})));
-    assert_eq!(events[2].data["price"], json!(2.25));
+    assert_eq!(row2.len(), 2, "{row2:?}");
+    assert_eq!(row2[0].change, ChangeKind::Insert);
+    assert_eq!(row2[0].data["small"], json!(7));
+    assert_eq!(row2[0].data["name"], json!(null));
+    assert_eq!(row2[1].change, ChangeKind::Update);
+    assert_eq!(row2[1].old, Some(json!({"name": null, "price": null})));
+    assert_eq!(row2[1].data["price"], json!(2.25));
     assert!(matches!(cdc.try_wait(), Ok(None)), "cdc still runs");
     let _ = cdc.kill();
 }
