@@ -21,6 +21,15 @@
       from the Secret key the pods mount at ssl.ca.location. --require-auth:
       also fail unless at least one trigger authenticates (values with SASL on).
 
+  chart-checks.py keda-pause MANIFEST
+      Each ScaledObject holds its replica count while an operator pauses its
+      group, by the outside tools' own rules: KEDA's scalingModifiers formula
+      is compiled and run the way KEDA does (dev/keda-formula, expr-lang/expr)
+      over the values of its named triggers, and the triggers' PromQL runs in
+      promtool's rule unit tests over the series the persisters export (two
+      replicas, another group beside it, and no series at all). Running: the
+      group's lag; paused: ceil(value / target) is its live members.
+
   chart-checks.py roles MANIFEST --values values.yaml [--values FILE ...]
       Each consumers[] group and subscriptions[] entry of the values has its
       Deployment (consume --group G / deliver --subscription NAME, declared
@@ -50,7 +59,11 @@ exit 1 with one line per problem otherwise.
 """
 import argparse
 import json
+import math
+import os
+import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -279,6 +292,83 @@ def check_keda(docs, require_auth):
     if problems:
         return problems
     print(f"keda: {triggers} kafka triggers use their pods' settings (security.protocol {'; '.join(sorted(protocols)) or '-'})")
+    return []
+
+
+def check_keda_pause(docs):
+    """See the module doc (keda-pause)."""
+    problems, formulas, queries = [], [], []
+    for so in (d for d in docs if d["kind"] == "ScaledObject"):
+        where = f"ScaledObject {so['metadata']['name']}"
+        modifiers = ((so["spec"].get("advanced") or {}).get("scalingModifiers")) or {}
+        triggers = {t.get("name"): t for t in so["spec"]["triggers"]}
+        kafka = [t for t in so["spec"]["triggers"] if t["type"] == "kafka"]
+        if not modifiers.get("formula") or len(kafka) != 1 or not kafka[0].get("name"):
+            problems.append(f"{where}: no scalingModifiers formula over a named kafka trigger: "
+                            f"KEDA scales a paused group on the lag its pause builds up")
+            continue
+        group = kafka[0]["metadata"]["consumerGroup"]
+        if modifiers.get("metricType", "AverageValue") != "AverageValue":
+            problems.append(f"{where}: metricType {modifiers['metricType']!r}, not AverageValue (replicas = value / target)")
+        names = {"lag": kafka[0]["name"]}
+        for role, metric in (("paused", "orderpipe_group_paused"), ("members", "orderpipe_group_members")):
+            found = [n for n, t in triggers.items() if t["type"] == "prometheus" and metric in t["metadata"].get("query", "")]
+            if len(found) != 1:
+                problems.append(f"{where}: {len(found)} prometheus triggers read {metric}, want 1")
+                continue
+            names[role] = found[0]
+            queries.append((where, role, group, metric, triggers[found[0]]["metadata"]["query"]))
+        if len(names) == 3:
+            formulas.append((where, group, float(modifiers["target"]), names, modifiers["formula"],
+                             [n for n in triggers if n]))
+    # The formula, as KEDA compiles and runs it.
+    cases = [(5000, 0, 2), (0, 0, 3), (250_000, 1, 3), (250_000, 1, 0), (10, 1, 7)]
+    request = [{"formula": f, "triggers": all_names,
+                "cases": [{names["lag"]: lag, names["paused"]: paused, names["members"]: members}
+                          for lag, paused, members in cases]}
+               for _, _, _, names, f, all_names in formulas]
+    if request:
+        tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keda-formula")
+        run = subprocess.run(["go", "run", "."], cwd=tool, input=json.dumps(request),
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            return problems + [f"KEDA's formula compiler refused: {run.stderr.strip()}"]
+        for (where, _, target, _, formula, _), values in zip(formulas, json.loads(run.stdout)):
+            for (lag, paused, members), value in zip(cases, values):
+                if paused and math.ceil(value / target) != members:
+                    problems.append(f"{where}: paused with {members} members and lag {lag}, {formula!r} = {value}: "
+                                    f"{math.ceil(value / target)} replicas, not {members}")
+                if not paused and value != lag:
+                    problems.append(f"{where}: running with lag {lag}, {formula!r} = {value}, not the lag")
+    # The queries, as Prometheus evaluates them.
+    groups = sorted({q[2] for q in queries})
+    if groups:
+        series = []
+        for i, g in enumerate(groups):
+            for pod in ("persister-a", "persister-b"):
+                series.append({"series": f'orderpipe_group_paused{{group="{g}",pod="{pod}"}}', "values": "1"})
+                series.append({"series": f'orderpipe_group_members{{group="{g}",pod="{pod}"}}', "values": str(i + 2)})
+        series.append({"series": 'orderpipe_group_paused{group="another.group",pod="persister-a"}', "values": "0"})
+        series.append({"series": 'orderpipe_group_members{group="another.group",pod="persister-a"}', "values": "40"})
+        want = lambda role, g: 1 if role == "paused" else groups.index(g) + 2
+        tests = [{"input_series": series, "promql_expr_test": [
+                      {"expr": q, "eval_time": "0m", "exp_samples": [{"labels": "{}", "value": want(role, g)}]}
+                      for _, role, g, _, q in queries]},
+                 {"input_series": [{"series": 'orderpipe_group_paused{group="another.group"}', "values": "1"}],
+                  "promql_expr_test": [{"expr": q, "eval_time": "0m", "exp_samples": [{"labels": "{}", "value": 0}]}
+                                       for *_, q in queries]}]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "keda-queries-test.yaml")
+            with open(path, "w") as f:
+                yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": tests}, f)
+            run = subprocess.run(["promtool", "test", "rules", path], capture_output=True, text=True)
+            if run.returncode != 0:
+                problems.append(f"promtool: the triggers' queries do not read their group's paused flag and "
+                                f"members: {(run.stdout + run.stderr).strip()}")
+    if problems:
+        return problems
+    print(f"keda-pause: {len(formulas)} ScaledObjects follow their lag while running and hold their members while "
+          f"paused (KEDA's formula rules, {len(cases)} cases each; {len(queries)} queries in promtool)")
     return []
 
 
@@ -615,7 +705,7 @@ def check_accounts(docs):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=["hooks", "keda", "roles", "args", "netpol", "accounts"])
+    parser.add_argument("check", choices=["hooks", "keda", "keda-pause", "roles", "args", "netpol", "accounts"])
     parser.add_argument("manifest")
     parser.add_argument("--user-secret", action="append", default=[],
                         help="hooks: a Secret the user provides (existingSecret); repeatable")
@@ -631,6 +721,8 @@ def main():
         problems = check_hooks(docs, set(args.user_secret) | ({secret} if secret else set()))
     elif args.check == "keda":
         problems = check_keda(docs, args.require_auth)
+    elif args.check == "keda-pause":
+        problems = check_keda_pause(docs)
     elif args.check == "roles":
         problems = check_roles(docs, merged_values(args.values))
     elif args.check == "netpol":

@@ -5,7 +5,9 @@
 #   (kubernetes-validate --strict; CRD kinds are reported, not validated);
 #   the rendered config loads in orderpipe; dev/chart-checks.py: hook Jobs read
 #   only hooks of lower weight or existingSecret, every role is rendered, KEDA
-#   triggers use the pods' SASL/TLS (and each check fails on a bad manifest);
+#   triggers use the pods' SASL/TLS, and a paused group holds its replicas
+#   (KEDA's formula rules in dev/keda-formula, the queries in promtool) (and
+#   each check fails on a bad manifest);
 #   dev/chart-hooks-run.py: the rendered hook Jobs run in Helm's order with the
 #   orderpipe binary against the dev stack (install, upgrade, and a release
 #   failed by an incompatible schema), and so do the cdc and router
@@ -145,6 +147,17 @@ expect_fail "KEDA triggers without the pods' SASL credentials" "names no rendere
 sed '/^        sasl: scram_sha512$/d' "$OUT/production.yaml" > "$OUT/keda-no-sasl.yaml"
 expect_fail "a KEDA trigger without the pods' SASL mechanism" "sasl is 'none', the pods use SASL_SSL SCRAM-SHA-512" \
   python3 "$ROOT/dev/chart-checks.py" keda "$OUT/keda-no-sasl.yaml"
+echo "== a paused group keeps its replicas under KEDA (production values: a Prometheus)"
+python3 "$ROOT/dev/chart-checks.py" keda-pause "$OUT/production.yaml"
+sed '/^  advanced:$/,/metricType: AverageValue/d' "$OUT/production.yaml" > "$OUT/keda-no-formula.yaml"
+expect_fail "KEDA scaling on the lag alone" "scales a paused group on the lag its pause builds up" \
+  python3 "$ROOT/dev/chart-checks.py" keda-pause "$OUT/keda-no-formula.yaml"
+sed 's/members \* 1000 : lag"/members : lag"/' "$OUT/production.yaml" > "$OUT/keda-members.yaml"
+expect_fail "a formula that holds one replica per member-threshold" "1 replicas, not 3" \
+  python3 "$ROOT/dev/chart-checks.py" keda-pause "$OUT/keda-members.yaml"
+sed 's/group_paused{group=\\"inventory/group_paused{group=\\"other/' "$OUT/production.yaml" > "$OUT/keda-other-group.yaml"
+expect_fail "a paused query of another group" "do not read their group's paused flag" \
+  python3 "$ROOT/dev/chart-checks.py" keda-pause "$OUT/keda-other-group.yaml"
 render() { "$HELM" template orderpipe "$CHART" --kube-version "$KUBE_VERSION" "$@"; }
 expect_fail "SASL without secretKeys.saslPassword" "secretKeys.saslPassword is empty" \
   render --set 'config.kafka.options.security\.protocol=SASL_SSL' --set 'config.kafka.options.sasl\.mechanism=PLAIN' \
