@@ -128,12 +128,29 @@ pub struct PartitionLag {
     /// producer that never commits nor aborts holds every `read_committed`
     /// consumer there until the broker's transaction timeout.
     pub open_transaction_age_seconds: Option<f64>,
+    /// The `transactional.id` of the producer holding it, when the brokers
+    /// tell ([`crate::kafka::transactions`]: PLAINTEXT listeners only).
+    pub open_transactional_id: Option<String>,
     /// Offsets between the committed (or start) offset and the log end.
     pub lag: i64,
     /// Timestamp (ms since the epoch) of the first record not consumed yet.
     pub oldest_unconsumed_timestamp_ms: Option<i64>,
     /// Its age in seconds at measurement time; None when the lag is 0.
     pub oldest_unconsumed_age_seconds: Option<f64>,
+}
+
+impl PartitionLag {
+    /// What holds an open transaction's partition, after its age:
+    /// `(high watermark N, transactional.id ID)`.
+    pub fn open_transaction_holder(&self) -> String {
+        match &self.open_transactional_id {
+            Some(id) => format!(
+                "(high watermark {}, transactional.id {id})",
+                self.high_watermark
+            ),
+            None => format!("(high watermark {})", self.high_watermark),
+        }
+    }
 }
 
 /// One group.
@@ -279,6 +296,8 @@ fn measure_groups(
     // (log start, last stable offset, high watermark) per partition.
     let mut watermarks: BTreeMap<(String, i32), (i64, i64, i64)> = BTreeMap::new();
     let mut result = Vec::new();
+    // Asked of the brokers once, when some partition is held open.
+    let mut holders: Option<BTreeMap<(String, i32), String>> = None;
     for group in groups {
         let (state, members) = describe_group(&probe, group)?;
         let members = members.len();
@@ -317,6 +336,7 @@ fn measure_groups(
                     log_end_offset: high,
                     high_watermark,
                     open_transaction_age_seconds: None,
+                    open_transactional_id: None,
                     lag: (high - from).max(0),
                     oldest_unconsumed_timestamp_ms: None,
                     oldest_unconsumed_age_seconds: None,
@@ -324,6 +344,18 @@ fn measure_groups(
             }
             oldest_unconsumed(&probe, &mut partitions)?;
             open_transactions(&uncommitted, &mut partitions)?;
+            if partitions
+                .iter()
+                .any(|p| p.open_transaction_age_seconds.is_some())
+            {
+                let holders = holders.get_or_insert_with(|| transaction_holders(kafka, &probe));
+                for p in &mut partitions {
+                    if p.open_transaction_age_seconds.is_some() {
+                        p.open_transactional_id =
+                            holders.get(&(p.topic.clone(), p.partition)).cloned();
+                    }
+                }
+            }
         }
         let status = match (any_committed, members) {
             (true, 0) => GroupStatus::NoMembers,
@@ -513,6 +545,42 @@ fn open_transactions(
         }
     }
     Ok(())
+}
+
+/// The `transactional.id` of the oldest open transaction on each partition
+/// it wrote to, as the brokers' transaction coordinators describe them;
+/// empty (and logged) when they cannot be asked.
+fn transaction_holders(
+    kafka: &KafkaSettings,
+    probe: &BaseConsumer,
+) -> BTreeMap<(String, i32), String> {
+    use crate::kafka::transactions;
+    let brokers: Vec<String> = match probe.fetch_metadata(None, REQUEST_TIMEOUT) {
+        Ok(m) => m
+            .brokers()
+            .iter()
+            .map(|b| format!("{}:{}", b.host(), b.port()))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "no broker list: open transactions shown without their id");
+            return BTreeMap::new();
+        }
+    };
+    let protocol = kafka
+        .client_options()
+        .get("security.protocol")
+        .cloned()
+        .unwrap_or_else(|| "plaintext".into());
+    match transactions::open_transactions(&brokers, &protocol, REQUEST_TIMEOUT) {
+        Ok(open) => transactions::by_partition(&open)
+            .into_iter()
+            .map(|(p, t)| (p, t.transactional_id.clone()))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "open transactions shown without their transactional id");
+            BTreeMap::new()
+        }
+    }
 }
 
 /// The timestamp of the first record from each assigned position of one

@@ -94,7 +94,7 @@ fn print(groups: &[GroupLag], paused: Option<&[GroupPause]>, format: Output) {
                 age(p.oldest_unconsumed_age_seconds),
                 p.open_transaction_age_seconds.map_or_else(
                     || "-".into(),
-                    |s| format!("{} (high watermark {})", age(Some(s)), p.high_watermark),
+                    |s| format!("{} {}", age(Some(s)), p.open_transaction_holder()),
                 ),
             ]
         })

@@ -399,9 +399,9 @@ fn cards(lags: Vec<GroupLag>, figures: DbFigures) -> Vec<GroupCard> {
                             || "-".into(),
                             |s| {
                                 format!(
-                                    "{} (high watermark {})",
+                                    "{} {}",
                                     age((s * 1000.0) as i64),
-                                    p.high_watermark
+                                    p.open_transaction_holder()
                                 )
                             },
                         ),

@@ -10,8 +10,11 @@
 //!   first offset at or after a time.
 //! * [`size_limit`]: the largest record a producer and a topic accept
 //!   ([`size_limit::RecordLimit`]), checked before a record is produced.
+//! * [`transactions`]: the open transactions the brokers coordinate
+//!   (`ListTransactions`, `DescribeTransactions`), which librdkafka cannot ask.
 
 pub mod client;
 pub mod offsets;
 pub mod record;
 pub mod size_limit;
+pub mod transactions;

@@ -785,7 +785,8 @@ fn lag_partition(env: &TestEnv, group: &str, topic: &str, partition: i64) -> Val
 /// aborts) holds its partition's last stable offset: `orderpipe lag` shows
 /// the high watermark above it, the stable offset at the open record's own
 /// offset (as the broker acknowledged it to the producer), and how long it
-/// has been open; aborting it ends all three.
+/// has been open, with the producer's `transactional.id` (there and in the
+/// console's overview); aborting it ends all three.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transaction_left_open_shows_in_lag_with_its_age_until_it_is_aborted() {
     use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -834,6 +835,34 @@ async fn a_transaction_left_open_shows_in_lag_with_its_age_until_it_is_aborted()
     assert_eq!(held["high_watermark"], offset + 1, "{held}");
     let age = held["open_transaction_age_seconds"].as_f64().unwrap();
     assert!(age <= opened.elapsed().as_secs_f64() + 1.0, "{held}");
+    // The brokers' transaction coordinator names the producer holding it.
+    let transactional_id = format!("{}-hanging", env.prefix);
+    assert_eq!(
+        held["open_transactional_id"],
+        transactional_id.as_str(),
+        "{held}"
+    );
+    let console = crate::console_browser::TestConsole::start(&env, |s| {
+        s.lag.groups = vec![group.to_string()];
+    })
+    .await;
+    let shown = format!(
+        "(high watermark {}, transactional.id {transactional_id})",
+        offset + 1
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, page) = console.get_as(orderpipe::console::Role::Viewer, "/").await;
+        if status == 200 && page.contains(&shown) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the overview does not show {shown}: {page}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(console);
     // The persister exports it; the chart's alert fires in a real Prometheus.
     let mut env = env;
     let (mut persister, prometheus) = persister_watched_by_prometheus(
@@ -851,8 +880,7 @@ async fn a_transaction_left_open_shows_in_lag_with_its_age_until_it_is_aborted()
     sigterm(&mut persister);
     let table = env.cli(&["lag", "--group", group]).success();
     assert!(
-        table.contains("open transaction")
-            && table.contains(&format!("(high watermark {})", offset + 1)),
+        table.contains("open transaction") && table.contains(&shown),
         "{table}"
     );
 
