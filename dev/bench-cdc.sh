@@ -112,26 +112,48 @@ echo "   $ROWS rows in ${LOAD_SECS%.*} s: $LOAD_RATE rows/s (= commits/s)"
 result cdc "MariaDB insert load, $CLIENTS clients, sync_binlog=1" "write rate" "$LOAD_RATE" rows/s "" \
   "$CLIENTS x mariadb < single-row INSERTs (autocommit)"
 
-# catch_up WHO TOPIC START: a stamping consumer of TOPIC, then START (start_cdc or start_peer) reads
-# the backlog; sets CAUGHT_UP to the rows/s.
+# stage_table SUMMARY PHASE: cdc's stage times (its --output json summary) as a table.
+stage_table() {
+  echo "== cdc's stage times in $2 (ms per batch; from its --output json summary)"
+  python3 - "$1" <<'PY'
+import json, sys
+stages = json.load(open(sys.argv[1]))["stages_ms"]
+print(f"   {'stage':<8} {'batches':>8} {'mean':>8} {'p50':>8} {'p99':>8} {'max':>8} {'total s':>8}")
+for name in ("gather", "encode", "produce", "commit"):
+    t = stages.get(name)
+    if t:
+        print(f"   {name:<8} {t['count']:>8} {t['mean']:>8.2f} {t['p50']:>8.2f} {t['p99']:>8.2f} {t['max']:>8.2f} {t['count'] * t['mean'] / 1000:>8.2f}")
+PY
+}
+# catch_up WHO TOPIC START PID_VAR: a stamping consumer of TOPIC, then START (start_cdc or
+# start_peer, which sets PID_VAR) reads the backlog; sets CAUGHT_UP to the rows/s, and prints
+# the CPU each process spent per row (on 2 cores the machine's whole budget is 2 s per s).
 catch_up() {
   stamp "$2" "$ROWS" "$WORK/$1-load.tsv"
-  local consumer=$CONSUMER_PID
+  local consumer=$CONSUMER_PID kafka db0 kafka0 all0
+  kafka="$(cat "${ORDERPIPE_STACK_DIR:-$ROOT/.stack}/kafka.pid")"
+  db0=$(db_cpu /dev/stdout); kafka0=$(proc_cpu "$kafka"); all0=$(machine_cpu)
   "$3"
   wait_stamps "$WORK/$1-load.tsv" "$ROWS" 600
+  local who=$(proc_cpu "${!4}") db=$(( $(db_cpu /dev/stdout) - db0 )) k=$(( $(proc_cpu "$kafka") - kafka0 ))
+  local all=$(( $(machine_cpu) - all0 ))
   wait "$consumer" 2>/dev/null || true
   CAUGHT_UP=$(rate "$WORK/$1-load.tsv")
   echo "   $1: $CAUGHT_UP rows/s to a read_committed consumer"
+  python3 -c 'import sys; rows = int(sys.argv[1]); print("      CPU per row: " + ", ".join(f"{n} {int(v) / rows:.1f} µs" for n, v in zip(sys.argv[2::2], sys.argv[3::2])))' \
+    "$ROWS" "$1 (its start included)" "$who" Kafka "$k" MariaDB "$db" "the rest (the stamping consumer, ...)" "$(( all - who - k - db ))"
 }
 echo "== cdc catches up the $ROWS-change backlog"
-catch_up cdc "$CDC_TOPIC.load" start_cdc; CDC_RATE=$CAUGHT_UP
+catch_up cdc "$CDC_TOPIC.load" start_cdc CDC_PID; CDC_RATE=$CAUGHT_UP
 CMD="orderpipe ${CDC_ARGS[*]}"
 result cdc "$CDC_NAME, $ROWS-change backlog" "catch-up throughput" "$CDC_RATE" rows/s \
   "$([ $HAVE_PEER = 1 ] && echo "$DBZ_NAME, $ROWS-change backlog")" "$CMD"
 stop "$CDC_PID"
+cp "$WORK/cdc.out" "$WORK/cdc-catchup.out"
+stage_table "$WORK/cdc-catchup.out" "the catch-up"
 if [ $HAVE_PEER = 1 ]; then
   echo "== Debezium catches up the same backlog"
-  catch_up debezium "$DBZ_TOPIC.load" start_peer; DBZ_RATE=$CAUGHT_UP
+  catch_up debezium "$DBZ_TOPIC.load" start_peer PEER_PID; DBZ_RATE=$CAUGHT_UP
   result cdc "$DBZ_NAME, $ROWS-change backlog" "catch-up throughput" \
     "$DBZ_RATE" rows/s "" "ConnectStandalone + io.debezium.connector.mariadb.MariaDbConnector (dev/bench-cdc.sh)"
 fi
@@ -170,15 +192,6 @@ rm -f "$(dirname "$RESULTS")"/cdc-latency-*.txt  # this run's alone on the repor
 report_lag "$CDC_NAME" "$([ $HAVE_PEER = 1 ] && echo "$DBZ_NAME")" "$CMD" "$WORK/cdc-lat.tsv" cdc
 [ $HAVE_PEER = 1 ] && report_lag "$DBZ_NAME" "" "ConnectStandalone + MariaDbConnector" "$WORK/dbz-lat.tsv" debezium
 stop "$CDC_PID"; [ $HAVE_PEER = 1 ] && stop "$PEER_PID"
-echo "== cdc's stage times in the lag phase (ms per batch; from its --output json summary)"
-python3 - "$WORK/cdc.out" <<'PY'
-import json, sys
-stages = json.load(open(sys.argv[1]))["stages_ms"]
-print(f"   {'stage':<8} {'batches':>8} {'mean':>8} {'p50':>8} {'p99':>8} {'max':>8}")
-for name in ("gather", "encode", "produce", "commit"):
-    t = stages.get(name)
-    if t:
-        print(f"   {name:<8} {t['count']:>8} {t['mean']:>8.2f} {t['p50']:>8.2f} {t['p99']:>8.2f} {t['max']:>8.2f}")
-PY
+stage_table "$WORK/cdc.out" "the lag phase"
 echo
 echo "cdc vs the database's own write rate ($CLIENTS clients, durability on): $LOAD_RATE rows/s written, $CDC_RATE rows/s captured$([ $HAVE_PEER = 1 ] && echo ", Debezium $DBZ_RATE rows/s")"

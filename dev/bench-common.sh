@@ -68,13 +68,27 @@ db_counters() {
 # in whichever run it happens in. Read before db_counters and after it: its
 # own query stays out of the statement counts.
 db_cpu() {
-  local pid stat
-  pid="$(cat "$(SQL -e 'SELECT @@pid_file')")" && stat="$(cat "/proc/$pid/stat")" \
+  local pid
+  pid="$(cat "$(SQL -e 'SELECT @@pid_file')")" && [ -r "/proc/$pid/stat" ] \
     || { echo "bench: no CPU time of the MariaDB on port $MARIADB_PORT (not on this machine?)" >&2; return 1; }
-  # After the command name "(mariadbd) ": field 3 (state) first, so utime
+  proc_cpu "$pid" > "$1"
+}
+# machine_cpu: the machine's busy CPU time so far, all cores (user, nice,
+# system, irq, softirq, steal of /proc/stat; microseconds).
+machine_cpu() {
+  local f
+  read -r -a f < /proc/stat
+  echo $(( (f[1] + f[2] + f[3] + f[6] + f[7] + f[8]) * 1000000 / $(getconf CLK_TCK) ))
+}
+# proc_cpu PID: the process's CPU time so far (user + system, microseconds;
+# its threads included, its children not), 0 when it is gone.
+proc_cpu() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || { echo 0; return; }
+  # After the command name "(...) ": field 3 (state) first, so utime
   # (field 14) is f[11] and stime (15) f[12].
   read -r -a f <<<"${stat##*) }"
-  echo $(( (f[11] + f[12]) * 1000000 / $(getconf CLK_TCK) )) > "$1"
+  echo $(( (f[11] + f[12]) * 1000000 / $(getconf CLK_TCK) ))
 }
 # cpu_per_event BEFORE AFTER EVENTS: MariaDB CPU microseconds per event
 # between two db_cpu files.

@@ -420,6 +420,10 @@ struct Publisher {
     /// Per topic: the writer schema's text (per-table schemas change with
     /// the table) and its codec.
     codecs: HashMap<String, (String, Codec)>,
+    /// Registry id of the change schema per topic, once its first JSON-format
+    /// record went through the registry: later ones are framed directly
+    /// ([`ChangeEvent::framed_avro`]).
+    change_schema_ids: HashMap<String, u32>,
     registry: RegistrySettings,
     cdc: CdcSettings,
     kafka: KafkaSettings,
@@ -619,6 +623,7 @@ impl Publisher {
         Ok(Self {
             producer,
             codecs: HashMap::new(),
+            change_schema_ids: HashMap::new(),
             registry: sections.registry.clone(),
             cdc: sections.cdc.clone(),
             kafka: sections.kafka.clone(),
@@ -686,6 +691,10 @@ impl Publisher {
         change: &binlog::RowChange,
         event: &ChangeEvent,
     ) -> Result<Vec<u8>, CdcError> {
+        let json = self.cdc.value_format == table_schema::ValueFormat::Json;
+        if let Some(id) = self.change_schema_ids.get(topic).filter(|_| json) {
+            return Ok(event.framed_avro(*id));
+        }
         let (schema, value) = match self.cdc.value_format {
             table_schema::ValueFormat::Json => (topic_schema(topic), event.to_avro()),
             table_schema::ValueFormat::Avro => {
@@ -716,7 +725,12 @@ impl Publisher {
             self.codecs
                 .insert(topic.to_string(), (schema.raw.clone(), codec));
         }
-        Ok(self.codecs[topic].1.encode_value(value).await?)
+        let framed = self.codecs[topic].1.encode_value(value).await?;
+        if json {
+            self.change_schema_ids
+                .insert(topic.to_string(), crate::codec::schema_id(&framed)?);
+        }
+        Ok(framed)
     }
 
     /// The largest record `topic` takes (its `max.message.bytes` is read

@@ -141,6 +141,44 @@ pub fn trace_id_of(event_id: &Uuid) -> String {
 }
 
 impl ChangeEvent {
+    /// The Confluent-framed value of this change under [`CHANGE_SCHEMA`]
+    /// registered as `schema_id`: magic byte, the id, then the Avro datum
+    /// written field by field in the schema's order. The same bytes as
+    /// [`Self::to_avro`] through the registry's encoder (a unit test holds
+    /// them equal against apache-avro), at a fraction of the cost: no
+    /// `Value` tree, no schema resolved per record. `cdc` writes every
+    /// JSON-format change this way once the topic's schema id is known.
+    pub fn framed_avro(&self, schema_id: u32) -> Vec<u8> {
+        let data = self.data.to_string();
+        let old = self.old.as_ref().map(|o| o.to_string());
+        let mut out = Vec::with_capacity(192 + data.len() + old.as_ref().map_or(0, String::len));
+        out.push(0);
+        out.extend_from_slice(&schema_id.to_be_bytes());
+        let mut id = uuid::Uuid::encode_buffer();
+        for text in [
+            &*self.event_id.hyphenated().encode_lower(&mut id),
+            &self.event_name,
+            &self.event_version,
+            &crate::envelope::format_utc(&self.event_time),
+            &self.producer,
+            &self.trace_id,
+            &self.database,
+            &self.table,
+            self.change.as_str(),
+            &self.key,
+            &data,
+        ] {
+            avro_string(&mut out, text);
+        }
+        avro_optional(&mut out, old.as_deref(), avro_string);
+        avro_optional(&mut out, self.gtid.as_deref(), avro_string);
+        avro_string(&mut out, &self.binlog_file);
+        avro_long(&mut out, self.binlog_pos as i64);
+        avro_optional(&mut out, self.xid.map(|x| x as i64), avro_long);
+        avro_long(&mut out, i64::from(self.row_index as i32));
+        out
+    }
+
     /// The Avro record of `change.avsc`.
     pub fn to_avro(&self) -> Value {
         let text = |s: &str| Value::String(s.to_string());
@@ -426,4 +464,97 @@ pub fn untyped_value(value: Value) -> Value {
         }
     }
     Value::Record(untyped)
+}
+
+/// Avro's `long` (and `int`): zig-zag, then a base-128 varint.
+fn avro_long(out: &mut Vec<u8>, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        out.push((z as u8 & 0x7f) | 0x80);
+        z >>= 7;
+    }
+    out.push(z as u8);
+}
+
+/// Avro's `string`: its byte length as a `long`, then the UTF-8 bytes.
+fn avro_string(out: &mut Vec<u8>, s: &str) {
+    avro_long(out, s.len() as i64);
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// A `["null", T]` union: branch 0 for none, 1 then the value.
+fn avro_optional<T>(out: &mut Vec<u8>, v: Option<T>, write: impl FnOnce(&mut Vec<u8>, T)) {
+    match v {
+        None => avro_long(out, 0),
+        Some(v) => {
+            avro_long(out, 1);
+            write(out, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// apache-avro's own encoding of [`ChangeEvent::to_avro`] under the
+    /// registered schema is the oracle for the hand-written one.
+    #[test]
+    fn framed_avro_is_byte_for_byte_apache_avros_encoding() {
+        let schema = apache_avro::Schema::parse_str(CHANGE_SCHEMA).unwrap();
+        let base = ChangeEvent {
+            event_id: change_id("src", "0-1-42", 3),
+            event_name: "shop.orders.update".into(),
+            event_version: CHANGE_EVENT_VERSION.into(),
+            event_time: DateTime::from_timestamp(1_796_433_005, 0).unwrap(),
+            producer: "cdc:src".into(),
+            trace_id: trace_id_of(&change_id("src", "0-1-42", 3)),
+            database: "shop".into(),
+            table: "orders".into(),
+            change: ChangeKind::Update,
+            key: "42".into(),
+            data: serde_json::json!({"id": 42, "note": "naïve ✓ \"q\"", "n": null}),
+            old: Some(serde_json::json!({"note": "x"})),
+            gtid: Some("0-1-42".into()),
+            binlog_file: "mariadb-bin.000007".into(),
+            binlog_pos: 4_294_967_296 + 17,
+            xid: Some(u64::from(u32::MAX) * 9),
+            row_index: 3,
+        };
+        let long_text = "x".repeat(70_000);
+        let variants = [
+            base.clone(),
+            ChangeEvent {
+                change: ChangeKind::Insert,
+                old: None,
+                gtid: None,
+                xid: None,
+                row_index: 0,
+                binlog_pos: 4,
+                ..base.clone()
+            },
+            ChangeEvent {
+                change: ChangeKind::Read,
+                key: "[1,\"a\"]".into(),
+                data: serde_json::json!({"body": long_text}),
+                row_index: 1_000_000,
+                ..base.clone()
+            },
+            ChangeEvent {
+                change: ChangeKind::Delete,
+                data: serde_json::json!({}),
+                xid: Some(0),
+                ..base
+            },
+        ];
+        for event in variants {
+            let datum = apache_avro::writer::datum::GenericDatumWriter::builder(&schema)
+                .build()
+                .and_then(|w| w.write_value_to_vec(event.to_avro()))
+                .unwrap();
+            let mut expected = vec![0, 0, 0, 0x30, 0x39];
+            expected.extend_from_slice(&datum);
+            assert_eq!(event.framed_avro(12_345), expected, "{:?}", event.change);
+        }
+    }
 }
