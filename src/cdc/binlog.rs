@@ -321,6 +321,85 @@ struct Open {
     warned: bool,
 }
 
+/// A [`BinlogReader`] on a task of its own, reading ahead of the publisher
+/// by up to one batch: parsing the next transactions (CPU) overlaps the
+/// current batch's Kafka transaction (waits on the broker). Transactions
+/// come in stream order, each once. The reader holds at most a
+/// [`PieceLimit`] of rows and bytes not yet taken (a bigger transaction
+/// alone), and stops with the first error, which it hands on. Dropping this
+/// stops the task and closes its replica connection (a reconnect opens a
+/// new reader at the checkpoint).
+pub(crate) struct ReadAhead {
+    received: tokio::sync::mpsc::Receiver<(Result<BinlogTransaction, CdcError>, u32, u32)>,
+    rows: std::sync::Arc<tokio::sync::Semaphore>,
+    bytes: std::sync::Arc<tokio::sync::Semaphore>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReadAhead {
+    /// Starts reading `reader` ahead, in transactions or pieces of `limit`.
+    pub(crate) fn start(mut reader: BinlogReader, limit: PieceLimit) -> Self {
+        // Bounds of the read-ahead, as semaphore permits (u32 each).
+        let cap = |n: usize| n.clamp(1, 1 << 24) as u32;
+        let (row_cap, byte_cap) = (cap(limit.rows), cap(limit.bytes));
+        let rows = std::sync::Arc::new(tokio::sync::Semaphore::new(row_cap as usize));
+        let bytes = std::sync::Arc::new(tokio::sync::Semaphore::new(byte_cap as usize));
+        // Transactions are counted, not only rows: a stream of empty ones
+        // (other tables') stays bounded too.
+        let (sender, received) = tokio::sync::mpsc::channel(row_cap as usize);
+        let (task_rows, task_bytes) = (rows.clone(), bytes.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let result = reader.next_transaction(limit).await;
+                let (r, b) = match &result {
+                    Ok(tx) => (
+                        cap(tx.changes.len()).min(row_cap),
+                        cap(tx.bytes).min(byte_cap),
+                    ),
+                    Err(_) => (0, 0),
+                };
+                let stop = result.is_err();
+                // Closed semaphores never happen: they live as long as this task's owner.
+                if let (Ok(p), Ok(q)) = (
+                    task_rows.acquire_many(r).await,
+                    task_bytes.acquire_many(b).await,
+                ) {
+                    p.forget();
+                    q.forget();
+                }
+                if sender.send((result, r, b)).await.is_err() || stop {
+                    break;
+                }
+            }
+        });
+        Self {
+            received,
+            rows,
+            bytes,
+            task,
+        }
+    }
+
+    /// The next transaction or piece, as [`BinlogReader::next_transaction`]
+    /// gives it. Cancel-safe.
+    pub(crate) async fn next_transaction(&mut self) -> Result<BinlogTransaction, CdcError> {
+        match self.received.recv().await {
+            Some((result, rows, bytes)) => {
+                self.rows.add_permits(rows as usize);
+                self.bytes.add_permits(bytes as usize);
+                result
+            }
+            None => Err(CdcError::Source("the binlog reader task ended".into())),
+        }
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Reads whole transactions from a replica connection.
 pub struct BinlogReader {
     stream: BinlogStream,

@@ -1267,7 +1267,7 @@ pub(crate) async fn run_with(
     let linger = Duration::from_millis(cdc.batch_linger_ms);
     let limit = cdc.piece_limit();
     'connect: loop {
-        let mut reader = tokio::select! {
+        let reader = tokio::select! {
             _ = &mut shutdown => break 'connect,
             reader = BinlogReader::open(&url, cdc.server_id, &committed, cdc.resume, &cdc.tables, publisher.redaction.clone()) => match reader {
                 Ok(reader) => reader,
@@ -1295,6 +1295,7 @@ pub(crate) async fn run_with(
                     .map_or("unknown".to_string(), |s| s.to_string())
             );
         }
+        let mut reader = binlog::ReadAhead::start(reader, limit);
         let mut batch: Vec<BinlogTransaction> = Vec::new();
         let (mut rows, mut bytes) = (0usize, 0usize);
         // Changes, or the end of a transaction published in pieces (its
@@ -1365,7 +1366,7 @@ pub(crate) async fn run_with(
                 tokio::select! {
                     biased;
                     _ = &mut shutdown => (true, None),
-                    tx = reader.next_transaction(limit) => (false, Some(tx)),
+                    tx = reader.next_transaction() => (false, Some(tx)),
                     _ = flush_due => (false, None),
                     _ = ticking => continue,
                 }
