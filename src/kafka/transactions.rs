@@ -61,7 +61,9 @@ pub enum TransactionsError {
 }
 
 /// The `Ongoing` transactions of every broker in `brokers` (`host:port`).
-/// `security_protocol` is the clients' `security.protocol`.
+/// `security_protocol` is the clients' `security.protocol`. A broker that
+/// does not answer is skipped (logged); an error only when none answered
+/// and nothing was found.
 pub fn open_transactions(
     brokers: &[String],
     security_protocol: &str,
@@ -73,14 +75,28 @@ pub fn open_transactions(
         ));
     }
     let mut open = Vec::new();
+    let mut failed = None;
     for broker in brokers {
-        let mut connection = Connection::open(broker, timeout)?;
-        let ids = connection.list_ongoing()?;
-        if !ids.is_empty() {
-            open.extend(connection.describe(&ids)?);
+        let asked = Connection::open(broker, timeout).and_then(|mut connection| {
+            let ids = connection.list_ongoing()?;
+            match ids.is_empty() {
+                true => Ok(Vec::new()),
+                false => connection.describe(&ids),
+            }
+        });
+        match asked {
+            Ok(described) => open.extend(described),
+            // One broker away hides only the transactions it coordinates.
+            Err(e) => {
+                tracing::warn!(error = %e, "open transactions: a broker did not answer");
+                failed = Some(e);
+            }
         }
     }
-    Ok(open)
+    match failed {
+        Some(e) if open.is_empty() => Err(e),
+        _ => Ok(open),
+    }
 }
 
 /// The open transaction holding each `(topic, partition)` of `open`, the
@@ -415,6 +431,14 @@ mod tests {
             .map(|((_, p), t)| (p, t.transactional_id.as_str()))
             .collect();
         assert_eq!(held, [(1, "late"), (2, "early"), (3, "early")]);
+    }
+
+    #[test]
+    fn a_broker_that_does_not_answer_is_named() {
+        let err = open_transactions(&["127.0.0.1:1".into()], "PLAINTEXT", Duration::from_secs(2))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("broker 127.0.0.1:1: "), "{err}");
     }
 
     #[test]
