@@ -424,6 +424,11 @@ struct Publisher {
     /// record went through the registry: later ones are framed directly
     /// ([`ChangeEvent::framed_avro`]).
     change_schema_ids: HashMap<String, u32>,
+    /// Per topic, for `value_format = "avro"`: the columns its records
+    /// carry after `cdc.redact` and their schema, for the table layout
+    /// last seen; built again when the layout changes (an ALTER TABLE), not
+    /// for every record.
+    typed_layouts: HashMap<String, TypedLayout>,
     registry: RegistrySettings,
     cdc: CdcSettings,
     kafka: KafkaSettings,
@@ -442,6 +447,16 @@ struct Publisher {
     /// `cdc.redact`: applied by the readers to the rows, by `encode` to
     /// the typed schema's columns.
     redaction: std::sync::Arc<redact::Redaction>,
+}
+
+/// A table layout in its typed-Avro form ([`Publisher::encode`]).
+struct TypedLayout {
+    /// The layout as the reader described it.
+    source: std::sync::Arc<table_schema::TableColumns>,
+    /// Its columns after `cdc.redact`.
+    columns: table_schema::TableColumns,
+    /// Their per-table schema.
+    schema: crate::schema::TopicSchema,
 }
 
 /// One record of a batch's Kafka transaction: a change, a dead letter,
@@ -624,6 +639,7 @@ impl Publisher {
             producer,
             codecs: HashMap::new(),
             change_schema_ids: HashMap::new(),
+            typed_layouts: HashMap::new(),
             registry: sections.registry.clone(),
             cdc: sections.cdc.clone(),
             kafka: sections.kafka.clone(),
@@ -696,24 +712,48 @@ impl Publisher {
             return Ok(event.framed_avro(*id));
         }
         let (schema, value) = match self.cdc.value_format {
-            table_schema::ValueFormat::Json => (topic_schema(topic), event.to_avro()),
+            table_schema::ValueFormat::Json => (
+                std::borrow::Cow::Owned(topic_schema(topic)),
+                event.to_avro(),
+            ),
             table_schema::ValueFormat::Avro => {
-                let columns =
-                    self.redaction
-                        .columns(&change.database, &change.table, &change.columns);
-                let schema =
-                    table_schema::table_schema(topic, &change.database, &change.table, &columns)
-                        .map_err(CdcError::Setup)?;
+                let stale = self.typed_layouts.get(topic).is_none_or(|l| {
+                    !std::sync::Arc::ptr_eq(&l.source, &change.columns)
+                        && *l.source != *change.columns
+                });
+                if stale {
+                    let columns = self
+                        .redaction
+                        .columns(&change.database, &change.table, &change.columns)
+                        .into_owned();
+                    let schema = table_schema::table_schema(
+                        topic,
+                        &change.database,
+                        &change.table,
+                        &columns,
+                    )
+                    .map_err(CdcError::Setup)?;
+                    let source = change.columns.clone();
+                    self.typed_layouts.insert(
+                        topic.to_string(),
+                        TypedLayout {
+                            source,
+                            columns,
+                            schema,
+                        },
+                    );
+                }
+                let layout = &self.typed_layouts[topic];
                 let value = table_schema::typed_value(
                     event.to_avro(),
                     &event.data,
                     event.old.as_ref(),
-                    &columns,
+                    &layout.columns,
                 )
                 .map_err(|e| {
                     CdcError::Setup(format!("{}.{}: {e}", change.database, change.table))
                 })?;
-                (schema, value)
+                (std::borrow::Cow::Borrowed(&layout.schema), value)
             }
         };
         if self
@@ -721,7 +761,7 @@ impl Publisher {
             .get(topic)
             .is_none_or(|(raw, _)| *raw != schema.raw)
         {
-            let codec = Codec::new(&self.registry, topic, &schema, self.registry.auto_register)?;
+            let codec = Codec::new(&self.registry, topic, &*schema, self.registry.auto_register)?;
             self.codecs
                 .insert(topic.to_string(), (schema.raw.clone(), codec));
         }

@@ -29,7 +29,8 @@ pub struct Redaction {
     /// database -> table -> column -> action: looked up per row without
     /// building a `db.table` string.
     tables: BTreeMap<String, BTreeMap<String, BTreeMap<String, Action>>>,
-    key: Option<SecretString>,
+    /// HMAC-SHA-256 keyed once with `cdc.hash_key`, cloned per value.
+    mac: Option<Hmac<Sha256>>,
 }
 
 impl std::fmt::Debug for Redaction {
@@ -37,7 +38,7 @@ impl std::fmt::Debug for Redaction {
         // The key never prints.
         f.debug_struct("Redaction")
             .field("tables", &self.tables)
-            .field("key", &self.key.as_ref().map(|_| "***"))
+            .field("key", &self.mac.as_ref().map(|_| "***"))
             .finish()
     }
 }
@@ -71,9 +72,13 @@ impl Redaction {
                 .or_default()
                 .insert(table.to_string(), columns);
         }
+        let mac = key.map(|k| {
+            Hmac::<Sha256>::new_from_slice(k.expose_secret().as_bytes())
+                .expect("HMAC takes a key of any length")
+        });
         Ok(Self {
             tables: by_database,
-            key,
+            mac,
         })
     }
 
@@ -124,12 +129,10 @@ impl Redaction {
     /// HMAC-SHA-256 of the value's text (a string's characters, else its
     /// JSON), lower-case hex.
     fn hash(&self, value: &Value) -> String {
-        let key = self
-            .key
-            .as_ref()
+        let mut mac = self
+            .mac
+            .clone()
             .expect("checked in new: hashing needs a key");
-        let mut mac = Hmac::<Sha256>::new_from_slice(key.expose_secret().as_bytes())
-            .expect("HMAC takes a key of any length");
         match value {
             Value::String(s) => mac.update(s.as_bytes()),
             other => mac.update(other.to_string().as_bytes()),
