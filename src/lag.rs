@@ -19,7 +19,7 @@
 //! ([`GroupLagMeasured`], [`GroupLagFailed`]).
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 
 use metrics::counter;
@@ -264,10 +264,16 @@ fn measure_blocking(
         return Ok(Vec::new());
     }
     let chunk = groups.len().div_ceil(PARALLEL_GROUPS);
+    // Asked of the brokers once per measurement, by the first worker that
+    // finds a partition held open.
+    let holders = OnceLock::new();
+    let holders = &holders;
     std::thread::scope(|scope| {
         let workers: Vec<_> = groups
             .chunks(chunk)
-            .map(|part| scope.spawn(move || measure_groups(kafka, topic, part, keep_empty)))
+            .map(|part| {
+                scope.spawn(move || measure_groups(kafka, topic, part, keep_empty, holders))
+            })
             .collect();
         let mut result = Vec::new();
         for worker in workers {
@@ -287,6 +293,7 @@ fn measure_groups(
     topic: &str,
     groups: &[String],
     keep_empty: bool,
+    holders: &OnceLock<BTreeMap<(String, i32), String>>,
 ) -> Result<Vec<GroupLag>, LagError> {
     let probe = probe(kafka)?;
     let uncommitted = probe_reading(kafka, "read_uncommitted")?;
@@ -296,8 +303,6 @@ fn measure_groups(
     // (log start, last stable offset, high watermark) per partition.
     let mut watermarks: BTreeMap<(String, i32), (i64, i64, i64)> = BTreeMap::new();
     let mut result = Vec::new();
-    // Asked of the brokers once, when some partition is held open.
-    let mut holders: Option<BTreeMap<(String, i32), String>> = None;
     for group in groups {
         let (state, members) = describe_group(&probe, group)?;
         let members = members.len();
@@ -348,7 +353,7 @@ fn measure_groups(
                 .iter()
                 .any(|p| p.open_transaction_age_seconds.is_some())
             {
-                let holders = holders.get_or_insert_with(|| transaction_holders(kafka, &probe));
+                let holders = holders.get_or_init(|| transaction_holders(kafka, &probe, topic));
                 for p in &mut partitions {
                     if p.open_transaction_age_seconds.is_some() {
                         p.open_transactional_id =
@@ -553,9 +558,11 @@ fn open_transactions(
 fn transaction_holders(
     kafka: &KafkaSettings,
     probe: &BaseConsumer,
+    topic: &str,
 ) -> BTreeMap<(String, i32), String> {
     use crate::kafka::transactions;
-    let brokers: Vec<String> = match probe.fetch_metadata(None, REQUEST_TIMEOUT) {
+    // One topic's metadata lists every broker too, without every topic's partitions.
+    let brokers: Vec<String> = match probe.fetch_metadata(Some(topic), REQUEST_TIMEOUT) {
         Ok(m) => m
             .brokers()
             .iter()
