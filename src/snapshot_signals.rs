@@ -169,10 +169,7 @@ fn check(kind: SignalKind, tables: &[String]) -> Result<(), SendError> {
         );
     }
     for (i, table) in tables.iter().enumerate() {
-        if table
-            .split_once('.')
-            .is_none_or(|(d, t)| d.is_empty() || t.is_empty() || t.contains('.'))
-        {
+        if !crate::masking::is_db_table(table) {
             return invalid(
                 format!("tables[{i}]"),
                 format!("{table:?} is not <db>.<table>, e.g. shop.orders"),

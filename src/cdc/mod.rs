@@ -208,20 +208,14 @@ impl CdcSettings {
             return Err("cdc.server_id = 0: a replica needs a server_id from 1 to 4294967295, unique among the source's replicas".into());
         }
         for (i, table) in self.tables.iter().enumerate() {
-            let valid = table
-                .split_once('.')
-                .is_some_and(|(db, t)| !db.is_empty() && !t.is_empty() && !t.contains('.'));
-            if !valid {
+            if !crate::masking::is_db_table(table) {
                 return Err(format!(
                     "cdc.tables[{i}] = {table:?}: expected <database>.<table>, e.g. shop.table_user"
                 ));
             }
         }
         for table in self.truncate_columns.keys() {
-            if table
-                .split_once('.')
-                .is_none_or(|(db, t)| db.is_empty() || t.is_empty())
-            {
+            if !crate::masking::is_db_table(table) {
                 return Err(format!(
                     "cdc.truncate_columns.{table:?}: expected <database>.<table> = [columns], e.g. \"shop.docs\" = [\"body\"]"
                 ));

@@ -92,10 +92,7 @@ pub fn default_topic(routing_key: &str, order_topic: &str) -> String {
 /// `<db>.<table>.<insert|update|delete>`; `None` for an order event name.
 pub fn cdc_table(routing_key: &str) -> Option<&str> {
     let (table, op) = routing_key.rsplit_once('.')?;
-    let is_table = table
-        .split_once('.')
-        .is_some_and(|(db, t)| !db.is_empty() && !t.is_empty() && !t.contains('.'));
-    (is_table && CDC_OPERATIONS.contains(&op)).then_some(table)
+    (crate::masking::is_db_table(table) && CDC_OPERATIONS.contains(&op)).then_some(table)
 }
 
 /// A binlog source (seed 003's `maxwell_instance`); its password lives in
