@@ -37,9 +37,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::kafka::consumed::ConsumedRecord;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::Message;
-use rdkafka::message::OwnedMessage;
 use tokio::sync::mpsc::error::{SendError, TrySendError};
 use tokio::sync::mpsc::{self, OwnedPermit};
 
@@ -67,14 +67,16 @@ fn pause_at(batch_size: usize, overflow_batches: usize) -> usize {
 /// that did not fit, oldest first.
 struct Route {
     generation: u64,
-    tx: mpsc::Sender<OwnedMessage>,
-    overflow: VecDeque<OwnedMessage>,
+    tx: mpsc::Sender<ConsumedRecord>,
+    overflow: VecDeque<ConsumedRecord>,
     /// Overflow records that pause the partition, at least one ([`pause_at`]).
     pause_at: usize,
     /// Paused for a full queue, until the overflow is empty.
     paused: bool,
     /// Held by an operator's pause: nothing goes to the worker.
     held: bool,
+    /// `orderpipe_consumed_total` of the partition's topic, looked up once.
+    consumed: metrics::Counter,
 }
 
 /// Where [`Route::offer`] put a record.
@@ -90,7 +92,12 @@ enum Offered {
 }
 
 impl Route {
-    fn new(generation: u64, tx: mpsc::Sender<OwnedMessage>, pause_at: usize) -> Self {
+    fn new(
+        generation: u64,
+        tx: mpsc::Sender<ConsumedRecord>,
+        pause_at: usize,
+        consumed: metrics::Counter,
+    ) -> Self {
         Self {
             generation,
             tx,
@@ -98,6 +105,7 @@ impl Route {
             pause_at,
             paused: false,
             held: false,
+            consumed,
         }
     }
 
@@ -116,7 +124,7 @@ impl Route {
 
     /// Queues `message` behind every record of the partition already
     /// offered, without waiting.
-    fn offer(&mut self, message: OwnedMessage) -> Offered {
+    fn offer(&mut self, message: ConsumedRecord) -> Offered {
         if self.held || !self.overflow.is_empty() {
             self.overflow.push_back(message);
             return Offered::Overflow {
@@ -140,7 +148,7 @@ impl Route {
     /// Moves the overflow into the queue: the oldest record through
     /// `permit` (room the worker made), then as many as fit. True when the
     /// overflow is empty.
-    fn refill(&mut self, permit: OwnedPermit<OwnedMessage>) -> bool {
+    fn refill(&mut self, permit: OwnedPermit<ConsumedRecord>) -> bool {
         let Some(oldest) = self.overflow.pop_front() else {
             return true;
         };
@@ -172,7 +180,7 @@ type Room = Pin<
                 Output = (
                     PartitionKey,
                     u64,
-                    Result<OwnedPermit<OwnedMessage>, SendError<()>>,
+                    Result<OwnedPermit<ConsumedRecord>, SendError<()>>,
                 ),
             > + Send,
     >,
@@ -228,6 +236,10 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
     let mut rooms: FuturesUnordered<Room> = FuturesUnordered::new();
     let mut handles = Vec::new();
     let mut last_record = Instant::now();
+    // The last record's topic name, which the next one shares if it can.
+    let mut last_topic: Option<Arc<str>> = None;
+    // The last record's partition.
+    let mut key: PartitionKey = (String::new(), -1);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     // Whether the routes are held by an operator's pause.
     let mut holding = false;
@@ -256,7 +268,7 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                     Ok(_) if route.held => {}
                     Ok(permit) => {
                         if !route.refill(permit) {
-                            rooms.push(room(key, route));
+                            rooms.push(room(key.clone(), route));
                         } else if route.resume_now() {
                             shared.resume_partition(&key, generation, PauseReason::QueueFull);
                         }
@@ -290,7 +302,7 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
             }
             received = shared.consumer.recv() => {
                 let message = match received {
-                    Ok(m) => m.detach(),
+                    Ok(m) => ConsumedRecord::of(&m, last_topic.as_ref()),
                     Err(e) => {
                         tracing::warn!(error = %e, "consumer error; retrying");
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -298,11 +310,16 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                     }
                 };
                 last_record = Instant::now();
+                last_topic = Some(Arc::clone(message.topic_name()));
                 // At once, not at the next tick: a record that arrives after
                 // the pause was read is held, whatever the tick's phase.
                 follow_operator_pause(shared, &mut holding, &mut routes, &mut rooms);
                 shared.active.lock().expect("active lock").get_or_insert((last_record, last_record));
-                let key = (message.topic().to_string(), message.partition());
+                // Records come in runs of one partition: its key is copied
+                // once per run, not once per record.
+                if key.1 != message.partition() || key.0 != message.topic() {
+                    key = (message.topic().to_string(), message.partition());
+                }
                 let Some(generation) = shared.assignment.generation(&key) else {
                     // Delivered after its partition was revoked: the new owner reads it.
                     continue;
@@ -314,16 +331,17 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                     let (tx, rx) = mpsc::channel(queue_capacity(shared.batch_size));
                     let worker = PartitionWorker::new(shared.clone(), key.clone(), generation);
                     handles.push(tokio::spawn(worker.run(rx)));
-                    let mut route = Route::new(generation, tx, pause_at(shared.batch_size, shared.overflow_batches));
+                    let consumed = events::consumed(&shared.options.group, &key.0);
+                    let mut route = Route::new(generation, tx, pause_at(shared.batch_size, shared.overflow_batches), consumed);
                     if holding {
                         hold(shared, &key, &mut route, true, &mut rooms);
                     }
                     routes.insert(key.clone(), route);
                 }
                 shared.summary.lock().expect("summary lock").consumed += 1;
-                events::consumed(&shared.options.group, message.topic());
                 shared.in_flight_change(&key, 1);
                 let route = routes.get_mut(&key).expect("route just ensured");
+                route.consumed.increment(1);
                 match route.offer(message) {
                     Offered::Queued => {}
                     Offered::Overflow { first, pause } => {
@@ -333,7 +351,7 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                             shared.pause_partition(&key, generation, PauseReason::QueueFull);
                         }
                         if first {
-                            rooms.push(room(key, route));
+                            rooms.push(room(key.clone(), route));
                         }
                     }
                     // The worker stopped because the partition was revoked.
@@ -357,17 +375,21 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
 #[cfg(test)]
 mod tests {
     use rdkafka::Timestamp;
+    use rdkafka::message::OwnedMessage;
 
     use super::*;
 
-    fn record(offset: i64) -> OwnedMessage {
-        OwnedMessage::new(
-            Some(b"v".to_vec()),
-            Some(b"k".to_vec()),
-            "orders".into(),
-            Timestamp::CreateTime(1),
-            3,
-            offset,
+    fn record(offset: i64) -> ConsumedRecord {
+        ConsumedRecord::of(
+            &OwnedMessage::new(
+                Some(b"v".to_vec()),
+                Some(b"k".to_vec()),
+                "orders".into(),
+                Timestamp::CreateTime(1),
+                3,
+                offset,
+                None,
+            ),
             None,
         )
     }
@@ -383,7 +405,7 @@ mod tests {
      {
         // A queue of two records; paused at three in the overflow.
         let (tx, mut rx) = mpsc::channel(2);
-        let mut route = Route::new(1, tx, 3);
+        let mut route = Route::new(1, tx, 3, metrics::Counter::noop());
         let offered: Vec<Offered> = (0..7).map(|o| route.offer(record(o))).collect();
         let overflow = |first, pause| Offered::Overflow { first, pause };
         assert_eq!(
@@ -418,7 +440,7 @@ mod tests {
     async fn a_full_queue_overflows_in_order_and_refills_as_the_worker_makes_room() {
         // A queue of two records.
         let (tx, mut rx) = mpsc::channel(2);
-        let mut route = Route::new(1, tx, 1);
+        let mut route = Route::new(1, tx, 1, metrics::Counter::noop());
         assert_eq!(route.offer(record(0)), Offered::Queued);
         assert_eq!(route.offer(record(1)), Offered::Queued);
         assert_eq!(
@@ -462,7 +484,7 @@ mod tests {
     #[tokio::test]
     async fn a_held_route_gives_its_worker_nothing_and_on_release_hands_on_in_order() {
         let (tx, mut rx) = mpsc::channel(2);
-        let mut route = Route::new(1, tx, 100);
+        let mut route = Route::new(1, tx, 100, metrics::Counter::noop());
         assert_eq!(route.offer(record(0)), Offered::Queued);
         route.held = true;
         for offset in 1..5 {
@@ -500,7 +522,7 @@ mod tests {
     #[tokio::test]
     async fn a_stopped_worker_gets_nothing_and_its_overflow_is_dropped() {
         let (tx, rx) = mpsc::channel(2);
-        let mut route = Route::new(1, tx, 1);
+        let mut route = Route::new(1, tx, 1, metrics::Counter::noop());
         for offset in 0..4 {
             route.offer(record(offset));
         }

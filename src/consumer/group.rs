@@ -76,6 +76,7 @@ pub async fn run(
         catalog.order_events(),
         false,
     )?;
+    let applied_metrics = super::events::AppliedMetrics::new(&options.group);
     let shared = Arc::new(Shared {
         consumer,
         codec,
@@ -94,6 +95,7 @@ pub async fn run(
         pauses: Mutex::new(pause::Pauses::default()),
         operator_paused: Default::default(),
         release_locks: Default::default(),
+        applied_metrics,
         batch_size: settings.consumer.batch_size.max(1),
         overflow_batches: settings.consumer.overflow_batches,
         batch_linger: std::time::Duration::from_millis(settings.consumer.batch_linger_ms),

@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     pub operator_paused: std::sync::atomic::AtomicBool,
     /// One release of a key at a time in this process (see [`Shared::release_locks`]).
     pub release_locks: ReleaseLocks,
+    /// The group's metrics of applied records.
+    pub applied_metrics: super::events::AppliedMetrics,
 }
 
 /// Locks that serialize the releases of a key in one consumer: the worker
@@ -96,8 +98,13 @@ impl Shared {
     /// Adds `delta` records to a partition's in-flight count.
     pub(crate) fn in_flight_change(&self, key: &PartitionKey, delta: isize) {
         let mut map = self.in_flight.lock().expect("in-flight lock");
-        let n = map.entry(key.clone()).or_default();
-        *n = n.saturating_add_signed(delta);
+        // Not `entry`: it takes an owned key, a String copy per record.
+        match map.get_mut(key) {
+            Some(n) => *n = n.saturating_add_signed(delta),
+            None => {
+                map.insert(key.clone(), 0usize.saturating_add_signed(delta));
+            }
+        }
     }
 
     /// Whether `key` of `topic` is in this consumer's parked set.

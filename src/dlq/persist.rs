@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
 
@@ -48,7 +47,7 @@ const EVENT_ID_CHARS: usize = 64;
 const EVENT_NAME_CHARS: usize = 128;
 
 /// The table row for one DLQ record.
-pub fn dead_letter_of(message: &OwnedMessage) -> NewDeadLetter {
+pub fn dead_letter_of(message: &impl Message) -> NewDeadLetter {
     let mut history = FailureHistory::of(message);
     if history.original_partition < 0 && header_text(message, header::ORIGINAL_OFFSET).is_none() {
         history.original_partition = -1 - message.partition();

@@ -4,6 +4,7 @@
 //!
 //! * [`client`]: the `[kafka]` settings, the base librdkafka config, the
 //!   checked producer options and the measured producer.
+//! * [`consumed`]: a consumed record held in one buffer ([`consumed::ConsumedRecord`]).
 //! * [`record`]: header names, reading and replacing headers, a record's
 //!   failure history.
 //! * [`offsets`]: partition counts, a partition's offset range, and the
@@ -14,6 +15,7 @@
 //!   (`ListTransactions`, `DescribeTransactions`), which librdkafka cannot ask.
 
 pub mod client;
+pub mod consumed;
 pub mod offsets;
 pub mod record;
 pub mod size_limit;

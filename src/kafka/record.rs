@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use rdkafka::Message;
-use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
 
 /// Names of the headers orderpipe's records carry.
 pub mod header {
@@ -122,7 +122,7 @@ pub fn owned_headers<'a>(pairs: impl ExactSizeIterator<Item = (&'a str, &'a str)
 }
 
 /// A header's value as text.
-pub fn header_text(message: &OwnedMessage, name: &str) -> Option<String> {
+pub fn header_text(message: &impl Message, name: &str) -> Option<String> {
     message.headers().and_then(|h| {
         h.iter()
             .find(|x| x.key == name)
@@ -130,7 +130,7 @@ pub fn header_text(message: &OwnedMessage, name: &str) -> Option<String> {
     })
 }
 
-fn header_num(message: &OwnedMessage, name: &str) -> Option<i64> {
+fn header_num(message: &impl Message, name: &str) -> Option<i64> {
     header_text(message, name).and_then(|v| v.parse().ok())
 }
 
@@ -156,7 +156,7 @@ pub struct FailureHistory {
 
 impl FailureHistory {
     /// Reads the history carried by `message`.
-    pub fn of(message: &OwnedMessage) -> Self {
+    pub fn of(message: &impl Message) -> Self {
         let timestamp = message.timestamp().to_millis();
         match header_text(message, header::ORIGINAL_TOPIC) {
             Some(topic) => Self {
@@ -220,7 +220,7 @@ pub fn replace_orderpipe_headers<'h>(
 }
 
 /// The message's headers minus every `orderpipe.*` one, plus `ours`.
-pub fn with_headers(message: &OwnedMessage, ours: &[(&str, String)]) -> OwnedHeaders {
+pub fn with_headers(message: &impl Message, ours: &[(&str, String)]) -> OwnedHeaders {
     replace_orderpipe_headers(
         message
             .headers()
@@ -231,7 +231,7 @@ pub fn with_headers(message: &OwnedMessage, ours: &[(&str, String)]) -> OwnedHea
 }
 
 /// A record's headers as a JSON object (values as text), as stored.
-pub fn headers_json(message: &OwnedMessage) -> String {
+pub fn headers_json(message: &impl Message) -> String {
     let headers: BTreeMap<String, String> = message
         .headers()
         .map(|h| {

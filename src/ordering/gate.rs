@@ -4,7 +4,8 @@
 //! or re-heading keys when records leave the main path ([`park_all`]). The
 //! statements they run are in [`super::store`].
 
-use rdkafka::message::OwnedMessage;
+use crate::kafka::consumed::ConsumedRecord;
+use rdkafka::Message;
 
 use super::store::{self, Head, Parked};
 use super::{OrderKey, Origin, ParkState};
@@ -30,7 +31,7 @@ pub async fn gate(
     tx: &mut Tx,
     group: &str,
     key: &OrderKey,
-    message: &OwnedMessage,
+    message: &impl Message,
     event: Option<&Envelope>,
 ) -> Result<Gate, DbError> {
     let parked = store::lock(tx, group, key).await?;
@@ -43,7 +44,7 @@ pub async fn decide(
     tx: &mut Tx,
     group: &str,
     parked: Option<&Parked>,
-    message: &OwnedMessage,
+    message: &impl Message,
     event: Option<&Envelope>,
 ) -> Result<Gate, DbError> {
     let Some(parked) = parked else {
@@ -80,11 +81,11 @@ pub async fn head_done(tx: &mut Tx, group: &str, parked: &Parked) -> Result<bool
 /// A key to park and the forwarded record that becomes, or updates, its
 /// head ([`park_all`]).
 #[derive(Debug, Clone, Copy)]
-pub struct Park<'a> {
+pub struct Park<'a, M: Message = ConsumedRecord> {
     /// The key.
     pub key: &'a OrderKey,
     /// The record forwarded to the retry topic or the DLQ.
-    pub message: &'a OwnedMessage,
+    pub message: &'a M,
     /// Its event (None when undecodable).
     pub event: Option<&'a Envelope>,
     /// Where it went.
@@ -99,7 +100,11 @@ pub struct Park<'a> {
 /// parked already only has its head's state updated, unless `rehead`: a
 /// forwarded record that is not the head comes back from the retry topic
 /// to be held behind the head.
-pub async fn park_all(tx: &mut Tx, group: &str, parks: &[Park<'_>]) -> Result<(), DbError> {
+pub async fn park_all<M: Message>(
+    tx: &mut Tx,
+    group: &str,
+    parks: &[Park<'_, M>],
+) -> Result<(), DbError> {
     for rehead in [false, true] {
         let mut rows: Vec<store::NewPark> = parks
             .iter()
@@ -134,7 +139,7 @@ pub async fn park(
     tx: &mut Tx,
     group: &str,
     key: &OrderKey,
-    message: &OwnedMessage,
+    message: &impl Message,
     event: Option<&Envelope>,
     state: ParkState,
     rehead: bool,

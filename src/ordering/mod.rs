@@ -50,6 +50,7 @@ pub mod store;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+use crate::kafka::consumed::ConsumedRecord;
 use rdkafka::Message;
 use rdkafka::Timestamp;
 use rdkafka::message::OwnedMessage;
@@ -145,7 +146,7 @@ impl fmt::Display for OrderKey {
 /// topic `retry_topic`, the topic it was first consumed from (its
 /// `orderpipe.original-topic` header; one written there by hand, without
 /// it, belongs to the topic the retry topic is named after).
-pub fn key_topic(message: &OwnedMessage, retry_topic: &str, group: &str) -> String {
+pub fn key_topic(message: &impl Message, retry_topic: &str, group: &str) -> String {
     if message.topic() != retry_topic {
         return message.topic().to_string();
     }
@@ -199,7 +200,7 @@ pub struct Origin {
 
 impl Origin {
     /// Where `message` was first consumed.
-    pub fn of(message: &OwnedMessage) -> Self {
+    pub fn of(message: &impl Message) -> Self {
         let h = FailureHistory::of(message);
         Self {
             topic: h.original_topic,
@@ -233,11 +234,11 @@ impl HeldRecord {
     }
 
     /// The record as it was consumed, to apply or forward it again.
-    pub fn to_message(&self) -> OwnedMessage {
+    pub fn to_message(&self) -> ConsumedRecord {
         let timestamp = self
             .source_timestamp
             .map_or(Timestamp::NotAvailable, Timestamp::CreateTime);
-        OwnedMessage::new(
+        let message = OwnedMessage::new(
             Some(self.payload.clone()),
             Some(self.key.clone().into_bytes()),
             self.source_topic.clone(),
@@ -245,7 +246,8 @@ impl HeldRecord {
             self.source_partition,
             self.source_offset,
             Some(headers_from_json(&self.headers)),
-        )
+        );
+        ConsumedRecord::of(&message, None)
     }
 }
 

@@ -9,7 +9,6 @@ use std::collections::HashMap;
 
 use metrics::gauge;
 use rdkafka::Message;
-use rdkafka::message::OwnedMessage;
 use serde::Serialize;
 
 use super::{OrderKey, Origin, ParkState};
@@ -294,7 +293,7 @@ pub async fn hold(
     tx: &mut Tx,
     group: &str,
     key: &OrderKey,
-    message: &OwnedMessage,
+    message: &impl Message,
     event: Option<&Envelope>,
 ) -> Result<(), DbError> {
     let sql = tx.sql().insert_ignore(

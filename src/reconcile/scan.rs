@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -74,7 +73,7 @@ pub struct ScannedRecord {
 }
 
 impl ScannedRecord {
-    fn of(message: &OwnedMessage) -> Self {
+    fn of(message: &impl Message) -> Self {
         Self {
             partition: message.partition(),
             offset: message.offset(),
@@ -153,7 +152,7 @@ pub fn scan(
                     done(&consumer, topic, &mut open, partition)?;
                     continue;
                 }
-                chunk.push(ScannedRecord::of(&message.detach()));
+                chunk.push(ScannedRecord::of(&message));
                 if message.offset() + 1 >= end {
                     done(&consumer, topic, &mut open, partition)?;
                 }
@@ -208,7 +207,7 @@ fn done(
 mod tests {
     use super::*;
     use rdkafka::Timestamp;
-    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 
     #[test]
     fn a_record_keeps_its_position_time_and_event_headers() {

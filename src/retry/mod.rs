@@ -31,9 +31,10 @@ pub mod redrive;
 
 use std::time::Duration;
 
+use crate::kafka::consumed::ConsumedRecord;
 use rdkafka::Message;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Headers, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 
 use crate::clock::now_ms;
@@ -288,7 +289,7 @@ impl Forwarder {
     /// acknowledgement; the caller moves its offset only after this returns Ok.
     pub async fn forward(
         &self,
-        message: &OwnedMessage,
+        message: &ConsumedRecord,
         failure: &Failure,
     ) -> Result<Routed, KafkaError> {
         let mut history = FailureHistory::of(message);

@@ -554,7 +554,7 @@ impl BatchApplier {
         for (item, envelope, handler_time) in &ledger.applied {
             let _in_record = self.state.span(&item.message, Some(envelope)).entered();
             Applied {
-                group,
+                metrics: &shared.applied_metrics,
                 event_name: envelope.event_name.as_str(),
                 handler_time: *handler_time,
                 end_to_end: (now - envelope.event_time).to_std().ok(),

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use crate::kafka::consumed::ConsumedRecord;
 use rdkafka::Message;
-use rdkafka::message::OwnedMessage;
 
 use super::state::{At, PartitionState, Revoked};
 use crate::backoff::{retry, until_available};
@@ -40,7 +40,7 @@ impl Decoder {
 
     /// Decodes and checks one record, waiting in place while the registry
     /// is unavailable.
-    pub(super) async fn decode(&self, message: &OwnedMessage) -> Result<Decoded, Revoked> {
+    pub(super) async fn decode(&self, message: &ConsumedRecord) -> Result<Decoded, Revoked> {
         let state = &self.state;
         let payload = message.payload();
         let checked = if payload.is_some_and(|p| p.len() > MAX_VALUE_BYTES) {
@@ -76,7 +76,7 @@ impl Decoder {
     }
 
     /// Logs and counts a poison record; the failure to dead-letter it with.
-    fn poison(&self, message: &OwnedMessage, class: &'static str, reason: String) -> Failure {
+    fn poison(&self, message: &ConsumedRecord, class: &'static str, reason: String) -> Failure {
         let state = &self.state;
         let _in_record = state.span(message, None).entered();
         state.count(|s| {
@@ -105,7 +105,7 @@ impl Decoder {
 /// Order events are keyed by order id: a record without that key would
 /// break per-order ordering, so it is refused.
 fn check_key(
-    message: &OwnedMessage,
+    message: &ConsumedRecord,
     envelope: Envelope,
 ) -> Result<Envelope, (&'static str, String)> {
     let want = envelope.key();

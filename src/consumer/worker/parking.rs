@@ -19,8 +19,8 @@
 
 use std::sync::Arc;
 
+use crate::kafka::consumed::ConsumedRecord;
 use rdkafka::Message;
-use rdkafka::message::OwnedMessage;
 
 use super::state::{Item, PartitionState, Revoked};
 use crate::ordering::{self, Gate, OrderKey, ParkState};
@@ -222,7 +222,7 @@ impl Parking {
 }
 
 /// The record's Kafka key as text (the order id), the unit of ordering.
-fn record_key(message: &OwnedMessage) -> Option<String> {
+fn record_key(message: &ConsumedRecord) -> Option<String> {
     message
         .key()
         .map(|k| String::from_utf8_lossy(k).into_owned())

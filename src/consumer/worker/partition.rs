@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::kafka::consumed::ConsumedRecord;
 use rdkafka::Message;
-use rdkafka::message::OwnedMessage;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
@@ -55,7 +55,7 @@ impl PartitionWorker {
     }
 
     /// Processes records until the channel closes or the partition is revoked.
-    pub async fn run(self, mut rx: mpsc::Receiver<OwnedMessage>) {
+    pub async fn run(self, mut rx: mpsc::Receiver<ConsumedRecord>) {
         if let Err(Revoked) = self.serve(&mut rx).await {
             // Whatever is queued belongs to the partition's next owner.
             rx.close();
@@ -66,7 +66,7 @@ impl PartitionWorker {
     }
 
     /// Loads the parked keys, then processes batch after batch.
-    async fn serve(&self, rx: &mut mpsc::Receiver<OwnedMessage>) -> Result<(), Revoked> {
+    async fn serve(&self, rx: &mut mpsc::Receiver<ConsumedRecord>) -> Result<(), Revoked> {
         if self.state.ordered() && !self.state.is_retry_partition() {
             self.parking.load_parked_keys().await?;
         }
@@ -97,7 +97,7 @@ impl PartitionWorker {
 
     /// Retry-topic records: each waits for its due time; records already
     /// due are processed together as one batch (a replay is all due at once).
-    async fn process_when_due(&self, batch: Vec<OwnedMessage>) -> Result<(), Revoked> {
+    async fn process_when_due(&self, batch: Vec<ConsumedRecord>) -> Result<(), Revoked> {
         let mut due = Vec::with_capacity(batch.len());
         for message in batch {
             if due_ms(&message) > now_ms() {
@@ -119,7 +119,7 @@ impl PartitionWorker {
     /// consumer fetches nothing for it meanwhile. The pause is one reason
     /// among others (the dispatcher pauses a partition whose queue is full):
     /// the partition is resumed only once no reason is left.
-    async fn wait_until_due(&self, message: &OwnedMessage) -> Result<(), Revoked> {
+    async fn wait_until_due(&self, message: &ConsumedRecord) -> Result<(), Revoked> {
         let wait = due_ms(message) - now_ms();
         if wait <= 0 {
             return Ok(());
@@ -147,7 +147,7 @@ impl PartitionWorker {
     ///
     /// Poison splits the batch: the records before it are applied first, so
     /// that it parks its key only after them.
-    async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(), Revoked> {
+    async fn process(&self, batch: Vec<ConsumedRecord>) -> Result<(), Revoked> {
         let mut items = Vec::with_capacity(batch.len());
         let mut poison = Vec::with_capacity(batch.len());
         for message in batch {
@@ -479,7 +479,7 @@ impl PartitionWorker {
 }
 
 /// When a retry-topic record is due (ms since the epoch; 0 = now).
-fn due_ms(message: &OwnedMessage) -> i64 {
+fn due_ms(message: &ConsumedRecord) -> i64 {
     header_text(message, header::DUE)
         .and_then(|d| d.parse().ok())
         .unwrap_or(0)

@@ -8,8 +8,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::kafka::consumed::ConsumedRecord;
 use rdkafka::consumer::Consumer;
-use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 use crate::backoff::until_available;
@@ -27,7 +27,7 @@ pub(crate) struct Revoked;
 /// A record and its decoded envelope (None = poison, already dead-lettered).
 #[derive(Clone)]
 pub(super) struct Item {
-    pub message: OwnedMessage,
+    pub message: ConsumedRecord,
     pub envelope: Option<Envelope>,
     /// Set when the record is being released from `held_records`: it skips
     /// the parked-key gate and its held row is deleted as it is applied.
@@ -118,7 +118,7 @@ impl PartitionState {
     /// The span of one record: trace id (from the envelope, else the
     /// `trace_id` header), event id and where the record sits. Exported over
     /// OTLP as a child of the record's `traceparent`.
-    pub fn span(&self, message: &OwnedMessage, envelope: Option<&Envelope>) -> tracing::Span {
+    pub fn span(&self, message: &ConsumedRecord, envelope: Option<&Envelope>) -> tracing::Span {
         let trace_id = envelope
             .map(|e| e.trace_id.clone())
             .or_else(|| header_text(message, header::TRACE_ID))
@@ -156,7 +156,7 @@ impl PartitionState {
 
     /// The unit of order of a record of `key`: the key within the record's
     /// main topic ([`ordering::key_topic`]).
-    pub fn order_key(&self, message: &OwnedMessage, key: String) -> OrderKey {
+    pub fn order_key(&self, message: &ConsumedRecord, key: String) -> OrderKey {
         let group = self.shared.options.group.as_str();
         OrderKey {
             topic: ordering::key_topic(message, &self.shared.forwarder.topics.retry, group),

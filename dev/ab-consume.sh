@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Two or more consumer builds (or settings) alternated on one backlog:
+# each `orderpipe consume --handler notification` reads the whole backlog
+# with a fresh group and database, round after round, and prints its
+# events/s, peak RSS and CPU (user + system) per event. Alternating rounds
+# spread the machine's drift over every build, which one run each cannot.
+#
+#   dev/ab-consume.sh COUNT ROUNDS BIN [BIN ...]   (needs `make dev-up`)
+#
+# A BIN may be a script that sets ORDERPIPE_* settings and execs a binary.
+set -euo pipefail
+(( $# >= 3 )) || { echo "usage: dev/ab-consume.sh COUNT ROUNDS BIN [BIN ...]" >&2; exit 2; }
+COUNT=$1; ROUNDS=$2; shift 2
+ORDERPIPE_BIN=$1 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
+"$1" topics ensure --group "$RUN_ID-backlog" >/dev/null
+"$1" produce --count "$COUNT" --orders 10000 --seed 1 --output json >/dev/null
+printf '%-3s %-28s %10s %8s %12s\n' run build events/s 'RSS MB' 'CPU us/ev'
+n=0
+for round in $(seq 1 "$ROUNDS"); do
+  for bin in "$@"; do
+    n=$((n + 1)); db="${RUN_ID}_ab$n"; group="$RUN_ID-ab$n"
+    mkdb "$db"
+    "$bin" topics ensure --group "$group" >/dev/null
+    ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$db" /usr/bin/time -f '%M %U %S' -o "$OUT_DIR/.ab.time" \
+      "$bin" consume --group "$group" --handler notification --until-idle 5 --output json \
+      > "$OUT_DIR/.ab.json"
+    read -r rss user sys < "$OUT_DIR/.ab.time"
+    python3 - "$n" "$(basename "$bin")" "$rss" "$user" "$sys" "$OUT_DIR/.ab.json" "$COUNT" <<'PY'
+import json, sys
+n, name, rss, user, sys_, path, count = sys.argv[1:]
+r = json.load(open(path))
+if r["applied"] != int(count):
+    sys.exit(f"{name} applied {r['applied']} of {count}")
+cpu = (float(user) + float(sys_)) / r["applied"] * 1e6
+print(f"{n:<3} {name:<28} {r['applied'] / r['active_secs']:>10,.0f} {int(rss) // 1024:>8} {cpu:>12.1f}")
+PY
+    SQL -e "DROP DATABASE $db"
+  done
+done
