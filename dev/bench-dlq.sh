@@ -5,7 +5,11 @@
 #      without it (hidden --without-error-tier), events/s each;
 #   2. replay throughput: COUNT events dead-lettered (chaos handler), persisted,
 #      then `dlq replay` and the group applying them: dead letters replayed and
-#      applied per second.
+#      applied per second;
+#   3. the same with the group running, as it does in production: COUNT more
+#      dead letters of a second group, whose member is up and assigned when
+#      `dlq replay` starts; end to end is from the replay's start until the
+#      database holds every replayed event's effect (polled every 0.1 s).
 #
 #   dev/bench-dlq.sh [COUNT]   (default 100000; needs `make dev-up`)
 set -euo pipefail
@@ -17,7 +21,7 @@ rate() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["a
 now() { date +%s.%N; }
 
 echo "== backlog: $COUNT events"
-"$BIN" topics ensure --group "$RUN_ID-tier,$RUN_ID-replay" >/dev/null
+"$BIN" topics ensure --group "$RUN_ID-tier,$RUN_ID-replay,$RUN_ID-live" >/dev/null
 "$BIN" produce --count "$COUNT" --orders 10000 --seed 1 --output json >/dev/null
 
 echo "== happy path with the error tier"
@@ -49,6 +53,30 @@ REPLAY_ARGS=(dlq replay --group "$RUN_ID-replay" --yes --output json)
 t1=$(now)
 APPLY_ARGS=(consume --group "$RUN_ID-replay" --handler chaos,notification --until-idle 5 --output json)
 "$BIN" "${APPLY_ARGS[@]}" > "$OUT_DIR/.applied.json"
+
+echo "== dlq replay --group $RUN_ID-live, its member running"
+mkdb "${RUN_ID}_live"
+export ORDERPIPE_DATABASE__URL="$DB/${RUN_ID}_live"
+LIVE_DEAD_ARGS=(consume --group "$RUN_ID-live" --handler chaos,notification --ordering none --until-idle 5 --output json)
+ORDERPIPE_CHAOS__PERMANENT_ALL=true "$BIN" "${LIVE_DEAD_ARGS[@]}" > /dev/null
+"$BIN" dlq persist --until-idle 5 --output json > /dev/null
+LIVE_ARGS=(consume --group "$RUN_ID-live" --handler chaos,notification --until-idle 10 --output json)
+"$BIN" "${LIVE_ARGS[@]}" > "$OUT_DIR/.live.json" 2> "$OUT_DIR/.live.log" &
+live_pid=$!
+# The member is assigned before the replay starts, so its join is not timed.
+until grep -q 'partitions assigned' "$OUT_DIR/.live.log"; do
+  kill -0 "$live_pid" 2>/dev/null || { cat "$OUT_DIR/.live.log" >&2; exit 1; }
+  sleep 0.1
+done
+LIVE_REPLAY_ARGS=(dlq replay --group "$RUN_ID-live" --yes --output json)
+live_t0=$(now)
+"$BIN" "${LIVE_REPLAY_ARGS[@]}" > "$OUT_DIR/.live-replay.json"
+until [ "$(SQL -e "SELECT COUNT(*) FROM ${RUN_ID}_live.notifications")" -ge "$COUNT" ]; do sleep 0.1; done
+live_t1=$(now)
+wait "$live_pid"
+LIVE_RATE=$(python3 -c 'import sys; print(int(sys.argv[1]) / (float(sys.argv[3]) - float(sys.argv[2])))' "$COUNT" "$live_t0" "$live_t1")
+printf '  replayed and applied, member running: %.0f per second end to end (%.1f s)\n' \
+  "$LIVE_RATE" "$(python3 -c 'import sys; print(float(sys.argv[2]) - float(sys.argv[1]))' "$live_t0" "$live_t1")"
 
 python3 - "$COUNT" "$OUT_DIR" "$t0" "$t1" "$(rate "$OUT_DIR/.tier.json")" "$(rate "$OUT_DIR/.plain.json")" "$OUT_DIR/dlq-$RUN_ID.json" <<'PY'
 import json, sys
@@ -92,5 +120,8 @@ result dlq "every event dead-lettered (wall time less 5 s idle: with start and g
 result dlq "dlq replay" throughput "$REPLAY_RATE" rec/s "" "$REPLAY_CMD"
 result dlq "replayed records applied" throughput "$APPLY_RATE" rec/s "" "$APPLY_CMD"
 result dlq "replay, applied end to end" throughput "$E2E_RATE" rec/s "" "$REPLAY_CMD; $APPLY_CMD"
-rm -f "$OUT_DIR"/.tier.json "$OUT_DIR"/.plain.json "$OUT_DIR"/.dead.json "$OUT_DIR"/.persist.json "$OUT_DIR"/.replay.json "$OUT_DIR"/.applied.json
+result dlq "replay, applied end to end, member running" throughput "$LIVE_RATE" rec/s "replay, applied end to end" \
+  "ORDERPIPE_DATABASE__URL=$DB/${RUN_ID}_live orderpipe ${LIVE_ARGS[*]} & ORDERPIPE_DATABASE__URL=$DB/${RUN_ID}_live orderpipe ${LIVE_REPLAY_ARGS[*]}"
+rm -f "$OUT_DIR"/.tier.json "$OUT_DIR"/.plain.json "$OUT_DIR"/.dead.json "$OUT_DIR"/.persist.json "$OUT_DIR"/.replay.json "$OUT_DIR"/.applied.json \
+  "$OUT_DIR"/.live.json "$OUT_DIR"/.live.log "$OUT_DIR"/.live-replay.json
 SQL -e "DROP DATABASE ${RUN_ID}_tier; DROP DATABASE ${RUN_ID}_plain; DROP DATABASE ${RUN_ID}_dlq" || true
