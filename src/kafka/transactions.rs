@@ -62,8 +62,8 @@ pub enum TransactionsError {
 
 /// The `Ongoing` transactions of every broker in `brokers` (`host:port`).
 /// `security_protocol` is the clients' `security.protocol`. A broker that
-/// does not answer is skipped (logged); an error only when none answered
-/// and nothing was found.
+/// does not answer is skipped (logged); its error is returned only when
+/// no other broker reported an open transaction.
 pub fn open_transactions(
     brokers: &[String],
     security_protocol: &str,
@@ -79,9 +79,10 @@ pub fn open_transactions(
     for broker in brokers {
         let asked = Connection::open(broker, timeout).and_then(|mut connection| {
             let ids = connection.list_ongoing()?;
-            match ids.is_empty() {
-                true => Ok(Vec::new()),
-                false => connection.describe(&ids),
+            if ids.is_empty() {
+                Ok(Vec::new())
+            } else {
+                connection.describe(&ids)
             }
         });
         match asked {
