@@ -35,6 +35,7 @@
 //! | [`router`] | `deliver` without `--subscription`: one consumer group per (consumer, bind_key) of the subscription tables, reloaded live, reconciled |
 //! | [`snapshot_signals`] | `cdc_signals`: the rows that start, stop, pause and resume a cdc source's incremental snapshots (CLI, admin API, SQL) |
 //! | [`subscriptions`] | subscriptions as data (seed 003's control plane): tables, property filters, desired bindings, the admin API |
+//! | [`table_name`] | `<database>.<table>` names as `cdc` captures tables, shared by every table-keyed setting |
 //! | [`db`] | database pool, the one place for MySQL/SQLite statement differences, migrations from `sql/` |
 //! | [`health`] | `/metrics` and `/health/*` endpoints |
 //! | [`stages`] | where a pipeline's time goes: per-stage histograms and a run's p50/p99 per stage (relay, cdc) |
@@ -84,5 +85,6 @@ pub mod stages;
 pub mod startup;
 pub mod stopping;
 pub mod subscriptions;
+pub mod table_name;
 pub mod telemetry;
 pub mod topics;

@@ -126,14 +126,6 @@ impl Action {
     }
 }
 
-/// A `<database>.<table>` name as `cdc` captures tables (`cdc.tables`, rules
-/// keyed by table, snapshot signals, routing keys): both parts non-empty,
-/// the table without another dot.
-pub fn is_db_table(name: &str) -> bool {
-    name.split_once('.')
-        .is_some_and(|(db, t)| !db.is_empty() && !t.is_empty() && !t.contains('.'))
-}
-
 /// Each table's column -> action, or the first bad rule, named as
 /// `field` (`cdc.redact`, or a source's `redact`) and its table.
 pub fn check_rules(
@@ -142,7 +134,7 @@ pub fn check_rules(
 ) -> Result<BTreeMap<String, BTreeMap<String, Action>>, String> {
     let mut tables = BTreeMap::new();
     for (table, rules) in rules {
-        if !is_db_table(table) {
+        if !crate::table_name::is_db_table(table) {
             return Err(format!(
                 "{field}.{table:?}: expected <database>.<table> = {{ drop = [..], hash = [..], mask = [..] }}, \
                  e.g. \"shop.table_user\" = {{ hash = [\"mobile\"] }}"
@@ -173,16 +165,6 @@ pub fn check_rules(
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn a_db_table_name_has_two_non_empty_parts() {
-        for good in ["shop.orders", "a.b"] {
-            assert!(is_db_table(good), "{good}");
-        }
-        for bad in ["orders", ".orders", "shop.", "shop.a.b", ""] {
-            assert!(!is_db_table(bad), "{bad}");
-        }
-    }
 
     #[test]
     fn paths_and_wildcards_mask_values_and_leave_the_rest() {

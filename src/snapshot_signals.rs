@@ -169,7 +169,7 @@ fn check(kind: SignalKind, tables: &[String]) -> Result<(), SendError> {
         );
     }
     for (i, table) in tables.iter().enumerate() {
-        if !crate::masking::is_db_table(table) {
+        if !crate::table_name::is_db_table(table) {
             return invalid(
                 format!("tables[{i}]"),
                 format!("{table:?} is not <db>.<table>, e.g. shop.orders"),

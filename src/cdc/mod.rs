@@ -208,14 +208,14 @@ impl CdcSettings {
             return Err("cdc.server_id = 0: a replica needs a server_id from 1 to 4294967295, unique among the source's replicas".into());
         }
         for (i, table) in self.tables.iter().enumerate() {
-            if !crate::masking::is_db_table(table) {
+            if !crate::table_name::is_db_table(table) {
                 return Err(format!(
                     "cdc.tables[{i}] = {table:?}: expected <database>.<table>, e.g. shop.table_user"
                 ));
             }
         }
         for table in self.truncate_columns.keys() {
-            if !crate::masking::is_db_table(table) {
+            if !crate::table_name::is_db_table(table) {
                 return Err(format!(
                     "cdc.truncate_columns.{table:?}: expected <database>.<table> = [columns], e.g. \"shop.docs\" = [\"body\"]"
                 ));

@@ -92,7 +92,7 @@ pub fn default_topic(routing_key: &str, order_topic: &str) -> String {
 /// `<db>.<table>.<insert|update|delete>`; `None` for an order event name.
 pub fn cdc_table(routing_key: &str) -> Option<&str> {
     let (table, op) = routing_key.rsplit_once('.')?;
-    (crate::masking::is_db_table(table) && CDC_OPERATIONS.contains(&op)).then_some(table)
+    (crate::table_name::is_db_table(table) && CDC_OPERATIONS.contains(&op)).then_some(table)
 }
 
 /// A binlog source (seed 003's `maxwell_instance`); its password lives in
