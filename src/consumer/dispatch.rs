@@ -230,16 +230,35 @@ fn follow_operator_pause(
     }
 }
 
+/// The partition whose records are arriving. librdkafka hands records over
+/// in runs of one partition, so a run's records share one topic name and
+/// its key is copied once, not once per record.
+#[derive(Default)]
+struct PartitionRun {
+    topic: Option<Arc<str>>,
+    key: PartitionKey,
+}
+
+impl PartitionRun {
+    /// `message` copied out of librdkafka; a record of another partition
+    /// starts a new run.
+    fn record(&mut self, message: &impl Message) -> ConsumedRecord {
+        let record = ConsumedRecord::of(message, self.topic.as_ref());
+        if self.key.1 != record.partition() || self.key.0 != record.topic() {
+            self.key = (record.topic().to_string(), record.partition());
+            self.topic = Some(Arc::clone(record.topic_name()));
+        }
+        record
+    }
+}
+
 /// Routes records to partition workers until shutdown or idle.
 pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output = ()>) {
     let mut routes: HashMap<PartitionKey, Route> = HashMap::new();
     let mut rooms: FuturesUnordered<Room> = FuturesUnordered::new();
     let mut handles = Vec::new();
     let mut last_record = Instant::now();
-    // The last record's topic name, which the next one shares if it can.
-    let mut last_topic: Option<Arc<str>> = None;
-    // The last record's partition.
-    let mut key: PartitionKey = (String::new(), -1);
+    let mut run = PartitionRun::default();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     // Whether the routes are held by an operator's pause.
     let mut holding = false;
@@ -302,7 +321,7 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
             }
             received = shared.consumer.recv() => {
                 let message = match received {
-                    Ok(m) => ConsumedRecord::of(&m, last_topic.as_ref()),
+                    Ok(m) => run.record(&m),
                     Err(e) => {
                         tracing::warn!(error = %e, "consumer error; retrying");
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -310,23 +329,18 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                     }
                 };
                 last_record = Instant::now();
-                last_topic = Some(Arc::clone(message.topic_name()));
                 // At once, not at the next tick: a record that arrives after
                 // the pause was read is held, whatever the tick's phase.
                 follow_operator_pause(shared, &mut holding, &mut routes, &mut rooms);
                 shared.active.lock().expect("active lock").get_or_insert((last_record, last_record));
-                // Records come in runs of one partition: its key is copied
-                // once per run, not once per record.
-                if key.1 != message.partition() || key.0 != message.topic() {
-                    key = (message.topic().to_string(), message.partition());
-                }
-                let Some(generation) = shared.assignment.generation(&key) else {
+                let key = &run.key;
+                let Some(generation) = shared.assignment.generation(key) else {
                     // Delivered after its partition was revoked: the new owner reads it.
                     continue;
                 };
-                if routes.get(&key).is_none_or(|r| r.generation != generation) {
-                    if let Some(mut old) = routes.remove(&key) {
-                        retire(&key, &mut old);
+                if routes.get(key).is_none_or(|r| r.generation != generation) {
+                    if let Some(mut old) = routes.remove(key) {
+                        retire(key, &mut old);
                     }
                     let (tx, rx) = mpsc::channel(queue_capacity(shared.batch_size));
                     let worker = PartitionWorker::new(shared.clone(), key.clone(), generation);
@@ -334,13 +348,13 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                     let consumed = events::consumed(&shared.options.group, &key.0);
                     let mut route = Route::new(generation, tx, pause_at(shared.batch_size, shared.overflow_batches), consumed);
                     if holding {
-                        hold(shared, &key, &mut route, true, &mut rooms);
+                        hold(shared, key, &mut route, true, &mut rooms);
                     }
                     routes.insert(key.clone(), route);
                 }
                 shared.summary.lock().expect("summary lock").consumed += 1;
-                shared.in_flight_change(&key, 1);
-                let route = routes.get_mut(&key).expect("route just ensured");
+                shared.in_flight_change(key, 1);
+                let route = routes.get_mut(key).expect("route just ensured");
                 route.consumed.increment(1);
                 match route.offer(message) {
                     Offered::Queued => {}
@@ -348,14 +362,14 @@ pub(super) async fn dispatch(shared: &Arc<Shared>, shutdown: impl Future<Output 
                         if pause {
                             shared.summary.lock().expect("summary lock").queue_full_pauses += 1;
                             PartitionPaused { group: &shared.options.group, topic: &key.0, partition: key.1 }.emit();
-                            shared.pause_partition(&key, generation, PauseReason::QueueFull);
+                            shared.pause_partition(key, generation, PauseReason::QueueFull);
                         }
                         if first {
                             rooms.push(room(key.clone(), route));
                         }
                     }
                     // The worker stopped because the partition was revoked.
-                    Offered::WorkerGone => shared.in_flight_change(&key, -1),
+                    Offered::WorkerGone => shared.in_flight_change(key, -1),
                 }
             }
         }
