@@ -2,7 +2,7 @@
 //! scrapes the roles; `/health/mq` and `/health/ready` follow lag, polling
 //! and the database; every log line of a record carries its trace id.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use rdkafka::Message;
 use serde_json::Value;
 
 use crate::consumer::{count_rows, produce_lifecycles, sigterm, write_ndjson};
-use crate::helpers::{TestEnv, health_addr, http_get, stack};
+use crate::helpers::{STACK_SCRIPT, TestEnv, health_addr, http_get, stack, wait_for_status};
 use crate::outbox::{drive_orders, start_api};
 
 fn free_port() -> u16 {
@@ -273,6 +273,130 @@ async fn prometheus_scrapes_the_roles_and_sees_lag_dead_letters_and_failures() {
     for child in [&mut consumer, &mut relay, &mut persister] {
         sigterm(child);
     }
+}
+
+/// A caught-up member measures its lag in one round of requests, not one per
+/// partition: behind the fetch the broker holds for new data (500 ms), 24
+/// partitions measured one by one took 12 s, so the gauges of an idle group
+/// were first exported 17 s after the start and a SIGTERM waited for the
+/// measurement in flight.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "serial: a measurement against a bound; run by `make test` in the serial phase"]
+async fn a_caught_up_member_reports_lag_within_seconds_and_stops_at_once() {
+    let env = TestEnv::new().with_database().await;
+    env.cli(&["topics", "ensure", "--group", "lagq"]).success();
+    produce_lifecycles(&env, 200, 20, 9);
+    let mut consumer = env.spawn(&[
+        "consume",
+        "--group",
+        "lagq",
+        "--handler",
+        "notification",
+        "--health-addr",
+        "127.0.0.1:0",
+    ]);
+    let health = health_addr(&mut consumer);
+    let started = Instant::now();
+    // Every assigned partition's series (the topic's and the retry topic's),
+    // each 0 once the 200 events are applied.
+    let series = |body: &str| -> Vec<f64> {
+        body.lines()
+            .filter(|l| l.starts_with(r#"orderpipe_consumer_lag_records{group="lagq""#))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect()
+    };
+    let partitions = loop {
+        let (_, body) = http_get(&health, "/metrics");
+        let lags = series(&body);
+        if !lags.is_empty() && lags.iter().all(|l| *l == 0.0) {
+            break lags.len();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(11),
+            "no caught-up lag on /metrics 11 s after the start (one measurement every 5 s): {lags:?}\n{}",
+            consumer.stop_and_output()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        partitions >= 2,
+        "one series per assigned partition: {partitions}"
+    );
+
+    // Paused, the group applies nothing of 300 new events: its lag per
+    // partition is what Kafka's own tool shows (log end minus committed;
+    // `orderpipe produce` is not transactional, so the end is the same
+    // whatever the isolation level).
+    env.cli(&["group", "pause", "lagq"]).success();
+    wait_for_status(
+        &health,
+        "/health/mq",
+        200,
+        "\"paused\":true",
+        Duration::from_secs(30),
+    );
+    produce_lifecycles(&env, 300, 30, 10);
+    let topic = env.settings.topics.order_events.name.clone();
+    let ours = |body: &str| -> BTreeMap<i32, i64> {
+        let prefix =
+            format!(r#"orderpipe_consumer_lag_records{{group="lagq",topic="{topic}",partition=""#);
+        body.lines()
+            .filter_map(|l| {
+                let (partition, value) = l.strip_prefix(&prefix)?.split_once("\"} ")?;
+                Some((partition.parse().ok()?, value.parse::<f64>().ok()? as i64))
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let lag = loop {
+        let lag = ours(&http_get(&health, "/metrics").1);
+        if lag.values().sum::<i64>() == 300 {
+            break lag;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the paused group's lag never reached 300: {lag:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let described = Command::new(STACK_SCRIPT)
+        .args([
+            "kafka-class",
+            "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+            "--bootstrap-server",
+            &env.settings.kafka.bootstrap_servers,
+            "--describe",
+            "--group",
+            "lagq",
+        ])
+        .output()
+        .expect("dev/stack.sh kafka-class runs");
+    let text = String::from_utf8_lossy(&described.stdout);
+    // GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG ...
+    let kafkas: BTreeMap<i32, i64> = text
+        .lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.get(1) == Some(&topic.as_str()))
+                .then(|| Some((cols.get(2)?.parse().ok()?, cols.get(5)?.parse().ok()?)))
+                .flatten()
+        })
+        .collect();
+    assert_eq!(
+        lag,
+        kafkas,
+        "orderpipe's lag per partition against kafka-consumer-groups --describe:\n{text}{}",
+        String::from_utf8_lossy(&described.stderr)
+    );
+
+    let asked = Instant::now();
+    let status = sigterm(&mut consumer);
+    let took = asked.elapsed();
+    assert!(status.success(), "{status}");
+    assert!(
+        took < Duration::from_secs(5),
+        "a caught-up member took {took:?} to stop after SIGTERM"
+    );
 }
 
 /// `/health/mq` follows lag and polling, `/health/ready` the database.
