@@ -8,31 +8,41 @@
 #   dev/ab-consume.sh COUNT ROUNDS BIN [BIN ...]   (needs `make dev-up`)
 #
 # A BIN may be a script that sets ORDERPIPE_* settings and execs a binary.
+# AB_DEAD_LETTER=1: every event fails for good and is dead-lettered instead
+# (`bench-dlq`'s dead-lettering command: chaos handler, ordering none).
+# Rates: first record to last batch settled, and wall time less the 5 s idle
+# wait (the start, the group join and the stop added).
 set -euo pipefail
 (( $# >= 3 )) || { echo "usage: dev/ab-consume.sh COUNT ROUNDS BIN [BIN ...]" >&2; exit 2; }
 COUNT=$1; ROUNDS=$2; shift 2
 ORDERPIPE_BIN=$1 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 "$1" topics ensure --group "$RUN_ID-backlog" >/dev/null
 "$1" produce --count "$COUNT" --orders 10000 --seed 1 --output json >/dev/null
-printf '%-3s %-28s %10s %8s %12s\n' run build events/s 'RSS MB' 'CPU us/ev'
+if [[ "${AB_DEAD_LETTER:-0}" == 1 ]]; then
+  ARGS=(--handler chaos,notification --ordering none); export ORDERPIPE_CHAOS__PERMANENT_ALL=true
+else
+  ARGS=(--handler notification)
+fi
+printf '%-3s %-28s %10s %10s %8s %12s\n' run build events/s 'wall-5 /s' 'RSS MB' 'CPU us/ev'
 n=0
 for round in $(seq 1 "$ROUNDS"); do
   for bin in "$@"; do
     n=$((n + 1)); db="${RUN_ID}_ab$n"; group="$RUN_ID-ab$n"
     mkdb "$db"
     "$bin" topics ensure --group "$group" >/dev/null
-    ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$db" /usr/bin/time -f '%M %U %S' -o "$OUT_DIR/.ab.time" \
-      "$bin" consume --group "$group" --handler notification --until-idle 5 --output json \
+    ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$db" /usr/bin/time -f '%M %U %S %e' -o "$OUT_DIR/.ab.time" \
+      "$bin" consume --group "$group" "${ARGS[@]}" --until-idle 5 --output json \
       > "$OUT_DIR/.ab.json"
-    read -r rss user sys < "$OUT_DIR/.ab.time"
-    python3 - "$n" "$(basename "$bin")" "$rss" "$user" "$sys" "$OUT_DIR/.ab.json" "$COUNT" <<'PY'
+    read -r rss user sys wall < "$OUT_DIR/.ab.time"
+    python3 - "$n" "$(basename "$bin")" "$rss" "$user" "$sys" "$wall" "$OUT_DIR/.ab.json" "$COUNT" <<'PY'
 import json, sys
-n, name, rss, user, sys_, path, count = sys.argv[1:]
+n, name, rss, user, sys_, wall, path, count = sys.argv[1:]
 r = json.load(open(path))
-if r["applied"] != int(count):
-    sys.exit(f"{name} applied {r['applied']} of {count}")
-cpu = (float(user) + float(sys_)) / r["applied"] * 1e6
-print(f"{n:<3} {name:<28} {r['applied'] / r['active_secs']:>10,.0f} {int(rss) // 1024:>8} {cpu:>12.1f}")
+done = r["applied"] + r["dead_lettered"]
+if done != int(count):
+    sys.exit(f"{name} applied or dead-lettered {done} of {count}")
+cpu = (float(user) + float(sys_)) / done * 1e6
+print(f"{n:<3} {name:<28} {done / r['active_secs']:>10,.0f} {done / (float(wall) - 5):>10,.0f} {int(rss) // 1024:>8} {cpu:>12.1f}")
 PY
     SQL -e "DROP DATABASE $db"
   done
