@@ -72,6 +72,10 @@ fn partition_lags(s: &Shared) -> Option<Vec<(String, i32, i64)>> {
             .collect::<Option<HashMap<PartitionKey, i64>>>()
     };
     let elements = committed.elements();
+    if elements.is_empty() {
+        // Nothing assigned, nothing behind (and librdkafka refuses an empty list).
+        return Some(Vec::new());
+    }
     // ListOffsets with the timestamp "latest" (-1): the high watermark, or
     // under read_committed the last stable offset, as a fetch sees it.
     let ends = offsets_at(
