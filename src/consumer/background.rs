@@ -1,16 +1,15 @@
 //! The background tasks of a group member, beside its dispatcher: the lag
 //! report and the release of parked keys no worker will meet.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdkafka::Offset;
 use rdkafka::consumer::Consumer;
-use rdkafka::{Offset, TopicPartitionList};
 
-use super::assignment::PartitionKey;
 use super::shared::Shared;
 use super::worker::PartitionWorker;
+use crate::kafka::offsets::offsets_at;
 
 /// Every 5 s: lag per assigned partition (the end of the partition minus
 /// the committed offset) into the gauges and, summed, into `/health/mq`. The
@@ -47,54 +46,32 @@ pub(super) async fn report_lag(shared: Arc<Shared>) {
 /// Each assigned partition's lag, or none when the broker did not answer.
 ///
 /// The ends (and, where nothing is committed yet, the starts) are read for
-/// every partition in one ListOffsets request, not one per partition: the
-/// broker answers a connection's requests in order, so behind a fetch that
-/// waits for data (`fetch.wait.max.ms`, 500 ms) each request of a caught-up
-/// member waited that long, 24 partitions took 12 s, and a stopping member
-/// waited for the measurement in flight.
+/// every partition at once ([`offsets_at`]): one request per partition
+/// waited behind a caught-up member's held fetch each (500 ms), 24
+/// partitions took 12 s, and a stopping member waited for it.
 fn partition_lags(s: &Shared) -> Option<Vec<(String, i32, i64)>> {
     let assignment = s.consumer.assignment().ok()?;
     let committed = s.consumer.committed_offsets(assignment, LAG_TIMEOUT).ok()?;
     let positions = s.consumer.position().ok()?;
-    let offsets_at = |partitions: Vec<(&str, i32)>, at: Offset| {
-        let mut list = TopicPartitionList::new();
-        for (topic, partition) in partitions {
-            list.add_partition_offset(topic, partition, at).ok()?;
-        }
-        let found = s.consumer.offsets_for_times(list, LAG_TIMEOUT).ok()?;
-        found
-            .elements()
-            .iter()
-            .map(|e| match (e.error(), e.offset()) {
-                (Ok(()), Offset::Offset(o)) => Some(((e.topic().to_string(), e.partition()), o)),
-                _ => None,
-            })
-            .collect::<Option<HashMap<PartitionKey, i64>>>()
-    };
     let elements = committed.elements();
-    if elements.is_empty() {
-        // Nothing assigned, nothing behind (and librdkafka refuses an empty list).
-        return Some(Vec::new());
-    }
-    // ListOffsets with the timestamp "latest" (-1): the high watermark, or
-    // under read_committed the last stable offset, as a fetch sees it.
+    // Nothing assigned: nothing behind (an empty answer, lag 0).
     let ends = offsets_at(
+        &s.consumer,
+        elements.iter().map(|e| (e.topic(), e.partition())),
+        Offset::End,
+        LAG_TIMEOUT,
+    )
+    .ok()?;
+    let starts = offsets_at(
+        &s.consumer,
         elements
             .iter()
-            .map(|e| (e.topic(), e.partition()))
-            .collect(),
-        Offset::End,
-    )?;
-    let uncommitted: Vec<(&str, i32)> = elements
-        .iter()
-        .filter(|e| !matches!(e.offset(), Offset::Offset(_)))
-        .map(|e| (e.topic(), e.partition()))
-        .collect();
-    let starts = if uncommitted.is_empty() {
-        HashMap::new()
-    } else {
-        offsets_at(uncommitted, Offset::Beginning)?
-    };
+            .filter(|e| !matches!(e.offset(), Offset::Offset(_)))
+            .map(|e| (e.topic(), e.partition())),
+        Offset::Beginning,
+        LAG_TIMEOUT,
+    )
+    .ok()?;
     let mut lags = Vec::with_capacity(elements.len());
     for e in elements {
         let key = (e.topic().to_string(), e.partition());

@@ -8,11 +8,12 @@
 //! * [`first_offsets_at`]: per partition, the first offset whose timestamp
 //!   is at or after a time (Kafka's `ListOffsets` by timestamp, librdkafka's
 //!   `offsets_for_times`), placed within the partition's range.
+//! * [`offsets_at`]: many partitions' ends (or starts) in one request.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
@@ -117,6 +118,36 @@ pub fn first_offsets_at(
         .iter()
         .map(|range| range.place(found.get(&range.partition).copied()))
         .collect())
+}
+
+/// Each of `partitions`' end (`Offset::End`: the high watermark, or under
+/// `read_committed` the last stable offset) or start (`Offset::Beginning`),
+/// all in one ListOffsets request per broker, not one per partition: a
+/// consumer's requests queue on its connection behind the fetch the broker
+/// holds for new data (`fetch.wait.max.ms`), so one request waits once.
+/// A partition the broker had no offset for is missing from the answer.
+pub fn offsets_at<'a, C: ConsumerContext>(
+    consumer: &impl Consumer<C>,
+    partitions: impl IntoIterator<Item = (&'a str, i32)>,
+    at: Offset,
+    timeout: Duration,
+) -> KafkaResult<HashMap<(String, i32), i64>> {
+    let mut wanted = TopicPartitionList::new();
+    for (topic, partition) in partitions {
+        wanted.add_partition_offset(topic, partition, at)?;
+    }
+    if wanted.count() == 0 {
+        // librdkafka refuses an empty list.
+        return Ok(HashMap::new());
+    }
+    let mut found = HashMap::new();
+    for e in consumer.offsets_for_times(wanted, timeout)?.elements() {
+        e.error()?;
+        if let Offset::Offset(o) = e.offset() {
+            found.insert((e.topic().to_string(), e.partition()), o);
+        }
+    }
+    Ok(found)
 }
 
 #[cfg(test)]

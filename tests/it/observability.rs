@@ -13,6 +13,7 @@ use rdkafka::Message;
 use serde_json::Value;
 
 use crate::consumer::{count_rows, produce_lifecycles, sigterm, write_ndjson};
+use crate::group_pause::wait_until;
 use crate::helpers::{STACK_SCRIPT, TestEnv, health_addr, http_get, stack, wait_for_status};
 use crate::outbox::{drive_orders, start_api};
 
@@ -305,19 +306,17 @@ async fn a_caught_up_member_reports_lag_within_seconds_and_stops_at_once() {
             .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
             .collect()
     };
-    let partitions = loop {
-        let (_, body) = http_get(&health, "/metrics");
-        let lags = series(&body);
-        if !lags.is_empty() && lags.iter().all(|l| *l == 0.0) {
-            break lags.len();
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(11),
-            "no caught-up lag on /metrics 11 s after the start (one measurement every 5 s): {lags:?}\n{}",
-            consumer.stop_and_output()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let mut lags = Vec::new();
+    wait_until(
+        "a caught-up lag on /metrics within 11 s of the start (one measurement every 5 s)",
+        Duration::from_secs(11).saturating_sub(started.elapsed()),
+        async || {
+            lags = series(&http_get(&health, "/metrics").1);
+            !lags.is_empty() && lags.iter().all(|l| *l == 0.0)
+        },
+    )
+    .await;
+    let partitions = lags.len();
     assert!(
         partitions >= 2,
         "one series per assigned partition: {partitions}"
@@ -347,18 +346,16 @@ async fn a_caught_up_member_reports_lag_within_seconds_and_stops_at_once() {
             })
             .collect()
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let lag = loop {
-        let lag = ours(&http_get(&health, "/metrics").1);
-        if lag.values().sum::<i64>() == 300 {
-            break lag;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the paused group's lag never reached 300: {lag:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let mut lag = BTreeMap::new();
+    wait_until(
+        "the paused group's lag reaches 300",
+        Duration::from_secs(60),
+        async || {
+            lag = ours(&http_get(&health, "/metrics").1);
+            lag.values().sum::<i64>() == 300
+        },
+    )
+    .await;
     let described = Command::new(STACK_SCRIPT)
         .args([
             "kafka-class",
