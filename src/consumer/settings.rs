@@ -215,6 +215,10 @@ mod tests {
             .consumer
             .options
             .insert("fetch.queue.backoff.ms".into(), "50".into());
+        settings
+            .consumer
+            .options
+            .insert("fetch.wait.max.ms".into(), "500".into());
         let config = consumer_config(
             crate::startup::consumer_sections(&settings),
             "g",
@@ -228,6 +232,7 @@ mod tests {
         assert_eq!(native.get("queued.min.messages").unwrap(), "3000");
         assert_eq!(native.get("fetch.message.max.bytes").unwrap(), "131072");
         assert_eq!(native.get("fetch.queue.backoff.ms").unwrap(), "50");
+        assert_eq!(native.get("fetch.wait.max.ms").unwrap(), "500");
         assert_eq!(native.get("group.id").unwrap(), "g");
     }
 
@@ -250,6 +255,8 @@ mod tests {
         assert!(settings.consumer.fetch_queue_min_messages < 100_000);
         assert!(settings.consumer.fetch_partition_max_bytes < 1_048_576);
         assert_eq!(native.get("fetch.queue.backoff.ms").unwrap(), "20");
+        // librdkafka's own default is 500 ms.
+        assert_eq!(native.get("fetch.wait.max.ms").unwrap(), "100");
     }
 
     #[test]

@@ -245,6 +245,13 @@ pub const CONSUMER_DEFAULTS: &[(&str, &str)] = &[
     // few thousand records that is longer than the queue lasts at full
     // speed, and the consumer would starve between fetches.
     ("fetch.queue.backoff.ms", "20"),
+    // How long the broker may hold a fetch that finds nothing new (its
+    // default: 500 ms). librdkafka has one fetch in flight per broker, so
+    // a partition resumed after a full queue, or asked for its lag, waits
+    // for the held one to come back first: at 500 ms the workers of a
+    // backlog starved for records a fifth of the time (docs/tuning.md,
+    // "A held fetch").
+    ("fetch.wait.max.ms", "100"),
 ];
 
 impl Prefetch {
@@ -439,6 +446,7 @@ mod tests {
         assert_eq!(o["fetch.queue.backoff.ms"], "100");
         let o = consumer_options(&BTreeMap::new(), &BTreeMap::new(), PREFETCH).unwrap();
         assert_eq!(o["fetch.queue.backoff.ms"], "20");
+        assert_eq!(o["fetch.wait.max.ms"], "100");
     }
 
     #[test]
