@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
@@ -77,7 +77,8 @@ pub fn partition_count(
 }
 
 /// The range of every partition of `topic`, in partition order; None if
-/// the topic does not exist ([`partition_count`]).
+/// the topic does not exist ([`partition_count`]). Two requests whatever
+/// the partition count ([`offsets_at`]: the starts, then the ends).
 pub fn partition_ranges(
     consumer: &BaseConsumer,
     topic: &str,
@@ -86,8 +87,22 @@ pub fn partition_ranges(
     let Some(count) = partition_count(consumer, topic, timeout)? else {
         return Ok(None);
     };
+    let partitions = || (0..count).map(|p| (topic, p));
+    let lows = offsets_at(consumer, partitions(), Offset::Beginning, timeout)?;
+    let highs = offsets_at(consumer, partitions(), Offset::End, timeout)?;
     (0..count)
-        .map(|p| PartitionRange::fetch(consumer, topic, p, timeout))
+        .map(|partition| {
+            let key = (topic.to_string(), partition);
+            match (lows.get(&key), highs.get(&key)) {
+                (Some(&low), Some(&high)) => Ok(PartitionRange {
+                    partition,
+                    low,
+                    high,
+                }),
+                // As a per-partition watermark query that got no answer.
+                _ => Err(KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownPartition)),
+            }
+        })
         .collect::<KafkaResult<Vec<_>>>()
         .map(Some)
 }
