@@ -281,7 +281,7 @@ pub struct DeadLetter {
     pub status: String,
     /// Times replayed.
     pub replay_count: i32,
-    /// Last replay (ms).
+    /// Last replay (ms); None: never replayed.
     pub last_replayed_ms: Option<i64>,
     /// Why it was ignored.
     pub ignored_reason: Option<String>,
@@ -309,7 +309,9 @@ fn row_to_dead_letter(r: &sqlx::any::AnyRow) -> Result<DeadLetter, sqlx::Error> 
         last_failure_ms: r.try_get(11)?,
         status: r.try_get(12)?,
         replay_count: r.try_get(13)?,
-        last_replayed_ms: r.try_get(14)?,
+        // MariaDB's column holds 0 for never (NOT NULL keeps a mark in
+        // place: sql/mysql/0028), SQLite's NULL.
+        last_replayed_ms: r.try_get::<Option<i64>, _>(14)?.filter(|ms| *ms > 0),
         ignored_reason: r.try_get(15)?,
         key: r
             .try_get::<Option<Vec<u8>>, _>(16)?

@@ -30,31 +30,31 @@ pub(crate) async fn dead_letters(
     let db = env.db();
     let mut tx = db.begin().await.unwrap();
     for offset in offsets {
-        let event_id = uuid::Uuid::new_v4().to_string();
-        let headers =
-            serde_json::json!({"event_id": event_id, "event_name": "order.created"}).to_string();
-        let dead = NewDeadLetter {
-            consumer_group: group.into(),
-            original_topic: env.settings.topics.order_events.name.clone(),
-            original_partition: 0,
-            original_offset: offset,
-            original_timestamp: Some(1),
-            key: Some(format!("order-{}", offset % keys).into_bytes()),
-            payload: Some(format!("payload {offset}").into_bytes()),
-            headers,
-            event_id: Some(event_id),
-            event_name: Some("order.created".into()),
-            error_class: "handler_fatal".into(),
-            error_message: "fails permanently".into(),
-            attempts: 1,
-            first_failure_ms: 1,
-            last_failure_ms: 1,
-            dlq_partition: 0,
-            dlq_offset: offset,
-        };
-        store::upsert(&mut tx, &dead).await.unwrap();
+        store::upsert(&mut tx, &dead_letter(env, group, offset, keys))
+            .await
+            .unwrap();
     }
     tx.commit().await.unwrap();
+}
+
+/// A pending dead letter of `group` at `offset` of the test's order topic,
+/// keyed `order-{offset % keys}`.
+fn dead_letter(env: &TestEnv, group: &str, offset: i64, keys: i64) -> NewDeadLetter {
+    let dead = crate::dlq_gauges::dead_letter(
+        env,
+        group,
+        offset,
+        Some("order.created"),
+        "handler_fatal",
+        1,
+    );
+    NewDeadLetter {
+        key: Some(format!("order-{}", offset % keys).into_bytes()),
+        headers: serde_json::json!({"event_id": dead.event_id, "event_name": "order.created"})
+            .to_string(),
+        error_message: "fails permanently".into(),
+        ..dead
+    }
 }
 
 /// (id, status, replay_count) of a group's rows, by id.
@@ -413,4 +413,60 @@ fn a_page_size_or_window_out_of_range_is_refused_naming_the_flag() {
         .cli(&["dlq", "replay", "--group", "g", "--page-size", "0"])
         .failure();
     assert!(out.contains("1..=100000"), "the accepted range: {out}");
+}
+
+/// Migration 0028 (a mark rewrites its row in place) keeps every dead
+/// letter as it was: rows written, replayed and ignored by the schema
+/// before it read the same after it, and the columns are the fixed-length
+/// ones MariaDB itself reports.
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_written_before_0028_read_the_same_after_it() {
+    let env = TestEnv::new();
+    let url = crate::helpers::empty_mysql_database(&format!("op_{}_dl_up", env.prefix)).await;
+    let db = crate::helpers::migrated_before(&url, "sql/mysql", "0028").await;
+    let mut tx = db.begin().await.unwrap();
+    for offset in 0..3 {
+        store::upsert(&mut tx, &dead_letter(&env, "g", offset, 3))
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let all = store::Filter::default();
+    let ids: Vec<i64> = store::list(&db, &all, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    store::mark_replayed(&db, &ids[1..2]).await.unwrap();
+    store::mark_ignored(&db, ids[2], "a test").await.unwrap();
+    let before = serde_json::to_value(store::list(&db, &all, 10).await.unwrap()).unwrap();
+    assert_eq!(before[0]["last_replayed_ms"], Value::Null, "never replayed");
+    assert!(before[1]["last_replayed_ms"].as_i64().unwrap() > 0);
+
+    db.migrate().await.unwrap();
+    let after = serde_json::to_value(store::list(&db, &all, 10).await.unwrap()).unwrap();
+    assert_eq!(after, before);
+    let columns: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT column_name, column_type, is_nullable FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = 'dead_letters' \
+         AND column_name IN ('status', 'last_replayed_ms') ORDER BY column_name",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        columns,
+        [
+            ("last_replayed_ms".into(), "bigint(20)".into(), "NO".into()),
+            ("status".into(), "char(8)".into(), "NO".into()),
+        ]
+    );
+
+    // The never-replayed row is marked, and reads as replayed.
+    store::mark_replayed(&db, &ids[..1]).await.unwrap();
+    let marked = &store::list(&db, &all, 1).await.unwrap()[0];
+    assert_eq!(marked.status, "replayed");
+    assert_eq!(marked.replay_count, 1);
+    assert!(marked.last_replayed_ms.unwrap() > 0);
 }
