@@ -69,14 +69,28 @@ until grep -q 'partitions assigned' "$OUT_DIR/.live.log"; do
   sleep 0.1
 done
 LIVE_REPLAY_ARGS=(dlq replay --group "$RUN_ID-live" --yes --output json)
+# Where the CPU goes over the window: MariaDB's, the member's, and the
+# rest of the machine's (the `dlq replay` process, the broker).
+db_cpu "$OUT_DIR/.live-db0"; member0=$(proc_cpu "$live_pid"); machine0=$(machine_cpu)
 live_t0=$(now)
 "$BIN" "${LIVE_REPLAY_ARGS[@]}" > "$OUT_DIR/.live-replay.json"
 until [ "$(SQL -e "SELECT COUNT(*) FROM ${RUN_ID}_live.notifications")" -ge "$COUNT" ]; do sleep 0.1; done
 live_t1=$(now)
+db_cpu "$OUT_DIR/.live-db1"; member1=$(proc_cpu "$live_pid"); machine1=$(machine_cpu)
+LIVE_DB_CPU=$(cpu_per_event "$OUT_DIR/.live-db0" "$OUT_DIR/.live-db1" "$COUNT")
+read -r LIVE_MEMBER_CPU LIVE_REST_CPU LIVE_IDLE <<<"$(python3 -c '
+import sys
+n, db, m0, m1, c0, c1, t0, t1 = int(sys.argv[1]), float(sys.argv[2]), *map(float, sys.argv[3:])
+member, machine = (m1 - m0) / n, (c1 - c0) / n
+cores = len(open("/proc/cpuinfo").read().split("processor")) - 1
+print(f"{member:.1f} {machine - db - member:.1f} {100 * (1 - (c1 - c0) / 1e6 / ((t1 - t0) * cores)):.0f}")
+' "$COUNT" "$LIVE_DB_CPU" "$member0" "$member1" "$machine0" "$machine1" "$live_t0" "$live_t1")"
 wait "$live_pid"
 LIVE_RATE=$(python3 -c 'import sys; print(int(sys.argv[1]) / (float(sys.argv[3]) - float(sys.argv[2])))' "$COUNT" "$live_t0" "$live_t1")
 printf '  replayed and applied, member running: %.0f per second end to end (%.1f s)\n' \
   "$LIVE_RATE" "$(python3 -c 'import sys; print(float(sys.argv[2]) - float(sys.argv[1]))' "$live_t0" "$live_t1")"
+printf '  CPU per replayed event: MariaDB %s µs, the member %s µs, the rest (dlq replay, the broker) %s µs; idle %s %%\n' \
+  "$LIVE_DB_CPU" "$LIVE_MEMBER_CPU" "$LIVE_REST_CPU" "$LIVE_IDLE"
 
 python3 - "$COUNT" "$OUT_DIR" "$t0" "$t1" "$(rate "$OUT_DIR/.tier.json")" "$(rate "$OUT_DIR/.plain.json")" "$OUT_DIR/dlq-$RUN_ID.json" <<'PY'
 import json, sys
@@ -122,6 +136,11 @@ result dlq "replayed records applied" throughput "$APPLY_RATE" rec/s "" "$APPLY_
 result dlq "replay, applied end to end" throughput "$E2E_RATE" rec/s "" "$REPLAY_CMD; $APPLY_CMD"
 result dlq "replay, applied end to end, member running" throughput "$LIVE_RATE" rec/s "replay, applied end to end" \
   "ORDERPIPE_DATABASE__URL=$DB/${RUN_ID}_live orderpipe ${LIVE_ARGS[*]} & ORDERPIPE_DATABASE__URL=$DB/${RUN_ID}_live orderpipe ${LIVE_REPLAY_ARGS[*]}"
+for cpu in "MariaDB CPU per event:$LIVE_DB_CPU" "member CPU per event:$LIVE_MEMBER_CPU" "other CPU per event (dlq replay, broker):$LIVE_REST_CPU"; do
+  result dlq "replay, applied end to end, member running" "${cpu%%:*}" "${cpu##*:}" µs/event "" \
+    "ORDERPIPE_DATABASE__URL=$DB/${RUN_ID}_live orderpipe ${LIVE_REPLAY_ARGS[*]}"
+done
+rm -f "$OUT_DIR"/.live-db0 "$OUT_DIR"/.live-db1
 rm -f "$OUT_DIR"/.tier.json "$OUT_DIR"/.plain.json "$OUT_DIR"/.dead.json "$OUT_DIR"/.persist.json "$OUT_DIR"/.replay.json "$OUT_DIR"/.applied.json \
   "$OUT_DIR"/.live.json "$OUT_DIR"/.live.log "$OUT_DIR"/.live-replay.json
-SQL -e "DROP DATABASE ${RUN_ID}_tier; DROP DATABASE ${RUN_ID}_plain; DROP DATABASE ${RUN_ID}_dlq" || true
+SQL -e "DROP DATABASE ${RUN_ID}_tier; DROP DATABASE ${RUN_ID}_plain; DROP DATABASE ${RUN_ID}_dlq; DROP DATABASE ${RUN_ID}_live" || true
