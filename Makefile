@@ -25,7 +25,7 @@ dev-status: ## endpoints and whether they answer (exit 1 if any is down)
 
 # ----------------------------------------------------------------------------
 # The two commands of the README, and benchmarks.
-.PHONY: build-deps run test soak bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-delivery bench-crash bench-cdc bench-cdc-snapshot bench-console bench-dedup-upgrade cdc-vs-debezium heap-profile
+.PHONY: build-deps run test soak bench bench-produce bench-consume bench-dlq bench-relay bench-ordering bench-delivery bench-crash bench-cdc bench-cdc-snapshot bench-console bench-dlq-mark bench-dedup-upgrade cdc-vs-debezium heap-profile
 
 build-deps: ## apt packages the build needs (bundled librdkafka: cmake, libcurl headers, ...)
 	$(STACK) build-deps
@@ -100,6 +100,11 @@ cdc-vs-debezium: build-deps ## orderpipe cdc (json, avro) vs Debezium's MariaDB 
 	cargo build --features harness --bin orderpipe
 	$(STACK) up
 	$(REPO_ROOT)/dev/cdc-vs-debezium.sh
+
+bench-dlq-mark: build-deps ## dlq replay's mark before and after migration 0028 (µs per row), and 0028's seconds per million over ROWS (default 1M) dead letters
+	cargo build --release --features harness --bin orderpipe
+	$(STACK) up
+	$(REPO_ROOT)/dev/bench-dlq-mark.sh $(or $(ROWS),1000000)
 
 bench-dedup-upgrade: build-deps ## the upgrade to compact dedup rows: migrate 0021 and `dedup upgrade` over ROWS (default 10M) rows of the earlier schema, seconds per million
 	cargo build --release --features harness --bin orderpipe
