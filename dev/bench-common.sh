@@ -46,6 +46,26 @@ result() {
   (( $# == 7 )) || { echo "bench: result takes 7 fields, got $#: $*" >&2; return 1; }
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$RESULTS"
 }
+# db_at_version NAME VERSION: a new database NAME migrated up to VERSION (an
+# earlier release's schema, for the upgrade benchmarks), exported as
+# ORDERPIPE_DATABASE__URL.
+db_at_version() {
+  SQL -e "CREATE DATABASE $1"
+  export ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$1"
+  "$BIN" migrate --to "$2" >/dev/null
+}
+# in_chunks ROWS FN: FN FROM TO for consecutive ranges of 100,000 ids up to
+# ROWS (a transaction each, for FN's INSERT ... FROM seq_FROM_to_TO), with
+# progress on stderr.
+in_chunks() {
+  local rows=$1 fn=$2 from to
+  for ((from = 1; from <= rows; from += 100000)); do
+    to=$(( from + 99999 < rows ? from + 99999 : rows ))
+    "$fn" "$from" "$to"
+    printf '\r   %d / %d rows' "$to" "$rows" >&2
+  done
+  echo >&2
+}
 # jget FILE EXPR: EXPR evaluated in Python over the JSON object `r` read from FILE.
 jget() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"; }
 # RSS in MB from a `/usr/bin/time -f %M` file (KB).

@@ -16,21 +16,16 @@ set -euo pipefail
 ROWS="${1:-10000000}"
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 DB="${RUN_ID}_upgrade"
-export ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$DB"
-SQL -e "CREATE DATABASE $DB"
-"$BIN" migrate --to 20 >/dev/null
+db_at_version "$DB" 20
 
 echo "== 1. $ROWS dedup rows in the schema of before 0021"
-CHUNK=100000
-for ((from = 1; from <= ROWS; from += CHUNK)); do
-  to=$(( from + CHUNK - 1 < ROWS ? from + CHUNK - 1 : ROWS ))
+insert_rows() {
   SQL "$DB" -e "INSERT INTO event_dedup (consumer_group, event_id, topic, kafka_partition, kafka_offset, event_type,
       record_key, payload_digest)
     SELECT CONCAT('$RUN_ID-group-', seq % 4), UUID(), 'order.events.v1', seq % 12, seq, 'order.created',
-      seq % 100000, SHA2(seq, 256) FROM seq_${from}_to_${to}"
-  printf '\r   %d / %d rows' "$to" "$ROWS" >&2
-done
-echo >&2
+      seq % 100000, SHA2(seq, 256) FROM seq_${1}_to_${2}"
+}
+in_chunks "$ROWS" insert_rows
 size() { SQL -e "SELECT ROUND((data_length + index_length) / 1048576) FROM information_schema.tables
   WHERE table_schema = '$DB' AND table_name = '$1'"; }
 OLD_MB=$(size event_dedup)

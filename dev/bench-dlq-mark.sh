@@ -16,24 +16,19 @@ ROWS="${1:-1000000}"
 (( ROWS >= 200000 )) || { echo "ROWS must be at least 200000 (two rounds of 100,000 marks)" >&2; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 DB="${RUN_ID}_mark"
-export ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$DB"
-SQL -e "CREATE DATABASE $DB"
-"$BIN" migrate --to 27 >/dev/null
+db_at_version "$DB" 27
 
 echo "== 1. $ROWS pending dead letters in the schema of before 0028"
-CHUNK=100000
-for ((from = 1; from <= ROWS; from += CHUNK)); do
-  to=$(( from + CHUNK - 1 < ROWS ? from + CHUNK - 1 : ROWS ))
+insert_rows() {
   SQL "$DB" -e "INSERT INTO dead_letters (consumer_group, original_topic, original_partition, original_offset,
       original_timestamp, record_key, payload, headers, event_id, event_name, error_class, error_message, attempts,
       first_failure_ms, last_failure_ms, dlq_partition, dlq_offset, created_ms, updated_ms)
     SELECT '$RUN_ID-group', 'order.events.v1', seq % 12, seq, 1, seq % 100000, REPEAT('p', 600),
       CONCAT('{\"event_id\":\"', UUID(), '\",\"h\":\"', REPEAT('h', 850), '\"}'), UUID(), 'order.created',
       'handler_fatal', 'fatal: the handler refused the event', 1, 1, 1, seq % 12, seq, 1, 1
-    FROM seq_${from}_to_${to}"
-  printf '\r   %d / %d rows' "$to" "$ROWS" >&2
-done
-echo >&2
+    FROM seq_${1}_to_${2}"
+}
+in_chunks "$ROWS" insert_rows
 
 # mark FIRST_ID: 100 UPDATEs of 1,000 ids each from FIRST_ID, as
 # src/dlq/store.rs's mark_replayed writes them; prints µs per row.
