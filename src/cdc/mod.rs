@@ -526,6 +526,12 @@ pub(crate) trait RowRecords: Send {
         change: &'a binlog::RowChange,
     ) -> futures::future::BoxFuture<'a, Result<Option<Outgoing>, CdcError>>;
 
+    /// Whether the stream publishes only inserts: the reader then skips
+    /// the other row events undecoded.
+    fn inserts_only(&self) -> bool {
+        false
+    }
+
     /// After the Kafka transaction of `records` (from `batch`) committed.
     fn committed(&mut self, records: &[Outgoing], batch: &[BinlogTransaction]);
 
@@ -1304,6 +1310,7 @@ pub(crate) async fn run_with(
         let reader = tokio::select! {
             _ = &mut shutdown => break 'connect,
             reader = BinlogReader::open(&url, cdc.server_id, &committed, cdc.resume, &cdc.tables, publisher.redaction.clone()) => match reader {
+                Ok(reader) if publisher.rows.as_ref().is_some_and(|r| r.inserts_only()) => reader.inserts_only(),
                 Ok(reader) => reader,
                 // A checkpoint without a usable GTID: reconnecting cannot fix it.
                 Err(e @ CdcError::Setup(_)) => return Err(e),

@@ -484,6 +484,11 @@ impl OutboxRecords {
 }
 
 impl RowRecords for OutboxRecords {
+    /// Only inserts become records (see [`OutboxRow::of`]).
+    fn inserts_only(&self) -> bool {
+        true
+    }
+
     fn record<'a>(
         &'a mut self,
         tx: &'a BinlogTransaction,
