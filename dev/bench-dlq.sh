@@ -140,7 +140,6 @@ for cpu in "MariaDB CPU per event:$LIVE_DB_CPU" "member CPU per event:$LIVE_MEMB
   result dlq "replay, applied end to end, member running" "${cpu%%:*}" "${cpu##*:}" µs/event "" \
     "ORDERPIPE_DATABASE__URL=$DB/${RUN_ID}_live orderpipe ${LIVE_REPLAY_ARGS[*]}"
 done
-rm -f "$OUT_DIR"/.live-db0 "$OUT_DIR"/.live-db1
-rm -f "$OUT_DIR"/.tier.json "$OUT_DIR"/.plain.json "$OUT_DIR"/.dead.json "$OUT_DIR"/.persist.json "$OUT_DIR"/.replay.json "$OUT_DIR"/.applied.json \
+rm -f "$OUT_DIR"/.live-db0 "$OUT_DIR"/.live-db1 "$OUT_DIR"/.tier.json "$OUT_DIR"/.plain.json "$OUT_DIR"/.dead.json "$OUT_DIR"/.persist.json "$OUT_DIR"/.replay.json "$OUT_DIR"/.applied.json \
   "$OUT_DIR"/.live.json "$OUT_DIR"/.live.log "$OUT_DIR"/.live-replay.json
 SQL -e "DROP DATABASE ${RUN_ID}_tier; DROP DATABASE ${RUN_ID}_plain; DROP DATABASE ${RUN_ID}_dlq; DROP DATABASE ${RUN_ID}_live" || true

@@ -996,12 +996,13 @@ impl BinlogReader {
         }
     }
 
-    /// Reads only the captured tables' inserts: their updates and deletes
-    /// are skipped undecoded, as the other tables' rows are. The log-based
-    /// relay's own deletes of published rows are as many as its inserts;
-    /// decoding their full images only to drop them cost it CPU per row.
-    pub(crate) fn inserts_only(mut self) -> Self {
-        self.inserts_only = true;
+    /// With `only`, reads only the captured tables' inserts: their updates
+    /// and deletes are skipped undecoded, as the other tables' rows are. The
+    /// log-based relay's own deletes of published rows are as many as its
+    /// inserts; decoding their full images only to drop them cost it CPU
+    /// per row.
+    pub(crate) fn inserts_only(mut self, only: bool) -> Self {
+        self.inserts_only = only;
         self
     }
 

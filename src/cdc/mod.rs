@@ -1306,12 +1306,12 @@ pub(crate) async fn run_with(
     );
     let linger = Duration::from_millis(cdc.batch_linger_ms);
     let limit = cdc.piece_limit();
+    let inserts_only = publisher.rows.as_ref().is_some_and(|r| r.inserts_only());
     'connect: loop {
         let reader = tokio::select! {
             _ = &mut shutdown => break 'connect,
             reader = BinlogReader::open(&url, cdc.server_id, &committed, cdc.resume, &cdc.tables, publisher.redaction.clone()) => match reader {
-                Ok(reader) if publisher.rows.as_ref().is_some_and(|r| r.inserts_only()) => reader.inserts_only(),
-                Ok(reader) => reader,
+                Ok(reader) => reader.inserts_only(inserts_only),
                 // A checkpoint without a usable GTID: reconnecting cannot fix it.
                 Err(e @ CdcError::Setup(_)) => return Err(e),
                 Err(e) => {
