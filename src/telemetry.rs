@@ -74,6 +74,11 @@ pub fn continue_trace(span: &tracing::Span, traceparent: impl FnOnce() -> Option
     }
 }
 
+/// Whether this process exports spans over OTLP.
+pub fn exporting() -> bool {
+    otlp::exporting()
+}
+
 /// Flushes exported spans; call before the process exits.
 pub fn shutdown() {
     otlp::shutdown();

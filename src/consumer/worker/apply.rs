@@ -552,7 +552,7 @@ impl BatchApplier {
         }
         let now = chrono::Utc::now();
         for (item, envelope, handler_time) in &ledger.applied {
-            let _in_record = self.state.span(&item.message, Some(envelope)).entered();
+            let _in_record = self.state.debug_span(&item.message, envelope).entered();
             Applied {
                 metrics: &shared.applied_metrics,
                 event_name: envelope.event_name.as_str(),
@@ -576,7 +576,7 @@ impl BatchApplier {
             }
         }
         for (item, envelope) in ledger.duplicates {
-            let _in_record = self.state.span(&item.message, Some(envelope)).entered();
+            let _in_record = self.state.debug_span(&item.message, envelope).entered();
             DuplicateSkipped {
                 group,
                 event_name: envelope.event_name.as_str(),

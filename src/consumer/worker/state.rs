@@ -140,6 +140,19 @@ impl PartitionState {
         span
     }
 
+    /// The record's span around an event logged at DEBUG (an applied
+    /// record, a duplicate skipped): [`tracing::Span::none`] unless DEBUG
+    /// logs or OTLP spans are on. The happy path emits one such event per
+    /// record, and building a span costs its fields' formatting whether
+    /// or not the line inside is printed.
+    pub fn debug_span(&self, message: &ConsumedRecord, envelope: &Envelope) -> tracing::Span {
+        if tracing::enabled!(tracing::Level::DEBUG) || crate::telemetry::exporting() {
+            self.span(message, Some(envelope))
+        } else {
+            tracing::Span::none()
+        }
+    }
+
     /// Stores `offset + 1` as the next offset to commit for this partition.
     pub fn store_offset(&self, offset: i64) {
         let mut list = TopicPartitionList::new();
