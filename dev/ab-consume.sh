@@ -2,7 +2,8 @@
 # Two or more consumer builds (or settings) alternated on one backlog:
 # each `orderpipe consume --handler notification` reads the whole backlog
 # with a fresh group and database, round after round, and prints its
-# events/s, peak RSS and CPU (user + system) per event. Alternating rounds
+# events/s, peak RSS, its CPU (user + system) per event and MariaDB's CPU
+# per event over the run (dev/bench-common.sh's db_cpu). Alternating rounds
 # spread the machine's drift over every build, which one run each cannot.
 #
 #   dev/ab-consume.sh COUNT ROUNDS BIN [BIN ...]   (needs `make dev-up`)
@@ -23,26 +24,29 @@ if [[ "${AB_DEAD_LETTER:-0}" == 1 ]]; then
 else
   ARGS=(--handler notification)
 fi
-printf '%-3s %-28s %10s %10s %8s %12s\n' run build events/s 'wall-5 /s' 'RSS MB' 'CPU us/ev'
+printf '%-3s %-28s %10s %10s %8s %12s %12s\n' run build events/s 'wall-5 /s' 'RSS MB' 'CPU us/ev' 'MariaDB us/ev'
 n=0
 for round in $(seq 1 "$ROUNDS"); do
   for bin in "$@"; do
     n=$((n + 1)); db="${RUN_ID}_ab$n"; group="$RUN_ID-ab$n"
     mkdb "$db"
     "$bin" topics ensure --group "$group" >/dev/null
+    db_cpu "$OUT_DIR/.ab.db0"
     ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$db" /usr/bin/time -f '%M %U %S %e' -o "$OUT_DIR/.ab.time" \
       "$bin" consume --group "$group" "${ARGS[@]}" --until-idle 5 --output json \
       > "$OUT_DIR/.ab.json"
+    db_cpu "$OUT_DIR/.ab.db1"
     read -r rss user sys wall < "$OUT_DIR/.ab.time"
-    python3 - "$n" "$(basename "$bin")" "$rss" "$user" "$sys" "$wall" "$OUT_DIR/.ab.json" "$COUNT" <<'PY'
+    db_us=$(( $(cat "$OUT_DIR/.ab.db1") - $(cat "$OUT_DIR/.ab.db0") ))
+    python3 - "$n" "$(basename "$bin")" "$rss" "$user" "$sys" "$wall" "$OUT_DIR/.ab.json" "$COUNT" "$db_us" <<'PY'
 import json, sys
-n, name, rss, user, sys_, wall, path, count = sys.argv[1:]
+n, name, rss, user, sys_, wall, path, count, db_us = sys.argv[1:]
 r = json.load(open(path))
 done = r["applied"] + r["dead_lettered"]
 if done != int(count):
     sys.exit(f"{name} applied or dead-lettered {done} of {count}")
 cpu = (float(user) + float(sys_)) / done * 1e6
-print(f"{n:<3} {name:<28} {done / r['active_secs']:>10,.0f} {done / (float(wall) - 5):>10,.0f} {int(rss) // 1024:>8} {cpu:>12.1f}")
+print(f"{n:<3} {name:<28} {done / r['active_secs']:>10,.0f} {done / (float(wall) - 5):>10,.0f} {int(rss) // 1024:>8} {cpu:>12.1f} {int(db_us) / done:>12.1f}")
 PY
     SQL -e "DROP DATABASE $db"
   done

@@ -98,6 +98,31 @@ pub async fn insert_returning<'a, T>(
     Ok(returned)
 }
 
+/// `{verb} INTO {into} VALUES (...), ...{then}` for every row, in
+/// [`pieces`] and in the given order, as [`insert_returning`] writes them
+/// but without reading them back: the rows the statements affected. For
+/// `INSERT IGNORE`, the rows a unique key did not keep out; for an upsert
+/// (`then` being its [`Dialect::on_duplicate`](super::Dialect::on_duplicate)
+/// clause; callers lock keys in their order, so two transactions lock rows
+/// alike, and a key given twice updates last), MariaDB counts an updated
+/// row twice.
+pub async fn insert_pieces<'a, T>(
+    tx: &mut Tx,
+    verb: &str,
+    into: &str,
+    then: &str,
+    rows: &'a [T],
+    values: impl Fn(&'a T) -> Vec<Bound<'a>>,
+) -> Result<u64, sqlx::Error> {
+    let mut affected = 0;
+    for piece in pieces(rows) {
+        let mut builder = insert_values(verb, into, piece, &values);
+        builder.push(then);
+        affected += builder.build().execute(&mut **tx).await?.rows_affected();
+    }
+    Ok(affected)
+}
+
 /// Values one statement may bind, at most: SQLite's limit (MariaDB's and
 /// MySQL's on a prepared statement is 65,535).
 pub const MAX_PLACEHOLDERS: usize = 32_766;
@@ -144,26 +169,6 @@ fn insert_values<'a, T>(
         builder.push(")");
     }
     builder
-}
-
-/// `INSERT INTO {into} VALUES (...), ...{then}` for every row, in
-/// [`pieces`] and in the given order (callers lock keys in their order, so
-/// two transactions lock rows alike, and a key given twice updates last):
-/// the upsert of a set, `then` being its
-/// [`Dialect::on_duplicate`](super::Dialect::on_duplicate) clause.
-pub async fn upsert_all<'a, T>(
-    tx: &mut Tx,
-    into: &str,
-    then: &str,
-    rows: &'a [T],
-    values: impl Fn(&'a T) -> Vec<Bound<'a>>,
-) -> Result<(), sqlx::Error> {
-    for piece in pieces(rows) {
-        let mut builder = insert_values("INSERT", into, piece, &values);
-        builder.push(then);
-        builder.build().execute(&mut **tx).await?;
-    }
-    Ok(())
 }
 
 /// `DELETE FROM {table} WHERE {key} IN (keys)`, in one statement; returns

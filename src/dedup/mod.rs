@@ -231,46 +231,22 @@ pub async fn claim_batch(
     if events.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<Uuid> = events.iter().map(|(e, _)| e.event_id).collect();
-    let before = legacy_applied(tx, &group.name, &ids).await?;
-    let digests: Vec<[u8; DIGEST_BYTES]> = events.iter().map(|(e, _)| content_digest(e)).collect();
-    // apply_seq is AUTO_INCREMENT on MariaDB; SQLite numbers the rows here
-    // (one writer at a time, so MAX + 1 is safe).
-    let (columns, first_seq) = match tx.sql() {
-        Dialect::MySql => (CLAIM_COLUMNS, None),
-        Dialect::Sqlite => {
-            let (max,): (i64,) =
-                sqlx::query_as("SELECT COALESCE(MAX(apply_seq), 0) FROM event_dedup")
-                    .fetch_one(&mut **tx)
-                    .await?;
-            (CLAIM_COLUMNS_NUMBERED, Some(max + 1))
-        }
-    };
-    let verb = tx.sql().insert_ignore_verb();
+    let claims = Claims::new(tx, group, events).await?;
+    let before = legacy_applied(tx, &group.name, &claims.ids).await?;
     let positions: Vec<usize> = (0..events.len())
-        .filter(|&i| !before.contains(&ids[i]))
+        .filter(|&i| !before.contains(&claims.ids[i]))
         .collect();
-    let returned = rows::insert_returning(tx, verb, columns, "event_id", &positions, |&i| {
-        let (envelope, origin) = events[i];
-        let mut values = vec![
-            Bound::Int(group.id),
-            Bound::Bytes(ids[i].as_bytes()),
-            Bound::Text(&origin.topic),
-            Bound::Int(i64::from(origin.partition)),
-            Bound::Int(origin.offset),
-            Bound::Text(envelope.event_name.as_str()),
-            Bound::Text(&origin.key),
-            Bound::Bytes(&digests[i]),
-        ];
-        values.extend(first_seq.map(|seq| Bound::Int(seq + i as i64)));
-        values
+    let verb = tx.sql().insert_ignore_verb();
+    let returned = rows::insert_returning(tx, verb, claims.columns, "event_id", &positions, |&i| {
+        claims.values(i)
     })
     .await?;
     let mut inserted: HashMap<Uuid, usize> = HashMap::with_capacity(returned.len());
     for row in returned {
         *inserted.entry(uuid_of(&row, 0)?).or_default() += 1;
     }
-    Ok(ids
+    Ok(claims
+        .ids
         .iter()
         .map(|id| match inserted.get_mut(id) {
             Some(n) if *n > 0 => {
@@ -280,6 +256,98 @@ pub async fn claim_batch(
             _ => false,
         })
         .collect())
+}
+
+/// Claims every one of `events` for `group`, the happy path's claim: the
+/// same rows as [`claim_batch`], without `RETURNING`. `true` when the
+/// database inserted them all, so every event is new to the group. `false`
+/// when it did not (a redelivery, an id given twice, or an id still in the
+/// legacy table): the rows it wrote are then not the claim's answer, and
+/// the caller rolls them back and asks [`claim_batch`] which events are new.
+///
+/// The count of inserted rows is exact for `INSERT IGNORE` and `INSERT OR
+/// IGNORE`; only the rows returned say *which*, and reading them back costs
+/// a result row per event on both sides (`docs/tuning.md`, "The claim
+/// without its result set").
+pub async fn claim_all(
+    tx: &mut Tx,
+    group: &Group,
+    events: &[(&Envelope, &RecordOrigin)],
+) -> Result<bool, DbError> {
+    if events.is_empty() {
+        return Ok(true);
+    }
+    let claims = Claims::new(tx, group, events).await?;
+    if !legacy_applied(tx, &group.name, &claims.ids)
+        .await?
+        .is_empty()
+    {
+        return Ok(false);
+    }
+    let positions: Vec<usize> = (0..events.len()).collect();
+    let verb = tx.sql().insert_ignore_verb();
+    let inserted = rows::insert_pieces(tx, verb, claims.columns, "", &positions, |&i| {
+        claims.values(i)
+    })
+    .await?;
+    Ok(inserted == events.len() as u64)
+}
+
+/// The `event_dedup` rows of a claim, before they are written.
+struct Claims<'e> {
+    group_id: i64,
+    events: &'e [(&'e Envelope, &'e RecordOrigin)],
+    ids: Vec<Uuid>,
+    digests: Vec<[u8; DIGEST_BYTES]>,
+    columns: &'static str,
+    /// SQLite's `apply_seq` of the first row (MariaDB numbers them itself).
+    first_seq: Option<i64>,
+}
+
+impl<'e> Claims<'e> {
+    async fn new(
+        tx: &mut Tx,
+        group: &Group,
+        events: &'e [(&'e Envelope, &'e RecordOrigin)],
+    ) -> Result<Self, DbError> {
+        // apply_seq is AUTO_INCREMENT on MariaDB; SQLite numbers the rows here
+        // (one writer at a time, so MAX + 1 is safe).
+        let (columns, first_seq) = match tx.sql() {
+            Dialect::MySql => (CLAIM_COLUMNS, None),
+            Dialect::Sqlite => {
+                let (max,): (i64,) =
+                    sqlx::query_as("SELECT COALESCE(MAX(apply_seq), 0) FROM event_dedup")
+                        .fetch_one(&mut **tx)
+                        .await?;
+                (CLAIM_COLUMNS_NUMBERED, Some(max + 1))
+            }
+        };
+        Ok(Self {
+            group_id: group.id,
+            events,
+            ids: events.iter().map(|(e, _)| e.event_id).collect(),
+            digests: events.iter().map(|(e, _)| content_digest(e)).collect(),
+            columns,
+            first_seq,
+        })
+    }
+
+    /// The row of event `i`, in the order of `columns`.
+    fn values(&self, i: usize) -> Vec<Bound<'_>> {
+        let (envelope, origin) = self.events[i];
+        let mut values = vec![
+            Bound::Int(self.group_id),
+            Bound::Bytes(self.ids[i].as_bytes()),
+            Bound::Text(&origin.topic),
+            Bound::Int(i64::from(origin.partition)),
+            Bound::Int(origin.offset),
+            Bound::Text(envelope.event_name.as_str()),
+            Bound::Text(&origin.key),
+            Bound::Bytes(&self.digests[i]),
+        ];
+        values.extend(self.first_seq.map(|seq| Bound::Int(seq + i as i64)));
+        values
+    }
 }
 
 /// Column `i` of `row`, a `BINARY(16)` event id.
@@ -739,6 +807,40 @@ mod tests {
         );
         assert!(conflicts(&db, Some("other"), 10).await.unwrap().is_empty());
         assert_eq!(conflicts(&db, None, 10).await.unwrap().len(), 1);
+    }
+
+    /// SQLite's `INSERT OR IGNORE` counts as MariaDB's `INSERT IGNORE`:
+    /// the counted claim is `true` only when every row went in.
+    #[tokio::test]
+    async fn sqlite_counted_claim_is_true_only_when_every_event_is_new() {
+        let (_dir, db) = crate::db::sqlite_for_test().await;
+        let origin = RecordOrigin {
+            topic: "t".into(),
+            partition: 0,
+            offset: 1,
+            key: "42".into(),
+        };
+        let (first, second) = (created(), created());
+        let g = group(&db, "g").await.unwrap();
+        let mut tx = db.begin().await.unwrap();
+        assert!(claim_all(&mut tx, &g, &[(&first, &origin)]).await.unwrap());
+        assert!(
+            !claim_all(&mut tx, &g, &[(&second, &origin), (&first, &origin)])
+                .await
+                .unwrap()
+        );
+        assert!(
+            !claim_all(&mut tx, &g, &[(&second, &origin), (&second, &origin)])
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            claim_batch(&mut tx, &g, &[(&first, &origin), (&second, &origin)])
+                .await
+                .unwrap(),
+            [false, false],
+            "the counted claims wrote their new rows (a caller rolls them back)"
+        );
     }
 
     /// Rows created a minute apart, one per minute, and a floor of each

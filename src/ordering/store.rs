@@ -234,8 +234,9 @@ pub async fn park_keys(
         matching,
     );
     let now = now_ms();
-    crate::db::rows::upsert_all(
+    crate::db::rows::insert_pieces(
         tx,
+        "INSERT",
         &format!("parked_keys ({PARK_COLUMNS})"),
         &then,
         parks,

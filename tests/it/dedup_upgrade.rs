@@ -48,14 +48,21 @@ async fn applied_the_old_way(db: &Db, group: &str, events: &[Envelope], first_se
     }
 }
 
-/// Claims every event for `group` as a consumer claims a batch; the claim's
-/// verdicts.
+/// Claims every event for `group` as a consumer claims a wave: counted
+/// first (`dedup::claim_all`), and when not every event was new, rolled
+/// back and claimed again with the verdict per event; the verdicts.
 async fn claim_all(db: &Db, group: &str, events: &[Envelope]) -> Vec<bool> {
     let group = dedup::group(db, group).await.unwrap();
     let origins: Vec<RecordOrigin> = (0..events.len() as i64).map(|o| origin(1000 + o)).collect();
     let set: Vec<(&Envelope, &RecordOrigin)> = events.iter().zip(&origins).collect();
     let mut tx = db.begin().await.unwrap();
-    let fresh = claim_batch(&mut tx, &group, &set).await.unwrap();
+    tx.savepoint().await.unwrap();
+    let fresh = if dedup::claim_all(&mut tx, &group, &set).await.unwrap() {
+        vec![true; set.len()]
+    } else {
+        tx.rollback_to_savepoint().await.unwrap();
+        claim_batch(&mut tx, &group, &set).await.unwrap()
+    };
     tx.commit().await.unwrap();
     fresh
 }

@@ -532,6 +532,12 @@ pub async fn dedup_group(db: &orderpipe::db::Db, name: &str) -> i64 {
     orderpipe::dedup::group(db, name).await.unwrap().id
 }
 
+/// The one integer a query of `db` returns (a count, a sum).
+pub async fn scalar(db: &orderpipe::db::Db, sql: &'static str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(&db.pool).await.unwrap();
+    n
+}
+
 /// The database at `url` migrated with the shipped `migrations` before
 /// `first_left_out` (copies of the files), as a release before it left it.
 pub async fn migrated_before(

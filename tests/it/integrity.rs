@@ -20,7 +20,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
 use crate::consumer::consume;
-use crate::helpers::{TestEnv, metric};
+use crate::helpers::{TestEnv, metric, scalar};
 
 /// Sends one framed value keyed by its order, with the usual headers.
 async fn send(env: &TestEnv, envelope: &Envelope, value: &[u8]) {
@@ -378,14 +378,8 @@ async fn a_reused_event_id_with_other_content_is_skipped_counted_logged_and_list
 /// follows the order of the set.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_claim_returns_only_the_rows_it_inserted() {
-    use orderpipe::dedup::{RecordOrigin, claim_batch, group};
-    let env = TestEnv::new().with_database().await;
-    let db = env.db();
-    let (g, other) = (
-        group(&db, "g").await.unwrap(),
-        group(&db, "other").await.unwrap(),
-    );
-    let events: Vec<Envelope> = (1..=4).map(|order| created(order, "1.0")).collect();
+    use orderpipe::dedup::{RecordOrigin, claim_batch};
+    let (_env, db, [g, other], events) = claim_fixture(4).await;
     let origins: Vec<RecordOrigin> = (0..5)
         .map(|offset| RecordOrigin {
             topic: "t".into(),
@@ -452,12 +446,65 @@ async fn a_batch_claim_returns_only_the_rows_it_inserted() {
             .all(|c| !c)
     );
     tx.commit().await.unwrap();
-    let (n,): (i64,) =
-        sqlx::query_as("SELECT COUNT(*) FROM applied_events WHERE consumer_group = 'g'")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(n, 1203);
+    assert_eq!(scalar(&db, APPLIED_BY_G).await, 1203);
+}
+
+/// Rows `event_dedup` holds for group `g`, and for group `other`.
+const APPLIED_BY_G: &str = "SELECT COUNT(*) FROM applied_events WHERE consumer_group = 'g'";
+const APPLIED_BY_OTHER: &str = "SELECT COUNT(*) FROM applied_events WHERE consumer_group = 'other'";
+
+/// The claim tests' database, its dedup groups `g` and `other`, and
+/// `events` created events (orders 1 to `events`).
+async fn claim_fixture(events: i64) -> (TestEnv, Db, [orderpipe::dedup::Group; 2], Vec<Envelope>) {
+    let env = TestEnv::new().with_database().await;
+    let db = env.db();
+    let group = |name| orderpipe::dedup::group(&db, name);
+    let groups = [group("g").await.unwrap(), group("other").await.unwrap()];
+    let events = (1..=events).map(|order| created(order, "1.0")).collect();
+    (env, db, groups, events)
+}
+
+/// The happy path's claim on MariaDB counts the rows instead of reading
+/// them back: `true` only when every event of the set went in. A set with
+/// an event the group applied before, or with an id given twice, is
+/// `false` (the consumer then rolls back and asks `claim_batch` which).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_without_its_result_set_is_true_only_when_every_event_is_new() {
+    use orderpipe::dedup::{RecordOrigin, claim_all};
+    let (_env, db, [g, other], events) = claim_fixture(3).await;
+    let origin = RecordOrigin {
+        topic: "t".into(),
+        partition: 0,
+        offset: 0,
+        key: "k".into(),
+    };
+    let set = |picks: &[usize]| -> Vec<(&Envelope, &RecordOrigin)> {
+        picks.iter().map(|&i| (&events[i], &origin)).collect()
+    };
+    let mut tx = db.begin().await.unwrap();
+    assert!(claim_all(&mut tx, &g, &set(&[0, 1])).await.unwrap());
+    tx.commit().await.unwrap();
+    assert_eq!(scalar(&db, APPLIED_BY_G).await, 2);
+    let mut tx = db.begin().await.unwrap();
+    assert!(
+        !claim_all(&mut tx, &g, &set(&[2, 1])).await.unwrap(),
+        "events[1] was applied before"
+    );
+    assert!(
+        !claim_all(&mut tx, &other, &set(&[2, 2])).await.unwrap(),
+        "an id given twice"
+    );
+    tx.rollback().await.unwrap();
+    assert_eq!(scalar(&db, APPLIED_BY_G).await, 2);
+    assert_eq!(scalar(&db, APPLIED_BY_OTHER).await, 0);
+    // More rows than one statement takes: every piece counted.
+    let many: Vec<Envelope> = (100..1300).map(|order| created(order, "1.0")).collect();
+    let all: Vec<(&Envelope, &RecordOrigin)> = many.iter().map(|e| (e, &origin)).collect();
+    let mut tx = db.begin().await.unwrap();
+    assert!(claim_all(&mut tx, &other, &all).await.unwrap());
+    assert!(!claim_all(&mut tx, &other, &all[1199..]).await.unwrap());
+    tx.commit().await.unwrap();
+    assert_eq!(scalar(&db, APPLIED_BY_OTHER).await, 1200);
 }
 
 /// The built-in handlers' set-based entry points on MariaDB give each

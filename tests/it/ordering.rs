@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::consumer::{consume, count_rows, produce_lifecycles, sigterm};
 use crate::exactly_once::{ALL_HANDLERS, assert_exactly_once};
-use crate::helpers::{Spawned, TestEnv};
+use crate::helpers::{Spawned, TestEnv, scalar};
 
 /// The chaos handler first, then every business handler.
 fn handlers() -> String {
@@ -42,11 +42,6 @@ fn order_with_path(events: &[Envelope], path: &[&str]) -> i64 {
 
 async fn applied_sequence(db: &Db, group: &str, order: i64) -> Vec<(String, i64)> {
     verify::applied_sequence(db, group, order).await.unwrap()
-}
-
-async fn scalar(db: &Db, sql: &'static str) -> i64 {
-    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(&db.pool).await.unwrap();
-    n
 }
 
 /// Checks from a business table: the notification handler writes one row

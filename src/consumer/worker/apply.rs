@@ -12,10 +12,12 @@
 //!    and `apply_seq` grows with them. Each wave, behind a savepoint:
 //!    * a released record leaves `held_records` (unless another release
 //!      took it first);
-//!    * **dedup** ([`dedup::claim_batch`]): one `INSERT IGNORE ...
-//!      RETURNING` claims the wave's events for the group; a redelivery is
-//!      skipped, and noted if its content differs from the event first
-//!      applied under its id;
+//!    * **dedup** ([`dedup::claim_all`]): one `INSERT IGNORE` claims the
+//!      wave's events for the group and counts them. Should a row be kept
+//!      out (a redelivery), the wave rolls back to its savepoint and claims
+//!      again with `... RETURNING` ([`dedup::claim_batch`]), which says
+//!      which events are new; a redelivery is skipped, and noted if its
+//!      content differs from the event first applied under its id;
 //!    * **handlers**: each handler's [`apply_batch`](crate::consumer::handler::Handler::apply_batch)
 //!      writes its effects for the whole wave; a handler acting outside the
 //!      database (HTTP) ran before the transaction opened (`worker/outside.rs`)
@@ -136,6 +138,10 @@ enum Wave<'a> {
     Done(Ledger<'a>),
     /// These records failed in a handler (nothing of the wave is kept).
     Failed(Vec<(usize, HandlerError)>),
+    /// The claim without its result set found an event the group had
+    /// ([`dedup::claim_all`]): the wave runs again with the claim that
+    /// says which.
+    Recount,
 }
 
 impl<'a> Ledger<'a> {
@@ -335,6 +341,9 @@ impl BatchApplier {
         let mut pending: VecDeque<Vec<usize>> = waves(open, &keys).into();
         let mut failed_keys: HashSet<&OrderKey> = HashSet::new();
         let mut deferred = Vec::new();
+        // Once a wave met a redelivery, the batch's later waves (likely
+        // redelivered too) claim with the result set at once.
+        let mut recount = false;
         while let Some(mut wave) = pending.pop_front() {
             // Behind a failed record of its key: after it, once it is settled.
             wave.retain(|i| {
@@ -351,9 +360,15 @@ impl BatchApplier {
                 continue;
             }
             tx.savepoint().await.map_err(unavailable)?;
-            let failures = match self.apply_wave(tx, items, &wave, outside).await {
+            let failures = match self.apply_wave(tx, items, &wave, outside, recount).await {
                 Ok(Wave::Done(done)) => {
                     ledger.merge(done);
+                    continue;
+                }
+                Ok(Wave::Recount) => {
+                    tx.rollback_to_savepoint().await.map_err(unavailable)?;
+                    recount = true;
+                    pending.push_front(wave);
                     continue;
                 }
                 Ok(Wave::Failed(failures)) => failures,
@@ -387,13 +402,16 @@ impl BatchApplier {
     }
 
     /// One attempt at a wave (records of distinct keys): released records
-    /// leave `held_records`, then one claim and each handler's batch.
+    /// leave `held_records`, then one claim and each handler's batch. The
+    /// claim reads back which events are new only with `recount`; without,
+    /// it only counts them, and a wave with a redelivery asks for a recount.
     async fn apply_wave<'a>(
         &self,
         tx: &mut Tx,
         items: &'a [Item],
         wave: &[usize],
         outside: &Outside,
+        recount: bool,
     ) -> Result<Wave<'a>, HandlerError> {
         let started = Instant::now();
         let mut ledger = Ledger::default();
@@ -419,7 +437,13 @@ impl BatchApplier {
             .iter()
             .map(|(i, o)| (envelope_of(&items[*i]), o))
             .collect();
-        let fresh = dedup::claim_batch(tx, self.group(), &claims).await?;
+        let fresh = if recount {
+            dedup::claim_batch(tx, self.group(), &claims).await?
+        } else if dedup::claim_all(tx, self.group(), &claims).await? {
+            vec![true; claims.len()]
+        } else {
+            return Ok(Wave::Recount);
+        };
         let mut applying = Vec::with_capacity(claiming.len());
         for ((index, origin), fresh) in claiming.iter().zip(fresh) {
             let (item, envelope) = (&items[*index], envelope_of(&items[*index]));
