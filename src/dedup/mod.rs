@@ -267,8 +267,8 @@ pub async fn claim_batch(
 ///
 /// The count of inserted rows is exact for `INSERT IGNORE` and `INSERT OR
 /// IGNORE`; only the rows returned say *which*, and reading them back costs
-/// a result row per event on both sides (`docs/tuning.md`, "The claim
-/// without its result set").
+/// the member a result row per event to decode (`docs/tuning.md`, "The
+/// member's own CPU per event").
 pub async fn claim_all(
     tx: &mut Tx,
     group: &Group,

@@ -138,9 +138,9 @@ enum Wave<'a> {
     Done(Ledger<'a>),
     /// These records failed in a handler (nothing of the wave is kept).
     Failed(Vec<(usize, HandlerError)>),
-    /// The claim without its result set found an event the group had
-    /// ([`dedup::claim_all`]): the wave runs again with the claim that
-    /// says which.
+    /// The claim without its result set had a row kept out, an event the
+    /// group applied before ([`dedup::claim_all`]): the wave runs again
+    /// with the claim that says which.
     Recount,
 }
 
