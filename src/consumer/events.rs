@@ -43,6 +43,10 @@ impl AppliedMetrics {
     }
 }
 
+/// The target of this module's log lines (their module path), for a
+/// caller asking whether one of them would be printed.
+pub(crate) const TARGET: &str = module_path!();
+
 /// A batch of a partition was committed.
 pub struct Applied<'a> {
     /// The group's metrics.

@@ -141,12 +141,15 @@ impl PartitionState {
     }
 
     /// The record's span around an event logged at DEBUG (an applied
-    /// record, a duplicate skipped): [`tracing::Span::none`] unless DEBUG
-    /// logs or OTLP spans are on. The happy path emits one such event per
-    /// record, and building a span costs its fields' formatting whether
-    /// or not the line inside is printed.
+    /// record, a duplicate skipped): [`tracing::Span::none`] unless that
+    /// line would be printed (DEBUG on for the events' own target) or OTLP
+    /// spans are on. The happy path emits one such event per record, and
+    /// building a span costs its fields' formatting whether or not the
+    /// line inside is printed.
     pub fn debug_span(&self, message: &ConsumedRecord, envelope: &Envelope) -> tracing::Span {
-        if tracing::enabled!(tracing::Level::DEBUG) || crate::telemetry::exporting() {
+        use crate::consumer::events::TARGET;
+        if tracing::enabled!(target: TARGET, tracing::Level::DEBUG) || crate::telemetry::exporting()
+        {
             self.span(message, Some(envelope))
         } else {
             tracing::Span::none()
