@@ -11,6 +11,9 @@
 # A BIN may be a script that sets ORDERPIPE_* settings and execs a binary.
 # AB_DEAD_LETTER=1: every event fails for good and is dead-lettered instead
 # (`bench-dlq`'s dead-lettering command: chaos handler, ordering none).
+# AB_FAILING=RATE: `bench-ordering`'s command instead: chaos + the five
+# business handlers, mode key, RATE of the events failing once (no local
+# retries, the retry topic due after 200 ms).
 # Rates: first record to last batch settled, and wall time less the 5 s idle
 # wait (the start, the group join and the stop added).
 set -euo pipefail
@@ -21,6 +24,10 @@ ORDERPIPE_BIN=$1 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 "$1" produce --count "$COUNT" --orders 10000 --seed 1 --output json >/dev/null
 if [[ "${AB_DEAD_LETTER:-0}" == 1 ]]; then
   ARGS=(--handler chaos,notification --ordering none); export ORDERPIPE_CHAOS__PERMANENT_ALL=true
+elif [[ -n "${AB_FAILING:-}" ]]; then
+  ARGS=(--handler chaos,inventory,payment,logistics,notification,points --ordering key)
+  export ORDERPIPE_CHAOS__TRANSIENT_RATE="$AB_FAILING" ORDERPIPE_CHAOS__TRANSIENT_FAILURES=1 \
+    ORDERPIPE_RETRY__LOCAL_RETRIES=0 ORDERPIPE_RETRY__INITIAL_DELAY_MS=200
 else
   ARGS=(--handler notification)
 fi

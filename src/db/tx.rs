@@ -54,16 +54,30 @@ impl Tx {
     /// time: a new one replaces the last). Sent as text: not every server
     /// prepares savepoint statements.
     pub async fn savepoint(&mut self) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql("SAVEPOINT orderpipe_step")
-            .execute(&mut *self.inner)
-            .await
-            .map(drop)
+        self.raw("SAVEPOINT orderpipe_step").await
     }
 
     /// Undoes everything written since [`Tx::savepoint`]; the transaction
     /// goes on (row locks taken meanwhile are kept until it ends).
     pub async fn rollback_to_savepoint(&mut self) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql("ROLLBACK TO SAVEPOINT orderpipe_step")
+        self.raw("ROLLBACK TO SAVEPOINT orderpipe_step").await
+    }
+
+    /// Marks a second point, later than [`Tx::savepoint`]'s, that
+    /// [`Tx::rollback_to_inner_savepoint`] returns to. Rolling back to the
+    /// outer one drops it.
+    pub async fn inner_savepoint(&mut self) -> Result<(), sqlx::Error> {
+        self.raw("SAVEPOINT orderpipe_inner").await
+    }
+
+    /// Undoes everything written since [`Tx::inner_savepoint`], keeping
+    /// what came before it.
+    pub async fn rollback_to_inner_savepoint(&mut self) -> Result<(), sqlx::Error> {
+        self.raw("ROLLBACK TO SAVEPOINT orderpipe_inner").await
+    }
+
+    async fn raw(&mut self, statement: &'static str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(statement)
             .execute(&mut *self.inner)
             .await
             .map(drop)

@@ -293,6 +293,25 @@ pub async fn claim_all(
     Ok(inserted == events.len() as u64)
 }
 
+/// Takes back this transaction's claims of `ids` for `group`: events a
+/// handler failed after the wave claimed them. The wave keeps its other
+/// claims instead of claiming them all again; the failed events are
+/// claimed anew when they are applied. How many rows went.
+pub async fn unclaim(tx: &mut Tx, group: &Group, ids: &[Uuid]) -> Result<u64, DbError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let sql = format!(
+        "DELETE FROM event_dedup WHERE group_id = ? AND event_id IN ({})",
+        vec!["?"; ids.len()].join(", ")
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(group.id);
+    for id in ids {
+        query = query.bind(id.as_bytes().to_vec());
+    }
+    Ok(query.execute(&mut **tx).await?.rows_affected())
+}
+
 /// The `event_dedup` rows of a claim, before they are written.
 struct Claims<'e> {
     group_id: i64,

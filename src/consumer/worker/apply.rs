@@ -24,10 +24,14 @@
 //!      and its results are taken from there;
 //!    * a record a handler failed is taken out: the attempt stops at that
 //!      handler (the ones after it do not run on a wave about to be rolled
-//!      back), the wave rolls back to its savepoint and runs again without
-//!      it, and the later records of its key are left out too
-//!      ([`Deferred`]). The batch is not split: the rest commits, and the
-//!      worker takes the deferred records through the error tier afterwards;
+//!      back), the wave rolls back to a second savepoint taken after its
+//!      claim, takes back the failed record's claim ([`dedup::unclaim`])
+//!      and runs its handlers again without it; the other claims stay. (A
+//!      failed record released from `held_records` in this wave rolls the
+//!      whole wave back instead, which puts its held row back.) The later
+//!      records of its key are left out too ([`Deferred`]). The batch is
+//!      not split: the rest commits, and the worker takes the deferred
+//!      records through the error tier afterwards;
 //! 3. **commit**, only while the partition is still ours;
 //! 4. **bookkeeping**, after the commit: the summary, the consumer's parked
 //!    set and the metrics, from the [`Ledger`] the stages filled.
@@ -134,9 +138,12 @@ impl fmt::Display for BatchError {
 // Done is the common case: boxing it would allocate once per wave for nothing.
 #[allow(clippy::large_enum_variant)]
 enum Wave<'a> {
-    /// Written: what to add to the batch's ledger.
-    Done(Ledger<'a>),
-    /// These records failed in a handler (nothing of the wave is kept).
+    /// Written: what to add to the batch's ledger, and the records a
+    /// handler failed, taken out of the wave (their claims undone).
+    Done(Ledger<'a>, Vec<(usize, HandlerError)>),
+    /// These records failed in a handler and one of them was released from
+    /// `held_records` in this wave: nothing of the wave is kept, so that
+    /// the rollback puts its held row back.
     Failed(Vec<(usize, HandlerError)>),
     /// The claim without its result set had a row kept out, an event the
     /// group applied before ([`dedup::claim_all`]): the wave runs again
@@ -361,8 +368,15 @@ impl BatchApplier {
             }
             tx.savepoint().await.map_err(unavailable)?;
             let failures = match self.apply_wave(tx, items, &wave, outside, recount).await {
-                Ok(Wave::Done(done)) => {
+                Ok(Wave::Done(done, failures)) => {
                     ledger.merge(done);
+                    for (index, error) in failures {
+                        failed_keys.insert(keys[&index]);
+                        deferred.push(Deferred {
+                            index,
+                            error: Some(error),
+                        });
+                    }
                     continue;
                 }
                 Ok(Wave::Recount) => {
@@ -455,30 +469,29 @@ impl BatchApplier {
                 ledger.note(item, envelope, Outcome::Duplicate, Duration::ZERO);
             }
         }
-        let envelopes: Vec<&Envelope> = applying.iter().map(|&i| envelope_of(&items[i])).collect();
-        for (h, handler) in self.state.shared.options.handlers.iter().enumerate() {
-            let results = if handler.acts_outside() {
-                // Done before the transaction opened ([`super::outside`]).
-                applying.iter().map(|&i| outside.result(i, h)).collect()
-            } else {
-                handler.apply_batch(tx, &envelopes).await?
+        // Handler failures roll back to here: the wave's other claims stay.
+        tx.inner_savepoint().await?;
+        let mut failed = Vec::new();
+        let delta = loop {
+            let failures = match self.run_handlers(tx, items, &applying, outside).await? {
+                Ok(delta) => break delta,
+                Err(failures) => failures,
             };
-            let mut failures: Vec<(usize, HandlerError)> = Vec::new();
-            for (&index, result) in applying.iter().zip(results) {
-                match result {
-                    Ok(effect) => ledger.delta.record_effect(handler.name(), effect),
-                    Err(HandlerError::Unavailable(reason)) => {
-                        return Err(HandlerError::Unavailable(reason));
-                    }
-                    Err(error) => failures.push((index, error)),
-                }
+            failed.extend(failures);
+            // A released record's held row was deleted before the claim:
+            // only the wave's own savepoint puts it back.
+            if failed.iter().any(|(i, _)| items[*i].held_id.is_some()) {
+                return Ok(Wave::Failed(failed));
             }
-            // The wave runs again without these records: the handlers after
-            // this one would only write effects the rollback undoes.
-            if !failures.is_empty() {
-                return Ok(Wave::Failed(failures));
-            }
-        }
+            tx.rollback_to_inner_savepoint().await?;
+            let ids: Vec<_> = failed
+                .iter()
+                .map(|(i, _)| envelope_of(&items[*i]).event_id)
+                .collect();
+            dedup::unclaim(tx, self.group(), &ids).await?;
+            applying.retain(|i| failed.iter().all(|(f, _)| f != i));
+        };
+        ledger.delta.merge(delta);
         let elapsed = started.elapsed();
         for &index in &applying {
             ledger.note(
@@ -489,7 +502,43 @@ impl BatchApplier {
             );
         }
         tracing::debug!(records = applying.len(), "effects written");
-        Ok(Wave::Done(ledger))
+        Ok(Wave::Done(ledger, failed))
+    }
+
+    /// Each handler's batch over the claimed records `applying`: the
+    /// effects' counts, or the records the first failing handler refused
+    /// (the handlers after it do not run on a wave about to be rolled back).
+    async fn run_handlers(
+        &self,
+        tx: &mut Tx,
+        items: &[Item],
+        applying: &[usize],
+        outside: &Outside,
+    ) -> Result<Result<ConsumeSummary, Vec<(usize, HandlerError)>>, HandlerError> {
+        let envelopes: Vec<&Envelope> = applying.iter().map(|&i| envelope_of(&items[i])).collect();
+        let mut delta = ConsumeSummary::default();
+        for (h, handler) in self.state.shared.options.handlers.iter().enumerate() {
+            let results = if handler.acts_outside() {
+                // Done before the transaction opened ([`super::outside`]).
+                applying.iter().map(|&i| outside.result(i, h)).collect()
+            } else {
+                handler.apply_batch(tx, &envelopes).await?
+            };
+            let mut failures: Vec<(usize, HandlerError)> = Vec::new();
+            for (&index, result) in applying.iter().zip(results) {
+                match result {
+                    Ok(effect) => delta.record_effect(handler.name(), effect),
+                    Err(HandlerError::Unavailable(reason)) => {
+                        return Err(HandlerError::Unavailable(reason));
+                    }
+                    Err(error) => failures.push((index, error)),
+                }
+            }
+            if !failures.is_empty() {
+                return Ok(Err(failures));
+            }
+        }
+        Ok(Ok(delta))
     }
 
     /// Stage 1, the ordering gate, for a record read from Kafka whose key
