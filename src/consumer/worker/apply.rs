@@ -477,10 +477,12 @@ impl BatchApplier {
                 Ok(delta) => break delta,
                 Err(failures) => failures,
             };
+            let none_left = failures.len() == applying.len();
             failed.extend(failures);
             // A released record's held row was deleted before the claim:
-            // only the wave's own savepoint puts it back.
-            if failed.iter().any(|(i, _)| items[*i].held_id.is_some()) {
+            // only the wave's own savepoint puts it back. And when no
+            // record is left, that rollback is the cheaper way to undo all.
+            if none_left || failed.iter().any(|(i, _)| items[*i].held_id.is_some()) {
                 return Ok(Wave::Failed(failed));
             }
             tx.rollback_to_inner_savepoint().await?;
