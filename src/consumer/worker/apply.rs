@@ -27,8 +27,9 @@
 //!      back), the wave rolls back to a second savepoint taken after its
 //!      claim, takes back the failed record's claim ([`dedup::unclaim`])
 //!      and runs its handlers again without it; the other claims stay. (A
-//!      failed record released from `held_records` in this wave rolls the
-//!      whole wave back instead, which puts its held row back.) The later
+//!      failed record released from `held_records` in this wave, or a wave
+//!      whose every record failed, rolls the whole wave back instead, which
+//!      puts a held row back.) The later
 //!      records of its key are left out too ([`Deferred`]). The batch is
 //!      not split: the rest commits, and the worker takes the deferred
 //!      records through the error tier afterwards;
@@ -141,9 +142,9 @@ enum Wave<'a> {
     /// Written: what to add to the batch's ledger, and the records a
     /// handler failed, taken out of the wave (their claims undone).
     Done(Ledger<'a>, Vec<(usize, HandlerError)>),
-    /// These records failed in a handler and one of them was released from
-    /// `held_records` in this wave: nothing of the wave is kept, so that
-    /// the rollback puts its held row back.
+    /// These records failed in a handler, and either one of them was
+    /// released from `held_records` in this wave or none is left: nothing
+    /// of the wave is kept (the rollback puts a held row back).
     Failed(Vec<(usize, HandlerError)>),
     /// The claim without its result set had a row kept out, an event the
     /// group applied before ([`dedup::claim_all`]): the wave runs again
@@ -486,6 +487,7 @@ impl BatchApplier {
                 return Ok(Wave::Failed(failed));
             }
             tx.rollback_to_inner_savepoint().await?;
+            // Every failure so far: the rollback undid the last unclaim too.
             let ids: Vec<_> = failed
                 .iter()
                 .map(|(i, _)| envelope_of(&items[*i]).event_id)
