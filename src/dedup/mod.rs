@@ -296,20 +296,23 @@ pub async fn claim_all(
 /// Takes back this transaction's claims of `ids` for `group`: events a
 /// handler failed after the wave claimed them. The wave keeps its other
 /// claims instead of claiming them all again; the failed events are
-/// claimed anew when they are applied. How many rows went.
+/// claimed anew when they are applied. One statement per piece of `ids`
+/// ([`rows::pieces`]: the few statement shapes every id list here uses).
+/// How many rows went.
 pub async fn unclaim(tx: &mut Tx, group: &Group, ids: &[Uuid]) -> Result<u64, DbError> {
-    if ids.is_empty() {
-        return Ok(0);
+    let mut removed = 0;
+    for piece in rows::pieces(ids) {
+        let mut builder: QueryBuilder<Any> =
+            QueryBuilder::new("DELETE FROM event_dedup WHERE group_id = ");
+        builder.push_bind(group.id).push(" AND event_id IN (");
+        let mut list = builder.separated(", ");
+        for id in piece {
+            list.push_bind(id.as_bytes().as_slice());
+        }
+        builder.push(")");
+        removed += builder.build().execute(&mut **tx).await?.rows_affected();
     }
-    let sql = format!(
-        "DELETE FROM event_dedup WHERE group_id = ? AND event_id IN ({})",
-        vec!["?"; ids.len()].join(", ")
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(group.id);
-    for id in ids {
-        query = query.bind(id.as_bytes().to_vec());
-    }
-    Ok(query.execute(&mut **tx).await?.rows_affected())
+    Ok(removed)
 }
 
 /// The `event_dedup` rows of a claim, before they are written.

@@ -29,10 +29,10 @@
 //!      and runs its handlers again without it; the other claims stay. (A
 //!      failed record released from `held_records` in this wave, or a wave
 //!      whose every record failed, rolls the whole wave back instead, which
-//!      puts a held row back.) The later
-//!      records of its key are left out too ([`Deferred`]). The batch is
-//!      not split: the rest commits, and the worker takes the deferred
-//!      records through the error tier afterwards;
+//!      puts a held row back.) The later records of its key are left out
+//!      too ([`Deferred`]). The batch is not split: the rest commits, and
+//!      the worker takes the deferred records through the error tier
+//!      afterwards;
 //! 3. **commit**, only while the partition is still ours;
 //! 4. **bookkeeping**, after the commit: the summary, the consumer's parked
 //!    set and the metrics, from the [`Ledger`] the stages filled.
@@ -368,17 +368,14 @@ impl BatchApplier {
                 continue;
             }
             tx.savepoint().await.map_err(unavailable)?;
-            let failures = match self.apply_wave(tx, items, &wave, outside, recount).await {
+            // The records a handler failed, and whether the wave runs again
+            // from its savepoint without them (else it is done: they were
+            // taken out of it in place).
+            let (failures, rerun) = match self.apply_wave(tx, items, &wave, outside, recount).await
+            {
                 Ok(Wave::Done(done, failures)) => {
                     ledger.merge(done);
-                    for (index, error) in failures {
-                        failed_keys.insert(keys[&index]);
-                        deferred.push(Deferred {
-                            index,
-                            error: Some(error),
-                        });
-                    }
-                    continue;
+                    (failures, false)
                 }
                 Ok(Wave::Recount) => {
                     tx.rollback_to_savepoint().await.map_err(unavailable)?;
@@ -386,13 +383,13 @@ impl BatchApplier {
                     pending.push_front(wave);
                     continue;
                 }
-                Ok(Wave::Failed(failures)) => failures,
+                Ok(Wave::Failed(failures)) => (failures, true),
                 Err(HandlerError::Unavailable(reason)) => {
                     return Err(BatchError::Unavailable(reason));
                 }
                 // A set statement refused (not a handler's verdict on one
                 // event): find the record by applying the wave one at a time.
-                Err(error) if wave.len() == 1 => vec![(wave[0], error)],
+                Err(error) if wave.len() == 1 => (vec![(wave[0], error)], true),
                 Err(_) => {
                     tx.rollback_to_savepoint().await.map_err(unavailable)?;
                     for index in wave.into_iter().rev() {
@@ -401,16 +398,18 @@ impl BatchApplier {
                     continue;
                 }
             };
-            tx.rollback_to_savepoint().await.map_err(unavailable)?;
+            if rerun {
+                tx.rollback_to_savepoint().await.map_err(unavailable)?;
+                wave.retain(|i| failures.iter().all(|(f, _)| f != i));
+                pending.push_front(wave);
+            }
             for (index, error) in failures {
-                wave.retain(|i| *i != index);
                 failed_keys.insert(keys[&index]);
                 deferred.push(Deferred {
                     index,
                     error: Some(error),
                 });
             }
-            pending.push_front(wave);
         }
         deferred.sort_by_key(|d| d.index);
         Ok(deferred)
