@@ -553,12 +553,16 @@ async fn two_relays_publish_every_event_once_in_order_per_order() {
     let env = TestEnv::new().with_database().await;
     env.cli(&["topics", "ensure"]).success();
     let api = start_api(&env).await;
+    // relay-a's idle clock runs from its start, through relay-b's start and
+    // the hand-over of its share: it must outlast the wait for that below,
+    // or relay-a leaves idle before any order is written (seen in CI under
+    // load: [0, 4000]).
     let mut a = env.spawn(&[
         "relay",
         "--instance",
         "relay-a",
         "--until-idle",
-        "4",
+        "30",
         "--batch-size",
         "50",
         "--output",
@@ -583,7 +587,12 @@ async fn two_relays_publish_every_event_once_in_order_per_order() {
     ]);
     // The orders are written once the newcomer holds its share, so both
     // publish: relay-a alone drains them in a second or two.
-    wait_for_leases(&env, "relay-b", Duration::from_secs(60), |held| held > 0).await;
+    wait_for_leases(&env, "relay-b", Duration::from_secs(25), |held| held > 0).await;
+    assert!(
+        matches!(a.try_wait(), Ok(None)),
+        "relay-a left before the orders were written: {}",
+        a.stop_and_output()
+    );
     drive_orders(&api, 1000, 16).await;
     let events = outbox_events(&env).await;
     let mut published = Vec::new();
