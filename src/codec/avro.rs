@@ -78,30 +78,41 @@ pub fn from_avro(value: Value) -> Result<Envelope, EnvelopeError> {
             "the Avro value is not a record",
         ));
     };
+    // The envelope's string fields, in this order (no map: six names to compare).
+    const STRINGS: [&str; 6] = [
+        "event_id",
+        "event_name",
+        "event_version",
+        "event_time",
+        "producer",
+        "trace_id",
+    ];
+    let mut strings: [Option<String>; 6] = Default::default();
     let mut data = None;
-    let mut strings = std::collections::HashMap::new();
     for (name, value) in fields {
         match (name.as_str(), value) {
             ("data", Value::Union(_, inner)) => data = Some(*inner),
             ("data", other) => data = Some(other),
-            (_, Value::String(s)) => {
-                strings.insert(name, s);
+            (name, Value::String(s)) => {
+                if let Some(i) = STRINGS.iter().position(|field| *field == name) {
+                    strings[i] = Some(s);
+                }
             }
             _ => {}
         }
     }
-    let mut take = |field: &str| {
-        strings
-            .remove(field)
-            .ok_or_else(|| EnvelopeError::field(field, "missing required field (or not a string)"))
+    let mut take = |i: usize| {
+        strings[i].take().ok_or_else(|| {
+            EnvelopeError::field(STRINGS[i], "missing required field (or not a string)")
+        })
     };
     let parts = EnvelopeParts {
-        event_id: take("event_id")?,
-        event_name: take("event_name")?,
-        event_version: take("event_version")?,
-        event_time: take("event_time")?,
-        producer: take("producer")?,
-        trace_id: take("trace_id")?,
+        event_id: take(0)?,
+        event_name: take(1)?,
+        event_version: take(2)?,
+        event_time: take(3)?,
+        producer: take(4)?,
+        trace_id: take(5)?,
     };
     let data = data.ok_or_else(|| EnvelopeError::field("data", "missing required field"))?;
     parts.build(|name| EventData::decode_with(name, AvroPayload(data)))

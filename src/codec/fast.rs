@@ -33,8 +33,8 @@ use apache_avro::writer::datum::GenericDatumWriter;
 use serde::Serialize;
 use serde::ser::SerializeStruct;
 
-use super::CodecError;
 use super::avro;
+use super::{CodecError, FRAME_LEN};
 use crate::envelope::data::KNOWN_EVENTS;
 use crate::envelope::{Envelope, EventData, format_utc};
 
@@ -42,9 +42,6 @@ use crate::envelope::{Envelope, EventData, format_utc};
 /// check (the first of each event name always does). The check costs about
 /// as much as ten fast encodes, so at 1,000 it adds ~1% to the encode time.
 pub const VERIFY_EVERY: u64 = 1_000;
-
-/// The Confluent frame: magic byte, then the schema id (big-endian).
-const FRAME_LEN: usize = 5;
 
 /// The writer of one codec: schema id and resolved registered schema.
 pub(super) struct FastWriter {

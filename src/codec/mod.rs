@@ -25,6 +25,7 @@
 pub mod avro;
 pub mod embedded_registry;
 pub mod fast;
+mod reader;
 pub mod row_change;
 
 use std::sync::OnceLock;
@@ -159,6 +160,8 @@ pub struct Codec {
     strategy: SubjectNameStrategy,
     /// The fast path's writer, resolved by the first `warm_up` or `encode`.
     writer: OnceLock<fast::FastWriter>,
+    /// The writer schemas of the records decoded so far, by schema id.
+    schemas: reader::WriterSchemas,
 }
 
 impl Codec {
@@ -188,6 +191,7 @@ impl Codec {
             decoder: AvroDecoder::new(settings),
             strategy,
             writer: OnceLock::new(),
+            schemas: reader::WriterSchemas::default(),
         })
     }
 
@@ -260,11 +264,8 @@ impl Codec {
     /// [`crate::envelope::EventData::RowChange`]. The writer's schema (from
     /// the frame's id) says which, so a group's retry topic may hold both.
     pub async fn decode(&self, payload: Option<&[u8]>) -> Result<Envelope, CodecError> {
-        let (name, value) = self.decode_named(payload).await?;
-        if name
-            .as_deref()
-            .is_some_and(|n| n == row_change::CHANGE_RECORD || row_change::is_table_change(n))
-        {
+        let (writer, value) = self.read(payload).await?;
+        if writer.is_row_change {
             return Ok(row_change::ChangeEvent::from_avro(value)?.into_envelope()?);
         }
         Ok(avro::from_avro(value)?)
@@ -274,31 +275,43 @@ impl Codec {
     /// registry) into an Avro value, without the envelope's checks: for
     /// values that are not order envelopes (`cdc.*` changes).
     pub async fn decode_value(&self, payload: Option<&[u8]>) -> Result<Value, CodecError> {
-        Ok(self.decode_named(payload).await?.1)
+        Ok(self.read(payload).await?.1)
     }
 
-    /// [`Codec::decode_value`], with the full name of the writer's record
-    /// (`namespace.name`) when the schema has one.
-    async fn decode_named(
+    /// Reads one record value with its writer's schema: the schema of the
+    /// frame's id, asked of the registry on the first record of that id
+    /// ([`reader`]).
+    async fn read(
         &self,
         payload: Option<&[u8]>,
-    ) -> Result<(Option<String>, Value), CodecError> {
+    ) -> Result<(std::sync::Arc<reader::WriterSchema>, Value), CodecError> {
         let bytes = payload.ok_or_else(|| CodecError::NotFramed("record has no value".into()))?;
         let id = schema_id(bytes)?;
-        let decoded = self.decoder.decode(Some(bytes)).await.map_err(|e| {
-            let text = registry_error_text(&e);
-            if e.retriable || text.contains("error sending request") {
-                self.decoder.remove_errors_from_cache();
-                CodecError::RegistryUnavailable(text)
-            } else if text.contains("schema registry failed") || text.contains("status 404") {
-                CodecError::UnknownSchema { id, detail: text }
-            } else {
-                CodecError::Avro(text)
+        let writer = match self.schemas.get(id) {
+            Some(writer) => writer,
+            None => {
+                let schema = self.decoder.get_schema(id).await.map_err(|e| {
+                    let text = registry_error_text(&e);
+                    if e.retriable || text.contains("error sending request") {
+                        self.decoder.remove_errors_from_cache();
+                        CodecError::RegistryUnavailable(text)
+                    } else if text.contains("schema registry failed") || text.contains("status 404")
+                    {
+                        CodecError::UnknownSchema { id, detail: text }
+                    } else {
+                        CodecError::Avro(text)
+                    }
+                })?;
+                self.schemas.insert(id, &schema.parsed)?
             }
-        })?;
-        Ok((decoded.name.map(|n| n.fullname(None)), decoded.value))
+        };
+        let value = writer.read(&bytes[FRAME_LEN..])?;
+        Ok((writer, value))
     }
 }
+
+/// The Confluent frame: magic byte, then the schema id (big-endian).
+const FRAME_LEN: usize = 5;
 
 /// Reads the schema id from a Confluent frame, or says why it is not one.
 pub fn schema_id(bytes: &[u8]) -> Result<u32, CodecError> {
