@@ -378,25 +378,26 @@ struct OutboxRecords {
     dead: BTreeSet<i64>,
 }
 
-/// An outbox insert's columns, as the binlog gives them.
-struct OutboxRow {
+/// An outbox insert's columns, as the binlog gives them (borrowed from the
+/// change: the relay reads every row twice, to build its record and to
+/// count and delete it once committed, and copies neither time).
+struct OutboxRow<'c> {
     id: i64,
-    topic: String,
-    key: String,
-    event_name: String,
-    envelope: String,
+    topic: &'c str,
+    key: &'c str,
+    event_name: &'c str,
+    envelope: &'c str,
 }
 
-impl OutboxRow {
+impl<'c> OutboxRow<'c> {
     /// The row of an insert of the outbox table; `None` for any other change.
-    fn of(change: &RowChange) -> Option<Result<Self, String>> {
+    fn of(change: &'c RowChange) -> Option<Result<Self, String>> {
         if change.kind != ChangeKind::Insert || change.table != TABLE {
             return None;
         }
         let text = |column: &str| {
             change.data[column]
                 .as_str()
-                .map(str::to_string)
                 .ok_or_else(|| format!("column {column} is not text"))
         };
         Some((|| {
@@ -440,15 +441,20 @@ impl OutboxRecords {
 
     /// The record of `row`, built as the polling relay builds it; a dead
     /// letter when it is over its topic's limit.
-    async fn record_of(&mut self, row: OutboxRow) -> Result<Outgoing, String> {
-        let envelope = Envelope::from_json(&row.envelope).map_err(|e| e.to_string())?;
+    async fn record_of(&mut self, row: OutboxRow<'_>) -> Result<Outgoing, String> {
+        let envelope = Envelope::from_json(row.envelope).map_err(|e| e.to_string())?;
         let codec = self
             .codecs
-            .get(&row.topic)
+            .get(row.topic)
             .ok_or_else(|| format!("no schema for topic {}", row.topic))?;
         let payload = codec.encode(&envelope).await.map_err(|e| e.to_string())?;
         let headers = crate::producer::record_headers(&envelope);
-        let record = Outgoing::new(row.topic, row.key.into_bytes(), payload, headers);
+        let record = Outgoing::new(
+            row.topic.to_string(),
+            row.key.as_bytes().to_vec(),
+            payload,
+            headers,
+        );
         let mut limit = self.limits.cached(&record.topic);
         if !limit.fits(record.size) {
             limit = self
@@ -467,7 +473,7 @@ impl OutboxRecords {
             size: record.size,
             limit,
             refused: None,
-            envelope_json: row.envelope,
+            envelope_json: row.envelope.to_string(),
             topic: record.topic,
         };
         self.dead.insert(row.id);
@@ -578,8 +584,13 @@ impl RowRecords for OutboxRecords {
             .filter_map(|c| OutboxRow::of(c)?.ok())
             .collect();
         let dead = std::mem::take(&mut self.dead);
+        // One counter update per topic and event name, not per row.
+        let mut produced = BTreeMap::<(&str, &str), u64>::new();
         for row in rows.iter().filter(|r| !dead.contains(&r.id)) {
-            crate::producer::produced(&row.topic, &row.event_name, 1);
+            *produced.entry((row.topic, row.event_name)).or_default() += 1;
+        }
+        for ((topic, event_name), n) in produced {
+            crate::producer::produced(topic, event_name, n);
         }
         counter!(name::TRANSACTIONS, "outcome" => "committed").increment(1);
         self.counts.committed(rows.len() - dead.len(), dead.len());

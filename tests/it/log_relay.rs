@@ -29,9 +29,9 @@ async fn log_env() -> (TestEnv, MySqlPool) {
         .await
         .unwrap();
     for ddl in [
-        "CREATE TABLE outbox_copy (id BIGINT PRIMARY KEY, event_id CHAR(36) NOT NULL, message_key VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL)",
+        "CREATE TABLE outbox_copy (id BIGINT PRIMARY KEY, event_id CHAR(36) NOT NULL, message_key VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL, event_name VARCHAR(128) NOT NULL)",
         "CREATE TRIGGER outbox_copy_insert AFTER INSERT ON outbox_messages FOR EACH ROW \
-         INSERT INTO outbox_copy (id, event_id, message_key, topic) VALUES (NEW.id, NEW.event_id, NEW.message_key, NEW.topic)",
+         INSERT INTO outbox_copy (id, event_id, message_key, topic, event_name) VALUES (NEW.id, NEW.event_id, NEW.message_key, NEW.topic, NEW.event_name)",
     ] {
         sqlx::query(AssertSqlSafe(ddl))
             .execute(&pool)
@@ -63,6 +63,38 @@ async fn written(pool: &MySqlPool) -> BTreeMap<String, Vec<(String, String)>> {
         by_topic.entry(topic).or_default().push((key, id));
     }
     by_topic
+}
+
+/// What the service wrote, counted per (topic, event name).
+async fn produced_per_event(pool: &MySqlPool) -> BTreeMap<(String, String), u64> {
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT topic, event_name, COUNT(*) FROM outbox_copy GROUP BY topic, event_name",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(topic, event, n)| ((topic, event), n as u64))
+        .collect()
+}
+
+/// The `orderpipe_produced_records_total` series on `addr`'s /metrics, per (topic, event name).
+fn produced_series(addr: &str) -> BTreeMap<(String, String), u64> {
+    let (_, body) = crate::helpers::http_get(addr, "/metrics");
+    let label = |labels: &str, name: &str| {
+        let start = labels.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+        labels[start..][..labels[start..].find('"').unwrap()].to_string()
+    };
+    body.lines()
+        .filter_map(|l| l.strip_prefix("orderpipe_produced_records_total{"))
+        .map(|rest| {
+            let (labels, value) = rest.split_once("} ").unwrap();
+            (
+                (label(labels, "topic"), label(labels, "event_name")),
+                value.trim().parse().unwrap(),
+            )
+        })
+        .collect()
 }
 
 async fn count(pool: &MySqlPool, sql: &'static str) -> i64 {
@@ -189,7 +221,13 @@ async fn the_log_relay_writes_the_polling_relays_records_byte_for_byte() {
     ])
     .success();
     // `auto` reads the binlog where the database allows it, as the dev stack's does.
-    let mut relay = relay_from(&env, "auto", "log", &["--start-position", &start]);
+    let mut relay = relay_from(
+        &env,
+        "auto",
+        "log",
+        &["--start-position", &start, "--health-addr", "127.0.0.1:0"],
+    );
+    let health = crate::helpers::health_addr(&mut relay);
     let mut compared = 0;
     for (topic, events) in &written {
         let records = read_when(&env, topic, 2 * events.len(), Duration::from_secs(60));
@@ -216,6 +254,23 @@ async fn the_log_relay_writes_the_polling_relays_records_byte_for_byte() {
         }
     }
     assert_eq!(compared, rows);
+    // `orderpipe_produced_records_total` counts the log relay's records per topic
+    // and event name, as the service wrote them.
+    let wanted = produced_per_event(&pool).await;
+    let got = tokio::task::block_in_place(|| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = produced_series(&health);
+            if got == wanted || Instant::now() > deadline {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    assert_eq!(
+        got, wanted,
+        "orderpipe_produced_records_total of the log relay"
+    );
     // The published rows leave the table (the copy keeps them).
     let deadline = Instant::now() + Duration::from_secs(30);
     while count(&pool, "SELECT COUNT(*) FROM outbox_messages").await > 0 {
