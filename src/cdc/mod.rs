@@ -532,6 +532,12 @@ pub(crate) trait RowRecords: Send {
         false
     }
 
+    /// The only columns its records read (the table's key among them): the
+    /// reader renders no others. `None`: every column.
+    fn columns(&self) -> Option<&'static [&'static str]> {
+        None
+    }
+
     /// After the Kafka transaction of `records` (from `batch`) committed.
     fn committed(&mut self, records: &[Outgoing], batch: &[BinlogTransaction]);
 
@@ -1307,11 +1313,12 @@ pub(crate) async fn run_with(
     let linger = Duration::from_millis(cdc.batch_linger_ms);
     let limit = cdc.piece_limit();
     let inserts_only = publisher.rows.as_ref().is_some_and(|r| r.inserts_only());
+    let columns = publisher.rows.as_ref().and_then(|r| r.columns());
     'connect: loop {
         let reader = tokio::select! {
             _ = &mut shutdown => break 'connect,
             reader = BinlogReader::open(&url, cdc.server_id, &committed, cdc.resume, &cdc.tables, publisher.redaction.clone()) => match reader {
-                Ok(reader) => reader.inserts_only(inserts_only),
+                Ok(reader) => reader.inserts_only(inserts_only).columns_only(columns),
                 // A checkpoint without a usable GTID: reconnecting cannot fix it.
                 Err(e @ CdcError::Setup(_)) => return Err(e),
                 Err(e) => {

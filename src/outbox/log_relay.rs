@@ -390,6 +390,9 @@ struct OutboxRow<'c> {
 }
 
 impl<'c> OutboxRow<'c> {
+    /// The outbox columns a row is built from (the binlog reader renders no others).
+    const COLUMNS: [&'static str; 5] = ["id", "topic", "message_key", "event_name", "envelope"];
+
     /// The row of an insert of the outbox table; `None` for any other change.
     fn of(change: &'c RowChange) -> Option<Result<Self, String>> {
         if change.kind != ChangeKind::Insert || change.table != TABLE {
@@ -493,6 +496,11 @@ impl RowRecords for OutboxRecords {
     /// Only inserts become records (see [`OutboxRow::of`]).
     fn inserts_only(&self) -> bool {
         true
+    }
+
+    /// The columns [`OutboxRow::of`] reads.
+    fn columns(&self) -> Option<&'static [&'static str]> {
+        Some(&OutboxRow::COLUMNS)
     }
 
     fn record<'a>(
