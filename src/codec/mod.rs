@@ -16,6 +16,8 @@
 //!
 //! * [`avro`] converts envelopes to and from Avro values.
 //! * [`fast`] is the encode hot path and its sampled check.
+//! * `reader` is the decode hot path: per schema id, the writer schema
+//!   resolved once (the converter's decoder only fetches it).
 //! * [`embedded_registry`] is an in-process Confluent-compatible registry used
 //!   by `orderpipe demo` (no servers) and unit tests; the codec talks to it
 //!   over HTTP exactly as it talks to Apicurio.

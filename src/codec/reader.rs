@@ -5,7 +5,7 @@
 //! type, each name's strings) and then the record's own name. A consumer
 //! decodes every record it reads, so [`WriterSchemas`] keeps, per schema id
 //! seen, a reader built once from the schema the registry holds under that
-//! id, its record's full name and whether it is a row change. The schema
+//! id, and whether its record is a row change. The schema
 //! itself is still fetched through that decoder (its cache, its errors), on
 //! the first record of each id only.
 
@@ -45,8 +45,9 @@ impl WriterSchemas {
 
     /// Resolves `schema` (the registry's schema of `id`) and keeps it.
     pub(super) fn insert(&self, id: u32, schema: &Schema) -> Result<Arc<WriterSchema>, CodecError> {
-        // Leaked once per schema id a process sees, as the registry client
-        // does: the reader borrows it for the life of the process.
+        // Leaked once per schema id a process sees (twice if two records of
+        // a new id race here), as the registry client does: the reader
+        // borrows it for the life of the process.
         let schema: &'static Schema = Box::leak(Box::new(schema.clone()));
         let resolved = ResolvedSchema::try_from(schema)
             .map_err(|e| CodecError::Avro(format!("cannot resolve the schema of id {id}: {e}")))?;
