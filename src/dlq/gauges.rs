@@ -119,7 +119,8 @@ pub async fn dead_letters_pending(db: &Db, scope: &Scope) -> Result<Vec<(Labels,
         q.push(" AND consumer_group = ")
             .push_bind(group.to_string());
     }
-    q.push(" GROUP BY consumer_group, event_name, error_class");
+    // In the order of idx_dead_letters_group_class_event, which covers it.
+    q.push(" GROUP BY consumer_group, error_class, event_name");
     let rows: Vec<(String, Option<String>, String, i64)> =
         q.build_query_as().fetch_all(&db.pool).await?;
     Ok(bounded(rows.into_iter().map(|(group, event, class, n)| {

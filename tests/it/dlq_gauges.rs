@@ -244,3 +244,104 @@ async fn pending_dead_letters_are_exported_by_group_event_and_class_from_the_per
     .await;
     sigterm(&mut consumer);
 }
+
+/// The ids `dlq list` shows for `filter`, in id order, at most `limit`.
+pub(crate) async fn listed_ids(
+    db: &orderpipe::db::Db,
+    filter: &store::Filter,
+    limit: i64,
+) -> Vec<i64> {
+    store::list(db, filter, limit)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect()
+}
+
+/// Dead letters written before migration 0029 (one index for the gauges and
+/// the console's group + class filter), then the migration: the gauges
+/// count the same, the class filter lists the same rows, and `status` is
+/// in three of the table's indexes, as the database itself lists them.
+async fn one_index_fewer_reads_the_same(env: &TestEnv, url: &str, migrations: &str) {
+    use orderpipe::dlq::gauges::{Scope, dead_letters_pending};
+    use orderpipe::dlq::store::{Filter, Status};
+    let db = crate::helpers::migrated_before(url, migrations, "0029").await;
+    let mut tx = db.begin().await.unwrap();
+    let events = [Some("order.created"), Some("order.paid"), None];
+    for offset in 0..60 {
+        let group = ["g", "h"][offset as usize % 2];
+        let class = ["handler_fatal", "avro_decode", "timeout"][offset as usize % 3];
+        let event = events[offset as usize / 6 % 3];
+        store::upsert(
+            &mut tx,
+            &dead_letter(env, group, offset, event, class, offset),
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let ids = listed_ids(&db, &Filter::default(), 100).await;
+    store::mark_replayed(&db, &ids[..10]).await.unwrap();
+    let class_filter = Filter {
+        group: Some("g".into()),
+        classes: vec!["avro_decode".into()],
+        status: Some(Status::Pending.into()),
+        ..Filter::default()
+    };
+    let read = |db: orderpipe::db::Db| {
+        let filter = class_filter.clone();
+        async move {
+            let mut all = dead_letters_pending(&db, &Scope::AllGroups).await.unwrap();
+            all.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+            let one = dead_letters_pending(&db, &Scope::Group("h".into()))
+                .await
+                .unwrap();
+            let listed = listed_ids(&db, &filter, 100).await;
+            (format!("{all:?}"), one.len(), listed)
+        }
+    };
+    let before = read(db.clone()).await;
+    assert!(
+        !before.2.is_empty(),
+        "{migrations}: the class filter matches rows"
+    );
+    db.migrate().await.unwrap();
+    assert_eq!(read(db.clone()).await, before, "{migrations}");
+
+    let indexes_sql = if migrations.ends_with("mysql") {
+        "SELECT DISTINCT index_name FROM information_schema.statistics WHERE table_schema = DATABASE() \
+         AND table_name = 'dead_letters' AND column_name = 'status' ORDER BY index_name"
+    } else {
+        "SELECT DISTINCT il.name FROM pragma_index_list('dead_letters') il, pragma_index_info(il.name) ii \
+         WHERE ii.name = 'status' ORDER BY il.name"
+    };
+    let with_status: Vec<(String,)> = sqlx::query_as(indexes_sql)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        with_status,
+        [
+            ("idx_dead_letters_group_class_event".into(),),
+            ("idx_dead_letters_status".into(),),
+            ("idx_dead_letters_status_updated".into(),),
+        ],
+        "{migrations}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mariadb_dead_letters_read_the_same_on_one_index_fewer() {
+    let env = TestEnv::new();
+    let url = crate::helpers::empty_mysql_database(&format!("op_{}_dl_0029", env.prefix)).await;
+    one_index_fewer_reads_the_same(&env, &url, "sql/mysql").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_dead_letters_read_the_same_on_one_index_fewer() {
+    let env = TestEnv::new();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/t.db?mode=rwc", dir.path().display());
+    one_index_fewer_reads_the_same(&env, &url, "sql/sqlite").await;
+}

@@ -432,12 +432,7 @@ async fn dead_letters_written_before_0028_read_the_same_after_it() {
     }
     tx.commit().await.unwrap();
     let all = store::Filter::default();
-    let ids: Vec<i64> = store::list(&db, &all, 10)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.id)
-        .collect();
+    let ids = crate::dlq_gauges::listed_ids(&db, &all, 10).await;
     store::mark_replayed(&db, &ids[1..2]).await.unwrap();
     store::mark_ignored(&db, ids[2], "a test").await.unwrap();
     let before = serde_json::to_value(store::list(&db, &all, 10).await.unwrap()).unwrap();
