@@ -178,14 +178,12 @@ async fn legacy_applied(tx: &mut Tx, group: &str, ids: &[Uuid]) -> Result<HashSe
     }
     let texts: Vec<String> = ids.iter().map(Uuid::to_string).collect();
     for piece in rows::pieces(&texts) {
-        let mut builder: QueryBuilder<Any> =
-            QueryBuilder::new("SELECT event_id FROM event_dedup_legacy WHERE consumer_group = ");
-        builder.push_bind(group).push(" AND event_id IN (");
-        let mut list = builder.separated(", ");
-        for id in piece {
-            list.push_bind(id.as_str());
-        }
-        builder.push(")");
+        let mut builder = group_ids_query(
+            "SELECT event_id FROM event_dedup_legacy WHERE consumer_group = ",
+            group,
+            "event_id",
+            piece.iter().map(String::as_str),
+        );
         match builder.build().fetch_all(&mut **tx).await {
             Ok(rows) => {
                 for row in rows {
@@ -293,6 +291,31 @@ pub async fn claim_all(
     Ok(inserted == events.len() as u64)
 }
 
+/// `{head}? AND {id_column} IN (?, ...)`, `head` ending in the group's
+/// column and `=`: the statement every id list here is sent as, one per
+/// piece of the list ([`rows::pieces`]).
+fn group_ids_query<'t, G, I>(
+    head: &str,
+    group: G,
+    id_column: &str,
+    ids: impl IntoIterator<Item = I>,
+) -> QueryBuilder<Any>
+where
+    G: sqlx::Encode<'t, Any> + sqlx::Type<Any>,
+    I: sqlx::Encode<'t, Any> + sqlx::Type<Any>,
+{
+    let mut builder = QueryBuilder::new(head);
+    builder
+        .push_bind(group)
+        .push(format_args!(" AND {id_column} IN ("));
+    let mut list = builder.separated(", ");
+    for id in ids {
+        list.push_bind(id);
+    }
+    builder.push(")");
+    builder
+}
+
 /// Takes back this transaction's claims of `ids` for `group`: events a
 /// handler failed after the wave claimed them. The wave keeps its other
 /// claims instead of claiming them all again; the failed events are
@@ -302,14 +325,12 @@ pub async fn claim_all(
 pub async fn unclaim(tx: &mut Tx, group: &Group, ids: &[Uuid]) -> Result<u64, DbError> {
     let mut removed = 0;
     for piece in rows::pieces(ids) {
-        let mut builder: QueryBuilder<Any> =
-            QueryBuilder::new("DELETE FROM event_dedup WHERE group_id = ");
-        builder.push_bind(group.id).push(" AND event_id IN (");
-        let mut list = builder.separated(", ");
-        for id in piece {
-            list.push_bind(id.as_bytes().as_slice());
-        }
-        builder.push(")");
+        let mut builder = group_ids_query(
+            "DELETE FROM event_dedup WHERE group_id = ",
+            group.id,
+            "event_id",
+            piece.iter().map(|id| id.as_bytes().as_slice()),
+        );
         removed += builder.build().execute(&mut **tx).await?.rows_affected();
     }
     Ok(removed)
@@ -596,15 +617,12 @@ pub async fn applied_ids(db: &Db, group: &str, ids: &[String]) -> Result<HashSet
     let mut found = HashSet::with_capacity(uuids.len());
     let mut tx = db.begin().await?;
     for piece in rows::pieces(&uuids) {
-        let mut builder: QueryBuilder<Any> = QueryBuilder::new(
+        let mut builder = group_ids_query(
             "SELECT d.event_id FROM event_dedup d JOIN dedup_groups g ON g.id = d.group_id WHERE g.name = ",
+            group,
+            "d.event_id",
+            piece.iter().map(|id| id.as_bytes().as_slice()),
         );
-        builder.push_bind(group).push(" AND d.event_id IN (");
-        let mut list = builder.separated(", ");
-        for id in piece {
-            list.push_bind(id.as_bytes().as_slice());
-        }
-        builder.push(")");
         for row in builder.build().fetch_all(&mut *tx).await? {
             found.insert(uuid_of(&row, 0)?);
         }
