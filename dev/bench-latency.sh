@@ -19,6 +19,10 @@
 #   RUNS=low (or high) runs one of the two. SOURCE=binlog runs the log-based
 #   relay (`relay --source binlog`, no wake-up, no poll) instead of the
 #   polling one; its runs are named low-binlog / high-binlog.
+# A broker in its first minutes after a start adds a tail of its own (up to
+# p99 ~400 ms here), which fades over the next runs (docs/tuning.md, "A
+# fresh broker's first minutes"); each run reports the broker's uptime,
+# and `make bench` runs this after minutes of other benchmarks.
 set -euo pipefail
 RATE="${1:-100}"
 EVENTS="${2:-5000}"
@@ -85,6 +89,10 @@ run() {
   CONSUMER_HTTP=$(announced "$WORK/consumer.err" "health endpoints on http://")
   # Leases, producers, the group's first assignment.
   sleep 8
+  # The broker's uptime, when it runs on this machine (the dev stack).
+  local uptime="" broker
+  broker=$(pgrep -f 'kafka\.Kafka' | head -1) && uptime=$(ps -o etimes= -p "$broker" | tr -d ' ')
+  echo "broker uptime: ${uptime:-unknown (not a local process)} s"
   python3 "$PY" scrape "http://$RELAY_HTTP/metrics" > "$WORK/relay.before.json"
   python3 "$PY" scrape "http://$CONSUMER_HTTP/metrics" > "$WORK/consumer.before.json"
   : > "$WORK/samples"
@@ -131,6 +139,7 @@ run() {
   for p in p50 p90 p99 p99.9 max; do
     result relay "API commit → consumer commit, $label" "$p latency" "$(jget "$WORK/lat.json" "r['$p']")" ms "" "$cmd"
   done
+  [ -z "$uptime" ] || result relay "API commit → consumer commit, $label" "broker uptime at start" "$uptime" s "" "$cmd"
   result relay "API commit → consumer commit, $label" "events measured" "$(jget "$WORK/lat.json" "r['n']")" events "" "$cmd"
   result relay "API commit → consumer commit, $label" "p99 API commit → Kafka produce" "$(jget "$WORK/lat.json" "r['api_commit_to_kafka_produce']['p99']")" ms "" "$cmd"
   result relay "API commit → consumer commit, $label" "p99 Kafka produce → consumer commit" "$(jget "$WORK/lat.json" "r['kafka_produce_to_applied']['p99']")" ms "" "$cmd"
