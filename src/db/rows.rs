@@ -38,6 +38,20 @@ use super::{Dialect, Tx};
 /// Rows per statement, at most.
 pub const MAX_ROWS: usize = 512;
 
+/// Appends ` IN (?, ...)` with one bound value per item: the id and key
+/// lists the stores send (a long list cut into [`pieces`] first).
+pub fn push_in<'t, T>(query: &mut QueryBuilder<Any>, values: impl IntoIterator<Item = T>)
+where
+    T: sqlx::Encode<'t, Any> + sqlx::Type<Any>,
+{
+    query.push(" IN (");
+    let mut list = query.separated(", ");
+    for value in values {
+        list.push_bind(value);
+    }
+    query.push(")");
+}
+
 /// `rows` cut into pieces whose sizes are powers of two, at most
 /// [`MAX_ROWS`], largest first (the binary digits of the count).
 pub fn pieces<T>(rows: &[T]) -> impl Iterator<Item = &[T]> {

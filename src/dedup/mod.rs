@@ -307,12 +307,8 @@ where
     let mut builder = QueryBuilder::new(head);
     builder
         .push_bind(group)
-        .push(format_args!(" AND {id_column} IN ("));
-    let mut list = builder.separated(", ");
-    for id in ids {
-        list.push_bind(id);
-    }
-    builder.push(")");
+        .push(format_args!(" AND {id_column}"));
+    rows::push_in(&mut builder, ids);
     builder
 }
 

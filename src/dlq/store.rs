@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use sqlx::{Any, QueryBuilder, Row, SqlSafeStr, SqlStr};
 
-use crate::db::{Db, DbError, Tx, Upsert};
+use crate::db::{Db, DbError, Tx, Upsert, rows};
 
 /// Status of a dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -201,12 +201,8 @@ impl Filter {
     fn push_where(&self, q: &mut QueryBuilder<Any>) {
         q.push(" WHERE 1 = 1");
         if !self.ids.is_empty() {
-            q.push(" AND id IN (");
-            let mut ids = q.separated(", ");
-            for id in &self.ids {
-                ids.push_bind(*id);
-            }
-            q.push(")");
+            q.push(" AND id");
+            rows::push_in(q, self.ids.iter().copied());
         }
         if let Some(g) = &self.group {
             q.push(" AND consumer_group = ").push_bind(g.clone());
@@ -240,12 +236,8 @@ impl Filter {
                 .push_bind(key.as_bytes().to_vec());
         }
         if !self.classes.is_empty() {
-            q.push(" AND error_class IN (");
-            let mut classes = q.separated(", ");
-            for class in &self.classes {
-                classes.push_bind(class.clone());
-            }
-            q.push(")");
+            q.push(" AND error_class");
+            rows::push_in(q, self.classes.iter().cloned());
         }
     }
 }
@@ -521,12 +513,8 @@ pub async fn mark_replayed(db: &Db, ids: &[i64]) -> Result<(), DbError> {
     q.push_bind(now)
         .push(", updated_ms = ")
         .push_bind(now)
-        .push(" WHERE id IN (");
-    let mut list = q.separated(", ");
-    for id in ids {
-        list.push_bind(*id);
-    }
-    q.push(")");
+        .push(" WHERE id");
+    rows::push_in(&mut q, ids.iter().copied());
     q.build().execute(&db.pool).await?;
     Ok(())
 }

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::{OrderKey, Origin, ParkState};
 use crate::clock::now_ms;
-use crate::db::rows::Bound;
+use crate::db::rows::{self, Bound};
 use crate::db::{Db, DbError, Tx};
 use crate::envelope::Envelope;
 use crate::kafka::record::headers_json;
@@ -143,12 +143,8 @@ fn select_of_keys(
         .push_bind(group.to_string())
         .push(" AND key_topic = ")
         .push_bind(topic.to_string())
-        .push(" AND record_key IN (");
-    let mut list = query.separated(", ");
-    for key in keys {
-        list.push_bind(key.to_string());
-    }
-    query.push(")");
+        .push(" AND record_key");
+    rows::push_in(&mut query, keys.iter().map(|key| key.to_string()));
     query
 }
 

@@ -671,11 +671,9 @@ impl Cleaner {
     /// that would hold the API's inserts back).
     #[tracing::instrument(skip_all, fields(rows = ids.len()))]
     async fn delete(db: &Db, ids: &[i64]) -> Result<u64, DbError> {
-        let marks = vec!["?"; ids.len()].join(",");
-        // Only `?` placeholders are formatted in; the ids are bound.
-        let sql = sqlx::AssertSqlSafe(format!("DELETE FROM {TABLE} WHERE id IN ({marks})"));
-        let query = ids.iter().fold(sqlx::query(sql), |q, id| q.bind(*id));
-        Ok(query.execute(&db.pool).await?.rows_affected())
+        let mut query = sqlx::QueryBuilder::new(format!("DELETE FROM {TABLE} WHERE id"));
+        crate::db::rows::push_in(&mut query, ids.iter().copied());
+        Ok(query.build().execute(&db.pool).await?.rows_affected())
     }
 
     /// Deletes rows older than `retention` (a crash's leftovers: published,
