@@ -93,6 +93,13 @@ db_cpu() {
     || { echo "bench: no CPU time of the MariaDB on port $MARIADB_PORT (not on this machine?)" >&2; return 1; }
   proc_cpu "$pid" > "$1"
 }
+# broker_cpu FILE: the local Kafka broker's CPU time so far (microseconds,
+# as db_cpu), 0 when no broker process is found on this machine.
+broker_cpu() {
+  local pid
+  pid="$(pgrep -f 'kafka\.Kafka' | head -1)" || true
+  if [ -n "$pid" ]; then proc_cpu "$pid"; else echo 0; fi > "$1"
+}
 # machine_cpu: the machine's busy CPU time so far, all cores (user, nice,
 # system, irq, softirq, steal of /proc/stat; microseconds).
 machine_cpu() {

@@ -10,6 +10,8 @@
 #      from the binlog as a backlog (catch-up), published and deleted;
 #   2. the plain idempotent producer (`orderpipe produce`, no transactions,
 #      no database) on the same broker, for the cost of the outbox path;
+#      for 1b and 2, each process's CPU per record (orderpipe, mariadbd, the
+#      broker) against what the machine's cores allow at the run's rate;
 #   3. end-to-end latency from the API's commit to the consumer's commit
 #      (dev/bench-latency.sh: RATE orders/s, then 5,000 events/s), with the
 #      polling relay and with the log-based one.
@@ -71,7 +73,14 @@ while :; do
 done | SQL
 export ORDERPIPE_OUTBOX__BINLOG_NAME="$RUN_ID-outbox" ORDERPIPE_OUTBOX__OFFSETS_TOPIC="$RUN_ID.outbox.offsets"
 RELAY_ARGS=(relay --source binlog --instance bench-binlog --start-position "$START" --until-idle 3 --output json)
-ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$LOGDB" "$BIN" "${RELAY_ARGS[@]}" > "$OUT_DIR/.relay-binlog.json"
+# Each process's CPU over the run, for where the time goes (printed below).
+cpu_before() { db_cpu "$OUT_DIR/.db0"; broker_cpu "$OUT_DIR/.broker0"; }
+cpu_after() { db_cpu "$OUT_DIR/.db1"; broker_cpu "$OUT_DIR/.broker1"
+  echo "$1 $(cat "$OUT_DIR/.own-cpu") $(( $(cat "$OUT_DIR/.db1") - $(cat "$OUT_DIR/.db0") )) $(( $(cat "$OUT_DIR/.broker1") - $(cat "$OUT_DIR/.broker0") ))" >> "$OUT_DIR/.cpu"; }
+: > "$OUT_DIR/.cpu"
+cpu_before
+/usr/bin/time -f '%U %S' -o "$OUT_DIR/.own-cpu" env ORDERPIPE_DATABASE__URL="$DB_URL_BASE/$LOGDB" "$BIN" "${RELAY_ARGS[@]}" > "$OUT_DIR/.relay-binlog.json"
+cpu_after binlog
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("binlog", r["published"], r["active_secs"], r["transactions"])' \
   "$OUT_DIR/.relay-binlog.json" >> "$OUT_DIR/.batches"
 result relay "log-based (binlog), $ROWS rows" throughput "$(jget "$OUT_DIR/.relay-binlog.json" 'r["published"] / max(r["active_secs"], 1e-9)')" rec/s \
@@ -81,12 +90,14 @@ SQL -e "DROP DATABASE $LOGDB" || true
 
 echo "== plain idempotent producer, $ROWS events"
 PRODUCE_ARGS=(produce --count "$ROWS" --orders 10000 --seed 1 --output json)
-"$BIN" "${PRODUCE_ARGS[@]}" > "$OUT_DIR/.produce.json"
+cpu_before
+/usr/bin/time -f '%U %S' -o "$OUT_DIR/.own-cpu" "$BIN" "${PRODUCE_ARGS[@]}" > "$OUT_DIR/.produce.json"
+cpu_after produce
 result relay "plain producer" throughput "$(jget "$OUT_DIR/.produce.json" 'r["events_per_sec"]')" rec/s "" "orderpipe ${PRODUCE_ARGS[*]}"
 
-python3 - "$OUT_DIR" "$ROWS" "$RATE" "$OUT_DIR/relay-$RUN_ID.json" <<'PY'
+python3 - "$OUT_DIR" "$ROWS" "$RATE" "$OUT_DIR/relay-$RUN_ID.json" "$RESULTS" <<'PY'
 import json, sys
-out, rows, rate, result = sys.argv[1:]
+out, rows, rate, result, results = sys.argv[1:]
 batches = [l.split() for l in open(f"{out}/.batches")]
 produce = json.load(open(f"{out}/.produce.json"))
 print()
@@ -108,9 +119,34 @@ for batch, *_ in batches:
     print(f"{batch:>22} " + " ".join(f"{cell(s):>15}" for s in stages))
 print(f"plain idempotent producer (orderpipe produce, no DB, no transactions): {produce['events_per_sec']:,.0f} events/s")
 print(f"best relay / plain producer: {best / produce['events_per_sec']:.2f}")
-json.dump({"batches": batches, "produce_eps": produce["events_per_sec"]}, open(result, "w"), indent=2)
+# Where the log relay's time goes against the producer's: each process's CPU
+# per record (user + system over the whole run: the start, the idle wait and
+# the deletes that trail the last publish included), against what the
+# machine's cores allow per record at the run's rate.
+rates = {"binlog": next((int(p) / max(float(s), 1e-9) for b, p, s, _ in batches if b == "binlog"), 0),
+         "produce": produce["events_per_sec"]}
+counts = {"binlog": next((int(p) for b, p, *_ in batches if b == "binlog"), 0), "produce": int(rows)}
+print()
+cores = __import__("os").cpu_count()
+print(f"CPU per record by process (µs, user + system over the whole run), and what {cores} cores allow per record at the run's rate:")
+print(f"{'':>28} {'orderpipe':>10} {'mariadbd':>10} {'broker':>10} {'together':>10} {'allowed':>8}")
+cpu_rows = {}
+for line in open(f"{out}/.cpu"):
+    name, user, system, db, broker = line.split()
+    n = max(counts[name], 1)
+    own = (float(user) + float(system)) * 1e6 / n
+    per = [own, int(db) / n, int(broker) / n]
+    cpu_rows[name] = per
+    variant = {"binlog": f"log-based (binlog), {rows} rows", "produce": "plain producer"}[name]
+    with open(results, "a") as f:
+        for what, v in zip(["orderpipe", "mariadbd", "the broker", "all three"], per + [sum(per)]):
+            peer = "plain producer" if name == "binlog" else ""
+            f.write(f"relay\t{variant}\tCPU per record: {what}\t{v:.1f}\tµs\t{peer}\tdev/bench-relay.sh {rows}\n")
+    label = {"binlog": "log-based relay", "produce": "plain idempotent producer"}[name]
+    print(f"{label:>28} " + " ".join(f"{v:>10.1f}" for v in per) + f" {sum(per):>10.1f} {cores * 1e6 / max(rates[name], 1e-9):>8.1f}")
+json.dump({"batches": batches, "produce_eps": produce["events_per_sec"], "cpu_us_per_record": cpu_rows}, open(result, "w"), indent=2)
 PY
-rm -f "$OUT_DIR"/.batches "$OUT_DIR"/.relay-*.json "$OUT_DIR"/.produce.json
+rm -f "$OUT_DIR"/.batches "$OUT_DIR"/.relay-*.json "$OUT_DIR"/.produce.json "$OUT_DIR"/.cpu "$OUT_DIR"/.own-cpu "$OUT_DIR"/.db[01] "$OUT_DIR"/.broker[01]
 SQL -e "DROP DATABASE ${RUN_ID}" || true
 
 # 3. End to end, API commit -> consumer commit, both stamped after their commits:
