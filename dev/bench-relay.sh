@@ -96,7 +96,7 @@ cpu_after produce
 result relay "plain producer" throughput "$(jget "$OUT_DIR/.produce.json" 'r["events_per_sec"]')" rec/s "" "orderpipe ${PRODUCE_ARGS[*]}"
 
 python3 - "$OUT_DIR" "$ROWS" "$RATE" "$OUT_DIR/relay-$RUN_ID.json" "$RESULTS" <<'PY'
-import json, sys
+import json, os, sys
 out, rows, rate, result, results = sys.argv[1:]
 batches = [l.split() for l in open(f"{out}/.batches")]
 produce = json.load(open(f"{out}/.produce.json"))
@@ -127,7 +127,7 @@ rates = {"binlog": next((int(p) / max(float(s), 1e-9) for b, p, s, _ in batches 
          "produce": produce["events_per_sec"]}
 counts = {"binlog": next((int(p) for b, p, *_ in batches if b == "binlog"), 0), "produce": int(rows)}
 print()
-cores = __import__("os").cpu_count()
+cores = os.cpu_count()
 print(f"CPU per record by process (µs, user + system over the whole run), and what {cores} cores allow per record at the run's rate:")
 print(f"{'':>28} {'orderpipe':>10} {'mariadbd':>10} {'broker':>10} {'together':>10} {'allowed':>8}")
 cpu_rows = {}
