@@ -39,7 +39,9 @@ use super::{Dialect, Tx};
 pub const MAX_ROWS: usize = 512;
 
 /// Appends ` IN (?, ...)` with one bound value per item: the id and key
-/// lists the stores send (a long list cut into [`pieces`] first).
+/// lists the stores send. Each length is a statement text of its own:
+/// hot paths cut a list into [`pieces`] first (a few shapes to prepare),
+/// and no list goes past [`MAX_PLACEHOLDERS`].
 pub fn push_in<'t, T>(query: &mut QueryBuilder<Any>, values: impl IntoIterator<Item = T>)
 where
     T: sqlx::Encode<'t, Any> + sqlx::Type<Any>,
