@@ -418,6 +418,11 @@ async fn a_key_longer_than_its_columns_is_dead_lettered_and_persisted_whole_and_
 /// A plain start with the default settings warns about nothing: the pool
 /// is sized to the partition workers when `database.max_connections` is
 /// unset (it used to warn that the default 16 was below their 25).
+///
+/// Only orderpipe's own warnings count. librdkafka's report the broker's
+/// passing state, which this test does not control: a broker that is
+/// fetching its next block of producer ids answers "Coordinator load in
+/// progress" and the client warns and retries (seen in CI, 2026-12-06).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_consumer_started_with_default_settings_prints_no_warning() {
     let env = TestEnv::new().with_database().await;
@@ -434,5 +439,15 @@ async fn a_consumer_started_with_default_settings_prints_no_warning() {
     ]);
     run.success();
     let text = run.text();
-    assert!(!text.contains("WARN"), "a default start warned:\n{text}");
+    let own_warnings: Vec<&str> = text
+        .lines()
+        .filter(|line| {
+            line.split_once(" WARN ")
+                .is_some_and(|(_, rest)| !rest.starts_with("librdkafka:"))
+        })
+        .collect();
+    assert!(
+        own_warnings.is_empty(),
+        "a default start warned: {own_warnings:#?}\n{text}"
+    );
 }
