@@ -10,7 +10,7 @@
 #   release build: cargo build --release --features harness --bin orderpipe)
 #
 # ORDERPIPE_BIN picks the binary (e.g. a build of an older commit), and
-# BATCH_MAX_ROWS sets cdc.batch_max_rows (default: the configuration's 5000).
+# BATCH_MAX_ROWS sets cdc.batch_max_rows (default: the configuration's 20000).
 # Not part of `make test` or `make bench`: a measurement, about a minute.
 set -euo pipefail
 ROWS="${1:-1000000}"
@@ -77,5 +77,5 @@ KTX=$(grep -o 'in [0-9]* Kafka transactions' "$WORK/cdc.out" | grep -o '[0-9]*' 
 printf 'binary %s\nbatch_max_rows %s\ninsert %.1f s; cdc %.1f s after the commit\n%s; %s Kafka transactions\nVmHWM idle %d MB, peak %d MB\n' \
   "$BIN" "${BATCH:-default}" "$(echo "$T1 - $T0" | bc)" "$(echo "$T2 - $T1" | bc)" "$STATUS" "$KTX" \
   $((IDLE_KB / 1024)) $((PEAK_KB / 1024))
-result cdc-bigtx "orderpipe cdc, batch_max_rows ${BATCH:-5000}" "peak RSS, one $ROWS-row transaction" \
+result cdc-bigtx "orderpipe cdc, batch_max_rows ${BATCH:-20000}" "peak RSS, one $ROWS-row transaction" \
   $((PEAK_KB / 1024)) MB - "dev/bench-cdc-bigtx.sh $ROWS"
