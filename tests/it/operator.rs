@@ -420,9 +420,10 @@ async fn a_key_longer_than_its_columns_is_dead_lettered_and_persisted_whole_and_
 /// unset (it used to warn that the default 16 was below their 25).
 ///
 /// Only orderpipe's own warnings count. librdkafka's report the broker's
-/// passing state, which this test does not control: a broker that is
-/// fetching its next block of producer ids answers "Coordinator load in
-/// progress" and the client warns and retries (seen in CI, 2026-12-06).
+/// passing state, which this test does not control: a broker not ready to
+/// hand out producer ids answers "Coordinator load in progress", and the
+/// client warns and retries (seen in CI and on a just-started broker,
+/// 2026-12-06).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_consumer_started_with_default_settings_prints_no_warning() {
     let env = TestEnv::new().with_database().await;
