@@ -131,7 +131,7 @@ PY
 catch_up() {
   stamp "$2" "$ROWS" "$WORK/$1-load.tsv"
   local consumer=$CONSUMER_PID kafka db0 kafka0 all0
-  kafka="$(cat "${ORDERPIPE_STACK_DIR:-$ROOT/.stack}/kafka.pid")"
+  kafka="$(broker_pid)"
   db0=$(db_cpu /dev/stdout); kafka0=$(proc_cpu "$kafka"); all0=$(machine_cpu)
   "$3"
   wait_stamps "$WORK/$1-load.tsv" "$ROWS" 600

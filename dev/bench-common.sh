@@ -93,11 +93,18 @@ db_cpu() {
     || { echo "bench: no CPU time of the MariaDB on port $MARIADB_PORT (not on this machine?)" >&2; return 1; }
   proc_cpu "$pid" > "$1"
 }
+# broker_pid: the local Kafka broker's pid (the dev stack's pid file, else
+# the first `kafka.Kafka` process); nothing and status 1 when there is none.
+broker_pid() {
+  local file="${ORDERPIPE_STACK_DIR:-$ROOT/.stack}/kafka.pid" pid=""
+  [ -r "$file" ] && pid="$(cat "$file")" && [ -r "/proc/$pid/stat" ] || pid="$(pgrep -f 'kafka\.Kafka' | head -1)"
+  [ -n "$pid" ] && echo "$pid"
+}
 # broker_cpu FILE: the local Kafka broker's CPU time so far (microseconds,
 # as db_cpu), 0 when no broker process is found on this machine.
 broker_cpu() {
   local pid
-  pid="$(pgrep -f 'kafka\.Kafka' | head -1)" || true
+  pid="$(broker_pid)" || true
   if [ -n "$pid" ]; then proc_cpu "$pid"; else echo 0; fi > "$1"
 }
 # machine_cpu: the machine's busy CPU time so far, all cores (user, nice,

@@ -91,7 +91,7 @@ run() {
   sleep 8
   # The broker's uptime, when it runs on this machine (the dev stack).
   local uptime="" broker
-  broker=$(pgrep -f 'kafka\.Kafka' | head -1) && uptime=$(ps -o etimes= -p "$broker" | tr -d ' ')
+  broker=$(broker_pid) && uptime=$(ps -o etimes= -p "$broker" | tr -d ' ')
   echo "broker uptime: ${uptime:-unknown (not a local process)} s"
   python3 "$PY" scrape "http://$RELAY_HTTP/metrics" > "$WORK/relay.before.json"
   python3 "$PY" scrape "http://$CONSUMER_HTTP/metrics" > "$WORK/consumer.before.json"

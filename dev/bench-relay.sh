@@ -123,9 +123,11 @@ print(f"best relay / plain producer: {best / produce['events_per_sec']:.2f}")
 # per record (user + system over the whole run: the start, the idle wait and
 # the deletes that trail the last publish included), against what the
 # machine's cores allow per record at the run's rate.
-rates = {"binlog": next((int(p) / max(float(s), 1e-9) for b, p, s, _ in batches if b == "binlog"), 0),
-         "produce": produce["events_per_sec"]}
-counts = {"binlog": next((int(p) for b, p, *_ in batches if b == "binlog"), 0), "produce": int(rows)}
+published, secs = next(((int(p), float(s)) for b, p, s, _ in batches if b == "binlog"), (0, 0.0))
+# name: (records, rate, results variant, printed label, peer)
+runs = {"binlog": (published, published / max(secs, 1e-9), f"log-based (binlog), {rows} rows",
+                   "log-based relay", "plain producer"),
+        "produce": (int(rows), produce["events_per_sec"], "plain producer", "plain idempotent producer", "")}
 print()
 cores = os.cpu_count()
 print(f"CPU per record by process (µs, user + system over the whole run), and what {cores} cores allow per record at the run's rate:")
@@ -133,17 +135,14 @@ print(f"{'':>28} {'orderpipe':>10} {'mariadbd':>10} {'broker':>10} {'together':>
 cpu_rows = {}
 for line in open(f"{out}/.cpu"):
     name, user, system, db, broker = line.split()
-    n = max(counts[name], 1)
-    own = (float(user) + float(system)) * 1e6 / n
-    per = [own, int(db) / n, int(broker) / n]
+    count, rate, variant, label, peer = runs[name]
+    n = max(count, 1)
+    per = [(float(user) + float(system)) * 1e6 / n, int(db) / n, int(broker) / n]
     cpu_rows[name] = per
-    variant = {"binlog": f"log-based (binlog), {rows} rows", "produce": "plain producer"}[name]
     with open(results, "a") as f:
         for what, v in zip(["orderpipe", "mariadbd", "the broker", "all three"], per + [sum(per)]):
-            peer = "plain producer" if name == "binlog" else ""
             f.write(f"relay\t{variant}\tCPU per record: {what}\t{v:.1f}\tµs\t{peer}\tdev/bench-relay.sh {rows}\n")
-    label = {"binlog": "log-based relay", "produce": "plain idempotent producer"}[name]
-    print(f"{label:>28} " + " ".join(f"{v:>10.1f}" for v in per) + f" {sum(per):>10.1f} {cores * 1e6 / max(rates[name], 1e-9):>8.1f}")
+    print(f"{label:>28} " + " ".join(f"{v:>10.1f}" for v in per) + f" {sum(per):>10.1f} {cores * 1e6 / max(rate, 1e-9):>8.1f}")
 json.dump({"batches": batches, "produce_eps": produce["events_per_sec"], "cpu_us_per_record": cpu_rows}, open(result, "w"), indent=2)
 PY
 rm -f "$OUT_DIR"/.batches "$OUT_DIR"/.relay-*.json "$OUT_DIR"/.produce.json "$OUT_DIR"/.cpu "$OUT_DIR"/.own-cpu "$OUT_DIR"/.db[01] "$OUT_DIR"/.broker[01]
