@@ -618,7 +618,7 @@ struct Cleaner {
 impl Cleaner {
     fn start(db: Db, retention: Duration) -> Self {
         let (ids, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(Self::run(db, retention, rx));
+        let task = tokio::spawn(Self::run(Deletes::new(db), retention, rx));
         Self { ids, task }
     }
 
@@ -629,7 +629,11 @@ impl Cleaner {
         self.task.await.unwrap_or(0)
     }
 
-    async fn run(db: Db, retention: Duration, mut rx: mpsc::UnboundedReceiver<Vec<i64>>) -> u64 {
+    async fn run(
+        mut deletes: Deletes,
+        retention: Duration,
+        mut rx: mpsc::UnboundedReceiver<Vec<i64>>,
+    ) -> u64 {
         let mut deleted = 0;
         let mut backoff = crate::backoff::Backoff::new();
         let mut sweep = tokio::time::interval(Duration::from_secs(60));
@@ -640,7 +644,11 @@ impl Cleaner {
                     None => return deleted,
                 },
                 _ = sweep.tick() => {
-                    deleted += Self::sweep(&db, retention).await;
+                    let before = crate::clock::now_ms() - retention.as_millis() as i64;
+                    match deletes.older_than(before).await {
+                        Ok(n) => deleted += n,
+                        Err(e) => tracing::warn!(error = %e, "relay: cannot sweep old outbox rows"),
+                    }
                     continue;
                 }
             };
@@ -650,7 +658,7 @@ impl Cleaner {
             }
             for chunk in ids.chunks(DELETE_CHUNK) {
                 loop {
-                    match Self::delete(&db, chunk).await {
+                    match deletes.by_id(chunk).await {
                         Ok(n) => {
                             deleted += n;
                             counter!(name::RELAY_OUTBOX_DELETED).increment(n);
@@ -666,34 +674,85 @@ impl Cleaner {
             }
         }
     }
+}
+
+/// The [`Cleaner`]'s two deletes, and how the binlog records them.
+///
+/// Nobody reads these deletes (the relay skips them; a deleted row was
+/// published already), so MariaDB is asked to log each one's primary key
+/// alone (`binlog_row_image = MINIMAL` for the statement): the row's
+/// envelope is not written to the binlog a second time, nor sent to the
+/// replicas and to every binlog reader (this relay among them). That
+/// halves the binlog the outbox costs (docs/relay.md). It needs MariaDB's
+/// BINLOG ADMIN privilege; without it, or on MySQL (no `SET STATEMENT`),
+/// the first refusal switches to plain deletes, which log the whole row.
+struct Deletes {
+    db: Db,
+    minimal_image: bool,
+}
+
+impl Deletes {
+    fn new(db: Db) -> Self {
+        Self {
+            db,
+            minimal_image: true,
+        }
+    }
 
     /// Deletes `ids` (primary-key lookups: row locks only, no gap locks
     /// that would hold the API's inserts back).
     #[tracing::instrument(skip_all, fields(rows = ids.len()))]
-    async fn delete(db: &Db, ids: &[i64]) -> Result<u64, DbError> {
-        let mut query = sqlx::QueryBuilder::new(format!("DELETE FROM {TABLE} WHERE id"));
-        crate::db::rows::push_in(&mut query, ids.iter().copied());
-        Ok(query.build().execute(&db.pool).await?.rows_affected())
+    async fn by_id(&mut self, ids: &[i64]) -> Result<u64, DbError> {
+        self.execute(|prefix| {
+            let mut query =
+                sqlx::QueryBuilder::new(format!("{prefix}DELETE FROM {TABLE} WHERE id"));
+            crate::db::rows::push_in(&mut query, ids.iter().copied());
+            query
+        })
+        .await
     }
 
-    /// Deletes rows older than `retention` (a crash's leftovers: published,
-    /// not deleted), a bounded number at a time. Dead rows are the polling
-    /// relay's and stay.
-    async fn sweep(db: &Db, retention: Duration) -> u64 {
-        let before = crate::clock::now_ms() - retention.as_millis() as i64;
-        let swept = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DELETE FROM {TABLE} WHERE created_ms < ? AND dead_ms IS NULL LIMIT {DELETE_CHUNK}"
-        )))
-        .bind(before)
-        .execute(&db.pool)
-        .await;
-        match swept {
-            Ok(r) => r.rows_affected(),
-            Err(e) => {
-                tracing::warn!(error = %e, "relay: cannot sweep old outbox rows");
-                0
+    /// Deletes rows created before `before_ms` (a crash's leftovers:
+    /// published, not deleted), a bounded number at a time. Dead rows are
+    /// the polling relay's and stay.
+    #[tracing::instrument(skip(self))]
+    async fn older_than(&mut self, before_ms: i64) -> Result<u64, DbError> {
+        self.execute(|prefix| {
+            let mut query = sqlx::QueryBuilder::new(format!(
+                "{prefix}DELETE FROM {TABLE} WHERE dead_ms IS NULL AND created_ms < "
+            ));
+            query
+                .push_bind(before_ms)
+                .push(format!(" LIMIT {DELETE_CHUNK}"));
+            query
+        })
+        .await
+    }
+
+    /// Runs the delete `build` makes for a statement prefix, with the
+    /// minimal row image while the server accepts it.
+    async fn execute(
+        &mut self,
+        build: impl Fn(&str) -> sqlx::QueryBuilder<sqlx::Any>,
+    ) -> Result<u64, DbError> {
+        if self.minimal_image {
+            let mut query = build("SET STATEMENT binlog_row_image = MINIMAL FOR ");
+            match query
+                .build()
+                .execute(&self.db.pool)
+                .await
+                .map_err(DbError::from)
+            {
+                Ok(done) => return Ok(done.rows_affected()),
+                Err(e) if e.is_retryable() => return Err(e),
+                Err(e) => {
+                    tracing::info!(error = %e, "relay: deletes of published outbox rows log the whole row (the minimal row image needs MariaDB and its BINLOG ADMIN privilege)");
+                    self.minimal_image = false;
+                }
             }
         }
+        let mut query = build("");
+        Ok(query.build().execute(&self.db.pool).await?.rows_affected())
     }
 }
 

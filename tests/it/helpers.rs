@@ -195,11 +195,13 @@ pub fn cdc_server_id() -> String {
 
 /// The dev stack's MariaDB as the orderpipe user (which may create databases).
 pub static MYSQL_ADMIN_URL: StackUrl = StackUrl(LazyLock::new(|| {
-    format!(
-        "mysql://orderpipe:orderpipe@127.0.0.1:{}/",
-        TEST_STACK.port("MARIADB_PORT", 3306)
-    )
+    format!("mysql://orderpipe:orderpipe@127.0.0.1:{}/", mariadb_port())
 }));
+
+/// The port of the stack's MariaDB on 127.0.0.1.
+pub fn mariadb_port() -> u16 {
+    TEST_STACK.port("MARIADB_PORT", 3306)
+}
 
 /// A URL of the stack the tests use, known once the environment is read:
 /// formats (`format!("{MYSQL_ADMIN_URL}{db}")`) and derefs to `&str`.

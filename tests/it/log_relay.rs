@@ -10,7 +10,7 @@ use rdkafka::Message;
 use rdkafka::message::{Headers, OwnedMessage};
 use sqlx::{AssertSqlSafe, MySqlPool, Row};
 
-use crate::helpers::{MYSQL_ADMIN_URL, Spawned, TestEnv, cdc_server_id, header};
+use crate::helpers::{MYSQL_ADMIN_URL, Spawned, TestEnv, cdc_server_id, header, mariadb_port};
 use crate::outbox::{drive_orders, read_settled, start_api};
 
 /// A test database whose outbox inserts are also copied (by a trigger, in
@@ -497,4 +497,150 @@ async fn auto_falls_back_to_polling_and_says_why() {
             && text.contains("not a mysql:// URL"),
         "{text}"
     );
+}
+
+/// The relay's deletes of published rows log each row's primary key alone
+/// (`binlog_row_image = MINIMAL` for the statement), so the outbox costs the
+/// binlog its inserts only; a database user without BINLOG ADMIN falls
+/// back to deletes that log the whole row, and still deletes. The oracle is
+/// MariaDB's own rendering of its binlog (`mariadb-binlog --verbose`): the
+/// columns each delete logged, against the table's columns in
+/// information_schema.
+#[tokio::test(flavor = "multi_thread")]
+async fn published_rows_leave_only_their_key_in_the_binlog_or_the_whole_row_without_binlog_admin() {
+    let (mut env, pool) = log_env().await;
+    let database = format!("op_{}", env.prefix);
+    let (columns,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = ? AND table_name = 'outbox_messages'",
+    )
+    .bind(&database)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let api = start_api(&env).await;
+
+    // The stack's user holds every privilege, BINLOG ADMIN among them.
+    let from = binlog_end(&pool).await;
+    drive_orders(&api, 10, 2).await;
+    let written = count(&pool, "SELECT COUNT(*) FROM outbox_copy").await;
+    env.cli(&[
+        "relay",
+        "--source",
+        "binlog",
+        "--instance",
+        "admin",
+        "--start-position",
+        &from,
+        "--until-idle",
+        "1",
+    ])
+    .success();
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM outbox_messages").await,
+        0
+    );
+    let images = delete_images(&from, &database);
+    assert_eq!(
+        images.len() as i64,
+        written,
+        "one delete per row: {images:?}"
+    );
+    assert!(images.iter().all(|&n| n == 1), "the key alone: {images:?}");
+
+    // A user with the rights a log relay needs, and not BINLOG ADMIN.
+    let user = database.clone();
+    let grants = [
+        format!("CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY 'relay'"),
+        format!("GRANT ALL ON `{database}`.* TO '{user}'@'127.0.0.1'"),
+        format!("GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO '{user}'@'127.0.0.1'"),
+    ];
+    for grant in &grants {
+        sqlx::query(AssertSqlSafe(grant.as_str()))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let port = mariadb_port();
+    env.set_env(
+        "ORDERPIPE_DATABASE__URL",
+        &format!("mysql://{user}:relay@127.0.0.1:{port}/{database}"),
+    );
+    env.set_env("RUST_LOG", "info");
+    let from = binlog_end(&pool).await;
+    drive_orders(&api, 10, 2).await;
+    let more = count(&pool, "SELECT COUNT(*) FROM outbox_copy").await - written;
+    let run = env.cli(&[
+        "relay",
+        "--source",
+        "binlog",
+        "--instance",
+        "plain",
+        "--until-idle",
+        "1",
+    ]);
+    let text = run.text();
+    sqlx::query(AssertSqlSafe(format!("DROP USER '{user}'@'127.0.0.1'")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    run.success();
+    assert!(
+        text.contains("deletes of published outbox rows log the whole row"),
+        "says why: {text}"
+    );
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM outbox_messages").await,
+        0,
+        "{text}"
+    );
+    let images = delete_images(&from, &database);
+    assert_eq!(images.len() as i64, more, "one delete per row: {images:?}");
+    assert!(
+        images.iter().all(|&n| n as i64 == columns),
+        "{columns} columns each: {images:?}"
+    );
+}
+
+/// For each delete of `database`.outbox_messages in the binlog from `from`
+/// (`FILE:POS`) to its end, how many columns it logged, as
+/// `mariadb-binlog --verbose` renders them.
+fn delete_images(from: &str, database: &str) -> Vec<usize> {
+    let (file, position) = from.split_once(':').unwrap();
+    let port = mariadb_port();
+    let out = std::process::Command::new("mariadb-binlog")
+        .args([
+            "--no-defaults",
+            "--read-from-remote-server",
+            "--host=127.0.0.1",
+            "--user=orderpipe",
+            "--password=orderpipe",
+        ])
+        .arg(format!("--port={port}"))
+        .arg(format!("--start-position={position}"))
+        .args([
+            "--to-last-log",
+            "--verbose",
+            "--base64-output=DECODE-ROWS",
+            file,
+        ])
+        .output()
+        .expect("mariadb-binlog runs");
+    assert!(out.status.success(), "mariadb-binlog: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let delete = format!("### DELETE FROM `{database}`.`outbox_messages`");
+    let mut images = Vec::new();
+    let mut current: Option<usize> = None;
+    for line in text.lines() {
+        if line == delete {
+            images.extend(current.replace(0));
+        } else if line.starts_with("###   @") {
+            if let Some(n) = current.as_mut() {
+                *n += 1;
+            }
+        } else if line != "### WHERE" {
+            images.extend(current.take());
+        }
+    }
+    images.extend(current);
+    images
 }
