@@ -730,29 +730,30 @@ impl Deletes {
     }
 
     /// Runs the delete `build` makes for a statement prefix, with the
-    /// minimal row image while the server accepts it.
+    /// minimal row image while the server accepts it. A refusal counts only
+    /// when the same delete without the prefix then succeeds: any other
+    /// failure is not the image's, and the next delete asks again.
     async fn execute(
         &mut self,
         build: impl Fn(&str) -> sqlx::QueryBuilder<sqlx::Any>,
     ) -> Result<u64, DbError> {
-        if self.minimal_image {
-            let mut query = build("SET STATEMENT binlog_row_image = MINIMAL FOR ");
-            match query
-                .build()
-                .execute(&self.db.pool)
-                .await
-                .map_err(DbError::from)
-            {
-                Ok(done) => return Ok(done.rows_affected()),
-                Err(e) if e.is_retryable() => return Err(e),
-                Err(e) => {
-                    tracing::info!(error = %e, "relay: deletes of published outbox rows log the whole row (the minimal row image needs MariaDB and its BINLOG ADMIN privilege)");
-                    self.minimal_image = false;
-                }
-            }
+        let pool = &self.db.pool;
+        if !self.minimal_image {
+            return Ok(build("").build().execute(pool).await?.rows_affected());
         }
-        let mut query = build("");
-        Ok(query.build().execute(&self.db.pool).await?.rows_affected())
+        let minimal = build("SET STATEMENT binlog_row_image = MINIMAL FOR ")
+            .build()
+            .execute(pool)
+            .await;
+        let refused = match minimal.map_err(DbError::from) {
+            Ok(done) => return Ok(done.rows_affected()),
+            Err(e) if e.is_retryable() => return Err(e),
+            Err(e) => e,
+        };
+        let deleted = build("").build().execute(pool).await?.rows_affected();
+        tracing::info!(error = %refused, "relay: deletes of published outbox rows log the whole row (the minimal row image needs MariaDB and its BINLOG ADMIN privilege)");
+        self.minimal_image = false;
+        Ok(deleted)
     }
 }
 
